@@ -1,0 +1,292 @@
+"""Tokenizers: a small wrapper around the Hugging Face `tokenizers` library.
+
+Three kinds (``cfg.kind``):
+
+- ``wordpiece``: BERT WordPiece from a ``vocab.txt`` (the LM1B models use
+  ``bert-base-uncased``, V = 30522).
+- ``gpt2``: byte-level BPE from ``vocab.json`` + ``merges.txt`` plus one added
+  mask token ``<|fim_middle|>`` (id 50257, V = 50258), as the OWT models.
+- ``trained``: a byte-level BPE trained on the run's own text at first use and
+  saved in the workdir; later runs load it from there (as the Flax lm1b example
+  does with SentencePiece).
+
+Whatever the kind, ``get_tokenizer`` saves the result under ``<workdir>/tokenizer/``
+(``tokenizer.json`` + ``special_tokens.json``) and later runs load it from there,
+so a resumed run always sees the same ids.
+
+``encode`` never adds special tokens: BOS/EOS/PAD placement is the data
+pipeline's job (``setdiff_jax/data/pipeline.py``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import tempfile
+from typing import Callable, Iterable, Sequence
+
+import ml_collections
+import numpy as np
+import tokenizers as hf
+from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
+
+KINDS = ("wordpiece", "gpt2", "trained")
+TOKENIZER_SUBDIR = "tokenizer"
+_SPECIALS_FILE = "special_tokens.json"
+_TOKENIZER_FILE = "tokenizer.json"
+
+# Special tokens of the `trained` kind, at fixed low ids 0..4 (trainer order).
+TRAINED_SPECIALS = ("[PAD]", "[UNK]", "[BOS]", "[EOS]", "[MASK]")
+
+GPT2_EOS = "<|endoftext|>"  # id 50256; also BOS and PAD (SPEC §5)
+GPT2_MASK = "<|fim_middle|>"  # added, id 50257 (SPEC §5)
+
+
+def default_tokenizer_config() -> ml_collections.ConfigDict:
+  """Tokenizer config with defaults (the embedded-corpus tiny setup)."""
+  cfg = ml_collections.ConfigDict()
+  # 'wordpiece' (BERT vocab.txt) | 'gpt2' (vocab.json + merges.txt) |
+  # 'trained' (byte-level BPE trained on the training text at first run).
+  cfg.kind = "trained"
+  # wordpiece: the vocab.txt; gpt2: vocab.json. Relative paths are relative to the
+  # current directory (configs use '../shared/data/...' from the repo root).
+  cfg.vocab_path = ml_collections.FieldReference(None, field_type=str)
+  # gpt2 only: merges.txt.
+  cfg.merges_path = ml_collections.FieldReference(None, field_type=str)
+  # trained only: vocabulary size including the 5 specials and the 256 bytes.
+  cfg.vocab_size = 2048
+  # Lowercase the text. None = the kind's default: True for wordpiece (the
+  # uncased BERT vocab needs it), False for trained; gpt2 ignores it.
+  cfg.lowercase = ml_collections.FieldReference(None, field_type=bool)
+  return cfg
+
+
+class Tokenizer:
+  """A `tokenizers.Tokenizer` plus the special ids the project uses.
+
+  Attributes:
+    hf: the underlying `tokenizers.Tokenizer`.
+    kind: 'wordpiece' | 'gpt2' | 'trained'.
+    bos_id, eos_id, pad_id, mask_id: special token ids (may coincide, e.g. gpt2).
+  """
+
+  def __init__(self, hf_tokenizer: hf.Tokenizer, *, kind: str, bos_id: int,
+               eos_id: int, pad_id: int, mask_id: int):
+    self.hf = hf_tokenizer
+    self.kind = kind
+    self.bos_id = int(bos_id)
+    self.eos_id = int(eos_id)
+    self.pad_id = int(pad_id)
+    self.mask_id = int(mask_id)
+
+  @property
+  def vocab_size(self) -> int:
+    """Number of ids, added tokens included (the model's embedding rows)."""
+    return self.hf.get_vocab_size(with_added_tokens=True)
+
+  def encode(self, text: str) -> list[int]:
+    """Token ids of `text`, no special tokens added."""
+    return self.hf.encode(text, add_special_tokens=False).ids
+
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    """`encode` for many texts at once (parallel in Rust; use this for corpora)."""
+    encs = self.hf.encode_batch_fast(list(texts), add_special_tokens=False)
+    return [e.ids for e in encs]
+
+  def decode(self, ids, skip_special: bool = True) -> str:
+    """Text of `ids` (list or 1-D array); drops BOS/EOS/PAD/MASK if skip_special."""
+    ids = np.asarray(ids).reshape(-1).tolist()
+    return self.hf.decode(ids, skip_special_tokens=skip_special)
+
+  def decode_batch(self, ids, skip_special: bool = True) -> list[str]:
+    """Texts of a batch of id rows, `ids`: [batch, length]."""
+    rows = [np.asarray(r).reshape(-1).tolist() for r in ids]
+    return self.hf.decode_batch(rows, skip_special_tokens=skip_special)
+
+  def id_to_token(self, i: int) -> str | None:
+    return self.hf.id_to_token(int(i))
+
+  def special_ids(self) -> dict[str, int]:
+    return dict(bos_id=self.bos_id, eos_id=self.eos_id, pad_id=self.pad_id,
+                mask_id=self.mask_id)
+
+  def save(self, directory) -> pathlib.Path:
+    """Writes `tokenizer.json` and `special_tokens.json` into `directory`."""
+    directory = pathlib.Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    meta = dict(kind=self.kind, vocab_size=self.vocab_size, **self.special_ids())
+    # Write-then-rename, so a concurrent reader never sees half a file.
+    _atomic_write(directory / _TOKENIZER_FILE, self.hf.to_str(pretty=True))
+    _atomic_write(directory / _SPECIALS_FILE, json.dumps(meta, indent=2))
+    return directory
+
+  @classmethod
+  def load(cls, directory) -> "Tokenizer":
+    """Loads a tokenizer written by `save`."""
+    directory = pathlib.Path(directory)
+    for name in (_TOKENIZER_FILE, _SPECIALS_FILE):
+      if not (directory / name).is_file():
+        raise FileNotFoundError(f"tokenizer file not found: {directory / name}")
+    meta = json.loads((directory / _SPECIALS_FILE).read_text())
+    tok = hf.Tokenizer.from_file(str(directory / _TOKENIZER_FILE))
+    return cls(tok, kind=meta["kind"], bos_id=meta["bos_id"],
+               eos_id=meta["eos_id"], pad_id=meta["pad_id"],
+               mask_id=meta["mask_id"])
+
+  def __repr__(self):
+    return (f"Tokenizer(kind={self.kind!r}, vocab_size={self.vocab_size}, "
+            f"bos={self.bos_id}, eos={self.eos_id}, pad={self.pad_id}, "
+            f"mask={self.mask_id})")
+
+
+def _atomic_write(path: pathlib.Path, text: str):
+  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".tmp")
+  with os.fdopen(fd, "w", encoding="utf-8") as f:
+    f.write(text)
+  os.replace(tmp, path)
+
+
+def _require_file(path, field: str) -> str:
+  if path is None or str(path) == "":
+    raise ValueError(f"tokenizer config field {field} is not set")
+  if not os.path.isfile(path):
+    raise FileNotFoundError(
+        f"tokenizer file not found: {path!r} (set the config field {field}, "
+        f"e.g. --config.{field}=../shared/data/...)")
+  return str(path)
+
+
+def _lowercase(cfg, default: bool) -> bool:
+  value = cfg.get("lowercase", None)
+  return default if value is None else bool(value)
+
+
+def _special_id(tok: hf.Tokenizer, token: str) -> int:
+  i = tok.token_to_id(token)
+  if i is None:
+    raise ValueError(f"special token {token!r} is not in the vocabulary")
+  return i
+
+
+def wordpiece_tokenizer(vocab_path: str, lowercase: bool = True) -> Tokenizer:
+  """BERT WordPiece from `vocab_path` (e.g. bert-base-uncased-vocab.txt)."""
+  vocab_path = _require_file(vocab_path, "tokenizer.vocab_path")
+  tok = hf.Tokenizer(models.WordPiece.from_file(vocab_path, unk_token="[UNK]"))
+  tok.normalizer = normalizers.BertNormalizer(
+      clean_text=True, handle_chinese_chars=True, strip_accents=None,
+      lowercase=lowercase)
+  tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+  tok.decoder = decoders.WordPiece(prefix="##")
+  specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+  # Already in the vocab: this keeps their ids, matches them whole in text and
+  # lets decode(skip_special=True) drop them.
+  tok.add_special_tokens(specials)
+  # SPEC §5 caveat: the reference "wrapped" LM1B data (MDLM/BD3LM pipeline)
+  # starts each row with encode(bos)[0] = [CLS] = 101, so BOS = 101 here to match
+  # that data and the keep_clean_bos position 0; EOS = [SEP] = 102 (the reference
+  # tokenizer's eos). The reference's own stream uses 101 for "EOS" too (a quirk of
+  # the same trick) and starts unconditional generation from [SEP]; we keep
+  # BOS != EOS so document ends and row starts stay distinguishable.
+  return Tokenizer(tok, kind="wordpiece", bos_id=_special_id(tok, "[CLS]"),
+                   eos_id=_special_id(tok, "[SEP]"),
+                   pad_id=_special_id(tok, "[PAD]"),
+                   mask_id=_special_id(tok, "[MASK]"))
+
+
+def gpt2_tokenizer(vocab_path: str, merges_path: str) -> Tokenizer:
+  """GPT-2 byte-level BPE plus the added mask `<|fim_middle|>` (id 50257)."""
+  vocab_path = _require_file(vocab_path, "tokenizer.vocab_path")
+  merges_path = _require_file(merges_path, "tokenizer.merges_path")
+  tok = hf.Tokenizer(models.BPE.from_file(vocab_path, merges_path))
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = decoders.ByteLevel()
+  tok.add_special_tokens([GPT2_EOS, GPT2_MASK])
+  eos = _special_id(tok, GPT2_EOS)
+  # SPEC §5: BOS = EOS = PAD = <|endoftext|> (50256), MASK = 50257 (added).
+  return Tokenizer(tok, kind="gpt2", bos_id=eos, eos_id=eos, pad_id=eos,
+                   mask_id=_special_id(tok, GPT2_MASK))
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int,
+                    lowercase: bool = False) -> Tokenizer:
+  """Trains a byte-level BPE on `texts`.
+
+  Byte-level so that decode(encode(x)) == x for any text (no [UNK] in practice),
+  which keeps samples and infilling outputs readable. Specials get ids 0..4:
+  [PAD]=0 [UNK]=1 [BOS]=2 [EOS]=3 [MASK]=4. Deterministic for the same texts.
+  """
+  min_size = len(TRAINED_SPECIALS) + 256 + 1
+  if vocab_size < min_size:
+    raise ValueError(f"tokenizer.vocab_size={vocab_size} is too small for a "
+                     f"byte-level BPE (need at least {min_size})")
+  tok = hf.Tokenizer(models.BPE())
+  if lowercase:
+    tok.normalizer = normalizers.Lowercase()
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = decoders.ByteLevel()
+  trainer = trainers.BpeTrainer(
+      vocab_size=vocab_size, min_frequency=2, show_progress=False,
+      special_tokens=list(TRAINED_SPECIALS),
+      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+  tok.train_from_iterator(texts, trainer=trainer)
+  ids = {t: _special_id(tok, t) for t in TRAINED_SPECIALS}
+  return Tokenizer(tok, kind="trained", bos_id=ids["[BOS]"],
+                   eos_id=ids["[EOS]"], pad_id=ids["[PAD]"],
+                   mask_id=ids["[MASK]"])
+
+
+def validate_tokenizer_config(cfg):
+  """Raises ValueError with a readable message for a bad tokenizer config."""
+  if cfg.kind not in KINDS:
+    raise ValueError(f"tokenizer.kind={cfg.kind!r}; expected one of {KINDS}")
+  if cfg.kind in ("wordpiece", "gpt2") and not cfg.get("vocab_path"):
+    raise ValueError(f"tokenizer.kind={cfg.kind} needs tokenizer.vocab_path")
+  if cfg.kind == "gpt2" and not cfg.get("merges_path"):
+    raise ValueError("tokenizer.kind=gpt2 needs tokenizer.merges_path")
+  if cfg.kind == "trained" and not cfg.get("vocab_size"):
+    raise ValueError("tokenizer.kind=trained needs tokenizer.vocab_size")
+
+
+def build_tokenizer(cfg, train_texts=None) -> Tokenizer:
+  """Builds the tokenizer `cfg` describes (trains it for kind='trained').
+
+  `train_texts`: iterable of str, or a zero-argument callable returning one
+  (called only when training is needed). Pass the *whole* training split, not a
+  per-process shard, so every host trains the same tokenizer.
+  """
+  validate_tokenizer_config(cfg)
+  if cfg.kind == "wordpiece":
+    return wordpiece_tokenizer(cfg.vocab_path, _lowercase(cfg, True))
+  if cfg.kind == "gpt2":
+    return gpt2_tokenizer(cfg.vocab_path, cfg.merges_path)
+  if train_texts is None:
+    raise ValueError("tokenizer.kind=trained needs train_texts on its first run "
+                     "(no saved tokenizer was found in the workdir)")
+  if callable(train_texts):
+    train_texts = train_texts()
+  return train_tokenizer(train_texts, int(cfg.vocab_size),
+                         _lowercase(cfg, False))
+
+
+def get_tokenizer(cfg, workdir=None,
+                  train_texts: Iterable[str] | Callable[[], Iterable[str]] | None = None
+                  ) -> Tokenizer:
+  """The run's tokenizer: loaded from `<workdir>/tokenizer/` if saved there,
+  otherwise built from `cfg` and saved there (when `workdir` is given).
+
+  Raises ValueError if the saved tokenizer is of another kind than cfg.kind
+  (a workdir reused with a different config).
+  """
+  if workdir is not None:
+    tok_dir = pathlib.Path(workdir) / TOKENIZER_SUBDIR
+    if (tok_dir / _SPECIALS_FILE).is_file():
+      tok = Tokenizer.load(tok_dir)
+      if tok.kind != cfg.kind:
+        raise ValueError(
+            f"workdir tokenizer {tok_dir} is kind={tok.kind!r} but the config "
+            f"says tokenizer.kind={cfg.kind!r}; use a fresh workdir")
+      return tok
+  tok = build_tokenizer(cfg, train_texts)
+  if workdir is not None:
+    tok.save(tok_dir)
+  return tok

@@ -1,0 +1,106 @@
+"""Attention rules in *rank space* (SPEC §2). True = the query may attend to the key.
+
+Two-stream layout (SPEC §2.1): slots 0..L-1 are the clean stream, slots L..2L-1 the noisy stream,
+both in sampled order; the mask depends only on slot indices, never on the order itself, so it is
+built once per length. Padding is combined separately (`two_stream_padding`), permuted with the
+order, which is correct in general (the reference applies the unpermuted padding mask, SPEC §2.5).
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+
+def _two_stream_indices(length: int):
+  slot = np.arange(2 * length)
+  return slot % length, slot >= length  # rank, is_noisy
+
+
+def set_causal_mask(length: int) -> np.ndarray:
+  """SetDLM two-stream mask, bool [2L, 2L] (SPEC §2.2).
+
+  clean->clean: rank(k) <= rank(q); noisy->clean: rank(k) < rank(q); noisy->noisy: same slot only;
+  clean queries never see noisy keys.
+  """
+  rank, noisy = _two_stream_indices(length)
+  rq, rk = rank[:, None], rank[None, :]
+  nq, nk = noisy[:, None], noisy[None, :]
+  clean_clean = ~nq & ~nk & (rk <= rq)
+  noisy_clean = nq & ~nk & (rk < rq)
+  noisy_self = nq & nk & (rk == rq)
+  return clean_clean | noisy_clean | noisy_self
+
+
+def block_causal_mask(length: int, block_size: int) -> np.ndarray:
+  """BD3LM two-stream mask, bool [2L, 2L] (SPEC §2.7), block ids over positions (= ranks).
+
+  clean->clean: block(k) <= block(q); noisy->clean: block(k) < block(q);
+  noisy->noisy: block(k) == block(q). With block_size=1 in rank space this is `set_causal_mask`.
+  """
+  if length % block_size:
+    raise ValueError(f"block_size={block_size} must divide length={length}")
+  rank, noisy = _two_stream_indices(length)
+  block = rank // block_size
+  bq, bk = block[:, None], block[None, :]
+  nq, nk = noisy[:, None], noisy[None, :]
+  return (~nq & ~nk & (bk <= bq)) | (nq & ~nk & (bk < bq)) | (nq & nk & (bk == bq))
+
+
+def causal_mask(length: int) -> np.ndarray:
+  """Lower-triangular bool [L, L] (AR, and the clean-causal cache encoding of a prompt)."""
+  return np.tril(np.ones((length, length), dtype=bool))
+
+
+def bidirectional_mask(length: int) -> np.ndarray:
+  """All-True bool [L, L] (MDLM)."""
+  return np.ones((length, length), dtype=bool)
+
+
+def padding_mask(valid) -> jnp.ndarray:
+  """Outer product of a validity vector: bool [B, n] -> [B, n, n]."""
+  valid = jnp.asarray(valid).astype(bool)
+  return valid[:, :, None] & valid[:, None, :]
+
+
+def two_stream_padding(valid_in_order) -> jnp.ndarray:
+  """Padding mask of the two-stream input: bool [B, L] (validity *in sampled order*) -> [B, 2L, 2L]."""
+  valid = jnp.asarray(valid_in_order).astype(bool)
+  return padding_mask(jnp.concatenate([valid, valid], axis=-1))
+
+
+def cached_step_mask(cache_valid, pending_valid, active_valid) -> jnp.ndarray:
+  """Mask for one KV-cached decoding step (SPEC §2.8), fixed shapes.
+
+  Keys are [cache (C slots) | pending clean tokens (P slots) | active masks (A slots)]; queries are
+  [pending | active]. A pending token sees the cache and the pending tokens up to itself (causal in
+  slot order); an active mask sees the cache, every pending token and itself, never other masks.
+  Invalid slots are excluded as keys; invalid query rows attend only to themselves (never read).
+
+  Args:
+    cache_valid: bool [B, C] (which cache slots hold committed tokens).
+    pending_valid: bool [B, P]; active_valid: bool [B, A].
+  Returns:
+    bool [B, P + A, C + P + A].
+  """
+  cache_valid = jnp.asarray(cache_valid, bool)
+  pending_valid = jnp.asarray(pending_valid, bool)
+  active_valid = jnp.asarray(active_valid, bool)
+  batch = cache_valid.shape[0]
+  p, a = pending_valid.shape[-1], active_valid.shape[-1]
+  q_valid = jnp.concatenate([pending_valid, active_valid], -1)  # [B, Q]
+  q_idx = jnp.arange(p + a)
+  q_is_mask = q_idx >= p
+  # Rule over the step's own inputs (queries x keys), independent of the batch.
+  own = jnp.where(q_is_mask[:, None],
+                  (q_idx[None, :] < p) | (q_idx[None, :] == q_idx[:, None]),  # masks: pending + self
+                  q_idx[None, :] <= q_idx[:, None])  # pending: causal
+  own = own[None] & q_valid[:, None, :]
+  own = own | jnp.eye(p + a, dtype=bool)[None]  # keep every row non-empty
+  to_cache = jnp.broadcast_to(cache_valid[:, None, :], (batch, p + a, cache_valid.shape[-1]))
+  return jnp.concatenate([to_cache, own], axis=-1)
+
+
+__all__ = [
+    "set_causal_mask", "block_causal_mask", "causal_mask", "bidirectional_mask", "padding_mask",
+    "two_stream_padding", "cached_step_mask",
+]

@@ -1,0 +1,288 @@
+"""The DiT backbone of Set Diffusion in Flax Linen (SPEC §3).
+
+Parameter tree (maps one-to-one to the official `DIT` state dict, SPEC §3.9; see `interop/`):
+
+  embed/embedding                      (V, D)
+  blocks_{i}/norm1/scale               (D,)        LayerNorm, no bias, fp32
+  blocks_{i}/attn_qkv/kernel           (D, 3D)     output split (3, H, Dh)
+  blocks_{i}/attn_out/kernel           (D, D)
+  blocks_{i}/norm2/scale               (D,)
+  blocks_{i}/mlp_in/{kernel,bias}      (D, 4D)
+  blocks_{i}/mlp_out/{kernel,bias}     (4D, D)
+  blocks_{i}/adaln/{kernel,bias}       (C, 6D)     adaLN models only
+  final_norm/scale                     (D,)
+  final_adaln/{kernel,bias}            (C, 2D)     adaLN models only
+  head/{kernel,bias}                   (D, V)      untied, zero-initialised
+  sigma_map/dense0, sigma_map/dense1   (256, C), (C, C)   adaLN models only
+
+Inputs are token ids and *arbitrary* position ids (RoPE follows the original position of each
+token, whatever its slot), plus a boolean attention mask; an optional KV cache (keys after RoPE,
+values) is prepended to the keys.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Optional, Sequence, Tuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from setdiff_jax import attention
+
+NEG_INF_LOGIT = -1e12  # the reference's mask-token logit (SPEC §3.5)
+
+KVCache = Tuple[Tuple[jax.Array, jax.Array], ...]  # per layer (k [B, C, H, Dh], v [B, C, H, Dh])
+
+
+@dataclasses.dataclass(frozen=True)
+class DiTConfig:
+  """Backbone hyperparameters (SPEC §3.1). LM1B: 12 x 768, 12 heads, V = 30522."""
+  vocab_size: int = 30522
+  hidden_size: int = 768
+  num_layers: int = 12
+  num_heads: int = 12
+  mlp_ratio: int = 4
+  cond_dim: int = 128
+  adaln: bool = False          # MDLM/BD3LM baselines: adaLN with constant sigma = 0 (SPEC §3.4)
+  dropout: float = 0.1         # on the two residual branches only
+  dtype: str = "float32"       # compute dtype ("bfloat16" for mixed precision); params stay fp32
+  attention: str = "dense"     # see attention.IMPLEMENTATIONS
+  rope_base: float = 10000.0
+  remat: bool = False          # rematerialise each block in the backward pass
+
+  def __post_init__(self):
+    if self.hidden_size % self.num_heads:
+      raise ValueError(f"hidden_size={self.hidden_size} is not divisible by num_heads={self.num_heads}")
+    if (self.hidden_size // self.num_heads) % 2:
+      raise ValueError("head dim must be even for rotary embeddings")
+    if self.dtype not in ("float32", "bfloat16", "float16"):
+      raise ValueError(f"model dtype {self.dtype!r} must be float32, bfloat16 or float16")
+    if self.attention not in attention.IMPLEMENTATIONS:
+      raise ValueError(f"attention={self.attention!r}; use one of {attention.IMPLEMENTATIONS}")
+
+  @property
+  def head_dim(self) -> int:
+    return self.hidden_size // self.num_heads
+
+  @property
+  def compute_dtype(self):
+    return jnp.dtype(self.dtype)
+
+  @classmethod
+  def from_config(cls, cfg) -> "DiTConfig":
+    """Builds from a mapping (e.g. an ml_collections `config.model`), ignoring unknown fields."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in dict(cfg).items() if k in names})
+
+
+# ----------------------------------------------------------------------------- initialisers
+def torch_linear_kernel_init():
+  """PyTorch nn.Linear default: Kaiming-uniform(a=sqrt 5) = U(+-1/sqrt(fan_in))."""
+  return nn.initializers.variance_scaling(1.0 / 3.0, "fan_in", "uniform")
+
+
+def torch_linear_bias_init(fan_in: int):
+  bound = 1.0 / math.sqrt(fan_in)
+  return lambda key, shape, dtype=jnp.float32: jax.random.uniform(key, shape, dtype, -bound, bound)
+
+
+def torch_embedding_init(hidden_size: int):
+  """Kaiming-uniform(a=sqrt 5) on a (V, D) tensor: U(+-1/sqrt(D)) (SPEC §3.6)."""
+  bound = 1.0 / math.sqrt(hidden_size)
+  return lambda key, shape, dtype=jnp.float32: jax.random.uniform(key, shape, dtype, -bound, bound)
+
+
+def _dense(module: nn.Module, x, kernel_init, bias_init):
+  """Parameters `kernel` (and `bias`) created directly on `module` (flat names as SPEC §3.9)."""
+  kernel = module.param("kernel", kernel_init, (x.shape[-1], module.features), jnp.float32)
+  y = jnp.dot(x.astype(module.dtype), kernel.astype(module.dtype))
+  if module.use_bias:
+    bias = module.param("bias", bias_init, (module.features,), jnp.float32)
+    y = y + bias.astype(module.dtype)
+  return y
+
+
+# ----------------------------------------------------------------------------- pieces
+class LayerNormNoBias(nn.Module):
+  """LayerNorm with a weight and no bias, computed in fp32 and cast back (SPEC §3.2)."""
+  epsilon: float = 1e-5
+
+  @nn.compact
+  def __call__(self, x):
+    scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), jnp.float32)
+    x32 = x.astype(jnp.float32)
+    mean = jnp.mean(x32, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True)
+    y = (x32 - mean) * jax.lax.rsqrt(var + self.epsilon) * scale
+    return y.astype(x.dtype)
+
+
+def rotary_cos_sin(positions: jax.Array, head_dim: int, base: float = 10000.0):
+  """cos, sin of the half-split rotary table, fp32 [B, S, Dh] (SPEC §3.3)."""
+  inv_freq = 1.0 / (base ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+  theta = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, S, Dh/2]
+  theta = jnp.concatenate([theta, theta], axis=-1)
+  return jnp.cos(theta), jnp.sin(theta)
+
+
+def apply_rotary(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+  """x: [B, S, H, Dh]; z' = z cos + rotate_half(z) sin, in x's dtype."""
+  half = x.shape[-1] // 2
+  rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+  cos = cos[:, :, None, :].astype(x.dtype)
+  sin = sin[:, :, None, :].astype(x.dtype)
+  return x * cos + rotated * sin
+
+
+def timestep_embedding(t: jax.Array, dim: int = 256, max_period: float = 10000.0) -> jax.Array:
+  """Sinusoidal [cos, sin] embedding of the (always zero) time, fp32 [B, dim] (SPEC §3.4)."""
+  half = dim // 2
+  freqs = jnp.exp(-math.log(max_period) * jnp.arange(half, dtype=jnp.float32) / half)
+  args = t.astype(jnp.float32)[:, None] * freqs[None]
+  return jnp.concatenate([jnp.cos(args), jnp.sin(args)], axis=-1)
+
+
+class Linear(nn.Module):
+  """nn.Linear with PyTorch initialisation; params `kernel` (in, out) and optional `bias`."""
+  features: int
+  use_bias: bool = True
+  zero_init: bool = False
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    kernel_init = nn.initializers.zeros if self.zero_init else torch_linear_kernel_init()
+    bias_init = nn.initializers.zeros if self.zero_init else torch_linear_bias_init(x.shape[-1])
+    return _dense(self, x, kernel_init, bias_init)
+
+
+class SigmaMap(nn.Module):
+  """TimestepEmbedder: sinusoid(256) -> Linear -> SiLU -> Linear (adaLN models)."""
+  cond_dim: int
+
+  @nn.compact
+  def __call__(self, sigma):
+    h = timestep_embedding(sigma)
+    h = Linear(self.cond_dim, name="dense0")(h)
+    return Linear(self.cond_dim, name="dense1")(nn.silu(h))
+
+
+class DiTBlock(nn.Module):
+  config: DiTConfig
+
+  @nn.compact
+  def __call__(self, h, cos, sin, mask, cond, past_kv, deterministic: bool):
+    cfg = self.config
+    dt = cfg.compute_dtype
+    b, s, _ = h.shape
+    if cfg.adaln:
+      mod = Linear(6 * cfg.hidden_size, zero_init=True, name="adaln")(cond)[:, None, :]
+      shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = jnp.split(mod, 6, axis=-1)
+
+    a = LayerNormNoBias(name="norm1")(h)
+    if cfg.adaln:
+      a = a * (1 + scale_msa) + shift_msa
+    qkv = Linear(3 * cfg.hidden_size, use_bias=False, dtype=dt, name="attn_qkv")(a)
+    qkv = qkv.reshape(b, s, 3, cfg.num_heads, cfg.head_dim)  # (3, H, Dh) output layout
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+    new_kv = (k, v)
+    if past_kv is not None:
+      k = jnp.concatenate([past_kv[0].astype(k.dtype), k], axis=1)
+      v = jnp.concatenate([past_kv[1].astype(v.dtype), v], axis=1)
+    o = attention.attend(q, k, v, mask, cfg.attention).reshape(b, s, cfg.hidden_size)
+    o = Linear(cfg.hidden_size, use_bias=False, dtype=dt, name="attn_out")(o)
+    if cfg.adaln:
+      o = gate_msa * o
+    h = h + nn.Dropout(cfg.dropout)(o, deterministic=deterministic)
+
+    a = LayerNormNoBias(name="norm2")(h)
+    if cfg.adaln:
+      a = a * (1 + scale_mlp) + shift_mlp
+    m = Linear(cfg.mlp_ratio * cfg.hidden_size, dtype=dt, name="mlp_in")(a)
+    m = nn.gelu(m, approximate=True)
+    m = Linear(cfg.hidden_size, dtype=dt, name="mlp_out")(m)
+    if cfg.adaln:
+      m = gate_mlp * m
+    h = h + nn.Dropout(cfg.dropout)(m, deterministic=deterministic)
+    return h, new_kv
+
+
+class DiT(nn.Module):
+  """The backbone: ids + position ids + bool mask (+ KV cache) -> logits (SPEC §3.2).
+
+  Call:
+    tokens: int [B, S]; positions: int [B, S] (absolute position of each token);
+    mask: bool [B, S, C + S] or [B, 1, S, C + S] (True = attend; C = cache length, 0 without);
+    kv_cache: optional per-layer (k, v), each [B, C, H, Dh] (keys after RoPE);
+    sigma: optional float [B] time input for adaLN models (the reference always feeds 0);
+    head_start: static int; the final norm and output head run on rows [head_start:] only, so a
+      two-stream training forward pays the V-wide head for the noisy half only;
+    return_kv: also return this call's per-layer (k, v) [B, S, H, Dh], for the caller's cache.
+  Returns:
+    logits fp32 [B, S - head_start, V] (raw; see `suppress_mask_logit`), and the new kv if asked.
+  """
+  config: DiTConfig
+
+  @nn.compact
+  def __call__(self, tokens, positions, mask, *, kv_cache: Optional[KVCache] = None,
+               sigma: Optional[jax.Array] = None, deterministic: bool = True,
+               head_start: int = 0, return_kv: bool = False):
+    cfg = self.config
+    h = nn.Embed(cfg.vocab_size, cfg.hidden_size, embedding_init=torch_embedding_init(cfg.hidden_size),
+                 param_dtype=jnp.float32, dtype=jnp.float32, name="embed")(tokens)
+    cos, sin = rotary_cos_sin(positions, cfg.head_dim, cfg.rope_base)
+    cond = None
+    if cfg.adaln:
+      if sigma is None:
+        sigma = jnp.zeros((tokens.shape[0],), jnp.float32)
+      cond = nn.silu(SigmaMap(cfg.cond_dim, name="sigma_map")(sigma))
+
+    block_cls = nn.remat(DiTBlock, static_argnums=(7,)) if cfg.remat else DiTBlock
+    new_kvs = []
+    for i in range(cfg.num_layers):
+      past = None if kv_cache is None else kv_cache[i]
+      h, kv = block_cls(cfg, name=f"blocks_{i}")(h, cos, sin, mask, cond, past, deterministic)
+      new_kvs.append(kv)
+
+    h = h[:, head_start:]
+    h = LayerNormNoBias(name="final_norm")(h)
+    if cfg.adaln:
+      shift, scale = jnp.split(Linear(2 * cfg.hidden_size, zero_init=True, name="final_adaln")(cond)[:, None, :], 2, -1)
+      h = h * (1 + scale) + shift
+    logits = Linear(cfg.vocab_size, zero_init=True, dtype=cfg.compute_dtype, name="head")(h)
+    logits = logits.astype(jnp.float32)
+    if return_kv:
+      return logits, tuple(new_kvs)
+    return logits
+
+
+def suppress_mask_logit(logits: jax.Array, mask_token_id: int) -> jax.Array:
+  """Sets the mask token's logit to -1e12 (SPEC §3.5): the model never puts mass on M."""
+  return logits.at[..., mask_token_id].set(NEG_INF_LOGIT)
+
+
+def count_params(params) -> int:
+  return sum(int(x.size) for x in jax.tree_util.tree_leaves(params))
+
+
+def init_params(config: DiTConfig, rng: jax.Array, seq_len: int = 8):
+  """Initialises parameters for a batch-1 input of `seq_len` tokens."""
+  tokens = jnp.zeros((1, seq_len), jnp.int32)
+  positions = jnp.arange(seq_len, dtype=jnp.int32)[None]
+  mask = jnp.ones((1, seq_len, seq_len), bool)
+  return DiT(config).init(rng, tokens, positions, mask)["params"]
+
+
+def param_shapes(config: DiTConfig, seq_len: int = 8):
+  """Parameter shapes via `jax.eval_shape` (no memory is allocated)."""
+  return jax.eval_shape(lambda r: init_params(config, r, seq_len), jax.random.key(0))
+
+
+__all__ = [
+    "DiTConfig", "DiT", "DiTBlock", "LayerNormNoBias", "rotary_cos_sin", "apply_rotary",
+    "timestep_embedding", "suppress_mask_logit", "count_params", "init_params", "param_shapes",
+    "NEG_INF_LOGIT", "KVCache",
+]

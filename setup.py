@@ -1,0 +1,30 @@
+"""setdiff_jax: Set Diffusion language models in JAX/Flax."""
+import pathlib
+
+from setuptools import find_packages, setup
+
+HERE = pathlib.Path(__file__).parent
+
+
+def _requirements():
+  lines = (HERE / "requirements.txt").read_text().splitlines()
+  return [l.split("#")[0].strip() for l in lines if l.split("#")[0].strip()]
+
+
+setup(
+    name="setdiff_jax",
+    version="0.1.0",
+    description="Set Diffusion (Arriola & Kuleshov, ICML 2026) in JAX/Flax.",
+    long_description=(HERE / "README.md").read_text(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["setdiff_jax", "setdiff_jax.*"]),
+    package_data={"setdiff_jax.data": ["corpus/*.xz", "corpus/*.md"]},
+    include_package_data=True,
+    install_requires=_requirements(),
+    extras_require={
+        # Exactly the CPU build provided on our machines; an unpinned torch pulls CUDA wheels.
+        "torch": ["torch==2.13.0"],
+        "test": ["pytest>=8", "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6"],
+    },
+)
