@@ -1,0 +1,44 @@
+"""Train a Set Diffusion (or AR / MDLM / BD3LM) model.
+
+  python launch/train.py --config=configs/tiny_sw.py --workdir=/tmp/setdiff_tiny \
+      [--config.num_train_steps=1000 ...]
+
+Re-running with the same workdir resumes from its latest checkpoint. On a multi-host TPU pod or
+GPU cluster run the same command on every host; `jax.distributed.initialize()` picks up the
+cluster from the environment (and is skipped on a single host).
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags, logging  # noqa: E402
+import jax  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from setdiff_jax import train  # noqa: E402
+
+FLAGS = flags.FLAGS
+config_flags.DEFINE_config_file("config", None, "Training config file.", lock_config=True)
+flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and the tokenizer.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def initialize_distributed():
+  """Joins a multi-process cluster when the environment describes one; no-op on one host."""
+  try:
+    jax.distributed.initialize()
+  except (ValueError, RuntimeError) as e:  # no coordinator / single host
+    logging.info("jax.distributed.initialize skipped (%s); running single-process", e)
+
+
+def main(argv):
+  del argv
+  initialize_distributed()
+  logging.info("JAX devices: %s (process %d of %d)", jax.devices(), jax.process_index(),
+               jax.process_count())
+  train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+
+
+if __name__ == "__main__":
+  app.run(main)

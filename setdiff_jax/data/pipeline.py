@@ -1,0 +1,362 @@
+"""grain input pipelines: text source -> tokens -> fixed-shape batches.
+
+Usage::
+
+  ds = make_dataset(cfg.data, tokenizer, split="train", seq_len=128,
+                    global_batch_size=512, seed=0,
+                    process_index=jax.process_index(),
+                    process_count=jax.process_count())
+  it = iter(ds)              # grain DatasetIterator
+  batch = next(it)           # {'tokens': int32 [local_batch, seq_len],
+                             #  'attention_mask': int32 [local_batch, seq_len]}
+  state = it.get_state()     # JSON-able dict; it.set_state(state) resumes exactly
+
+Every batch has the same shape [global_batch_size // process_count, seq_len]:
+train batches drop the remainder; eval (drop_remainder=False) pads the last batch
+with empty rows (tokens = pad id, attention_mask = 0), so jit never recompiles.
+
+Preprocessing (``data_cfg.preprocess``):
+
+- ``wrap``: documents are concatenated and cut into rows; attention all ones.
+  ``wrap_style='row'`` (default) is the reference "wrapped" LM1B format of the
+  MDLM/BD3LM pipeline (SPEC §5): the stream is ``doc EOS doc EOS ...`` and each
+  row is ``[BOS] + next seq_len-2 stream tokens + [EOS]``, so every row starts
+  with BOS (what ``keep_clean_bos`` assumes). ``wrap_style='doc'``: the stream
+  is ``BOS doc EOS BOS doc EOS ...`` cut into rows of exactly seq_len (rows may
+  start mid-document). A final partial row is dropped.
+- ``pad``: one document per row, ``[BOS] + doc + [EOS]`` truncated to seq_len
+  (a truncated document keeps no EOS: it did not end there), right-padded with
+  the pad id; attention_mask is 1 on real tokens.
+
+How each case runs (all in this process, no grain worker processes):
+
+- pad, any source: docs -> shard -> shuffle -> repeat -> batch of texts ->
+  tokenize (encode_batch) and pad. Lazy: only the texts of each batch are read.
+- wrap, in-memory sources (embedded, text, jsonl): the whole split is tokenized
+  once (seconds for the 4 MB embedded corpus) and cut into rows, as the
+  reference's pre-wrapped .dat files; then rows -> shard -> shuffle -> repeat ->
+  batch. The row set does not depend on the number of processes.
+- wrap, tfds (lm1b, 30M sentences): lazy. docs -> shard -> shuffle -> repeat ->
+  groups of 256 texts -> tokenize into one stream piece ->
+  grain ConcatThenSplitIterDataset -> add row specials -> batch. Rows of one
+  batch are consecutive pieces of the stream (LM1B sentences are short, so
+  neighbouring rows share at most one sentence).
+
+Sharding: process p of P reads only items p, p+P, p+2P, ... (documents; rows of
+the pre-wrapped case), so no host reads the global batch. Shuffling is an exact
+per-epoch permutation (grain index_shuffle), reseeded each epoch, from `seed`.
+
+Checkpointing: the iterator state is a small JSON-able dict. Save it beside
+the train state with orbax via ``checkpoint_args_save(it)`` /
+``checkpoint_args_restore(it)`` (``grain.checkpoint.CheckpointSave/Restore``,
+one file per process), or by hand with ``iterator_state_json`` /
+``restore_iterator_state``.
+"""
+from __future__ import annotations
+
+import functools
+import json
+
+import grain
+import ml_collections
+import numpy as np
+from grain.experimental import ConcatThenSplitIterDataset
+
+from setdiff_jax.data import sources
+
+SOURCES = ("embedded", "tfds", "text", "jsonl")
+PREPROCESS = ("wrap", "pad")
+WRAP_STYLES = ("row", "doc")
+IN_MEMORY_SOURCES = ("embedded", "text", "jsonl")
+# Texts tokenized together in the lazy wrap pipeline (one encode_batch call).
+DOCS_PER_GROUP = 256
+
+
+def default_data_config() -> ml_collections.ConfigDict:
+  """Data config with defaults: the embedded Jane Austen corpus, wrapped."""
+  cfg = ml_collections.ConfigDict()
+  # 'embedded' (Jane Austen corpus shipped in the package) | 'tfds' (a prepared
+  # array_record TFDS dataset) | 'text' (plain text files) | 'jsonl'.
+  cfg.source = "embedded"
+  # tfds: dataset name and the data_dir it was prepared in (None: tfds default,
+  # ~/tensorflow_datasets). Never downloads; prepare with
+  # `tfds build lm1b --file_format=array_record`.
+  cfg.tfds_name = "lm1b"
+  cfg.tfds_data_dir = ml_collections.FieldReference(None, field_type=str)
+  # Split names for 'embedded' ('train' | 'validation') and 'tfds' (lm1b:
+  # 'train' | 'test'; slices like 'train[:1%]' work).
+  cfg.train_split = "train"
+  cfg.eval_split = "validation"
+  # text/jsonl: comma-separated file paths (or a list) for train and eval.
+  cfg.paths = ""
+  cfg.eval_paths = ""
+  # text: one document per 'paragraph' (blank-line separated) or per 'line'.
+  cfg.text_unit = "paragraph"
+  # jsonl: the string field holding each record's text.
+  cfg.jsonl_field = "text"
+  # 'wrap' (concatenate and cut, attention all ones) | 'pad' (one document per
+  # row, right-padded).
+  cfg.preprocess = "wrap"
+  # wrap only: 'row' = each row [BOS] stream [EOS], stream = doc EOS doc EOS ...
+  # (reference LM1B format) | 'doc' = stream BOS doc EOS BOS doc EOS ... cut
+  # into rows of exactly seq_len.
+  cfg.wrap_style = "row"
+  # Threads reading/tokenizing ahead of the consumer and elements they buffer.
+  cfg.read_threads = 2
+  cfg.prefetch = 4
+  return cfg
+
+
+def validate_data_config(cfg):
+  """Raises ValueError with a readable message for a bad data config."""
+  def check(ok, msg):
+    if not ok:
+      raise ValueError(msg)
+
+  check(cfg.source in SOURCES,
+        f"data.source={cfg.source!r}; expected one of {SOURCES}")
+  check(cfg.preprocess in PREPROCESS,
+        f"data.preprocess={cfg.preprocess!r}; expected one of {PREPROCESS}")
+  style = cfg.get("wrap_style", "row")
+  check(style in WRAP_STYLES,
+        f"data.wrap_style={style!r}; expected one of {WRAP_STYLES}")
+  if cfg.source == "embedded":
+    for field in ("train_split", "eval_split"):
+      check(cfg[field] in sources.EMBEDDED_SPLITS,
+            f"data.{field}={cfg[field]!r}: the embedded corpus has splits "
+            f"{sources.EMBEDDED_SPLITS}")
+  if cfg.source == "tfds":
+    check(bool(cfg.get("tfds_name")), "data.source=tfds needs data.tfds_name")
+    for field in ("train_split", "eval_split"):
+      check(bool(cfg.get(field)), f"data.source=tfds needs data.{field}")
+  if cfg.source in ("text", "jsonl"):
+    check(bool(sources.parse_paths(cfg.get("paths"))),
+          f"data.source={cfg.source} needs data.paths (comma-separated files)")
+  if cfg.source == "text":
+    unit = cfg.get("text_unit", "paragraph")
+    check(unit in ("paragraph", "line"),
+          f"data.text_unit={unit!r}; expected 'paragraph' or 'line'")
+  if cfg.source == "jsonl":
+    check(bool(cfg.get("jsonl_field")), "data.source=jsonl needs "
+          "data.jsonl_field")
+  check(cfg.get("read_threads", 0) >= 0, "data.read_threads must be >= 0")
+  check(cfg.get("prefetch", 0) >= 0, "data.prefetch must be >= 0")
+
+
+# ---------------------------------------------------------------------------
+# Row builders (numpy, no grain): shapes and special-token placement live here.
+
+
+def pad_rows(ids: list[list[int]], seq_len: int, bos_id: int, eos_id: int,
+             pad_id: int) -> dict[str, np.ndarray]:
+  """One row per document: [BOS] + doc + [EOS], truncated, right-padded.
+
+  Returns tokens and attention_mask, both int32 [len(ids), seq_len].
+  """
+  tokens = np.full((len(ids), seq_len), pad_id, np.int32)
+  mask = np.zeros((len(ids), seq_len), np.int32)
+  for i, doc in enumerate(ids):
+    row = ([bos_id] + list(doc) + [eos_id])[:seq_len]
+    tokens[i, :len(row)] = row
+    mask[i, :len(row)] = 1
+  return {"tokens": tokens, "attention_mask": mask}
+
+
+def _stream(ids: list[list[int]], style: str, bos_id: int,
+            eos_id: int) -> np.ndarray:
+  """Concatenated token stream of documents: 'row': doc EOS ...; 'doc': BOS doc EOS ..."""
+  head = [bos_id] if style == "doc" else []
+  parts = [np.asarray(head + list(doc) + [eos_id], np.int32) for doc in ids]
+  return np.concatenate(parts) if parts else np.zeros((0,), np.int32)
+
+
+def _chunk_len(seq_len: int, style: str) -> int:
+  """Stream tokens per row: 'row' style spends two slots on BOS and EOS."""
+  return seq_len - 2 if style == "row" else seq_len
+
+
+def _add_row_specials(chunks: np.ndarray, style: str, bos_id: int,
+                      eos_id: int) -> np.ndarray:
+  """[n, chunk_len] -> [n, seq_len]: 'row' style frames each row with BOS/EOS."""
+  if style != "row":
+    return chunks
+  n = chunks.shape[0]
+  return np.concatenate([np.full((n, 1), bos_id, np.int32), chunks,
+                         np.full((n, 1), eos_id, np.int32)], axis=1)
+
+
+def wrap_rows(ids: list[list[int]], seq_len: int, bos_id: int, eos_id: int,
+              style: str = "row") -> np.ndarray:
+  """Concatenate tokenized documents and cut into rows; int32 [n_rows, seq_len].
+
+  The final partial row is dropped (as the reference's wrapping does).
+  """
+  stream = _stream(ids, style, bos_id, eos_id)
+  chunk = _chunk_len(seq_len, style)
+  n = len(stream) // chunk
+  chunks = stream[:n * chunk].reshape(n, chunk)
+  return _add_row_specials(chunks, style, bos_id, eos_id)
+
+
+def _fill_batch(batch: dict[str, np.ndarray], batch_size: int,
+                pad_id: int) -> dict[str, np.ndarray]:
+  """Pads a short (last eval) batch with empty rows: tokens=pad, mask=0."""
+  n = batch["tokens"].shape[0]
+  if n == batch_size:
+    return batch
+  extra = batch_size - n
+  return {
+      "tokens": np.concatenate(
+          [batch["tokens"],
+           np.full((extra,) + batch["tokens"].shape[1:], pad_id, np.int32)]),
+      "attention_mask": np.concatenate(
+          [batch["attention_mask"],
+           np.zeros((extra,) + batch["attention_mask"].shape[1:], np.int32)]),
+  }
+
+
+# ---------------------------------------------------------------------------
+# grain pipelines.
+
+
+def _order(ds: grain.MapDataset, shuffle: bool, seed: int,
+           num_epochs: int | None) -> grain.MapDataset:
+  """Shuffle (a fresh permutation each epoch) then repeat (None: forever)."""
+  if shuffle:
+    ds = ds.shuffle(seed=seed)
+  return ds.repeat(num_epochs)
+
+
+def _check_nonempty(n: int, what: str):
+  if n == 0:
+    raise ValueError(f"no data: {what}")
+
+
+def make_dataset(data_cfg, tokenizer, *, split: str, seq_len: int,
+                 global_batch_size: int, seed: int, process_index: int = 0,
+                 process_count: int = 1, shuffle: bool = True,
+                 num_epochs: int | None = None,
+                 drop_remainder: bool | None = None) -> grain.IterDataset:
+  """The batched input pipeline of one process (see the module docstring).
+
+  Args:
+    data_cfg: a data ConfigDict (`default_data_config`).
+    tokenizer: a `setdiff_jax.data.tokenizers.Tokenizer`.
+    split: 'train' (data_cfg.train_split / paths) or 'eval' (eval_split /
+      eval_paths).
+    seq_len: row length L.
+    global_batch_size: rows per step over all processes; must be divisible by
+      process_count.
+    seed: shuffling seed, 0 <= seed < 2**32 (same on every process: shards are
+      disjoint anyway).
+    process_index, process_count: this process and the number of processes
+      (jax.process_index(), jax.process_count()).
+    shuffle: shuffle documents (pad / lazy wrap) or rows (pre-wrapped).
+    num_epochs: passes over the data; None repeats forever.
+    drop_remainder: drop a last short batch (default: True for 'train'); if
+      False the last batch is filled with empty rows instead.
+  Returns:
+    a grain IterDataset; `iter()` of it yields dicts with 'tokens' and
+    'attention_mask', int32 [global_batch_size // process_count, seq_len].
+  """
+  validate_data_config(data_cfg)
+  if split not in ("train", "eval"):
+    raise ValueError(f"split={split!r}; expected 'train' or 'eval'")
+  if process_count < 1 or not 0 <= process_index < process_count:
+    raise ValueError(f"bad process_index={process_index} / "
+                     f"process_count={process_count}")
+  if global_batch_size % process_count:
+    raise ValueError(f"global_batch_size={global_batch_size} is not divisible "
+                     f"by process_count={process_count}")
+  batch_size = global_batch_size // process_count
+  style = data_cfg.get("wrap_style", "row")
+  min_len = 3 if (data_cfg.preprocess == "wrap" and style == "row") else 2
+  if seq_len < min_len:
+    raise ValueError(f"seq_len={seq_len} is too short (need >= {min_len})")
+  if drop_remainder is None:
+    drop_remainder = split == "train"
+  tok = tokenizer
+  finish = functools.partial(_fill_batch, batch_size=batch_size,
+                             pad_id=tok.pad_id)
+  read_options = grain.ReadOptions(
+      num_threads=int(data_cfg.get("read_threads", 2)),
+      prefetch_buffer_size=int(data_cfg.get("prefetch", 4)))
+
+  if data_cfg.preprocess == "pad":
+    docs = sources.load_texts(data_cfg, split, process_index, process_count)
+    _check_nonempty(len(docs), f"{data_cfg.source} {split} shard "
+                    f"{process_index}/{process_count} has no documents")
+    ds = _order(grain.MapDataset.source(docs), shuffle, seed, num_epochs)
+    ds = ds.batch(batch_size, drop_remainder=drop_remainder,
+                  batch_fn=list)  # a batch of texts -> tokenized together
+    ds = ds.map(lambda texts: finish(pad_rows(
+        tok.encode_batch(texts), seq_len, tok.bos_id, tok.eos_id, tok.pad_id)))
+    return ds.to_iter_dataset(read_options)
+
+  if data_cfg.source in IN_MEMORY_SOURCES:
+    # Tokenize the whole split once; every process builds the same rows and
+    # keeps its strided share.
+    docs = sources.load_texts(data_cfg, split)
+    rows = wrap_rows(tok.encode_batch(docs), seq_len, tok.bos_id, tok.eos_id,
+                     style)
+    _check_nonempty(len(rows), f"{data_cfg.source} {split} has fewer tokens "
+                    f"than one row of seq_len={seq_len}")
+    rows = rows[process_index::process_count]
+    ds = _order(grain.MapDataset.source(rows), shuffle, seed, num_epochs)
+    ds = ds.batch(batch_size, drop_remainder=drop_remainder)
+    ds = ds.map(lambda t: finish({"tokens": t,
+                                  "attention_mask": np.ones_like(t)}))
+    return ds.to_iter_dataset(read_options)
+
+  # Lazy wrap (tfds): tokenize groups of documents into stream pieces and let
+  # grain's concat-then-split cut rows, carrying the remainder between pieces.
+  docs = sources.load_texts(data_cfg, split, process_index, process_count)
+  _check_nonempty(len(docs), f"{data_cfg.source} {split} shard "
+                  f"{process_index}/{process_count} has no documents")
+  chunk = _chunk_len(seq_len, style)
+  ds = _order(grain.MapDataset.source(docs), shuffle, seed, num_epochs)
+  ds = ds.batch(DOCS_PER_GROUP, drop_remainder=False, batch_fn=list)
+  ds = ds.map(lambda texts: {"tokens": _stream(
+      tok.encode_batch(texts), style, tok.bos_id, tok.eos_id)})
+  ds = ConcatThenSplitIterDataset(ds.to_iter_dataset(read_options),
+                                  length_struct={"tokens": chunk})
+  # The last row of a finite stream is zero-padded (segment id 0): drop it.
+  ds = ds.filter(lambda x: bool(np.all(x["tokens_segment_ids"] > 0)))
+  ds = ds.map(lambda x: _add_row_specials(
+      x["tokens"][None].astype(np.int32), style, tok.bos_id, tok.eos_id)[0])
+  ds = ds.batch(batch_size, drop_remainder=drop_remainder)
+  return ds.map(lambda t: finish({"tokens": t,
+                                  "attention_mask": np.ones_like(t)}))
+
+
+# ---------------------------------------------------------------------------
+# Iterator state.
+
+
+def checkpoint_args_save(iterator):
+  """Orbax save args for a grain iterator (`grain.checkpoint.CheckpointSave`).
+
+  e.g. `mngr.save(step, args=ocp.args.Composite(
+      state=ocp.args.StandardSave(state), data=checkpoint_args_save(it)))`.
+  Each process writes its own `process_<i>-of-<n>.json`.
+  """
+  import grain.checkpoint  # pylint: disable=g-import-not-at-top  (pulls orbax)
+  return grain.checkpoint.CheckpointSave(iterator)
+
+
+def checkpoint_args_restore(iterator):
+  """Orbax restore args that set `iterator`'s state in place
+  (`grain.checkpoint.CheckpointRestore`)."""
+  import grain.checkpoint  # pylint: disable=g-import-not-at-top
+  return grain.checkpoint.CheckpointRestore(iterator)
+
+
+def iterator_state_json(iterator) -> str:
+  """The iterator's state as a JSON string (what the grain handler writes)."""
+  return json.dumps(iterator.get_state())
+
+
+def restore_iterator_state(iterator, state_json: str):
+  """Sets the iterator's state from `iterator_state_json` output."""
+  iterator.set_state(json.loads(state_json))
+  return iterator

@@ -1,0 +1,114 @@
+"""Tokenizers: known ids, special ids, save/load, clear errors."""
+import json
+
+import pytest
+
+from setdiff_jax.data import sources
+from setdiff_jax.data import tokenizers as T
+
+
+def _cfg(**kw):
+  cfg = T.default_tokenizer_config()
+  for k, v in kw.items():
+    cfg[k] = v
+  return cfg
+
+
+@pytest.fixture(scope="module")
+def bert(shared_data):
+  return T.get_tokenizer(_cfg(
+      kind="wordpiece", vocab_path=str(shared_data / "bert-base-uncased-vocab.txt")))
+
+
+@pytest.fixture(scope="module")
+def gpt2(shared_data):
+  return T.get_tokenizer(_cfg(
+      kind="gpt2", vocab_path=str(shared_data / "gpt2" / "vocab.json"),
+      merges_path=str(shared_data / "gpt2" / "merges.txt")))
+
+
+def test_wordpiece_known_ids(bert):
+  assert bert.encode("hello world") == [7592, 2088]
+  # Uncased: the BERT normalizer lowercases; specials in text stay whole.
+  assert bert.encode("Hello, World! [MASK]") == [7592, 1010, 2088, 999, 103]
+  assert bert.vocab_size == 30522
+  # SPEC §5 caveat: BOS = [CLS] (what the wrapped LM1B data starts rows with).
+  assert (bert.bos_id, bert.eos_id, bert.pad_id, bert.mask_id) == (101, 102, 0, 103)
+  assert bert.decode([101, 7592, 2088, 102, 0, 0]) == "hello world"
+  assert bert.decode([101, 7592, 103], skip_special=False) == "[CLS] hello [MASK]"
+
+
+def test_gpt2_round_trip_and_mask(gpt2):
+  text = "Hello world!  It's a test,\n\nwith ünïcode and 🙂 emoji."
+  ids = gpt2.encode(text)
+  assert gpt2.decode(ids) == text
+  assert gpt2.encode("Hello world") == [15496, 995]
+  assert gpt2.vocab_size == 50258
+  assert gpt2.mask_id == 50257
+  assert gpt2.bos_id == gpt2.eos_id == gpt2.pad_id == 50256
+  assert gpt2.encode("a<|fim_middle|>b<|endoftext|>") == [64, 50257, 65, 50256]
+  assert gpt2.decode([64, 50257, 65, 50256]) == "ab"
+
+
+def test_trained_saved_and_reloaded(tmp_path):
+  texts = sources.embedded_corpus("validation")
+  cfg = _cfg(kind="trained", vocab_size=400)
+  calls = []
+
+  def train_texts():
+    calls.append(1)
+    return iter(texts)
+
+  tok = T.get_tokenizer(cfg, tmp_path, train_texts=train_texts)
+  assert calls == [1]
+  assert (tmp_path / "tokenizer" / "tokenizer.json").is_file()
+  meta = json.loads((tmp_path / "tokenizer" / "special_tokens.json").read_text())
+  assert meta["kind"] == "trained" and meta["vocab_size"] == 400
+  assert tok.vocab_size == 400
+  assert (tok.pad_id, tok.bos_id, tok.eos_id, tok.mask_id) == (0, 2, 3, 4)
+  assert tok.id_to_token(1) == "[UNK]"
+  text = texts[3]
+  assert tok.decode(tok.encode(text)) == text  # byte-level: exact round trip
+  # Second run: loaded from the workdir, the texts are not needed (not called).
+  tok2 = T.get_tokenizer(cfg, tmp_path, train_texts=train_texts)
+  assert calls == [1]
+  assert tok2.encode(text) == tok.encode(text)
+  assert tok2.special_ids() == tok.special_ids()
+
+
+def test_workdir_kind_mismatch(tmp_path):
+  T.get_tokenizer(_cfg(kind="trained", vocab_size=300), tmp_path,
+                  train_texts=["some text here"] * 10)
+  with pytest.raises(ValueError, match="kind='trained'.*fresh workdir"):
+    T.get_tokenizer(_cfg(kind="wordpiece", vocab_path="x"), tmp_path)
+
+
+def test_wordpiece_save_load(bert, tmp_path):
+  bert.save(tmp_path)
+  tok = T.Tokenizer.load(tmp_path)
+  assert tok.encode("hello world") == [7592, 2088]
+  assert tok.special_ids() == bert.special_ids()
+  assert tok.kind == "wordpiece"
+
+
+def test_missing_files_raise_clear_errors(tmp_path, shared_data):
+  missing = str(tmp_path / "nope" / "vocab.txt")
+  with pytest.raises(FileNotFoundError, match="nope/vocab.txt.*tokenizer.vocab_path"):
+    T.get_tokenizer(_cfg(kind="wordpiece", vocab_path=missing))
+  with pytest.raises(FileNotFoundError, match="merges.txt.*tokenizer.merges_path"):
+    T.get_tokenizer(_cfg(kind="gpt2",
+                         vocab_path=str(shared_data / "gpt2" / "vocab.json"),
+                         merges_path=str(tmp_path / "merges.txt")))
+  with pytest.raises(FileNotFoundError, match="tokenizer.json"):
+    T.Tokenizer.load(tmp_path)
+
+
+def test_config_errors():
+  with pytest.raises(ValueError, match="tokenizer.kind"):
+    T.get_tokenizer(_cfg(kind="sentencepiece"))
+  with pytest.raises(ValueError, match="needs tokenizer.vocab_path"):
+    T.get_tokenizer(_cfg(kind="wordpiece"))
+  with pytest.raises(ValueError, match="needs train_texts"):
+    T.get_tokenizer(_cfg(kind="trained"))
+  with pytest.raises(ValueError, match="too small"):
+    T.get_tokenizer(_cfg(kind="trained", vocab_size=100), train_texts=["a b"])
