@@ -1,0 +1,58 @@
+"""SetDLM on LM1B with the reference recipe (SPEC §3.1, §5): the `lm1b-setdlm-smax8` setting.
+
+Prepare LM1B once (array_record, no TensorFlow needed):
+  tfds build lm1b --file_format=array_record --data_dir=$TFDS_DIR
+Run (every host of a pod runs the same command):
+  python launch/train.py --config=configs/lm1b_sw.py --workdir=$WORKDIR \
+      --config.data.tfds_data_dir=$TFDS_DIR [--config.loss.desired_set_size=8]
+
+12 x 768 DiT (131,912,250 parameters), L=128, bert-base-uncased WordPiece, S=4 (S_max=8),
+global batch 512, AdamW 3e-4 with 2500 warm-up steps then constant, EMA 0.9999, bf16 compute,
+1M steps; eval (likelihood bound on lm1b test) and checkpoints every 10k steps.
+"""
+from configs import default
+
+
+def lm1b_base(objective: str):
+  """The shared LM1B recipe; the objective-specific configs change a few fields."""
+  c = default.get_config()
+  c.objective = objective
+  c.seq_len = 128
+  c.model.hidden_size = 768
+  c.model.num_layers = 12
+  c.model.num_heads = 12
+  c.model.dropout = 0.1
+  c.model.dtype = "bfloat16"      # amp_bf16: fp32 params, bf16 matmuls, fp32 LayerNorm/softmax
+  c.model.attention = "dense"     # on GPU: "cudnn"; on TPU: "xla"
+  c.tokenizer.kind = "wordpiece"
+  c.tokenizer.vocab_path = "../shared/data/bert-base-uncased-vocab.txt"  # bert-base-uncased
+  c.tokenizer.lowercase = True
+  c.data.source = "tfds"
+  c.data.tfds_name = "lm1b"
+  c.data.train_split = "train"
+  c.data.eval_split = "test"
+  c.data.preprocess = "wrap"      # the reference's lm1b_*_bs128_wrapped data
+  c.loss.keep_clean_bos = True
+  c.batch_size = 512
+  c.eval_batch_size = 16
+  c.num_train_steps = 1_000_000
+  c.learning_rate = 3e-4
+  c.warmup_steps = 2500
+  c.lr_schedule = "constant"
+  c.weight_decay = 0.0
+  c.grad_clip_norm = 1.0
+  c.ema_decay = 0.9999
+  c.eval_params = "ema"
+  c.eval_every_steps = 10_000
+  c.num_eval_steps = -1           # the whole test split
+  c.checkpoint_every_steps = 10_000
+  c.log_every_steps = 100
+  c.keep_checkpoints = 3
+  return c
+
+
+def get_config():
+  c = lm1b_base("setdlm")
+  c.loss.desired_set_size = 4     # S; released as smax8 (S_max = 2S)
+  c.loss.max_set_size = 0         # 0 = 2S
+  return c
