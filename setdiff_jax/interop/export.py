@@ -1,0 +1,184 @@
+"""Export our parameters to the official checkpoint layout (SPEC §9.2-9.3). No torch needed
+unless `fmt="bin"`.
+
+Writes into `out_dir`:
+  model.safetensors | pytorch_model.bin   `backbone.`-prefixed DiT keys, PyTorch orientation, fp32,
+                                          plus the `backbone.rotary_emb.inv_freq` buffer
+  config.json                             the fields the reference reads (see hf_config.py)
+  generation_config.json                  special ids and sampler defaults
+  tokenizer.json, special_tokens.json,    when a tokenizer is given (ours: `Tokenizer.save`),
+  tokenizer_config.json,                  plus the HF files that let `AutoTokenizer` load it
+  special_tokens_map.json
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Mapping, Optional
+
+import numpy as np
+
+from setdiff_jax.interop import files, hf_config, name_map
+
+log = logging.getLogger(__name__)
+
+
+def _to_numpy_tree(params):
+  """Nested dict of host numpy float arrays (gathers jax arrays, including sharded ones)."""
+  flat = name_map.flatten(params)
+  out = {}
+  for path, v in flat.items():
+    if hasattr(v, "is_fully_addressable") and not v.is_fully_addressable:
+      from jax.experimental import multihost_utils
+      v = multihost_utils.process_allgather(v, tiled=True)
+    out[path] = np.asarray(v)
+  return name_map.unflatten(out)
+
+
+def _run_config_json(config) -> Optional[dict]:
+  try:
+    if hasattr(config, "to_json_best_effort"):
+      return json.loads(config.to_json_best_effort())
+    return json.loads(json.dumps(dict(config), default=str))
+  except (TypeError, ValueError) as e:  # never block an export on provenance
+    log.warning("run config not serialisable (%s); exporting without it", e)
+    return None
+
+
+def _get(cfg, key, default=None):
+  return hf_config._get(cfg, key, default)
+
+
+def _write_tokenizer(tokenizer, out_dir: str, special: Mapping[str, int], length: int):
+  tokenizer.save(out_dir)
+  id_to_token = getattr(tokenizer, "id_to_token", None)
+  tokens = {}
+  if callable(id_to_token):
+    for k in hf_config.SPECIAL_KEYS:
+      tok = id_to_token(special[k])
+      if tok is not None:
+        tokens[k.replace("_id", "_token")] = tok
+  tok_cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": int(length),
+             "clean_up_tokenization_spaces": False, **tokens}
+  files.write_json(tok_cfg, os.path.join(out_dir, "tokenizer_config.json"))
+  files.write_json(tokens, os.path.join(out_dir, "special_tokens_map.json"))
+
+
+def _make_readable(out_dir: str):
+  """Some writers create 0600 files (temp-file renames); give them the usual umask mode."""
+  umask = os.umask(0)
+  os.umask(umask)
+  for name in os.listdir(out_dir):
+    path = os.path.join(out_dir, name)
+    if os.path.isfile(path):
+      os.chmod(path, 0o666 & ~umask)
+
+
+def export_checkpoint(config, params, out_dir: str, *, tokenizer=None,
+                      special_ids: Optional[Mapping[str, int]] = None, fmt: str = "safetensors",
+                      step: Optional[int] = None, ema: Optional[bool] = None,
+                      overwrite: bool = True) -> str:
+  """Writes `params` of the run `config` to `out_dir` in the official layout; returns out_dir.
+
+  Args:
+    config: our run ConfigDict (`seq_len`, `objective`, `model.*`, `loss.*`), or a mapping alike.
+    params: nested dict of arrays (numpy or jax), `model.init_params` layout.
+    tokenizer: optional object with bos_id/eos_id/pad_id/mask_id/vocab_size and `save(dir)`;
+      its files are written and its ids used.
+    special_ids: {bos_id, eos_id, pad_id, mask_id} (or *_token_id); needed without a tokenizer,
+      and overriding it when both are given.
+    fmt: "safetensors" (numpy only) or "bin" (torch).
+    step, ema: provenance recorded in config.json's `setdiff_jax` block.
+  """
+  if fmt not in files.FORMATS:
+    raise ValueError(f"format={fmt!r}; use one of {files.FORMATS}")
+  special = hf_config.normalize_special_ids(tokenizer, special_ids)
+  params = _to_numpy_tree(params)
+  model_cfg = _get(config, "model", {})
+  cond = _get(model_cfg, "cond_dim", 128)
+  dims = name_map.dims_from_params(params, cond_dim=cond)
+  num_heads = int(_get(model_cfg, "num_heads"))
+  for key, got in (("hidden_size", dims.hidden_size), ("num_layers", dims.num_layers),
+                   ("mlp_ratio", dims.mlp_ratio), ("adaln", dims.adaln)):
+    want = _get(model_cfg, key, None)
+    if want is not None and want != got:
+      raise ValueError(f"config model.{key}={want} but the parameters have {got}")
+  want_vocab = int(_get(model_cfg, "vocab_size", 0) or 0)
+  if want_vocab and want_vocab != dims.vocab_size:
+    raise ValueError(f"config model.vocab_size={want_vocab} but the parameters have {dims.vocab_size}")
+  rope_base = float(_get(model_cfg, "rope_base", 10000.0) or 10000.0)
+  if dims.mlp_ratio != 4 or rope_base != 10000.0:
+    log.warning("mlp_ratio=%s / rope_base=%s: the official DIT fixes 4 / 10000, so this export "
+                "loads in our importer and PyTorch reference but not in the official code",
+                dims.mlp_ratio, rope_base)
+  for k, v in special.items():
+    if not 0 <= v < dims.vocab_size:
+      raise ValueError(f"special id {k}={v} outside the vocabulary (V={dims.vocab_size})")
+
+  loss = _get(config, "loss", {})
+  length = int(_get(config, "seq_len"))
+  if str(_get(config, "objective", "setdlm")) == "setdlm":
+    s = int(_get(loss, "desired_set_size", 4))
+    s_max = hf_config.effective_max_set_size(s, _get(loss, "max_set_size", 0))
+    if hf_config.normalize_max_set_size(length, s, s_max) != s_max:
+      log.warning("S_max=%d = L: importers (ours and the official eval loader) will read it as "
+                  "min(2S, L)=%d (SPEC §1.2 caveat)", s_max, min(2 * s, length))
+
+  extra = {"step": None if step is None else int(step), "ema": ema,
+           "run_config": _run_config_json(config)}
+  cfg = hf_config.to_hf_config(
+      config, vocab_size=dims.vocab_size, hidden_size=dims.hidden_size, num_layers=dims.num_layers,
+      num_heads=num_heads, mlp_ratio=dims.mlp_ratio, cond_dim=dims.cond_dim, adaln=dims.adaln,
+      special_ids=special, tokenizer_vocab_size=getattr(tokenizer, "vocab_size", None),
+      rope_base=rope_base, extra=extra)
+  state = name_map.flax_to_torch(params, dims, prefix=name_map.PREFIX,
+                                 include_rotary=dims.hidden_size // num_heads, rope_base=rope_base)
+  state = {k: v.astype(np.float32) if v.dtype != np.float32 else v for k, v in state.items()}
+
+  if os.path.isdir(out_dir) and os.listdir(out_dir) and not overwrite:
+    raise FileExistsError(f"{out_dir} is not empty")
+  os.makedirs(out_dir, exist_ok=True)
+  for stale in (files.SAFETENSORS_FILE, files.BIN_FILE):  # never leave two weight files around
+    p = os.path.join(out_dir, stale)
+    if os.path.exists(p):
+      os.remove(p)
+  files.write_state_dict(state, out_dir, fmt)
+  files.write_json(cfg, os.path.join(out_dir, files.CONFIG_FILE))
+  files.write_json(hf_config.generation_config(config, special),
+                   os.path.join(out_dir, files.GENERATION_CONFIG_FILE))
+  if tokenizer is not None:
+    _write_tokenizer(tokenizer, out_dir, special, length)
+  _make_readable(out_dir)
+  log.info("exported %d tensors to %s (%s)", len(state), out_dir, fmt)
+  return out_dir
+
+
+def export_workdir(workdir: str, out: str, *, use_ema: bool = True, step: Optional[int] = None,
+                   fmt: str = "safetensors", verify: bool = False):
+  """Exports a training workdir's checkpoint (via `checkpointing.load_inference_state`).
+
+  On several hosts every process must call this (restoring and gathering are collective); only
+  process 0 writes. Returns (out, parity report or None); `verify` needs torch.
+  """
+  import jax
+
+  from setdiff_jax import checkpointing
+
+  state = checkpointing.load_inference_state(workdir, step=step, use_ema=use_ema)
+  if state.params is None:
+    raise ValueError(f"checkpoint of {workdir} has no {'EMA ' if use_ema else ''}parameters")
+  params = _to_numpy_tree(state.params)
+  report = None
+  if jax.process_index() == 0:
+    export_checkpoint(state.config, params, out, tokenizer=state.tokenizer, fmt=fmt,
+                      step=state.step, ema=use_ema)
+    log.info("exported step %d (%s params) of %s to %s", state.step,
+             "EMA" if use_ema else "raw", workdir, out)
+    if verify:
+      from setdiff_jax.interop import parity
+      report = parity.parity_report(state.config, params, out)
+  return out, report
+
+
+__all__ = ["export_checkpoint", "export_workdir"]

@@ -1,0 +1,121 @@
+"""Reading and writing the weight files of an HF-style checkpoint directory (numpy; torch optional).
+
+Weights live in `model.safetensors` (written by us by default, numpy only) or `pytorch_model.bin`
+(the official push uses `safe_serialization=False`; reading or writing it needs torch), possibly
+sharded with a `*.index.json` whose `weight_map` names the shard of each key.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Dict, Mapping, Tuple
+
+import numpy as np
+
+SAFETENSORS_FILE = "model.safetensors"
+BIN_FILE = "pytorch_model.bin"
+CONFIG_FILE = "config.json"
+GENERATION_CONFIG_FILE = "generation_config.json"
+FORMATS = ("safetensors", "bin")
+
+log = logging.getLogger(__name__)
+
+
+def weight_files(path: str) -> Tuple[str, list]:
+  """(format, [files]) of the weights in directory `path` (safetensors preferred)."""
+  for fmt, single in (("safetensors", SAFETENSORS_FILE), ("bin", BIN_FILE)):
+    index = os.path.join(path, single + ".index.json")
+    if os.path.isfile(index):
+      with open(index) as f:
+        shards = sorted(set(json.load(f)["weight_map"].values()))
+      return fmt, [os.path.join(path, s) for s in shards]
+    if os.path.isfile(os.path.join(path, single)):
+      return fmt, [os.path.join(path, single)]
+  raise FileNotFoundError(
+      f"no weights in {path!r}: expected {SAFETENSORS_FILE} or {BIN_FILE} (or a sharded "
+      f"*.index.json)")
+
+
+def _torch_to_numpy(t) -> np.ndarray:
+  import torch  # noqa: F401  (only reached when torch is installed)
+  t = t.detach().cpu()
+  if t.dtype in (torch.bfloat16, torch.float16):
+    t = t.float()
+  return t.numpy()
+
+
+def _read_safetensors(file: str) -> Dict[str, np.ndarray]:
+  from safetensors.numpy import load_file
+  try:
+    return dict(load_file(file))
+  except (TypeError, ValueError) as e:  # e.g. bfloat16, which numpy cannot hold
+    try:
+      from safetensors.torch import load_file as load_torch
+    except ImportError as ie:
+      raise RuntimeError(f"cannot read {file} with numpy ({e}); install torch==2.13.0") from ie
+    return {k: _torch_to_numpy(v) for k, v in load_torch(file).items()}
+
+
+def _read_bin(file: str) -> Dict[str, np.ndarray]:
+  try:
+    import torch
+  except ImportError as e:
+    raise RuntimeError(f"reading {file} needs torch (pip install torch==2.13.0); "
+                       f"or export with --format=safetensors") from e
+  state = torch.load(file, map_location="cpu", weights_only=True)
+  if isinstance(state, dict) and "state_dict" in state and not any(
+      hasattr(v, "shape") for v in state.values()):
+    state = state["state_dict"]
+  return {k: _torch_to_numpy(v) for k, v in state.items() if hasattr(v, "shape")}
+
+
+def read_state_dict(path: str) -> Dict[str, np.ndarray]:
+  """All tensors of the checkpoint directory `path` (or a single weight file) as numpy arrays.
+
+  fp16/bf16 tensors are returned as float32 (numpy has no bfloat16).
+  """
+  if os.path.isfile(path):
+    fmt, files = ("safetensors" if path.endswith(".safetensors") else "bin"), [path]
+  else:
+    fmt, files = weight_files(path)
+  state: Dict[str, np.ndarray] = {}
+  for file in files:
+    state.update(_read_safetensors(file) if fmt == "safetensors" else _read_bin(file))
+  return state
+
+
+def write_state_dict(state: Mapping[str, np.ndarray], out_dir: str, fmt: str = "safetensors") -> str:
+  """Writes `state` (numpy arrays) as `model.safetensors` (numpy) or `pytorch_model.bin` (torch)."""
+  if fmt not in FORMATS:
+    raise ValueError(f"format={fmt!r}; use one of {FORMATS}")
+  os.makedirs(out_dir, exist_ok=True)
+  arrays = {k: np.ascontiguousarray(v) for k, v in state.items()}
+  if fmt == "safetensors":
+    from safetensors.numpy import save_file
+    file = os.path.join(out_dir, SAFETENSORS_FILE)
+    save_file(arrays, file, metadata={"format": "pt"})  # "pt": transformers loads it as torch
+  else:
+    try:
+      import torch
+    except ImportError as e:
+      raise RuntimeError("--format=bin needs torch (pip install torch==2.13.0); "
+                         "--format=safetensors needs only numpy") from e
+    file = os.path.join(out_dir, BIN_FILE)
+    torch.save({k: torch.from_numpy(v.copy()) for k, v in arrays.items()}, file)
+  return file
+
+
+def read_json(path: str) -> dict:
+  with open(path) as f:
+    return json.load(f)
+
+
+def write_json(obj, path: str):
+  with open(path, "w") as f:
+    json.dump(obj, f, indent=2, sort_keys=False)
+    f.write("\n")
+
+
+__all__ = ["read_state_dict", "write_state_dict", "weight_files", "read_json", "write_json",
+           "SAFETENSORS_FILE", "BIN_FILE", "CONFIG_FILE", "GENERATION_CONFIG_FILE", "FORMATS"]

@@ -1,0 +1,173 @@
+"""Import an official or exported checkpoint directory into our config and parameters.
+
+  config, params = import_checkpoint(path)
+
+`config` is our run ConfigDict (configs/default.py layout; the exporter's saved run config when the
+directory is ours) with `seq_len`, `objective`, `model.*`, `loss.*` set from config.json, and an
+added `interop` block: `source`, `special_ids` {bos_id, eos_id, pad_id, mask_id}, `tokenizer_dir`
+(the directory when it holds tokenizer.json, else None), `stored_max_set_size`, `step`, `ema`.
+`params` is a nested dict of float32 numpy arrays with exactly the `model.init_params` structure.
+
+Documented behaviour:
+  - S_max: a stored `max_block_size` >= L (the released configs store L) becomes min(2S, L), as the
+    official eval loader does (SPEC §1.2, §8.5), with an `InteropWarning`.
+  - any missing key, unexpected key or shape mismatch raises `CheckpointMismatchError`, which
+    lists all of them;
+  - `static_attention_mask` (and legacy `sampling_eps_min/max`) are ignored with a warning;
+    `rotary_emb.inv_freq` is checked against 10000^(-2j/Dh), then dropped (a mismatch raises);
+  - Qwen3 backbones raise NotImplementedError.
+"""
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import pathlib
+import warnings
+from typing import Any, Dict, Tuple
+
+import ml_collections
+import numpy as np
+
+from setdiff_jax.interop import files, hf_config, name_map
+
+log = logging.getLogger(__name__)
+
+
+class InteropWarning(UserWarning):
+  """A checkpoint field was normalised or a known non-parameter key ignored."""
+
+
+def _warn(msg: str):
+  log.warning("%s", msg)
+  warnings.warn(msg, InteropWarning, stacklevel=3)
+
+
+def default_config() -> ml_collections.ConfigDict:
+  """configs/default.get_config(), whether or not the repository root is on sys.path."""
+  try:
+    from configs import default  # type: ignore
+  except ImportError:
+    path = pathlib.Path(__file__).resolve().parents[2] / "configs" / "default.py"
+    if not path.is_file():
+      raise ImportError(f"configs/default.py not found (looked for {path})")
+    spec = importlib.util.spec_from_file_location("_setdiff_default_config", path)
+    default = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(default)
+  return default.get_config()
+
+
+def _merge(base: ml_collections.ConfigDict, updates: Dict[str, Any], where: str = ""):
+  """Recursively sets `updates` into `base`, skipping (with a log line) values of another type."""
+  for k, v in updates.items():
+    name = f"{where}{k}"
+    if k in base and isinstance(base[k], ml_collections.ConfigDict) and isinstance(v, dict):
+      _merge(base[k], v, name + ".")
+      continue
+    try:
+      if k not in base and isinstance(v, dict):
+        base[k] = ml_collections.ConfigDict(v)
+      else:
+        base[k] = v
+    except (TypeError, ValueError, KeyError) as e:
+      log.info("run config field %s=%r not restored (%s)", name, v, e)
+
+
+def _check_rotary(value, head_dim: int, rope_base: float):
+  want = name_map.rotary_inv_freq(head_dim, rope_base)
+  got = np.asarray(value, dtype=np.float32).reshape(-1)
+  if got.shape != want.shape or not np.allclose(got, want, rtol=1e-6, atol=0.0):
+    raise ValueError(f"{name_map.ROTARY_KEY} does not match base={rope_base}, head_dim={head_dim}: "
+                     f"found {got[:4]}..., expected {want[:4]}...")
+
+
+def _check_structure(config, params):
+  """The params must have exactly the structure and shapes `model.init_params` makes."""
+  from setdiff_jax import model as model_lib  # jax/flax: only here
+  want = name_map.flatten(model_lib.param_shapes(model_lib.DiTConfig.from_config(config.model),
+                                                 seq_len=8))
+  got = name_map.flatten(params)
+  missing = ["/".join(p) for p in want if p not in got]
+  extra = ["/".join(p) for p in got if p not in want]
+  bad = [("/".join(p), got[p].shape, want[p].shape) for p in want
+         if p in got and tuple(got[p].shape) != tuple(want[p].shape)]
+  if missing or extra or bad:
+    raise name_map.CheckpointMismatchError(missing, extra, bad,
+                                           "name map vs setdiff_jax.model (a stale name map?)")
+
+
+def import_checkpoint(path: str, *, check_structure: bool = True
+                      ) -> Tuple[ml_collections.ConfigDict, Dict[str, Any]]:
+  """(config, params) from an exported or official checkpoint directory (see module doc)."""
+  path = os.fspath(path)
+  cfg_path = os.path.join(path, files.CONFIG_FILE)
+  if not os.path.isfile(cfg_path):
+    raise FileNotFoundError(f"{cfg_path} not found: not a checkpoint directory")
+  raw = files.read_json(cfg_path)
+  fields, notes = hf_config.from_hf_config(raw, path_hint=path)
+  for n in notes:
+    _warn(n)
+
+  state = name_map.strip_prefix(files.read_state_dict(path))
+  if any(k.startswith(("model.model.", "model.lm_head")) for k in state):
+    raise NotImplementedError("Qwen3 backbone weights (backbone.model.*) are not supported")
+  state, buffers = name_map.split_known_buffers(state)
+  m = fields["model"]
+  head_dim = int(m["hidden_size"]) // int(m["num_heads"])
+  rope_base = float(m.get("rope_base", 10000.0))
+  for k, v in buffers.items():
+    if k == name_map.ROTARY_KEY:
+      _check_rotary(v, head_dim, rope_base)
+    else:
+      _warn(f"ignoring non-parameter buffer {k!r} {tuple(np.shape(v))}")
+
+  if int(m["vocab_size"]) <= 0 and "vocab_embed.embedding" in state:
+    m["vocab_size"] = int(np.shape(state["vocab_embed.embedding"])[0])
+    _warn(f"backbone_config.vocab_size missing; using {m['vocab_size']} from the embedding")
+  dims = name_map.Dims(int(m["vocab_size"]), int(m["hidden_size"]), int(m["num_layers"]),
+                       int(m["mlp_ratio"]), int(m["cond_dim"]), bool(m["adaln"]))
+  params = name_map.torch_to_flax(state, dims, context=path)
+  dtypes = {str(a.dtype) for a in name_map.flatten(params).values()}
+  if dtypes != {"float32"}:
+    _warn(f"weights stored as {sorted(dtypes)}; converted to float32")
+    params = name_map.unflatten({p: np.asarray(a, np.float32)
+                                 for p, a in name_map.flatten(params).items()})
+
+  config = default_config()
+  extra = raw.get("setdiff_jax") or {}
+  if isinstance(extra.get("run_config"), dict):
+    _merge(config, extra["run_config"])
+  config.objective = fields["objective"]
+  config.seq_len = fields["seq_len"]
+  _merge(config.model, {k: v for k, v in m.items()})
+  _merge(config.loss, fields["loss"])
+  has_tokenizer = os.path.isfile(os.path.join(path, "tokenizer.json"))
+  config.interop = ml_collections.ConfigDict({
+      "source": os.path.abspath(path),
+      "special_ids": dict(fields["special_ids"]),
+      "tokenizer_dir": os.path.abspath(path) if has_tokenizer else None,
+      "tokenizer_vocab_size": fields["tokenizer_vocab_size"],
+      "stored_max_set_size": fields["stored_max_set_size"],
+      "causal_attention": fields["causal_attention"],
+      "step": extra.get("step"),
+      "ema": extra.get("ema"),
+  })
+  if check_structure:
+    _check_structure(config, params)
+  return config, params
+
+
+def load_tokenizer(path: str):
+  """Our `Tokenizer` from a checkpoint directory (ours, or an official one with tokenizer.json)."""
+  from setdiff_jax.data import tokenizers
+  if os.path.isfile(os.path.join(path, "special_tokens.json")):
+    return tokenizers.Tokenizer.load(path)
+  import tokenizers as hf
+  raw = files.read_json(os.path.join(path, files.CONFIG_FILE))
+  fields, _ = hf_config.from_hf_config(raw, path_hint=path)
+  ids = fields["special_ids"]
+  return tokenizers.Tokenizer(hf.Tokenizer.from_file(os.path.join(path, "tokenizer.json")),
+                              kind="hf", **ids)
+
+
+__all__ = ["import_checkpoint", "load_tokenizer", "default_config", "InteropWarning"]
