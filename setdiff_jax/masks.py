@@ -74,7 +74,8 @@ def cached_step_mask(cache_valid, pending_valid, active_valid) -> jnp.ndarray:
   Keys are [cache (C slots) | pending clean tokens (P slots) | active masks (A slots)]; queries are
   [pending | active]. A pending token sees the cache and the pending tokens up to itself (causal in
   slot order); an active mask sees the cache, every pending token and itself, never other masks.
-  Invalid slots are excluded as keys; invalid query rows attend only to themselves (never read).
+  Invalid slots are excluded as keys; an invalid query row still sees the valid keys and itself
+  (so no row is empty); its output is never read.
 
   Args:
     cache_valid: bool [B, C] (which cache slots hold committed tokens).

@@ -189,6 +189,7 @@ def masked_diffusion_loss(cfg: ObjectiveConfig, model: DiT, params, batch, rng, 
     xt = xt.at[:, 0].set(x[:, 0])
   if cfg.name == "bd3lm" and train:
     xt = remask_empty_blocks(remask_rng, xt, real, x, cfg)
+    xt = jnp.where(real & ~target, x, xt)  # context tokens are never masked (SPEC §1.6)
 
   positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), x.shape)
   if cfg.name == "mdlm":
