@@ -80,4 +80,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.mesh.data = -1                # -1 = all remaining devices
   c.mesh.fsdp = 1
   c.mesh.tensor = 1
+  # Logical axis -> mesh axis rules for parameters, e.g. (("embed", "fsdp"), ("mlp", "tensor"));
+  # () = setdiff_jax.sharding.DEFAULT_RULES (FSDP over the model dim, TP over heads/MLP/vocab).
+  c.sharding_rules = ()
   return c

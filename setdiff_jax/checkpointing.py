@@ -111,16 +111,25 @@ class InferenceState:
   step: int
 
 
-def load_inference_state(workdir: str, *, step: Optional[int] = None,
-                         use_ema: bool = True) -> InferenceState:
-  """Parameters (EMA by default), config and tokenizer of a training workdir's checkpoint."""
-  from setdiff_jax import train  # late import: train imports this module
+def load_inference_state(workdir: str, *, step: Optional[int] = None, use_ema: bool = True,
+                         mesh_config: Optional[dict] = None) -> InferenceState:
+  """Parameters (EMA by default), config and tokenizer of a training workdir's checkpoint.
+
+  The state is restored onto a mesh of the current devices (`mesh_config`, default: all devices
+  on the data axis, i.e. replicated parameters; e.g. {"data": 1, "fsdp": -1} keeps them sharded),
+  whatever mesh it was saved from.
+  """
+  from setdiff_jax import sharding, train  # late import: train imports this module
 
   config = load_config(workdir)
   tokenizer = train.build_tokenizer(config, workdir, allow_training=False)
   model_config, objective_config = train.model_and_objective(config, tokenizer)
   abstract = jax.eval_shape(lambda: train.create_train_state(config, model_config,
                                                              jax.random.key(0)))
+  mesh = sharding.make_mesh(mesh_config or {"data": -1, "fsdp": 1, "tensor": 1})
+  shardings = sharding.state_shardings(abstract, mesh, sharding.rules_from_config(config))
+  abstract = jax.tree_util.tree_map(
+      lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
   manager = make_manager(workdir, with_data=False)
   step = manager.latest_step() if step is None else step
   if step is None:

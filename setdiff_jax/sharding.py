@@ -65,3 +65,92 @@ def global_batch(local_batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict:
   sharding = batch_sharding(mesh)
   return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
           for k, v in local_batch.items()}
+
+
+# ------------------------------------------------------------------ parameter sharding (FSDP / TP)
+# Logical axis names of each parameter, keyed by the last two path components (layer, name).
+# The layer names are those of model.py (SPEC §3.9); anything not listed is replicated.
+PARAM_LOGICAL_AXES = {
+    ("embed", "embedding"): ("vocab", "embed"),
+    ("attn_qkv", "kernel"): ("embed", "qkv"),
+    ("attn_out", "kernel"): ("heads", "embed"),
+    ("mlp_in", "kernel"): ("embed", "mlp"),
+    ("mlp_in", "bias"): ("mlp",),
+    ("mlp_out", "kernel"): ("mlp", "embed"),
+    ("mlp_out", "bias"): ("embed",),
+    ("head", "kernel"): ("embed", "vocab"),
+    ("head", "bias"): ("vocab",),
+    ("adaln", "kernel"): ("cond", "modulation"),
+    ("final_adaln", "kernel"): ("cond", "modulation"),
+}
+
+# Default rules: FSDP shards the model dimension of every matrix over `fsdp`; tensor parallelism
+# splits heads / MLP / vocabulary over `tensor`. Norm scales, biases of the model dimension and
+# the small adaLN matrices follow the same names. Config: `config.sharding_rules`.
+DEFAULT_RULES = (
+    ("embed", "fsdp"),
+    ("vocab", "tensor"),
+    ("qkv", "tensor"),
+    ("heads", "tensor"),
+    ("mlp", "tensor"),
+    ("cond", None),
+    ("modulation", "fsdp"),
+)
+
+
+def _leaf_names(path) -> tuple:
+  names = []
+  for k in path:
+    if isinstance(k, jax.tree_util.DictKey):
+      names.append(str(k.key))
+    elif isinstance(k, jax.tree_util.GetAttrKey):
+      names.append(k.name)
+  return tuple(names[-2:])
+
+
+def logical_to_spec(logical: Sequence[str | None], rules, mesh: Mesh | None = None) -> P:
+  """Logical axis names -> PartitionSpec by the rules (first match; unknown names replicate)."""
+  table = dict((name, axis) for name, axis in rules)
+  axes = []
+  for name in logical:
+    axis = table.get(name)
+    if axis is not None and mesh is not None and mesh.shape.get(axis, 1) == 1:
+      axis = None  # a size-1 mesh axis shards nothing; keep specs minimal
+    axes.append(axis)
+  return P(*axes)
+
+
+def state_shardings(abstract_state, mesh: Mesh, rules=DEFAULT_RULES):
+  """NamedSharding per leaf of a (train) state: parameters, EMA and optimizer moments alike.
+
+  Every leaf whose path ends in a known (layer, name) pair gets its logical axes mapped by the
+  rules; scalars and unknown leaves are replicated. Raises ValueError when a sharded dimension is
+  not divisible by its mesh axis, naming the parameter and the fix.
+  """
+  def one(path, leaf):
+    logical = PARAM_LOGICAL_AXES.get(_leaf_names(path))
+    if logical is None or len(logical) != len(leaf.shape):
+      return NamedSharding(mesh, P())
+    spec = logical_to_spec(logical, rules, mesh)
+    for dim, axis in zip(leaf.shape, spec):
+      if axis is not None and dim % mesh.shape[axis]:
+        raise ValueError(
+            f"parameter {jax.tree_util.keystr(path)} of shape {leaf.shape} cannot be sharded: "
+            f"dimension {dim} is not divisible by mesh axis {axis!r} of size {mesh.shape[axis]}. "
+            f"Change config.mesh, the model size, or config.sharding_rules.")
+    return NamedSharding(mesh, spec)
+  return jax.tree_util.tree_map_with_path(one, abstract_state)
+
+
+def rules_from_config(config) -> tuple:
+  """`config.sharding_rules` (list of [logical, mesh_axis_or_None]) or the defaults."""
+  rules = config.get("sharding_rules", None) if hasattr(config, "get") else None
+  if not rules:
+    return DEFAULT_RULES
+  out = []
+  for item in rules:
+    name, axis = item
+    if axis is not None and axis not in MESH_AXES:
+      raise ValueError(f"sharding_rules: {name!r} -> {axis!r} is not a mesh axis {MESH_AXES}")
+    out.append((name, axis))
+  return tuple(out)

@@ -197,7 +197,7 @@ def make_train_step(config, model: DiT, obj_cfg: objectives.ObjectiveConfig,
     params = optax.apply_updates(state.params, updates)
     ema = jax.tree_util.tree_map(lambda e, p: ema_decay * e + (1.0 - ema_decay) * p,
                                  state.ema_params, params)
-    metrics = dict(metrics, grad_norm=optax.global_norm(grads), lr=schedule(state.step),
+    metrics = dict(metrics, grad_norm=optax.tree.norm(grads), lr=schedule(state.step),
                    clean_tokens=jnp.sum(batch["attention_mask"]).astype(jnp.float32))
     return TrainState(step=state.step + 1, params=params, ema_params=ema,
                       opt_state=opt_state), metrics
@@ -335,7 +335,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[
   model = DiT(model_cfg)
   optimizer = make_optimizer(config)
   mesh = sharding.make_mesh(config.mesh)
-  replicated = sharding.replicated(mesh)
   logging.info("mesh %s; model %s; objective %s", dict(mesh.shape), model_cfg, obj_cfg)
 
   def data(split, batch_size, shuffle, num_epochs):
@@ -347,10 +346,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[
 
   train_iter = iter(data("train", config.batch_size, True, None))
 
+  # The state is created directly in its shardings (FSDP / tensor-parallel rules): never
+  # materialised whole on one device.
   init_rng = jax.random.key(config.seed)
-  state_shardings = replicated
-  state = jax.jit(functools.partial(create_train_state, config, model_cfg),
-                  out_shardings=state_shardings)(init_rng)
+  init_fn = functools.partial(create_train_state, config, model_cfg)
+  state_shardings = sharding.state_shardings(jax.eval_shape(init_fn, init_rng), mesh,
+                                             sharding.rules_from_config(config))
+  state = jax.jit(init_fn, out_shardings=state_shardings)(init_rng)
   manager = checkpointing.make_manager(workdir, keep=config.keep_checkpoints)
   restored = checkpointing.restore(manager, state, train_iter)
   if restored is not None:
@@ -365,7 +367,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[
   train_step = jax.jit(make_train_step(config, model, obj_cfg, optimizer),
                        in_shardings=(state_shardings, batch_sharding, None),
                        out_shardings=(state_shardings, None), donate_argnums=(0,))
-  eval_step = jax.jit(make_eval_step(model, obj_cfg), in_shardings=(replicated, batch_sharding, None))
+  eval_step = jax.jit(make_eval_step(model, obj_cfg),
+                      in_shardings=(state_shardings.params, batch_sharding, None))
   writer = MetricWriter(workdir, is_main)
   step_rng = jax.random.fold_in(jax.random.key(config.seed), 1)
 
@@ -420,38 +423,43 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[
     checkpointing.save(manager, step_done, state, train_iter)
     logging.info("saved checkpoint %s/%d", manager.directory, step_done)
 
-  with _Preemption() as preemption:
-    for step in range(start_step, num_steps):
-      local = next(train_iter)
-      batch = sharding.global_batch(local, mesh)
-      t_dispatch = time.time()
-      state, metrics = train_step(state, batch, step_rng)
-      if compile_time is None:
-        jax.block_until_ready(metrics)
-        compile_time = time.time() - t_dispatch
-        logging.info("first step (compile + run) took %.1fs", compile_time)
+  try:
+    with _Preemption() as preemption:
+      for step in range(start_step, num_steps):
+        local = next(train_iter)
+        batch = sharding.global_batch(local, mesh)
+        t_dispatch = time.time()
+        state, metrics = train_step(state, batch, step_rng)
+        if compile_time is None:
+          jax.block_until_ready(metrics)
+          compile_time = time.time() - t_dispatch
+          logging.info("first step (compile + run) took %.1fs", compile_time)
+        if pending is not None:
+          flush(*pending)
+        pending = (step + 1, metrics)
+        step_done = step + 1
+        need_save = step_done % config.checkpoint_every_steps == 0 or step_done == num_steps
+        need_eval = step_done % config.eval_every_steps == 0 or step_done == num_steps
+        if need_save or need_eval or preemption.requested:
+          flush(*pending)  # never save or evaluate a state whose loss was not checked
+          pending = None
+        if preemption.requested:  # save first: the grace period after SIGTERM is short
+          save(step_done)
+          logging.warning("stopped by SIGTERM at step %d", step_done)
+          break
+        if need_eval:
+          run_eval(step_done)
+        if need_save:
+          save(step_done)
       if pending is not None:
         flush(*pending)
-      pending = (step + 1, metrics)
-      step_done = step + 1
-      need_save = step_done % config.checkpoint_every_steps == 0 or step_done == num_steps
-      if need_save or preemption.requested or step_done % config.eval_every_steps == 0:
-        flush(*pending)  # never save or evaluate a state whose loss was not checked
-        pending = None
-      if step_done % config.eval_every_steps == 0 or step_done == num_steps:
-        run_eval(step_done)
-      if need_save or preemption.requested:
-        save(step_done)
-      if preemption.requested:
-        logging.warning("stopped by SIGTERM at step %d", step_done)
-        break
-    if pending is not None:
-      flush(*pending)
-  if start_step >= num_steps and num_steps > 0:
-    logging.info("nothing to do: checkpoint step %d >= num_train_steps %d", start_step, num_steps)
-  logging.info("training finished in %.1fs", time.time() - t_start)
-  writer.close()
-  with checkpointing._quiet_orbax():
-    manager.close()
+    if start_step >= num_steps and num_steps > 0:
+      logging.info("nothing to do: checkpoint step %d >= num_train_steps %d", start_step,
+                   num_steps)
+    logging.info("training finished in %.1fs", time.time() - t_start)
+  finally:
+    writer.close()
+    with checkpointing._quiet_orbax():
+      manager.close()
   last["step"] = int(state.step)
   return last
