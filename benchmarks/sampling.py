@@ -1,0 +1,152 @@
+r"""Sampler speed: tokens/s, forward calls and tokens/step of every sampler (not a test).
+
+  python benchmarks/sampling.py                       # random-init 4 x 256, 4 heads, L=128, V=30522
+  python benchmarks/sampling.py --workdir=/tmp/setdiff_tiny   # a trained run (checkpointing)
+  python benchmarks/sampling.py --num_layers=2 --hidden_size=64 --vocab_size=2048 --seq_len=64
+
+Rows: set sampler (KV cache) for W in --windows and tau in --thresholds, the no-cache set sampler
+(one uncached forward over all committed tokens per step) for the same settings, BD3LM (S =
+--block_size, fused block cache), MDLM (sub-blocks of --mdlm_block, canvas padded to L) and AR,
+at each batch size in --batch_sizes. Unconditional generation from BOS, N = L - 1, no EOS stop
+(as the reference's LM1B throughput mode); greedy. tokens/s counts generated tokens over the
+timed run(s); compile time (first call minus a timed call) is reported separately. The last lines
+state the cached / no-cache speed ratio per setting.
+
+A random-init DiT has a zero output head: every distribution is uniform, so tau never fires and
+tokens/step is 1. --head_scale > 0 draws a random head (N(0, head_scale^2 / D)) so some
+predictions are confident and tau has something to do (a mechanical check of the parallel path,
+not a quality claim). Timings on a shared machine vary; repeat with --repeats.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, List
+
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("workdir", None, "Trained run to load (default: a random-init model).")
+flags.DEFINE_integer("num_layers", 4, "Random init: layers.")
+flags.DEFINE_integer("hidden_size", 256, "Random init: width.")
+flags.DEFINE_integer("num_heads", 4, "Random init: heads.")
+flags.DEFINE_integer("seq_len", 128, "Random init: context length L.")
+flags.DEFINE_integer("vocab_size", 30522, "Random init: vocabulary.")
+flags.DEFINE_float("head_scale", 0.0,
+                   "Random init: std * sqrt(D) of a random output head (0: keep the zero head).")
+flags.DEFINE_integer("seed", 0, "Init / sampling seed.")
+flags.DEFINE_list("batch_sizes", ["1", "8"], "Batch sizes.")
+flags.DEFINE_list("windows", ["1", "4", "8", "16"], "Set-sampler windows W.")
+flags.DEFINE_list("thresholds", ["off", "0.9"], "Confidence thresholds tau ('off' = none).")
+flags.DEFINE_list("samplers", ["set", "set_nocache", "bd3lm", "mdlm", "ar"], "Which samplers.")
+flags.DEFINE_list("nocache_windows", ["1", "16"], "W values for the no-cache set sampler.")
+flags.DEFINE_integer("block_size", 4, "BD3LM block size S (the run's own for bd3lm runs).")
+flags.DEFINE_integer("mdlm_block", 32, "MDLM sub-block G.")
+flags.DEFINE_integer("max_new_tokens", 0, "N (0 = L - 1).")
+flags.DEFINE_integer("repeats", 1, "Timed runs per row (after the compiling run).")
+
+
+def _model():
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  from setdiff_jax.model import DiT, DiTConfig, init_params
+  if FLAGS.workdir:
+    from setdiff_jax import checkpointing
+    from setdiff_jax.sampling.text import inference_model
+    st = checkpointing.load_inference_state(FLAGS.workdir)
+    oc = st.objective_config
+    ids = dict(mask_token_id=oc.mask_token_id, eos_token_id=oc.eos_token_id,
+               pad_token_id=oc.pad_token_id, bos_token_id=st.tokenizer.bos_id)
+    desc = f"{FLAGS.workdir} (step {st.step}, objective {oc.name})"
+    return inference_model(st.model_config), st.params, int(st.config.seq_len), ids, desc
+  cfg = DiTConfig(vocab_size=FLAGS.vocab_size, hidden_size=FLAGS.hidden_size,
+                  num_layers=FLAGS.num_layers, num_heads=FLAGS.num_heads, dropout=0.0)
+  params = jax.jit(init_params, static_argnums=(0, 2))(cfg, jax.random.PRNGKey(FLAGS.seed))
+  if FLAGS.head_scale > 0:
+    rng = np.random.default_rng(FLAGS.seed)
+    head = rng.standard_normal((cfg.hidden_size, cfg.vocab_size)) * FLAGS.head_scale
+    params["head"]["kernel"] = jnp.asarray(head / np.sqrt(cfg.hidden_size), jnp.float32)
+  ids = dict(mask_token_id=103, eos_token_id=102, pad_token_id=0, bos_token_id=101)
+  desc = (f"random init {cfg.num_layers} x {cfg.hidden_size}, {cfg.num_heads} heads, "
+          f"L={FLAGS.seq_len}, V={cfg.vocab_size}, head_scale={FLAGS.head_scale}")
+  return DiT(cfg), params, FLAGS.seq_len, ids, desc
+
+
+def _time(fn: Callable, repeats: int):
+  t0 = time.perf_counter()
+  out = fn()
+  first = time.perf_counter() - t0
+  runs = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    out = fn()
+    runs.append(time.perf_counter() - t0)
+  run = min(runs)
+  return out, run, max(first - run, 0.0)
+
+
+def main(argv):
+  del argv
+  import jax
+  import numpy as np
+
+  from setdiff_jax.sampling import (SamplerConfig, ar_generate, bd3lm_generate, mdlm_generate,
+                                    set_generate)
+
+  model, params, seq_len, ids, desc = _model()
+  n = FLAGS.max_new_tokens or seq_len - 1
+  base = SamplerConfig(**ids, max_new_tokens=n, max_length=seq_len, stop_at_eos=False,
+                       greedy=True, seed=FLAGS.seed)
+  print(f"model: {desc}; backend {jax.default_backend()} ({jax.device_count()} devices); "
+        f"prompt = BOS, N = {n}")
+  taus = [None if t == "off" else float(t) for t in FLAGS.thresholds]
+  rows: List[dict] = []
+
+  def bench(name, fn, cfg, batch):
+    prompts = [[ids["bos_token_id"]]] * batch
+    out, run, compile_s = _time(lambda: fn(model, params, prompts, cfg), FLAGS.repeats)
+    row = dict(name=name, batch=batch, tok_s=out.num_generated / run, run_s=run,
+               compile_s=compile_s, calls=float(np.mean(out.forward_calls)),
+               tps=out.tokens_per_step, tokens=out.num_generated)
+    rows.append(row)
+    print(f"  {name:<26} B={batch:<3} {row['tok_s']:9.1f} tok/s  run {run:7.2f} s  "
+          f"compile {compile_s:6.1f} s  calls/row {row['calls']:6.1f}  tok/step {row['tps']:5.2f}",
+          flush=True)
+
+  tau_name = lambda t: "off" if t is None else f"{t:g}"
+  for batch in [int(b) for b in FLAGS.batch_sizes]:
+    for w in [int(x) for x in FLAGS.windows]:
+      for tau in taus:
+        cfg = base.replace(window=w, threshold=tau)
+        if "set" in FLAGS.samplers:
+          bench(f"set W={w} tau={tau_name(tau)}", set_generate, cfg, batch)
+        if "set_nocache" in FLAGS.samplers and str(w) in FLAGS.nocache_windows:
+          bench(f"set-nocache W={w} tau={tau_name(tau)}",
+                lambda *a: set_generate(*a, use_cache=False), cfg, batch)
+    if "bd3lm" in FLAGS.samplers:
+      bench(f"bd3lm S={FLAGS.block_size}", bd3lm_generate,
+            base.replace(block_size=FLAGS.block_size), batch)
+    if "mdlm" in FLAGS.samplers:
+      bench(f"mdlm G={FLAGS.mdlm_block}", mdlm_generate, base.replace(block_size=FLAGS.mdlm_block),
+            batch)
+    if "ar" in FLAGS.samplers:
+      bench("ar", ar_generate, base, batch)
+
+  print("\n| sampler | batch | tokens/s | run s | compile s | forward calls/row | tokens/step |")
+  print("|---|---|---|---|---|---|---|")
+  for r in rows:
+    print(f"| {r['name']} | {r['batch']} | {r['tok_s']:.1f} | {r['run_s']:.2f} | "
+          f"{r['compile_s']:.1f} | {r['calls']:.1f} | {r['tps']:.2f} |")
+  by = {(r["name"], r["batch"]): r for r in rows}
+  print()
+  for (name, batch), r in by.items():
+    if name.startswith("set-nocache"):
+      cached = by.get((name.replace("set-nocache", "set"), batch))
+      if cached:
+        print(f"cached / no-cache speed ratio, {name[12:]} B={batch}: "
+              f"{cached['tok_s'] / r['tok_s']:.1f}x")
+
+
+if __name__ == "__main__":
+  app.run(main)

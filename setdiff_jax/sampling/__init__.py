@@ -1,0 +1,32 @@
+"""Samplers: KV-cached SetDLM set sampler, its no-cache reference, and AR / BD3LM / MDLM baselines.
+
+Public API (all pure functions; one jitted `lax.while_loop` each, per-row state):
+
+  SamplerConfig                       knobs (window W, threshold tau, N, T, sampling, ids, ...)
+  set_generate(model, params, prompts, cfg, rng=None, *, use_cache=True) -> SampleOutput
+  set_infill(model, params, canvases, cfg, rng=None, *, use_cache=True)  -> SampleOutput
+  ar_generate / bd3lm_generate / mdlm_generate(model, params, prompts, cfg, rng=None)
+  generate_text(model, params, tokenizer, objective_config, seq_len, num_samples, rng, prompt=None)
+  parse_infill(text) -> InfillTemplate; run_sampling(...) (the CLI body)
+
+`model` is a `DiT` (with its params), a `Forward(apply, params)`, or a toy
+`logits_fn(tokens, positions, mask, kv_cache) -> (logits, kv)` (params ignored); see `cache.py`.
+"""
+from setdiff_jax.sampling.baselines import ar_generate, bd3lm_generate, mdlm_generate
+from setdiff_jax.sampling.cache import (Forward, KVCache, append, as_forward, dit_apply_fn,
+                                        empty_cache, prefill)
+from setdiff_jax.sampling.config import SampleOutput, SamplerConfig, count_table, step_counts
+from setdiff_jax.sampling.set_sampler import (SetInputs, SetState, compact, infill_inputs,
+                                              prompted_inputs, set_generate, set_infill, set_init,
+                                              set_step)
+from setdiff_jax.sampling.text import (InfillTemplate, SamplingReport, generate_text, parse_infill,
+                                       prompt_ids, run_sampling, sampler_config_for, sampler_for)
+
+__all__ = [
+    "SamplerConfig", "SampleOutput", "step_counts", "count_table",
+    "Forward", "KVCache", "as_forward", "dit_apply_fn", "empty_cache", "append", "prefill",
+    "SetInputs", "SetState", "prompted_inputs", "infill_inputs", "set_init", "set_step", "compact",
+    "set_generate", "set_infill", "ar_generate", "bd3lm_generate", "mdlm_generate",
+    "InfillTemplate", "parse_infill", "prompt_ids", "sampler_config_for", "sampler_for",
+    "generate_text", "SamplingReport", "run_sampling",
+]

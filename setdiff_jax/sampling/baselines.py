@@ -1,0 +1,322 @@
+"""Baseline samplers on the same cache machinery: AR, BD3LM, MDLM (SPEC §4.8).
+
+Each is one jitted pure function with a `jax.lax.while_loop` over fixed shapes and per-row state,
+and returns a `SampleOutput` like the set sampler (compaction of leftover masks, EOS stop).
+
+AR      causal; the prompt pass gives the first token, then one call per token feeding the last
+        token against the KV cache: N new tokens = N forward calls. Processors see prompt +
+        generated. A row stops after generating EOS (kept; nothing after it).
+BD3LM   the prompt is encoded first (1 call) with the grid rule; blocks of S positions start at
+        the end of each row's prompt; each block runs min(T, S) predict-and-noise steps over its
+        own positions; attention is always floor(k/S) <= floor(q/S) on absolute positions (cache
+        included). Fused block cache: the first step of a block also feeds the finished previous
+        block as clean tokens (they see the cache and themselves, never the new block) and keeps
+        their K/V. Calls = 1 + steps (N + 1 for T = S). Leftover masks of a finished block are not
+        cached (they are dropped at the end anyway).
+MDLM    no cache: every step feeds the whole canvas (prompt + N masks, right-padded with M to
+        `max_length` when `mdlm_pad_to_max_length`) with full bidirectional attention and reads the
+        logits of the current sub-block of G = `block_size` (default N) positions. Calls = steps
+        (N for T = G). (The reference's `use_cache=true` quirk of re-encoding the prompt is not
+        reproduced.)
+The EOS stop of BD3LM / MDLM (`stop_at_eos`) is checked when a sub-block finishes, with the rule of
+the set sampler (EOS at a generated position with no mask before it).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from setdiff_jax.sampling import processors
+from setdiff_jax.sampling.cache import Forward, KVCache, append, as_forward, grid_mask, prefill
+from setdiff_jax.sampling.config import SampleOutput, SamplerConfig, step_counts
+from setdiff_jax.sampling.set_sampler import _as_rows, _check_ids, _key, finalize
+
+
+def _prompt_arrays(prompts, cfg: SamplerConfig, n: int, total: int | None = None):
+  """Left-aligned prompts: prompt int32 [B, Pmax] (pad), plen int32 [B]; canvas int32 [B, Lc]
+  (prompt ++ M*N, M after), target bool [B, Lc]; Lc = max(Pmax + N, total)."""
+  rows = _as_rows(prompts, "prompts")
+  for i, p in enumerate(rows):
+    if len(p) == 0:
+      raise ValueError(f"prompt {i} is empty; pass at least one token (e.g. [bos_token_id])")
+    _check_ids(p, f"prompt {i}")
+    if np.any(p == cfg.mask_token_id):
+      raise ValueError(f"prompt {i} contains the mask token id {cfg.mask_token_id}")
+    if cfg.max_length is not None and len(p) + n > cfg.max_length:
+      raise ValueError(f"prompt {i} has {len(p)} tokens; with max_new_tokens={n} that is "
+                       f"{len(p) + n} > the model's context length max_length={cfg.max_length}")
+  b = len(rows)
+  pmax = max(len(p) for p in rows)
+  lc = max(pmax + n, total or 0)
+  prompt = np.full((b, pmax), cfg.pad_token_id, np.int32)
+  canvas = np.full((b, lc), cfg.mask_token_id, np.int32)
+  target = np.zeros((b, lc), bool)
+  plen = np.array([len(p) for p in rows], np.int32)
+  for i, p in enumerate(rows):
+    prompt[i, :len(p)] = p
+    canvas[i, :len(p)] = p
+    target[i, len(p):len(p) + n] = True
+  return prompt, plen, canvas, target
+
+
+def _out(res, target, cfg: SamplerConfig) -> SampleOutput:
+  valid = np.zeros_like(target)
+  plen = np.asarray(res.pop("plen"))
+  for b in range(target.shape[0]):
+    valid[b, :plen[b]] = True
+  valid |= target
+  return finalize(res, target, valid, cfg)
+
+
+# ----------------------------------------------------------------------------- AR
+@flax.struct.dataclass
+class _ARState:
+  canvas: jax.Array
+  cache: KVCache
+  n_gen: jax.Array
+  done: jax.Array
+  calls: jax.Array
+  stopped: jax.Array
+  key: jax.Array
+
+
+def _ar_choose(logits, canvas, seen_upto, key, cfg: SamplerConfig):
+  """Next token from logits [B, V]; history = canvas positions < seen_upto [B]."""
+  z = logits
+  if cfg.repetition_penalty != 1.0:
+    hist = jnp.arange(canvas.shape[1])[None] < seen_upto[:, None]
+    z = processors.repetition_penalty(z, processors.seen_tokens(canvas, hist, z.shape[-1]),
+                                      cfg.repetition_penalty)
+  z = processors.suppress(z, cfg.mask_token_id)
+  return processors.choose(z, key, cfg)[0]
+
+
+@functools.partial(jax.jit, static_argnames=("apply", "cfg", "stop_eos"))
+def _ar_core(apply, params, prompt, plen, canvas, key, *, cfg: SamplerConfig, stop_eos: bool):
+  fwd = Forward(apply, params)
+  b, pmax = prompt.shape
+  lc = canvas.shape[1]
+  n = cfg.max_new_tokens
+  rows = jnp.arange(b)
+  pos = jnp.broadcast_to(jnp.arange(pmax, dtype=jnp.int32), (b, pmax))
+  cache, logits = prefill(fwd, prompt, pos, pos < plen[:, None], lc, want_logits=True)
+  last = jnp.take_along_axis(logits, (plen - 1)[:, None, None], 1)[:, 0]
+  key, sub = jax.random.split(key)
+  tok = _ar_choose(last, canvas, plen, sub, cfg)
+  canvas = canvas.at[rows, plen].set(tok)
+  n_gen = jnp.ones((b,), jnp.int32)
+  stopped = (tok == cfg.eos_token_id) if stop_eos else jnp.zeros((b,), bool)
+  state = _ARState(canvas=canvas, cache=cache, n_gen=n_gen, done=(n_gen >= n) | stopped,
+                   calls=jnp.ones((b,), jnp.int32), stopped=stopped, key=key)
+
+  def body(s: _ARState):
+    live = ~s.done
+    cur = plen + s.n_gen - 1  # position of the last token
+    tokens = jnp.take_along_axis(s.canvas, cur[:, None], -1)
+    mask = jnp.concatenate([s.cache.valid, jnp.ones((b, 1), bool)], -1)[:, None, :]
+    logits, kv = fwd.apply(fwd.params, tokens, cur[:, None], mask, s.cache.kv, 0)
+    cache = append(s.cache, kv, cur[:, None], live.astype(jnp.int32))
+    key, sub = jax.random.split(s.key)
+    tok = _ar_choose(logits[:, 0], s.canvas, cur + 1, sub, cfg)
+    nxt = jnp.where(live, cur + 1, lc)  # dropped when not live
+    canvas = s.canvas.at[rows, nxt].set(tok, mode="drop")
+    n_gen = s.n_gen + live.astype(jnp.int32)
+    stopped = s.stopped | (live & (tok == cfg.eos_token_id)) if stop_eos else s.stopped
+    return _ARState(canvas=canvas, cache=cache, n_gen=n_gen, done=s.done | (n_gen >= n) | stopped,
+                    calls=s.calls + live.astype(jnp.int32), stopped=stopped, key=key)
+
+  state = jax.lax.while_loop(lambda s: jnp.any(~s.done), body, state)
+  idx = jnp.arange(lc)[None] - plen[:, None]
+  commit_step = jnp.where((idx >= 0) & (idx < state.n_gen[:, None]), idx, -1)
+  return dict(canvas=state.canvas, commit_step=commit_step, num_steps=state.n_gen,
+              forward_calls=state.calls, num_committed=state.n_gen, stopped=state.stopped,
+              plen=plen)
+
+
+def ar_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> SampleOutput:
+  """Autoregressive decoding with a KV cache (SPEC §4.8, DiT path): N calls for N tokens."""
+  prompt, plen, canvas, target = _prompt_arrays(prompts, cfg, cfg.max_new_tokens)
+  fwd = as_forward(model, params)
+  stop = cfg.stop_at_eos and cfg.eos_token_id is not None
+  res = _ar_core(fwd.apply, fwd.params, prompt, plen, canvas, _key(rng, cfg), cfg=cfg.static(),
+                 stop_eos=stop)
+  return _out(dict(res), target, cfg)
+
+
+# ----------------------------------------------------------------------------- BD3LM / MDLM
+@flax.struct.dataclass
+class _BlockState:
+  canvas: jax.Array
+  commit_step: jax.Array
+  cache: Any            # KVCache (BD3LM) or None (MDLM)
+  blk: jax.Array        # current sub-block index
+  bstep: jax.Array      # steps run in the current sub-block
+  fuse: jax.Array       # bool: the previous block still has to be cached (BD3LM)
+  step: jax.Array
+  done: jax.Array
+  calls: jax.Array
+  committed: jax.Array
+  stopped: jax.Array
+  key: jax.Array
+
+
+def _block_commit(s: _BlockState, logits, bpos, bin_, target, counts, nblk_steps, n, g,
+                  cfg: SamplerConfig, stop_eos: bool):
+  """Commit rule on the current sub-block + sub-block / row bookkeeping."""
+  m = cfg.mask_token_id
+  live = ~s.done
+  lc = s.canvas.shape[1]
+  bpos_c = jnp.minimum(bpos, lc - 1)
+  is_mask = bin_ & (jnp.take_along_axis(s.canvas, bpos_c, -1) == m) & live[:, None]
+  key, sub = jax.random.split(s.key)
+  hist = (target & (s.canvas != m)) if cfg.repetition_penalty != 1.0 else None
+  n_i = processors.schedule_count(counts, s.bstep)
+  cand, keep = processors.decide(logits, is_mask, n_i, sub, cfg, s.canvas, hist)
+  canvas, commit_step = processors.scatter_commits(s.canvas, s.commit_step, bpos, keep, cand,
+                                                   s.step)
+  left = jnp.any(bin_ & (jnp.take_along_axis(canvas, bpos_c, -1) == m), -1)
+  block_done = live & (~left | (s.bstep + 1 >= nblk_steps))
+  blk = s.blk + block_done.astype(jnp.int32)
+  stopped = s.stopped
+  if stop_eos:
+    stopped = stopped | (block_done & processors.eos_stop(canvas, target, m, cfg.eos_token_id))
+  done = s.done | (blk * g >= n) | stopped
+  return s.replace(canvas=canvas, commit_step=commit_step, blk=blk,
+                   bstep=jnp.where(block_done, 0, s.bstep + live.astype(jnp.int32)),
+                   fuse=block_done, step=s.step + live.astype(jnp.int32), done=done,
+                   calls=s.calls + live.astype(jnp.int32),
+                   committed=s.committed + jnp.sum(keep, -1).astype(jnp.int32), stopped=stopped,
+                   key=key)
+
+
+def _block_positions(plen, blk, g, n):
+  """Sub-block positions [B, G] and which of them are generated positions."""
+  off = blk[:, None] * g + jnp.arange(g)[None]
+  return plen[:, None] + off, off < n
+
+
+@functools.partial(jax.jit, static_argnames=("apply", "cfg", "g", "stop_eos"))
+def _bd3lm_core(apply, params, prompt, plen, canvas, target, counts, key, *, cfg: SamplerConfig,
+                g: int, stop_eos: bool):
+  fwd = Forward(apply, params)
+  b, pmax = prompt.shape
+  lc = canvas.shape[1]
+  n = cfg.max_new_tokens
+  nblk_steps = counts.shape[1]
+  pos = jnp.broadcast_to(jnp.arange(pmax, dtype=jnp.int32), (b, pmax))
+  pvalid = pos < plen[:, None]
+  pmask = grid_mask(pos, pos, pvalid, g) | jnp.eye(pmax, dtype=bool)[None]
+  # Capacity: each position is cached at most once; a fused write covers G slots past the length.
+  cache, _ = prefill(fwd, prompt, pos, pvalid, lc + g, mask=pmask)
+  eye = jnp.eye(2 * g, dtype=bool)[None]
+  state = _BlockState(canvas=canvas, commit_step=jnp.full(canvas.shape, -1, jnp.int32),
+                      cache=cache, blk=jnp.zeros((b,), jnp.int32), bstep=jnp.zeros((b,), jnp.int32),
+                      fuse=jnp.zeros((b,), bool), step=jnp.zeros((b,), jnp.int32),
+                      done=jnp.zeros((b,), bool), calls=jnp.ones((b,), jnp.int32),
+                      committed=jnp.zeros((b,), jnp.int32), stopped=jnp.zeros((b,), bool), key=key)
+
+  def body(s: _BlockState):
+    live = ~s.done
+    bpos, bin_ = _block_positions(plen, s.blk, g, n)
+    bpos_c = jnp.minimum(bpos, lc - 1)
+    btok = jnp.take_along_axis(s.canvas, bpos_c, -1)
+    c: KVCache = s.cache
+
+    def fused():
+      ppos = bpos_c - g
+      pv = (s.fuse & live)[:, None] & (ppos >= plen[:, None]) & (
+          jnp.take_along_axis(s.canvas, jnp.maximum(ppos, 0), -1) != cfg.mask_token_id)
+      order = jnp.argsort(~pv, axis=-1, stable=True)  # valid slots first, in position order
+      ppos = jnp.maximum(jnp.take_along_axis(ppos, order, -1), 0)
+      pv = jnp.take_along_axis(pv, order, -1)
+      tokens = jnp.concatenate([jnp.take_along_axis(s.canvas, ppos, -1), btok], -1)
+      positions = jnp.concatenate([ppos, bpos_c], -1)
+      k_pos = jnp.concatenate([c.positions, ppos, bpos_c], -1)
+      k_valid = jnp.concatenate([c.valid, pv, bin_], -1)
+      mask = grid_mask(positions, k_pos, k_valid, g)
+      is_prefix_q = (jnp.arange(2 * g) < g)[None, :, None]
+      is_block_k = (jnp.arange(c.capacity + 2 * g) >= c.capacity + g)[None, None, :]
+      mask = mask & ~(is_prefix_q & is_block_k)  # the finished block never sees the new one
+      mask = mask.at[:, :, c.capacity:].set(mask[:, :, c.capacity:] | eye)
+      logits, kv = fwd.apply(fwd.params, tokens, positions, mask, c.kv, g)
+      return logits, append(c, kv, ppos, jnp.sum(pv, -1).astype(jnp.int32), num_rows=g)
+
+    def plain():
+      k_pos = jnp.concatenate([c.positions, bpos_c], -1)
+      k_valid = jnp.concatenate([c.valid, bin_], -1)
+      mask = grid_mask(bpos_c, k_pos, k_valid, g)
+      mask = mask.at[:, :, c.capacity:].set(mask[:, :, c.capacity:] | eye[:, :g, :g])
+      logits, _ = fwd.apply(fwd.params, btok, bpos_c, mask, c.kv, 0)
+      return logits, c
+
+    logits, cache = jax.lax.cond(jnp.any(s.fuse & live), fused, plain)
+    s = s.replace(cache=cache)
+    return _block_commit(s, logits, bpos, bin_, target, counts, nblk_steps, n, g, cfg, stop_eos)
+
+  state = jax.lax.while_loop(lambda s: jnp.any(~s.done), body, state)
+  return dict(canvas=state.canvas, commit_step=state.commit_step, num_steps=state.step,
+              forward_calls=state.calls, num_committed=state.committed, stopped=state.stopped,
+              plen=plen)
+
+
+def bd3lm_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> SampleOutput:
+  """BD3LM block decoding with the fused block cache (SPEC §4.8); S = `cfg.block_size`."""
+  if cfg.block_size is None:
+    raise ValueError("bd3lm_generate needs cfg.block_size (the trained block size S)")
+  g = int(cfg.block_size)
+  prompt, plen, canvas, target = _prompt_arrays(prompts, cfg, cfg.max_new_tokens)
+  counts = step_counts(g, cfg.num_steps)[None].astype(np.int32)
+  fwd = as_forward(model, params)
+  stop = cfg.stop_at_eos and cfg.eos_token_id is not None
+  res = _bd3lm_core(fwd.apply, fwd.params, prompt, plen, canvas, target, counts, _key(rng, cfg),
+                    cfg=cfg.static(), g=g, stop_eos=stop)
+  return _out(dict(res), target, cfg)
+
+
+@functools.partial(jax.jit, static_argnames=("apply", "cfg", "g", "stop_eos"))
+def _mdlm_core(apply, params, plen, canvas, target, counts, key, *, cfg: SamplerConfig, g: int,
+               stop_eos: bool):
+  fwd = Forward(apply, params)
+  b, lm = canvas.shape
+  n = cfg.max_new_tokens
+  nblk_steps = counts.shape[1]
+  positions = jnp.broadcast_to(jnp.arange(lm, dtype=jnp.int32), (b, lm))
+  full = jnp.ones((b, lm, lm), bool)  # bidirectional; the M padding is attended, as the reference
+  state = _BlockState(canvas=canvas, commit_step=jnp.full(canvas.shape, -1, jnp.int32),
+                      cache=None, blk=jnp.zeros((b,), jnp.int32), bstep=jnp.zeros((b,), jnp.int32),
+                      fuse=jnp.zeros((b,), bool), step=jnp.zeros((b,), jnp.int32),
+                      done=jnp.zeros((b,), bool), calls=jnp.zeros((b,), jnp.int32),
+                      committed=jnp.zeros((b,), jnp.int32), stopped=jnp.zeros((b,), bool), key=key)
+
+  def body(s: _BlockState):
+    bpos, bin_ = _block_positions(plen, s.blk, g, n)
+    logits, _ = fwd.apply(fwd.params, s.canvas, positions, full, None, 0)
+    logits = jnp.take_along_axis(logits, jnp.minimum(bpos, lm - 1)[..., None], 1)
+    return _block_commit(s, logits, bpos, bin_, target, counts, nblk_steps, n, g, cfg, stop_eos)
+
+  state = jax.lax.while_loop(lambda s: jnp.any(~s.done), body, state)
+  return dict(canvas=state.canvas, commit_step=state.commit_step, num_steps=state.step,
+              forward_calls=state.calls, num_committed=state.committed, stopped=state.stopped,
+              plen=plen)
+
+
+def mdlm_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> SampleOutput:
+  """MDLM sub-block predict-and-noise without a cache (SPEC §4.8); G = `cfg.block_size` or N."""
+  n = cfg.max_new_tokens
+  g = int(cfg.block_size or n)
+  total = cfg.max_length if (cfg.mdlm_pad_to_max_length and cfg.max_length) else None
+  _, plen, canvas, target = _prompt_arrays(prompts, cfg, n, total)
+  counts = step_counts(g, cfg.num_steps)[None].astype(np.int32)
+  fwd = as_forward(model, params)
+  stop = cfg.stop_at_eos and cfg.eos_token_id is not None
+  res = _mdlm_core(fwd.apply, fwd.params, plen, canvas, target, counts, _key(rng, cfg),
+                   cfg=cfg.static(), g=g, stop_eos=stop)
+  return _out(dict(res), target, cfg)
+
+
+__all__ = ["ar_generate", "bd3lm_generate", "mdlm_generate"]

@@ -1,0 +1,165 @@
+"""Fixed-capacity KV cache and the model adapter shared by every sampler (SPEC §3.8, §4.3).
+
+The model protocol (`ApplyFn`):
+
+    apply(params, tokens, positions, mask, kv_cache, head_start) -> (logits, kv)
+
+    tokens, positions: int [B, S]; mask: bool [B, S, C + S] (keys = [cache | this call]);
+    kv_cache: None or a pytree whose leaves are [B, C, ...] (per layer (k, v) for the DiT);
+    head_start: static int, logits are returned for rows [head_start:] only;
+    logits: fp32 [B, S - head_start, V] (raw, M not yet suppressed);
+    kv: the same pytree structure with leaves [B, S, ...]: this call's keys/values.
+
+`as_forward(model, params)` accepts a `DiT` (the adapter calls `model.apply(..., return_kv=True)`),
+a `Forward`, or a plain `logits_fn(tokens, positions, mask, kv_cache) -> (logits, kv)` (toy tests).
+The adapter functions are cached per model config / function, so jitted samplers compile once.
+
+The cache stores only committed clean tokens. It has a fixed capacity C per row and a per-row
+length; slot j of row b is valid iff j < length[b]. `append` writes a call's first rows at the
+row's length (`lax.dynamic_update_slice`, one row at a time via vmap) and advances the length by a
+per-row count; the caller sizes C so that a write never runs past the end (no clamping).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, Optional
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from setdiff_jax.model import DiT, DiTConfig
+
+ApplyFn = Callable[..., Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Forward:
+  """A model as the samplers see it: a hashable `apply` function plus its params."""
+  apply: ApplyFn
+  params: Any = None
+
+
+@functools.lru_cache(maxsize=None)
+def dit_apply_fn(config: DiTConfig) -> ApplyFn:
+  """The `ApplyFn` of a DiT with this config (one function object per config)."""
+  model = DiT(config)
+
+  def apply(params, tokens, positions, mask, kv_cache, head_start=0):
+    return model.apply({"params": params}, tokens, positions, mask, kv_cache=kv_cache,
+                       head_start=head_start, return_kv=True, deterministic=True)
+
+  return apply
+
+
+@functools.lru_cache(maxsize=None)
+def logits_fn_apply(logits_fn: Callable) -> ApplyFn:
+  """Wraps `logits_fn(tokens, positions, mask, kv_cache) -> (logits, kv)` as an `ApplyFn`."""
+
+  def apply(params, tokens, positions, mask, kv_cache, head_start=0):
+    del params
+    logits, kv = logits_fn(tokens, positions, mask, kv_cache)
+    return logits[:, head_start:].astype(jnp.float32), kv
+
+  return apply
+
+
+def as_forward(model, params=None) -> Forward:
+  """`DiT` + params, a `Forward`, or a plain logits function -> `Forward`."""
+  if isinstance(model, Forward):
+    return model
+  if isinstance(model, DiT):
+    if params is None:
+      raise ValueError("a DiT needs its params")
+    return Forward(dit_apply_fn(model.config), params)
+  if callable(model):
+    return Forward(logits_fn_apply(model), params)
+  raise TypeError(f"expected a DiT, a Forward or a logits function, got {type(model).__name__}")
+
+
+@flax.struct.dataclass
+class KVCache:
+  """kv: pytree with leaves [B, C, ...]; positions: int32 [B, C]; length: int32 [B]."""
+  kv: Any
+  positions: jax.Array
+  length: jax.Array
+
+  @property
+  def capacity(self) -> int:
+    return self.positions.shape[1]
+
+  @property
+  def valid(self) -> jax.Array:
+    """bool [B, C]: slots holding committed tokens."""
+    return jnp.arange(self.capacity)[None, :] < self.length[:, None]
+
+
+def empty_cache(kv_like, capacity: int) -> KVCache:
+  """Zero cache shaped after `kv_like` (leaves [B, S, ...]) with C = capacity slots."""
+  leaves = jax.tree_util.tree_leaves(kv_like)
+  batch = leaves[0].shape[0]
+  kv = jax.tree_util.tree_map(lambda x: jnp.zeros((batch, capacity) + tuple(x.shape[2:]), x.dtype),
+                              kv_like)
+  return KVCache(kv=kv, positions=jnp.zeros((batch, capacity), jnp.int32),
+                 length=jnp.zeros((batch,), jnp.int32))
+
+
+def _write_rows(buf, new, start):
+  """buf [B, C, ...] <- new [B, S, ...] at per-row offsets start [B]."""
+  def one(b, n, s):
+    idx = (s,) + (0,) * (b.ndim - 1)
+    return jax.lax.dynamic_update_slice(b, n.astype(b.dtype), idx)
+  return jax.vmap(one)(buf, new, start)
+
+
+def append(cache: KVCache, kv, positions: jax.Array, count: jax.Array,
+           num_rows: Optional[int] = None) -> KVCache:
+  """Appends the first `count[b]` rows of `kv` (leaves [B, S, ...]) to each row's cache.
+
+  Only rows [0, num_rows) of the call are written (default all S); the slots written past
+  `count[b]` hold junk and stay invalid (the length advances by `count`).
+  """
+  take = lambda x: x if num_rows is None else x[:, :num_rows]
+  start = cache.length
+  new_kv = jax.tree_util.tree_map(lambda buf, x: _write_rows(buf, take(x), start), cache.kv, kv)
+  new_pos = _write_rows(cache.positions, take(positions).astype(jnp.int32), start)
+  return KVCache(kv=new_kv, positions=new_pos, length=cache.length + count.astype(jnp.int32))
+
+
+def causal_valid_mask(valid: jax.Array) -> jax.Array:
+  """Clean-causal mask over slot order: bool [B, S, S]; invalid queries see only themselves."""
+  s = valid.shape[-1]
+  tri = jnp.tril(jnp.ones((s, s), bool))[None]
+  return (tri & valid[:, None, :]) | jnp.eye(s, dtype=bool)[None]
+
+
+def prefill(fwd: Forward, tokens, positions, valid, capacity: int, mask=None,
+            want_logits: bool = False):
+  """Encodes context tokens into a fresh cache (one model call).
+
+  tokens, positions: int [B, S] in cache order; valid: bool [B, S], a prefix of each row.
+  mask: bool [B, S, S] (default clean-causal in slot order).
+  Returns (cache, logits): logits fp32 [B, S, V] if want_logits, else [B, 0, V] (head skipped).
+  """
+  if mask is None:
+    mask = causal_valid_mask(valid)
+  head_start = 0 if want_logits else tokens.shape[1]
+  logits, kv = fwd.apply(fwd.params, tokens, positions, mask, None, head_start)
+  cache = empty_cache(kv, capacity)
+  cache = append(cache, kv, positions, jnp.sum(valid, -1).astype(jnp.int32))
+  return cache, logits
+
+
+def grid_mask(q_pos, k_pos, k_valid, block_size: int) -> jax.Array:
+  """BD3LM rule on absolute positions: q sees k iff floor(k/S) <= floor(q/S) (SPEC §4.8).
+
+  q_pos [B, Q], k_pos [B, K], k_valid [B, K] -> bool [B, Q, K].
+  """
+  qb = q_pos // block_size
+  kb = k_pos // block_size
+  return (kb[:, None, :] <= qb[:, :, None]) & k_valid[:, None, :]
+
+
+__all__ = ["ApplyFn", "Forward", "KVCache", "dit_apply_fn", "logits_fn_apply", "as_forward",
+           "empty_cache", "append", "prefill", "causal_valid_mask", "grid_mask"]

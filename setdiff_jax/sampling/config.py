@@ -1,0 +1,186 @@
+"""Sampler configuration, outputs and the host-side step schedule (SPEC §4.1, §4.2).
+
+Everything here is plain Python / NumPy; the jitted samplers treat a `SamplerConfig` as static.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import List, Optional
+
+import numpy as np
+
+PENALTY_HISTORIES = ("auto", "generated", "cached", "visible")
+CACHE_ORDERS = ("l2r", "fht")
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerConfig:
+  """Knobs shared by every sampler (set, no-cache set, AR, BD3LM, MDLM).
+
+  Special ids:
+    mask_token_id: M; its logit is set to -1e12 before the softmax (SPEC §3.5).
+    eos_token_id: EOS for stopping (None: never stop early).
+    pad_token_id: fills unused slots of fixed-shape arrays (never attended).
+    bos_token_id: informative only (callers put BOS in the prompt; see `text.py`).
+  Decoding:
+    window: W, the positional window of the set sampler [first mask, first mask + W) (SPEC §4.2).
+    threshold: tau; candidates with probability >= tau are committed as well. None = off (the
+      reference's 1e6).
+    max_new_tokens: N, masks appended after each prompt (ignored by infilling, where N is the number
+      of masks in the input).
+    num_steps: T, the step budget; None = N (one token per step with tau off). The set sampler runs
+      min(T, N) steps; MDLM/BD3LM run min(T, G) steps per sub-block.
+    block_size: G, the sub-block of MDLM/BD3LM (BD3LM: the trained block size S; MDLM: None = N).
+    greedy / temperature / top_p: argmax or sampling from softmax(z / temperature), after the
+      nucleus filter when top_p < 1 (the token that crosses top_p is kept). Temperature only
+      applies when sampling. The confidence is the chosen token's probability under the
+      (processed, nucleus-renormalised) distribution (SPEC §8.14).
+    repetition_penalty: HF semantics on raw logits of tokens in the history: positive logits are
+      divided by it, negative ones multiplied; 1.0 = off.
+    penalty_history: which tokens count as seen. 'generated': committed tokens of the generated
+      span, the previous step's included, prompt excluded (SPEC §4.2, prompted default);
+      'cached': tokens whose K/V are in the cache at the start of the step, i.e. all context
+      plus tokens committed two or more steps earlier (SPEC §4.5, infill default); 'visible':
+      context and every committed token (infill with right context). 'auto' picks the default of
+      the mode. AR always uses prompt + generated; MDLM/BD3LM use 'generated'.
+    cache_order: order of a step's committed set in the cache: 'l2r' (by position) or 'fht'
+      (descending staggered reveal times drawn once per row from `seed` on the host, S = W,
+      S_max = 2W, the last N locs of a length-`max_length` schedule; SPEC §4.3).
+    stop_at_eos: stop a row once an EOS sits at a generated position with no mask before it
+      (prompted generation only; see `set_sampler.py` for the exact rule).
+    max_length: the model's trained context length L; prompt + max_new_tokens (or the infill
+      canvas) must fit. None = unchecked.
+    mdlm_pad_to_max_length: MDLM feeds a canvas padded with M to max_length (SPEC §4.8).
+    seed: default PRNG seed when no key is passed (and the seed of the 'fht' reveal times).
+  The jitted loops take the config as a static argument (seed excluded): changing any other field
+  compiles a new loop; params, prompts of the same shapes and keys do not.
+  """
+  mask_token_id: int
+  eos_token_id: Optional[int] = None
+  pad_token_id: int = 0
+  bos_token_id: Optional[int] = None
+  window: int = 4
+  threshold: Optional[float] = None
+  max_new_tokens: int = 64
+  num_steps: Optional[int] = None
+  block_size: Optional[int] = None
+  greedy: bool = True
+  temperature: float = 1.0
+  top_p: float = 1.0
+  repetition_penalty: float = 1.0
+  penalty_history: str = "auto"
+  cache_order: str = "l2r"
+  stop_at_eos: bool = True
+  max_length: Optional[int] = None
+  mdlm_pad_to_max_length: bool = True
+  seed: int = 0
+
+  def __post_init__(self):
+    if int(self.window) < 1:
+      raise ValueError(f"window W={self.window} must be >= 1")
+    if int(self.max_new_tokens) < 1:
+      raise ValueError(f"max_new_tokens={self.max_new_tokens} must be >= 1")
+    if self.num_steps is not None and int(self.num_steps) < 1:
+      raise ValueError(f"num_steps={self.num_steps} must be >= 1 (or None for one step per token)")
+    if self.block_size is not None and int(self.block_size) < 1:
+      raise ValueError(f"block_size={self.block_size} must be >= 1")
+    if self.threshold is not None and not self.threshold > 0:
+      raise ValueError(f"threshold={self.threshold} must be > 0 (None turns it off)")
+    if not 0.0 < self.top_p <= 1.0:
+      raise ValueError(f"top_p={self.top_p} must be in (0, 1]")
+    if not self.temperature > 0:
+      raise ValueError(f"temperature={self.temperature} must be > 0 (use greedy=True for argmax)")
+    if not self.repetition_penalty > 0:
+      raise ValueError(f"repetition_penalty={self.repetition_penalty} must be > 0 (1.0 = off)")
+    if self.penalty_history not in PENALTY_HISTORIES:
+      raise ValueError(f"penalty_history={self.penalty_history!r}; use one of {PENALTY_HISTORIES}")
+    if self.cache_order not in CACHE_ORDERS:
+      raise ValueError(f"cache_order={self.cache_order!r}; use one of {CACHE_ORDERS}")
+    if self.max_length is not None and int(self.max_length) < 2:
+      raise ValueError(f"max_length={self.max_length} must be >= 2")
+    for name in ("mask_token_id", "pad_token_id"):
+      if int(getattr(self, name)) < 0:
+        raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
+
+  @property
+  def threshold_on(self) -> bool:
+    """tau < 1 can fire; the reference's 'off' value is 1e6."""
+    return self.threshold is not None and self.threshold <= 1.0
+
+  def replace(self, **kwargs) -> "SamplerConfig":
+    return dataclasses.replace(self, **kwargs)
+
+  def static(self) -> "SamplerConfig":
+    """The part that shapes the compiled loop (the seed only seeds the default key)."""
+    return dataclasses.replace(self, seed=0)
+
+
+@dataclasses.dataclass
+class SampleOutput:
+  """What every sampler returns (host NumPy / lists).
+
+  sequences: per row, context + generated tokens in position order, leftover masks removed
+    (compaction) and everything after a stopping EOS dropped.
+  generated: per row, the generated tokens only (same rules).
+  canvas: int [B, Lc], the final canvas before compaction (M where nothing was committed).
+  target: bool [B, Lc], the positions that were to be generated.
+  commit_step: int [B, Lc], the decoding step (0-based, per row) at which a position was committed,
+    -1 for context and never-committed positions.
+  num_steps: int [B], decoding steps run per row.
+  forward_calls: int [B], model calls that advanced the row (prompt/context encoding included).
+  num_committed: int [B], tokens committed (those dropped after an EOS stop included).
+  stopped: bool [B], the row stopped at an EOS.
+  """
+  sequences: List[List[int]]
+  generated: List[List[int]]
+  canvas: np.ndarray
+  target: np.ndarray
+  commit_step: np.ndarray
+  num_steps: np.ndarray
+  forward_calls: np.ndarray
+  num_committed: np.ndarray
+  stopped: np.ndarray
+
+  @property
+  def tokens_per_step(self) -> float:
+    """Mean committed tokens per decoding step over the batch (the parallelism factor)."""
+    steps = float(np.sum(self.num_steps))
+    return float(np.sum(self.num_committed)) / steps if steps else 0.0
+
+  @property
+  def num_generated(self) -> int:
+    """Generated tokens in the outputs (after compaction and EOS truncation)."""
+    return int(sum(len(g) for g in self.generated))
+
+
+def step_counts(num_tokens: int, num_steps: Optional[int] = None) -> np.ndarray:
+  """Tokens to commit per step, n_i = round(N t_i) - round(N t_{i+1}) (SPEC §4.2, §8.13).
+
+  t comes from a float64 linspace(1, 0, min(T, N) + 1); `np.round` rounds half to even, as the
+  reference's `round`. For T >= N every count is 1.
+
+  Example: N=48, T=32 gives n_0 = 48 - round(46.5) = 2.
+  """
+  n = int(num_tokens)
+  if n < 0:
+    raise ValueError(f"num_tokens={n} must be >= 0")
+  if n == 0:
+    return np.zeros((0,), np.int64)
+  t_steps = n if num_steps is None else min(int(num_steps), n)
+  t = np.linspace(1.0, 0.0, t_steps + 1, dtype=np.float64)
+  r = np.round(n * t)
+  return (r[:-1] - r[1:]).astype(np.int64)
+
+
+def count_table(num_tokens, num_steps: Optional[int]) -> np.ndarray:
+  """Per-row schedules padded into int32 [B, K] (K = the longest schedule, at least 1)."""
+  rows = [step_counts(n, num_steps) for n in num_tokens]
+  k = max(1, max(len(r) for r in rows))
+  out = np.zeros((len(rows), k), np.int32)
+  for i, r in enumerate(rows):
+    out[i, :len(r)] = r
+  return out
+
+
+__all__ = ["SamplerConfig", "SampleOutput", "step_counts", "count_table", "PENALTY_HISTORIES",
+           "CACHE_ORDERS"]
