@@ -20,3 +20,16 @@ def shared_data():
   if not SHARED_DATA.is_dir():
     pytest.skip(f"shared data folder not found at {SHARED_DATA}")
   return SHARED_DATA
+
+
+@pytest.fixture(scope="module")
+def fast_compile():
+  """XLA compilation dominates tiny-model tests: skip most optimisations for one module.
+
+  Use with `pytestmark = pytest.mark.usefixtures("fast_compile")`; restored after the module.
+  """
+  import jax
+  old = jax.config.values.get("jax_disable_most_optimizations", False)
+  jax.config.update("jax_disable_most_optimizations", True)
+  yield
+  jax.config.update("jax_disable_most_optimizations", old)

@@ -5,17 +5,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from helpers import random_params as _random_params
 from setdiff_jax import masks, objectives
 from setdiff_jax.model import DiT, DiTConfig, param_shapes
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _fast_cpu_compile():
-  """XLA compilation dominates these tiny tests; skip most optimisations in this module only."""
-  old = jax.config.values.get("jax_disable_most_optimizations", False)
-  jax.config.update("jax_disable_most_optimizations", True)
-  yield
-  jax.config.update("jax_disable_most_optimizations", old)
+pytestmark = pytest.mark.usefixtures("fast_compile")
 
 # SPEC §2.3, typed in: rows = queries, cols = keys; slots 0-5 clean, 6-11 noisy.
 SPEC_L6 = np.array([
@@ -169,23 +164,6 @@ def test_cached_step_mask_batched_rows_independent():
 
 # ------------------------------------------------------------------------------------ gradients
 TINY = DiTConfig(vocab_size=32, hidden_size=32, num_layers=2, num_heads=4, dropout=0.0)
-
-
-def _random_params(cfg, seed=0):
-  """Random parameters drawn in NumPy (the head is zero at init, which would hide gradients)."""
-  rng = np.random.default_rng(seed)
-  leaves, tree = jax.tree_util.tree_flatten_with_path(param_shapes(cfg))
-  out = []
-  for path, leaf in leaves:
-    name = str(getattr(path[-1], "key", path[-1]))
-    if name == "scale":
-      x = 1 + 0.1 * rng.normal(size=leaf.shape)
-    elif name == "kernel":
-      x = rng.normal(size=leaf.shape) / np.sqrt(leaf.shape[0])
-    else:
-      x = 0.3 * rng.normal(size=leaf.shape)
-    out.append(jnp.asarray(x, jnp.float32))
-  return jax.tree_util.tree_unflatten(tree, out)
 
 
 def _per_slot_nll_fn(cfg, params, tokens, positions, mask, targets, length):

@@ -9,18 +9,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from helpers import random_params
 from setdiff_jax import masks
 from setdiff_jax.model import (DiT, DiTConfig, LayerNormNoBias, apply_rotary, count_params,
                                init_params, param_shapes, rotary_cos_sin, suppress_mask_logit)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _fast_cpu_compile():
-  """XLA compilation dominates these tiny tests; skip most optimisations in this module only."""
-  old = jax.config.values.get("jax_disable_most_optimizations", False)
-  jax.config.update("jax_disable_most_optimizations", True)
-  yield
-  jax.config.update("jax_disable_most_optimizations", old)
+pytestmark = pytest.mark.usefixtures("fast_compile")
 
 TINY = DiTConfig(vocab_size=48, hidden_size=32, num_layers=2, num_heads=4, cond_dim=16,
                  dropout=0.0)
@@ -31,22 +26,6 @@ def flat(tree):
           for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
-@functools.lru_cache(maxsize=None)
-def random_params(cfg, seed=0):
-  """Random parameters drawn in NumPy on the model's own tree (the head is zero at init)."""
-  rng = np.random.default_rng(seed)
-  leaves, tree = jax.tree_util.tree_flatten_with_path(param_shapes(cfg))
-  out = []
-  for path, leaf in leaves:
-    name = str(getattr(path[-1], "key", path[-1]))
-    if name == "scale":
-      x = 1 + 0.1 * rng.normal(size=leaf.shape)
-    elif name == "kernel":
-      x = rng.normal(size=leaf.shape) / np.sqrt(leaf.shape[0])
-    else:  # embedding, bias
-      x = 0.3 * rng.normal(size=leaf.shape)
-    out.append(jnp.asarray(x, jnp.float32))
-  return jax.tree_util.tree_unflatten(tree, out)
 
 
 @functools.lru_cache(maxsize=None)

@@ -15,17 +15,12 @@ import numpy as np
 import optax
 import pytest
 
+from helpers import random_params as params_for
 from setdiff_jax import objectives
 from setdiff_jax.model import DiT, DiTConfig, param_shapes
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _fast_cpu_compile():
-  """XLA compilation dominates these tiny tests; skip most optimisations in this module only."""
-  old = jax.config.values.get("jax_disable_most_optimizations", False)
-  jax.config.update("jax_disable_most_optimizations", True)
-  yield
-  jax.config.update("jax_disable_most_optimizations", old)
+pytestmark = pytest.mark.usefixtures("fast_compile")
 
 V, MASK, PAD, BOS, EOS = 32, 3, 0, 1, 2
 L = 8
@@ -34,22 +29,6 @@ CFG_PLAIN = DiTConfig(vocab_size=V, hidden_size=32, num_layers=2, num_heads=4, c
 CFG_ADALN = dataclasses.replace(CFG_PLAIN, adaln=True)
 
 
-@functools.lru_cache(maxsize=None)
-def params_for(cfg, seed=0):
-  """Random parameters drawn in NumPy (the head is zero at init, so init params are useless)."""
-  rng = np.random.default_rng(seed)
-  shapes = jax.tree_util.tree_flatten_with_path(param_shapes(cfg))
-  leaves = []
-  for path, leaf in shapes[0]:
-    name = str(getattr(path[-1], "key", path[-1]))
-    if name == "scale":
-      x = 1 + 0.1 * rng.normal(size=leaf.shape)
-    elif name == "kernel":
-      x = rng.normal(size=leaf.shape) / np.sqrt(leaf.shape[0])
-    else:  # embedding, bias
-      x = 0.3 * rng.normal(size=leaf.shape)
-    leaves.append(jnp.asarray(x, jnp.float32))
-  return jax.tree_util.tree_unflatten(shapes[1], leaves)
 
 
 @functools.lru_cache(maxsize=None)

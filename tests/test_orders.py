@@ -14,13 +14,7 @@ from scipy import integrate, stats
 from setdiff_jax import orders
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _fast_cpu_compile():
-  """XLA compilation dominates these tiny tests; skip most optimisations in this module only."""
-  old = jax.config.values.get("jax_disable_most_optimizations", False)
-  jax.config.update("jax_disable_most_optimizations", True)
-  yield
-  jax.config.update("jax_disable_most_optimizations", old)
+pytestmark = pytest.mark.usefixtures("fast_compile")
 
 
 # ------------------------------------------------------------------------------------ helpers
