@@ -26,8 +26,6 @@ def flat(tree):
           for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
-
-
 @functools.lru_cache(maxsize=None)
 def _jitted_apply(cfg, static):
   return jax.jit(lambda p, args, kw, rngs: DiT(cfg).apply({"params": p}, *args, rngs=rngs, **kw,

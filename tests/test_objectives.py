@@ -29,8 +29,6 @@ CFG_PLAIN = DiTConfig(vocab_size=V, hidden_size=32, num_layers=2, num_heads=4, c
 CFG_ADALN = dataclasses.replace(CFG_PLAIN, adaln=True)
 
 
-
-
 @functools.lru_cache(maxsize=None)
 def jitted_apply(cfg):
   return jax.jit(lambda p, t, pos, m: DiT(cfg).apply({"params": p}, t, pos, m))
