@@ -42,9 +42,9 @@ def mesh_shape(mesh_cfg: Mapping[str, int], num_devices: int) -> tuple:
 def make_mesh(mesh_cfg: Mapping[str, int], devices: Sequence[jax.Device] | None = None) -> Mesh:
   devices = list(jax.devices() if devices is None else devices)
   shape = mesh_shape(mesh_cfg, len(devices))
-  device_array = np.asarray(devices).reshape(shape)
   auto = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
-  return Mesh(device_array, MESH_AXES, axis_types=auto)
+  # jax.make_mesh orders the devices by the physical topology (TPU ICI rings) where it knows it.
+  return jax.make_mesh(shape, MESH_AXES, axis_types=auto, devices=devices)
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
@@ -71,7 +71,11 @@ def global_batch(local_batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict:
 # Logical axis names of each parameter, keyed by the last two path components (layer, name).
 # The layer names are those of model.py (SPEC §3.9); anything not listed is replicated.
 PARAM_LOGICAL_AXES = {
-    ("embed", "embedding"): ("vocab", "embed"),
+    # The lookup table's model dimension has its own name: sharded over `fsdp` like the other
+    # matrices, it would make the looked-up activations sharded over the model dimension instead
+    # of the batch, i.e. every device would hold the whole batch's activations (XLA propagates the
+    # table's sharding through the gather). See DEFAULT_RULES.
+    ("embed", "embedding"): ("vocab", "embed_lookup"),
     ("attn_qkv", "kernel"): ("embed", "qkv"),
     ("attn_out", "kernel"): ("heads", "embed"),
     ("mlp_in", "kernel"): ("embed", "mlp"),
@@ -89,6 +93,7 @@ PARAM_LOGICAL_AXES = {
 # the small adaLN matrices follow the same names. Config: `config.sharding_rules`.
 DEFAULT_RULES = (
     ("embed", "fsdp"),
+    ("embed_lookup", None),  # the embedding table stays whole over fsdp (split by vocab only)
     ("vocab", "tensor"),
     ("qkv", "tensor"),
     ("heads", "tensor"),

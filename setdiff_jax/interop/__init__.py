@@ -13,6 +13,7 @@ import importlib
 
 _LAZY = {
     "export_checkpoint": ("export", "export_checkpoint"),
+    "export_workdir": ("export", "export_workdir"),
     "import_checkpoint": ("import_", "import_checkpoint"),
     "load_tokenizer": ("import_", "load_tokenizer"),
     "InteropWarning": ("import_", "InteropWarning"),
