@@ -1,0 +1,85 @@
+r"""Evaluates a trained run.
+
+  python launch/evaluate.py --workdir=DIR --eval=likelihood|infill|speed|samples[,...]
+
+  likelihood  one-order bound on the eval split (SPEC §6.1: one staggered order per sequence,
+              seed 1, BOS and pad targets excluded; AR exact NLL, MDLM/BD3LM the 1/t NELBO) and a
+              K-order estimate (--num_orders; log-mean-exp over K orders for SetDLM, mean of K NELBO
+              draws for MDLM/BD3LM). NLL (nats/token), PPL, BPD. Independent of --batch_size.
+  infill      ROCStories Story Cloze 1- and 3-sentence infilling (SPEC §6.5, oracle middle length,
+              greedy) and held-out corpus paragraphs (middle third masked); ROUGE-1/2/L.
+              --cloze_path (default ../shared/data/rocstories-cloze-val-2016.csv).
+  speed       tokens/s, tokens/step and forward calls of the run's sampler per setting (W, tau)
+              and batch size (--batch_sizes, default 1,8); unconditional, N = L - 1.
+  samples     unconditional samples: unigram entropy, distinct-n and, with --judge_workdir=AR_RUN,
+              generative perplexity under that AR model.
+
+Results are merged into DIR/eval_results.json (or --output) and printed as markdown tables.
+All logic lives in `setdiff_jax.evaluation` (`evaluate_workdir`, `format_results`).
+"""
+import os
+import sys
+
+from absl import app, flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("workdir", None, "Run directory written by launch/train.py.", required=True)
+flags.DEFINE_list("eval", ["likelihood"], "Evaluations: likelihood, infill, speed, samples.")
+flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
+flags.DEFINE_bool("use_ema", True, "Evaluate the EMA parameters.")
+flags.DEFINE_string("output", None, "JSON results file (default: WORKDIR/eval_results.json).")
+# likelihood
+flags.DEFINE_integer("seed", 1, "Seed of the order / t draws (the reference uses 1).")
+flags.DEFINE_integer("num_orders", 4, "K of the K-order (K-draw) estimate.")
+flags.DEFINE_integer("batch_size", 32, "Likelihood rows per call (results do not depend on it).")
+flags.DEFINE_integer("max_rows", None, "Evaluate the first rows of the eval split only.")
+# infill
+flags.DEFINE_string("cloze_path", os.path.join("..", "shared", "data",
+                                               "rocstories-cloze-val-2016.csv"),
+                    "Story Cloze validation CSV.")
+flags.DEFINE_list("infill_settings", ["1sent", "3sent", "corpus"], "Infill example sets.")
+flags.DEFINE_integer("num_infill", 100, "Examples per infill set (-1: all that fit).")
+flags.DEFINE_integer("infill_batch_size", 8, "Infill examples decoded together.")
+flags.DEFINE_list("infill_thresholds", ["off"], "Confidence thresholds for infilling.")
+flags.DEFINE_float("repetition_penalty", 1.0, "Repetition penalty of the infill decoders.")
+flags.DEFINE_string("penalty_history", "auto", "Set-sampler infill penalty history: auto "
+                    "(cached tokens) | visible (prefix, suffix and commits; the paper's runs).")
+# speed / samples
+flags.DEFINE_integer("window", None, "Set-sampler window W (default: the run's S).")
+flags.DEFINE_list("thresholds", ["off", "0.9"], "Confidence thresholds tau ('off' = none).")
+flags.DEFINE_list("batch_sizes", ["1", "8"], "Batch sizes for the speed eval.")
+flags.DEFINE_integer("repeats", 2, "Timed calls per speed setting (after a compiling one).")
+flags.DEFINE_integer("max_new_tokens", None, "Tokens to generate (default: seq_len - 1).")
+flags.DEFINE_float("top_p", 0.95, "Nucleus mass for speed and samples.")
+flags.DEFINE_integer("num_samples", 16, "Unconditional samples per setting.")
+flags.DEFINE_string("judge_workdir", None, "AR run used to score samples (generative PPL).")
+flags.DEFINE_integer("sampling_seed", 0, "Seed of the samplers.")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  from setdiff_jax.evaluation import generation, run
+  opts = run.EvalOptions(
+      seed=FLAGS.seed, num_orders=FLAGS.num_orders, batch_size=FLAGS.batch_size,
+      max_rows=FLAGS.max_rows, cloze_path=FLAGS.cloze_path,
+      infill_settings=tuple(FLAGS.infill_settings),
+      num_infill=None if FLAGS.num_infill < 0 else FLAGS.num_infill,
+      infill_batch_size=FLAGS.infill_batch_size,
+      infill_thresholds=tuple(generation.parse_thresholds(FLAGS.infill_thresholds)),
+      repetition_penalty=FLAGS.repetition_penalty, penalty_history=FLAGS.penalty_history,
+      window=FLAGS.window,
+      thresholds=tuple(generation.parse_thresholds(FLAGS.thresholds)),
+      batch_sizes=tuple(int(b) for b in FLAGS.batch_sizes), repeats=FLAGS.repeats,
+      max_new_tokens=FLAGS.max_new_tokens, top_p=FLAGS.top_p, num_samples=FLAGS.num_samples,
+      judge_workdir=FLAGS.judge_workdir, sampling_seed=FLAGS.sampling_seed)
+  record = run.evaluate_workdir(FLAGS.workdir, FLAGS.eval, opts, step=FLAGS.step,
+                                use_ema=FLAGS.use_ema, output=FLAGS.output)
+  print(run.format_results({k: record.get(k) for k in FLAGS.eval}))
+  print(f"\nresults written to {record['path']}")
+
+
+if __name__ == "__main__":
+  app.run(main)

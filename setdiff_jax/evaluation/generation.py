@@ -1,0 +1,260 @@
+"""Decoding speed (SPEC §6.7) and unconditional sample quality (SPEC §6.2, §4.4).
+
+Speed: unconditional generation from BOS, N = L - 1 new tokens, no EOS stop (the reference's LM1B
+throughput mode), with the sampler of the run's objective, per setting (window W, threshold tau)
+and batch size. One untimed warm-up call compiles; then `repeats` timed calls (new keys), each
+ended by the host copy of its outputs. Reported:
+  tokens_per_second   median over the timed calls of (generated tokens of all rows / wall
+                      seconds); the median resists a call slowed by other jobs on a shared
+                      machine (tokens_per_second_mean: total tokens / total seconds);
+  tokens_per_step     committed tokens / decoding steps (the parallelism factor);
+  forward_calls       model calls per row (prompt encoding included);
+  compile_seconds     first call minus a timed call.
+
+Samples: the same unconditional decoding with nucleus sampling; per sample the unigram entropy
+(nats, of its own token distribution; the reference rejects samples below 4 nats at OWT scale),
+distinct-n over all samples (unique n-grams / n-grams), and the generative perplexity under an AR
+judge: exp(total NLL / total tokens) of the judge on BOS + sample. If the judge's tokenizer is the
+run's, the ids are scored directly; otherwise the decoded text is re-tokenized with the judge's.
+Samples longer than the judge's context are cut to it.
+"""
+from __future__ import annotations
+
+import collections
+import math
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from setdiff_jax import masks
+
+
+def threshold_label(tau: Optional[float]) -> str:
+  return "off" if tau is None else f"{tau:g}"
+
+
+def parse_thresholds(values: Sequence[str]) -> List[Optional[float]]:
+  """['off', '0.9'] -> [None, 0.9]."""
+  out = []
+  for v in values:
+    v = str(v).strip().lower()
+    out.append(None if v in ("off", "none", "") else float(v))
+  return out
+
+
+def decoding_settings(obj_cfg, *, windows: Optional[Sequence[int]] = None,
+                      thresholds: Sequence[Optional[float]] = (None, 0.9)) -> List[Dict[str, Any]]:
+  """The settings to measure for a run's objective.
+
+  setdlm: every window (default [S]) x every tau; bd3lm and mdlm: every tau (BD3LM with its block
+  S, MDLM with one sub-block of N); ar: one setting (tau does not apply).
+  """
+  if obj_cfg.name == "ar":
+    return [{"window": None, "threshold": None}]
+  if obj_cfg.name == "setdlm":
+    ws = list(windows) if windows else [int(obj_cfg.desired_set_size)]
+    return [{"window": int(w), "threshold": t} for w in ws for t in thresholds]
+  return [{"window": None, "threshold": t} for t in thresholds]
+
+
+def setting_name(obj_cfg, setting: Dict[str, Any]) -> str:
+  parts = []
+  if setting.get("window") is not None:
+    parts.append(f"W={setting['window']}")
+  if obj_cfg.name != "ar":
+    parts.append(f"tau={threshold_label(setting.get('threshold'))}")
+  return " ".join(parts) or "-"
+
+
+def _sampler_config(obj_cfg, tokenizer, seq_len: int, setting: Dict[str, Any], *, greedy: bool,
+                    top_p: float, seed: int, max_new_tokens: Optional[int],
+                    repetition_penalty: float = 1.0):
+  from setdiff_jax import sampling
+  n = max_new_tokens or seq_len - 1
+  return sampling.sampler_config_for(
+      obj_cfg, tokenizer, seq_len, window=setting.get("window"), threshold=setting.get("threshold"),
+      greedy=greedy, top_p=top_p, seed=seed, max_new_tokens=n, stop_at_eos=False,
+      repetition_penalty=repetition_penalty)
+
+
+def measure(model, params, tokenizer, obj_cfg, seq_len: int, setting: Dict[str, Any], *,
+            batch_size: int, repeats: int = 2, greedy: bool = False, top_p: float = 0.95,
+            seed: int = 0, max_new_tokens: Optional[int] = None,
+            repetition_penalty: float = 1.0) -> Dict[str, Any]:
+  """Times one decoding setting at one batch size; returns metrics and the generated ids."""
+  from setdiff_jax import sampling
+  cfg = _sampler_config(obj_cfg, tokenizer, seq_len, setting, greedy=greedy, top_p=top_p,
+                        seed=seed, max_new_tokens=max_new_tokens,
+                        repetition_penalty=repetition_penalty)
+  sampler = sampling.sampler_for(obj_cfg.name)
+  prompts = [[int(tokenizer.bos_id)]] * batch_size
+  key = jax.random.PRNGKey(seed)
+  t0 = time.perf_counter()
+  sampler(model, params, prompts, cfg, jax.random.fold_in(key, 10_000))  # compile
+  first = time.perf_counter() - t0
+  seconds, generated, steps, committed, calls, samples, rates = 0.0, 0, 0, 0, [], [], []
+  for r in range(max(1, repeats)):
+    t0 = time.perf_counter()
+    out = sampler(model, params, prompts, cfg, jax.random.fold_in(key, r))
+    dt = time.perf_counter() - t0
+    seconds += dt
+    rates.append(out.num_generated / dt if dt > 0 else 0.0)
+    generated += out.num_generated
+    steps += int(np.sum(out.num_steps))
+    committed += int(np.sum(out.num_committed))
+    calls += [int(c) for c in out.forward_calls]
+    samples += [list(map(int, g)) for g in out.generated]
+  timed = max(1, repeats)
+  return {"method": obj_cfg.name, "setting": setting_name(obj_cfg, setting),
+          "window": setting.get("window"), "threshold": threshold_label(setting.get("threshold")),
+          "batch_size": batch_size, "repeats": timed, "new_tokens": cfg.max_new_tokens,
+          "tokens_per_second": float(np.median(rates)),
+          "tokens_per_second_mean": generated / seconds if seconds > 0 else 0.0,
+          "tokens_per_step": committed / steps if steps else 0.0,
+          "forward_calls": float(np.mean(calls)), "seconds": seconds,
+          "compile_seconds": max(first - seconds / timed, 0.0), "samples": samples}
+
+
+def speed_eval(model, params, tokenizer, obj_cfg, seq_len: int, *,
+               settings: Optional[List[Dict[str, Any]]] = None,
+               batch_sizes: Sequence[int] = (1, 8), repeats: int = 2, greedy: bool = False,
+               top_p: float = 0.95, seed: int = 0, max_new_tokens: Optional[int] = None,
+               keep_samples: bool = False) -> List[Dict[str, Any]]:
+  """`measure` for every setting x batch size; samples dropped unless `keep_samples`."""
+  settings = settings or decoding_settings(obj_cfg)
+  rows = []
+  for setting in settings:
+    for bs in batch_sizes:
+      row = measure(model, params, tokenizer, obj_cfg, seq_len, setting, batch_size=int(bs),
+                    repeats=repeats, greedy=greedy, top_p=top_p, seed=seed,
+                    max_new_tokens=max_new_tokens)
+      if not keep_samples:
+        row.pop("samples")
+      rows.append(row)
+  return rows
+
+
+# ----------------------------------------------------------------------------- sample statistics
+def unigram_entropy(ids: Sequence[int]) -> float:
+  """Entropy (nats) of the token frequencies of one sample (0 for an empty sample)."""
+  if not len(ids):
+    return 0.0
+  counts = np.array(list(collections.Counter(int(i) for i in ids).values()), np.float64)
+  p = counts / counts.sum()
+  return float(-np.sum(p * np.log(p)))
+
+
+def distinct_n(samples: Sequence[Sequence[int]], n: int) -> float:
+  """Unique n-grams / total n-grams over all samples (0 if there are none)."""
+  grams = [tuple(s[i:i + n]) for s in samples for i in range(len(s) - n + 1)]
+  return len(set(grams)) / len(grams) if grams else 0.0
+
+
+def same_tokenizer(a, b) -> bool:
+  """Whether two tokenizers map text to the same ids (same vocabulary and specials)."""
+  try:
+    return (a.hf.to_str() == b.hf.to_str() and
+            (a.bos_id, a.eos_id, a.pad_id, a.mask_id) == (b.bos_id, b.eos_id, b.pad_id, b.mask_id))
+  except AttributeError:
+    return a is b
+
+
+def _make_ar_nll(model):
+  @jax.jit
+  def fn(params, tokens, weight):
+    n = tokens.shape[1]
+    positions = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), tokens.shape)
+    logits = model.apply({"params": params}, tokens, positions,
+                         jnp.asarray(masks.causal_mask(n))[None], deterministic=True)
+    logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
+    nll = -jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
+    return jnp.sum(nll * weight[:, 1:], -1), jnp.sum(weight[:, 1:], -1)
+  return fn
+
+
+def generative_perplexity(judge, sample_ids: Sequence[Sequence[int]], tokenizer, *,
+                          batch_size: int = 16) -> Dict[str, Any]:
+  """Gen PPL of samples under an AR judge (`checkpointing.InferenceState` of an 'ar' run).
+
+  Each sample is scored as BOS + tokens (cut to the judge's context length), every sample token a
+  target, BOS excluded. Returns {gen_ppl, gen_nll, num_tokens, retokenized}.
+  """
+  from setdiff_jax.sampling.text import inference_model
+  if judge.objective_config.name != "ar":
+    raise ValueError(f"the judge must be an AR run; got objective={judge.objective_config.name!r}")
+  jt = judge.tokenizer
+  length = int(judge.config.seq_len)
+  retok = not same_tokenizer(tokenizer, jt)
+  rows = []
+  for ids in sample_ids:
+    ids = [int(i) for i in ids]
+    if retok:
+      ids = list(jt.encode(tokenizer.decode(ids)))
+    else:
+      ids = [i for i in ids if i != jt.mask_id]
+    rows.append([int(jt.bos_id)] + ids[:length - 1])
+  rows = [r for r in rows if len(r) > 1]
+  if not rows:
+    return {"gen_ppl": float("nan"), "gen_nll": float("nan"), "num_tokens": 0, "retokenized": retok}
+  model = inference_model(judge.model_config)
+  fn = _make_ar_nll(model)
+  total, count = 0.0, 0.0
+  for i in range(0, len(rows), batch_size):
+    chunk = rows[i:i + batch_size]
+    tok = np.full((batch_size, length), jt.pad_id, np.int32)
+    w = np.zeros((batch_size, length), np.float32)
+    for j, r in enumerate(chunk):
+      tok[j, :len(r)] = r
+      w[j, :len(r)] = 1.0
+    s, c = jax.device_get(fn(judge.params, jnp.asarray(tok), jnp.asarray(w)))
+    total += float(np.sum(s))
+    count += float(np.sum(c))
+  nll = total / max(count, 1.0)
+  return {"gen_ppl": float(math.exp(min(nll, 700.0))), "gen_nll": nll, "num_tokens": int(count),
+          "retokenized": retok}
+
+
+def sample_stats(sample_ids: Sequence[Sequence[int]], tokenizer=None, *, judge=None,
+                 num_shown: int = 3) -> Dict[str, Any]:
+  """Entropy, distinct-1/2/3, mean length, gen PPL (with a judge) and a few decoded samples."""
+  out: Dict[str, Any] = {
+      "num_samples": len(sample_ids),
+      "mean_length": float(np.mean([len(s) for s in sample_ids])) if sample_ids else 0.0,
+      "unigram_entropy": float(np.mean([unigram_entropy(s) for s in sample_ids]))
+      if sample_ids else 0.0}
+  for n in (1, 2, 3):
+    out[f"distinct_{n}"] = distinct_n(sample_ids, n)
+  if judge is not None:
+    out.update(generative_perplexity(judge, sample_ids, tokenizer))
+  if tokenizer is not None:
+    out["examples"] = [tokenizer.decode(list(s)) for s in sample_ids[:num_shown]]
+  return out
+
+
+def samples_eval(model, params, tokenizer, obj_cfg, seq_len: int, *, num_samples: int = 16,
+                 batch_size: int = 8, settings: Optional[List[Dict[str, Any]]] = None,
+                 top_p: float = 0.95, seed: int = 0, judge=None,
+                 max_new_tokens: Optional[int] = None) -> List[Dict[str, Any]]:
+  """Unconditional samples per setting (nucleus top_p) and their statistics (see module doc)."""
+  settings = settings or decoding_settings(obj_cfg)
+  rows = []
+  for setting in settings:
+    repeats = max(1, -(-num_samples // batch_size))
+    m = measure(model, params, tokenizer, obj_cfg, seq_len, setting, batch_size=batch_size,
+                repeats=repeats, greedy=False, top_p=top_p, seed=seed,
+                max_new_tokens=max_new_tokens)
+    samples = m.pop("samples")[:num_samples]
+    row = {"method": obj_cfg.name, "setting": m["setting"], "window": m["window"],
+           "threshold": m["threshold"], "top_p": top_p, "tokens_per_second": m["tokens_per_second"],
+           "tokens_per_step": m["tokens_per_step"]}
+    row.update(sample_stats(samples, tokenizer, judge=judge))
+    rows.append(row)
+  return rows
+
+
+__all__ = ["threshold_label", "parse_thresholds", "decoding_settings", "setting_name", "measure",
+           "speed_eval", "unigram_entropy", "distinct_n", "same_tokenizer",
+           "generative_perplexity", "sample_stats", "samples_eval"]

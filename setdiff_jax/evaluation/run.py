@@ -1,0 +1,271 @@
+"""Evaluation of a training workdir: the logic behind `launch/evaluate.py`.
+
+  results = evaluate_workdir("/tmp/run", ["likelihood", "infill"], EvalOptions(num_orders=8))
+
+Loads the checkpoint (EMA parameters by default), runs the requested evaluations, merges the results
+into WORKDIR/eval_results.json (keyed by eval; other evals already there are kept if they are of
+the same checkpoint step) and returns them; `format_results` renders markdown tables.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+import jax
+
+from setdiff_jax.evaluation import generation, infill, likelihood
+
+EVALS = ("likelihood", "infill", "speed", "samples")
+RESULTS_FILE = "eval_results.json"
+
+
+@dataclasses.dataclass
+class EvalOptions:
+  """Knobs of every evaluation (defaults follow SPEC §6 where it says)."""
+  # likelihood (SPEC §6.1)
+  seed: int = likelihood.DEFAULT_SEED   # order / t draws: fold_in(fold_in(key(seed), row), k)
+  num_orders: int = 4                   # K for the K-order (SetDLM) / K-draw (MDLM, BD3LM) value
+  batch_size: int = 32                  # rows per call (results do not depend on it)
+  max_rows: Optional[int] = None        # first rows of the eval split only (None: all)
+  # infill (SPEC §6.5)
+  cloze_path: str = infill.DEFAULT_CLOZE_PATH
+  infill_settings: Sequence[str] = infill.SETTINGS
+  num_infill: Optional[int] = 100       # examples per setting (None: all that fit)
+  infill_batch_size: int = 8
+  infill_thresholds: Sequence[Optional[float]] = (None,)
+  repetition_penalty: float = 1.0       # infill decoders (the paper's throughput runs use 1.2)
+  penalty_history: str = "auto"         # set sampler: 'auto' (= 'cached' for infill) | 'visible'
+                                        # (prefix, suffix and commits: the paper's infill runs)
+  # speed and samples (SPEC §6.7, §6.2)
+  window: Optional[int] = None          # set-sampler W (None: the run's S)
+  thresholds: Sequence[Optional[float]] = (None, 0.9)
+  batch_sizes: Sequence[int] = (1, 8)
+  repeats: int = 2                      # timed calls per setting after the compiling one
+  max_new_tokens: Optional[int] = None  # N (None: L - 1)
+  top_p: float = 0.95                   # nucleus for speed and samples
+  num_samples: int = 16
+  judge_workdir: Optional[str] = None   # AR run whose model scores samples (gen PPL)
+  sampling_seed: int = 0
+
+  def to_json(self) -> Dict[str, Any]:
+    d = dataclasses.asdict(self)
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+
+
+def hardware() -> Dict[str, Any]:
+  """Where the numbers were measured."""
+  cpu = platform.processor() or platform.machine()
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.startswith("model name"):
+          cpu = line.split(":", 1)[1].strip()
+          break
+  except OSError:
+    pass
+  dev = jax.devices()[0]
+  return {"backend": jax.default_backend(), "device": getattr(dev, "device_kind", str(dev)),
+          "num_devices": jax.device_count(), "cpu": cpu, "cpu_count": os.cpu_count(),
+          "jax": jax.__version__, "python": platform.python_version()}
+
+
+def _models(state):
+  from setdiff_jax.sampling.text import inference_model
+  return inference_model(state.model_config, None), inference_model(state.model_config, "float32")
+
+
+def infill_items(state, setting: str, opts: EvalOptions):
+  """Tokenized examples of one infill setting for a run, and how many were skipped."""
+  tok = state.tokenizer
+  length = int(state.config.seq_len)
+  mask_id = int(state.objective_config.mask_token_id)
+  if setting == "corpus":
+    examples, skipped_len = infill.corpus_examples(tok, max_length=length,
+                                                   num_examples=opts.num_infill)
+    items, skipped = infill.tokenize_examples(tok, examples, mask_id, length)
+    return items, skipped + skipped_len
+  items, skipped = infill.tokenize_examples(tok, infill.cloze_examples(opts.cloze_path, setting),
+                                            mask_id, length)
+  if opts.num_infill is not None:
+    items = items[:opts.num_infill]
+  return items, skipped
+
+
+def run_likelihood(state, opts: EvalOptions, model=None) -> Dict[str, Any]:
+  model = model or _models(state)[0]
+  tokens, att = likelihood.eval_rows(state.config, state.tokenizer, max_rows=opts.max_rows)
+  return likelihood.likelihood_eval(model, state.params, state.objective_config, tokens, att,
+                                    num_orders=opts.num_orders, seed=opts.seed,
+                                    batch_size=opts.batch_size)
+
+
+def run_infill(state, opts: EvalOptions, model=None) -> List[Dict[str, Any]]:
+  from setdiff_jax import sampling
+  model = model or _models(state)[1]
+  oc = state.objective_config
+  length = int(state.config.seq_len)
+  rows = []
+  for setting in opts.infill_settings:
+    items, skipped = infill_items(state, setting, opts)
+    if not items:
+      rows.append({"method": oc.name, "dataset": setting, "num_examples": 0, "skipped": skipped})
+      continue
+    taus = list(opts.infill_thresholds) if oc.name != "ar" else [None]  # tau does not apply to AR
+    for tau in taus:
+      cfg = sampling.sampler_config_for(
+          oc, state.tokenizer, length, window=opts.window, threshold=tau, greedy=True,
+          seed=opts.sampling_seed, repetition_penalty=opts.repetition_penalty,
+          penalty_history=opts.penalty_history, stop_at_eos=False)
+      res = infill.infill_eval(oc.name, model, state.params, state.tokenizer, items, cfg,
+                               batch_size=opts.infill_batch_size)
+      rows.append({"method": oc.name, "dataset": setting, "skipped": skipped,
+                   "window": cfg.window if oc.name == "setdlm" else None,
+                   "threshold": generation.threshold_label(tau), **res})
+  return rows
+
+
+def _settings(state, opts: EvalOptions):
+  windows = [opts.window] if opts.window else None
+  return generation.decoding_settings(state.objective_config, windows=windows,
+                                      thresholds=opts.thresholds)
+
+
+def run_speed(state, opts: EvalOptions, model=None) -> List[Dict[str, Any]]:
+  model = model or _models(state)[1]
+  return generation.speed_eval(model, state.params, state.tokenizer, state.objective_config,
+                               int(state.config.seq_len), settings=_settings(state, opts),
+                               batch_sizes=opts.batch_sizes, repeats=opts.repeats,
+                               top_p=opts.top_p, seed=opts.sampling_seed,
+                               max_new_tokens=opts.max_new_tokens)
+
+
+def load_judge(path: Optional[str]):
+  if not path:
+    return None
+  from setdiff_jax import checkpointing
+  judge = checkpointing.load_inference_state(path)
+  if judge.objective_config.name != "ar":
+    raise ValueError(f"--judge_workdir={path!r} is a {judge.objective_config.name!r} run; the "
+                     "generative-perplexity judge must be an AR run")
+  return judge
+
+
+def run_samples(state, opts: EvalOptions, model=None, judge=None) -> List[Dict[str, Any]]:
+  model = model or _models(state)[1]
+  judge = judge if judge is not None else load_judge(opts.judge_workdir)
+  return generation.samples_eval(model, state.params, state.tokenizer, state.objective_config,
+                                 int(state.config.seq_len), num_samples=opts.num_samples,
+                                 batch_size=max(opts.batch_sizes), settings=_settings(state, opts),
+                                 top_p=opts.top_p, seed=opts.sampling_seed, judge=judge,
+                                 max_new_tokens=opts.max_new_tokens)
+
+
+def evaluate_state(state, evals: Sequence[str], opts: EvalOptions, *, judge=None,
+                   log=print) -> Dict[str, Any]:
+  """Runs `evals` on a loaded `checkpointing.InferenceState`; returns {eval: result}."""
+  bad = [e for e in evals if e not in EVALS]
+  if bad:
+    raise ValueError(f"unknown eval(s) {bad}; expected some of {EVALS}")
+  lik_model, gen_model = _models(state)
+  out: Dict[str, Any] = {}
+  for name in evals:
+    t0 = time.perf_counter()
+    if name == "likelihood":
+      out[name] = run_likelihood(state, opts, lik_model)
+    elif name == "infill":
+      out[name] = run_infill(state, opts, gen_model)
+    elif name == "speed":
+      out[name] = run_speed(state, opts, gen_model)
+    else:
+      out[name] = run_samples(state, opts, gen_model, judge)
+    if log:
+      log(f"[{state.objective_config.name}] {name} done in {time.perf_counter() - t0:.1f}s")
+  return out
+
+
+def evaluate_workdir(workdir: str, evals: Sequence[str], opts: Optional[EvalOptions] = None, *,
+                     step: Optional[int] = None, use_ema: bool = True,
+                     output: Optional[str] = None, log=print) -> Dict[str, Any]:
+  """Loads WORKDIR's checkpoint, runs `evals`, merges into the JSON file, returns the record."""
+  from setdiff_jax import checkpointing
+  opts = opts or EvalOptions()
+  state = checkpointing.load_inference_state(workdir, step=step, use_ema=use_ema)
+  results = evaluate_state(state, evals, opts, log=log)
+  path = output or os.path.join(workdir, RESULTS_FILE)
+  record: Dict[str, Any] = {}
+  if os.path.exists(path):
+    with open(path) as f:
+      try:
+        record = json.load(f)
+      except json.JSONDecodeError:
+        record = {}
+    if record.get("step") != state.step:
+      record = {}
+  record.update(workdir=os.path.abspath(workdir), step=state.step,
+                objective=state.objective_config.name, use_ema=use_ema,
+                hardware=hardware(), time=time.strftime("%Y-%m-%d %H:%M:%S"))
+  record.setdefault("options", {}).update({e: opts.to_json() for e in evals})
+  record.update(results)
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path, "w") as f:
+    json.dump(record, f, indent=2)
+  record["path"] = path
+  return record
+
+
+# ----------------------------------------------------------------------------- tables
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+  def fmt(v):
+    if v is None:
+      return "-"
+    if isinstance(v, float):
+      return f"{v:,.1f}" if abs(v) >= 100 else f"{v:.3g}" if abs(v) < 0.01 and v else f"{v:.2f}"
+    return str(v)
+  lines = ["| " + " | ".join(header) + " |",
+           "| " + " | ".join("---" for _ in header) + " |"]
+  lines += ["| " + " | ".join(fmt(v) for v in r) + " |" for r in rows]
+  return "\n".join(lines)
+
+
+def format_results(results: Dict[str, Any]) -> str:
+  """Markdown tables of whatever evals `results` holds."""
+  parts = []
+  lik = results.get("likelihood")
+  if lik:
+    parts.append("Likelihood (eval split; per token)\n\n" + markdown_table(
+        ["method", "sequences", "tokens", "NLL", "PPL", "BPD", "K", "K NLL", "K PPL"],
+        [[lik["method"], lik["num_sequences"], int(lik["num_tokens"]), lik["nll"], lik["ppl"],
+          lik["bpd"], lik["num_draws"], lik["K_nll"], lik["K_ppl"]]])
+        + f"\n\none draw: {lik['estimator']}; K: {lik['estimator_K']}")
+  if results.get("infill"):
+    parts.append("Infill (ROUGE F x 100, greedy, oracle length)\n\n" + markdown_table(
+        ["method", "dataset", "W", "tau", "n", "skipped", "R-1", "R-2", "R-L", "tok/s",
+         "tok/step"],
+        [[r["method"], r["dataset"], r.get("window"), r.get("threshold"), r["num_examples"],
+          r["skipped"], r.get("rouge1"), r.get("rouge2"), r.get("rougeL"),
+          r.get("tokens_per_second"), r.get("tokens_per_step")] for r in results["infill"]]))
+  if results.get("speed"):
+    parts.append("Decoding speed (unconditional, N = L - 1, no EOS stop)\n\n" + markdown_table(
+        ["method", "setting", "batch", "tok/s", "tok/step", "forward calls", "compile s"],
+        [[r["method"], r["setting"], r["batch_size"], r["tokens_per_second"],
+          r["tokens_per_step"], r["forward_calls"], r["compile_seconds"]]
+         for r in results["speed"]]))
+  if results.get("samples"):
+    parts.append("Unconditional samples\n\n" + markdown_table(
+        ["method", "setting", "n", "entropy", "dist-1", "dist-2", "dist-3", "gen PPL", "tok/s"],
+        [[r["method"], r["setting"], r["num_samples"], r["unigram_entropy"], r["distinct_1"],
+          r["distinct_2"], r["distinct_3"], r.get("gen_ppl"), r["tokens_per_second"]]
+         for r in results["samples"]]))
+    for r in results["samples"]:
+      for i, text in enumerate(r.get("examples", [])[:2]):
+        parts.append(f"sample {i} ({r['method']} {r['setting']}): {text}")
+  return "\n\n".join(parts)
+
+
+__all__ = ["EVALS", "RESULTS_FILE", "EvalOptions", "hardware", "infill_items", "run_likelihood",
+           "run_infill", "run_speed", "run_samples", "load_judge", "evaluate_state",
+           "evaluate_workdir", "markdown_table", "format_results"]
