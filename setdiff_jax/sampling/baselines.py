@@ -34,22 +34,14 @@ import numpy as np
 from setdiff_jax.sampling import processors
 from setdiff_jax.sampling.cache import Forward, KVCache, append, as_forward, grid_mask, prefill
 from setdiff_jax.sampling.config import SampleOutput, SamplerConfig, step_counts
-from setdiff_jax.sampling.set_sampler import _as_rows, _check_ids, _key, finalize
+from setdiff_jax.sampling.set_sampler import _as_rows, _key, check_prompts, finalize
 
 
 def _prompt_arrays(prompts, cfg: SamplerConfig, n: int, total: int | None = None):
   """Left-aligned prompts: prompt int32 [B, Pmax] (pad), plen int32 [B]; canvas int32 [B, Lc]
   (prompt ++ M*N, M after), target bool [B, Lc]; Lc = max(Pmax + N, total)."""
   rows = _as_rows(prompts, "prompts")
-  for i, p in enumerate(rows):
-    if len(p) == 0:
-      raise ValueError(f"prompt {i} is empty; pass at least one token (e.g. [bos_token_id])")
-    _check_ids(p, f"prompt {i}")
-    if np.any(p == cfg.mask_token_id):
-      raise ValueError(f"prompt {i} contains the mask token id {cfg.mask_token_id}")
-    if cfg.max_length is not None and len(p) + n > cfg.max_length:
-      raise ValueError(f"prompt {i} has {len(p)} tokens; with max_new_tokens={n} that is "
-                       f"{len(p) + n} > the model's context length max_length={cfg.max_length}")
+  check_prompts(rows, cfg, n)
   b = len(rows)
   pmax = max(len(p) for p in rows)
   lc = max(pmax + n, total or 0)

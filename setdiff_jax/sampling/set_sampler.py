@@ -135,10 +135,8 @@ def build_inputs(canvases: Sequence[np.ndarray], target_rows: Sequence[np.ndarra
                    cache_key=cache_key.astype(np.int32))
 
 
-def prompted_inputs(prompts, cfg: SamplerConfig, seed: int = 0) -> SetInputs:
-  """Canvas = prompt ++ [M] * N per row (left-aligned, absolute positions 0..P+N-1)."""
-  rows = _as_rows(prompts, "prompts")
-  n = cfg.max_new_tokens
+def check_prompts(rows, cfg: SamplerConfig, n: int):
+  """Clear errors for an empty prompt, bad ids, a mask token, or prompt + N beyond the context."""
   for i, p in enumerate(rows):
     if len(p) == 0:
       raise ValueError(f"prompt {i} is empty; pass at least one token (e.g. [bos_token_id])")
@@ -148,6 +146,13 @@ def prompted_inputs(prompts, cfg: SamplerConfig, seed: int = 0) -> SetInputs:
     if cfg.max_length is not None and len(p) + n > cfg.max_length:
       raise ValueError(f"prompt {i} has {len(p)} tokens; with max_new_tokens={n} that is "
                        f"{len(p) + n} > the model's context length max_length={cfg.max_length}")
+
+
+def prompted_inputs(prompts, cfg: SamplerConfig, seed: int = 0) -> SetInputs:
+  """Canvas = prompt ++ [M] * N per row (left-aligned, absolute positions 0..P+N-1)."""
+  rows = _as_rows(prompts, "prompts")
+  n = cfg.max_new_tokens
+  check_prompts(rows, cfg, n)
   canvases = [np.concatenate([p, np.full(n, cfg.mask_token_id)]) for p in rows]
   targets = [np.arange(len(p) + n) >= len(p) for p in rows]
   return build_inputs(canvases, targets, cfg, seed)
