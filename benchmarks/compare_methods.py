@@ -40,6 +40,7 @@ import numpy as np  # noqa: E402
 
 from configs import compare  # noqa: E402
 from setdiff_jax import checkpointing, train  # noqa: E402
+from setdiff_jax import workdir as workdir_lib  # noqa: E402
 from setdiff_jax.data import sources, tokenizers  # noqa: E402
 from setdiff_jax.evaluation import generation, run  # noqa: E402
 
@@ -166,7 +167,7 @@ def train_method(method: str, config, out_dir: str, tok_dir: str, log) -> Dict[s
 
 def evaluate_method(method: str, workdir: str, judge, args, p: Dict[str, Any], log):
   """Likelihood, speed (+ sample quality) and infill of one trained run."""
-  state = checkpointing.load_inference_state(workdir, use_ema=False)
+  state = workdir_lib.load_inference_state(workdir, use_ema=False)
   oc = state.objective_config
   lik_model, gen_model = run._models(state)
   res: Dict[str, Any] = {"method": method, "objective": oc.name,
@@ -359,7 +360,7 @@ def main(argv=None, log=print) -> Dict[str, Any]:
     infos = {m: train_method(m, configs[m], out_dir, tok_dir, log) for m in methods}
     train_seconds = time.perf_counter() - t0
     t0 = time.perf_counter()
-    judge = (checkpointing.load_inference_state(infos["ar"]["workdir"], use_ema=False)
+    judge = (workdir_lib.load_inference_state(infos["ar"]["workdir"], use_ema=False)
              if "ar" in infos else None)
     results = []
     for m in methods:

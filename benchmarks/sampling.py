@@ -1,7 +1,7 @@
 r"""Sampler speed: tokens/s, forward calls and tokens/step of every sampler (not a test).
 
   python benchmarks/sampling.py                       # random-init 4 x 256, 4 heads, L=128, V=30522
-  python benchmarks/sampling.py --workdir=/tmp/setdiff_tiny   # a trained run (checkpointing)
+  python benchmarks/sampling.py --workdir=/tmp/setdiff_tiny   # a trained run (workdir.py)
   python benchmarks/sampling.py --num_layers=2 --hidden_size=64 --vocab_size=2048 --seq_len=64
 
 Rows: set sampler (KV cache) for W in --windows and tau in --thresholds, the no-cache set sampler
@@ -52,14 +52,13 @@ def _model():
 
   from setdiff_jax.model import DiT, DiTConfig, init_params
   if FLAGS.workdir:
-    from setdiff_jax import checkpointing
-    from setdiff_jax.sampling.text import inference_model
-    st = checkpointing.load_inference_state(FLAGS.workdir)
+    from setdiff_jax import workdir as workdir_lib
+    st = workdir_lib.load_inference_state(FLAGS.workdir)
     oc = st.objective_config
     ids = dict(mask_token_id=oc.mask_token_id, eos_token_id=oc.eos_token_id,
                pad_token_id=oc.pad_token_id, bos_token_id=st.tokenizer.bos_id)
     desc = f"{FLAGS.workdir} (step {st.step}, objective {oc.name})"
-    return inference_model(st.model_config), st.params, int(st.config.seq_len), ids, desc
+    return workdir_lib.inference_model(st.model_config), st.params, int(st.config.seq_len), ids, desc
   cfg = DiTConfig(vocab_size=FLAGS.vocab_size, hidden_size=FLAGS.hidden_size,
                   num_layers=FLAGS.num_layers, num_heads=FLAGS.num_heads, dropout=0.0)
   params = jax.jit(init_params, static_argnums=(0, 2))(cfg, jax.random.PRNGKey(FLAGS.seed))

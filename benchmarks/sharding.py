@@ -167,10 +167,7 @@ def build(config, mesh_cfg, devices):
   abstract = jax.eval_shape(init, jax.random.key(config.seed))
   shardings = sharding.state_shardings(abstract, mesh, sharding.rules_from_config(config))
   data = sharding.batch_sharding(mesh)
-  step = jax.jit(train.make_train_step(config, DiT(model_cfg), obj_cfg,
-                                       train.make_optimizer(config)),
-                 in_shardings=(shardings, data, None), out_shardings=(shardings, None),
-                 donate_argnums=(0,))
+  step = train.jit_train_step(config, DiT(model_cfg), obj_cfg, mesh, shardings)
   shape = (config.batch_size, config.seq_len)
   batch = {k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=data)
            for k in ("tokens", "attention_mask")}

@@ -26,10 +26,10 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from configs import default  # noqa: E402
-from setdiff_jax import objectives, sharding, train  # noqa: E402
+from setdiff_jax import methods, sharding, train  # noqa: E402
 from setdiff_jax.model import DiT  # noqa: E402
 
-ADALN = {"setdlm": False, "ar": False, "mdlm": True, "bd3lm": True}
+ADALN = {name: methods.get(name).adaln for name in methods.NAMES}
 # bert-base-uncased special ids (the LM1B vocabulary of the reference): [PAD] [CLS] [SEP] [MASK].
 PAD_ID, BOS_ID, EOS_ID, MASK_ID = 0, 101, 102, 103
 FIRST_WORD_ID = MASK_ID + 1  # random tokens are drawn from [FIRST_WORD_ID, vocab_size)
@@ -114,13 +114,10 @@ def benchmark(config, objective: str, args) -> dict:
   train.validate_config(config, jax.device_count())
   model_cfg, obj_cfg = train.model_and_objective(config, fake_tokenizer(config.model.vocab_size))
   mesh = sharding.make_mesh(config.mesh)
-  rep, data = sharding.replicated(mesh), sharding.batch_sharding(mesh)
-  state = jax.jit(lambda r: train.create_train_state(config, model_cfg, r),
-                  out_shardings=rep)(jax.random.key(args.seed))
+  config.seed = args.seed
+  state, shardings = train.create_sharded_state(config, model_cfg, mesh)
   num_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(state.params))
-  step = jax.jit(train.make_train_step(config, DiT(model_cfg), obj_cfg,
-                                       train.make_optimizer(config)),
-                 in_shardings=(rep, data, None), out_shardings=(rep, None), donate_argnums=(0,))
+  step = train.jit_train_step(config, DiT(model_cfg), obj_cfg, mesh, shardings)
   host = random_batches(config, 4, args.seed)
   batches = [sharding.global_batch(b, mesh) for b in host]
   rng = jax.random.key(args.seed + 1)
@@ -167,8 +164,8 @@ def main(argv=None):
   config = load_config(args)
   names = [s.strip() for s in args.objectives.split(",") if s.strip()]
   for name in names:
-    if name not in objectives.OBJECTIVES:
-      raise SystemExit(f"--objectives: {name!r} is not one of {objectives.OBJECTIVES}")
+    if name not in methods.NAMES:
+      raise SystemExit(f"--objectives: {name!r} is not one of {methods.NAMES}")
   rows = []
   for name in names:
     row = benchmark(config, name, args)

@@ -61,7 +61,9 @@ flags.DEFINE_integer("sampling_seed", 0, "Seed of the samplers.")
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  from setdiff_jax import sharding
   from setdiff_jax.evaluation import generation, run
+  sharding.initialize_distributed()
   opts = run.EvalOptions(
       seed=FLAGS.seed, num_orders=FLAGS.num_orders, batch_size=FLAGS.batch_size,
       max_rows=FLAGS.max_rows, cloze_path=FLAGS.cloze_path,

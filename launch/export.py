@@ -16,7 +16,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import app, flags, logging  # noqa: E402
+from absl import app, flags  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "Training workdir (holds checkpoints/ and config.json).")
@@ -31,14 +31,10 @@ flags.mark_flags_as_required(["workdir", "out"])
 
 def main(argv):
   del argv
-  import jax
-
+  from setdiff_jax import sharding
   from setdiff_jax.interop.export import export_workdir
 
-  try:  # every host of a multi-host run exports together; a no-op on one host
-    jax.distributed.initialize()
-  except (ValueError, RuntimeError) as e:
-    logging.info("jax.distributed.initialize skipped (%s)", e)
+  sharding.initialize_distributed()  # every host of a multi-host run exports together
 
   _, report = export_workdir(FLAGS.workdir, FLAGS.out, use_ema=FLAGS.ema, step=FLAGS.step,
                              fmt=FLAGS.format, verify=FLAGS.verify)

@@ -10,7 +10,7 @@ baselines), prints every sample in its own block and ends with `tokens/s: X  tok
 
 --infill marks each span to generate as [GAP:n] (n tokens), e.g.
   --infill="The cat [GAP:4] on the mat." ; the text around the gaps is printed unchanged.
-All logic lives in `setdiff_jax.sampling.text` (`sample_from_workdir`, `run_sampling`).
+All logic lives in `setdiff_jax.decoding` (`sample_from_workdir`, `run_sampling`).
 """
 from absl import app, flags
 
@@ -36,7 +36,9 @@ flags.DEFINE_string("dtype", "float32", "Compute dtype for sampling (the referen
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  from setdiff_jax.sampling.text import sample_from_workdir
+  from setdiff_jax import sharding
+  from setdiff_jax.decoding import sample_from_workdir
+  sharding.initialize_distributed()
   sample_from_workdir(
       FLAGS.workdir, step=FLAGS.step, use_ema=FLAGS.use_ema, dtype=FLAGS.dtype,
       prompt=FLAGS.prompt, infill=FLAGS.infill, num_samples=FLAGS.num_samples,

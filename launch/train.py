@@ -16,7 +16,7 @@ from absl import app, flags, logging  # noqa: E402
 import jax  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from setdiff_jax import train  # noqa: E402
+from setdiff_jax import sharding, train  # noqa: E402
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Training config file.", lock_config=True)
@@ -24,17 +24,9 @@ flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and the
 flags.mark_flags_as_required(["config", "workdir"])
 
 
-def initialize_distributed():
-  """Joins a multi-process cluster when the environment describes one; no-op on one host."""
-  try:
-    jax.distributed.initialize()
-  except (ValueError, RuntimeError) as e:  # no coordinator / single host
-    logging.info("jax.distributed.initialize skipped (%s); running single-process", e)
-
-
 def main(argv):
   del argv
-  initialize_distributed()
+  sharding.initialize_distributed()
   logging.info("JAX devices: %s (process %d of %d)", jax.devices(), jax.process_index(),
                jax.process_count())
   train.train_and_evaluate(FLAGS.config, FLAGS.workdir)

@@ -4,20 +4,18 @@ Each checkpoint holds two items:
   state  the TrainState (step, params, EMA params, optimizer state), saved by every host;
   data   the grain iterator state of each process (`process_<i>-of-<n>.json`), so a resumed run
          sees exactly the batches the uninterrupted run would have seen.
-`load_inference_state` restores parameters (EMA by default) plus the run's config and tokenizer
-for sampling, evaluation and export.
+Inference (sampling, evaluation, export) and `init_from` read parameters only, through
+`setdiff_jax.workdir`, which uses this module's file layout.
 """
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
-from typing import Any, Optional
+from typing import Optional
 
 from absl import logging
 import grain
-import jax
 import ml_collections
 import orbax.checkpoint as ocp
 
@@ -99,54 +97,3 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
                             f"(written by launch/train.py)?")
   with open(path) as f:
     return ml_collections.ConfigDict(json.load(f))
-
-
-@dataclasses.dataclass
-class InferenceState:
-  config: ml_collections.ConfigDict
-  model_config: Any
-  objective_config: Any
-  params: Any
-  tokenizer: Any
-  step: int
-
-
-def load_inference_state(workdir: str, *, step: Optional[int] = None, use_ema: bool = True,
-                         mesh_config: Optional[dict] = None) -> InferenceState:
-  """Parameters (EMA by default), config and tokenizer of a training workdir's checkpoint.
-
-  The state is restored onto a mesh of the current devices (`mesh_config`, default: all devices
-  on the data axis, i.e. replicated parameters; e.g. {"data": 1, "fsdp": -1} keeps them sharded),
-  whatever mesh it was saved from.
-  """
-  from setdiff_jax import sharding, train  # late import: train imports this module
-
-  config = load_config(workdir)
-  tokenizer = train.build_tokenizer(config, workdir, allow_training=False)
-  model_config, objective_config = train.model_and_objective(config, tokenizer)
-  abstract = jax.eval_shape(lambda: train.create_train_state(config, model_config,
-                                                             jax.random.key(0)))
-  mesh = sharding.make_mesh(mesh_config or {"data": -1, "fsdp": 1, "tensor": 1})
-  shardings = sharding.state_shardings(abstract, mesh, sharding.rules_from_config(config))
-  abstract = jax.tree_util.tree_map(
-      lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
-  manager = make_manager(workdir, with_data=False)
-  step = manager.latest_step() if step is None else step
-  if step is None:
-    raise FileNotFoundError(f"no checkpoint under {checkpoint_dir(workdir)}")
-  state = restore(manager, abstract, step=step)
-  params = state.ema_params if use_ema else state.params
-  return InferenceState(config, model_config, objective_config, params, tokenizer, int(step))
-
-
-def load_params(path: str, abstract_state, *, use_ema: bool = False):
-  """Parameters only from a checkpoint directory (a workdir or its checkpoints/ folder)."""
-  path = os.path.abspath(path)
-  workdir = os.path.dirname(path) if os.path.basename(path) == CHECKPOINT_DIR else path
-  if not os.path.isdir(checkpoint_dir(workdir)):
-    raise FileNotFoundError(f"init_from={path!r}: no {CHECKPOINT_DIR}/ folder found there")
-  manager = make_manager(workdir, with_data=False)
-  state = restore(manager, abstract_state)
-  if state is None:
-    raise FileNotFoundError(f"init_from={path!r}: no checkpoint found")
-  return state.ema_params if use_ema else state.params

@@ -1,6 +1,7 @@
 """Training objectives and likelihood bounds: SetDLM, AR, MDLM, BD3LM (SPEC §1.4, §1.6).
 
-All share the backbone and return `(loss, metrics)`:
+One loss function per method; `setdiff_jax.methods` maps a method to its loss (nothing here
+dispatches on the method's name). All share the backbone and return `(loss, metrics)`:
   loss     scalar: per-sequence mean, then batch mean (as the reference).
   metrics  {"loss", "nll_sum", "num_tokens", "num_sequences"}: summed over the batch, so a
            dataset-level NLL is sum(nll_sum) / sum(num_tokens), comparable across methods.
@@ -12,7 +13,7 @@ int [B, L] that overrides the sampled order (tests, K-order evaluation).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -20,14 +21,13 @@ import jax.numpy as jnp
 from setdiff_jax import masks, orders
 from setdiff_jax.model import DiT, suppress_mask_logit
 
-OBJECTIVES = ("setdlm", "ar", "mdlm", "bd3lm")
 Metrics = Dict[str, jax.Array]
 
 
 @dataclasses.dataclass(frozen=True)
 class ObjectiveConfig:
   """What distinguishes the methods; the backbone is shared."""
-  name: str = "setdlm"
+  name: str = "setdlm"               # the method: a key of setdiff_jax.methods.REGISTRY
   mask_token_id: int = 103
   pad_token_id: int = 0
   eos_token_id: int = 102
@@ -39,21 +39,10 @@ class ObjectiveConfig:
   antithetic: bool = False          # antithetic t (MDLM/BD3LM training)
   sampling_eps: float = 1e-3        # t = (1 - eps) u + eps
 
-  def __post_init__(self):
-    if self.name not in OBJECTIVES:
-      raise ValueError(f"objective={self.name!r}; expected one of {OBJECTIVES}")
-
   @classmethod
   def from_config(cls, cfg) -> "ObjectiveConfig":
     names = {f.name for f in dataclasses.fields(cls)}
     return cls(**{k: v for k, v in dict(cfg).items() if k in names})
-
-  def validate(self, seq_len: int):
-    """Raises ValueError naming the conflicting fields."""
-    if self.name == "setdlm":
-      orders.staggered_params(seq_len, self.desired_set_size, self.max_set_size)
-    if self.name == "bd3lm" and seq_len % self.block_size:
-      raise ValueError(f"objective=bd3lm needs block_size={self.block_size} to divide seq_len={seq_len}")
 
 
 def _batch_masks(batch) -> Tuple[jax.Array, jax.Array, jax.Array]:
@@ -145,15 +134,44 @@ def ar_loss(cfg: ObjectiveConfig, model: DiT, params, batch, rng, *, train: bool
 
 
 # --------------------------------------------------------------------------------- MDLM / BD3LM
-def sample_t(cfg: ObjectiveConfig, rng, batch_size: int, length: int, block: int, *, train: bool):
-  """Per-token diffusion time [B, L]: one draw per block of `block` tokens (SPEC §1.6)."""
-  num_blocks = -(-length // block)
-  u = jax.random.uniform(rng, (batch_size, num_blocks))
-  if train and cfg.antithetic:
-    g = batch_size
-    u = jnp.mod(u / g + jnp.arange(g, dtype=jnp.float32)[:, None] / g, 1.0)
-  t = (1.0 - cfg.sampling_eps) * u + cfg.sampling_eps
-  return jnp.repeat(t, block, axis=-1)[:, :length]
+def _mask_at_times(cfg: ObjectiveConfig, x, target, t, rng):
+  """x_t: each target token masked with probability t (the clean BOS kept under keep_clean_bos)."""
+  xt = jnp.where((jax.random.uniform(rng, x.shape) < t) & target, cfg.mask_token_id, x)
+  if cfg.keep_clean_bos:
+    xt = xt.at[:, 0].set(x[:, 0])
+  return xt
+
+
+def _masked_nll(cfg: ObjectiveConfig, logits, x, xt):
+  """Per-token NLL at masked positions; copy-over gives log p(x_t) = 0 elsewhere (SPEC §1.6)."""
+  logp = jax.nn.log_softmax(suppress_mask_logit(logits, cfg.mask_token_id), axis=-1)
+  is_masked = xt == cfg.mask_token_id
+  return jnp.where(is_masked, -jnp.take_along_axis(logp, x[..., None], axis=-1)[..., 0], 0.0), is_masked
+
+
+def _diffusion_reduce(cfg: ObjectiveConfig, nll, is_masked, target, t, *, train: bool):
+  """Training: unweighted CE / #masked. Eval: the 1/t NELBO per real token (BOS dropped)."""
+  weight = target.astype(jnp.float32)
+  if train:
+    return _reduce(nll, weight, jnp.sum(is_masked, -1).astype(jnp.float32))
+  if cfg.keep_clean_bos:
+    nll, weight, t = nll[:, 1:], weight[:, 1:], t[:, 1:]
+  return _reduce(nll / t, weight, jnp.sum(weight, -1))
+
+
+def mdlm_loss(cfg: ObjectiveConfig, model: DiT, params, batch, rng, *, train: bool):
+  """MDLM: one t per sequence, bidirectional attention over x_t (SPEC §1.6)."""
+  x, real, target = _batch_masks(batch)
+  bsz, length = x.shape
+  t_rng, mask_rng, _, dropout_rng = jax.random.split(rng, 4)  # the BD3LM split, for equal draws
+  t = orders.sample_mask_times(t_rng, bsz, length, length, antithetic=train and cfg.antithetic,
+                               eps=cfg.sampling_eps)
+  xt = _mask_at_times(cfg, x, target, t, mask_rng)
+  positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), x.shape)
+  logits = _apply(model, params, xt, positions, masks.padding_mask(real), train=train,
+                  rng=dropout_rng)
+  nll, is_masked = _masked_nll(cfg, logits, x, xt)
+  return _diffusion_reduce(cfg, nll, is_masked, target, t, train=train)
 
 
 def remask_empty_blocks(rng, xt, real, x, cfg: ObjectiveConfig):
@@ -173,59 +191,31 @@ def remask_empty_blocks(rng, xt, real, x, cfg: ObjectiveConfig):
   return xt
 
 
-def masked_diffusion_loss(cfg: ObjectiveConfig, model: DiT, params, batch, rng, *, train: bool):
-  """MDLM (bidirectional on x_t) or BD3LM (two streams [x, x_t], block mask); SPEC §1.6.
+def bd3lm_loss(cfg: ObjectiveConfig, model: DiT, params, batch, rng, *, train: bool):
+  """BD3LM: one t per block, two streams [x, x_t] under the block-causal mask (SPEC §1.6).
 
-  Training: unweighted CE over masked tokens / number of masked tokens. Eval: the 1/t NELBO per
-  real token (BOS dropped under keep_clean_bos).
+  Training re-masks blocks that came out with no mask, so every block carries loss.
   """
   x, real, target = _batch_masks(batch)
   bsz, length = x.shape
-  block = cfg.block_size if cfg.name == "bd3lm" else length
   t_rng, mask_rng, remask_rng, dropout_rng = jax.random.split(rng, 4)
-  t = sample_t(cfg, t_rng, bsz, length, block, train=train)
-  xt = jnp.where((jax.random.uniform(mask_rng, x.shape) < t) & target, cfg.mask_token_id, x)
-  if cfg.keep_clean_bos:
-    xt = xt.at[:, 0].set(x[:, 0])
-  if cfg.name == "bd3lm" and train:
+  t = orders.sample_mask_times(t_rng, bsz, length, cfg.block_size,
+                               antithetic=train and cfg.antithetic, eps=cfg.sampling_eps)
+  xt = _mask_at_times(cfg, x, target, t, mask_rng)
+  if train:
     xt = remask_empty_blocks(remask_rng, xt, real, x, cfg)
     xt = jnp.where(real & ~target, x, xt)  # context tokens are never masked (SPEC §1.6)
-
   positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), x.shape)
-  if cfg.name == "mdlm":
-    logits = _apply(model, params, xt, positions, masks.padding_mask(real), train=train,
-                    rng=dropout_rng)
-  else:
-    mask = (jnp.asarray(masks.block_causal_mask(length, cfg.block_size))[None]
-            & masks.padding_mask(jnp.concatenate([real, real], -1)))
-    logits = _apply(model, params, jnp.concatenate([x, xt], -1),
-                    jnp.concatenate([positions, positions], -1), mask, train=train,
-                    rng=dropout_rng, head_start=length)
-  logp = jax.nn.log_softmax(suppress_mask_logit(logits, cfg.mask_token_id), axis=-1)
-  is_masked = xt == cfg.mask_token_id
-  # Copy-over: unmasked positions have log p(x_t) = 0, so only masked positions carry loss.
-  nll = jnp.where(is_masked, -jnp.take_along_axis(logp, x[..., None], axis=-1)[..., 0], 0.0)
-  weight = target.astype(jnp.float32)
-  if train:
-    return _reduce(nll, weight, jnp.sum(is_masked, -1).astype(jnp.float32))
-  if cfg.keep_clean_bos:
-    nll, weight, t = nll[:, 1:], weight[:, 1:], t[:, 1:]
-  return _reduce(nll / t, weight, jnp.sum(weight, -1))
-
-
-# --------------------------------------------------------------------------------- dispatch
-LOSSES: Dict[str, Callable[..., Tuple[jax.Array, Metrics]]] = {
-    "setdlm": setdlm_loss, "ar": ar_loss, "mdlm": masked_diffusion_loss,
-    "bd3lm": masked_diffusion_loss,
-}
-
-
-def compute_loss(cfg: ObjectiveConfig, model: DiT, params, batch, rng, *, train: bool):
-  """The objective's training loss (train=True) or likelihood bound (train=False)."""
-  return LOSSES[cfg.name](cfg, model, params, batch, rng, train=train)
+  mask = (jnp.asarray(masks.block_causal_mask(length, cfg.block_size))[None]
+          & masks.padding_mask(jnp.concatenate([real, real], -1)))
+  logits = _apply(model, params, jnp.concatenate([x, xt], -1),
+                  jnp.concatenate([positions, positions], -1), mask, train=train,
+                  rng=dropout_rng, head_start=length)
+  nll, is_masked = _masked_nll(cfg, logits, x, xt)
+  return _diffusion_reduce(cfg, nll, is_masked, target, t, train=train)
 
 
 __all__ = [
-    "OBJECTIVES", "ObjectiveConfig", "compute_loss", "setdlm_loss", "setdlm_inputs", "setdlm_order",
-    "ar_loss", "masked_diffusion_loss", "sample_t", "remask_empty_blocks",
+    "ObjectiveConfig", "setdlm_loss", "setdlm_inputs", "setdlm_order", "ar_loss", "mdlm_loss",
+    "bd3lm_loss", "remask_empty_blocks",
 ]

@@ -14,6 +14,10 @@ Kinds of order (`sample_order(kind=...)`):
   uniform        MDLM-style: a uniform random permutation.
   blocks         BD3LM-style: blocks of `block_size` left to right, uniform order inside a block.
 
+Which method trains which kind is declared by its registry entry (`methods.get(name).order_kind`).
+MDLM and BD3LM train on masks rather than explicit orders: their noise draw, one diffusion time
+per block (`sample_mask_times`), is here too.
+
 In every kind, the leading run of non-permutable positions (BOS under `keep_clean_bos`, prompt /
 context tokens) comes first and the trailing run (padding) comes last, both in index order.
 """
@@ -27,6 +31,11 @@ import jax.numpy as jnp
 import numpy as np
 
 ORDER_KINDS = ("staggered", "left_to_right", "uniform", "blocks")
+
+
+def effective_max_set_size(desired_set_size: int, max_set_size: int | None = None) -> int:
+  """S_max as a number: None / 0 means 2S, the released setting (the one default in the code)."""
+  return 2 * int(desired_set_size) if not max_set_size else int(max_set_size)
 
 
 def staggered_params(length: int, desired_set_size: int, max_set_size: int | None = None, *,
@@ -43,7 +52,7 @@ def staggered_params(length: int, desired_set_size: int, max_set_size: int | Non
     (b, k) as Python floats.
   """
   s = desired_set_size
-  s_max = 2 * s if max_set_size is None else max_set_size
+  s_max = effective_max_set_size(s, max_set_size)
   if not 1 <= s <= length:
     raise ValueError(f"desired_set_size={s} must be in [1, length={length}]")
   if s_max > length:
@@ -195,6 +204,22 @@ def sample_order(rng: jax.Array, permutable: jax.Array, *, kind: str = "staggere
   return order_from_keys(keys, permutable)
 
 
+def sample_mask_times(rng: jax.Array, batch_size: int, length: int, block: int, *,
+                      antithetic: bool = False, eps: float = 1e-3) -> jax.Array:
+  """Per-token diffusion time t [B, L] of MDLM (block = L) / BD3LM (SPEC §1.6).
+
+  One u ~ U[0, 1) per block of `block` tokens, optionally antithetic over the batch
+  (u_b = (u_b + b) / B mod 1), then t = (1 - eps) u + eps.
+  """
+  num_blocks = -(-length // block)
+  u = jax.random.uniform(rng, (batch_size, num_blocks))
+  if antithetic:
+    g = batch_size
+    u = jnp.mod(u / g + jnp.arange(g, dtype=jnp.float32)[:, None] / g, 1.0)
+  t = (1.0 - eps) * u + eps
+  return jnp.repeat(t, block, axis=-1)[:, :length]
+
+
 def move_eos_last(order: jax.Array, tokens: jax.Array, target: jax.Array, eos_id: int) -> jax.Array:
   """`setdlm_eos_last_in_target_order` (SPEC §1.4): context, target non-EOS, target EOS, pads.
 
@@ -242,7 +267,7 @@ def num_partially_noised(reveal_times: np.ndarray, t, desired_set_size: int,
 
 
 __all__ = [
-    "ORDER_KINDS", "staggered_params", "staggered_locs", "staggered_reveal_times",
+    "ORDER_KINDS", "sample_mask_times", "staggered_params", "staggered_locs", "staggered_reveal_times",
     "staggered_move_chance", "edge_runs", "order_from_keys", "sample_order", "move_eos_last",
     "inverse_permutation", "expected_active_tokens", "num_partially_noised",
 ]

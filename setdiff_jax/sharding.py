@@ -1,9 +1,10 @@
 """Device mesh and shardings.
 
 Mesh axes are `data`, `fsdp` and `tensor`, sized from `config.mesh` (one axis may be -1 = all the
-remaining devices). The batch is sharded over (`data`, `fsdp`); parameters are replicated here
-(data parallelism); the same jitted step runs on 1 CPU, 8 emulated CPU devices, a GPU or a TPU
-slice. Global batches are assembled from each process's local rows with
+remaining devices). The batch is sharded over (`data`, `fsdp`); parameters, EMA and optimizer state are sharded by
+logical-axis rules (`DEFAULT_RULES`: FSDP over the model dimension, tensor parallelism over
+heads / MLP / vocabulary), which replicate them on a data-only mesh; the same jitted step runs on
+1 CPU, 8 emulated CPU devices, a GPU or a TPU slice. Global batches are assembled from each process's local rows with
 `jax.make_array_from_process_local_data`, so no host ever reads the global batch.
 """
 from __future__ import annotations
@@ -11,12 +12,24 @@ from __future__ import annotations
 import math
 from typing import Mapping, Sequence
 
+from absl import logging
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
+
+
+def initialize_distributed() -> None:
+  """Joins a multi-process cluster when the environment describes one; no-op on one host.
+
+  Every launcher calls this first (all hosts of a pod run the same command).
+  """
+  try:
+    jax.distributed.initialize()
+  except (ValueError, RuntimeError) as e:  # no coordinator / single host
+    logging.info("jax.distributed.initialize skipped (%s); running single-process", e)
 
 
 def mesh_shape(mesh_cfg: Mapping[str, int], num_devices: int) -> tuple:

@@ -1,19 +1,26 @@
-"""Training: TrainState, pure train/eval steps, and `train_and_evaluate(config, workdir)`.
+"""Training: TrainState, the pure train step, sharded setup, and `train_and_evaluate`.
 
-One loop serves all four objectives (setdlm, ar, mdlm, bd3lm); they differ only in the loss
-(`objectives.py`). The step is jitted once with shardings on a device mesh (batch over
-data x fsdp, state replicated), so the same code runs on 1 CPU, 8 emulated devices, a GPU or a
-TPU slice; the state is donated.
+One loop serves every method of the registry (`setdiff_jax.methods`); they differ only in what
+their entry owns (loss, order / noise draw, sampler). Setup is two functions used by the loop, the
+benchmarks and the tests alike:
+
+  state, shardings = create_sharded_state(config, model_cfg, mesh)   # born in its shardings
+  step_fn = jit_train_step(config, model, obj_cfg, mesh, shardings)  # donated state
+
+Parameters, EMA and optimizer state are sharded by the logical-axis rules of `sharding.py` (FSDP
+over the model dimension, tensor parallelism over heads / MLP / vocabulary; replicated on a
+data-only mesh), the batch over data x fsdp, so the same code runs on 1 CPU, 8 emulated devices,
+a GPU or a TPU slice. The eval is the likelihood code of `setdiff_jax.likelihood`, the same as
+`launch/evaluate.py --eval=likelihood`.
 """
 from __future__ import annotations
 
 import functools
 import json
-import math
 import os
 import signal
 import time
-from typing import Any, Callable, Dict, Iterator, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from absl import logging
 import flax
@@ -24,90 +31,17 @@ import ml_collections
 import numpy as np
 import optax
 
-from setdiff_jax import checkpointing, objectives, sharding
-from setdiff_jax.data import pipeline, sources, tokenizers
-from setdiff_jax.model import DiT, DiTConfig
+from setdiff_jax import (checkpointing, decoding, likelihood, methods, objectives, run_config,
+                         sharding)
+from setdiff_jax import workdir as workdir_lib
+from setdiff_jax.data import pipeline
+from setdiff_jax.model import DiT, DiTConfig, init_params
 
-EVAL_SEED = 1  # one fixed order / t draw per eval sequence, as the reference (seed 1)
-
-
-# --------------------------------------------------------------------------------- config
-def validate_config(config: ml_collections.ConfigDict, num_devices: Optional[int] = None):
-  """Raises ValueError naming the conflicting fields, before anything is built or compiled."""
-  def check(ok, msg):
-    if not ok:
-      raise ValueError(f"invalid config: {msg}")
-
-  check(config.objective in objectives.OBJECTIVES,
-        f"objective={config.objective!r}; expected one of {objectives.OBJECTIVES}")
-  check(config.seq_len >= 4, f"seq_len={config.seq_len} is too short")
-  loss = config.loss
-  if config.objective == "setdlm":
-    s_max = loss.max_set_size or 2 * loss.desired_set_size
-    check(s_max <= config.seq_len,
-          f"objective=setdlm with desired_set_size={loss.desired_set_size} needs "
-          f"max_set_size (= {s_max}, 0 means 2S) <= seq_len={config.seq_len}")
-    check(1 <= loss.desired_set_size <= s_max,
-          f"loss.desired_set_size={loss.desired_set_size} must be in [1, max_set_size={s_max}]")
-  if config.objective == "bd3lm":
-    check(config.seq_len % loss.block_size == 0,
-          f"objective=bd3lm needs loss.block_size={loss.block_size} to divide seq_len={config.seq_len}")
-    check(config.model.adaln, "objective=bd3lm uses the adaLN DiT (set model.adaln=True), as the "
-          "reference's LM1B baseline")
-  if config.objective == "mdlm":
-    check(config.model.adaln, "objective=mdlm uses the adaLN DiT (set model.adaln=True)")
-  if config.objective in ("setdlm", "ar"):
-    check(not config.model.adaln, f"objective={config.objective} uses the DiT without adaLN "
-          "(set model.adaln=False)")
-  check(config.model.hidden_size % config.model.num_heads == 0,
-        f"model.hidden_size={config.model.hidden_size} is not divisible by "
-        f"model.num_heads={config.model.num_heads}")
-  check(config.grad_accum_steps >= 1, "grad_accum_steps must be >= 1")
-  check(config.batch_size % config.grad_accum_steps == 0,
-        f"batch_size={config.batch_size} is not divisible by grad_accum_steps={config.grad_accum_steps}")
-  check(config.lr_schedule in ("constant", "cosine"),
-        f"lr_schedule={config.lr_schedule!r}; expected constant or cosine")
-  check(0.0 <= config.ema_decay < 1.0, f"ema_decay={config.ema_decay} must be in [0, 1)")
-  check(config.eval_params in ("ema", "raw"), f"eval_params={config.eval_params!r}; ema or raw")
-  check(config.num_train_steps >= 0, "num_train_steps must be >= 0")
-  for field in ("eval_every_steps", "checkpoint_every_steps", "log_every_steps"):
-    check(config[field] >= 1, f"{field} must be >= 1")
-  if num_devices is not None:
-    mesh_sizes = sharding.mesh_shape(config.mesh, num_devices)
-    divisor = mesh_sizes[0] * mesh_sizes[1]
-    micro = config.batch_size // config.grad_accum_steps
-    check(micro % divisor == 0,
-          f"micro-batch batch_size/grad_accum_steps={micro} must be divisible by the "
-          f"data x fsdp mesh size {divisor}")
-    check(config.eval_batch_size % divisor == 0,
-          f"eval_batch_size={config.eval_batch_size} must be divisible by the data x fsdp mesh "
-          f"size {divisor}")
-  pipeline.validate_data_config(config.data)
-  tokenizers.validate_tokenizer_config(config.tokenizer)
-
-
-def build_tokenizer(config, workdir: Optional[str], *, allow_training: bool = True):
-  """The run's tokenizer (saved in / loaded from WORKDIR/tokenizer/)."""
-  train_texts = None
-  if allow_training:
-    train_texts = lambda: sources.tokenizer_training_texts(config.data, max_docs=200_000)
-  return tokenizers.get_tokenizer(config.tokenizer, workdir, train_texts=train_texts)
-
-
-def model_and_objective(config, tokenizer) -> Tuple[DiTConfig, objectives.ObjectiveConfig]:
-  """Backbone and objective configs; the vocabulary and special ids come from the tokenizer."""
-  vocab = int(config.model.vocab_size) or tokenizer.vocab_size
-  if vocab < tokenizer.vocab_size:
-    raise ValueError(f"model.vocab_size={vocab} is smaller than the tokenizer's "
-                     f"{tokenizer.vocab_size}; set model.vocab_size=0 to take it from the tokenizer")
-  model_cfg = DiTConfig.from_config({**config.model.to_dict(), "vocab_size": vocab})
-  loss = config.loss.to_dict()
-  loss["max_set_size"] = loss.get("max_set_size") or None
-  obj = objectives.ObjectiveConfig.from_config({
-      **loss, "name": config.objective, "mask_token_id": tokenizer.mask_id,
-      "pad_token_id": tokenizer.pad_id, "eos_token_id": tokenizer.eos_id})
-  obj.validate(config.seq_len)
-  return model_cfg, obj
+EVAL_SEED = likelihood.DEFAULT_SEED  # one fixed order / t draw per eval sequence (seed 1)
+# Kept importable from here for existing callers.
+validate_config = run_config.validate_config
+build_tokenizer = run_config.build_tokenizer
+model_and_objective = run_config.model_and_objective
 
 
 # --------------------------------------------------------------------------------- state
@@ -143,15 +77,8 @@ def make_optimizer(config) -> optax.GradientTransformation:
   return optax.chain(*parts)
 
 
-def init_model_params(model_cfg: DiTConfig, rng, seq_len: int):
-  model = DiT(model_cfg)
-  tokens = jnp.zeros((1, seq_len), jnp.int32)
-  positions = jnp.arange(seq_len, dtype=jnp.int32)[None]
-  return model.init(rng, tokens, positions, jnp.ones((1, seq_len, seq_len), bool))["params"]
-
-
 def create_train_state(config, model_cfg: DiTConfig, rng) -> TrainState:
-  params = init_model_params(model_cfg, rng, 8)
+  params = init_params(model_cfg, rng)
   opt_state = make_optimizer(config).init(params)
   return TrainState(step=jnp.zeros((), jnp.int32), params=params,
                     ema_params=jax.tree_util.tree_map(jnp.copy, params), opt_state=opt_state)
@@ -165,8 +92,10 @@ def make_train_step(config, model: DiT, obj_cfg: objectives.ObjectiveConfig,
   ema_decay = float(config.ema_decay)
   schedule = learning_rate_schedule(config)
 
+  method = methods.get(obj_cfg.name)
+
   def loss_fn(params, batch, rng):
-    return objectives.compute_loss(obj_cfg, model, params, batch, rng, train=True)
+    return method.loss(obj_cfg, model, params, batch, rng, train=True)
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
@@ -205,21 +134,27 @@ def make_train_step(config, model: DiT, obj_cfg: objectives.ObjectiveConfig,
   return step
 
 
-def make_eval_step(model: DiT, obj_cfg: objectives.ObjectiveConfig) -> Callable:
-  """Pure eval(params, batch, rng) -> summed metrics (likelihood bound, dropout off)."""
-  def step(params, batch, rng):
-    _, metrics = objectives.compute_loss(obj_cfg, model, params, batch, rng, train=False)
-    return metrics
-  return step
+def create_sharded_state(config, model_cfg: DiTConfig, mesh) -> Tuple[TrainState, Any]:
+  """The initial TrainState created directly in its shardings (never whole on one device).
+
+  Returns (state, state_shardings); shardings follow the config's logical-axis rules.
+  """
+  init_rng = jax.random.key(config.seed)
+  init_fn = functools.partial(create_train_state, config, model_cfg)
+  shardings = sharding.state_shardings(jax.eval_shape(init_fn, init_rng), mesh,
+                                       sharding.rules_from_config(config))
+  return jax.jit(init_fn, out_shardings=shardings)(init_rng), shardings
 
 
-def summarize_eval(totals: Dict[str, float], prefix: str = "eval") -> Dict[str, float]:
-  """Dataset-level NLL (nats/token), PPL, BPD from summed nll and token counts."""
-  nll = totals["nll_sum"] / max(totals["num_tokens"], 1.0)
-  return {f"{prefix}/nll": nll, f"{prefix}/ppl": float(math.exp(min(nll, 700.0))),
-          f"{prefix}/bpd": nll / math.log(2.0),
-          f"{prefix}/loss": totals["loss_sum"] / max(totals["num_batches"], 1),
-          f"{prefix}/num_tokens": totals["num_tokens"]}
+def jit_train_step(config, model: DiT, obj_cfg: objectives.ObjectiveConfig, mesh,
+                   state_shardings, optimizer: Optional[optax.GradientTransformation] = None):
+  """`make_train_step` jitted with the state's and the batch's shardings, state donated.
+
+  Call as step(state, batch, base_rng) -> (state, metrics); batches from `sharding.global_batch`.
+  """
+  step = make_train_step(config, model, obj_cfg, optimizer or make_optimizer(config))
+  return jax.jit(step, in_shardings=(state_shardings, sharding.batch_sharding(mesh), None),
+                 out_shardings=(state_shardings, None), donate_argnums=(0,))
 
 
 # --------------------------------------------------------------------------------- writers
@@ -292,83 +227,68 @@ def _check_finite(step: int, metrics: Dict[str, float]):
         f"float32.")
 
 
-def _maybe_samples(config, model, params, tokenizer, obj_cfg, rng):
-  """A few decoded samples for the log and TensorBoard (empty if the sampler is unavailable)."""
-  if config.num_eval_samples <= 0:
-    return []
-  try:
-    from setdiff_jax import sampling
-    generate_text = sampling.generate_text
-  except (ImportError, AttributeError):
-    return []
-  return generate_text(model, params, tokenizer, obj_cfg, config.seq_len,
-                       config.num_eval_samples, rng)
+def evaluate(model: DiT, params, obj_cfg: objectives.ObjectiveConfig, tokens: np.ndarray,
+             attention_mask: np.ndarray, *, batch_size: int, batch_sharding=None
+             ) -> Dict[str, float]:
+  """The likelihood bound of `setdiff_jax.likelihood` (per-row keys, seed EVAL_SEED) on given rows.
+
+  Same function, rows and seed as `launch/evaluate.py --eval=likelihood --max_rows=N`, so the two
+  agree exactly for the same checkpoint. Returns eval/{nll, ppl, bpd, num_tokens}.
+  """
+  nll, count = likelihood.sequence_nlls(model, params, obj_cfg, tokens, attention_mask,
+                                        seed=EVAL_SEED, batch_size=batch_size,
+                                        sharding=batch_sharding)
+  tokens_total = float(np.sum(count))
+  values = {f"eval/{k}": v for k, v in likelihood.per_token(float(np.sum(nll[0])),
+                                                             tokens_total).items()}
+  values["eval/num_tokens"] = tokens_total
+  return values
 
 
-def evaluate(eval_fn, params, batches: Iterator, mesh, num_steps: int) -> Dict[str, float]:
-  """Runs the eval step over `num_steps` batches (-1 = until exhausted) and sums metrics."""
-  totals = {"nll_sum": 0.0, "num_tokens": 0.0, "loss_sum": 0.0, "num_batches": 0}
-  base = jax.random.key(EVAL_SEED)
-  for i, local in enumerate(batches):
-    if 0 <= num_steps <= i:
-      break
-    m = jax.device_get(eval_fn(params, sharding.global_batch(local, mesh),
-                               jax.random.fold_in(base, i)))
-    totals["nll_sum"] += float(m["nll_sum"])
-    totals["num_tokens"] += float(m["num_tokens"])
-    totals["loss_sum"] += float(m["loss"])
-    totals["num_batches"] += 1
-  return totals
+def eval_rows_for(config, tokenizer) -> Tuple[np.ndarray, np.ndarray]:
+  """The rows the in-training eval uses: the first num_eval_steps x eval_batch_size rows of the
+  eval split in split order (all of them for num_eval_steps = -1)."""
+  max_rows = None if config.num_eval_steps < 0 else config.num_eval_steps * config.eval_batch_size
+  return likelihood.eval_rows(config, tokenizer, max_rows=max_rows)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[str, float]:
   """Trains (resuming from WORKDIR/checkpoints if present) and evaluates; returns last metrics."""
-  validate_config(config, jax.device_count())
+  run_config.validate_config(config, jax.device_count())
   workdir = os.path.abspath(workdir)
   os.makedirs(workdir, exist_ok=True)
   is_main = jax.process_index() == 0
   if is_main:
     checkpointing.save_config(config, workdir)
 
-  tokenizer = build_tokenizer(config, workdir)
-  model_cfg, obj_cfg = model_and_objective(config, tokenizer)
+  tokenizer = run_config.build_tokenizer(config, workdir)
+  model_cfg, obj_cfg = run_config.model_and_objective(config, tokenizer)
   model = DiT(model_cfg)
   optimizer = make_optimizer(config)
   mesh = sharding.make_mesh(config.mesh)
   logging.info("mesh %s; model %s; objective %s", dict(mesh.shape), model_cfg, obj_cfg)
 
-  def data(split, batch_size, shuffle, num_epochs):
-    return pipeline.make_dataset(
-        config.data, tokenizer, split=split, seq_len=config.seq_len,
-        global_batch_size=batch_size, seed=config.seed, process_index=jax.process_index(),
-        process_count=jax.process_count(), shuffle=shuffle, num_epochs=num_epochs,
-        drop_remainder=True)
-
-  train_iter = iter(data("train", config.batch_size, True, None))
+  train_iter = iter(pipeline.make_dataset(
+      config.data, tokenizer, split="train", seq_len=config.seq_len,
+      global_batch_size=config.batch_size, seed=config.seed, process_index=jax.process_index(),
+      process_count=jax.process_count(), shuffle=True, num_epochs=None, drop_remainder=True))
 
   # The state is created directly in its shardings (FSDP / tensor-parallel rules): never
   # materialised whole on one device.
-  init_rng = jax.random.key(config.seed)
-  init_fn = functools.partial(create_train_state, config, model_cfg)
-  state_shardings = sharding.state_shardings(jax.eval_shape(init_fn, init_rng), mesh,
-                                             sharding.rules_from_config(config))
-  state = jax.jit(init_fn, out_shardings=state_shardings)(init_rng)
+  state, state_shardings = create_sharded_state(config, model_cfg, mesh)
   manager = checkpointing.make_manager(workdir, keep=config.keep_checkpoints)
   restored = checkpointing.restore(manager, state, train_iter)
   if restored is not None:
     state = restored
     logging.info("resumed from %s at step %d", manager.directory, int(state.step))
   elif config.init_from:
-    params = checkpointing.load_params(config.init_from, state)
+    params = workdir_lib.load_params(config.init_from, state.params)
     state = state.replace(params=params, ema_params=jax.tree_util.tree_map(jnp.copy, params))
     logging.info("initialised parameters from %s", config.init_from)
 
   batch_sharding = sharding.batch_sharding(mesh)
-  train_step = jax.jit(make_train_step(config, model, obj_cfg, optimizer),
-                       in_shardings=(state_shardings, batch_sharding, None),
-                       out_shardings=(state_shardings, None), donate_argnums=(0,))
-  eval_step = jax.jit(make_eval_step(model, obj_cfg),
-                      in_shardings=(state_shardings.params, batch_sharding, None))
+  train_step = jit_train_step(config, model, obj_cfg, mesh, state_shardings, optimizer)
+  eval_tokens, eval_attention = eval_rows_for(config, tokenizer)  # built once per run
   writer = MetricWriter(workdir, is_main)
   step_rng = jax.random.fold_in(jax.random.key(config.seed), 1)
 
@@ -403,18 +323,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[
 
   def run_eval(step_done: int):
     params = state.ema_params if config.eval_params == "ema" else state.params
-    batches = iter(data("eval", config.eval_batch_size, False, 1))
-    totals = evaluate(eval_step, params, batches, mesh, config.num_eval_steps)
-    if totals["num_batches"] == 0:
-      logging.warning("eval split has fewer rows than eval_batch_size=%d; no eval", config.eval_batch_size)
-      return
-    values = summarize_eval(totals)
+    values = evaluate(model, params, obj_cfg, eval_tokens, eval_attention,
+                      batch_size=config.eval_batch_size, batch_sharding=batch_sharding)
     writer.scalars(step_done, values)
     logging.info("eval at step %d: nll %.4f  ppl %.2f  bpd %.4f", step_done, values["eval/nll"],
                  values["eval/ppl"], values["eval/bpd"])
     last.update(values)
-    samples = _maybe_samples(config, model, params, tokenizer, obj_cfg,
-                             jax.random.fold_in(jax.random.key(config.seed), step_done))
+    if config.num_eval_samples <= 0:
+      return
+    samples = decoding.generate_text(model, params, tokenizer, obj_cfg, config.seq_len,
+                                     config.num_eval_samples,
+                                     jax.random.fold_in(jax.random.key(config.seed), step_done))
     for i, text in enumerate(samples):
       logging.info("sample %d at step %d: %s", i, step_done, text)
     writer.texts(step_done, "samples", samples)

@@ -33,3 +33,46 @@ def fast_compile():
   jax.config.update("jax_disable_most_optimizations", True)
   yield
   jax.config.update("jax_disable_most_optimizations", old)
+
+
+@pytest.fixture(scope="module")
+def compile_cache(tmp_path_factory):
+  """Compile time dominates tiny training steps: fewer XLA passes and a compilation cache private
+  to one module (its runs build new jitted closures, which the in-memory jit cache cannot share,
+  so the train and eval steps compile once per config). Restored after the module.
+
+  Use as `_fast = pytest.fixture(scope="module", autouse=True)(lambda compile_cache: None)`.
+  """
+  import jax
+  from jax.experimental.compilation_cache import compilation_cache
+  settings = {"jax_disable_most_optimizations": True,
+              "jax_compilation_cache_dir": str(tmp_path_factory.mktemp("jax_cache")),
+              "jax_persistent_cache_min_compile_time_secs": 0.0,
+              "jax_persistent_cache_min_entry_size_bytes": 0}
+  previous = {k: jax.config.values[k] for k in settings}
+  for k, v in settings.items():
+    jax.config.update(k, v)
+  compilation_cache.reset_cache()  # re-read the cache settings at the next compile
+  yield
+  for k, v in previous.items():
+    jax.config.update(k, v)
+  compilation_cache.reset_cache()
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory):
+  """A 384-token BPE of the embedded validation split, trained once and copied into workdirs."""
+  from helpers import TINY_VOCAB
+  from setdiff_jax.data import sources, tokenizers
+  cfg = tokenizers.default_tokenizer_config()
+  cfg.vocab_size = TINY_VOCAB
+  tok = tokenizers.get_tokenizer(cfg, train_texts=sources.embedded_corpus("validation"))
+  path = tmp_path_factory.mktemp("tok") / tokenizers.TOKENIZER_SUBDIR
+  tok.save(path)
+  return str(path)
+
+
+@pytest.fixture(scope="session")
+def tok(tokenizer_dir):
+  from setdiff_jax.data import tokenizers
+  return tokenizers.Tokenizer.load(tokenizer_dir)

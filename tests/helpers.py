@@ -1,11 +1,36 @@
 """Shared test utilities (importable as `helpers` from tests; tests/ is on sys.path)."""
 import functools
+import os
+import shutil
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from setdiff_jax.data import tokenizers
 from setdiff_jax.model import param_shapes
+
+TINY_VOCAB = 384  # the tiny runs' BPE size (divides by a tensor axis of 2, 4 or 8)
+
+
+def set_fields(config, overrides):
+  """config["a.b"] = v for each item of `overrides`."""
+  for key, value in overrides.items():
+    node = config
+    *parents, leaf = key.split(".")
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+  return config
+
+
+def new_workdir(base, name, tokenizer_dir=None) -> str:
+  """An empty run directory, with a pre-trained tokenizer copied in (no BPE training per run)."""
+  path = os.path.join(str(base), name)
+  os.makedirs(path)
+  if tokenizer_dir:
+    shutil.copytree(tokenizer_dir, os.path.join(path, tokenizers.TOKENIZER_SUBDIR))
+  return path
 
 
 @functools.lru_cache(maxsize=None)
@@ -28,3 +53,12 @@ def random_params(cfg, seed=0):
       x = 0.3 * rng.normal(size=leaf.shape)
     out.append(jnp.asarray(x, jnp.float32))
   return jax.tree_util.tree_unflatten(tree, out)
+
+
+def assert_trees_close(a, b, atol, rtol=0.0):
+  """Same tree structure and every leaf close (the failing leaf's path in the message)."""
+  leaves = jax.tree_util.tree_flatten_with_path(a)[0]
+  assert jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)
+  for (path, x), y in zip(leaves, jax.tree_util.tree_leaves(b)):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=atol, rtol=rtol,
+                               err_msg=jax.tree_util.keystr(path))

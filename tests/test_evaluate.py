@@ -13,7 +13,8 @@ import ml_collections
 import numpy as np
 import pytest
 
-from setdiff_jax import checkpointing, objectives, sampling
+from setdiff_jax import objectives, sampling
+from setdiff_jax import workdir as workdir_lib
 from setdiff_jax.data import sources, tokenizers
 from setdiff_jax.evaluation import generation, infill, likelihood
 from setdiff_jax.model import DiT, DiTConfig, init_params
@@ -316,7 +317,7 @@ def test_generative_perplexity_of_a_uniform_judge(bpe):
   """A zero-head AR judge is uniform over its V tokens (no mask suppression): gen PPL = V."""
   cfg = DiTConfig(vocab_size=bpe.vocab_size, hidden_size=32, num_layers=1, num_heads=2,
                   dropout=0.0)
-  judge = checkpointing.InferenceState(
+  judge = workdir_lib.InferenceState(
       config=ml_collections.ConfigDict({"seq_len": 32}), model_config=cfg,
       objective_config=obj_config("ar"), params=init_params(cfg, jax.random.key(0)),
       tokenizer=bpe, step=0)

@@ -25,7 +25,7 @@ TOL = 1e-5
 
 
 def run_config(objective="setdlm", adaln=False, **loss):
-  from setdiff_jax.interop.import_ import default_config
+  from setdiff_jax.run_config import default_config
   c = default_config()
   c.objective = objective
   c.seq_len = L
@@ -401,8 +401,8 @@ def test_import_official_style_directory(tmp_path):
 
 # ----------------------------------------------------------------------------- launch CLI
 def test_export_workdir(setdlm, tmp_path, monkeypatch):
-  """launch/export.py's logic against a stand-in for checkpointing.load_inference_state."""
-  from setdiff_jax import checkpointing
+  """launch/export.py's logic against a stand-in for workdir.load_inference_state."""
+  from setdiff_jax import workdir as workdir_lib
   from setdiff_jax.interop.export import export_workdir
   config, params = setdlm
   calls = {}
@@ -416,9 +416,9 @@ def test_export_workdir(setdlm, tmp_path, monkeypatch):
 
   def fake_load(workdir, step=None, use_ema=True):
     calls.update(workdir=workdir, step=step, use_ema=use_ema)
-    return checkpointing.InferenceState(config, None, None, params, Tok(), 7)
+    return workdir_lib.InferenceState(config, None, None, params, Tok(), 7)
 
-  monkeypatch.setattr(checkpointing, "load_inference_state", fake_load)
+  monkeypatch.setattr(workdir_lib, "load_inference_state", fake_load)
   out, report = export_workdir("WD", str(tmp_path / "o"), use_ema=False, step=7)
   assert calls == {"workdir": "WD", "step": 7, "use_ema": False} and report is None
   cfg = json.load(open(os.path.join(out, "config.json")))

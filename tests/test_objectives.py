@@ -16,7 +16,7 @@ import optax
 import pytest
 
 from helpers import random_params as params_for
-from setdiff_jax import objectives
+from setdiff_jax import methods, objectives, orders
 from setdiff_jax.model import DiT, DiTConfig, param_shapes
 
 
@@ -37,7 +37,7 @@ def jitted_apply(cfg):
 @functools.lru_cache(maxsize=None)
 def jitted_loss(cfg, model_cfg, train):
   """The objective under jit (one compile per shape), with the model params as an argument."""
-  fn = lambda p, batch, rng: objectives.compute_loss(cfg, DiT(model_cfg), p, batch, rng,
+  fn = lambda p, batch, rng: methods.compute_loss(cfg, DiT(model_cfg), p, batch, rng,
                                                      train=train)
   return jax.jit(fn)
 
@@ -355,12 +355,11 @@ def test_mdlm_eval_without_keep_clean_bos():
 
 
 def test_sample_t():
-  cfg = objectives.ObjectiveConfig(name="bd3lm", antithetic=True)
   rng = jax.random.key(0)
   u = np.asarray(jax.random.uniform(rng, (4, 3)), np.float64)
-  t = np.asarray(objectives.sample_t(cfg, rng, 4, 12, 4, train=False))
+  t = np.asarray(orders.sample_mask_times(rng, 4, 12, 4, antithetic=False))
   np.testing.assert_allclose(t, np.repeat(0.999 * u + 1e-3, 4, -1), rtol=1e-6)
-  ta = np.asarray(objectives.sample_t(cfg, rng, 4, 12, 4, train=True))
+  ta = np.asarray(orders.sample_mask_times(rng, 4, 12, 4, antithetic=True))
   ua = np.mod(u / 4 + np.arange(4)[:, None] / 4, 1.0)  # per-row offset b/G
   np.testing.assert_allclose(ta, np.repeat(0.999 * ua + 1e-3, 4, -1), rtol=1e-5)
   # antithetic rows cover disjoint quarters of [0, 1)
@@ -403,7 +402,7 @@ def test_bd3lm_remask_empty_blocks():
 
 
 # ------------------------------------------------------------------------------------ training
-@pytest.mark.parametrize("name", objectives.OBJECTIVES)
+@pytest.mark.parametrize("name", methods.NAMES)
 def test_loss_decreases_with_adam(name):
   model_cfg = DiTConfig(vocab_size=V, hidden_size=32, num_layers=1, num_heads=2, cond_dim=16,
                         dropout=0.0, adaln=name in ("mdlm", "bd3lm"))
@@ -419,7 +418,7 @@ def test_loss_decreases_with_adam(name):
   params = params_for(model_cfg)
   opt = optax.adam(1e-2)
   state = opt.init(params)
-  loss_fn = lambda p, k: objectives.compute_loss(cfg, model, p, batch, k, train=True)[0]
+  loss_fn = lambda p, k: methods.compute_loss(cfg, model, p, batch, k, train=True)[0]
   fixed_key = jax.random.key(99)
 
   @jax.jit

@@ -11,9 +11,10 @@ import pytest
 
 from setdiff_jax import masks, objectives
 from setdiff_jax.model import DiT, DiTConfig, param_shapes, suppress_mask_logit
+from setdiff_jax.decoding import generate_text, run_sampling, sampler_config_for, sampler_for
 from setdiff_jax.sampling import (SamplerConfig, ar_generate, bd3lm_generate, compact,
-                                  generate_text, infill_inputs, mdlm_generate, parse_infill, prompted_inputs,
-                                  run_sampling, sampler_config_for, sampler_for, set_generate,
+                                  infill_inputs, mdlm_generate, parse_infill, prompted_inputs,
+                                  set_generate,
                                   set_infill, set_init, set_step, step_counts)
 from setdiff_jax.sampling.cache import as_forward
 
@@ -456,9 +457,14 @@ class CharTokenizer:
     return "".join(self.chars[i - 4] if 4 <= i < 4 + len(self.chars) else "" for i in ids)
 
 
-def test_sampler_dispatch_and_config():
-  assert sampler_for("setdlm") is set_generate and sampler_for("ar") is ar_generate
-  assert sampler_for("mdlm") is mdlm_generate and sampler_for("bd3lm") is bd3lm_generate
+def test_sampler_dispatch_and_config(monkeypatch):
+  from setdiff_jax.sampling import baselines, set_sampler
+  for module, fn in ((set_sampler, "set_generate"), (baselines, "ar_generate"),
+                     (baselines, "mdlm_generate"), (baselines, "bd3lm_generate")):
+    monkeypatch.setattr(module, fn, lambda *a, _fn=fn: _fn)  # each sampler answers its name
+  for name, fn in (("setdlm", "set_generate"), ("ar", "ar_generate"), ("mdlm", "mdlm_generate"),
+                   ("bd3lm", "bd3lm_generate")):
+    assert sampler_for(name)(None, None, [[1]], None) == fn
   ocfg = objectives.ObjectiveConfig(name="bd3lm", mask_token_id=3, eos_token_id=2, block_size=8)
   cfg = sampler_config_for(ocfg, CharTokenizer(), 64)
   assert (cfg.block_size, cfg.max_length, cfg.max_new_tokens, cfg.bos_token_id) == (8, 64, 63, 1)

@@ -17,7 +17,6 @@ import shutil
 import sys
 
 import jax
-from jax.experimental.compilation_cache import compilation_cache
 from jax.sharding import PartitionSpec as P
 import numpy as np
 import pytest
@@ -25,11 +24,12 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # configs/
 
 from configs import default  # noqa: E402
-from setdiff_jax import checkpointing, sharding, train  # noqa: E402
-from setdiff_jax.data import sources, tokenizers  # noqa: E402
+from helpers import TINY_VOCAB as VOCAB, assert_trees_close, new_workdir, set_fields  # noqa: E402
+from setdiff_jax import checkpointing, decoding, sharding, train  # noqa: E402
+from setdiff_jax import workdir as workdir_lib  # noqa: E402
+from setdiff_jax.data import tokenizers  # noqa: E402
 from setdiff_jax.model import DiT  # noqa: E402
 
-VOCAB = 384  # model.vocab_size, fixed so that it divides by the tensor axis (tokenizer <= 384)
 MESHES = {
     "data8": {"data": 8, "fsdp": 1, "tensor": 1},
     "fsdp8": {"data": 1, "fsdp": 8, "tensor": 1},
@@ -38,31 +38,8 @@ MESHES = {
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _fast_compile(tmp_path_factory):
-  """As in test_train.py: fewer XLA passes and a module-private compilation cache (the runs of
-  the resume test share their train and eval steps); restored afterwards."""
-  settings = {"jax_disable_most_optimizations": True,
-              "jax_compilation_cache_dir": str(tmp_path_factory.mktemp("jax_cache")),
-              "jax_persistent_cache_min_compile_time_secs": 0.0,
-              "jax_persistent_cache_min_entry_size_bytes": 0}
-  previous = {k: jax.config.values[k] for k in settings}
-  for k, v in settings.items():
-    jax.config.update(k, v)
-  compilation_cache.reset_cache()
-  yield
-  for k, v in previous.items():
-    jax.config.update(k, v)
-  compilation_cache.reset_cache()
-
-
-def set_fields(config, overrides):
-  for key, value in overrides.items():
-    node = config
-    *parents, leaf = key.split(".")
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
-  return config
+def _fast_compile(compile_cache):
+  """Fewer XLA passes and a module-private compilation cache (conftest.compile_cache)."""
 
 
 def tiny_config(objective="setdlm", mesh="data8", **overrides):
@@ -91,36 +68,6 @@ def tiny_config(objective="setdlm", mesh="data8", **overrides):
   c.num_eval_samples = 0
   c.mesh = dict(MESHES[mesh])
   return set_fields(c, overrides)
-
-
-@pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory):
-  cfg = tokenizers.default_tokenizer_config()
-  cfg.vocab_size = VOCAB
-  tok = tokenizers.get_tokenizer(cfg, train_texts=sources.embedded_corpus("validation"))
-  path = tmp_path_factory.mktemp("tok") / tokenizers.TOKENIZER_SUBDIR
-  tok.save(path)
-  return str(path)
-
-
-@pytest.fixture(scope="module")
-def tok(tokenizer_dir):
-  return tokenizers.Tokenizer.load(tokenizer_dir)
-
-
-def new_workdir(base, name, tokenizer_dir) -> str:
-  path = os.path.join(str(base), name)
-  os.makedirs(path)
-  shutil.copytree(tokenizer_dir, os.path.join(path, tokenizers.TOKENIZER_SUBDIR))
-  return path
-
-
-def assert_trees_close(a, b, atol, rtol=0.0):
-  la = jax.tree_util.tree_flatten_with_path(a)[0]
-  assert jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)
-  for (path, x), y in zip(la, jax.tree_util.tree_leaves(b)):
-    np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=atol, rtol=rtol,
-                               err_msg=jax.tree_util.keystr(path))
 
 
 def adam_state(opt_state):
@@ -384,10 +331,10 @@ def test_restore_on_another_mesh_continues_exactly(runs):
 def test_load_inference_state_on_any_mesh(runs):
   workdir = runs["fsdp8_at_n"]  # saved from fsdp=8
   assert dict(checkpointing.load_config(workdir).mesh) == MESHES["fsdp8"]
-  replicated = checkpointing.load_inference_state(workdir)  # default: data=-1, replicated
+  replicated = workdir_lib.load_inference_state(workdir)  # default: data=-1, replicated
   mesh_cfg = MESHES["d2f2t2"]
-  sharded = checkpointing.load_inference_state(workdir, mesh_config=mesh_cfg)
-  fsdp = checkpointing.load_inference_state(workdir, mesh_config={"data": 1, "fsdp": -1})
+  sharded = workdir_lib.load_inference_state(workdir, mesh_config=mesh_cfg)
+  fsdp = workdir_lib.load_inference_state(workdir, mesh_config={"data": 1, "fsdp": -1})
   assert replicated.step == sharded.step == fsdp.step == N
   for path, leaf in jax.tree_util.tree_flatten_with_path(replicated.params)[0]:
     assert leaf.sharding.is_fully_replicated, jax.tree_util.keystr(path)
@@ -400,23 +347,22 @@ def test_load_inference_state_on_any_mesh(runs):
   # EMA by default; the raw parameters on request; both are the saved ones.
   saved = restore_full(workdir)
   assert_trees_close(ref, saved.ema_params, atol=0)
-  raw = checkpointing.load_inference_state(workdir, use_ema=False, mesh_config=mesh_cfg)
+  raw = workdir_lib.load_inference_state(workdir, use_ema=False, mesh_config=mesh_cfg)
   assert_trees_close(jax.device_get(raw.params), saved.params, atol=0)
 
 
 def test_sampling_on_sharded_params_gives_the_same_tokens(runs):
   from setdiff_jax import sampling
-  from setdiff_jax.sampling.text import inference_model
 
   workdir = runs["moved"]  # trained 2N steps across two meshes
-  replicated = checkpointing.load_inference_state(workdir)
-  sharded = checkpointing.load_inference_state(workdir, mesh_config=MESHES["d2f2t2"])
+  replicated = workdir_lib.load_inference_state(workdir)
+  sharded = workdir_lib.load_inference_state(workdir, mesh_config=MESHES["d2f2t2"])
   assert not sharded.params["blocks_0"]["mlp_in"]["kernel"].sharding.is_fully_replicated
-  model = inference_model(replicated.model_config)
+  model = workdir_lib.inference_model(replicated.model_config)
   seq_len = int(replicated.config.seq_len)
 
   def generate(state):
-    return sampling.generate_text(model, state.params, state.tokenizer, state.objective_config,
+    return decoding.generate_text(model, state.params, state.tokenizer, state.objective_config,
                                   seq_len, 2, jax.random.key(3), prompt="It is a truth",
                                   greedy=True, max_new_tokens=8)
 
@@ -424,7 +370,7 @@ def test_sampling_on_sharded_params_gives_the_same_tokens(runs):
   assert texts == generate(sharded)
   assert len(texts) == 2 and all(t for t in texts)
   # Infilling on sharded parameters as well (the set sampler's other mode).
-  cfg = sampling.sampler_config_for(replicated.objective_config, replicated.tokenizer, seq_len,
+  cfg = decoding.sampler_config_for(replicated.objective_config, replicated.tokenizer, seq_len,
                                     greedy=True)
   template = sampling.parse_infill("She was [GAP:4] and happy.")
   canvas, _ = template.canvas(replicated.tokenizer, cfg.mask_token_id)

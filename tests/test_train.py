@@ -9,13 +9,11 @@ runs the full path (train split, tokenizer trained at first run).
 import glob
 import json
 import os
-import shutil
 import signal
 import sys
 import threading
 
 import jax
-from jax.experimental.compilation_cache import compilation_cache
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -24,44 +22,18 @@ import tensorflow_datasets as tfds
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # configs/
 
 from configs import default  # noqa: E402
-from setdiff_jax import checkpointing, sharding, train  # noqa: E402
-from setdiff_jax.data import sources, tokenizers  # noqa: E402
+from helpers import TINY_VOCAB as VOCAB, assert_trees_close, new_workdir, set_fields  # noqa: E402
+from setdiff_jax import checkpointing, methods, sharding, train  # noqa: E402
+from setdiff_jax import workdir as workdir_lib  # noqa: E402
+from setdiff_jax.data import tokenizers  # noqa: E402
 from setdiff_jax.model import DiT  # noqa: E402
 
-VOCAB = 384
 ADALN = {"setdlm": False, "ar": False, "mdlm": True, "bd3lm": True}
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _fast_compile(tmp_path_factory):
-  """Compile time dominates these tiny steps. Skipping most XLA optimisation passes roughly
-  halves it, and a compilation cache private to this module compiles the train and eval steps
-  once for all the runs that share a config (each run builds new jitted closures, so the
-  in-memory jit cache cannot). Restored afterwards, so other test modules are unaffected.
-  """
-  settings = {"jax_disable_most_optimizations": True,
-              "jax_compilation_cache_dir": str(tmp_path_factory.mktemp("jax_cache")),
-              "jax_persistent_cache_min_compile_time_secs": 0.0,
-              "jax_persistent_cache_min_entry_size_bytes": 0}
-  previous = {k: jax.config.values[k] for k in settings}
-  for k, v in settings.items():
-    jax.config.update(k, v)
-  compilation_cache.reset_cache()  # re-read the cache settings at the next compile
-  yield
-  for k, v in previous.items():
-    jax.config.update(k, v)
-  compilation_cache.reset_cache()
-
-
-def set_fields(config, overrides):
-  """config["a.b"] = v for each item of `overrides`."""
-  for key, value in overrides.items():
-    node = config
-    *parents, leaf = key.split(".")
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
-  return config
+def _fast_compile(compile_cache):
+  """Fewer XLA passes and a module-private compilation cache (conftest.compile_cache)."""
 
 
 def tiny_config(objective="setdlm", **overrides):
@@ -90,30 +62,6 @@ def tiny_config(objective="setdlm", **overrides):
   return set_fields(c, overrides)
 
 
-@pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory):
-  """A 384-token BPE of the embedded validation split, saved once and copied into workdirs."""
-  cfg = tokenizers.default_tokenizer_config()
-  cfg.vocab_size = VOCAB
-  tok = tokenizers.get_tokenizer(cfg, train_texts=sources.embedded_corpus("validation"))
-  path = tmp_path_factory.mktemp("tok") / tokenizers.TOKENIZER_SUBDIR
-  tok.save(path)
-  return str(path)
-
-
-@pytest.fixture(scope="module")
-def tok(tokenizer_dir):
-  return tokenizers.Tokenizer.load(tokenizer_dir)
-
-
-def new_workdir(base, name, tokenizer_dir=None) -> str:
-  path = os.path.join(str(base), name)
-  os.makedirs(path)
-  if tokenizer_dir:
-    shutil.copytree(tokenizer_dir, os.path.join(path, tokenizers.TOKENIZER_SUBDIR))
-  return path
-
-
 def read_metrics(workdir):
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     return [json.loads(line) for line in f]
@@ -136,14 +84,6 @@ def restore_state(workdir, step=None):
   state = checkpointing.restore(manager, abstract, step=step)
   manager.close()
   return jax.device_get(state)
-
-
-def assert_trees_close(a, b, atol, rtol=0.0):
-  la, ta = jax.tree_util.tree_flatten_with_path(a)[0], jax.tree_util.tree_structure(a)
-  assert ta == jax.tree_util.tree_structure(b)
-  for (path, x), y in zip(la, jax.tree_util.tree_leaves(b)):
-    np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=atol, rtol=rtol,
-                               err_msg=jax.tree_util.keystr(path))
 
 
 def check_workdir(workdir, config, steps):
@@ -181,7 +121,7 @@ def test_train_and_evaluate_embedded(tmp_path):
   for key in ("train/loss", "eval/nll", "eval/ppl", "eval/bpd"):
     assert np.isfinite(result[key]), key
   check_workdir(workdir, config, 3)
-  state = checkpointing.load_inference_state(workdir)
+  state = workdir_lib.load_inference_state(workdir)
   assert state.step == 3 and state.tokenizer.vocab_size == state.model_config.vocab_size
   assert state.objective_config.name == "setdlm"
 
@@ -233,13 +173,29 @@ def assert_same_run(workdir, reference):
   assert_trees_close(a.params, b.params, atol=1e-6)
   assert_trees_close(a.ema_params, b.ema_params, atol=1e-6)
   assert_trees_close(a.opt_state, b.opt_state, atol=1e-6)
-  raw = checkpointing.load_inference_state(workdir, use_ema=False)
+  raw = workdir_lib.load_inference_state(workdir, use_ema=False)
   assert_trees_close(raw.params, b.params, atol=1e-6)
   # The resumed steps saw the same batches and rngs: same losses step by step.
   loss = lambda w: {r["step"]: r["train/loss"] for r in read_metrics(w) if "train/loss" in r}
   got, want = loss(workdir), loss(reference)
   for step in range(1, 2 * N + 1):
     np.testing.assert_allclose(got[step], want[step], rtol=1e-5, err_msg=f"step {step}")
+
+
+def test_training_eval_equals_evaluate_likelihood(tmp_path, uninterrupted):
+  """metrics.jsonl's eval/nll is launch/evaluate.py --eval=likelihood on the same rows and seed."""
+  from setdiff_jax.evaluation import run
+  config = resume_config(2 * N)
+  logged = [r for r in read_metrics(uninterrupted) if "eval/nll" in r][-1]
+  assert logged["step"] == 2 * N
+  rows = config.num_eval_steps * config.eval_batch_size
+  for batch_size in (config.eval_batch_size, 5):  # the bound does not depend on the batching
+    opts = run.EvalOptions(num_orders=1, max_rows=rows, batch_size=batch_size)
+    record = run.evaluate_workdir(uninterrupted, ["likelihood"], opts, log=None,
+                                  output=str(tmp_path / f"eval{batch_size}.json"))
+    lik = record["likelihood"]
+    assert lik["num_sequences"] == rows and lik["num_tokens"] == logged["eval/num_tokens"]
+    assert lik["nll"] == pytest.approx(logged["eval/nll"], rel=1e-6, abs=0)
 
 
 def test_resume_reproduces_uninterrupted_run(tmp_path, tokenizer_dir, uninterrupted):
@@ -331,13 +287,14 @@ def test_nan_loss_stops_without_checkpointing_the_bad_state(tmp_path, tokenizer_
 
 
 def test_nan_from_objective_stops_at_first_step(tmp_path, tokenizer_dir, monkeypatch):
-  real = train.objectives.compute_loss
+  method = methods.get("ar")
+  real = method.loss
 
   def poisoned(cfg, model, params, batch, rng, *, train):
     loss, metrics = real(cfg, model, params, batch, rng, train=train)
     return loss * jnp.nan, dict(metrics, loss=loss * jnp.nan)
 
-  monkeypatch.setattr(train.objectives, "compute_loss", poisoned)
+  monkeypatch.setattr(method, "loss", poisoned)
   config = tiny_config("ar", num_train_steps=2, checkpoint_every_steps=1)
   workdir = new_workdir(tmp_path, "run", tokenizer_dir)
   with pytest.raises(FloatingPointError, match="step 1"):
@@ -371,7 +328,7 @@ def test_config_validation_errors(tmp_path, objective, overrides, field, monkeyp
 
 
 def test_valid_configs_pass_validation():
-  for objective in train.objectives.OBJECTIVES:
+  for objective in methods.NAMES:
     train.validate_config(tiny_config(objective), num_devices=8)
   train.validate_config(tiny_config("setdlm", batch_size=16, grad_accum_steps=2), num_devices=8)
   train.validate_config(tiny_config("setdlm", batch_size=12), num_devices=4)

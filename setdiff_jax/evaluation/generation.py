@@ -22,14 +22,15 @@ from __future__ import annotations
 
 import collections
 import math
-import time
 from typing import Any, Dict, List, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from setdiff_jax import masks
+from setdiff_jax import decoding, methods
+from setdiff_jax import workdir as workdir_lib
+from setdiff_jax.sampling.timing import time_calls
 
 
 def threshold_label(tau: Optional[float]) -> str:
@@ -47,24 +48,19 @@ def parse_thresholds(values: Sequence[str]) -> List[Optional[float]]:
 
 def decoding_settings(obj_cfg, *, windows: Optional[Sequence[int]] = None,
                       thresholds: Sequence[Optional[float]] = (None, 0.9)) -> List[Dict[str, Any]]:
-  """The settings to measure for a run's objective.
+  """The settings to measure for a run's method (its registry entry decides).
 
   setdlm: every window (default [S]) x every tau; bd3lm and mdlm: every tau (BD3LM with its block
   S, MDLM with one sub-block of N); ar: one setting (tau does not apply).
   """
-  if obj_cfg.name == "ar":
-    return [{"window": None, "threshold": None}]
-  if obj_cfg.name == "setdlm":
-    ws = list(windows) if windows else [int(obj_cfg.desired_set_size)]
-    return [{"window": int(w), "threshold": t} for w in ws for t in thresholds]
-  return [{"window": None, "threshold": t} for t in thresholds]
+  return methods.get(obj_cfg.name).decoding_settings(obj_cfg, windows, thresholds)
 
 
 def setting_name(obj_cfg, setting: Dict[str, Any]) -> str:
   parts = []
   if setting.get("window") is not None:
     parts.append(f"W={setting['window']}")
-  if obj_cfg.name != "ar":
+  if methods.get(obj_cfg.name).uses_threshold:
     parts.append(f"tau={threshold_label(setting.get('threshold'))}")
   return " ".join(parts) or "-"
 
@@ -72,9 +68,8 @@ def setting_name(obj_cfg, setting: Dict[str, Any]) -> str:
 def _sampler_config(obj_cfg, tokenizer, seq_len: int, setting: Dict[str, Any], *, greedy: bool,
                     top_p: float, seed: int, max_new_tokens: Optional[int],
                     repetition_penalty: float = 1.0):
-  from setdiff_jax import sampling
   n = max_new_tokens or seq_len - 1
-  return sampling.sampler_config_for(
+  return decoding.sampler_config_for(
       obj_cfg, tokenizer, seq_len, window=setting.get("window"), threshold=setting.get("threshold"),
       greedy=greedy, top_p=top_p, seed=seed, max_new_tokens=n, stop_at_eos=False,
       repetition_penalty=repetition_penalty)
@@ -85,29 +80,23 @@ def measure(model, params, tokenizer, obj_cfg, seq_len: int, setting: Dict[str, 
             seed: int = 0, max_new_tokens: Optional[int] = None,
             repetition_penalty: float = 1.0) -> Dict[str, Any]:
   """Times one decoding setting at one batch size; returns metrics and the generated ids."""
-  from setdiff_jax import sampling
   cfg = _sampler_config(obj_cfg, tokenizer, seq_len, setting, greedy=greedy, top_p=top_p,
                         seed=seed, max_new_tokens=max_new_tokens,
                         repetition_penalty=repetition_penalty)
-  sampler = sampling.sampler_for(obj_cfg.name)
+  sampler = methods.get(obj_cfg.name).generate
   prompts = [[int(tokenizer.bos_id)]] * batch_size
   key = jax.random.PRNGKey(seed)
-  t0 = time.perf_counter()
-  sampler(model, params, prompts, cfg, jax.random.fold_in(key, 10_000))  # compile
-  first = time.perf_counter() - t0
-  seconds, generated, steps, committed, calls, samples, rates = 0.0, 0, 0, 0, [], [], []
-  for r in range(max(1, repeats)):
-    t0 = time.perf_counter()
-    out = sampler(model, params, prompts, cfg, jax.random.fold_in(key, r))
-    dt = time.perf_counter() - t0
-    seconds += dt
-    rates.append(out.num_generated / dt if dt > 0 else 0.0)
-    generated += out.num_generated
-    steps += int(np.sum(out.num_steps))
-    committed += int(np.sum(out.num_committed))
-    calls += [int(c) for c in out.forward_calls]
-    samples += [list(map(int, g)) for g in out.generated]
   timed = max(1, repeats)
+  run = lambda k: sampler(model, params, prompts, cfg, k)
+  outs, times, first = time_calls(run, [(jax.random.fold_in(key, r),) for r in range(timed)],
+                                  warmup=(jax.random.fold_in(key, 10_000),))
+  seconds = float(sum(times))
+  generated = sum(out.num_generated for out in outs)
+  steps = sum(int(np.sum(out.num_steps)) for out in outs)
+  committed = sum(int(np.sum(out.num_committed)) for out in outs)
+  calls = [int(c) for out in outs for c in out.forward_calls]
+  samples = [list(map(int, g)) for out in outs for g in out.generated]
+  rates = [out.num_generated / dt if dt > 0 else 0.0 for out, dt in zip(outs, times)]
   return {"method": obj_cfg.name, "setting": setting_name(obj_cfg, setting),
           "window": setting.get("window"), "threshold": threshold_label(setting.get("threshold")),
           "batch_size": batch_size, "repeats": timed, "new_tokens": cfg.max_new_tokens,
@@ -162,29 +151,30 @@ def same_tokenizer(a, b) -> bool:
     return a is b
 
 
-def _make_ar_nll(model):
+def _make_judge_nll(model, obj_cfg):
+  """jit(params, tokens, attention) -> (nll_sum [B], num_tokens [B]): the judge's own bound."""
+  method = methods.get(obj_cfg.name)
+
   @jax.jit
-  def fn(params, tokens, weight):
-    n = tokens.shape[1]
-    positions = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), tokens.shape)
-    logits = model.apply({"params": params}, tokens, positions,
-                         jnp.asarray(masks.causal_mask(n))[None], deterministic=True)
-    logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
-    nll = -jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
-    return jnp.sum(nll * weight[:, 1:], -1), jnp.sum(weight[:, 1:], -1)
+  def fn(params, tokens, attention):
+    _, m = jax.vmap(lambda t, a: method.loss(obj_cfg, model, params,
+                                             {"tokens": t[None], "attention_mask": a[None]},
+                                             jax.random.key(0), train=False))(tokens, attention)
+    return m["nll_sum"], m["num_tokens"]
   return fn
 
 
 def generative_perplexity(judge, sample_ids: Sequence[Sequence[int]], tokenizer, *,
                           batch_size: int = 16) -> Dict[str, Any]:
-  """Gen PPL of samples under an AR judge (`checkpointing.InferenceState` of an 'ar' run).
+  """Gen PPL of samples under an AR judge (`workdir.InferenceState` of a run whose method has an
+  exact likelihood).
 
   Each sample is scored as BOS + tokens (cut to the judge's context length), every sample token a
   target, BOS excluded. Returns {gen_ppl, gen_nll, num_tokens, retokenized}.
   """
-  from setdiff_jax.sampling.text import inference_model
-  if judge.objective_config.name != "ar":
-    raise ValueError(f"the judge must be an AR run; got objective={judge.objective_config.name!r}")
+  if not methods.get(judge.objective_config.name).exact_likelihood:
+    raise ValueError(f"the judge must be an AR run (an exact likelihood); got "
+                     f"objective={judge.objective_config.name!r}")
   jt = judge.tokenizer
   length = int(judge.config.seq_len)
   retok = not same_tokenizer(tokenizer, jt)
@@ -199,17 +189,16 @@ def generative_perplexity(judge, sample_ids: Sequence[Sequence[int]], tokenizer,
   rows = [r for r in rows if len(r) > 1]
   if not rows:
     return {"gen_ppl": float("nan"), "gen_nll": float("nan"), "num_tokens": 0, "retokenized": retok}
-  model = inference_model(judge.model_config)
-  fn = _make_ar_nll(model)
+  fn = _make_judge_nll(workdir_lib.inference_model(judge.model_config), judge.objective_config)
   total, count = 0.0, 0.0
   for i in range(0, len(rows), batch_size):
     chunk = rows[i:i + batch_size]
     tok = np.full((batch_size, length), jt.pad_id, np.int32)
-    w = np.zeros((batch_size, length), np.float32)
+    att = np.zeros((batch_size, length), np.int32)
     for j, r in enumerate(chunk):
       tok[j, :len(r)] = r
-      w[j, :len(r)] = 1.0
-    s, c = jax.device_get(fn(judge.params, jnp.asarray(tok), jnp.asarray(w)))
+      att[j, :len(r) - 1] = 1  # the AR loss weights label j + 1 by input j: no label after the end
+    s, c = jax.device_get(fn(judge.params, jnp.asarray(tok), jnp.asarray(att)))
     total += float(np.sum(s))
     count += float(np.sum(c))
   nll = total / max(count, 1.0)

@@ -16,7 +16,7 @@ Decoders (greedy by default, no EOS stop, N = the middle length):
   setdlm  the KV-cached set sampler in infill mode (`sampling.set_infill`): prefix and suffix are
           cached up front, window W (default S), threshold tau.
   mdlm    bidirectional predict-and-noise over the masked span with the whole canvas visible
-          (prefix and suffix), `mdlm_infill` below (the MDLM sampler of SPEC §4.8 applied to an
+          (prefix and suffix), `sampling.mdlm_infill` (the MDLM sampler of SPEC §4.8 applied to an
           infill canvas, one sub-block = the span).
   ar,     cannot condition on a suffix (causal / block-causal attention on absolute positions):
   bd3lm   they continue BOS + prefix for |middle| tokens (`ar_generate`, `bd3lm_generate`).
@@ -35,17 +35,16 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import functools
 import os
-import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from setdiff_jax import masks
-from setdiff_jax.model import DiT
+from setdiff_jax import methods
+from setdiff_jax.data import sources
+from setdiff_jax.sampling.mdlm_infill import mdlm_infill
+from setdiff_jax.sampling.timing import time_calls
 
 CLOZE_SETTINGS = ("1sent", "3sent")
 SETTINGS = CLOZE_SETTINGS + ("corpus",)
@@ -132,7 +131,6 @@ def corpus_examples(tokenizer, *, max_length: int, num_examples: Optional[int] =
   middle is tokens [n // 3, 2n // 3). Returns (examples in corpus order, number of paragraphs
   skipped for length); `num_examples` keeps the first ones.
   """
-  from setdiff_jax.data import sources
   out, skipped = [], 0
   for i, para in enumerate(sources.embedded_corpus(split)):
     ids = list(tokenizer.encode(para))
@@ -195,94 +193,12 @@ def rouge_scores(predictions: Sequence[str], references: Sequence[str]) -> Dict[
 
 
 # ----------------------------------------------------------------------------- decoders
-@functools.partial(jax.jit, static_argnames=("apply", "cfg"))
-def _mdlm_infill_core(apply, params, canvas, target, valid, counts, nsteps, key, *, cfg):
-  from setdiff_jax.sampling import processors
-  b, length = canvas.shape
-  m = cfg.mask_token_id
-  positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (b, length))
-  attn = masks.padding_mask(valid) | jnp.eye(length, dtype=bool)[None]  # no row is empty
-
-  def cond(s):
-    return jnp.any(~s["done"])
-
-  def body(s):
-    live = ~s["done"]
-    logits, _ = apply(params, s["canvas"], positions, attn, None, 0)
-    is_mask = target & (s["canvas"] == m) & live[:, None]
-    key, sub = jax.random.split(s["key"])
-    hist = (valid & (s["canvas"] != m)) if cfg.repetition_penalty != 1.0 else None
-    n_i = processors.schedule_count(counts, s["step"])
-    cand, keep = processors.decide(logits, is_mask, n_i, sub, cfg, s["canvas"], hist)
-    canvas, commit_step = processors.scatter_commits(s["canvas"], s["commit_step"], positions, keep,
-                                                     cand, s["step"])
-    step = s["step"] + live.astype(jnp.int32)
-    done = s["done"] | ~jnp.any(target & (canvas == m), -1) | (step >= nsteps)
-    return dict(canvas=canvas, commit_step=commit_step, step=step, done=done,
-                calls=s["calls"] + live.astype(jnp.int32),
-                committed=s["committed"] + jnp.sum(keep, -1).astype(jnp.int32), key=key)
-
-  init = dict(canvas=canvas, commit_step=jnp.full(canvas.shape, -1, jnp.int32),
-              step=jnp.zeros((b,), jnp.int32), done=~jnp.any(target, -1),
-              calls=jnp.zeros((b,), jnp.int32), committed=jnp.zeros((b,), jnp.int32), key=key)
-  s = jax.lax.while_loop(cond, body, init)
-  return dict(canvas=s["canvas"], num_steps=s["step"], forward_calls=s["calls"],
-              num_committed=s["committed"])
-
-
-def mdlm_infill(model, params, canvases: Sequence[Sequence[int]], cfg, rng=None, *,
-                length: Optional[int] = None, max_targets: Optional[int] = None):
-  """MDLM infilling: every M of each canvas is generated with the whole canvas visible.
-
-  Predict-and-noise (SPEC §4.8) over one sub-block = all masked positions of the row: N = the
-  row's number of masks, min(T, N) steps, n_i most confident masks committed per step plus those
-  with probability >= tau. Each step is one full bidirectional forward over the row's real tokens
-  (padding is masked out of attention). Canvases are right-padded to `length` (default: the
-  longest) and the step table to `max_targets` columns, so fixed sizes compile once.
-
-  Returns dict of NumPy arrays: canvas [B, Lc], num_steps [B], forward_calls [B], num_committed [B].
-  """
-  from setdiff_jax.sampling import as_forward, count_table
-  rows = [np.asarray(c, np.int64) for c in canvases]
-  lc = length or max(len(c) for c in rows)
-  b = len(rows)
-  canvas = np.full((b, lc), cfg.pad_token_id, np.int32)
-  valid = np.zeros((b, lc), bool)
-  for i, c in enumerate(rows):
-    if len(c) > lc:
-      raise ValueError(f"canvas {i} has {len(c)} tokens > length={lc}")
-    canvas[i, :len(c)] = c
-    valid[i, :len(c)] = True
-  target = valid & (canvas == cfg.mask_token_id)
-  n_target = target.sum(-1)
-  counts = count_table(n_target, cfg.num_steps)
-  k = max(counts.shape[1], max_targets or 0)
-  counts = np.pad(counts, ((0, 0), (0, k - counts.shape[1])))
-  nsteps = np.array([n if cfg.num_steps is None else min(n, cfg.num_steps) for n in n_target],
-                    np.int32)
-  fwd = as_forward(model, params)
-  key = jax.random.PRNGKey(cfg.seed) if rng is None else rng
-  res = _mdlm_infill_core(fwd.apply, fwd.params, jnp.asarray(canvas), jnp.asarray(target),
-                          jnp.asarray(valid), jnp.asarray(counts), jnp.asarray(nsteps), key,
-                          cfg=cfg.static())
-  return {k: np.asarray(v) for k, v in jax.device_get(res).items()}
-
-
-def _fillers(method: str, items: Sequence[TokenizedInfill], bos: int, mask_id: int):
-  """Filler rows that pin each decoder's input shapes to the maxima over `items`."""
-  if method == "setdlm":
-    lc = max(len(t.canvas) for t in items)
-    m_max = max(t.middle_len for t in items)
-    v_max = max(len(t.canvas) - t.middle_len for t in items)
-    return [[bos] * (lc - m_max) + [mask_id] * m_max, [bos] * v_max + [mask_id]]
-  if method in ("ar", "bd3lm"):
-    return [[bos] * max(len(t.prompt) for t in items)]
-  return []  # mdlm: padded explicitly
-
-
 def decode_infill(method: str, model, params, items: Sequence[TokenizedInfill], cfg, *,
                   batch_size: int = 8, rng=None) -> Dict[str, Any]:
   """Fills the middle of every item with the decoder of `method` (see the module docstring).
+
+  Methods that infill a canvas (their registry entry's `canvas_infill`: SetDLM, MDLM) see prefix
+  and suffix; the others continue BOS + prefix for the middle's length with their sampler.
 
   Args:
     cfg: a `sampling.SamplerConfig` (window, threshold, greedy, repetition penalty...);
@@ -292,60 +208,44 @@ def decode_infill(method: str, model, params, items: Sequence[TokenizedInfill], 
     compiling warm-up batch), tokens (middle tokens generated), steps, committed, forward_calls
     (sums over items), compile_seconds.
   """
-  from setdiff_jax import sampling
   if not items:
     raise ValueError("no infill examples to decode")
-  if method not in ("setdlm", "mdlm", "ar", "bd3lm"):
-    raise ValueError(f"no infill decoder for objective {method!r}")
+  entry = methods.get(method)
   key = jax.random.PRNGKey(cfg.seed) if rng is None else rng
   m_max = max(t.middle_len for t in items)
   bos = int(cfg.bos_token_id if cfg.bos_token_id is not None else cfg.pad_token_id)
-  fill = _fillers(method, items, bos, cfg.mask_token_id)
   cfg = cfg.replace(stop_at_eos=False)
-  if method in ("ar", "bd3lm"):
+  shapes = {"length": max(len(t.canvas) for t in items), "max_targets": m_max,
+            "max_visible": max(len(t.canvas) - t.middle_len for t in items),
+            "batch_size": batch_size}
+  if not entry.infills_canvas:
     cfg = cfg.replace(max_new_tokens=m_max, max_length=None)
-  lc = max(len(t.canvas) for t in items)
+    fill = [[bos] * max(len(t.prompt) for t in items)]  # pins the prompt width
 
   def run(batch: List[TokenizedInfill], k):
     """Decodes one batch (completed to batch_size real+filler rows); returns per-item results."""
-    n_real = len(batch)
-    if method == "setdlm":
-      rows = [t.canvas for t in batch] + fill
-      rows += [fill[0]] * (batch_size + len(fill) - len(rows))
-      out = sampling.set_infill(model, params, rows, cfg, k)
-      mids = [[int(x) for x in out.canvas[i, t.span[0]:t.span[1]]] for i, t in enumerate(batch)]
-      res = (out.num_steps, out.num_committed, out.forward_calls)
-    elif method == "mdlm":
-      rows = [t.canvas for t in batch] + [[bos]] * (batch_size - n_real)
-      out = mdlm_infill(model, params, rows, cfg, k, length=lc, max_targets=m_max)
+    if entry.infills_canvas:
+      out = entry.canvas_infill(model, params, [t.canvas for t in batch], cfg, k, shapes=shapes)
       mids = [[int(x) for x in out["canvas"][i, t.span[0]:t.span[1]]] for i, t in enumerate(batch)]
-      res = (out["num_steps"], out["num_committed"], out["forward_calls"])
-    else:
-      rows = [t.prompt for t in batch] + fill
-      rows += [fill[0]] * (batch_size + len(fill) - len(rows))
-      sampler = sampling.ar_generate if method == "ar" else sampling.bd3lm_generate
-      out = sampler(model, params, rows, cfg, k)
-      mids = [list(out.generated[i][:t.middle_len]) for i, t in enumerate(batch)]
-      res = (out.num_steps, out.num_committed, out.forward_calls)
-    steps, committed, calls = (np.asarray(r)[:n_real] for r in res)
-    return mids, steps, committed, calls
+      return mids, out["num_steps"], out["num_committed"], out["forward_calls"]
+    rows = [t.prompt for t in batch] + fill
+    rows += [fill[0]] * (batch_size + len(fill) - len(rows))
+    out = entry.generate(model, params, rows, cfg, k)
+    mids = [list(out.generated[i][:t.middle_len]) for i, t in enumerate(batch)]
+    n = len(batch)
+    return mids, out.num_steps[:n], out.num_committed[:n], out.forward_calls[:n]
 
   batches = [list(items[i:i + batch_size]) for i in range(0, len(items), batch_size)]
-  t0 = time.perf_counter()
-  jax.block_until_ready(run(batches[0], key)[0])  # compile (same shapes for every batch)
-  compile_s = time.perf_counter() - t0
-  middles, seconds, tokens, steps, committed, calls = [], 0.0, 0, 0, 0, 0
-  for i, batch in enumerate(batches):
-    t0 = time.perf_counter()
-    mids, s, c, f = run(batch, jax.random.fold_in(key, i))
-    seconds += time.perf_counter() - t0
-    middles += mids
-    tokens += sum(t.middle_len for t in batch)
-    steps += int(s.sum())
-    committed += int(c.sum())
-    calls += int(f.sum())
-  return dict(middles=middles, seconds=seconds, tokens=tokens, steps=steps, committed=committed,
-              forward_calls=calls, compile_seconds=max(compile_s - seconds / len(batches), 0.0))
+  outs, times, compile_s = time_calls(
+      run, [(b, jax.random.fold_in(key, i)) for i, b in enumerate(batches)],
+      warmup=(batches[0], key))  # compile (same shapes for every batch)
+  middles = [m for out in outs for m in out[0]]
+  seconds = float(sum(times))
+  return dict(middles=middles, seconds=seconds, tokens=sum(t.middle_len for t in items),
+              steps=int(sum(np.sum(o[1]) for o in outs)),
+              committed=int(sum(np.sum(o[2]) for o in outs)),
+              forward_calls=int(sum(np.sum(o[3]) for o in outs)),
+              compile_seconds=max(compile_s - seconds / len(batches), 0.0))
 
 
 def infill_eval(method: str, model, params, tokenizer, items: Sequence[TokenizedInfill], cfg, *,

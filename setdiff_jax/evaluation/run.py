@@ -17,6 +17,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import jax
 
+from setdiff_jax import decoding, methods
+from setdiff_jax import workdir as workdir_lib
 from setdiff_jax.evaluation import generation, infill, likelihood
 
 EVALS = ("likelihood", "infill", "speed", "samples")
@@ -74,8 +76,9 @@ def hardware() -> Dict[str, Any]:
 
 
 def _models(state):
-  from setdiff_jax.sampling.text import inference_model
-  return inference_model(state.model_config, None), inference_model(state.model_config, "float32")
+  """(likelihood model in the run's dtype, decoding model in fp32)."""
+  return (workdir_lib.inference_model(state.model_config, None),
+          workdir_lib.inference_model(state.model_config, "float32"))
 
 
 def infill_items(state, setting: str, opts: EvalOptions):
@@ -104,9 +107,9 @@ def run_likelihood(state, opts: EvalOptions, model=None) -> Dict[str, Any]:
 
 
 def run_infill(state, opts: EvalOptions, model=None) -> List[Dict[str, Any]]:
-  from setdiff_jax import sampling
   model = model or _models(state)[1]
   oc = state.objective_config
+  method = methods.get(oc.name)
   length = int(state.config.seq_len)
   rows = []
   for setting in opts.infill_settings:
@@ -114,16 +117,16 @@ def run_infill(state, opts: EvalOptions, model=None) -> List[Dict[str, Any]]:
     if not items:
       rows.append({"method": oc.name, "dataset": setting, "num_examples": 0, "skipped": skipped})
       continue
-    taus = list(opts.infill_thresholds) if oc.name != "ar" else [None]  # tau does not apply to AR
+    taus = list(opts.infill_thresholds) if method.uses_threshold else [None]
     for tau in taus:
-      cfg = sampling.sampler_config_for(
+      cfg = decoding.sampler_config_for(
           oc, state.tokenizer, length, window=opts.window, threshold=tau, greedy=True,
           seed=opts.sampling_seed, repetition_penalty=opts.repetition_penalty,
           penalty_history=opts.penalty_history, stop_at_eos=False)
       res = infill.infill_eval(oc.name, model, state.params, state.tokenizer, items, cfg,
                                batch_size=opts.infill_batch_size)
       rows.append({"method": oc.name, "dataset": setting, "skipped": skipped,
-                   "window": cfg.window if oc.name == "setdlm" else None,
+                   "window": cfg.window if method.uses_window else None,
                    "threshold": generation.threshold_label(tau), **res})
   return rows
 
@@ -146,9 +149,8 @@ def run_speed(state, opts: EvalOptions, model=None) -> List[Dict[str, Any]]:
 def load_judge(path: Optional[str]):
   if not path:
     return None
-  from setdiff_jax import checkpointing
-  judge = checkpointing.load_inference_state(path)
-  if judge.objective_config.name != "ar":
+  judge = workdir_lib.load_inference_state(path)
+  if not methods.get(judge.objective_config.name).exact_likelihood:
     raise ValueError(f"--judge_workdir={path!r} is a {judge.objective_config.name!r} run; the "
                      "generative-perplexity judge must be an AR run")
   return judge
@@ -166,7 +168,7 @@ def run_samples(state, opts: EvalOptions, model=None, judge=None) -> List[Dict[s
 
 def evaluate_state(state, evals: Sequence[str], opts: EvalOptions, *, judge=None,
                    log=print) -> Dict[str, Any]:
-  """Runs `evals` on a loaded `checkpointing.InferenceState`; returns {eval: result}."""
+  """Runs `evals` on a loaded `workdir.InferenceState`; returns {eval: result}."""
   bad = [e for e in evals if e not in EVALS]
   if bad:
     raise ValueError(f"unknown eval(s) {bad}; expected some of {EVALS}")
@@ -191,9 +193,8 @@ def evaluate_workdir(workdir: str, evals: Sequence[str], opts: Optional[EvalOpti
                      step: Optional[int] = None, use_ema: bool = True,
                      output: Optional[str] = None, log=print) -> Dict[str, Any]:
   """Loads WORKDIR's checkpoint, runs `evals`, merges into the JSON file, returns the record."""
-  from setdiff_jax import checkpointing
   opts = opts or EvalOptions()
-  state = checkpointing.load_inference_state(workdir, step=step, use_ema=use_ema)
+  state = workdir_lib.load_inference_state(workdir, step=step, use_ema=use_ema)
   results = evaluate_state(state, evals, opts, log=log)
   path = output or os.path.join(workdir, RESULTS_FILE)
   record: Dict[str, Any] = {}

@@ -19,6 +19,10 @@ from typing import Mapping, Optional
 
 import numpy as np
 
+import jax
+
+from setdiff_jax import methods
+from setdiff_jax import workdir as workdir_lib
 from setdiff_jax.interop import files, hf_config, name_map
 
 log = logging.getLogger(__name__)
@@ -118,12 +122,9 @@ def export_checkpoint(config, params, out_dir: str, *, tokenizer=None,
 
   loss = _get(config, "loss", {})
   length = int(_get(config, "seq_len"))
-  if str(_get(config, "objective", "setdlm")) == "setdlm":
-    s = int(_get(loss, "desired_set_size", 4))
-    s_max = hf_config.effective_max_set_size(s, _get(loss, "max_set_size", 0))
-    if hf_config.normalize_max_set_size(length, s, s_max) != s_max:
-      log.warning("S_max=%d = L: importers (ours and the official eval loader) will read it as "
-                  "min(2S, L)=%d (SPEC §1.2 caveat)", s_max, min(2 * s, length))
+  method = methods.get(str(_get(config, "objective", methods.DEFAULT)))
+  for warning in method.export_warnings(length, hf_config.loss_dict(loss)):
+    log.warning("%s", warning)
 
   extra = {"step": None if step is None else int(step), "ema": ema,
            "run_config": _run_config_json(config)}
@@ -156,16 +157,12 @@ def export_checkpoint(config, params, out_dir: str, *, tokenizer=None,
 
 def export_workdir(workdir: str, out: str, *, use_ema: bool = True, step: Optional[int] = None,
                    fmt: str = "safetensors", verify: bool = False):
-  """Exports a training workdir's checkpoint (via `checkpointing.load_inference_state`).
+  """Exports a training workdir's checkpoint (parameters only, `workdir.load_inference_state`).
 
   On several hosts every process must call this (restoring and gathering are collective); only
   process 0 writes. Returns (out, parity report or None); `verify` needs torch.
   """
-  import jax
-
-  from setdiff_jax import checkpointing
-
-  state = checkpointing.load_inference_state(workdir, step=step, use_ema=use_ema)
+  state = workdir_lib.load_inference_state(workdir, step=step, use_ema=use_ema)
   if state.params is None:
     raise ValueError(f"checkpoint of {workdir} has no {'EMA ' if use_ema else ''}parameters")
   params = _to_numpy_tree(state.params)
@@ -176,7 +173,7 @@ def export_workdir(workdir: str, out: str, *, use_ema: bool = True, step: Option
     log.info("exported step %d (%s params) of %s to %s", state.step,
              "EMA" if use_ema else "raw", workdir, out)
     if verify:
-      from setdiff_jax.interop import parity
+      from setdiff_jax.interop import parity  # torch: an optional extra
       report = parity.parity_report(state.config, params, out)
   return out, report
 

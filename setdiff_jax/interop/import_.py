@@ -2,7 +2,7 @@
 
   config, params = import_checkpoint(path)
 
-`config` is our run ConfigDict (configs/default.py layout; the exporter's saved run config when the
+`config` is our run ConfigDict (`run_config.default_config()` layout; the exporter's saved run config when the
 directory is ours) with `seq_len`, `objective`, `model.*`, `loss.*` set from config.json, and an
 added `interop` block: `source`, `special_ids` {bos_id, eos_id, pad_id, mask_id}, `tokenizer_dir`
 (the directory when it holds tokenizer.json, else None), `stored_max_set_size`, `step`, `ema`.
@@ -19,17 +19,18 @@ Documented behaviour:
 """
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
-import pathlib
 import warnings
 from typing import Any, Dict, Tuple
 
 import ml_collections
 import numpy as np
 
+from setdiff_jax import model as model_lib
+from setdiff_jax.data import tokenizers
 from setdiff_jax.interop import files, hf_config, name_map
+from setdiff_jax.run_config import default_config
 
 log = logging.getLogger(__name__)
 
@@ -41,20 +42,6 @@ class InteropWarning(UserWarning):
 def _warn(msg: str):
   log.warning("%s", msg)
   warnings.warn(msg, InteropWarning, stacklevel=3)
-
-
-def default_config() -> ml_collections.ConfigDict:
-  """configs/default.get_config(), whether or not the repository root is on sys.path."""
-  try:
-    from configs import default  # type: ignore
-  except ImportError:
-    path = pathlib.Path(__file__).resolve().parents[2] / "configs" / "default.py"
-    if not path.is_file():
-      raise ImportError(f"configs/default.py not found (looked for {path})")
-    spec = importlib.util.spec_from_file_location("_setdiff_default_config", path)
-    default = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(default)
-  return default.get_config()
 
 
 def _merge(base: ml_collections.ConfigDict, updates: Dict[str, Any], where: str = ""):
@@ -83,7 +70,6 @@ def _check_rotary(value, head_dim: int, rope_base: float):
 
 def _check_structure(config, params):
   """The params must have exactly the structure and shapes `model.init_params` makes."""
-  from setdiff_jax import model as model_lib  # jax/flax: only here
   want = name_map.flatten(model_lib.param_shapes(model_lib.DiTConfig.from_config(config.model),
                                                  seq_len=8))
   got = name_map.flatten(params)
@@ -159,7 +145,6 @@ def import_checkpoint(path: str, *, check_structure: bool = True
 
 def load_tokenizer(path: str):
   """Our `Tokenizer` from a checkpoint directory (ours, or an official one with tokenizer.json)."""
-  from setdiff_jax.data import tokenizers
   if os.path.isfile(os.path.join(path, "special_tokens.json")):
     return tokenizers.Tokenizer.load(path)
   import tokenizers as hf

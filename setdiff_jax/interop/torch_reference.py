@@ -29,7 +29,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from setdiff_jax.interop import files, hf_config, name_map
+from setdiff_jax.interop import backbone_config, files, name_map
 
 def _t(a) -> torch.Tensor:
   """A tensor from a tensor, numpy or jax array (copied, so read-only buffers are fine)."""
@@ -312,7 +312,7 @@ def load_reference(path: str, *, strict: bool = True) -> TorchDiT:
   backbone keys (strict load); ignores the denoiser's `static_attention_mask`.
   """
   cfg = files.read_json(os.path.join(path, files.CONFIG_FILE))
-  bb = hf_config.backbone_fields(cfg)
+  bb = backbone_config.backbone_fields(cfg)
   state = name_map.strip_prefix(files.read_state_dict(path))
   for k in name_map.IGNORED_BUFFERS:
     state.pop(k, None)

@@ -6,8 +6,11 @@ Public API (all pure functions; one jitted `lax.while_loop` each, per-row state)
   set_generate(model, params, prompts, cfg, rng=None, *, use_cache=True) -> SampleOutput
   set_infill(model, params, canvases, cfg, rng=None, *, use_cache=True)  -> SampleOutput
   ar_generate / bd3lm_generate / mdlm_generate(model, params, prompts, cfg, rng=None)
-  generate_text(model, params, tokenizer, objective_config, seq_len, num_samples, rng, prompt=None)
-  parse_infill(text) -> InfillTemplate; run_sampling(...) (the CLI body)
+  mdlm_infill(model, params, canvases, cfg, rng=None)                    -> dict of arrays
+  parse_infill(text) -> InfillTemplate; prompt_ids(tokenizer, prompt); time_calls(...)
+
+Which sampler a trained run uses, text-level generation and the CLI body are in
+`setdiff_jax.decoding` (it asks the method registry, which sits above the samplers).
 
 `model` is a `DiT` (with its params), a `Forward(apply, params)`, or a toy
 `logits_fn(tokens, positions, mask, kv_cache) -> (logits, kv)` (params ignored); see `cache.py`.
@@ -19,14 +22,14 @@ from setdiff_jax.sampling.config import SampleOutput, SamplerConfig, count_table
 from setdiff_jax.sampling.set_sampler import (SetInputs, SetState, compact, infill_inputs,
                                               prompted_inputs, set_generate, set_infill, set_init,
                                               set_step)
-from setdiff_jax.sampling.text import (InfillTemplate, SamplingReport, generate_text, parse_infill,
-                                       prompt_ids, run_sampling, sampler_config_for, sampler_for)
+from setdiff_jax.sampling.mdlm_infill import mdlm_infill
+from setdiff_jax.sampling.text import InfillTemplate, parse_infill, prompt_ids
+from setdiff_jax.sampling.timing import time_calls
 
 __all__ = [
     "SamplerConfig", "SampleOutput", "step_counts", "count_table",
     "Forward", "KVCache", "as_forward", "dit_apply_fn", "empty_cache", "append", "prefill",
     "SetInputs", "SetState", "prompted_inputs", "infill_inputs", "set_init", "set_step", "compact",
-    "set_generate", "set_infill", "ar_generate", "bd3lm_generate", "mdlm_generate",
-    "InfillTemplate", "parse_infill", "prompt_ids", "sampler_config_for", "sampler_for",
-    "generate_text", "SamplingReport", "run_sampling",
+    "set_generate", "set_infill", "ar_generate", "bd3lm_generate", "mdlm_generate", "mdlm_infill",
+    "InfillTemplate", "parse_infill", "prompt_ids", "time_calls",
 ]

@@ -134,7 +134,7 @@ def ar_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> SampleO
   """Autoregressive decoding with a KV cache (SPEC §4.8, DiT path): N calls for N tokens."""
   prompt, plen, canvas, target = _prompt_arrays(prompts, cfg, cfg.max_new_tokens)
   fwd = as_forward(model, params)
-  stop = cfg.stop_at_eos and cfg.eos_token_id is not None
+  stop = cfg.stops_at_eos
   res = _ar_core(fwd.apply, fwd.params, prompt, plen, canvas, _key(rng, cfg), cfg=cfg.static(),
                  stop_eos=stop)
   return _out(dict(res), target, cfg)
@@ -264,7 +264,7 @@ def bd3lm_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> Samp
   prompt, plen, canvas, target = _prompt_arrays(prompts, cfg, cfg.max_new_tokens)
   counts = step_counts(g, cfg.num_steps)[None].astype(np.int32)
   fwd = as_forward(model, params)
-  stop = cfg.stop_at_eos and cfg.eos_token_id is not None
+  stop = cfg.stops_at_eos
   res = _bd3lm_core(fwd.apply, fwd.params, prompt, plen, canvas, target, counts, _key(rng, cfg),
                     cfg=cfg.static(), g=g, stop_eos=stop)
   return _out(dict(res), target, cfg)
@@ -305,7 +305,7 @@ def mdlm_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> Sampl
   _, plen, canvas, target = _prompt_arrays(prompts, cfg, n, total)
   counts = step_counts(g, cfg.num_steps)[None].astype(np.int32)
   fwd = as_forward(model, params)
-  stop = cfg.stop_at_eos and cfg.eos_token_id is not None
+  stop = cfg.stops_at_eos
   res = _mdlm_core(fwd.apply, fwd.params, plen, canvas, target, counts, _key(rng, cfg),
                    cfg=cfg.static(), g=g, stop_eos=stop)
   return _out(dict(res), target, cfg)

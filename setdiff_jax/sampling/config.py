@@ -103,6 +103,11 @@ class SamplerConfig:
         raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
 
   @property
+  def stops_at_eos(self) -> bool:
+    """Whether a prompted row stops at a generated EOS (the rule itself: `processors.eos_stop`)."""
+    return self.stop_at_eos and self.eos_token_id is not None
+
+  @property
   def threshold_on(self) -> bool:
     """tau < 1 can fire; the reference's 'off' value is 1e6."""
     return self.threshold is not None and self.threshold <= 1.0

@@ -387,7 +387,7 @@ def set_generate(model, params, prompts, cfg: SamplerConfig, rng=None, *,
   """
   inp = prompted_inputs(prompts, cfg, cfg.seed)
   history = "generated" if cfg.penalty_history == "auto" else cfg.penalty_history
-  stop = cfg.stop_at_eos and cfg.eos_token_id is not None
+  stop = cfg.stops_at_eos
   return _run(model, params, inp, cfg, rng, use_cache, stop, history)
 
 

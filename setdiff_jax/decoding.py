@@ -1,0 +1,153 @@
+"""Decoding text with a run's method: its sampler and defaults, eval-time samples, and the logic
+behind `launch/sample.py` (kept importable; the launcher only parses flags).
+
+  cfg = sampler_config_for(obj_cfg, tokenizer, seq_len, window=8, threshold=0.9)
+  texts = generate_text(model, params, tokenizer, obj_cfg, seq_len, num_samples=4, rng=key)
+  report = sample_from_workdir("/tmp/run", prompt="It is a truth", num_samples=4)
+
+Tokenizer protocol (as `setdiff_jax.data.tokenizers.Tokenizer`): `encode(text) -> list[int]` (no
+special tokens), `decode(ids) -> str` (drops specials), `bos_id`, `eos_id`, `pad_id`, `mask_id`,
+`vocab_size`. Infill syntax (`[GAP:n]`): see `sampling/text.py`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, List, Optional
+
+import jax
+import numpy as np
+
+from setdiff_jax import methods
+from setdiff_jax import workdir as workdir_lib
+from setdiff_jax.sampling.config import SampleOutput, SamplerConfig
+from setdiff_jax.sampling.text import parse_infill, prompt_ids
+from setdiff_jax.sampling.timing import time_calls
+
+
+def sampler_config_for(objective_config, tokenizer, seq_len: int, **overrides) -> SamplerConfig:
+  """The `SamplerConfig` matching a trained run: special ids, the method's defaults (W = S for
+  SetDLM, G = S for BD3LM), max_length = seq_len. `overrides` replace any field (None ignored)."""
+  oc = objective_config
+  fields = dict(mask_token_id=int(oc.mask_token_id), eos_token_id=int(oc.eos_token_id),
+                pad_token_id=int(oc.pad_token_id),
+                bos_token_id=getattr(tokenizer, "bos_id", None), max_length=int(seq_len),
+                max_new_tokens=max(1, int(seq_len) - 1))
+  fields.update(methods.get(oc.name).sampler_fields(oc))
+  fields.update({k: v for k, v in overrides.items() if v is not None})
+  return SamplerConfig(**fields)
+
+
+def sampler_for(objective: str) -> Callable[..., SampleOutput]:
+  """The sampler of a method: generate(model, params, prompts, cfg, rng) -> SampleOutput."""
+  return methods.get(objective).generate
+
+
+def generate_text(model, params, tokenizer, objective_config, seq_len: int, num_samples: int,
+                  rng, prompt: Optional[str] = None, *, max_new_tokens: Optional[int] = None,
+                  greedy: bool = False, top_p: float = 0.9, **overrides) -> List[str]:
+  """Decodes `num_samples` texts from params with the sampler matching the objective.
+
+  For the train loop's eval: unconditional (BOS) or from `prompt`, N = seq_len - len(prompt) by
+  default, nucleus sampling (greedy=False, top_p) so the samples differ. Returns the decoded texts
+  (prompt included).
+  """
+  ids = prompt_ids(tokenizer, prompt)
+  n = max_new_tokens or seq_len - len(ids)
+  if n < 1:
+    raise ValueError(f"prompt of {len(ids)} tokens leaves no room in seq_len={seq_len}")
+  cfg = sampler_config_for(objective_config, tokenizer, seq_len, max_new_tokens=n, greedy=greedy,
+                           top_p=top_p, **overrides)
+  out = sampler_for(objective_config.name)(model, params, [ids] * num_samples, cfg, rng)
+  return [tokenizer.decode(seq) for seq in out.sequences]
+
+
+# ----------------------------------------------------------------------------- the CLI logic
+@dataclasses.dataclass
+class SamplingReport:
+  texts: List[str]
+  num_generated: int
+  seconds: float
+  num_steps: int
+  num_committed: int
+  forward_calls: List[int]
+
+  @property
+  def tokens_per_second(self) -> float:
+    return self.num_generated / self.seconds if self.seconds > 0 else 0.0
+
+  @property
+  def tokens_per_step(self) -> float:
+    return self.num_committed / self.num_steps if self.num_steps else 0.0
+
+
+def run_sampling(model, params, tokenizer, objective_config, seq_len: int, *,
+                 prompt: Optional[str] = None, infill: Optional[str] = None,
+                 num_samples: int = 1, batch_size: int = 1,
+                 max_new_tokens: Optional[int] = None, window: Optional[int] = None,
+                 threshold: Optional[float] = None, seed: int = 0, greedy: bool = False,
+                 top_p: float = 1.0, temperature: float = 1.0, repetition_penalty: float = 1.0,
+                 warmup: bool = True, write: Callable[[str], Any] = print) -> SamplingReport:
+  """Samples `num_samples` texts in batches of `batch_size` and prints them (the CLI body).
+
+  Prints each sample as its own block, then `tokens/s: X  tokens/step: Y`. With `warmup`, the first
+  batch is run once untimed so that compilation does not count in tokens/s.
+  """
+  if num_samples < 1 or batch_size < 1:
+    raise ValueError("num_samples and batch_size must be >= 1")
+  if prompt and infill:
+    raise ValueError("give either a prompt or an infill text, not both")
+  method = methods.get(objective_config.name)
+  cfg = sampler_config_for(objective_config, tokenizer, seq_len, window=window or None,
+                           threshold=threshold, seed=seed, greedy=greedy, top_p=top_p,
+                           temperature=temperature, repetition_penalty=repetition_penalty)
+  if infill is not None:
+    if not method.infills_canvas:
+      raise ValueError(f"this run's objective {method.name!r} cannot infill: "
+                       f"{method.infill_unsupported}")
+    template = parse_infill(infill)
+    ids, spans = template.canvas(tokenizer, cfg.mask_token_id)
+    cfg = cfg.replace(max_new_tokens=sum(template.gaps))
+    run = lambda rows, key: method.canvas_infill(model, params, rows, cfg, key)
+    decode = lambda out, b: template.fill([tokenizer.decode(out["canvas"][b][s:e])
+                                           for s, e in spans])
+    counts = lambda out: (out["num_steps"], out["num_committed"], out["forward_calls"],
+                          int(np.sum(out["num_committed"])))
+  else:
+    ids = prompt_ids(tokenizer, prompt)
+    cfg = cfg.replace(max_new_tokens=max_new_tokens or seq_len - len(ids))
+    run = lambda rows, key: method.generate(model, params, rows, cfg, key)
+    decode = lambda out, b: tokenizer.decode(out.sequences[b])
+    counts = lambda out: (out.num_steps, out.num_committed, out.forward_calls, out.num_generated)
+
+  key = jax.random.PRNGKey(seed)
+  batches = [min(batch_size, num_samples - i) for i in range(0, num_samples, batch_size)]
+  outs, seconds, _ = time_calls(
+      run, [([ids] * nb, jax.random.fold_in(key, i)) for i, nb in enumerate(batches)],
+      warmup=([ids] * batches[0], key) if warmup else None)
+  texts, generated, steps, committed, calls = [], 0, 0, 0, []
+  for out, nb in zip(outs, batches):
+    num_steps, num_committed, forward_calls, num_generated = counts(out)
+    generated += int(num_generated)
+    steps += int(np.sum(num_steps))
+    committed += int(np.sum(num_committed))
+    calls += [int(c) for c in forward_calls]
+    for b in range(nb):
+      texts.append(decode(out, b))
+      write(f"=== sample {len(texts)} ===\n{texts[-1]}\n")
+  report = SamplingReport(texts=texts, num_generated=generated, seconds=float(sum(seconds)),
+                          num_steps=steps, num_committed=committed, forward_calls=calls)
+  write(f"tokens/s: {report.tokens_per_second:.1f}  tokens/step: {report.tokens_per_step:.2f}")
+  return report
+
+
+def sample_from_workdir(workdir: str, *, step: Optional[int] = None, use_ema: bool = True,
+                        dtype: Optional[str] = "float32", **kwargs) -> SamplingReport:
+  """Loads a trained run (parameters only, `workdir.load_inference_state`); `run_sampling`."""
+  state = workdir_lib.load_inference_state(workdir, step=step, use_ema=use_ema)
+  model = workdir_lib.inference_model(state.model_config, dtype)
+  return run_sampling(model, state.params, state.tokenizer, state.objective_config,
+                      int(state.config.seq_len), **kwargs)
+
+
+__all__ = ["sampler_config_for", "sampler_for", "generate_text", "SamplingReport",
+           "run_sampling", "sample_from_workdir"]

@@ -1,0 +1,157 @@
+"""A run's configuration: the package defaults, up-front validation, and what a config builds.
+
+  config = run_config.default_config()            # configs/default.py starts from this
+  run_config.validate_config(config, jax.device_count())
+  tokenizer = run_config.build_tokenizer(config, workdir)
+  model_cfg, obj_cfg = run_config.model_and_objective(config, tokenizer)
+
+Shared by training and by inference loading (`workdir.py`), so neither imports the other. The
+defaults live in the package (not in configs/) so an installed wheel needs no source tree.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import ml_collections
+
+from setdiff_jax import methods, objectives, sharding
+from setdiff_jax.data import pipeline, sources, tokenizers
+from setdiff_jax.model import DiTConfig
+
+
+def default_config() -> ml_collections.ConfigDict:
+  """The base run config; every config in configs/ starts from it (see configs/default.py)."""
+  c = ml_collections.ConfigDict()
+
+  # ---- what is trained
+  c.objective = methods.DEFAULT   # setdlm | ar | mdlm | bd3lm (SPEC §1.4, §1.6; methods/)
+  c.seed = 0                      # parameter init, data order, per-step rng (fold_in(step))
+  c.seq_len = 128                 # L: tokens per training row
+
+  # ---- backbone (SPEC §3); sizes here are small, the lm1b_* configs use 12 x 768
+  c.model = ml_collections.ConfigDict()
+  c.model.vocab_size = 0          # 0 = take it from the tokenizer; else must equal it
+  c.model.hidden_size = 256       # D
+  c.model.num_layers = 4
+  c.model.num_heads = 4           # head dim = D / heads (even, for rotary)
+  c.model.mlp_ratio = 4           # MLP width = mlp_ratio * D
+  c.model.cond_dim = 128          # adaLN conditioning width (adaLN models only)
+  c.model.adaln = False           # True for the MDLM/BD3LM baselines (constant sigma = 0)
+  c.model.dropout = 0.1           # residual-branch dropout
+  c.model.dtype = "float32"       # compute dtype: float32 | bfloat16 (params stay fp32)
+  c.model.attention = "dense"     # dense | xla | cudnn (see setdiff_jax/attention.py)
+  c.model.remat = False           # rematerialise blocks to save activation memory
+
+  # ---- objective details (SPEC §1)
+  c.loss = ml_collections.ConfigDict()
+  c.loss.keep_clean_bos = True    # position 0 first in order, never masked, excluded from eval NLL
+  c.loss.desired_set_size = 4     # SetDLM S (release name smax = 2S)
+  c.loss.max_set_size = 0         # SetDLM S_max; 0 = 2S (the released setting)
+  c.loss.eos_last = False         # SetDLM: order target EOS after the other targets (training)
+  c.loss.block_size = 4           # BD3LM block size S (must divide seq_len)
+  c.loss.antithetic = False       # MDLM/BD3LM: antithetic t sampling in training
+  c.loss.sampling_eps = 1e-3      # MDLM/BD3LM: t = (1 - eps) u + eps
+
+  # ---- tokenizer (SPEC §5; fields documented in setdiff_jax/data/tokenizers.py)
+  c.tokenizer = tokenizers.default_tokenizer_config()  # kind=trained: BPE trained at first run
+  c.tokenizer.vocab_size = 4096
+
+  # ---- data (fields documented in setdiff_jax/data/pipeline.py)
+  c.data = pipeline.default_data_config()  # the embedded Jane Austen corpus, wrapped
+
+  # ---- optimisation (SPEC §5: AdamW b=(0.9, 0.999), eps 1e-8, wd 0, clip 1, EMA 0.9999)
+  c.batch_size = 32               # global batch (sequences per optimizer step)
+  c.grad_accum_steps = 1          # micro-batches per step (batch_size must be divisible)
+  c.num_train_steps = 2000
+  c.learning_rate = 3e-4
+  c.warmup_steps = 100            # linear warm-up from 0
+  c.lr_schedule = "constant"      # constant | cosine (after warm-up)
+  c.cosine_alpha = 0.0            # cosine: final lr = alpha * peak
+  c.weight_decay = 0.0            # decoupled (AdamW)
+  c.adam_b1 = 0.9
+  c.adam_b2 = 0.999
+  c.adam_eps = 1e-8
+  c.grad_clip_norm = 1.0          # global-norm clipping; 0 disables
+  c.ema_decay = 0.9999            # parameter EMA; 0 disables
+
+  # ---- evaluation, logging, checkpoints
+  c.eval_every_steps = 500
+  c.num_eval_steps = 20           # validation batches per eval (-1 = the whole split)
+  c.eval_batch_size = 32
+  c.log_every_steps = 50
+  c.checkpoint_every_steps = 500
+  c.keep_checkpoints = 3          # keep the last N
+  c.num_eval_samples = 2          # samples decoded and logged at each eval (0 disables)
+  c.eval_params = "ema"           # evaluate and sample with the "ema" or the "raw" parameters
+  c.init_from = ""                # path of a checkpoint to load parameters from (fine-tuning)
+
+  # ---- device mesh (batch sharded over data x fsdp; see setdiff_jax/sharding.py)
+  c.mesh = ml_collections.ConfigDict()
+  c.mesh.data = -1                # -1 = all remaining devices
+  c.mesh.fsdp = 1
+  c.mesh.tensor = 1
+  # Logical axis -> mesh axis rules for parameters, e.g. (("embed", "fsdp"), ("mlp", "tensor"));
+  # () = setdiff_jax.sharding.DEFAULT_RULES (FSDP over the model dim, TP over heads/MLP/vocab).
+  c.sharding_rules = ()
+  return c
+
+
+def validate_config(config: ml_collections.ConfigDict, num_devices: Optional[int] = None):
+  """Raises ValueError naming the conflicting fields, before anything is built or compiled."""
+  def check(ok, msg):
+    if not ok:
+      raise ValueError(f"invalid config: {msg}")
+
+  check(config.objective in methods.NAMES,
+        f"objective={config.objective!r}; expected one of {methods.NAMES}")
+  check(config.seq_len >= 4, f"seq_len={config.seq_len} is too short")
+  methods.get(config.objective).validate_run(config, check)
+  check(config.model.hidden_size % config.model.num_heads == 0,
+        f"model.hidden_size={config.model.hidden_size} is not divisible by "
+        f"model.num_heads={config.model.num_heads}")
+  check(config.grad_accum_steps >= 1, "grad_accum_steps must be >= 1")
+  check(config.batch_size % config.grad_accum_steps == 0,
+        f"batch_size={config.batch_size} is not divisible by grad_accum_steps={config.grad_accum_steps}")
+  check(config.lr_schedule in ("constant", "cosine"),
+        f"lr_schedule={config.lr_schedule!r}; expected constant or cosine")
+  check(0.0 <= config.ema_decay < 1.0, f"ema_decay={config.ema_decay} must be in [0, 1)")
+  check(config.eval_params in ("ema", "raw"), f"eval_params={config.eval_params!r}; ema or raw")
+  check(config.num_train_steps >= 0, "num_train_steps must be >= 0")
+  for field in ("eval_every_steps", "checkpoint_every_steps", "log_every_steps"):
+    check(config[field] >= 1, f"{field} must be >= 1")
+  if num_devices is not None:
+    mesh_sizes = sharding.mesh_shape(config.mesh, num_devices)
+    divisor = mesh_sizes[0] * mesh_sizes[1]
+    micro = config.batch_size // config.grad_accum_steps
+    check(micro % divisor == 0,
+          f"micro-batch batch_size/grad_accum_steps={micro} must be divisible by the "
+          f"data x fsdp mesh size {divisor}")
+    check(config.eval_batch_size % divisor == 0,
+          f"eval_batch_size={config.eval_batch_size} must be divisible by the data x fsdp mesh "
+          f"size {divisor}")
+  pipeline.validate_data_config(config.data)
+  tokenizers.validate_tokenizer_config(config.tokenizer)
+
+
+def build_tokenizer(config, workdir: Optional[str], *, allow_training: bool = True):
+  """The run's tokenizer (saved in / loaded from WORKDIR/tokenizer/)."""
+  train_texts = None
+  if allow_training:
+    train_texts = lambda: sources.tokenizer_training_texts(config.data, max_docs=200_000)
+  return tokenizers.get_tokenizer(config.tokenizer, workdir, train_texts=train_texts)
+
+
+def model_and_objective(config, tokenizer) -> Tuple[DiTConfig, objectives.ObjectiveConfig]:
+  """Backbone and objective configs; the vocabulary and special ids come from the tokenizer."""
+  vocab = int(config.model.vocab_size) or tokenizer.vocab_size
+  if vocab < tokenizer.vocab_size:
+    raise ValueError(f"model.vocab_size={vocab} is smaller than the tokenizer's "
+                     f"{tokenizer.vocab_size}; set model.vocab_size=0 to take it from the tokenizer")
+  model_cfg = DiTConfig.from_config({**config.model.to_dict(), "vocab_size": vocab})
+  loss = config.loss.to_dict()
+  loss["max_set_size"] = loss.get("max_set_size") or None
+  obj = objectives.ObjectiveConfig.from_config({
+      **loss, "name": config.objective, "mask_token_id": tokenizer.mask_id,
+      "pad_token_id": tokenizer.pad_id, "eos_token_id": tokenizer.eos_id})
+  methods.get(obj.name).validate_objective(obj, config.seq_len)
+  return model_cfg, obj

@@ -1,0 +1,123 @@
+"""Reading a training run for inference: resolved config, tokenizer and parameters only.
+
+  state = workdir.load_inference_state("/tmp/run")          # latest step, EMA parameters
+  model = workdir.inference_model(state.model_config)       # fp32, a CPU-safe attention path
+
+Used by sampling, evaluation and export. Restores *parameters only* (EMA or raw) with an orbax
+partial restore, onto a mesh of the current devices, whatever mesh the run was saved from: no
+optimizer, no Adam moments (a quarter of the memory of the full train state), no training
+imports.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Optional
+
+import jax
+import ml_collections
+import orbax.checkpoint as ocp
+
+from setdiff_jax import checkpointing, run_config, sharding
+from setdiff_jax.model import DiT, param_shapes
+
+
+@dataclasses.dataclass
+class InferenceState:
+  config: ml_collections.ConfigDict
+  model_config: Any
+  objective_config: Any
+  params: Any
+  tokenizer: Any
+  step: int
+
+
+def load_config(workdir: str) -> ml_collections.ConfigDict:
+  """The run's resolved config (WORKDIR/config.json, written by launch/train.py)."""
+  return checkpointing.load_config(workdir)
+
+
+def restore_params(workdir: str, abstract_params, *, step: Optional[int] = None,
+                   use_ema: bool = True):
+  """(params, step): one parameter set of a checkpoint, restored into `abstract_params`'s
+  shardings (a tree of `jax.ShapeDtypeStruct` with `.sharding`), nothing else read."""
+  directory = checkpointing.checkpoint_dir(workdir)
+  handler = ocp.PyTreeCheckpointHandler()
+  options = ocp.CheckpointManagerOptions(create=False, enable_async_checkpointing=False)
+  with checkpointing._quiet_orbax():
+    manager = ocp.CheckpointManager(directory, item_names=("state",),
+                                    item_handlers={"state": handler}, options=options)
+  try:
+    step = manager.latest_step() if step is None else int(step)
+    if step is None:
+      raise FileNotFoundError(f"no checkpoint under {directory}")
+    if step not in manager.all_steps():
+      raise FileNotFoundError(f"no checkpoint of step {step} under {directory}; steps there: "
+                              f"{sorted(manager.all_steps())}")
+    key = "ema_params" if use_ema else "params"
+    item = {key: abstract_params}
+    restore_args = jax.tree_util.tree_map(
+        lambda a: ocp.ArrayRestoreArgs(sharding=a.sharding, global_shape=a.shape, dtype=a.dtype),
+        item)
+    args = ocp.args.PyTreeRestore(item=item, restore_args=restore_args, partial_restore=True)
+    try:
+      with checkpointing._quiet_orbax():
+        restored = manager.restore(step, args=ocp.args.Composite(state=args))
+    except (ValueError, KeyError) as e:
+      raise ValueError(
+          f"checkpoint {directory}/{step} does not match this run's model structure ({e}); was "
+          f"{checkpointing.CONFIG_FILE} edited after training?") from e
+  finally:
+    with checkpointing._quiet_orbax():
+      manager.close()
+  return restored["state"][key], step
+
+
+def load_inference_state(workdir: str, *, step: Optional[int] = None, use_ema: bool = True,
+                         mesh_config: Optional[dict] = None) -> InferenceState:
+  """Parameters (EMA by default), config and tokenizer of a training workdir's checkpoint.
+
+  The parameters are restored onto a mesh of the current devices (`mesh_config`, default: all
+  devices on the data axis, i.e. replicated; e.g. {"data": 1, "fsdp": -1} keeps them sharded).
+  """
+  config = load_config(workdir)
+  tokenizer = run_config.build_tokenizer(config, workdir, allow_training=False)
+  model_config, objective_config = run_config.model_and_objective(config, tokenizer)
+  mesh = sharding.make_mesh(mesh_config or {"data": -1, "fsdp": 1, "tensor": 1})
+  abstract = param_shapes(model_config)
+  shardings = sharding.state_shardings(abstract, mesh, sharding.rules_from_config(config))
+  abstract = jax.tree_util.tree_map(
+      lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
+  params, step = restore_params(workdir, abstract, step=step, use_ema=use_ema)
+  return InferenceState(config, model_config, objective_config, params, tokenizer, int(step))
+
+
+def load_params(path: str, like, *, use_ema: bool = False):
+  """Parameters only from a run (a workdir or its checkpoints/ folder; `init_from`), restored
+  with the shapes, dtypes and shardings of `like` (e.g. freshly initialised parameters)."""
+  path = os.path.abspath(path)
+  run = os.path.dirname(path) if os.path.basename(path) == checkpointing.CHECKPOINT_DIR else path
+  if not os.path.isdir(checkpointing.checkpoint_dir(run)):
+    raise FileNotFoundError(f"init_from={path!r}: no {checkpointing.CHECKPOINT_DIR}/ folder found "
+                            f"there")
+  abstract = jax.tree_util.tree_map(
+      lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), like)
+  try:
+    return restore_params(run, abstract, use_ema=use_ema)[0]
+  except FileNotFoundError as e:
+    raise FileNotFoundError(f"init_from={path!r}: {e}") from e
+
+
+def inference_model(model_config, dtype: Optional[str] = "float32") -> DiT:
+  """A DiT for sampling: compute dtype `dtype` (None keeps the run's; the reference generates in
+  fp32, SPEC §3.7) and, off GPU, the XLA attention path in place of `cudnn`."""
+  changes = {}
+  if dtype is not None:
+    changes["dtype"] = dtype
+  if model_config.attention == "cudnn" and jax.default_backend() != "gpu":
+    changes["attention"] = "xla"
+  return DiT(dataclasses.replace(model_config, **changes) if changes else model_config)
+
+
+__all__ = ["InferenceState", "load_config", "restore_params", "load_inference_state", "load_params",
+           "inference_model"]
