@@ -24,7 +24,8 @@ setup(
     install_requires=_requirements(),
     extras_require={
         # Exactly the CPU build provided on our machines; an unpinned torch pulls CUDA wheels.
-        "torch": ["torch==2.13.0"],
+        # transformers: the Qwen3 parity tests (tests/test_qwen3.py); 5.x installs with torch 2.13.
+        "torch": ["torch==2.13.0", "transformers>=5.0,<6"],
         "test": ["pytest>=8", "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6"],
     },
 )

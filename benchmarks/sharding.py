@@ -4,6 +4,8 @@
   python benchmarks/sharding.py --config=configs/lm1b_sw.py --batch_size=256
   python benchmarks/sharding.py --layouts="fsdp=8;fsdp=4,tensor=2" --num_layers=24
   python benchmarks/sharding.py --time_steps=5                    # + step time, tiny_sw sizes
+  python benchmarks/sharding.py --config=configs/gsm8k_sw_qwen3.py --preset=qwen3-1.7b \
+      --layouts="fsdp=8;fsdp=4,tensor=2" --batch_size=8           # Qwen3-1.7B fine-tuning
 
 For each layout the train step is jitted exactly as `train.train_and_evaluate` jits it (state in
 `sharding.state_shardings`, batch over data x fsdp, state donated), lowered on abstract inputs and
@@ -51,11 +53,19 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from setdiff_jax import sharding, train  # noqa: E402
-from setdiff_jax.model import DiT  # noqa: E402
+from setdiff_jax import models, sharding, train  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_LAYOUTS = "data=8;fsdp=8;fsdp=4,tensor=2;data=2,fsdp=2,tensor=2"
+# Architectures for --preset (the public config.json values).
+PRESETS = {
+    "qwen3-1.7b": dict(backbone="qwen3", vocab_size=151936, hidden_size=2048, num_layers=28,
+                       num_heads=16, num_kv_heads=8, head_dim=128, intermediate_size=6144,
+                       rope_base=1e6, tie_embeddings=True),
+    "qwen3-0.6b": dict(backbone="qwen3", vocab_size=151936, hidden_size=1024, num_layers=28,
+                       num_heads=16, num_kv_heads=8, head_dim=128, intermediate_size=3072,
+                       rope_base=1e6, tie_embeddings=True),
+}
 # bert-base-uncased special ids (the LM1B vocabulary): [PAD] [CLS] [SEP] [MASK].
 PAD_ID, BOS_ID, EOS_ID, MASK_ID = 0, 101, 102, 103
 
@@ -86,6 +96,11 @@ def parse_args(argv=None):
   p.add_argument("--time_config", default=os.path.join(REPO, "configs", "tiny_sw.py"))
   p.add_argument("--time_batch_size", type=int, default=None)
   p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--preset", default=None, choices=sorted(PRESETS),
+                 help="fill config.model with a known architecture (e.g. a Qwen3 config whose "
+                      "fields come from init_from_hf at training time)")
+  p.add_argument("--state_only", action="store_true",
+                 help="report the exact params / EMA / optimizer shards only (no compile)")
   return p.parse_args(argv)
 
 
@@ -118,6 +133,14 @@ def load_config(path, args, *, timing=False):
   sys.path.insert(0, REPO)  # configs import `configs.default`
   spec.loader.exec_module(module)
   config = module.get_config()
+  if not timing and args.preset:
+    for k, v in PRESETS[args.preset].items():
+      config.model[k] = v
+    config.init_from_hf = ""
+  if config.data.source in ("text", "jsonl") and not config.data.paths:
+    config.data.paths = config.data.eval_paths = "unused.jsonl"  # nothing is read here
+  if config.tokenizer.kind in ("wordpiece", "gpt2", "qwen3") and not config.tokenizer.vocab_path:
+    config.tokenizer.vocab_path = "unused"
   if timing:
     overrides = {"batch_size": args.time_batch_size}
   else:
@@ -139,7 +162,8 @@ def load_config(path, args, *, timing=False):
       config.model.vocab_size = 30522  # bert-base-uncased
     else:
       config.model.vocab_size = int(config.tokenizer.vocab_size)
-  config.model.adaln = config.objective in ("mdlm", "bd3lm")
+  if config.model.get("backbone", "dit") == "dit":
+    config.model.adaln = config.objective in ("mdlm", "bd3lm")
   config.warmup_steps = 0
   return config
 
@@ -167,7 +191,7 @@ def build(config, mesh_cfg, devices):
   abstract = jax.eval_shape(init, jax.random.key(config.seed))
   shardings = sharding.state_shardings(abstract, mesh, sharding.rules_from_config(config))
   data = sharding.batch_sharding(mesh)
-  step = train.jit_train_step(config, DiT(model_cfg), obj_cfg, mesh, shardings)
+  step = train.jit_train_step(config, models.build(model_cfg), obj_cfg, mesh, shardings)
   shape = (config.batch_size, config.seq_len)
   batch = {k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=data)
            for k in ("tokens", "attention_mask")}
@@ -176,10 +200,10 @@ def build(config, mesh_cfg, devices):
   return mesh, init, step, state, batch, shardings, abstract
 
 
-def memory_row(config, mesh_cfg, devices) -> dict:
+def memory_row(config, mesh_cfg, devices, state_only: bool = False) -> dict:
   mesh, _, step, state, batch, shardings, abstract = build(config, mesh_cfg, devices)
   t0 = time.perf_counter()
-  compiled = step.lower(state, batch, jax.random.key(0)).compile()
+  compiled = None if state_only else step.lower(state, batch, jax.random.key(0)).compile()
   compile_s = time.perf_counter() - t0
   mem = compiled.memory_analysis()
   get = lambda name: int(getattr(mem, name, 0) or 0) if mem is not None else 0
@@ -229,8 +253,12 @@ def mib(b: int) -> str:
 
 def describe(config) -> str:
   m = config.model
-  return (f"{config.objective}, {m.num_layers} layers × {m.hidden_size}, {m.num_heads} heads, "
-          f"MLP ×{m.mlp_ratio}, V={m.vocab_size}, L={config.seq_len}, global batch "
+  if m.get("backbone", "dit") == "qwen3":
+    arch = (f"Qwen3 {m.num_layers} layers × {m.hidden_size}, {m.num_heads} / {m.num_kv_heads} "
+            f"heads × {m.head_dim}, MLP {m.intermediate_size}")
+  else:
+    arch = f"DiT {m.num_layers} layers × {m.hidden_size}, {m.num_heads} heads, MLP ×{m.mlp_ratio}"
+  return (f"{config.objective}, {arch}, V={m.vocab_size}, L={config.seq_len}, global batch "
           f"{config.batch_size} (accum {config.grad_accum_steps}), {m.dtype} compute / fp32 "
           f"params, remat={m.remat}")
 
@@ -268,7 +296,7 @@ def main(argv=None):
   print(f"{len(devices)} {args.backend} devices; {describe(config)}", flush=True)
   rows = []
   for mesh_cfg in layouts:
-    row = memory_row(config, mesh_cfg, devices)
+    row = memory_row(config, mesh_cfg, devices, args.state_only)
     print(f"{row['layout']}: compiled in {row['compile_s']:.0f}s; per device: params "
           f"{mib(row['params'])} MiB, optimizer {mib(row['opt'])} MiB, temp {mib(row['temp'])} "
           f"MiB, peak {mib(row['peak'])} MiB", flush=True)

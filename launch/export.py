@@ -4,7 +4,9 @@ r"""Export a trained checkpoint to the official PyTorch / Hugging Face layout (S
       [--noema] [--step=N] [--format=safetensors|bin] [--verify]
 
 Writes model.safetensors (or pytorch_model.bin, which needs torch) with `backbone.`-prefixed DiT
-keys in PyTorch orientation, config.json, generation_config.json and the tokenizer files. EMA
+keys in PyTorch orientation, config.json, generation_config.json and the tokenizer files. A
+model.backbone=qwen3 run is written in the official Qwen3-SetDLM layout (`backbone.model.*` keys,
+safetensors only; SPEC §3.10). EMA
 parameters are exported by default (--noema for the raw ones). --verify (needs torch==2.13.0)
 reloads the export in the PyTorch reference and prints the max relative logits error for a
 two-stream input and a cached decoding step, the likelihood-bound difference, and whether

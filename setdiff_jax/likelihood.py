@@ -40,6 +40,7 @@ import numpy as np
 from setdiff_jax import methods, objectives
 from setdiff_jax.methods.base import logmeanexp
 from setdiff_jax.data import pipeline
+from setdiff_jax import models
 from setdiff_jax.model import DiT
 
 DEFAULT_SEED = 1  # the reference's likelihood seed (SPEC §1.5)
@@ -61,7 +62,7 @@ def row_order(obj_cfg: objectives.ObjectiveConfig, tokens: jax.Array, attention_
 
 @functools.lru_cache(maxsize=32)
 def _cached_row_nll_fn(model_config, obj_cfg: objectives.ObjectiveConfig):
-  return make_row_nll_fn(DiT(model_config), obj_cfg)
+  return make_row_nll_fn(models.build(model_config), obj_cfg)
 
 
 def make_row_nll_fn(model: DiT, obj_cfg: objectives.ObjectiveConfig):

@@ -14,7 +14,7 @@ from typing import Optional, Tuple
 
 import ml_collections
 
-from setdiff_jax import methods, objectives, sharding
+from setdiff_jax import methods, models, objectives, sharding
 from setdiff_jax.data import pipeline, sources, tokenizers
 from setdiff_jax.model import DiTConfig
 
@@ -30,6 +30,7 @@ def default_config() -> ml_collections.ConfigDict:
 
   # ---- backbone (SPEC §3); sizes here are small, the lm1b_* configs use 12 x 768
   c.model = ml_collections.ConfigDict()
+  c.model.backbone = "dit"        # dit (setdiff_jax/model.py) | qwen3 (setdiff_jax/models/qwen3.py)
   c.model.vocab_size = 0          # 0 = take it from the tokenizer; else must equal it
   c.model.hidden_size = 256       # D
   c.model.num_layers = 4
@@ -41,6 +42,13 @@ def default_config() -> ml_collections.ConfigDict:
   c.model.dtype = "float32"       # compute dtype: float32 | bfloat16 (params stay fp32)
   c.model.attention = "dense"     # dense | xla | cudnn (see setdiff_jax/attention.py)
   c.model.remat = False           # rematerialise blocks to save activation memory
+  c.model.rope_base = 10000.0     # RoPE theta (DiT: 10000; Qwen3: the checkpoint's rope_theta, 1e6)
+  # Qwen3 only (ignored by the DiT); with init_from_hf, 0 = take the checkpoint's value.
+  c.model.num_kv_heads = 0        # grouped-query KV heads (0 = num_heads)
+  c.model.head_dim = 0            # 0 = hidden_size / num_heads
+  c.model.intermediate_size = 0   # SwiGLU width (0 = 3 * hidden_size)
+  c.model.rms_norm_eps = 1e-6
+  c.model.tie_embeddings = True   # LM head tied to the embedding (Qwen3-0.6B/1.7B)
 
   # ---- objective details (SPEC §1)
   c.loss = ml_collections.ConfigDict()
@@ -84,6 +92,10 @@ def default_config() -> ml_collections.ConfigDict:
   c.num_eval_samples = 2          # samples decoded and logged at each eval (0 disables)
   c.eval_params = "ema"           # evaluate and sample with the "ema" or the "raw" parameters
   c.init_from = ""                # path of a checkpoint to load parameters from (fine-tuning)
+  # Path of a local Hugging Face Qwen3 directory (config.json, *.safetensors, tokenizer.json) to
+  # initialise a model.backbone=qwen3 run from; model fields left 0 are read from its config.json
+  # and model.num_layers keeps the first layers. Never downloads (SPEC §3.10; pretrained.py).
+  c.init_from_hf = ""
 
   # ---- device mesh (batch sharded over data x fsdp; see setdiff_jax/sharding.py)
   c.mesh = ml_collections.ConfigDict()
@@ -106,7 +118,8 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: Optional[int
         f"objective={config.objective!r}; expected one of {methods.NAMES}")
   check(config.seq_len >= 4, f"seq_len={config.seq_len} is too short")
   methods.get(config.objective).validate_run(config, check)
-  check(config.model.hidden_size % config.model.num_heads == 0,
+  check(models.backbone_name(config.model) != "dit" or
+        config.model.hidden_size % config.model.num_heads == 0,
         f"model.hidden_size={config.model.hidden_size} is not divisible by "
         f"model.num_heads={config.model.num_heads}")
   check(config.grad_accum_steps >= 1, "grad_accum_steps must be >= 1")
@@ -147,7 +160,7 @@ def model_and_objective(config, tokenizer) -> Tuple[DiTConfig, objectives.Object
   if vocab < tokenizer.vocab_size:
     raise ValueError(f"model.vocab_size={vocab} is smaller than the tokenizer's "
                      f"{tokenizer.vocab_size}; set model.vocab_size=0 to take it from the tokenizer")
-  model_cfg = DiTConfig.from_config({**config.model.to_dict(), "vocab_size": vocab})
+  model_cfg = models.backbone_config(config.model.to_dict(), vocab)
   loss = config.loss.to_dict()
   loss["max_set_size"] = loss.get("max_set_size") or None
   obj = objectives.ObjectiveConfig.from_config({

@@ -99,6 +99,15 @@ PARAM_LOGICAL_AXES = {
     ("head", "bias"): ("vocab",),
     ("adaln", "kernel"): ("cond", "modulation"),
     ("final_adaln", "kernel"): ("cond", "modulation"),
+    # Qwen3 (setdiff_jax/models/qwen3.py): query heads and KV heads split over `tensor`.
+    ("q_proj", "kernel"): ("embed", "heads"),
+    ("k_proj", "kernel"): ("embed", "kv_heads"),
+    ("v_proj", "kernel"): ("embed", "kv_heads"),
+    ("o_proj", "kernel"): ("heads", "embed"),
+    ("gate_proj", "kernel"): ("embed", "mlp"),
+    ("up_proj", "kernel"): ("embed", "mlp"),
+    ("down_proj", "kernel"): ("mlp", "embed"),
+    ("lm_head", "kernel"): ("embed", "vocab"),
 }
 
 # Default rules: FSDP shards the model dimension of every matrix over `fsdp`; tensor parallelism
@@ -110,6 +119,7 @@ DEFAULT_RULES = (
     ("vocab", "tensor"),
     ("qkv", "tensor"),
     ("heads", "tensor"),
+    ("kv_heads", "tensor"),
     ("mlp", "tensor"),
     ("cond", None),
     ("modulation", "fsdp"),

@@ -31,11 +31,11 @@ import ml_collections
 import numpy as np
 import optax
 
-from setdiff_jax import (checkpointing, decoding, likelihood, methods, objectives, run_config,
-                         sharding)
+from setdiff_jax import (checkpointing, decoding, likelihood, methods, models, objectives,
+                         pretrained, run_config, sharding)
 from setdiff_jax import workdir as workdir_lib
 from setdiff_jax.data import pipeline
-from setdiff_jax.model import DiT, DiTConfig, init_params
+from setdiff_jax.model import DiT, DiTConfig, init_params  # noqa: F401  (re-exported)
 
 EVAL_SEED = likelihood.DEFAULT_SEED  # one fixed order / t draw per eval sequence (seed 1)
 # Kept importable from here for existing callers.
@@ -78,7 +78,7 @@ def make_optimizer(config) -> optax.GradientTransformation:
 
 
 def create_train_state(config, model_cfg: DiTConfig, rng) -> TrainState:
-  params = init_params(model_cfg, rng)
+  params = models.init_params(model_cfg, rng)
   opt_state = make_optimizer(config).init(params)
   return TrainState(step=jnp.zeros((), jnp.int32), params=params,
                     ema_params=jax.tree_util.tree_map(jnp.copy, params), opt_state=opt_state)
@@ -254,6 +254,8 @@ def eval_rows_for(config, tokenizer) -> Tuple[np.ndarray, np.ndarray]:
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[str, float]:
   """Trains (resuming from WORKDIR/checkpoints if present) and evaluates; returns last metrics."""
+  if config.get("init_from_hf"):  # model fields 0 -> the HF checkpoint's (before validation)
+    config = pretrained.resolve_run_config(config)
   run_config.validate_config(config, jax.device_count())
   workdir = os.path.abspath(workdir)
   os.makedirs(workdir, exist_ok=True)
@@ -263,7 +265,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[
 
   tokenizer = run_config.build_tokenizer(config, workdir)
   model_cfg, obj_cfg = run_config.model_and_objective(config, tokenizer)
-  model = DiT(model_cfg)
+  model = models.build(model_cfg)
   optimizer = make_optimizer(config)
   mesh = sharding.make_mesh(config.mesh)
   logging.info("mesh %s; model %s; objective %s", dict(mesh.shape), model_cfg, obj_cfg)
@@ -285,6 +287,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[
     params = workdir_lib.load_params(config.init_from, state.params)
     state = state.replace(params=params, ema_params=jax.tree_util.tree_map(jnp.copy, params))
     logging.info("initialised parameters from %s", config.init_from)
+  elif config.get("init_from_hf"):  # tensor by tensor, straight into the state's shardings
+    params = pretrained.load_params_sharded(config.init_from_hf, model_cfg, state_shardings.params)
+    ema = jax.device_put(jax.tree_util.tree_map(jnp.copy, params), state_shardings.ema_params)
+    state = state.replace(params=params, ema_params=ema)
+    logging.info("initialised %d layers from the Hugging Face checkpoint %s",
+                 model_cfg.num_layers, config.init_from_hf)
 
   batch_sharding = sharding.batch_sharding(mesh)
   train_step = jit_train_step(config, model, obj_cfg, mesh, state_shardings, optimizer)

@@ -18,8 +18,7 @@ import jax
 import ml_collections
 import orbax.checkpoint as ocp
 
-from setdiff_jax import checkpointing, run_config, sharding
-from setdiff_jax.model import DiT, param_shapes
+from setdiff_jax import checkpointing, models, run_config, sharding
 
 
 @dataclasses.dataclass
@@ -84,7 +83,7 @@ def load_inference_state(workdir: str, *, step: Optional[int] = None, use_ema: b
   tokenizer = run_config.build_tokenizer(config, workdir, allow_training=False)
   model_config, objective_config = run_config.model_and_objective(config, tokenizer)
   mesh = sharding.make_mesh(mesh_config or {"data": -1, "fsdp": 1, "tensor": 1})
-  abstract = param_shapes(model_config)
+  abstract = models.param_shapes(model_config)
   shardings = sharding.state_shardings(abstract, mesh, sharding.rules_from_config(config))
   abstract = jax.tree_util.tree_map(
       lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
@@ -108,15 +107,15 @@ def load_params(path: str, like, *, use_ema: bool = False):
     raise FileNotFoundError(f"init_from={path!r}: {e}") from e
 
 
-def inference_model(model_config, dtype: Optional[str] = "float32") -> DiT:
-  """A DiT for sampling: compute dtype `dtype` (None keeps the run's; the reference generates in
+def inference_model(model_config, dtype: Optional[str] = "float32"):
+  """The backbone (DiT, Qwen3) for sampling: compute dtype `dtype` (None keeps the run's; the reference generates in
   fp32, SPEC §3.7) and, off GPU, the XLA attention path in place of `cudnn`."""
   changes = {}
   if dtype is not None:
     changes["dtype"] = dtype
   if model_config.attention == "cudnn" and jax.default_backend() != "gpu":
     changes["attention"] = "xla"
-  return DiT(dataclasses.replace(model_config, **changes) if changes else model_config)
+  return models.build(dataclasses.replace(model_config, **changes) if changes else model_config)
 
 
 __all__ = ["InferenceState", "load_config", "restore_params", "load_inference_state", "load_params",

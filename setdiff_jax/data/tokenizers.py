@@ -6,6 +6,9 @@ Three kinds (``cfg.kind``):
   ``bert-base-uncased``, V = 30522).
 - ``gpt2``: byte-level BPE from ``vocab.json`` + ``merges.txt`` plus one added
   mask token ``<|fim_middle|>`` (id 50257, V = 50258), as the OWT models.
+- ``qwen3``: a Hugging Face ``tokenizer.json`` (``vocab_path``: the file or its
+  directory, e.g. a local Qwen3 checkout) with the reference's specials: BOS = EOS
+  = PAD = ``<|endoftext|>``, MASK = ``<|fim_middle|>`` (SPEC §5).
 - ``trained``: a byte-level BPE trained on the run's own text at first use and
   saved in the workdir; later runs load it from there (as the Flax lm1b example
   does with SentencePiece).
@@ -30,7 +33,7 @@ import numpy as np
 import tokenizers as hf
 from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
-KINDS = ("wordpiece", "gpt2", "trained")
+KINDS = ("wordpiece", "gpt2", "qwen3", "trained")
 TOKENIZER_SUBDIR = "tokenizer"
 _SPECIALS_FILE = "special_tokens.json"
 _TOKENIZER_FILE = "tokenizer.json"
@@ -40,6 +43,8 @@ TRAINED_SPECIALS = ("[PAD]", "[UNK]", "[BOS]", "[EOS]", "[MASK]")
 
 GPT2_EOS = "<|endoftext|>"  # id 50256; also BOS and PAD (SPEC §5)
 GPT2_MASK = "<|fim_middle|>"  # added, id 50257 (SPEC §5)
+QWEN3_EOS = "<|endoftext|>"  # 151643 in Qwen3-Base: also BOS and PAD (SPEC §5)
+QWEN3_MASK = "<|fim_middle|>"  # 151660 in Qwen3-Base (SPEC §5)
 
 
 def default_tokenizer_config() -> ml_collections.ConfigDict:
@@ -207,6 +212,23 @@ def gpt2_tokenizer(vocab_path: str, merges_path: str) -> Tokenizer:
                    mask_id=_special_id(tok, GPT2_MASK))
 
 
+def qwen3_tokenizer(path: str) -> Tokenizer:
+  """A Qwen3 `tokenizer.json` (file or directory) with the reference's special ids (SPEC §5)."""
+  path = os.fspath(path)
+  file = os.path.join(path, _TOKENIZER_FILE) if os.path.isdir(path) else path
+  file = _require_file(file, "tokenizer.vocab_path (a tokenizer.json or its directory)")
+  tok = hf.Tokenizer.from_file(file)
+  ids = {}
+  for name in (QWEN3_EOS, QWEN3_MASK):
+    i = tok.token_to_id(name)
+    if i is None:
+      raise ValueError(f"{file}: the vocabulary has no {name!r} token; a Qwen3 SetDLM needs "
+                       f"BOS=EOS=PAD={QWEN3_EOS!r} and MASK={QWEN3_MASK!r} (SPEC §5)")
+    ids[name] = i
+  eos = ids[QWEN3_EOS]
+  return Tokenizer(tok, kind="qwen3", bos_id=eos, eos_id=eos, pad_id=eos, mask_id=ids[QWEN3_MASK])
+
+
 def train_tokenizer(texts: Iterable[str], vocab_size: int,
                     lowercase: bool = False) -> Tokenizer:
   """Trains a byte-level BPE on `texts`.
@@ -239,7 +261,7 @@ def validate_tokenizer_config(cfg):
   """Raises ValueError with a readable message for a bad tokenizer config."""
   if cfg.kind not in KINDS:
     raise ValueError(f"tokenizer.kind={cfg.kind!r}; expected one of {KINDS}")
-  if cfg.kind in ("wordpiece", "gpt2") and not cfg.get("vocab_path"):
+  if cfg.kind in ("wordpiece", "gpt2", "qwen3") and not cfg.get("vocab_path"):
     raise ValueError(f"tokenizer.kind={cfg.kind} needs tokenizer.vocab_path")
   if cfg.kind == "gpt2" and not cfg.get("merges_path"):
     raise ValueError("tokenizer.kind=gpt2 needs tokenizer.merges_path")
@@ -259,6 +281,8 @@ def build_tokenizer(cfg, train_texts=None) -> Tokenizer:
     return wordpiece_tokenizer(cfg.vocab_path, _lowercase(cfg, True))
   if cfg.kind == "gpt2":
     return gpt2_tokenizer(cfg.vocab_path, cfg.merges_path)
+  if cfg.kind == "qwen3":
+    return qwen3_tokenizer(cfg.vocab_path)
   if train_texts is None:
     raise ValueError("tokenizer.kind=trained needs train_texts on its first run "
                      "(no saved tokenizer was found in the workdir)")

@@ -3,6 +3,8 @@
   export_checkpoint(config, params, out_dir, tokenizer=None, special_ids=None, fmt="safetensors")
   import_checkpoint(path) -> (config, params)
   forward_logits(config, params, tokens, positions, allowed) -> logits   (PyTorch reference)
+  jax_logits(config, params, tokens, positions, allowed) -> logits       (ours, any backbone)
+  export_qwen3_official / export_qwen3_hf(config, params, out_dir, tokenizer=None)   (Qwen3)
 
 Submodules: `name_map` (the one declarative key map, numpy only), `hf_config` (config.json
 translation), `files` (weight files), `export`, `import_`, `torch_reference` (torch + numpy only).
@@ -15,6 +17,10 @@ _LAZY = {
     "export_checkpoint": ("export", "export_checkpoint"),
     "export_workdir": ("export", "export_workdir"),
     "import_checkpoint": ("import_", "import_checkpoint"),
+    "jax_logits": ("logits", "jax_logits"),
+    "export_qwen3_official": ("export", "export_qwen3_official"),
+    "export_qwen3_hf": ("export", "export_qwen3_hf"),
+    "QWEN3_NAME_MAP": ("qwen3_map", "NAME_MAP"),
     "load_tokenizer": ("import_", "load_tokenizer"),
     "InteropWarning": ("import_", "InteropWarning"),
     "CheckpointMismatchError": ("name_map", "CheckpointMismatchError"),

@@ -23,7 +23,8 @@ import jax
 
 from setdiff_jax import methods
 from setdiff_jax import workdir as workdir_lib
-from setdiff_jax.interop import files, hf_config, name_map
+from setdiff_jax import pretrained
+from setdiff_jax.interop import files, hf_config, name_map, qwen3_hf, qwen3_map
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +98,11 @@ def export_checkpoint(config, params, out_dir: str, *, tokenizer=None,
   """
   if fmt not in files.FORMATS:
     raise ValueError(f"format={fmt!r}; use one of {files.FORMATS}")
+  if str(_get(_get(config, "model", {}), "backbone", "dit") or "dit") == "qwen3":
+    if fmt != "safetensors":
+      raise ValueError("Qwen3 exports are written as model.safetensors only (format=safetensors)")
+    return export_qwen3_official(config, params, out_dir, tokenizer=tokenizer,
+                                 special_ids=special_ids, step=step, ema=ema)
   special = hf_config.normalize_special_ids(tokenizer, special_ids)
   params = _to_numpy_tree(params)
   model_cfg = _get(config, "model", {})
@@ -155,6 +161,57 @@ def export_checkpoint(config, params, out_dir: str, *, tokenizer=None,
   return out_dir
 
 
+def export_qwen3_hf(config, params, out_dir: str, *, tokenizer=None) -> str:
+  """A plain HF Qwen3 directory (`Qwen3ForCausalLM.from_pretrained` loads it)."""
+  params = _to_numpy_tree(params)
+  m = qwen3_hf.resolved_model(config, params)
+  state = qwen3_map.from_flax(params, qwen3_hf.dims_of(m), "hf")
+  os.makedirs(out_dir, exist_ok=True)
+  files.write_state_dict(state, out_dir, "safetensors")
+  special = hf_config.normalize_special_ids(tokenizer, {}) if tokenizer is not None else {}
+  cfg = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], **pretrained.to_hf_fields(m),
+         "torch_dtype": "float32", "max_position_embeddings": 40960,
+         **{hf_config.HF_SPECIAL[k]: v for k, v in special.items() if k != "mask_id"}}
+  files.write_json(cfg, os.path.join(out_dir, files.CONFIG_FILE))
+  if tokenizer is not None:
+    tokenizer.save(out_dir)
+  return out_dir
+
+
+def export_qwen3_official(config, params, out_dir: str, *, tokenizer=None,
+                          special_ids: Optional[Mapping[str, int]] = None, step=None,
+                          ema=None) -> str:
+  """A Qwen3 run in the official SetDLM layout (SPEC §3.10, §9.2): `backbone.model.*` keys
+  (PyTorch orientation, fp32, lm_head written even when tied, as the denoiser's state dict),
+  config.json with the official fields plus the architecture, tokenizer files."""
+  params = _to_numpy_tree(params)
+  m = qwen3_hf.resolved_model(config, params)
+  special = hf_config.normalize_special_ids(tokenizer, special_ids)
+  cfg = hf_config.to_hf_config(
+      config, vocab_size=m["vocab_size"], hidden_size=m["hidden_size"],
+      num_layers=m["num_layers"], num_heads=m["num_heads"], mlp_ratio=0, cond_dim=0, adaln=False,
+      special_ids=special, tokenizer_vocab_size=getattr(tokenizer, "vocab_size", None),
+      rope_base=m["rope_base"],
+      extra={"step": step, "ema": ema, "qwen3": pretrained.to_hf_fields(m),
+             "run_config": _run_config_json(config)})
+  causal = cfg["backbone_config"]["causal_attention"]  # the method's (registry) choice
+  cfg["backbone_config"] = qwen3_hf.official_backbone_config(m, causal)
+  cfg["setdiff_jax"].pop("mlp_ratio", None)
+  state = qwen3_map.from_flax(params, qwen3_hf.dims_of(m), "official")
+  os.makedirs(out_dir, exist_ok=True)
+  for stale in (files.SAFETENSORS_FILE, files.BIN_FILE, pretrained.INDEX_FILE):
+    if os.path.exists(os.path.join(out_dir, stale)):
+      os.remove(os.path.join(out_dir, stale))
+  files.write_state_dict(state, out_dir, "safetensors")
+  files.write_json(cfg, os.path.join(out_dir, files.CONFIG_FILE))
+  files.write_json(hf_config.generation_config(config, special),
+                   os.path.join(out_dir, files.GENERATION_CONFIG_FILE))
+  if tokenizer is not None:
+    _write_tokenizer(tokenizer, out_dir, special, int(_get(config, "seq_len")))
+  _make_readable(out_dir)
+  return out_dir
+
+
 def export_workdir(workdir: str, out: str, *, use_ema: bool = True, step: Optional[int] = None,
                    fmt: str = "safetensors", verify: bool = False):
   """Exports a training workdir's checkpoint (parameters only, `workdir.load_inference_state`).
@@ -172,10 +229,13 @@ def export_workdir(workdir: str, out: str, *, use_ema: bool = True, step: Option
                       step=state.step, ema=use_ema)
     log.info("exported step %d (%s params) of %s to %s", state.step,
              "EMA" if use_ema else "raw", workdir, out)
-    if verify:
+    if verify and str(state.config.model.get("backbone", "dit")) == "qwen3":
+      from setdiff_jax.interop import qwen3_parity  # torch + transformers: optional extras
+      report = qwen3_parity.parity_report(state.config, params, out)
+    elif verify:
       from setdiff_jax.interop import parity  # torch: an optional extra
       report = parity.parity_report(state.config, params, out)
   return out, report
 
 
-__all__ = ["export_checkpoint", "export_workdir"]
+__all__ = ["export_checkpoint", "export_workdir", "export_qwen3_official", "export_qwen3_hf"]

@@ -29,6 +29,7 @@ HF_SPECIAL = {"bos_id": "bos_token_id", "eos_id": "eos_token_id", "pad_id": "pad
 
 # objective -> (model_type, architecture): SetDLM reuses BD3LMConfig (SPEC §9.2).
 HF_CLASSES = {m.name: (m.hf_model_type, m.hf_architecture) for m in methods.REGISTRY.values()}
+HF_MODEL_TYPES = frozenset(t for t, _ in HF_CLASSES.values())  # the official config.json kinds
 
 
 def _get(cfg, key, default=None):

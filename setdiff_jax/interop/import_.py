@@ -15,7 +15,10 @@ Documented behaviour:
     lists all of them;
   - `static_attention_mask` (and legacy `sampling_eps_min/max`) are ignored with a warning;
     `rotary_emb.inv_freq` is checked against 10000^(-2j/Dh), then dropped (a mismatch raises);
-  - Qwen3 backbones raise NotImplementedError.
+  - Qwen3: a plain HF Qwen3 directory (`model_type: qwen3`; returned with the default method and
+    all layers) and an official / exported Qwen3 SetDLM (`backbone_config._target_`
+    AutoModelFromPreTrained, keys `backbone.model.*`) are read by `qwen3_hf.py`;
+    `config.model.backbone = "qwen3"`.
 """
 from __future__ import annotations
 
@@ -27,9 +30,9 @@ from typing import Any, Dict, Tuple
 import ml_collections
 import numpy as np
 
-from setdiff_jax import model as model_lib
+from setdiff_jax import models
 from setdiff_jax.data import tokenizers
-from setdiff_jax.interop import files, hf_config, name_map
+from setdiff_jax.interop import backbone_config, files, hf_config, name_map, qwen3_hf
 from setdiff_jax.run_config import default_config
 
 log = logging.getLogger(__name__)
@@ -70,8 +73,7 @@ def _check_rotary(value, head_dim: int, rope_base: float):
 
 def _check_structure(config, params):
   """The params must have exactly the structure and shapes `model.init_params` makes."""
-  want = name_map.flatten(model_lib.param_shapes(model_lib.DiTConfig.from_config(config.model),
-                                                 seq_len=8))
+  want = name_map.flatten(models.param_shapes(models.backbone_config(config.model), seq_len=8))
   got = name_map.flatten(params)
   missing = ["/".join(p) for p in want if p not in got]
   extra = ["/".join(p) for p in got if p not in want]
@@ -90,13 +92,73 @@ def import_checkpoint(path: str, *, check_structure: bool = True
   if not os.path.isfile(cfg_path):
     raise FileNotFoundError(f"{cfg_path} not found: not a checkpoint directory")
   raw = files.read_json(cfg_path)
+  if raw.get("model_type") == "qwen3":  # a plain Hugging Face Qwen3 directory
+    config, params = _qwen3_hf_import(path)
+  elif "backbone_config" not in raw and raw.get("model_type") not in hf_config.HF_MODEL_TYPES:
+    raise ValueError(f"{cfg_path}: model_type={raw.get('model_type')!r} is neither a Hugging Face "
+                     f"Qwen3 (model_type 'qwen3') nor a SetDLM export "
+                     f"({sorted(hf_config.HF_MODEL_TYPES)} with a backbone_config)")
+  elif backbone_config.is_qwen3(raw):
+    config, params = _qwen3_official_import(path, raw)
+  else:
+    config, params = _dit_import(path, raw)
+  if check_structure:
+    _check_structure(config, params)
+  return config, params
+
+
+def _qwen3_hf_import(path: str):
+  m, params, special, tok_dir = qwen3_hf.read_hf(path)
+  config = default_config()
+  _merge(config.model, {**m, "dropout": 0.0})
+  if tok_dir is not None:
+    config.tokenizer.kind = "qwen3"
+    config.tokenizer.vocab_path = os.path.join(tok_dir, "tokenizer.json")
+  config.interop = ml_collections.ConfigDict({
+      "source": os.path.abspath(path), "format": "hf", "special_ids": special,
+      "tokenizer_dir": tok_dir, "stored_max_set_size": None, "step": None, "ema": None,
+      "causal_attention": True, "tokenizer_vocab_size": None})
+  return config, params
+
+
+def _qwen3_official_import(path: str, raw):
+  fields, notes = hf_config.from_hf_config(raw, path_hint=path)
+  m, params, more = qwen3_hf.read_official(path, raw)
+  for n in notes + more:
+    _warn(n)
+  return _assemble(path, raw, fields, m), params
+
+
+def _assemble(path: str, raw, fields, m):
+  """Our run config from the official fields and the model fields `m`."""
+  config = default_config()
+  extra = raw.get("setdiff_jax") or {}
+  if isinstance(extra.get("run_config"), dict):
+    _merge(config, extra["run_config"])
+  config.objective = fields["objective"]
+  config.seq_len = fields["seq_len"]
+  _merge(config.model, {k: v for k, v in m.items()})
+  _merge(config.loss, fields["loss"])
+  has_tokenizer = os.path.isfile(os.path.join(path, "tokenizer.json"))
+  config.interop = ml_collections.ConfigDict({
+      "source": os.path.abspath(path),
+      "special_ids": dict(fields["special_ids"]),
+      "tokenizer_dir": os.path.abspath(path) if has_tokenizer else None,
+      "tokenizer_vocab_size": fields["tokenizer_vocab_size"],
+      "stored_max_set_size": fields["stored_max_set_size"],
+      "causal_attention": fields["causal_attention"],
+      "step": extra.get("step"),
+      "ema": extra.get("ema"),
+  })
+  return config
+
+
+def _dit_import(path: str, raw):
   fields, notes = hf_config.from_hf_config(raw, path_hint=path)
   for n in notes:
     _warn(n)
 
   state = name_map.strip_prefix(files.read_state_dict(path))
-  if any(k.startswith(("model.model.", "model.lm_head")) for k in state):
-    raise NotImplementedError("Qwen3 backbone weights (backbone.model.*) are not supported")
   state, buffers = name_map.split_known_buffers(state)
   m = fields["model"]
   head_dim = int(m["hidden_size"]) // int(m["num_heads"])
@@ -119,28 +181,7 @@ def import_checkpoint(path: str, *, check_structure: bool = True
     params = name_map.unflatten({p: np.asarray(a, np.float32)
                                  for p, a in name_map.flatten(params).items()})
 
-  config = default_config()
-  extra = raw.get("setdiff_jax") or {}
-  if isinstance(extra.get("run_config"), dict):
-    _merge(config, extra["run_config"])
-  config.objective = fields["objective"]
-  config.seq_len = fields["seq_len"]
-  _merge(config.model, {k: v for k, v in m.items()})
-  _merge(config.loss, fields["loss"])
-  has_tokenizer = os.path.isfile(os.path.join(path, "tokenizer.json"))
-  config.interop = ml_collections.ConfigDict({
-      "source": os.path.abspath(path),
-      "special_ids": dict(fields["special_ids"]),
-      "tokenizer_dir": os.path.abspath(path) if has_tokenizer else None,
-      "tokenizer_vocab_size": fields["tokenizer_vocab_size"],
-      "stored_max_set_size": fields["stored_max_set_size"],
-      "causal_attention": fields["causal_attention"],
-      "step": extra.get("step"),
-      "ema": extra.get("ema"),
-  })
-  if check_structure:
-    _check_structure(config, params)
-  return config, params
+  return _assemble(path, raw, fields, m), params
 
 
 def load_tokenizer(path: str):

@@ -39,6 +39,12 @@ def logmeanexp(x: np.ndarray, axis: int = 0) -> np.ndarray:
   return np.squeeze(m + np.log(np.mean(np.exp(x - m), axis=axis, keepdims=True)), axis=axis)
 
 
+def uses_dit(config) -> bool:
+  """Whether the run trains the DiT (`model.backbone`, setdiff_jax/models/), whose adaLN variant
+  the MDLM / BD3LM baselines use."""
+  return str(config.model.get("backbone", "dit") or "dit") == "dit"
+
+
 class Method:
   """Defaults shared by the methods; each registry entry overrides what differs."""
   name: str = ""
@@ -56,6 +62,10 @@ class Method:
   # ------------------------------------------------------------------ validation
   def validate_run(self, config, check: Callable[[bool, str], None]) -> None:
     """Run-config rules of this method (`check(ok, message)` raises on a violation)."""
+    if not uses_dit(config):  # Qwen3 has no time conditioning, whatever the method (SPEC §3.10)
+      check(not config.model.adaln, f"model.backbone={config.model.backbone} has no adaLN "
+            f"(set model.adaln=False)")
+      return
     want = self.adaln
     check(bool(config.model.adaln) == want,
           f"objective={self.name} uses the DiT {'with' if want else 'without'} adaLN "

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from setdiff_jax import objectives
-from setdiff_jax.methods.base import Method
+from setdiff_jax.methods.base import Method, uses_dit
 from setdiff_jax.methods.mdlm import MDLM
 from setdiff_jax.sampling import baselines
 
@@ -20,6 +20,8 @@ class BD3LM(MDLM):
     check(config.seq_len % config.loss.block_size == 0,
           f"objective=bd3lm needs loss.block_size={config.loss.block_size} to divide "
           f"seq_len={config.seq_len}")
+    if not uses_dit(config):
+      return Method.validate_run(self, config, check)
     check(config.model.adaln, "objective=bd3lm uses the adaLN DiT (set model.adaln=True), as the "
           "reference's LM1B baseline")
 

@@ -10,9 +10,14 @@ The model protocol (`ApplyFn`):
     logits: fp32 [B, S - head_start, V] (raw, M not yet suppressed);
     kv: the same pytree structure with leaves [B, S, ...]: this call's keys/values.
 
-`as_forward(model, params)` accepts a `DiT` (the adapter calls `model.apply(..., return_kv=True)`),
-a `Forward`, or a plain `logits_fn(tokens, positions, mask, kv_cache) -> (logits, kv)` (toy tests).
+`as_forward(model, params)` accepts any registered backbone module (`DiT`, `Qwen3`; the adapter
+calls `model.apply(..., return_kv=True)`), a `Forward`, or a plain `logits_fn(tokens, positions,
+mask, kv_cache) -> (logits, kv)` (toy tests).
 The adapter functions are cached per model config / function, so jitted samplers compile once.
+
+The cache is shaped after the kv the model returns, so it holds what the backbone stores per layer:
+[B, C, H, Dh] for the DiT, the KV heads only [B, C, K, Dh] for a grouped-query Qwen3
+(`models.cache_layout(config)` gives the same numbers from the config alone).
 
 The cache stores only committed clean tokens. It has a fixed capacity C per row and a per-row
 length; slot j of row b is valid iff j < length[b]. `append` writes a call's first rows at the
@@ -29,7 +34,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from setdiff_jax.model import DiT, DiTConfig
+from setdiff_jax import models
 
 ApplyFn = Callable[..., Any]
 
@@ -42,15 +47,18 @@ class Forward:
 
 
 @functools.lru_cache(maxsize=None)
-def dit_apply_fn(config: DiTConfig) -> ApplyFn:
-  """The `ApplyFn` of a DiT with this config (one function object per config)."""
-  model = DiT(config)
+def backbone_apply_fn(config) -> ApplyFn:
+  """The `ApplyFn` of a backbone (DiT, Qwen3) with this config (one function object per config)."""
+  model = models.build(config)
 
   def apply(params, tokens, positions, mask, kv_cache, head_start=0):
     return model.apply({"params": params}, tokens, positions, mask, kv_cache=kv_cache,
                        head_start=head_start, return_kv=True, deterministic=True)
 
   return apply
+
+
+dit_apply_fn = backbone_apply_fn  # the historical name
 
 
 @functools.lru_cache(maxsize=None)
@@ -66,13 +74,13 @@ def logits_fn_apply(logits_fn: Callable) -> ApplyFn:
 
 
 def as_forward(model, params=None) -> Forward:
-  """`DiT` + params, a `Forward`, or a plain logits function -> `Forward`."""
+  """A backbone module + params, a `Forward`, or a plain logits function -> `Forward`."""
   if isinstance(model, Forward):
     return model
-  if isinstance(model, DiT):
+  if models.is_backbone(model):
     if params is None:
-      raise ValueError("a DiT needs its params")
-    return Forward(dit_apply_fn(model.config), params)
+      raise ValueError(f"a {type(model).__name__} needs its params")
+    return Forward(backbone_apply_fn(model.config), params)
   if callable(model):
     return Forward(logits_fn_apply(model), params)
   raise TypeError(f"expected a DiT, a Forward or a logits function, got {type(model).__name__}")
@@ -161,5 +169,5 @@ def grid_mask(q_pos, k_pos, k_valid, block_size: int) -> jax.Array:
   return (kb[:, None, :] <= qb[:, :, None]) & k_valid[:, None, :]
 
 
-__all__ = ["ApplyFn", "Forward", "KVCache", "dit_apply_fn", "logits_fn_apply", "as_forward",
+__all__ = ["ApplyFn", "Forward", "KVCache", "backbone_apply_fn", "dit_apply_fn", "logits_fn_apply", "as_forward",
            "empty_cache", "append", "prefill", "causal_valid_mask", "grid_mask"]

@@ -1,0 +1,201 @@
+"""Initialising a run from a local Hugging Face Qwen3 directory (`config.init_from_hf`; SPEC §3.10).
+
+  config = pretrained.resolve_run_config(config)     # model fields 0 -> the checkpoint's
+  params = pretrained.load_params_sharded(path, backbone_cfg, shardings)
+
+Reads `config.json` (checked: a directory, a config.json, `model_type: qwen3`, no attention bias /
+sliding window, silu), the safetensors shards (every shard the index names must exist) and loads
+the first `num_layers` layers tensor by tensor straight into the target shardings: each device's
+callback reads only its slice (`safe_open(...).get_slice`), so the host never holds a second copy
+of the model. Never downloads. The key correspondence is the one name map, `interop/qwen3_map.py`
+(numpy only); `interop/qwen3_hf.py` builds import/export on top of this module.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+import jax
+import numpy as np
+
+from setdiff_jax.interop import files, qwen3_map
+from setdiff_jax.models import qwen3 as qwen3_lib
+from setdiff_jax.interop.name_map import CheckpointMismatchError, flatten, unflatten
+
+INDEX_FILE = "model.safetensors.index.json"
+DEFAULT_THETA, DEFAULT_EPS = 1_000_000.0, 1e-6  # every public Qwen3 config
+
+
+# ----------------------------------------------------------------------------- HF config
+def read_hf_config(path: str) -> dict:
+  path = os.fspath(path)
+  if not os.path.isdir(path):
+    raise FileNotFoundError(f"{path!r} is not a directory (a local Hugging Face Qwen3 checkout "
+                            f"is expected; nothing is downloaded)")
+  cfg_path = os.path.join(path, files.CONFIG_FILE)
+  if not os.path.isfile(cfg_path):
+    raise FileNotFoundError(f"{cfg_path} not found: {path!r} is not a Hugging Face model directory")
+  raw = files.read_json(cfg_path)
+  if raw.get("model_type") != "qwen3":
+    raise ValueError(f"{cfg_path}: model_type={raw.get('model_type')!r}; only 'qwen3' "
+                     f"(Qwen3ForCausalLM) checkpoints are supported")
+  return raw
+
+
+def _rope_theta(raw: Mapping) -> float:
+  rp = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+  if rp.get("rope_type", "default") not in ("default", None):
+    raise ValueError(f"rope type {rp.get('rope_type')!r} is not supported (default RoPE only)")
+  return float(raw.get("rope_theta", rp.get("rope_theta", DEFAULT_THETA)))
+
+
+def model_fields(raw: Mapping, where: str = "config.json") -> Dict[str, Any]:
+  """Our `config.model` fields from an HF Qwen3 config dict."""
+  for key, ok in (("attention_bias", False), ("use_sliding_window", False)):
+    if bool(raw.get(key, False)) != ok:
+      raise ValueError(f"{where}: {key}={raw.get(key)} is not supported by our Qwen3")
+  if raw.get("hidden_act", "silu") != "silu":
+    raise ValueError(f"{where}: hidden_act={raw.get('hidden_act')!r}; only silu is supported")
+  heads = int(raw["num_attention_heads"])
+  return {
+      "backbone": "qwen3", "vocab_size": int(raw["vocab_size"]),
+      "hidden_size": int(raw["hidden_size"]), "num_layers": int(raw["num_hidden_layers"]),
+      "num_heads": heads, "num_kv_heads": int(raw.get("num_key_value_heads") or heads),
+      "head_dim": int(raw.get("head_dim") or int(raw["hidden_size"]) // heads),
+      "intermediate_size": int(raw["intermediate_size"]), "rope_base": _rope_theta(raw),
+      "rms_norm_eps": float(raw.get("rms_norm_eps", DEFAULT_EPS)),
+      "tie_embeddings": bool(raw.get("tie_word_embeddings", False)), "adaln": False,
+  }
+
+
+def to_hf_fields(m: Mapping) -> Dict[str, Any]:
+  """HF Qwen3Config fields from our `config.model` (resolved) fields."""
+  return {
+      "vocab_size": int(m["vocab_size"]), "hidden_size": int(m["hidden_size"]),
+      "intermediate_size": int(m["intermediate_size"]), "num_hidden_layers": int(m["num_layers"]),
+      "num_attention_heads": int(m["num_heads"]), "num_key_value_heads": int(m["num_kv_heads"]),
+      "head_dim": int(m["head_dim"]), "hidden_act": "silu", "rms_norm_eps": float(m["rms_norm_eps"]),
+      "rope_theta": float(m["rope_base"]), "tie_word_embeddings": bool(m["tie_embeddings"]),
+      "attention_bias": False, "attention_dropout": 0.0, "use_sliding_window": False,
+  }
+
+
+def backbone_cfg_of(m: Mapping) -> qwen3_lib.Qwen3Config:
+  return qwen3_lib.Qwen3Config.from_config(m)
+
+
+# ----------------------------------------------------------------------------- weight files
+def weight_shards(path: str) -> List[str]:
+  """The safetensors files of `path`: the index's shards (all must exist) or model.safetensors."""
+  index = os.path.join(path, INDEX_FILE)
+  if os.path.isfile(index):
+    weight_map = files.read_json(index).get("weight_map") or {}
+    shards = sorted(set(weight_map.values()))
+    missing = [s for s in shards if not os.path.isfile(os.path.join(path, s))]
+    if missing:
+      raise FileNotFoundError(f"{index} names shards that are not in {path!r}: {missing}")
+    return [os.path.join(path, s) for s in shards]
+  single = os.path.join(path, files.SAFETENSORS_FILE)
+  if os.path.isfile(single):
+    return [single]
+  raise FileNotFoundError(f"no weights in {path!r}: expected {files.SAFETENSORS_FILE} or "
+                          f"{INDEX_FILE} with its shards")
+
+
+def shard_shapes(shards: List[str]) -> Dict[str, Tuple[Tuple[int, ...], str]]:
+  """{key: (shape, file)} without reading any tensor."""
+  from safetensors import safe_open
+  out = {}
+  for file in shards:
+    with safe_open(file, framework="np") as f:
+      for k in f.keys():
+        out[k] = (tuple(f.get_slice(k).get_shape()), file)
+  return out
+
+
+def resolve_layers(m: Dict[str, Any], available: int, num_layers: Optional[int], where: str):
+  if num_layers is None or int(num_layers) <= 0:
+    num_layers = available
+  if int(num_layers) > available:
+    raise ValueError(f"num_layers={num_layers} but {where} has only {available} layers "
+                     f"(set model.num_layers <= {available}, or 0 for all)")
+  m["num_layers"] = int(num_layers)
+
+
+# ----------------------------------------------------------------------------- sharded load
+def load_params_sharded(path: str, backbone_cfg, shardings, *, context: str = ""):
+  """The first `backbone_cfg.num_layers` layers of a HF / official dir as jax arrays placed in
+  `shardings` (a pytree like the params), tensor by tensor: each device's callback reads only its
+  slice (`safe_open(...).get_slice`), so the host never holds a second full copy."""
+  from safetensors import safe_open
+  shards = weight_shards(path)
+  shapes = shard_shapes(shards)
+  layout = qwen3_map.detect_layout(shapes)
+  stripped = qwen3_map.strip(shapes, layout)
+  dims = qwen3_map.Dims.from_config(backbone_cfg)
+  rows = qwen3_map.check_keys({k: shapes[v][0] for k, v in stripped.items()}, dims,
+                              context=context or path)
+  flat_sh = {p: s for p, s in flatten(shardings).items()}
+  want = {r.flax_path for r in rows}
+  if set(flat_sh) != want:
+    raise CheckpointMismatchError(sorted("/".join(p) for p in want - set(flat_sh)),
+                                  sorted("/".join(p) for p in set(flat_sh) - want), (),
+                                  "shardings vs the Qwen3 name map")
+  out = {}
+  by_file: Dict[str, list] = {}
+  for r in rows:
+    by_file.setdefault(shapes[stripped[r.hf_key]][1], []).append(r)
+  for file in shards:
+    with safe_open(file, framework="np") as f:
+      for r in by_file.get(file, []):
+        sl = f.get_slice(stripped[r.hf_key])
+
+        def read(index, sl=sl, r=r):
+          index = tuple(index) + (slice(None),) * (len(r.flax_shape) - len(index))
+          if r.transpose:
+            return np.ascontiguousarray(np.asarray(sl[tuple(reversed(index))], np.float32).T)
+          return np.asarray(sl[index], np.float32)
+
+        out[r.flax_path] = jax.make_array_from_callback(r.flax_shape, flat_sh[r.flax_path], read)
+  return unflatten(out)
+
+
+# ----------------------------------------------------------------------------- training init
+_FROM_HF = ("vocab_size", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
+            "intermediate_size", "rope_base")
+
+
+def resolve_run_config(config):
+  """A copy of the run `config` with `model.*` filled from `config.init_from_hf`'s config.json.
+
+  Fields left 0 take the checkpoint's value; a non-zero value must equal it; `rms_norm_eps` and
+  `tie_embeddings` always follow the checkpoint; `model.num_layers` 0 = all, N = the first N
+  (SPEC §3.10 `num_layers`). A `qwen3` tokenizer without `vocab_path` uses the directory's
+  tokenizer.json. Raises ValueError naming the field and the fix.
+  """
+  path = str(config.init_from_hf)
+  config = config.copy_and_resolve_references()
+  m = config.model
+  if str(m.get("backbone", "dit")) != "qwen3":
+    raise ValueError(f"init_from_hf={path!r} needs model.backbone='qwen3' (got {m.get('backbone')!r})")
+  if config.get("init_from"):
+    raise ValueError("set either init_from (our checkpoint) or init_from_hf (a HF directory)")
+  hf = model_fields(read_hf_config(path), os.path.join(path, files.CONFIG_FILE))
+  for k in _FROM_HF:
+    ours = m.get(k, 0)
+    if not ours:
+      m[k] = type(m[k])(hf[k]) if k in m and m[k] is not None else hf[k]
+    elif type(hf[k])(ours) != hf[k]:
+      raise ValueError(f"model.{k}={ours} but {path}/config.json has {hf[k]}; set "
+                       f"--config.model.{k}=0 to take the checkpoint's value")
+  m.rms_norm_eps = hf["rms_norm_eps"]
+  m.tie_embeddings = hf["tie_embeddings"]
+  resolve_layers(m, hf["num_layers"], m.get("num_layers", 0), path)
+  if config.tokenizer.kind == "qwen3" and not config.tokenizer.get("vocab_path"):
+    config.tokenizer.vocab_path = os.path.join(path, "tokenizer.json")
+  return config
+
+
+__all__ = ["read_hf_config", "model_fields", "to_hf_fields", "weight_shards", "shard_shapes",
+           "resolve_layers", "load_params_sharded", "resolve_run_config", "backbone_cfg_of",
+           "INDEX_FILE", "DEFAULT_THETA", "DEFAULT_EPS"]
