@@ -13,7 +13,7 @@ import numpy as np
 
 from setdiff_jax import masks
 from setdiff_jax import pretrained
-from setdiff_jax.interop import export, files, logits, name_map, qwen3_hf
+from setdiff_jax.interop import files, logits, name_map, qwen3_hf
 from setdiff_jax.interop.import_ import import_checkpoint
 
 
@@ -41,7 +41,8 @@ def parity_report(config, params, out_dir: str, *, length: int = 8, seed: int = 
                 position_ids=torch.as_tensor(positions), use_cache=False).logits.numpy()
   err = float(np.max(np.abs(ours - ref)) / max(np.max(np.abs(ref)), 1e-30))
   _, back = import_checkpoint(out_dir)
-  a, b = name_map.flatten(export._to_numpy_tree(params)), name_map.flatten(back)
+  a = {k: np.asarray(v) for k, v in name_map.flatten(params).items()}  # host params
+  b = name_map.flatten(back)
   exact = set(a) == set(b) and all(np.array_equal(a[k], b[k]) for k in a)
   return {"two_stream": err, "roundtrip": bool(exact)}
 
