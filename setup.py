@@ -27,5 +27,7 @@ setup(
         # transformers: the Qwen3 parity tests (tests/test_qwen3.py); 5.x installs with torch 2.13.
         "torch": ["torch==2.13.0", "transformers>=5.0,<6"],
         "test": ["pytest>=8", "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6"],
+        # The `tensorboard --logdir DIR/tensorboard` viewer (the events are written without it).
+        "tensorboard": ["tensorboard>=2.18,<3"],
     },
 )

@@ -20,9 +20,11 @@ All logic lives in `setdiff_jax.evaluation` (`evaluate_workdir`, `format_results
 import os
 import sys
 
-from absl import app, flags
+from absl import flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from setdiff_jax import cli  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "Run directory written by launch/train.py.", required=True)
@@ -56,11 +58,13 @@ flags.DEFINE_float("top_p", 0.95, "Nucleus mass for speed and samples.")
 flags.DEFINE_integer("num_samples", 16, "Unconditional samples per setting.")
 flags.DEFINE_string("judge_workdir", None, "AR run used to score samples (generative PPL).")
 flags.DEFINE_integer("sampling_seed", 0, "Seed of the samplers.")
+# data location (the run's config.json stores absolute paths; override them if the data moved)
+flags.DEFINE_list("eval_paths", None, "Replace the run's data.eval_paths (text/jsonl runs).")
+flags.DEFINE_string("tfds_data_dir", None, "Replace the run's data.tfds_data_dir (TFDS runs).")
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  del argv  # cli.run rejects positional arguments
   from setdiff_jax import sharding
   from setdiff_jax.evaluation import generation, run
   sharding.initialize_distributed()
@@ -78,10 +82,20 @@ def main(argv):
       max_new_tokens=FLAGS.max_new_tokens, top_p=FLAGS.top_p, num_samples=FLAGS.num_samples,
       judge_workdir=FLAGS.judge_workdir, sampling_seed=FLAGS.sampling_seed)
   record = run.evaluate_workdir(FLAGS.workdir, FLAGS.eval, opts, step=FLAGS.step,
-                                use_ema=FLAGS.use_ema, output=FLAGS.output)
+                                use_ema=FLAGS.use_ema, output=FLAGS.output,
+                                data_overrides=data_overrides())
   print(run.format_results({k: record.get(k) for k in FLAGS.eval}))
   print(f"\nresults written to {record['path']}")
 
 
+def data_overrides():
+  out = {}
+  if FLAGS.eval_paths is not None:
+    out["eval_paths"] = ",".join(os.path.abspath(p) for p in FLAGS.eval_paths)
+  if FLAGS.tfds_data_dir is not None:
+    out["tfds_data_dir"] = FLAGS.tfds_data_dir
+  return out
+
+
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

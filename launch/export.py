@@ -10,7 +10,8 @@ safetensors only; SPEC §3.10). EMA
 parameters are exported by default (--noema for the raw ones). --verify (needs torch==2.13.0)
 reloads the export in the PyTorch reference and prints the max relative logits error for a
 two-stream input and a cached decoding step, the likelihood-bound difference, and whether
-importing it back is bit-exact. Load it back with `setdiff_jax.interop.import_checkpoint(OUT)`.
+importing it back is bit-exact. --out must be a new or empty directory (--overwrite: a non-empty
+one), never a training workdir. Load it back with `setdiff_jax.interop.import_checkpoint(OUT)`.
 """
 import json
 import os
@@ -18,7 +19,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import app, flags  # noqa: E402
+from absl import flags  # noqa: E402
+
+from setdiff_jax import cli  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "Training workdir (holds checkpoints/ and config.json).")
@@ -27,6 +30,8 @@ flags.DEFINE_bool("ema", True, "Export the EMA parameters (--noema: the raw trai
 flags.DEFINE_integer("step", None, "Checkpoint step to export (default: the latest).")
 flags.DEFINE_enum("format", "safetensors", ["safetensors", "bin"],
                   "Weight file: model.safetensors (numpy only) or pytorch_model.bin (needs torch).")
+flags.DEFINE_bool("overwrite", False, "Allow --out to be a non-empty directory (files there are "
+                  "replaced; a training workdir is always refused).")
 flags.DEFINE_bool("verify", False, "Check the export against the PyTorch reference (needs torch).")
 flags.mark_flags_as_required(["workdir", "out"])
 
@@ -39,10 +44,11 @@ def main(argv):
   sharding.initialize_distributed()  # every host of a multi-host run exports together
 
   _, report = export_workdir(FLAGS.workdir, FLAGS.out, use_ema=FLAGS.ema, step=FLAGS.step,
-                             fmt=FLAGS.format, verify=FLAGS.verify)
+                             fmt=FLAGS.format, verify=FLAGS.verify,
+                             overwrite=FLAGS.overwrite)
   if report is not None:
     print(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -6,13 +6,22 @@ r"""Samples text from a trained run.
 Loads the checkpoint of DIR (latest step, EMA params by default), picks the sampler of the run's
 objective (setdlm: KV-cached set sampler with W = S unless --window; ar, mdlm, bd3lm: their
 baselines), prints every sample in its own block and ends with `tokens/s: X  tokens/step: Y`
-(compilation excluded: the first batch is run once untimed).
+(compilation excluded: the first batch is run once untimed). It first prints the workdir, the
+step, EMA or raw parameters and the sampler settings. --seed=0 (the default) gives the same
+samples on every call; --seed=-1 draws a random seed (printed in that first line).
 
 --infill marks each span to generate as [GAP:n] (n tokens), e.g.
   --infill="The cat [GAP:4] on the mat." ; the text around the gaps is printed unchanged.
 All logic lives in `setdiff_jax.decoding` (`sample_from_workdir`, `run_sampling`).
 """
-from absl import app, flags
+import os
+import sys
+
+from absl import flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from setdiff_jax import cli  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "Run directory written by launch/train.py.", required=True)
@@ -25,7 +34,7 @@ flags.DEFINE_integer("batch_size", 4, "Samples decoded together.")
 flags.DEFINE_integer("max_new_tokens", None, "Tokens to generate (default: seq_len - prompt).")
 flags.DEFINE_integer("window", None, "Set-sampler window W (default: the run's set size S).")
 flags.DEFINE_float("threshold", None, "Confidence threshold tau (default: off).")
-flags.DEFINE_integer("seed", 0, "PRNG seed.")
+flags.DEFINE_integer("seed", 0, "PRNG seed (the same seed gives the same samples); -1: random.")
 flags.DEFINE_bool("greedy", False, "Argmax instead of sampling.")
 flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass (1 = off).")
 flags.DEFINE_float("temperature", 1.0, "Sampling temperature.")
@@ -34,8 +43,7 @@ flags.DEFINE_string("dtype", "float32", "Compute dtype for sampling (the referen
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  del argv  # cli.run rejects positional arguments
   from setdiff_jax import sharding
   from setdiff_jax.decoding import sample_from_workdir
   sharding.initialize_distributed()
@@ -48,4 +56,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

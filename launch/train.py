@@ -12,11 +12,11 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import app, flags, logging  # noqa: E402
+from absl import flags, logging  # noqa: E402
 import jax  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from setdiff_jax import sharding, train  # noqa: E402
+from setdiff_jax import cli, sharding, train  # noqa: E402
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Training config file.", lock_config=True)
@@ -24,13 +24,27 @@ flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and the
 flags.mark_flags_as_required(["config", "workdir"])
 
 
+def summary(result, workdir: str) -> str:
+  """The last line of a run: where it stopped, its eval PPL, its checkpoint, the next command."""
+  workdir = os.path.abspath(workdir)
+  step = int(result.get("step", 0))
+  parts = [f"done: step {step}"]
+  if "eval/ppl" in result:
+    parts.append(f"eval PPL {result['eval/ppl']:.2f} (NLL {result['eval/nll']:.4f})")
+  parts.append(f"checkpoint {os.path.join(workdir, 'checkpoints', str(step))}")
+  parts.append(f"sample with: python launch/sample.py --workdir={workdir}")
+  return "; ".join(parts)
+
+
 def main(argv):
-  del argv
+  del argv  # cli.run rejects positional arguments
   sharding.initialize_distributed()
-  logging.info("JAX devices: %s (process %d of %d)", jax.devices(), jax.process_index(),
-               jax.process_count())
-  train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+  logging.debug("JAX devices: %s (process %d of %d)", jax.devices(), jax.process_index(),
+                jax.process_count())
+  result = train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+  if jax.process_index() == 0:
+    print(summary(result, FLAGS.workdir), flush=True)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -5,11 +5,13 @@ Each checkpoint holds two items:
   data   the grain iterator state of each process (`process_<i>-of-<n>.json`), so a resumed run
          sees exactly the batches the uninterrupted run would have seen.
 Inference (sampling, evaluation, export) and `init_from` read parameters only, through
-`setdiff_jax.workdir`, which uses this module's file layout.
+`setdiff_jax.workdir`, which uses this module's file layout. Every restore falls back past damaged
+steps (`checkpoint_fallback`); a save that runs out of disk raises `errors.DiskFullError`.
 """
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 from typing import Optional
@@ -18,6 +20,8 @@ from absl import logging
 import grain
 import ml_collections
 import orbax.checkpoint as ocp
+
+from setdiff_jax import checkpoint_fallback, errors
 
 CHECKPOINT_DIR = "checkpoints"
 CONFIG_FILE = "config.json"
@@ -54,40 +58,65 @@ def save(manager: ocp.CheckpointManager, step: int, state, data_iterator=None, *
   args = {"state": ocp.args.StandardSave(state)}
   if data_iterator is not None:
     args["data"] = grain.checkpoint.CheckpointSave(data_iterator)
-  with _quiet_orbax():
-    saved = manager.save(step, args=ocp.args.Composite(**args), force=force)
-    manager.wait_until_finished()
+  try:
+    with _quiet_orbax():
+      saved = manager.save(step, args=ocp.args.Composite(**args), force=force)
+      manager.wait_until_finished()
+  except OSError as e:
+    if e.errno != errno.ENOSPC:
+      raise
+    previous = [s for s in manager.all_steps() if s < step]
+    intact = (f"the previous checkpoint (step {max(previous)}) is intact" if previous else
+              "no earlier checkpoint exists")
+    raise errors.DiskFullError(
+        f"disk full while saving checkpoint {step} to {manager.directory} ({e.strerror}); "
+        f"{intact}. Free space and run the same command again to resume") from e
   return saved
+
+
+def close(manager: ocp.CheckpointManager):
+  """Closes a manager quietly; never raises (it runs while another error propagates)."""
+  try:
+    with _quiet_orbax():
+      manager.close()
+  except Exception as e:  # noqa: BLE001
+    logging.warning("closing the checkpoint manager of %s failed: %s", manager.directory, e)
 
 
 def restore(manager: ocp.CheckpointManager, abstract_state, data_iterator=None,
             step: Optional[int] = None):
-  """Restores the given (or latest) step into the structure of `abstract_state`.
+  """Restores the given step, or the newest one that loads, into the structure of
+  `abstract_state` (`checkpoint_fallback.restore_with_fallback`: damaged newer steps are named in
+  a warning and skipped; a structure that does not match the config is an error).
 
   Returns the restored state, or None if there is no checkpoint. The data iterator, if given, is
   restored in place.
   """
-  step = manager.latest_step() if step is None else step
+  return checkpoint_fallback.restore_with_fallback(manager, abstract_state, data_iterator,
+                                                   step)[0]
+
+
+def resolve_step(manager: ocp.CheckpointManager, step: Optional[int] = None) -> int:
+  """`step`, or the latest; a missing one is an error that lists the steps there are."""
+  steps = sorted(manager.all_steps())
+  if not steps:
+    raise FileNotFoundError(f"no checkpoint under {manager.directory}: train first (or pass the "
+                            "workdir of a run that saved one)")
   if step is None:
-    return None
-  args = {"state": ocp.args.StandardRestore(abstract_state)}
-  if data_iterator is not None:
-    args["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
-  try:
-    with _quiet_orbax():
-      restored = manager.restore(step, args=ocp.args.Composite(**args))
-  except (ValueError, KeyError) as e:
-    raise ValueError(
-        f"checkpoint {manager.directory}/{step} does not match this config's model/optimizer "
-        f"structure ({e}). Use a fresh --workdir, or the config the checkpoint was trained with "
-        f"(saved in the workdir's {CONFIG_FILE}).") from e
-  return restored["state"]
+    return steps[-1]
+  if step not in steps:
+    raise errors.CheckpointError(f"no checkpoint at --step={step} in {manager.directory}; the "
+                                 f"steps there are {steps}")
+  return int(step)
 
 
 def save_config(config: ml_collections.ConfigDict, workdir: str):
+  """Writes WORKDIR/config.json (write-then-rename: a crash never leaves half a file)."""
   os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, CONFIG_FILE), "w") as f:
+  path = os.path.join(workdir, CONFIG_FILE)
+  with open(path + ".tmp", "w") as f:
     f.write(config.to_json_best_effort(indent=2, sort_keys=True))
+  os.replace(path + ".tmp", path)
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
@@ -95,5 +124,9 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
   if not os.path.exists(path):
     raise FileNotFoundError(f"{path} not found: is {workdir!r} a training workdir "
                             f"(written by launch/train.py)?")
-  with open(path) as f:
-    return ml_collections.ConfigDict(json.load(f))
+  try:
+    with open(path, encoding="utf-8") as f:
+      return ml_collections.ConfigDict(json.load(f))
+  except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+    raise ValueError(f"{path} is damaged ({e}): it holds the run's config; restore it from a "
+                     "backup or rewrite it") from e

@@ -12,6 +12,8 @@ special tokens), `decode(ids) -> str` (drops specials), `bos_id`, `eos_id`, `pad
 from __future__ import annotations
 
 import dataclasses
+import os
+import secrets
 from typing import Any, Callable, List, Optional
 
 import jax
@@ -86,18 +88,23 @@ def run_sampling(model, params, tokenizer, objective_config, seq_len: int, *,
                  max_new_tokens: Optional[int] = None, window: Optional[int] = None,
                  threshold: Optional[float] = None, seed: int = 0, greedy: bool = False,
                  top_p: float = 1.0, temperature: float = 1.0, repetition_penalty: float = 1.0,
-                 warmup: bool = True, write: Callable[[str], Any] = print) -> SamplingReport:
+                 warmup: bool = True, write: Callable[[str], Any] = print,
+                 header: Optional[str] = None) -> SamplingReport:
   """Samples `num_samples` texts in batches of `batch_size` and prints them (the CLI body).
 
-  Prints each sample as its own block, then `tokens/s: X  tokens/step: Y`. With `warmup`, the first
-  batch is run once untimed so that compilation does not count in tokens/s.
+  Prints `header` followed by the sampler settings (if a header is given), each sample as its own
+  block, then `tokens/s: X  tokens/step: Y`. With `warmup`, the first batch is run once untimed
+  so that compilation does not count in tokens/s. `seed=-1` draws a random seed.
   """
   if num_samples < 1 or batch_size < 1:
-    raise ValueError("num_samples and batch_size must be >= 1")
+    raise ValueError(f"--num_samples={num_samples} and --batch_size={batch_size} must be >= 1")
   if prompt and infill:
-    raise ValueError("give either a prompt or an infill text, not both")
+    raise ValueError("give either --prompt or --infill, not both")
+  check_sampling_flags(seq_len, window=window, max_new_tokens=max_new_tokens)
+  if seed < 0:  # -1: a fresh seed per call, printed in the header
+    seed = secrets.randbelow(2**31)
   method = methods.get(objective_config.name)
-  cfg = sampler_config_for(objective_config, tokenizer, seq_len, window=window or None,
+  cfg = sampler_config_for(objective_config, tokenizer, seq_len, window=window,
                            threshold=threshold, seed=seed, greedy=greedy, top_p=top_p,
                            temperature=temperature, repetition_penalty=repetition_penalty)
   if infill is not None:
@@ -114,11 +121,17 @@ def run_sampling(model, params, tokenizer, objective_config, seq_len: int, *,
                           int(np.sum(out["num_committed"])))
   else:
     ids = prompt_ids(tokenizer, prompt)
-    cfg = cfg.replace(max_new_tokens=max_new_tokens or seq_len - len(ids))
+    if len(ids) >= seq_len:  # before N = L - prompt is derived (it would be <= 0)
+      raise ValueError(f"the prompt is {len(ids)} tokens (BOS included) but the run's context is "
+                       f"seq_len={seq_len}; shorten --prompt to at most {seq_len - 2} tokens")
+    cfg = cfg.replace(max_new_tokens=seq_len - len(ids) if max_new_tokens is None
+                      else max_new_tokens)
     run = lambda rows, key: method.generate(model, params, rows, cfg, key)
     decode = lambda out, b: tokenizer.decode(out.sequences[b])
     counts = lambda out: (out.num_steps, out.num_committed, out.forward_calls, out.num_generated)
 
+  if header is not None:
+    write(f"{header}{sampler_settings(method, objective_config, cfg, infill is not None)}\n")
   key = jax.random.PRNGKey(seed)
   batches = [min(batch_size, num_samples - i) for i in range(0, num_samples, batch_size)]
   outs, seconds, _ = time_calls(
@@ -140,14 +153,40 @@ def run_sampling(model, params, tokenizer, objective_config, seq_len: int, *,
   return report
 
 
+def check_sampling_flags(seq_len: int, *, window: Optional[int] = None,
+                         max_new_tokens: Optional[int] = None):
+  """None means "the run's default"; an explicit value is checked, never replaced."""
+  if window is not None and not 1 <= window <= seq_len:
+    raise ValueError(f"--window={window} must be in [1, seq_len={seq_len}] (W <= L; leave it "
+                     "unset for the run's set size S)")
+  if max_new_tokens is not None and not 1 <= max_new_tokens < seq_len:
+    raise ValueError(f"--max_new_tokens={max_new_tokens} must be in [1, seq_len - 1 = "
+                     f"{seq_len - 1}] (leave it unset to fill the context)")
+
+
+def sampler_settings(method, objective_config, cfg: SamplerConfig, infill: bool = False) -> str:
+  """One line: the method's sampler and its settings (the header of `launch/sample.py`)."""
+  parts = [f"sampler: {method.name}{' (infill)' if infill else ''}"]
+  parts += [f"{k}={getattr(cfg, k)}" for k in method.sampler_fields(objective_config)
+            if k == "block_size" or method.uses_window]
+  if method.uses_threshold:
+    parts.append(f"tau={'off' if cfg.threshold is None else cfg.threshold}")
+  parts.append("greedy" if cfg.greedy else f"top_p={cfg.top_p} temperature={cfg.temperature}")
+  parts += [f"repetition_penalty={cfg.repetition_penalty}", f"max_new_tokens={cfg.max_new_tokens}",
+            f"seed={cfg.seed}"]
+  return "  ".join(parts)
+
+
 def sample_from_workdir(workdir: str, *, step: Optional[int] = None, use_ema: bool = True,
                         dtype: Optional[str] = "float32", **kwargs) -> SamplingReport:
   """Loads a trained run (parameters only, `workdir.load_inference_state`); `run_sampling`."""
   state = workdir_lib.load_inference_state(workdir, step=step, use_ema=use_ema)
   model = workdir_lib.inference_model(state.model_config, dtype)
+  kwargs.setdefault("header", f"workdir: {os.path.abspath(workdir)}  step: {state.step}  "
+                    f"params: {'EMA' if use_ema else 'raw'}  ")
   return run_sampling(model, state.params, state.tokenizer, state.objective_config,
                       int(state.config.seq_len), **kwargs)
 
 
 __all__ = ["sampler_config_for", "sampler_for", "generate_text", "SamplingReport",
-           "run_sampling", "sample_from_workdir"]
+           "run_sampling", "check_sampling_flags", "sampler_settings", "sample_from_workdir"]

@@ -29,7 +29,7 @@ def initialize_distributed() -> None:
   try:
     jax.distributed.initialize()
   except (ValueError, RuntimeError) as e:  # no coordinator / single host
-    logging.info("jax.distributed.initialize skipped (%s); running single-process", e)
+    logging.debug("jax.distributed.initialize skipped (%s); running single-process", e)
 
 
 def mesh_shape(mesh_cfg: Mapping[str, int], num_devices: int) -> tuple:

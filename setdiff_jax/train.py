@@ -31,8 +31,8 @@ import ml_collections
 import numpy as np
 import optax
 
-from setdiff_jax import (checkpointing, decoding, likelihood, methods, models, objectives,
-                         pretrained, run_config, sharding)
+from setdiff_jax import (checkpoint_fallback, checkpointing, decoding, likelihood, methods,
+                         models, objectives, pretrained, run_config, sharding, workdir_guard)
 from setdiff_jax import workdir as workdir_lib
 from setdiff_jax.data import pipeline
 from setdiff_jax.model import DiT, DiTConfig, init_params  # noqa: F401  (re-exported)
@@ -252,17 +252,36 @@ def eval_rows_for(config, tokenizer) -> Tuple[np.ndarray, np.ndarray]:
   return likelihood.eval_rows(config, tokenizer, max_rows=max_rows)
 
 
+def _pauses_ahead(config, step_done: int, num_steps: int, pauses) -> float:
+  """Seconds the evals and saves still to come take (each as long as the latest one); those of
+  `step_done` itself count (the log line comes before them)."""
+  total = 0.0
+  for kind, every in (("eval", config.eval_every_steps), ("save", config.checkpoint_every_steps)):
+    if pauses[kind]:
+      ahead = num_steps // every - (step_done - 1) // every + (num_steps % every != 0)
+      total += max(ahead, 0) * pauses[kind][-1]  # the latest: the first one also compiles
+  return total
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[str, float]:
-  """Trains (resuming from WORKDIR/checkpoints if present) and evaluates; returns last metrics."""
+  """Trains (resuming from WORKDIR/checkpoints if present) and evaluates; returns last metrics.
+
+  Holds WORKDIR's lock throughout (one trainer per workdir) and refuses, before anything is
+  written, a resume whose config changes a field the checkpoints depend on.
+  """
   if config.get("init_from_hf"):  # model fields 0 -> the HF checkpoint's (before validation)
     config = pretrained.resolve_run_config(config)
   run_config.validate_config(config, jax.device_count())
   workdir = os.path.abspath(workdir)
   os.makedirs(workdir, exist_ok=True)
-  is_main = jax.process_index() == 0
-  if is_main:
-    checkpointing.save_config(config, workdir)
+  with workdir_guard.WorkdirLock(workdir, jax.process_index()):
+    config = workdir_guard.absolute_paths(config)
+    workdir_guard.check_resume(config, workdir)
+    return _train_and_evaluate(config, workdir)
 
+
+def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[str, float]:
+  is_main = jax.process_index() == 0
   tokenizer = run_config.build_tokenizer(config, workdir)
   model_cfg, obj_cfg = run_config.model_and_objective(config, tokenizer)
   model = models.build(model_cfg)
@@ -279,20 +298,28 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[
   # materialised whole on one device.
   state, state_shardings = create_sharded_state(config, model_cfg, mesh)
   manager = checkpointing.make_manager(workdir, keep=config.keep_checkpoints)
-  restored = checkpointing.restore(manager, state, train_iter)
-  if restored is not None:
-    state = restored
-    logging.info("resumed from %s at step %d", manager.directory, int(state.step))
-  elif config.init_from:
-    params = workdir_lib.load_params(config.init_from, state.params)
-    state = state.replace(params=params, ema_params=jax.tree_util.tree_map(jnp.copy, params))
-    logging.info("initialised parameters from %s", config.init_from)
-  elif config.get("init_from_hf"):  # tensor by tensor, straight into the state's shardings
-    params = pretrained.load_params_sharded(config.init_from_hf, model_cfg, state_shardings.params)
-    ema = jax.device_put(jax.tree_util.tree_map(jnp.copy, params), state_shardings.ema_params)
-    state = state.replace(params=params, ema_params=ema)
-    logging.info("initialised %d layers from the Hugging Face checkpoint %s",
-                 model_cfg.num_layers, config.init_from_hf)
+  try:
+    restored, _, damaged = checkpoint_fallback.restore_with_fallback(manager, state, train_iter)
+    checkpoint_fallback.set_aside(manager, damaged)  # so those steps can be saved again
+    if restored is not None:
+      state = restored
+      logging.info("resumed from %s at step %d", manager.directory, int(state.step))
+    elif config.init_from:
+      params = workdir_lib.load_params(config.init_from, state.params)
+      state = state.replace(params=params, ema_params=jax.tree_util.tree_map(jnp.copy, params))
+      logging.info("initialised parameters from %s", config.init_from)
+    elif config.get("init_from_hf"):  # tensor by tensor, straight into the state's shardings
+      params = pretrained.load_params_sharded(config.init_from_hf, model_cfg,
+                                              state_shardings.params)
+      ema = jax.device_put(jax.tree_util.tree_map(jnp.copy, params), state_shardings.ema_params)
+      state = state.replace(params=params, ema_params=ema)
+      logging.info("initialised %d layers from the Hugging Face checkpoint %s",
+                   model_cfg.num_layers, config.init_from_hf)
+  except BaseException:
+    checkpointing.close(manager)  # before the error propagates: no orbax noise at exit
+    raise
+  if is_main:  # only now: a failed restore must leave the config of the checkpoints in place
+    checkpointing.save_config(config, workdir)
 
   batch_sharding = sharding.batch_sharding(mesh)
   train_step = jit_train_step(config, model, obj_cfg, mesh, state_shardings, optimizer)
@@ -305,6 +332,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[
   last: Dict[str, float] = {}
   pending = None  # metrics of the previous step, pulled one step behind
   window = {"loss": [], "tokens": 0.0, "t0": time.time(), "steps": 0}
+  pauses = {"eval": [], "save": []}  # seconds of each eval / save: not training time, but ETA
   t_start = time.time()
   compile_time = None
 
@@ -322,7 +350,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[
                 "train/lr": host["lr"], "train/steps_per_sec": steps_per_s,
                 "train/tokens_per_sec": window["tokens"] / elapsed}
       writer.scalars(step_done, values)
-      eta = (num_steps - step_done) / max(steps_per_s, 1e-9)
+      eta = (num_steps - step_done) / max(steps_per_s, 1e-9) + _pauses_ahead(
+          config, step_done, num_steps, pauses)
       logging.info("step %d/%d  loss %.4f  %.2f steps/s  %.0f tokens/s  ETA %s", step_done,
                    num_steps, values["train/loss"], steps_per_s, values["train/tokens_per_sec"],
                    time.strftime("%H:%M:%S", time.gmtime(eta)))
@@ -360,6 +389,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[
         if compile_time is None:
           jax.block_until_ready(metrics)
           compile_time = time.time() - t_dispatch
+          window["t0"] += compile_time  # steps/s (and the ETA) without compilation
           logging.info("first step (compile + run) took %.1fs", compile_time)
         if pending is not None:
           flush(*pending)
@@ -374,10 +404,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[
           save(step_done)
           logging.warning("stopped by SIGTERM at step %d", step_done)
           break
-        if need_eval:
-          run_eval(step_done)
-        if need_save:
-          save(step_done)
+        for kind, needed, fn in (("eval", need_eval, run_eval), ("save", need_save, save)):
+          if needed:
+            t_pause = time.time()
+            fn(step_done)
+            pauses[kind].append(time.time() - t_pause)
+            window["t0"] += pauses[kind][-1]  # the next steps/s excludes the pause
       if pending is not None:
         flush(*pending)
     if start_step >= num_steps and num_steps > 0:
@@ -385,8 +417,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[
                    num_steps)
     logging.info("training finished in %.1fs", time.time() - t_start)
   finally:
-    writer.close()
-    with checkpointing._quiet_orbax():
-      manager.close()
+    try:
+      writer.close()
+    except OSError as e:  # e.g. the disk is full: do not hide the error that got us here
+      logging.warning("closing the metric writer failed: %s", e)
+    checkpointing.close(manager)
   last["step"] = int(state.step)
   return last

@@ -18,7 +18,7 @@ import jax
 import ml_collections
 import orbax.checkpoint as ocp
 
-from setdiff_jax import checkpointing, models, run_config, sharding
+from setdiff_jax import checkpoint_fallback, checkpointing, models, run_config, sharding
 
 
 @dataclasses.dataclass
@@ -47,29 +47,20 @@ def restore_params(workdir: str, abstract_params, *, step: Optional[int] = None,
     manager = ocp.CheckpointManager(directory, item_names=("state",),
                                     item_handlers={"state": handler}, options=options)
   try:
-    step = manager.latest_step() if step is None else int(step)
-    if step is None:
-      raise FileNotFoundError(f"no checkpoint under {directory}")
-    if step not in manager.all_steps():
-      raise FileNotFoundError(f"no checkpoint of step {step} under {directory}; steps there: "
-                              f"{sorted(manager.all_steps())}")
+    checkpointing.resolve_step(manager, None if step is None else int(step))
     key = "ema_params" if use_ema else "params"
     item = {key: abstract_params}
     restore_args = jax.tree_util.tree_map(
         lambda a: ocp.ArrayRestoreArgs(sharding=a.sharding, global_shape=a.shape, dtype=a.dtype),
         item)
     args = ocp.args.PyTreeRestore(item=item, restore_args=restore_args, partial_restore=True)
-    try:
-      with checkpointing._quiet_orbax():
-        restored = manager.restore(step, args=ocp.args.Composite(state=args))
-    except (ValueError, KeyError) as e:
-      raise ValueError(
-          f"checkpoint {directory}/{step} does not match this run's model structure ({e}); was "
-          f"{checkpointing.CONFIG_FILE} edited after training?") from e
+    # The newest step that loads (damaged newer ones are named in a warning), unless `step`.
+    restored, step, _ = checkpoint_fallback.restore_with_fallback(
+        manager, item, step=None if step is None else int(step), partial=True,
+        restore_fn=lambda s: manager.restore(s, args=ocp.args.Composite(state=args))["state"])
   finally:
-    with checkpointing._quiet_orbax():
-      manager.close()
-  return restored["state"][key], step
+    checkpointing.close(manager)
+  return restored[key], step
 
 
 def load_inference_state(workdir: str, *, step: Optional[int] = None, use_ema: bool = True,

@@ -163,6 +163,11 @@ def _open_text(path: str, field: str):
   return opener(path, "rt", encoding="utf-8")
 
 
+def _not_utf8(path: str, e: UnicodeDecodeError) -> str:
+  return (f"{path}: not UTF-8 text (byte {e.start}: {e.reason}); convert it, e.g. "
+          f"iconv -f latin1 -t utf-8")
+
+
 def text_file_texts(paths, unit: str = "paragraph",
                     field: str = "paths") -> list[str]:
   """Documents of plain-text files (.gz/.xz/.bz2 are decompressed).
@@ -178,10 +183,13 @@ def text_file_texts(paths, unit: str = "paragraph",
   docs = []
   for path in parse_paths(paths):
     with _open_text(path, field) as f:
-      if unit == "line":
-        docs.extend(line.strip() for line in f if line.strip())
-      else:
-        docs.extend(_paragraphs(f.read()))
+      try:
+        if unit == "line":
+          docs.extend(line.strip() for line in f if line.strip())
+        else:
+          docs.extend(_paragraphs(f.read()))
+      except UnicodeDecodeError as e:
+        raise ValueError(_not_utf8(path, e)) from e
   return docs
 
 
@@ -191,7 +199,11 @@ def jsonl_texts(paths, text_field: str = "text",
   docs = []
   for path in parse_paths(paths):
     with _open_text(path, field) as f:
-      for lineno, line in enumerate(f, 1):
+      try:
+        lines = list(f)
+      except UnicodeDecodeError as e:
+        raise ValueError(_not_utf8(path, e)) from e
+      for lineno, line in enumerate(lines, 1):
         if not line.strip():
           continue
         try:

@@ -99,14 +99,19 @@ class Tokenizer:
     return [e.ids for e in encs]
 
   def decode(self, ids, skip_special: bool = True) -> str:
-    """Text of `ids` (list or 1-D array); drops BOS/EOS/PAD/MASK if skip_special."""
+    """Text of `ids` (list or 1-D array); drops BOS/EOS/PAD/MASK if skip_special.
+
+    Byte-level tokens that do not form whole UTF-8 characters (a sequence cut mid-character, or
+    continuation bytes a model placed out of order) are dropped: the text never holds U+FFFD.
+    """
     ids = np.asarray(ids).reshape(-1).tolist()
-    return self.hf.decode(ids, skip_special_tokens=skip_special)
+    return _drop_partial_bytes(self.hf.decode(ids, skip_special_tokens=skip_special))
 
   def decode_batch(self, ids, skip_special: bool = True) -> list[str]:
-    """Texts of a batch of id rows, `ids`: [batch, length]."""
+    """Texts of a batch of id rows, `ids`: [batch, length] (as `decode`)."""
     rows = [np.asarray(r).reshape(-1).tolist() for r in ids]
-    return self.hf.decode_batch(rows, skip_special_tokens=skip_special)
+    return [_drop_partial_bytes(t)
+            for t in self.hf.decode_batch(rows, skip_special_tokens=skip_special)]
 
   def id_to_token(self, i: int) -> str | None:
     return self.hf.id_to_token(int(i))
@@ -132,8 +137,16 @@ class Tokenizer:
     for name in (_TOKENIZER_FILE, _SPECIALS_FILE):
       if not (directory / name).is_file():
         raise FileNotFoundError(f"tokenizer file not found: {directory / name}")
-    meta = json.loads((directory / _SPECIALS_FILE).read_text())
-    tok = hf.Tokenizer.from_file(str(directory / _TOKENIZER_FILE))
+    try:
+      meta = json.loads((directory / _SPECIALS_FILE).read_text(encoding="utf-8"))
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+      raise ValueError(f"{directory / _SPECIALS_FILE} is damaged ({e}); copy the tokenizer/ "
+                       "folder of the run again") from e
+    try:
+      tok = hf.Tokenizer.from_file(str(directory / _TOKENIZER_FILE))
+    except Exception as e:  # the Rust loader raises a plain Exception
+      raise ValueError(f"{directory / _TOKENIZER_FILE} is damaged ({e}); copy the tokenizer/ "
+                       "folder of the run again") from e
     return cls(tok, kind=meta["kind"], bos_id=meta["bos_id"],
                eos_id=meta["eos_id"], pad_id=meta["pad_id"],
                mask_id=meta["mask_id"])
@@ -142,6 +155,11 @@ class Tokenizer:
     return (f"Tokenizer(kind={self.kind!r}, vocab_size={self.vocab_size}, "
             f"bos={self.bos_id}, eos={self.eos_id}, pad={self.pad_id}, "
             f"mask={self.mask_id})")
+
+
+def _drop_partial_bytes(text: str) -> str:
+  # The byte-level decoders replace invalid UTF-8 with U+FFFD (from_utf8_lossy).
+  return text.replace("\ufffd", "")
 
 
 def _atomic_write(path: pathlib.Path, text: str):

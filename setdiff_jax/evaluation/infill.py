@@ -92,6 +92,13 @@ def read_cloze(path: str) -> List[Dict[str, str]]:
     raise FileNotFoundError(
         f"Story Cloze CSV not found at {path!r}: pass the path of "
         "rocstories-cloze-val-2016.csv (e.g. ../shared/data/rocstories-cloze-val-2016.csv)")
+  try:
+    return _read_cloze_rows(path)
+  except UnicodeDecodeError as e:
+    raise ValueError(f"{path}: not UTF-8 text ({e})") from e
+
+
+def _read_cloze_rows(path: str) -> List[Dict[str, str]]:
   with open(path, newline="", encoding="utf-8") as f:
     reader = csv.DictReader(f)
     missing = [c for c in CLOZE_COLUMNS if c not in (reader.fieldnames or [])]

@@ -166,12 +166,27 @@ def run_samples(state, opts: EvalOptions, model=None, judge=None) -> List[Dict[s
                                  max_new_tokens=opts.max_new_tokens)
 
 
+def check_options(opts: EvalOptions, seq_len: int):
+  """Explicit values are checked, never replaced by defaults (None means the default)."""
+  from setdiff_jax.decoding import check_sampling_flags
+  check_sampling_flags(seq_len, window=opts.window, max_new_tokens=opts.max_new_tokens)
+  for name in ("num_orders", "batch_size", "infill_batch_size", "repeats", "num_samples"):
+    if getattr(opts, name) < 1:
+      raise ValueError(f"--{name}={getattr(opts, name)} must be >= 1")
+  for name in ("max_rows", "num_infill"):
+    if getattr(opts, name) is not None and getattr(opts, name) < 1:
+      raise ValueError(f"--{name}={getattr(opts, name)} must be >= 1")
+  if any(int(b) < 1 for b in opts.batch_sizes):
+    raise ValueError(f"--batch_sizes={list(opts.batch_sizes)}: each must be >= 1")
+
+
 def evaluate_state(state, evals: Sequence[str], opts: EvalOptions, *, judge=None,
                    log=print) -> Dict[str, Any]:
   """Runs `evals` on a loaded `workdir.InferenceState`; returns {eval: result}."""
   bad = [e for e in evals if e not in EVALS]
   if bad:
     raise ValueError(f"unknown eval(s) {bad}; expected some of {EVALS}")
+  check_options(opts, int(state.config.seq_len))
   lik_model, gen_model = _models(state)
   out: Dict[str, Any] = {}
   for name in evals:
@@ -191,10 +206,17 @@ def evaluate_state(state, evals: Sequence[str], opts: EvalOptions, *, judge=None
 
 def evaluate_workdir(workdir: str, evals: Sequence[str], opts: Optional[EvalOptions] = None, *,
                      step: Optional[int] = None, use_ema: bool = True,
-                     output: Optional[str] = None, log=print) -> Dict[str, Any]:
-  """Loads WORKDIR's checkpoint, runs `evals`, merges into the JSON file, returns the record."""
+                     output: Optional[str] = None, log=print,
+                     data_overrides: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+  """Loads WORKDIR's checkpoint, runs `evals`, merges into the JSON file, returns the record.
+
+  `data_overrides` replaces fields of the run's `data` config (e.g. eval_paths, tfds_data_dir:
+  the data moved since training).
+  """
   opts = opts or EvalOptions()
   state = workdir_lib.load_inference_state(workdir, step=step, use_ema=use_ema)
+  for key, value in (data_overrides or {}).items():
+    state.config.data[key] = value
   results = evaluate_state(state, evals, opts, log=log)
   path = output or os.path.join(workdir, RESULTS_FILE)
   record: Dict[str, Any] = {}

@@ -212,13 +212,33 @@ def export_qwen3_official(config, params, out_dir: str, *, tokenizer=None,
   return out_dir
 
 
+def check_export_dir(out: str, workdir: str, *, overwrite: bool = False):
+  """Refuses an export target that would damage a run or silently replace files.
+
+  A training workdir (the source itself, or any directory with checkpoints/) is always refused:
+  the export's config.json would replace the run's. A non-empty directory needs `overwrite`.
+  """
+  target, source = os.path.realpath(out), os.path.realpath(workdir)
+  inside = target.startswith(source + os.sep) and os.path.exists(target)  # e.g. its tokenizer/
+  if target == source or inside or os.path.isdir(os.path.join(target, "checkpoints")):
+    raise ValueError(f"--out={out} is a training workdir; exporting there would replace its "
+                     "config.json. Choose a new directory for --out")
+  if os.path.isdir(target) and os.listdir(target) and not overwrite:
+    raise ValueError(f"--out={out} is not empty; choose a new directory or pass --overwrite to "
+                     "replace the files there")
+  if os.path.exists(target) and not os.path.isdir(target):
+    raise ValueError(f"--out={out} is a file, not a directory")
+
+
 def export_workdir(workdir: str, out: str, *, use_ema: bool = True, step: Optional[int] = None,
-                   fmt: str = "safetensors", verify: bool = False):
+                   fmt: str = "safetensors", verify: bool = False, overwrite: bool = False):
   """Exports a training workdir's checkpoint (parameters only, `workdir.load_inference_state`).
 
   On several hosts every process must call this (restoring and gathering are collective); only
-  process 0 writes. Returns (out, parity report or None); `verify` needs torch.
+  process 0 writes. Returns (out, parity report or None); `verify` needs torch. `out` must be a
+  new or empty directory (`overwrite`: any directory but a training workdir).
   """
+  check_export_dir(out, workdir, overwrite=overwrite)
   state = workdir_lib.load_inference_state(workdir, step=step, use_ema=use_ema)
   if state.params is None:
     raise ValueError(f"checkpoint of {workdir} has no {'EMA ' if use_ema else ''}parameters")
@@ -238,4 +258,5 @@ def export_workdir(workdir: str, out: str, *, use_ema: bool = True, step: Option
   return out, report
 
 
-__all__ = ["export_checkpoint", "export_workdir", "export_qwen3_official", "export_qwen3_hf"]
+__all__ = ["export_checkpoint", "check_export_dir", "export_workdir", "export_qwen3_official",
+           "export_qwen3_hf"]

@@ -107,8 +107,11 @@ def write_state_dict(state: Mapping[str, np.ndarray], out_dir: str, fmt: str = "
 
 
 def read_json(path: str) -> dict:
-  with open(path) as f:
-    return json.load(f)
+  try:
+    with open(path, encoding="utf-8") as f:
+      return json.load(f)
+  except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+    raise ValueError(f"{path}: not valid JSON ({e})") from e
 
 
 def write_json(obj, path: str):

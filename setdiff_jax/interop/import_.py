@@ -63,6 +63,16 @@ def _merge(base: ml_collections.ConfigDict, updates: Dict[str, Any], where: str 
       log.info("run config field %s=%r not restored (%s)", name, v, e)
 
 
+def _check_hidden_size(state, hidden: int, cfg_path: str):
+  """The config's width against the weights', before anything derived from it (head_dim, rotary)
+  can fail with a less direct message."""
+  emb = state.get("vocab_embed.embedding")
+  if emb is not None and len(np.shape(emb)) == 2 and int(np.shape(emb)[1]) != hidden:
+    raise ValueError(f"hidden size mismatch: {cfg_path} says hidden_size={hidden} but the weights "
+                     f"have hidden size {int(np.shape(emb)[1])} (vocab_embed.embedding "
+                     f"{tuple(np.shape(emb))}); fix hidden_size in that config.json")
+
+
 def _check_rotary(value, head_dim: int, rope_base: float):
   want = name_map.rotary_inv_freq(head_dim, rope_base)
   got = np.asarray(value, dtype=np.float32).reshape(-1)
@@ -161,6 +171,7 @@ def _dit_import(path: str, raw):
   state = name_map.strip_prefix(files.read_state_dict(path))
   state, buffers = name_map.split_known_buffers(state)
   m = fields["model"]
+  _check_hidden_size(state, int(m["hidden_size"]), cfg_path)
   head_dim = int(m["hidden_size"]) // int(m["num_heads"])
   rope_base = float(m.get("rope_base", 10000.0))
   for k, v in buffers.items():

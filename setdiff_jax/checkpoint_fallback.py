@@ -1,0 +1,209 @@
+"""Restoring a checkpoint step, telling damaged files from a different structure, with fallback.
+
+`restore_with_fallback(manager, abstract_state, data_iterator)` restores the newest step that
+loads. Every step is checked in three stages, so the cause is named:
+  1. files: `state/` (and this process's data-iterator file, when an iterator is restored) exist;
+  2. metadata: orbax's `_METADATA` reads, and its array names and shapes equal those of the
+     abstract state; if they differ the files are fine but the *config* does not match them, so
+     `CheckpointStructureError` is raised at once (an older step would not match either);
+  3. data: the arrays (and the iterator state) restore.
+A failure in stage 1 or 3, or an unreadable metadata file, is damage: the step is named in a
+warning and the next older step is tried. With an explicit `step` there is no fallback. Used by
+the train loop (`checkpointing.restore`) and by inference loading (sample, evaluate, export).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any, Callable, List, Optional, Tuple
+
+from absl import logging
+import jax
+
+from setdiff_jax import errors
+
+DAMAGED_SUFFIX = ".damaged"  # checkpoints/<step>.damaged: set aside by the trainer, ignored by orbax
+
+
+@contextlib.contextmanager
+def _silent_orbax():
+  """Orbax logs warnings (e.g. an item it was not asked for) while probing a step."""
+  previous = logging.get_verbosity()
+  logging.set_verbosity(logging.ERROR)
+  try:
+    yield
+  finally:
+    logging.set_verbosity(previous)
+
+
+def short(e: BaseException) -> str:
+  """The first line of an orbax / tensorstore error, without the multi-kilobyte spec dump."""
+  text = str(e) or type(e).__name__
+  for cut in (" [tensorstore_spec", "See full TensorStore details", "\n"):
+    text = text.split(cut)[0]
+  text = text.strip().rstrip(".")
+  return text[:200] + ("..." if len(text) > 200 else "")
+
+
+def _name(entry) -> str:
+  for attr in ("name", "key", "idx"):
+    if hasattr(entry, attr):
+      return str(getattr(entry, attr))
+  return str(entry)
+
+
+def abstract_shapes(abstract_state) -> dict:
+  """{'params.blocks_0.attn_out.kernel': shape, ...}: orbax's names for the state's arrays."""
+  leaves = jax.tree_util.tree_flatten_with_path(abstract_state)[0]
+  return {".".join(_name(k) for k in path): tuple(leaf.shape) for path, leaf in leaves
+          if hasattr(leaf, "shape")}
+
+
+def stored_shapes(tree) -> dict:
+  """The same names and shapes from a checkpoint's tree metadata."""
+  out = {}
+
+  def walk(node):
+    if isinstance(node, dict):
+      for v in node.values():
+        walk(v)
+    elif isinstance(node, (list, tuple)):
+      for v in node:
+        walk(v)
+    elif node is not None and hasattr(node, "shape") and hasattr(node, "name"):
+      out[str(node.name)] = tuple(node.shape)
+
+  walk(tree)
+  return out
+
+
+def structure_diff(stored: dict, wanted: dict, limit: int = 4) -> List[str]:
+  """The first differences, the parameters' before their EMA and optimizer copies."""
+  order = lambda k: (not k.startswith("params."), k)  # noqa: E731
+  diffs = [f"{k}: checkpoint {stored[k]}, config {wanted[k]}" for k in sorted(wanted, key=order)
+           if k in stored and stored[k] != wanted[k]]
+  diffs += [f"{k}: only in the config" for k in sorted(set(wanted) - set(stored))]
+  diffs += [f"{k}: only in the checkpoint" for k in sorted(set(stored) - set(wanted))]
+  if len(diffs) > limit:
+    diffs = diffs[:limit] + [f"... {len(diffs) - limit} more"]
+  return diffs
+
+
+def iterator_file() -> str:
+  return f"process_{jax.process_index()}-of-{jax.process_count()}.json"
+
+
+def restore_step(manager, step: int, abstract_state, data_iterator=None, *,
+                 restore_fn: Optional[Callable[[int], Any]] = None, partial: bool = False):
+  """Restores one step (stages of the module doc); returns the restored state.
+
+  `restore_fn(step)` replaces the default full restore of the `state` item (and of the data
+  iterator); with `partial` (e.g. parameters only) arrays the checkpoint has beyond
+  `abstract_state` are not a mismatch.
+  """
+  import orbax.checkpoint as ocp
+  import grain
+
+  where = os.path.join(str(manager.directory), str(step))
+  if not os.path.isdir(os.path.join(where, "state")):
+    raise errors.DamagedCheckpointError(f"step {step}: {where}/state is missing")
+  if data_iterator is not None and not os.path.isfile(os.path.join(where, "data",
+                                                                   iterator_file())):
+    raise errors.MissingIteratorStateError(
+        f"step {step}: no data-iterator state {where}/data/{iterator_file()}")
+  try:
+    with _silent_orbax():
+      metadata = manager.item_metadata(step)["state"]
+    stored = stored_shapes(getattr(metadata, "tree", metadata))
+  except Exception as e:  # noqa: BLE001 - any unreadable metadata is damage
+    raise errors.DamagedCheckpointError(f"step {step}: unreadable metadata ({short(e)})") from e
+  if not stored:
+    raise errors.DamagedCheckpointError(f"step {step}: no array metadata in {where}/state")
+  wanted = abstract_shapes(abstract_state)
+  if partial:  # only what is asked for (e.g. the parameters, not the optimizer state)
+    stored = {k: v for k, v in stored.items() if k in wanted}
+  if stored != wanted:
+    raise errors.CheckpointStructureError(
+        f"checkpoint {where} holds a different model/optimizer structure than this config ("
+        + "; ".join(structure_diff(stored, wanted)) + "). Its files are intact: use the config "
+        "it was trained with (the workdir's config.json), or train into another --workdir")
+  if restore_fn is None:
+    args = {"state": ocp.args.StandardRestore(abstract_state)}
+    if data_iterator is not None:
+      args["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
+    restore_fn = lambda s: manager.restore(s, args=ocp.args.Composite(**args))["state"]  # noqa
+  try:
+    with _silent_orbax():
+      return restore_fn(step)
+  except Exception as e:  # noqa: BLE001 - the structure matched, so the files are damaged
+    raise errors.DamagedCheckpointError(f"step {step}: {short(e)}") from e
+
+
+def restore_with_fallback(manager, abstract_state, data_iterator=None,
+                          step: Optional[int] = None, *,
+                          restore_fn: Optional[Callable[[int], Any]] = None, partial: bool = False
+                          ) -> Tuple[Optional[Any], Optional[int], List[Tuple[int, str]]]:
+  """(restored state, its step, [(damaged newer step, reason)]) for the newest step that loads,
+  or for `step`; `restore_fn` / `partial` as in `restore_step`.
+
+  (None, None, []) when there is no checkpoint. Raises CheckpointStructureError for a config that
+  does not match, DamagedCheckpointError when no step loads (or the explicit `step` does not).
+  """
+  steps = sorted(manager.all_steps(), reverse=True)
+  if not steps:
+    return None, None, []
+  if step is not None and step not in steps:
+    raise errors.CheckpointError(f"no checkpoint at --step={step} in {manager.directory}; the "
+                                 f"steps there are {sorted(steps)}")
+  damaged: List[Tuple[int, str]] = []
+  causes: List[errors.DamagedCheckpointError] = []
+  for s in ([step] if step is not None else steps):
+    try:
+      state = restore_step(manager, s, abstract_state, data_iterator, restore_fn=restore_fn,
+                           partial=partial)
+    except errors.DamagedCheckpointError as e:
+      if step is not None:
+        raise errors.DamagedCheckpointError(
+            f"checkpoint {e}; other steps there: {[t for t in sorted(steps) if t != s]}") from e
+      damaged.append((s, str(e)))
+      causes.append(e)
+      continue
+    if damaged:
+      logging.warning("damaged checkpoint(s) in %s: %s; falling back to step %d",
+                      manager.directory, "; ".join(r for _, r in damaged), s)
+    return state, s, damaged
+  reasons = "; ".join(r for _, r in damaged)
+  if all(isinstance(e, errors.MissingIteratorStateError) for e in causes):
+    raise errors.MissingIteratorStateError(
+        f"no checkpoint in {manager.directory} has this process's data-iterator state ({reasons})"
+        f". It was saved by a run with another number of processes, or the files were deleted. "
+        f"Resume with the same number of processes, or start a new run from its parameters: "
+        f"--workdir=NEW --config.init_from={os.path.dirname(str(manager.directory))}")
+  raise errors.DamagedCheckpointError(
+      f"no checkpoint in {manager.directory} loads: {reasons}. Train into another --workdir (or "
+      f"move the damaged checkpoints/<step> folders away to start this one afresh)")
+
+
+def set_aside(manager, damaged: List[Tuple[int, str]]):
+  """Renames damaged steps to checkpoints/<step>.damaged (process 0), so training can save those
+  steps again; orbax ignores the renamed folders. Every process then re-reads the step list."""
+  if damaged and jax.process_index() == 0:
+    for s, _ in damaged:
+      src = os.path.join(str(manager.directory), str(s))
+      dst = src + DAMAGED_SUFFIX
+      n = 1
+      while os.path.exists(dst):
+        n += 1
+        dst = f"{src}{DAMAGED_SUFFIX}{n}"
+      os.rename(src, dst)
+      logging.warning("moved damaged checkpoint %s to %s (delete it when no longer needed)",
+                      src, dst)
+  if damaged and jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    multihost_utils.sync_global_devices("setdiff_jax: damaged checkpoints set aside")
+  if damaged:
+    manager.reload()
+
+
+__all__ = ["restore_step", "restore_with_fallback", "set_aside", "abstract_shapes",
+           "stored_shapes", "structure_diff", "short"]

@@ -1,0 +1,246 @@
+"""What every launcher in `launch/` shares: one-line errors, quiet logs, strict arguments.
+
+  if __name__ == "__main__":
+    cli.run(main)          # instead of absl's app.run(main)
+
+- Expected errors (`EXPECTED`: bad config, input, data, checkpoint, disk) end the process with a
+  single `error: ...` line on stderr and exit status 1 (2 for flag / argument errors). Their
+  traceback is printed only with `--verbose` or `SETDIFF_VERBOSE=1`. Any other exception is a bug
+  and keeps its traceback.
+- After an error the process ends with `os._exit`: background threads of orbax / tensorstore
+  cannot add shutdown noise (`Event loop is closed`, `sys.meta_path is None`) after the line.
+- Positional arguments are rejected (every option is a `--flag=value`), and an unknown
+  `--config.field` names the closest valid fields.
+- INFO lines of the libraries (jax backend probing, orbax, grain) are dropped unless verbose;
+  warnings and the package's own INFO lines stay.
+
+`call(main, argv)` does the same in-process and returns the exit status (for tests).
+"""
+from __future__ import annotations
+
+import difflib
+import errno
+import logging as std_logging
+import os
+import re
+import sys
+import traceback
+from typing import Callable, List, Optional, Sequence
+
+from absl import app, flags
+from absl import logging
+
+from setdiff_jax import errors
+
+VERBOSE_ENV = "SETDIFF_VERBOSE"
+EXPECTED = (errors.SetdiffError, ValueError, OSError, FloatingPointError, app.UsageError)
+
+FLAGS = flags.FLAGS
+if "verbose" not in FLAGS:
+  flags.DEFINE_bool("verbose", False, "Full tracebacks and library INFO logs on errors (or set "
+                    f"{VERBOSE_ENV}=1).")
+
+
+class UsageError(errors.SetdiffError):
+  """A bad command line (unknown flag or config field, bad value, stray argument)."""
+
+
+def verbose() -> bool:
+  env = os.environ.get(VERBOSE_ENV, "").strip().lower() not in ("", "0", "false", "no")
+  try:
+    return env or bool(FLAGS.verbose)
+  except flags.UnparsedFlagAccessError:
+    return env
+
+
+def one_line(text: str) -> str:
+  return " ".join(str(text).split())
+
+
+def describe(exc: BaseException) -> str:
+  """The one-line message of an expected error."""
+  if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+    where = f" writing {exc.filename}" if exc.filename else ""
+    return one_line(f"disk full{where} ({exc}); free space (or use a larger disk) and run the "
+                    "same command again")
+  return one_line(str(exc) or type(exc).__name__)
+
+
+# ----------------------------------------------------------------------------- config fields
+def config_field_names(config, prefix: str = "") -> List[str]:
+  """Every dotted field name of a ConfigDict (parents included)."""
+  names = []
+  for key in config.keys():
+    name = f"{prefix}{key}"
+    names.append(name)
+    child = config[key]
+    if hasattr(child, "keys") and hasattr(child, "to_dict"):
+      names += config_field_names(child, name + ".")
+  return names
+
+
+def closest_fields(name: str, names: Sequence[str], n: int = 3) -> List[str]:
+  """Closest dotted names: whole-name matches, then fields whose last part is close."""
+  out = difflib.get_close_matches(name, names, n=n, cutoff=0.6)
+  leaf = name.rsplit(".", 1)[-1]
+  leaves = {}
+  for full in names:
+    leaves.setdefault(full.rsplit(".", 1)[-1], []).append(full)
+  for match in difflib.get_close_matches(leaf, list(leaves), n=n, cutoff=0.6):
+    out += [f for f in leaves[match] if f not in out]
+  return out[:n]
+
+
+def unknown_config_fields(argv: Sequence[str], config, flag: str = "config") -> List[str]:
+  """'--config.foo is not a config field (closest: ...)' for each unknown override in argv."""
+  names = config_field_names(config)
+  problems = []
+  for arg in argv:
+    m = re.match(rf"^--?(?:no)?{flag}\.([^=]+)", arg)
+    if not m or m.group(1) in names:
+      continue
+    close = closest_fields(m.group(1), names)
+    hint = f"closest: {', '.join('--' + flag + '.' + c for c in close)}" if close else (
+        f"the fields are: {', '.join(n for n in names if '.' not in n)}")
+    problems.append(f"--{flag}.{m.group(1)} is not a config field ({hint})")
+  return problems
+
+
+# ----------------------------------------------------------------------------- parsing
+def parse_flags(argv: Sequence[str]) -> List[str]:
+  """FLAGS(argv) with every failure turned into a one-line `UsageError`; returns the positional
+  arguments (argv[0] included). ml_collections reads config overrides from sys.argv, so it is
+  set to `argv` meanwhile."""
+  argv = list(argv)
+  saved = sys.argv
+  sys.argv = argv
+  try:
+    return FLAGS(argv)
+  except Exception as e:  # noqa: BLE001 - flag and config-override errors of every kind
+    config = _config_of(argv)
+    problems = unknown_config_fields(argv, config) if hasattr(config, "keys") else []
+    msg = "; ".join(problems) if problems else describe(e)
+    msg = msg.replace("Unknown command line flag", "unknown flag")
+    required = re.search(r"Flag --(\w+) must have a value other than None", msg)
+    if required:
+      msg = f"--{required.group(1)} is required"
+    raise UsageError(f"{msg} (see --helpshort)") from e
+  finally:
+    sys.argv = saved
+
+
+def _config_of(argv: Sequence[str]):
+  """The config named by --config=FILE.py (before overrides), or None."""
+  value = FLAGS["config"].value if "config" in FLAGS else None
+  if hasattr(value, "keys"):
+    return value
+  for arg in argv:
+    m = re.match(r"^--?config=(.+\.py)$", arg)
+    if m and os.path.isfile(m.group(1)):
+      import importlib.util
+      try:
+        spec = importlib.util.spec_from_file_location("_setdiff_cli_config", m.group(1))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module.get_config()
+      except Exception:  # noqa: BLE001 - the original error is reported instead
+        return None
+  return None
+
+
+def check_no_positional(args: Sequence[str]):
+  if len(args) > 1:
+    raise UsageError(f"unexpected argument(s) {' '.join(args[1:])!r}: every option is a "
+                     "--flag=value (see --helpshort)")
+
+
+# ----------------------------------------------------------------------------- logs
+class _LibraryInfoFilter(std_logging.Filter):
+  """Drops INFO (and lower) records that do not come from this repository's code."""
+
+  _OURS = (os.sep + "setdiff_jax" + os.sep, os.sep + "launch" + os.sep)
+
+  def filter(self, record):
+    if record.levelno >= std_logging.WARNING:
+      return True
+    return any(part in (record.pathname or "") for part in self._OURS)
+
+
+_FILTER = _LibraryInfoFilter()
+
+
+def quiet_library_logs():
+  """Hides the libraries' INFO lines (jax backend probing, orbax, grain) unless verbose."""
+  handler = logging.get_absl_handler()
+  if verbose():
+    handler.removeFilter(_FILTER)
+  elif _FILTER not in handler.filters:
+    handler.addFilter(_FILTER)
+  for name in ("jax._src.xla_bridge", "jax._src.distributed", "orbax", "grain"):
+    std_logging.getLogger(name).setLevel(std_logging.DEBUG if verbose() else std_logging.WARNING)
+  sys.unraisablehook = sys.__unraisablehook__ if verbose() else _quiet_unraisable
+
+
+def _quiet_unraisable(unraisable):
+  """Orbax's abandoned read coroutines report their (already raised) error again when they are
+  garbage-collected, with a multi-kilobyte TensorStore spec, or find their event loop closed;
+  keep only other reports."""
+  tb = unraisable.exc_traceback
+  files = []
+  while tb is not None:
+    files.append(tb.tb_frame.f_code.co_filename)
+    tb = tb.tb_next
+  closed_loop = "Event loop is closed" in str(unraisable.exc_value)  # their loop, shut down
+  if not closed_loop and not any("orbax" in f or "tensorstore" in f for f in files):
+    sys.__unraisablehook__(unraisable)
+
+
+def report(exc: BaseException, stream=None) -> int:
+  """Prints the error line (after the traceback when verbose); returns the exit status."""
+  stream = stream or sys.stderr
+  if verbose():
+    traceback.print_exception(type(exc), exc, exc.__traceback__, file=stream)
+  stream.write(f"error: {describe(exc)}\n")
+  stream.flush()
+  return 2 if isinstance(exc, (UsageError, app.UsageError)) else 1
+
+
+# ----------------------------------------------------------------------------- entry points
+def call(main: Callable[[List[str]], Optional[int]], argv: Sequence[str], stream=None) -> int:
+  """Parses `argv` and runs `main` in-process; returns the exit status (errors as in `run`)."""
+  FLAGS.unparse_flags()
+  for name in [n for n in FLAGS if n.startswith("config.")]:  # the previous call's overrides
+    delattr(FLAGS, name)
+  try:
+    args = parse_flags(argv)
+    check_no_positional(args)
+    quiet_library_logs()
+    return int(main(args) or 0)
+  except EXPECTED as e:
+    return report(e, stream)
+
+
+def run(main: Callable[[List[str]], Optional[int]]):
+  """`absl.app.run(main)` with the behaviour of the module doc."""
+  def parser(argv):
+    try:
+      return parse_flags(argv)
+    except UsageError as e:
+      sys.exit(report(e))
+
+  def guarded(args):
+    try:
+      check_no_positional(args)
+      quiet_library_logs()
+      return main(args)
+    except EXPECTED as e:
+      code = report(e)
+      sys.stdout.flush()
+      os._exit(code)  # no interpreter shutdown: library threads cannot print after the line
+
+  app.run(guarded, flags_parser=parser)
+
+
+__all__ = ["EXPECTED", "UsageError", "verbose", "describe", "closest_fields",
+           "unknown_config_fields", "parse_flags", "check_no_positional", "quiet_library_logs",
+           "report", "call", "run"]

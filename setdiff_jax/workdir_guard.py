@@ -1,0 +1,208 @@
+"""Protects a training workdir: one trainer at a time, and no resume that would break it.
+
+- `WorkdirLock`: an exclusive `fcntl.flock` on WORKDIR/.lock/process_<i>.lock, one file per
+  process of a (multi-host) job, so a second job fails on every host at once. The kernel drops
+  the lock when the process ends in any way (also `kill -9`), so a stale file never blocks; the
+  file holds the owner's pid and host for the error message. On NFS, flock is forwarded to the
+  server's locks (Linux >= 2.6.12); object stores (gs://) have no locks and are not locked.
+- `check_resume(config, workdir)`: before anything is written, compares the new config with the
+  workdir's config.json when it already has checkpoints, and refuses a change to a field the
+  checkpoints depend on (`STRUCTURAL`), listing every such field (old -> new) and the ways out.
+- `absolute_paths(config)`: data / vocabulary paths made absolute, so config.json works from any
+  directory (`launch/evaluate.py` run elsewhere).
+"""
+from __future__ import annotations
+
+import copy
+import errno
+import fcntl
+import json
+import os
+import socket
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+from absl import logging
+
+from setdiff_jax import errors
+
+LOCK_DIR = ".lock"
+CONFIG_FILE = "config.json"  # = checkpointing.CONFIG_FILE (not imported: no jax here)
+CHECKPOINT_DIR = "checkpoints"
+
+# Fields the saved state depends on: parameter and optimizer-state shapes, the tokenizer's ids,
+# the data stream the iterator state indexes into, and what the objective trains. A "*" entry
+# covers a whole sub-config. Everything else (steps, learning rate, eval/log/checkpoint cadence,
+# mesh, dtype, attention, remat, dropout, EMA decay, ...) may change on resume.
+STRUCTURAL = ("objective", "seq_len", "batch_size",
+              "model.vocab_size", "model.hidden_size", "model.num_layers", "model.num_heads",
+              "model.mlp_ratio", "model.cond_dim", "model.adaln", "model.backbone",
+              "model.head_dim", "model.intermediate_size", "model.num_kv_heads",
+              "model.tie_embeddings",
+              "loss.*", "tokenizer.*",
+              "data.source", "data.tfds_name", "data.train_split", "data.paths",
+              "data.text_unit", "data.jsonl_field", "data.preprocess", "data.wrap_style")
+# Zero / non-zero adds or removes an optimizer-chain element (a different state structure).
+ON_OFF = ("grad_clip_norm", "weight_decay")
+PATH_FIELDS = ("data.paths", "data.eval_paths", "data.tfds_data_dir", "tokenizer.vocab_path",
+               "tokenizer.merges_path", "init_from")
+
+
+# ----------------------------------------------------------------------------- lock
+def _remote(path: str) -> bool:
+  return "://" in path
+
+
+class WorkdirLock:
+  """`with WorkdirLock(workdir, jax.process_index()):` holds the workdir for this process."""
+
+  def __init__(self, workdir: str, process_index: int = 0):
+    self.workdir = workdir
+    self.path = os.path.join(workdir, LOCK_DIR, f"process_{int(process_index)}.lock")
+    self._fd: Optional[int] = None
+
+  def _holder(self) -> str:
+    try:
+      with open(self.path, encoding="utf-8") as f:
+        info = json.load(f)
+      return (f"pid {info['pid']} on {info['host']} (since {info['since']})")
+    except (OSError, ValueError, KeyError):
+      return "another process (its pid is not recorded yet)"
+
+  def acquire(self) -> "WorkdirLock":
+    if _remote(self.workdir):
+      logging.warning("workdir %s is not a local/NFS path: it cannot be locked; make sure no "
+                      "other trainer uses it", self.workdir)
+      return self
+    os.makedirs(os.path.dirname(self.path), exist_ok=True)
+    fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+      os.close(fd)
+      if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+        raise errors.WorkdirInUseError(
+            f"workdir {self.workdir} in use by {self._holder()}: wait for that run to end (or "
+            "stop it), or train into another --workdir") from None
+      logging.warning("cannot lock %s (%s); continuing without a workdir lock", self.path, e)
+      return self
+    info = {"pid": os.getpid(), "host": socket.gethostname(),
+            "since": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+    os.ftruncate(fd, 0)
+    os.write(fd, json.dumps(info).encode())
+    self._fd = fd
+    return self
+
+  def release(self):
+    if self._fd is not None:
+      fcntl.flock(self._fd, fcntl.LOCK_UN)
+      os.close(self._fd)
+      self._fd = None
+
+  def __enter__(self):
+    return self.acquire()
+
+  def __exit__(self, *exc):
+    self.release()
+
+
+# ----------------------------------------------------------------------------- config checks
+def flatten(tree: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
+  out = {}
+  for k, v in tree.items():
+    if isinstance(v, dict):
+      out.update(flatten(v, f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = v
+  return out
+
+
+def _as_json(config) -> Dict[str, Any]:
+  if isinstance(config, dict):
+    return json.loads(json.dumps(config, default=str))
+  return json.loads(config.to_json_best_effort())
+
+
+def _normalized(name: str, value):
+  """Paths compared as absolute paths (config.json of older runs stored them as given)."""
+  if name not in PATH_FIELDS or not value:
+    return value
+  parts = value.split(",") if isinstance(value, str) else list(value)
+  return [p if _remote(p) else os.path.abspath(p.strip()) for p in parts if p.strip()]
+
+
+def structural(name: str) -> bool:
+  return any(name == f or (f.endswith(".*") and name.startswith(f[:-1])) for f in STRUCTURAL)
+
+
+def structural_changes(old, new) -> List[Tuple[str, Any, Any]]:
+  """(field, old value, new value) for every structural difference; fields that only one side
+  has (a config of an older version of the code) are not compared."""
+  a, b = flatten(_as_json(old)), flatten(_as_json(new))
+  out = []
+  for name in sorted(set(a) & set(b)):
+    va, vb = _normalized(name, a[name]), _normalized(name, b[name])
+    if name in ON_OFF:
+      if (float(va or 0) > 0) != (float(vb or 0) > 0):
+        out.append((name, a[name], b[name]))
+    elif structural(name) and va != vb:
+      out.append((name, a[name], b[name]))
+  return out
+
+
+def saved_steps(workdir: str) -> List[int]:
+  """Steps with a checkpoint folder (complete or not; orbax writes into temporary names)."""
+  d = os.path.join(workdir, CHECKPOINT_DIR)
+  if not os.path.isdir(d):
+    return []
+  return sorted(int(s) for s in os.listdir(d) if s.isdigit())
+
+
+def check_resume(config, workdir: str):
+  """Raises ConfigMismatchError if `config` would resume WORKDIR's checkpoints with a different
+  structure; a new workdir (no checkpoint) or one without config.json passes."""
+  steps = saved_steps(workdir)
+  path = os.path.join(workdir, CONFIG_FILE)
+  if not steps or not os.path.isfile(path):
+    return
+  try:
+    with open(path, encoding="utf-8") as f:
+      old = json.load(f)
+  except ValueError as e:
+    raise errors.ConfigMismatchError(
+        f"{path} is damaged ({e}); it records the config of the checkpoints in {workdir}. "
+        "Restore it, or train into another --workdir") from e
+  changes = structural_changes(old, config)
+  if not changes:
+    return
+  diff = "; ".join(f"{k}: {json.dumps(o)} -> {json.dumps(n)}" for k, o, n in changes)
+  raise errors.ConfigMismatchError(
+      f"refusing to resume {workdir} (checkpoint steps {steps}): the config differs from its "
+      f"{CONFIG_FILE} in fields the checkpoints depend on: {diff}. Nothing was written. To "
+      f"resume, drop these overrides; for a new run use another --workdir; to start a new run "
+      f"from this one's parameters (same model shape) add --config.init_from={workdir}")
+
+
+def absolute_paths(config):
+  """A copy of `config` whose local file paths (`PATH_FIELDS`) are absolute."""
+  config = copy.deepcopy(config)
+  for name in PATH_FIELDS:
+    *parents, leaf = name.split(".")
+    node = config
+    for p in parents:
+      node = node.get(p) if hasattr(node, "get") else None
+      if node is None:
+        break
+    if node is None or leaf not in node or not node[leaf]:
+      continue
+    value = node[leaf]
+    if isinstance(value, str):
+      node[leaf] = ",".join(p.strip() if _remote(p.strip()) else os.path.abspath(p.strip())
+                            for p in value.split(",") if p.strip())
+    elif isinstance(value, (list, tuple)):
+      node[leaf] = type(value)(p if _remote(p) else os.path.abspath(p) for p in value)
+  return config
+
+
+__all__ = ["WorkdirLock", "STRUCTURAL", "structural_changes", "check_resume", "absolute_paths",
+           "saved_steps"]
