@@ -130,9 +130,10 @@ def benchmark(config, objective: str, args) -> dict:
   config.model.adaln = ADALN[objective]
   train.validate_config(config, jax.device_count())
   model_cfg, obj_cfg = train.model_and_objective(config, fake_tokenizer(config.model.vocab_size))
-  model_cfg = dataclasses.replace(model_cfg, fused_head=bool(args.fused_head),
-                                  head_chunk_rows=args.head_chunk_rows,
-                                  head_recompute=args.head_recompute)
+  if hasattr(model_cfg, "fused_head"):  # the DiT (other backbones: the logits path)
+    model_cfg = dataclasses.replace(model_cfg, fused_head=bool(args.fused_head),
+                                    head_chunk_rows=args.head_chunk_rows,
+                                    head_recompute=args.head_recompute)
   mesh = sharding.make_mesh(config.mesh)
   config.seed = args.seed
   state, shardings = train.create_sharded_state(config, model_cfg, mesh)
