@@ -19,6 +19,8 @@ not a quality claim). Timings on a shared machine vary; repeat with --repeats.
 """
 from __future__ import annotations
 
+import os
+import statistics
 import time
 from typing import Callable, List
 
@@ -34,7 +36,7 @@ flags.DEFINE_integer("vocab_size", 30522, "Random init: vocabulary.")
 flags.DEFINE_float("head_scale", 0.0,
                    "Random init: std * sqrt(D) of a random output head (0: keep the zero head).")
 flags.DEFINE_integer("seed", 0, "Init / sampling seed.")
-flags.DEFINE_list("batch_sizes", ["1", "8"], "Batch sizes.")
+flags.DEFINE_list("batch_sizes", ["1", "8", "32"], "Batch sizes.")
 flags.DEFINE_list("windows", ["1", "4", "8", "16"], "Set-sampler windows W.")
 flags.DEFINE_list("thresholds", ["off", "0.9"], "Confidence thresholds tau ('off' = none).")
 flags.DEFINE_list("samplers", ["set", "set_nocache", "bd3lm", "mdlm", "ar"], "Which samplers.")
@@ -76,13 +78,14 @@ def _time(fn: Callable, repeats: int):
   t0 = time.perf_counter()
   out = fn()
   first = time.perf_counter() - t0
-  runs = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
+  runs, cpus = [], []
+  for _ in range(max(repeats, 1)):
+    c0, t0 = time.process_time(), time.perf_counter()
     out = fn()
     runs.append(time.perf_counter() - t0)
-  run = min(runs)
-  return out, run, max(first - run, 0.0)
+    cpus.append(time.process_time() - c0)
+  run = statistics.median(runs)
+  return out, run, max(first - min(runs), 0.0), statistics.median(cpus)
 
 
 def main(argv):
@@ -104,10 +107,12 @@ def main(argv):
 
   def bench(name, fn, cfg, batch):
     prompts = [[ids["bos_token_id"]]] * batch
-    out, run, compile_s = _time(lambda: fn(model, params, prompts, cfg), FLAGS.repeats)
+    out, run, compile_s, cpu_s = _time(lambda: fn(model, params, prompts, cfg), FLAGS.repeats)
+    steps = max(int(np.max(out.forward_calls)), 1)  # loop iterations (every row runs each one)
     row = dict(name=name, batch=batch, tok_s=out.num_generated / run, run_s=run,
                compile_s=compile_s, calls=float(np.mean(out.forward_calls)),
-               tps=out.tokens_per_step, tokens=out.num_generated)
+               tps=out.tokens_per_step, tokens=out.num_generated, ms_step=1e3 * run / steps,
+               cpu_ms_step=1e3 * cpu_s / steps)
     rows.append(row)
     print(f"  {name:<26} B={batch:<3} {row['tok_s']:9.1f} tok/s  run {run:7.2f} s  "
           f"compile {compile_s:6.1f} s  calls/row {row['calls']:6.1f}  tok/step {row['tps']:5.2f}",
@@ -132,12 +137,18 @@ def main(argv):
     if "ar" in FLAGS.samplers:
       bench("ar", ar_generate, base, batch)
 
-  print("\n| sampler | batch | tokens/s | run s | compile s | forward calls/row | tokens/step |")
-  print("|---|---|---|---|---|---|---|")
-  for r in rows:
-    print(f"| {r['name']} | {r['batch']} | {r['tok_s']:.1f} | {r['run_s']:.2f} | "
-          f"{r['compile_s']:.1f} | {r['calls']:.1f} | {r['tps']:.2f} |")
+  print(f"\nload average {os.getloadavg()[0]:.2f}; median of {FLAGS.repeats} timed run(s); "
+        "ms/step = run time / forward calls of the longest row; cpu = process CPU time")
+  print("| sampler | batch | tokens/s | x batch 1 | run s | ms / step | cpu ms / step | "
+        "compile s | forward calls/row | tokens/step |")
+  print("|---|---|---|---|---|---|---|---|---|---|")
   by = {(r["name"], r["batch"]): r for r in rows}
+  for r in rows:
+    one = by.get((r["name"], 1))
+    scale = f"{r['tok_s'] / one['tok_s']:.2f}" if one else "-"
+    print(f"| {r['name']} | {r['batch']} | {r['tok_s']:.1f} | {scale} | {r['run_s']:.2f} | "
+          f"{r['ms_step']:.2f} | {r['cpu_ms_step']:.2f} | {r['compile_s']:.1f} | "
+          f"{r['calls']:.1f} | {r['tps']:.2f} |")
   print()
   for (name, batch), r in by.items():
     if name.startswith("set-nocache"):

@@ -3,19 +3,26 @@
   python benchmarks/training.py                       # 4 x 256, 4 heads, L=128, V=30522, B=16
   python benchmarks/training.py --objectives=setdlm,ar --batch_size=32 --steps=20
   python benchmarks/training.py --config=configs/tiny_sw.py   # sizes from a config file
+  python benchmarks/training.py --vocab_size=4096 --rounds=2 --steps=5   # interleaved rounds
+  python benchmarks/training.py --seq_len=1024 --batch_size=2 --attention=blocksparse
 
 Times the jitted `train.make_train_step` exactly as `train_and_evaluate` runs it (state
 replicated, batch sharded over data x fsdp of all local devices, state donated) on random tokens,
 so no tokenizer or dataset is needed. For each objective: lower + compile once (reported apart),
 `--warmup` untimed steps, then `--steps` timed steps ended by `block_until_ready`. A clean token
 is one of the B x L tokens of the data batch (SetDLM and BD3LM feed the model 2L slots per row;
-the count is of data tokens, so the methods compare on equal footing). Prints a markdown table.
+the count is of data tokens, so the methods compare on equal footing). With --rounds R the timed
+runs of all objectives are interleaved R times and medians reported. GFLOP/s = XLA's
+`cost_analysis()` FLOPs of the compiled step / time; MFU = that / the peak (--peak_gflops, or a
+2048^3 fp32 matmul probe on this device). Prints a markdown table.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import os
+import statistics
 import sys
 import time
 import types
@@ -23,6 +30,7 @@ import types
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from configs import default  # noqa: E402
@@ -48,7 +56,16 @@ def parse_args(argv=None):
   p.add_argument("--vocab_size", type=int, default=None, help="default 30522")
   p.add_argument("--batch_size", type=int, default=None, help="default 16")
   p.add_argument("--dtype", default=None, help="float32 (default) | bfloat16")
-  p.add_argument("--attention", default=None, help="dense (default) | xla | cudnn")
+  p.add_argument("--attention", default=None,
+                 help="dense (default) | xla | cudnn | blocksparse | splash")
+  p.add_argument("--fused_head", type=int, default=1,
+                 help="1 (default): fused head + cross-entropy; 0: the logits path")
+  p.add_argument("--head_chunk_rows", type=int, default=0, help="fused head rows per chunk")
+  p.add_argument("--head_recompute", action="store_true", help="fused head: recompute logits")
+  p.add_argument("--peak_gflops", type=float, default=0.0,
+                 help="peak FLOP/s (GFLOP/s) for the MFU column; 0: measure with a matmul probe")
+  p.add_argument("--rounds", type=int, default=1,
+                 help="interleaved rounds over the objectives (medians reported)")
   p.add_argument("--dropout", type=float, default=None, help="default 0.1")
   p.add_argument("--grad_accum_steps", type=int, default=None, help="default 1")
   p.add_argument("--remat", action="store_true", default=None)
@@ -113,6 +130,10 @@ def benchmark(config, objective: str, args) -> dict:
   config.model.adaln = ADALN[objective]
   train.validate_config(config, jax.device_count())
   model_cfg, obj_cfg = train.model_and_objective(config, fake_tokenizer(config.model.vocab_size))
+  if hasattr(model_cfg, "fused_head"):  # the DiT (other backbones: the logits path)
+    model_cfg = dataclasses.replace(model_cfg, fused_head=bool(args.fused_head),
+                                    head_chunk_rows=args.head_chunk_rows,
+                                    head_recompute=args.head_recompute)
   mesh = sharding.make_mesh(config.mesh)
   config.seed = args.seed
   state, shardings = train.create_sharded_state(config, model_cfg, mesh)
@@ -125,22 +146,54 @@ def benchmark(config, objective: str, args) -> dict:
   t0 = time.perf_counter()
   compiled = step.lower(state, batches[0], rng).compile()
   compile_s = time.perf_counter() - t0
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  flops = float((cost or {}).get("flops", 0.0))
 
   for i in range(args.warmup):
     state, metrics = compiled(state, batches[i % len(batches)], rng)
   jax.block_until_ready((state, metrics) if args.warmup else state)
+  clean = float(sum(host[i % len(host)]["attention_mask"].sum() for i in range(args.steps)))
+  return {"objective": objective, "params": num_params, "compile_s": compile_s, "flops": flops,
+          "compiled": compiled, "state": state, "batches": batches, "rng": rng, "clean": clean,
+          "times": []}
+
+
+def time_steps(prep: dict, args):
+  """One timed run of `--steps` steps; appends the elapsed seconds to prep['times']."""
+  state, compiled, batches, rng = prep["state"], prep["compiled"], prep["batches"], prep["rng"]
   t0 = time.perf_counter()
   for i in range(args.steps):
     state, metrics = compiled(state, batches[i % len(batches)], rng)
   jax.block_until_ready((state, metrics))
-  elapsed = time.perf_counter() - t0
+  prep["times"].append(time.perf_counter() - t0)
+  prep["state"] = state
   loss = float(metrics["loss"])
   if not np.isfinite(loss):
-    raise FloatingPointError(f"{objective}: non-finite loss {loss}")
-  clean = float(sum(host[i % len(host)]["attention_mask"].sum() for i in range(args.steps)))
-  return {"objective": objective, "params": num_params, "compile_s": compile_s,
-          "step_ms": 1e3 * elapsed / args.steps, "steps_per_s": args.steps / elapsed,
-          "tokens_per_s": clean / elapsed, "loss": loss}
+    raise FloatingPointError(f"{prep['objective']}: non-finite loss {loss}")
+  prep["loss"] = loss
+
+
+def summarise(prep: dict, args, peak: float) -> dict:
+  elapsed = statistics.median(prep["times"])
+  achieved = prep["flops"] * args.steps / elapsed
+  return {"objective": prep["objective"], "params": prep["params"],
+          "compile_s": prep["compile_s"], "step_ms": 1e3 * elapsed / args.steps,
+          "steps_per_s": args.steps / elapsed, "tokens_per_s": prep["clean"] / elapsed,
+          "loss": prep["loss"], "gflops": achieved / 1e9, "mfu": achieved / peak if peak else 0.0}
+
+
+def matmul_peak_gflops(n: int = 2048, repeats: int = 5) -> float:
+  """Best fp32 GFLOP/s of an n x n x n jitted matmul on the default device (a peak estimate)."""
+  a = jnp.ones((n, n), jnp.float32)
+  f = jax.jit(lambda x, y: x @ y)
+  f(a, a).block_until_ready()
+  best = float("inf")
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    f(a, a).block_until_ready()
+    best = min(best, time.perf_counter() - t0)
+  return 2 * n ** 3 / best / 1e9
 
 
 def markdown(rows, config, args) -> str:
@@ -151,11 +204,13 @@ def markdown(rows, config, args) -> str:
           f"{jax.devices()[0].device_kind} ({jax.default_backend()}); jax {jax.__version__}; "
           f"{args.warmup} warm-up + {args.steps} timed steps")
   lines = [head, "",
-           "| objective | params | compile (s) | ms / step | steps / s | clean tokens / s |",
-           "| --- | ---: | ---: | ---: | ---: | ---: |"]
+           "| objective | params | compile (s) | ms / step | steps / s | clean tokens / s | "
+           "GFLOP/s | MFU |",
+           "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
   for r in rows:
     lines.append(f"| {r['objective']} | {r['params'] / 1e6:.2f}M | {r['compile_s']:.1f} | "
-                 f"{r['step_ms']:.0f} | {r['steps_per_s']:.2f} | {r['tokens_per_s']:,.0f} |")
+                 f"{r['step_ms']:.0f} | {r['steps_per_s']:.2f} | {r['tokens_per_s']:,.0f} | "
+                 f"{r['gflops']:.1f} | {r['mfu']:.0%} |")
   return "\n".join(lines)
 
 
@@ -166,14 +221,21 @@ def main(argv=None):
   for name in names:
     if name not in methods.NAMES:
       raise SystemExit(f"--objectives: {name!r} is not one of {methods.NAMES}")
-  rows = []
-  for name in names:
-    row = benchmark(config, name, args)
-    print(f"{name}: compile {row['compile_s']:.1f}s, {row['steps_per_s']:.2f} steps/s, "
-          f"{row['tokens_per_s']:,.0f} clean tokens/s (loss {row['loss']:.3f})", flush=True)
-    rows.append(row)
+  preps = [benchmark(config, name, args) for name in names]
+  peak = args.peak_gflops * 1e9 or matmul_peak_gflops() * 1e9
+  for r in range(args.rounds):
+    for prep in preps:
+      time_steps(prep, args)
+      print(f"round {r}: {prep['objective']}: {args.steps / prep['times'][-1]:.2f} steps/s "
+            f"(loss {prep['loss']:.3f})", flush=True)
+  rows = [summarise(p, args, peak) for p in preps]
   print()
   print(markdown(rows, config, args))
+  print(f"\nMFU = cost_analysis() FLOPs per step x steps/s / peak {peak / 1e9:.1f} GFLOP/s "
+        f"({'--peak_gflops' if args.peak_gflops else '2048^3 fp32 matmul probe'}); "
+        f"median of {args.rounds} interleaved round(s); load average {os.getloadavg()[0]:.2f}; "
+        f"fused_head={args.fused_head}. XLA counts a loop body once: with --head_chunk_rows the "
+        "FLOPs (and MFU) are undercounted.")
 
 
 if __name__ == "__main__":

@@ -1,24 +1,105 @@
 """Attention implementations behind one signature.
 
 `attend(q, k, v, mask, implementation)`:
-  q: [B, Sq, H, Dh], k, v: [B, Sk, H, Dh], mask: bool [B, Sq, Sk] or [B, 1, Sq, Sk] (True = attend).
+  q: [B, Sq, H, Dh], k, v: [B, Sk, H, Dh], mask: bool [B, Sq, Sk] or [B, 1, Sq, Sk] (True = attend),
+  or a `TiledMask` (the same dense mask plus the static tile structure of its fixed part).
   Returns [B, Sq, H, Dh] in q's dtype.
 
 - `dense`: explicit einsum with fp32 softmax; masked scores are set to float32 min (finite, so a
   fully masked row gives a uniform softmax instead of NaN, as the reference's SDPA additive mask).
   The reference for tests and CPU.
 - `xla` / `cudnn`: `jax.nn.dot_product_attention` (fused kernels on GPU with `cudnn`).
+- `blocksparse`: pure JAX, tile by tile: each query tile attends to the key tiles its static mask
+  needs (known at trace time), concatenated; empty tiles are never computed. Same outputs as
+  dense (a fully masked query row still gets the uniform average over all keys).
+- `splash`: the Pallas splash-attention kernel (TPU; `interpret=True` elsewhere, for tests) with
+  the static mask as a `NumpyMask` and the padding as segment ids; on a backend without the
+  kernel it falls back to `blocksparse`.
+A plain array mask (no tile structure: decoding steps, caches) always takes the dense path under
+`blocksparse` / `splash`.
 """
 from __future__ import annotations
 
+import functools
+from typing import Optional
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-IMPLEMENTATIONS = ("dense", "xla", "cudnn")
+IMPLEMENTATIONS = ("dense", "xla", "cudnn", "blocksparse", "splash")
+TILED = ("blocksparse", "splash")
 
 
 def _as_4d(mask: jax.Array) -> jax.Array:
   return mask[:, None] if mask.ndim == 3 else mask
+
+
+class StaticPattern:
+  """A hashable static bool mask [Sq, Sk] (compared by value), for pytree aux data."""
+
+  def __init__(self, mask: np.ndarray):
+    self.mask = np.ascontiguousarray(np.asarray(mask, bool))
+    self._key = (self.mask.shape, self.mask.tobytes())
+
+  def __hash__(self):
+    return hash(self._key)
+
+  def __eq__(self, other):
+    return isinstance(other, StaticPattern) and self._key == other._key
+
+  def tiles(self, tile: int) -> np.ndarray:
+    """bool [Sq / tile, Sk / tile]: tiles holding at least one True."""
+    sq, sk = self.mask.shape
+    return self.mask.reshape(sq // tile, tile, sk // tile, tile).any(axis=(1, 3))
+
+
+@jax.tree_util.register_pytree_node_class
+class TiledMask:
+  """dense: bool [B, Sq, Sk] (or [B, 1, Sq, Sk]) = static & padding; static: its fixed part.
+
+  Contract: `dense` is False wherever `static` is (e.g. `static[None] & padding_mask(valid)`).
+  """
+
+  def __init__(self, dense, static: StaticPattern):
+    self.dense = dense
+    self.static = static
+
+  @property
+  def shape(self):
+    return self.dense.shape
+
+  @property
+  def ndim(self):
+    return self.dense.ndim
+
+  def tree_flatten(self):
+    return (self.dense,), self.static
+
+  @classmethod
+  def tree_unflatten(cls, static, children):
+    return cls(children[0], static)
+
+
+def with_tiles(mask, static: np.ndarray, implementation: str):
+  """`mask` wrapped with its static part when `implementation` uses tiles, else unchanged."""
+  if implementation not in TILED:
+    return mask
+  return TiledMask(mask, StaticPattern(static))
+
+
+def for_model(model, mask, static: np.ndarray):
+  """`with_tiles` with the attention implementation of `model.config` (plain mask if none)."""
+  impl = getattr(getattr(model, "config", None), "attention", "dense")
+  return with_tiles(mask, static, impl)
+
+
+def default_tile(length: int) -> int:
+  """Tile width: a power of two with about 8 tiles per side, 16..128, dividing `length`."""
+  tile = 16
+  while tile < 128 and length % (2 * tile) == 0 and length // (2 * tile) >= 8:
+    tile *= 2
+  return tile if length % tile == 0 else length
 
 
 def dense_attention(q, k, v, mask):
@@ -29,8 +110,82 @@ def dense_attention(q, k, v, mask):
   return jnp.einsum("bhqk,bkhd->bqhd", probs, v)
 
 
+def blocksparse_attention(q, k, v, mask: TiledMask, tile: Optional[int] = None):
+  """Dense attention restricted, per query tile, to the key tiles the static mask needs."""
+  sq, sk = q.shape[1], k.shape[1]
+  if mask.static.mask.shape != (sq, sk):
+    return dense_attention(q, k, v, mask.dense)
+  tile = tile or default_tile(min(sq, sk))
+  if sq % tile or sk % tile:
+    return dense_attention(q, k, v, mask.dense)
+  dense = _as_4d(mask.dense)
+  need = mask.static.tiles(tile)
+  mean_v = None
+  outs = []
+  for i in range(sq // tile):
+    rows = slice(i * tile, (i + 1) * tile)
+    js = np.nonzero(need[i])[0]
+    if len(js) == 0:
+      js = np.arange(sk // tile)  # nothing to attend: the dense path's uniform rows
+    cols = np.concatenate([np.arange(j * tile, (j + 1) * tile) for j in js])
+    contiguous = np.array_equal(cols, np.arange(cols[0], cols[0] + len(cols)))
+    pick = ((lambda x, ax: jax.lax.slice_in_dim(x, int(cols[0]), int(cols[-1]) + 1, axis=ax))
+            if contiguous else (lambda x, ax: jnp.take(x, cols, axis=ax)))
+    m = pick(dense[:, :, rows], 3)
+    o = dense_attention(q[:, rows], pick(k, 1), pick(v, 1), m)
+    if len(cols) < sk:  # a fully masked row averages every key in the dense path
+      if mean_v is None:
+        mean_v = jnp.mean(v.astype(jnp.float32), axis=1, keepdims=True).astype(o.dtype)
+      empty = ~jnp.any(m, axis=-1)  # [B, 1|H, tile]
+      o = jnp.where(jnp.moveaxis(empty, 1, 2)[..., None], mean_v, o)
+    outs.append(o)
+  return jnp.concatenate(outs, axis=1)
+
+
+@functools.lru_cache(maxsize=16)
+def _splash_kernel(static: StaticPattern, num_heads: int, block: int, interpret: bool):
+  from jax.experimental.pallas.ops.tpu import splash_attention as sa
+  mk = sa.MultiHeadMask([sa.NumpyMask(static.mask)] * num_heads)
+  sizes = sa.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block,
+                        block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
+                        block_q_dq=block, block_kv_dq=block)
+  return sa.make_splash_mha(mk, head_shards=1, q_seq_shards=1, block_sizes=sizes,
+                            interpret=interpret)
+
+
+def splash_attention(q, k, v, mask: TiledMask, interpret: Optional[bool] = None):
+  """Splash kernel: static mask + padding as segment ids (valid = attends / is attended)."""
+  sq, sk = q.shape[1], k.shape[1]
+  if interpret is None:
+    interpret = jax.default_backend() != "tpu"
+    if interpret:  # no kernel on this backend: the pure-JAX tiled path
+      return blocksparse_attention(q, k, v, mask)
+  block = 128
+  if mask.static.mask.shape != (sq, sk) or sq % block or sk % block:
+    return blocksparse_attention(q, k, v, mask)
+  from jax.experimental.pallas.ops.tpu import splash_attention as sa
+  dense = _as_4d(mask.dense)[:, 0]  # [B, Sq, Sk]; the padding is the same for every head
+  # Under the TiledMask contract dense = static & valid_q valid_k^T, so segment ids 1 (valid) /
+  # 0 (padding) reproduce it for every valid query; padded queries' outputs are never read.
+  q_seg = jnp.any(dense, axis=-1).astype(jnp.int32)
+  k_seg = jnp.any(dense, axis=-2).astype(jnp.int32)
+  kernel = _splash_kernel(mask.static, q.shape[2], block, bool(interpret))
+  scale = q.shape[-1] ** -0.5
+  to_hsd = lambda x: jnp.swapaxes(x, 1, 2)  # [B, S, H, Dh] -> [B, H, S, Dh]
+  run = lambda qb, kb, vb, qs, ks: kernel(qb, kb, vb, segment_ids=sa.SegmentIds(q=qs, kv=ks))
+  out = jax.vmap(run)(to_hsd(q * scale), to_hsd(k), to_hsd(v), q_seg, k_seg)
+  out = jnp.where(q_seg[:, None, :, None] > 0, out, 0.0)  # padded queries: never read, kept finite
+  return jnp.swapaxes(out, 1, 2).astype(q.dtype)
+
+
 def attend(q, k, v, mask, implementation: str = "dense"):
-  if implementation == "dense":
+  if isinstance(mask, TiledMask):
+    if implementation == "blocksparse":
+      return blocksparse_attention(q, k, v, mask)
+    if implementation == "splash":
+      return splash_attention(q, k, v, mask)
+    mask = mask.dense
+  if implementation in ("dense", "blocksparse", "splash"):
     return dense_attention(q, k, v, mask)
   if implementation in ("xla", "cudnn"):
     # A fully masked row attends to every key: the uniform softmax the dense path gives.

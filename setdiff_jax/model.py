@@ -51,6 +51,9 @@ class DiTConfig:
   attention: str = "dense"     # see attention.IMPLEMENTATIONS
   rope_base: float = 10000.0
   remat: bool = False          # rematerialise each block in the backward pass
+  fused_head: bool = True      # training losses: fused head + cross-entropy (fused_head.py)
+  head_chunk_rows: int = 0     # fused head: rows per chunk (0 = all rows at once)
+  head_recompute: bool = False  # fused head: recompute logits in the backward (no [N, V] residual)
 
   def __post_init__(self):
     if self.hidden_size % self.num_heads:
@@ -97,11 +100,14 @@ def torch_embedding_init(hidden_size: int):
 def _dense(module: nn.Module, x, kernel_init, bias_init):
   """Parameters `kernel` (and `bias`) created directly on `module` (flat names as SPEC §3.9)."""
   kernel = module.param("kernel", kernel_init, (x.shape[-1], module.features), jnp.float32)
-  y = jnp.dot(x.astype(module.dtype), kernel.astype(module.dtype))
+  # A 2-D [rows, D] matmul: XLA:CPU runs [B, S, D] x [D, F] (and its kernel gradient, a
+  # contraction over two axes) noticeably slower than the same math on flattened rows.
+  rows = x.reshape(-1, x.shape[-1]).astype(module.dtype)
+  y = jnp.dot(rows, kernel.astype(module.dtype))
   if module.use_bias:
     bias = module.param("bias", bias_init, (module.features,), jnp.float32)
     y = y + bias.astype(module.dtype)
-  return y
+  return y.reshape(x.shape[:-1] + (module.features,))
 
 
 # ----------------------------------------------------------------------------- pieces
@@ -221,6 +227,8 @@ class DiT(nn.Module):
     head_start: static int; the final norm and output head run on rows [head_start:] only, so a
       two-stream training forward pays the V-wide head for the noisy half only;
     return_kv: also return this call's per-layer (k, v) [B, S, H, Dh], for the caller's cache.
+    return_hidden: return the hidden states that enter the head, [B, S - head_start, D], instead
+      of the logits (the fused head + cross-entropy of `fused_head.py` applies `output_head`).
   Returns:
     logits fp32 [B, S - head_start, V] (raw; see `suppress_mask_logit`), and the new kv if asked.
   """
@@ -229,7 +237,7 @@ class DiT(nn.Module):
   @nn.compact
   def __call__(self, tokens, positions, mask, *, kv_cache: Optional[KVCache] = None,
                sigma: Optional[jax.Array] = None, deterministic: bool = True,
-               head_start: int = 0, return_kv: bool = False):
+               head_start: int = 0, return_kv: bool = False, return_hidden: bool = False):
     cfg = self.config
     h = nn.Embed(cfg.vocab_size, cfg.hidden_size, embedding_init=torch_embedding_init(cfg.hidden_size),
                  param_dtype=jnp.float32, dtype=jnp.float32, name="embed")(tokens)
@@ -252,11 +260,18 @@ class DiT(nn.Module):
     if cfg.adaln:
       shift, scale = jnp.split(Linear(2 * cfg.hidden_size, zero_init=True, name="final_adaln")(cond)[:, None, :], 2, -1)
       h = h * (1 + scale) + shift
+    if return_hidden and not self.is_initializing():
+      return (h, tuple(new_kvs)) if return_kv else h
     logits = Linear(cfg.vocab_size, zero_init=True, dtype=cfg.compute_dtype, name="head")(h)
     logits = logits.astype(jnp.float32)
     if return_kv:
       return logits, tuple(new_kvs)
     return logits
+
+  @staticmethod
+  def output_head(params):
+    """(kernel [D, V], bias [V]) of the output head, for `fused_head.token_nll`."""
+    return params["head"]["kernel"], params["head"]["bias"]
 
 
 def suppress_mask_logit(logits: jax.Array, mask_token_id: int) -> jax.Array:

@@ -13,12 +13,13 @@ int [B, L] that overrides the sampled order (tests, K-order evaluation).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Dict, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
 
-from setdiff_jax import masks, orders
+from setdiff_jax import attention, fused_head, masks, orders
 from setdiff_jax.model import DiT, suppress_mask_logit
 
 Metrics = Dict[str, jax.Array]
@@ -103,10 +104,10 @@ def setdlm_loss(cfg: ObjectiveConfig, model: DiT, params, batch, rng, *, train: 
   order = setdlm_order(cfg, batch, order_rng, train=train)
   inp = setdlm_inputs(cfg, batch, order)
   length = order.shape[-1]
-  logits = _apply(model, params, inp["tokens"], inp["positions"], inp["mask"], train=train,
-                  rng=dropout_rng, head_start=length)  # noisy half only
-  logp = jax.nn.log_softmax(suppress_mask_logit(logits, cfg.mask_token_id), axis=-1)
-  nll = -jnp.take_along_axis(logp, inp["targets"][..., None], axis=-1)[..., 0]
+  mask = attention.for_model(model, inp["mask"], masks.set_causal_mask(length))  # + tiles
+  forward = functools.partial(_apply, model, params, inp["tokens"], inp["positions"], mask,
+                              train=train, rng=dropout_rng, head_start=length)  # noisy half only
+  nll = fused_head.token_nll(forward, model, params, inp["targets"], suppress_id=cfg.mask_token_id)
   weight = inp["target_weight"]
   if not train:
     if cfg.keep_clean_bos:
@@ -124,9 +125,8 @@ def ar_loss(cfg: ObjectiveConfig, model: DiT, params, batch, rng, *, train: bool
   n = inputs.shape[-1]
   positions = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), inputs.shape)
   mask = jnp.asarray(masks.causal_mask(n))[None]
-  logits = _apply(model, params, inputs, positions, mask, train=train, rng=rng)
-  logp = jax.nn.log_softmax(logits, axis=-1)
-  nll = -jnp.take_along_axis(logp, x[:, 1:, None], axis=-1)[..., 0]
+  forward = functools.partial(_apply, model, params, inputs, positions, mask, train=train, rng=rng)
+  nll = fused_head.token_nll(forward, model, params, x[:, 1:])
   # Label x_{j+1} is weighted by the *input-side* mask a_j (1 - c_j), as the reference: the first
   # pad after the text is a counted target (the model learns to stop there).
   weight = target[:, :-1].astype(jnp.float32)
@@ -142,11 +142,13 @@ def _mask_at_times(cfg: ObjectiveConfig, x, target, t, rng):
   return xt
 
 
-def _masked_nll(cfg: ObjectiveConfig, logits, x, xt):
-  """Per-token NLL at masked positions; copy-over gives log p(x_t) = 0 elsewhere (SPEC §1.6)."""
-  logp = jax.nn.log_softmax(suppress_mask_logit(logits, cfg.mask_token_id), axis=-1)
+def _masked_nll(cfg: ObjectiveConfig, forward, model, params, x, xt):
+  """Per-token NLL at masked positions; copy-over gives log p(x_t) = 0 elsewhere (SPEC §1.6).
+
+  `forward(**extra)` runs the backbone (see `fused_head.token_nll`)."""
+  nll = fused_head.token_nll(forward, model, params, x, suppress_id=cfg.mask_token_id)
   is_masked = xt == cfg.mask_token_id
-  return jnp.where(is_masked, -jnp.take_along_axis(logp, x[..., None], axis=-1)[..., 0], 0.0), is_masked
+  return jnp.where(is_masked, nll, 0.0), is_masked
 
 
 def _diffusion_reduce(cfg: ObjectiveConfig, nll, is_masked, target, t, *, train: bool):
@@ -168,9 +170,9 @@ def mdlm_loss(cfg: ObjectiveConfig, model: DiT, params, batch, rng, *, train: bo
                                eps=cfg.sampling_eps)
   xt = _mask_at_times(cfg, x, target, t, mask_rng)
   positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), x.shape)
-  logits = _apply(model, params, xt, positions, masks.padding_mask(real), train=train,
-                  rng=dropout_rng)
-  nll, is_masked = _masked_nll(cfg, logits, x, xt)
+  forward = functools.partial(_apply, model, params, xt, positions, masks.padding_mask(real),
+                              train=train, rng=dropout_rng)
+  nll, is_masked = _masked_nll(cfg, forward, model, params, x, xt)
   return _diffusion_reduce(cfg, nll, is_masked, target, t, train=train)
 
 
@@ -206,12 +208,13 @@ def bd3lm_loss(cfg: ObjectiveConfig, model: DiT, params, batch, rng, *, train: b
     xt = remask_empty_blocks(remask_rng, xt, real, x, cfg)
     xt = jnp.where(real & ~target, x, xt)  # context tokens are never masked (SPEC §1.6)
   positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), x.shape)
-  mask = (jnp.asarray(masks.block_causal_mask(length, cfg.block_size))[None]
-          & masks.padding_mask(jnp.concatenate([real, real], -1)))
-  logits = _apply(model, params, jnp.concatenate([x, xt], -1),
-                  jnp.concatenate([positions, positions], -1), mask, train=train,
-                  rng=dropout_rng, head_start=length)
-  nll, is_masked = _masked_nll(cfg, logits, x, xt)
+  static = masks.block_causal_mask(length, cfg.block_size)
+  mask = attention.for_model(model, jnp.asarray(static)[None] & masks.padding_mask(
+      jnp.concatenate([real, real], -1)), static)  # + tiles for blocksparse / splash
+  forward = functools.partial(_apply, model, params, jnp.concatenate([x, xt], -1),
+                              jnp.concatenate([positions, positions], -1), mask, train=train,
+                              rng=dropout_rng, head_start=length)
+  nll, is_masked = _masked_nll(cfg, forward, model, params, x, xt)
   return _diffusion_reduce(cfg, nll, is_masked, target, t, train=train)
 
 

@@ -32,7 +32,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from setdiff_jax.sampling import processors
-from setdiff_jax.sampling.cache import Forward, KVCache, append, as_forward, grid_mask, prefill
+from setdiff_jax.sampling.cache import (Forward, KVCache, append, as_forward, bind, grid_mask,
+                                        prefill)
 from setdiff_jax.sampling.config import SampleOutput, SamplerConfig, step_counts
 from setdiff_jax.sampling.set_sampler import _as_rows, _key, check_prompts, finalize
 
@@ -90,7 +91,7 @@ def _ar_choose(logits, canvas, seen_upto, key, cfg: SamplerConfig):
 
 @functools.partial(jax.jit, static_argnames=("apply", "cfg", "stop_eos"))
 def _ar_core(apply, params, prompt, plen, canvas, key, *, cfg: SamplerConfig, stop_eos: bool):
-  fwd = Forward(apply, params)
+  fwd = bind(apply, params)
   b, pmax = prompt.shape
   lc = canvas.shape[1]
   n = cfg.max_new_tokens
@@ -195,7 +196,7 @@ def _block_positions(plen, blk, g, n):
 @functools.partial(jax.jit, static_argnames=("apply", "cfg", "g", "stop_eos"))
 def _bd3lm_core(apply, params, prompt, plen, canvas, target, counts, key, *, cfg: SamplerConfig,
                 g: int, stop_eos: bool):
-  fwd = Forward(apply, params)
+  fwd = bind(apply, params)
   b, pmax = prompt.shape
   lc = canvas.shape[1]
   n = cfg.max_new_tokens
@@ -273,7 +274,7 @@ def bd3lm_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> Samp
 @functools.partial(jax.jit, static_argnames=("apply", "cfg", "g", "stop_eos"))
 def _mdlm_core(apply, params, plen, canvas, target, counts, key, *, cfg: SamplerConfig, g: int,
                stop_eos: bool):
-  fwd = Forward(apply, params)
+  fwd = bind(apply, params)
   b, lm = canvas.shape
   n = cfg.max_new_tokens
   nblk_steps = counts.shape[1]

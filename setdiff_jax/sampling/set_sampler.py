@@ -6,9 +6,10 @@ length, own step counter, own stop). Per step and row:
 
   window    active = masked positions in [f, f + W), f = the leftmost masked position; the window
             slides only when f is committed (SPEC §8.12).
-  inputs    [pending clean tokens (P = W slots) | active masks (A = W slots)]; pending = the tokens
+  inputs    [pending clean tokens (P slots) | active masks (A = W slots)]; pending = the tokens
             committed at the previous step, in cache order ('l2r': by position, 'fht': by sampled
-            reveal time). Mask `masks.cached_step_mask` (pending causal among themselves, masks see
+            reveal time); P is the smallest of 1, 2, 4, ..., W that holds every row's pending
+            set (a `lax.switch` over these static sizes). Mask `masks.cached_step_mask` (pending causal among themselves, masks see
             the cache, every pending token and themselves only).
   cache     the pending tokens' K/V are appended to the fixed-capacity cache during this call;
             mask K/V are never cached (SPEC §8.11).
@@ -47,7 +48,7 @@ import numpy as np
 
 from setdiff_jax import masks, orders
 from setdiff_jax.sampling import processors
-from setdiff_jax.sampling.cache import Forward, KVCache, append, as_forward, prefill
+from setdiff_jax.sampling.cache import Forward, KVCache, append, as_forward, bind, prefill
 from setdiff_jax.sampling.config import SampleOutput, SamplerConfig, count_table
 
 BIG = np.int32(2 ** 30)
@@ -232,6 +233,12 @@ def _history_mask(state: SetState, target, valid, history: str, mask_id: int):
   return context | old
 
 
+def pending_sizes(window: int):
+  """Static pending-slot counts of a cached step: 1, 2, 4, ... below W, and W."""
+  sizes = [1 << i for i in range(window.bit_length()) if (1 << i) < window]
+  return tuple(sizes + [window])
+
+
 def set_step(fwd: Forward, state: SetState, inp: SetInputs, cfg: SamplerConfig, *,
              use_cache: bool = True, stop_eos: bool = False, history: str = "generated"):
   """One decoding step for every row that is not done. Returns (new state, info dict).
@@ -261,12 +268,27 @@ def set_step(fwd: Forward, state: SetState, inp: SetInputs, cfg: SamplerConfig, 
   pend_n = jnp.where(live, state.pending_n, 0)
   if use_cache:
     cache: KVCache = state.model
-    tokens = jnp.concatenate([jnp.take_along_axis(canvas, state.pending_pos, -1),
-                              jnp.full((b, w), m, jnp.int32)], -1)
-    positions = jnp.concatenate([state.pending_pos, act_pos_c], -1)
-    mask = masks.cached_step_mask(cache.valid, pend_valid, act_valid)
-    logits, kv = fwd.apply(fwd.params, tokens, positions, mask, cache.kv, w)
-    model = append(cache, kv, state.pending_pos, pend_n, num_rows=w)
+
+    def feed(p: int):
+      """The forward with P = p pending slots (the valid ones come first in pending_pos)."""
+      def run():
+        pos = state.pending_pos[:, :p]
+        tokens = jnp.concatenate([jnp.take_along_axis(canvas, pos, -1),
+                                  jnp.full((b, w), m, jnp.int32)], -1)
+        positions = jnp.concatenate([pos, act_pos_c], -1)
+        mask = masks.cached_step_mask(cache.valid, pend_valid[:, :p], act_valid)
+        logits, kv = fwd.apply(fwd.params, tokens, positions, mask, cache.kv, p)
+        return logits, append(cache, kv, pos, pend_n, num_rows=p)
+      return run
+
+    # Pending slots sized to what the previous step committed (the batch maximum), rounded up to
+    # one of a few static sizes: with tau off one slot is valid, not W.
+    sizes = pending_sizes(w)
+    if len(sizes) == 1:
+      logits, model = feed(w)()
+    else:
+      which = jnp.searchsorted(jnp.asarray(sizes, jnp.int32), jnp.max(pend_n))
+      logits, model = jax.lax.switch(which, [feed(p) for p in sizes])
   else:
     rank, next_rank = state.model
     cols = jnp.where(pend_valid, state.pending_pos, lc)
@@ -317,7 +339,7 @@ def set_step(fwd: Forward, state: SetState, inp: SetInputs, cfg: SamplerConfig, 
 @functools.partial(jax.jit, static_argnames=("apply", "cfg", "use_cache", "stop_eos", "history"))
 def _set_core(apply, params, inp: SetInputs, key, *, cfg: SamplerConfig, use_cache: bool,
               stop_eos: bool, history: str):
-  fwd = Forward(apply, params)
+  fwd = bind(apply, params)
   state = set_init(fwd, inp, cfg.window, key, use_cache=use_cache)
 
   def body(s):
