@@ -218,6 +218,9 @@ def load_texts(data_cfg, split: str, process_index: int = 0,
   if split not in ("train", "eval"):
     raise ValueError(f"split={split!r}; expected 'train' or 'eval'")
   source = data_cfg.source
+  from setdiff_jax.data import pairs  # pylint: disable=g-import-not-at-top  (pairs imports us)
+  if source in pairs.PAIR_SOURCES:  # prompt + answer texts (tokenizer training)
+    return pairs.pair_texts(data_cfg, split)[process_index::process_count]
   if source == "tfds":
     name = data_cfg.train_split if split == "train" else data_cfg.eval_split
     return tfds_texts(data_cfg.tfds_name, name, data_cfg.get("tfds_data_dir"),
