@@ -55,8 +55,8 @@ def parse_args(argv=None):
   p.add_argument("--quick", action="store_true", help="tiny models and few steps / problems")
   p.add_argument("--methods", default=",".join(METHODS),
                  help="comma-separated: ar, mdlm, bd3lm<S>, setdlm<S> (S_max = 2S)")
-  p.add_argument("--steps", type=int, default=None, help="training steps (recipe: 1500)")
-  p.add_argument("--batch_size", type=int, default=None, help="training batch (recipe: 64)")
+  p.add_argument("--steps", type=int, default=None, help="training steps (recipe: 1200)")
+  p.add_argument("--batch_size", type=int, default=None, help="training batch (recipe: 32)")
   p.add_argument("--hidden_size", type=int, default=None)
   p.add_argument("--num_layers", type=int, default=None)
   p.add_argument("--lr", type=float, default=None)
@@ -71,7 +71,7 @@ def parse_args(argv=None):
 
 
 def plan(args) -> Dict[str, Any]:
-  p = dict(steps=1500, batch_size=64, hidden_size=None, num_layers=None, lr=None, num_test=200,
+  p = dict(steps=1200, batch_size=32, hidden_size=None, num_layers=None, lr=None, num_test=200,
            decode_batch=50, speed_examples=16,
            thresholds=[None if t in ("off", "none") else float(t)
                        for t in args.thresholds.split(",") if t.strip()],

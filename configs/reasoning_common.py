@@ -16,7 +16,7 @@ def get_config(objective: str):
   c.seed = 0
   c.seq_len = 32                     # the longest row is 26 tokens with the 280-token BPE
   c.model.hidden_size = 128
-  c.model.num_layers = 3
+  c.model.num_layers = 2
   c.model.num_heads = 4
   c.model.mlp_ratio = 4
   c.model.cond_dim = 32              # adaLN width (MDLM/BD3LM only)
@@ -36,19 +36,19 @@ def get_config(objective: str):
   c.data.task_max_operand = 9        # operands in 1..9
   c.data.task_train_examples = 20000 # drawn with replacement from the ~1.7k training problems
   c.data.task_eval_examples = 200    # distinct test problems (disjoint from training)
-  c.batch_size = 64
-  c.num_train_steps = 1500
-  c.learning_rate = 1e-3
+  c.batch_size = 32
+  c.num_train_steps = 1200
+  c.learning_rate = 2e-3
   c.warmup_steps = 100
   c.lr_schedule = "cosine"
   c.cosine_alpha = 0.1
   c.ema_decay = 0.0
   c.eval_params = "raw"
-  c.eval_every_steps = 500
+  c.eval_every_steps = 600
   c.num_eval_steps = 4               # likelihood batches per eval (accuracy: launch/evaluate.py)
   c.eval_batch_size = 50
   c.log_every_steps = 50
-  c.checkpoint_every_steps = 500
+  c.checkpoint_every_steps = 600
   c.keep_checkpoints = 1
   c.num_eval_samples = 0             # unconditional samples mean nothing here
   return c

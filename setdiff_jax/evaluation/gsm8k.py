@@ -74,13 +74,13 @@ def boxed_equals_reference(output: str, reference: str) -> bool:
 
 
 def resolve_preset(name: Optional[str], seq_len: int) -> Dict[str, Any]:
-  """A preset's accuracy-eval arguments for a model of context `seq_len`."""
+  """A preset's accuracy-eval arguments for a model of context `seq_len` (N = None: L minus the
+  longest prompt). The prompt style is the run's own (data.prompt_style, e.g. gsm8k_chat)."""
   if not name:
     return {}
   p = preset(name)
   return {"threshold": p["threshold"], "max_new_tokens": p["max_new_tokens"],
-          "cache_order": p["cache_order"], "stop_strings": tuple(p["stop_strings"]),
-          "extractor": "auto", "prompt_style": "gsm8k_chat"}
+          "cache_order": p["cache_order"], "stop_strings": tuple(p["stop_strings"])}
 
 
 __all__ = ["PRESETS", "IM_END", "preset", "gsm8k_prompt", "cut_at_stops", "boxed_to_hash",
