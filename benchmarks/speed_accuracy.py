@@ -63,7 +63,7 @@ def parse_args(argv=None):
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--thresholds", default=",".join(threshold_label(t) for t in THRESHOLDS))
   p.add_argument("--windows", default="4,8", help="SetDLM windows W (the run's S is the default)")
-  p.add_argument("--num_test", type=int, default=None, help="test problems (200; quick 8)")
+  p.add_argument("--num_test", type=int, default=None, help="test problems (200; quick 4)")
   p.add_argument("--decode_batch", type=int, default=None, help="rows per decoding call (50)")
   p.add_argument("--speed_examples", type=int, default=None,
                  help="prompts timed one per call at batch 1 (16; quick 2)")
@@ -77,7 +77,8 @@ def plan(args) -> Dict[str, Any]:
                        for t in args.thresholds.split(",") if t.strip()],
            windows=[int(w) for w in args.windows.split(",") if w.strip()])
   if args.quick:
-    p.update(steps=4, batch_size=8, hidden_size=32, num_layers=1, num_test=8, decode_batch=4,
+    # decode_batch = 1: the batch-1 timing reuses the decoding compile (one per setting)
+    p.update(steps=4, batch_size=8, hidden_size=32, num_layers=1, num_test=4, decode_batch=1,
              speed_examples=2, thresholds=[None, 0.9], windows=[4])
   for k in ("steps", "batch_size", "hidden_size", "num_layers", "lr", "num_test", "decode_batch",
             "speed_examples"):
@@ -108,7 +109,7 @@ def method_config(method: str, p: Dict[str, Any], seed: int, quick: bool):
   c.num_train_steps = p["steps"]
   c.warmup_steps = min(c.warmup_steps, max(p["steps"] // 10, 1))
   c.eval_every_steps = c.checkpoint_every_steps = p["steps"]
-  c.num_eval_steps = 2
+  c.num_eval_steps = 1 if quick else 2
   c.data.task_eval_examples = p["num_test"]
   c.eval_batch_size = min(c.eval_batch_size, p["num_test"])
   return c
