@@ -34,7 +34,8 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from configs import compare, reasoning_common  # noqa: E402
-from setdiff_jax import checkpointing, train  # noqa: E402
+from setdiff_jax import train  # noqa: E402
+from setdiff_jax import workdir as workdir_lib  # noqa: E402
 from setdiff_jax.data import pairs as pairs_lib  # noqa: E402
 from setdiff_jax.data import sources, tokenizers  # noqa: E402
 from setdiff_jax.evaluation import accuracy, run  # noqa: E402
@@ -63,7 +64,7 @@ def parse_args(argv=None):
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--thresholds", default=",".join(threshold_label(t) for t in THRESHOLDS))
   p.add_argument("--windows", default="4,8", help="SetDLM windows W (the run's S is the default)")
-  p.add_argument("--num_test", type=int, default=None, help="test problems (200; quick 4)")
+  p.add_argument("--num_test", type=int, default=None, help="test problems (200; quick 8)")
   p.add_argument("--decode_batch", type=int, default=None, help="rows per decoding call (50)")
   p.add_argument("--speed_examples", type=int, default=None,
                  help="prompts timed one per call at batch 1 (16; quick 2)")
@@ -78,7 +79,7 @@ def plan(args) -> Dict[str, Any]:
            windows=[int(w) for w in args.windows.split(",") if w.strip()])
   if args.quick:
     # decode_batch = 1: the batch-1 timing reuses the decoding compile (one per setting)
-    p.update(steps=4, batch_size=8, hidden_size=32, num_layers=1, num_test=4, decode_batch=1,
+    p.update(steps=4, batch_size=8, hidden_size=32, num_layers=1, num_test=8, decode_batch=1,
              speed_examples=2, thresholds=[None, 0.9], windows=[4])
   for k in ("steps", "batch_size", "hidden_size", "num_layers", "lr", "num_test", "decode_batch",
             "speed_examples"):
@@ -159,7 +160,7 @@ def settings_for(name: str, s, p) -> List[Dict[str, Any]]:
 
 
 def evaluate_method(method: str, workdir: str, p, seed: int, log) -> Dict[str, Any]:
-  state = checkpointing.load_inference_state(workdir, use_ema=False)
+  state = workdir_lib.load_inference_state(workdir, use_ema=False)
   name, s = compare.parse_method(method)
   test = pairs_lib.load_pairs(state.config.data, "eval")
   _, gen_model = run._models(state)  # pylint: disable=protected-access

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from helpers import random_params
-from setdiff_jax import objectives, sampling
+from setdiff_jax import decoding, objectives
 from setdiff_jax.data import pairs
 from setdiff_jax.evaluation import accuracy, gsm8k
 from setdiff_jax.model import DiT, DiTConfig
@@ -90,7 +90,7 @@ def test_batch_of_mixed_prompts_equals_each_alone(name, setting):
   rng = np.random.default_rng(0)
   prompts = [[BOS] + rng.integers(4, V, n).tolist() for n in (2, 6, 4)]
   scfg = accuracy._sampler_config(oc, _Tok(), 16, setting, 8, "l2r", 0)
-  sampler = sampling.sampler_for(name)
+  sampler = decoding.sampler_for(name)
   batched = accuracy.decode_all(sampler, model, params, prompts, scfg, batch_size=3)
   alone = accuracy.decode_all(sampler, model, params, prompts, scfg, batch_size=1)
   assert batched["generated"] == alone["generated"]

@@ -37,7 +37,7 @@ def test_quick_writes_table_plot_and_json(quick_run):
     taus = [x["threshold"] for x in r["rows"]]
     assert taus == (["off"] if r["method"] == "ar" else ["off", "0.9"])
     for x in r["rows"]:
-      assert 0 <= x["accuracy"] <= 1 and x["num_examples"] == 4
+      assert 0 <= x["accuracy"] <= 1 and x["num_examples"] == 8
       assert x["tokens_per_step"] >= 1 and x["forward_calls"] >= 1
       assert x["batch1_matches_batched"] is True  # batch 1 decodes the same as the batch
 

@@ -26,7 +26,6 @@ even with a one-token prompt is always an error (or skipped under `skip`).
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 from typing import List, Optional, Sequence, Tuple
 
@@ -34,7 +33,8 @@ from absl import logging
 import grain
 import numpy as np
 
-from setdiff_jax.data import sources
+from setdiff_jax.data import files, tasks
+from setdiff_jax.data.records import Pair
 
 PAIR_SOURCES = ("pairs_jsonl", "gsm8k", "arithmetic")
 OVERFLOW_RULES = ("error", "skip", "truncate_prompt")
@@ -44,14 +44,6 @@ PROMPT_STYLES = ("plain", "gsm8k", "gsm8k_chat")
 # context ends after "<|im_start|>assistant\n" (SPEC §5).
 GSM8K_INSTRUCTION = ("Please reason step by step, and put your final answer within $\\boxed{}$. ")
 CHAT_TEMPLATE = "<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
-
-
-@dataclasses.dataclass(frozen=True)
-class Pair:
-  """One example. `where` names it in errors ('file.jsonl:12', 'gsm8k test #3')."""
-  prompt: str
-  answer: str
-  where: str = ""
 
 
 def format_prompt(prompt: str, style: str = "plain") -> str:
@@ -80,8 +72,8 @@ def jsonl_pairs(paths, prompt_field: str = "prompt", answer_field: str = "answer
                 field: str = "paths") -> List[Pair]:
   """Pairs of JSON-lines files; errors name the file, the line and the missing field."""
   out = []
-  for path in sources.parse_paths(paths):
-    with sources._open_text(path, field) as f:  # pylint: disable=protected-access
+  for path in files.parse_paths(paths):
+    with files.open_text(path, field) as f:
       for lineno, line in enumerate(f, 1):
         if not line.strip():
           continue
@@ -125,7 +117,7 @@ def load_pairs(data_cfg, split: str) -> List[Pair]:
   source = data_cfg.source
   if source == "pairs_jsonl":
     field = "paths" if split == "train" else "eval_paths"
-    paths = sources.parse_paths(data_cfg.get(field))
+    paths = files.parse_paths(data_cfg.get(field))
     if not paths:
       raise ValueError(f"data.source=pairs_jsonl with split={split!r} needs data.{field}")
     return jsonl_pairs(paths, data_cfg.get("prompt_field", "prompt"),
@@ -134,7 +126,6 @@ def load_pairs(data_cfg, split: str) -> List[Pair]:
     name = data_cfg.train_split if split == "train" else data_cfg.eval_split
     return gsm8k_pairs(name, data_cfg.get("tfds_data_dir"))
   if source == "arithmetic":
-    from setdiff_jax.data import tasks  # pylint: disable=g-import-not-at-top
     n = data_cfg.get("task_train_examples", 20000) if split == "train" else data_cfg.get(
         "task_eval_examples", 200)
     return tasks.arithmetic_pairs("train" if split == "train" else "test", int(n),

@@ -25,7 +25,7 @@ from typing import List
 
 import numpy as np
 
-from setdiff_jax.data.pairs import Pair
+from setdiff_jax.data.records import Pair
 
 SPLITS = ("train", "test")
 TEST_BUCKETS = 10

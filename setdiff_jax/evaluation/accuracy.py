@@ -26,6 +26,10 @@ from typing import Any, Dict, List, Optional, Sequence
 import jax
 import numpy as np
 
+from setdiff_jax import decoding
+from setdiff_jax.data.pairs import format_prompt
+from setdiff_jax.evaluation.generation import decoding_settings, setting_name, threshold_label
+
 EXTRACTORS = ("hash", "boxed", "auto")
 _HASH = re.compile(r"####\s*([^\n]*)")
 _NUMBER = re.compile(r"^[-+]?\d+(\.\d+)?$")
@@ -85,7 +89,6 @@ def exact_match(prediction: str, reference: str, extractor: str = "auto") -> boo
 # ----------------------------------------------------------------------------- decoding
 def encode_prompts(tokenizer, pairs, prompt_style: str = "plain") -> List[List[int]]:
   """[BOS] + encode(format_prompt(prompt)): exactly the training context of each pair."""
-  from setdiff_jax.data.pairs import format_prompt
   texts = [format_prompt(p.prompt, prompt_style) for p in pairs]
   return [[int(tokenizer.bos_id)] + list(ids) for ids in tokenizer.encode_batch(texts)]
 
@@ -122,8 +125,7 @@ def decode_all(sampler, model, params, prompts: Sequence[Sequence[int]], cfg, *,
 
 def _sampler_config(obj_cfg, tokenizer, seq_len: int, setting: Dict[str, Any], n: int,
                     cache_order: str, seed: int):
-  from setdiff_jax import sampling
-  return sampling.sampler_config_for(
+  return decoding.sampler_config_for(
       obj_cfg, tokenizer, seq_len, window=setting.get("window"),
       threshold=setting.get("threshold"), greedy=True, seed=seed, max_new_tokens=n,
       stop_at_eos=True, cache_order=cache_order)
@@ -140,8 +142,6 @@ def accuracy_eval(model, params, tokenizer, obj_cfg, seq_len: int, pairs, *,
   max_new_tokens: N (None: seq_len - the longest prompt, so every prompt fits the context).
   stop_strings: the decoded text is cut at the first of these before extraction.
   """
-  from setdiff_jax import sampling
-  from setdiff_jax.evaluation.generation import decoding_settings, setting_name, threshold_label
   if not pairs:
     raise ValueError("accuracy eval: no test pairs")
   settings = settings or decoding_settings(obj_cfg)
@@ -151,7 +151,7 @@ def accuracy_eval(model, params, tokenizer, obj_cfg, seq_len: int, pairs, *,
   if n < 1 or longest + n > seq_len:
     raise ValueError(f"the longest test prompt has {longest} tokens; with max_new_tokens={n} it "
                      f"does not fit the model's context seq_len={seq_len}")
-  sampler = sampling.sampler_for(obj_cfg.name)
+  sampler = decoding.sampler_for(obj_cfg.name)
   rows = []
   for setting in settings:
     cfg = _sampler_config(obj_cfg, tokenizer, seq_len, setting, n, cache_order, seed)

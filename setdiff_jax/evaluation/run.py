@@ -19,7 +19,8 @@ import jax
 
 from setdiff_jax import decoding, methods
 from setdiff_jax import workdir as workdir_lib
-from setdiff_jax.evaluation import generation, infill, likelihood
+from setdiff_jax.data import pairs as pairs_lib
+from setdiff_jax.evaluation import accuracy, generation, gsm8k, infill, likelihood
 
 EVALS = ("likelihood", "infill", "speed", "samples", "accuracy")
 RESULTS_FILE = "eval_results.json"
@@ -157,22 +158,20 @@ def run_speed(state, opts: EvalOptions, model=None) -> List[Dict[str, Any]]:
 def accuracy_pairs(state, opts: EvalOptions):
   """The test pairs: --accuracy_data (JSONL, the run's prompt/answer field names) or the run's
   own eval split of a pair source."""
-  from setdiff_jax.data import pairs
   data = state.config.data
   if opts.accuracy_data:
-    test = pairs.jsonl_pairs(opts.accuracy_data, data.get("prompt_field", "prompt"),
+    test = pairs_lib.jsonl_pairs(opts.accuracy_data, data.get("prompt_field", "prompt"),
                              data.get("answer_field", "answer"), "accuracy_data")
-  elif data.source in pairs.PAIR_SOURCES:
-    test = pairs.load_pairs(data, "eval")
+  elif data.source in pairs_lib.PAIR_SOURCES:
+    test = pairs_lib.load_pairs(data, "eval")
   else:
     raise ValueError(f"--eval=accuracy needs prompt/answer pairs: this run's data.source="
-                     f"{data.source!r} is not one of {pairs.PAIR_SOURCES}; pass "
+                     f"{data.source!r} is not one of {pairs_lib.PAIR_SOURCES}; pass "
                      "--accuracy_data=FILE.jsonl")
   return test[:opts.num_examples] if opts.num_examples else test
 
 
 def run_accuracy(state, opts: EvalOptions, model=None) -> List[Dict[str, Any]]:
-  from setdiff_jax.evaluation import accuracy, gsm8k
   model = model or _models(state)[1]
   seq_len = int(state.config.seq_len)
   extra = gsm8k.resolve_preset(opts.preset, seq_len)
