@@ -1,6 +1,6 @@
 r"""Evaluates a trained run.
 
-  python launch/evaluate.py --workdir=DIR --eval=likelihood|infill|speed|samples[,...]
+  python launch/evaluate.py --workdir=DIR --eval=likelihood|infill|speed|samples|accuracy[,...]
 
   likelihood  one-order bound on the eval split (SPEC §6.1: one staggered order per sequence,
               seed 1, BOS and pad targets excluded; AR exact NLL, MDLM/BD3LM the 1/t NELBO) and a
@@ -13,6 +13,11 @@ r"""Evaluates a trained run.
               and batch size (--batch_sizes, default 1,8); unconditional, N = L - 1.
   samples     unconditional samples: unigram entropy, distinct-n and, with --judge_workdir=AR_RUN,
               generative perplexity under that AR model.
+  accuracy    conditional decoding of every test prompt (the run's prompt/answer eval split, or
+              --accuracy_data=FILE.jsonl) with the run's sampler, greedy, EOS stop per row, per
+              setting (--window, --thresholds; --preset=gsm8k_shell|gsm8k_repro for SPEC §6.4):
+              exact match of the final answer (--extractor hash|boxed|auto), generated tokens,
+              tokens/step, forward calls, tokens/s at batch 1 and at --accuracy_batch_size.
 
 Results are merged into DIR/eval_results.json (or --output) and printed as markdown tables.
 All logic lives in `setdiff_jax.evaluation` (`evaluate_workdir`, `format_results`).
@@ -28,7 +33,8 @@ from setdiff_jax import cli  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "Run directory written by launch/train.py.", required=True)
-flags.DEFINE_list("eval", ["likelihood"], "Evaluations: likelihood, infill, speed, samples.")
+flags.DEFINE_list("eval", ["likelihood"], "Evaluations: likelihood, infill, speed, samples, "
+                  "accuracy.")
 flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
 flags.DEFINE_bool("use_ema", True, "Evaluate the EMA parameters.")
 flags.DEFINE_string("output", None, "JSON results file (default: WORKDIR/eval_results.json).")
@@ -61,6 +67,14 @@ flags.DEFINE_integer("sampling_seed", 0, "Seed of the samplers.")
 # data location (the run's config.json stores absolute paths; override them if the data moved)
 flags.DEFINE_list("eval_paths", None, "Replace the run's data.eval_paths (text/jsonl runs).")
 flags.DEFINE_string("tfds_data_dir", None, "Replace the run's data.tfds_data_dir (TFDS runs).")
+# accuracy
+flags.DEFINE_string("accuracy_data", None, "JSONL of prompt/answer pairs (default: the run's "
+                    "eval split of its pair source).")
+flags.DEFINE_integer("num_examples", None, "Evaluate the first test pairs only.")
+flags.DEFINE_integer("accuracy_batch_size", 32, "Prompts decoded per call.")
+flags.DEFINE_integer("speed_examples", 16, "Prompts timed one per call (batch 1).")
+flags.DEFINE_enum("extractor", "auto", ["hash", "boxed", "auto"], "Final-answer extractor.")
+flags.DEFINE_enum("preset", None, ["gsm8k_shell", "gsm8k_repro"], "GSM8K decode setting.")
 
 
 def main(argv):
@@ -80,7 +94,10 @@ def main(argv):
       thresholds=tuple(generation.parse_thresholds(FLAGS.thresholds)),
       batch_sizes=tuple(int(b) for b in FLAGS.batch_sizes), repeats=FLAGS.repeats,
       max_new_tokens=FLAGS.max_new_tokens, top_p=FLAGS.top_p, num_samples=FLAGS.num_samples,
-      judge_workdir=FLAGS.judge_workdir, sampling_seed=FLAGS.sampling_seed)
+      judge_workdir=FLAGS.judge_workdir, sampling_seed=FLAGS.sampling_seed,
+      accuracy_data=FLAGS.accuracy_data, num_examples=FLAGS.num_examples,
+      accuracy_batch_size=FLAGS.accuracy_batch_size, speed_examples=FLAGS.speed_examples,
+      extractor=FLAGS.extractor, preset=FLAGS.preset)
   record = run.evaluate_workdir(FLAGS.workdir, FLAGS.eval, opts, step=FLAGS.step,
                                 use_ema=FLAGS.use_ema, output=FLAGS.output,
                                 data_overrides=data_overrides())

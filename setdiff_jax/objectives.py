@@ -127,9 +127,10 @@ def ar_loss(cfg: ObjectiveConfig, model: DiT, params, batch, rng, *, train: bool
   mask = jnp.asarray(masks.causal_mask(n))[None]
   forward = functools.partial(_apply, model, params, inputs, positions, mask, train=train, rng=rng)
   nll = fused_head.token_nll(forward, model, params, x[:, 1:])
-  # Label x_{j+1} is weighted by the *input-side* mask a_j (1 - c_j), as the reference: the first
-  # pad after the text is a counted target (the model learns to stop there).
-  weight = target[:, :-1].astype(jnp.float32)
+  # Label x_{j+1} counts when it is a target, and so does the first pad after the text (the
+  # model learns to stop there). Without context this is the reference's input-side weight a_j;
+  # with a prompt it also trains the first answer token, which a_j (1 - c_j) would drop.
+  weight = (target[:, 1:] | (target[:, :-1] & ~real[:, 1:])).astype(jnp.float32)
   return _reduce(nll, weight, jnp.sum(weight, -1))
 
 
@@ -176,13 +177,18 @@ def mdlm_loss(cfg: ObjectiveConfig, model: DiT, params, batch, rng, *, train: bo
   return _diffusion_reduce(cfg, nll, is_masked, target, t, train=train)
 
 
-def remask_empty_blocks(rng, xt, real, x, cfg: ObjectiveConfig):
-  """BD3LM training: a block with no M and no padding gets 1..S random tokens masked (SPEC §1.6)."""
+def remask_empty_blocks(rng, xt, target, x, cfg: ObjectiveConfig):
+  """BD3LM training: a block with no M whose tokens are all targets gets 1..S random tokens masked.
+
+  `target` [B, L] is real & ~context: a block touched by padding *or by context* is left alone,
+  as the reference (its `noise_mask` is context | pad; SPEC §1.6 masking step 3), so a block that
+  mixes prompt and answer tokens is never re-masked.
+  """
   b, length = xt.shape
   s = cfg.block_size
   nb = length // s
   blocks = lambda a: a.reshape(b, nb, s)
-  empty = ~jnp.any(blocks(xt == cfg.mask_token_id), -1) & jnp.all(blocks(real), -1)  # [B, nb]
+  empty = ~jnp.any(blocks(xt == cfg.mask_token_id), -1) & jnp.all(blocks(target), -1)  # [B, nb]
   count_rng, subset_rng = jax.random.split(rng)
   count = jax.random.randint(count_rng, (b, nb, 1), 0, s) + 1  # n + 1 in 1..S
   rank = jnp.argsort(jnp.argsort(jax.random.uniform(subset_rng, (b, nb, s)), -1), -1)
@@ -205,7 +211,7 @@ def bd3lm_loss(cfg: ObjectiveConfig, model: DiT, params, batch, rng, *, train: b
                                antithetic=train and cfg.antithetic, eps=cfg.sampling_eps)
   xt = _mask_at_times(cfg, x, target, t, mask_rng)
   if train:
-    xt = remask_empty_blocks(remask_rng, xt, real, x, cfg)
+    xt = remask_empty_blocks(remask_rng, xt, target, x, cfg)
     xt = jnp.where(real & ~target, x, xt)  # context tokens are never masked (SPEC §1.6)
   positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), x.shape)
   static = masks.block_causal_mask(length, cfg.block_size)

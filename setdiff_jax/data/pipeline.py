@@ -62,9 +62,9 @@ import ml_collections
 import numpy as np
 from grain.experimental import ConcatThenSplitIterDataset
 
-from setdiff_jax.data import sources
+from setdiff_jax.data import pairs, sources
 
-SOURCES = ("embedded", "tfds", "text", "jsonl")
+SOURCES = ("embedded", "tfds", "text", "jsonl") + pairs.PAIR_SOURCES
 PREPROCESS = ("wrap", "pad")
 WRAP_STYLES = ("row", "doc")
 IN_MEMORY_SOURCES = ("embedded", "text", "jsonl")
@@ -101,6 +101,25 @@ def default_data_config() -> ml_collections.ConfigDict:
   # (reference LM1B format) | 'doc' = stream BOS doc EOS BOS doc EOS ... cut
   # into rows of exactly seq_len.
   cfg.wrap_style = "row"
+  # ---- prompt/answer pairs (data.source = pairs_jsonl | gsm8k | arithmetic; see
+  # setdiff_jax/data/pairs.py). Rows: [BOS] prompt answer [EOS] pad, context_mask = 1 on
+  # BOS + prompt; needs preprocess='pad'. gsm8k reads TFDS (data.tfds_data_dir, splits
+  # data.train_split / data.eval_split, e.g. 'train' / 'test').
+  # pairs_jsonl: the string fields holding the prompt and the answer.
+  cfg.prompt_field = "prompt"
+  cfg.answer_field = "answer"
+  # 'plain' | 'gsm8k' (the reference instruction + question) | 'gsm8k_chat' (that, in the chat
+  # template; the context ends after '<|im_start|>assistant\n').
+  cfg.prompt_style = "plain"
+  # A row longer than seq_len: 'error' | 'skip' (dropped, counted in the log) |
+  # 'truncate_prompt' (the prompt's last tokens are kept, counted in the log).
+  cfg.overflow = "error"
+  # arithmetic: operands per problem, their maximum (1..max), examples per split, seed.
+  cfg.task_operands = 3
+  cfg.task_max_operand = 9
+  cfg.task_train_examples = 20000
+  cfg.task_eval_examples = 200
+  cfg.task_seed = 0
   # Threads reading/tokenizing ahead of the consumer and elements they buffer.
   cfg.read_threads = 2
   cfg.prefetch = 4
@@ -139,6 +158,17 @@ def validate_data_config(cfg):
   if cfg.source == "jsonl":
     check(bool(cfg.get("jsonl_field")), "data.source=jsonl needs "
           "data.jsonl_field")
+  if cfg.source in pairs.PAIR_SOURCES:
+    check(cfg.preprocess == "pad", f"data.source={cfg.source} builds one prompt/answer pair "
+          f"per row: set data.preprocess=pad (got {cfg.preprocess!r})")
+    check(cfg.get("overflow", "error") in pairs.OVERFLOW_RULES,
+          f"data.overflow={cfg.get('overflow')!r}; expected one of {pairs.OVERFLOW_RULES}")
+    check(cfg.get("prompt_style", "plain") in pairs.PROMPT_STYLES,
+          f"data.prompt_style={cfg.get('prompt_style')!r}; expected one of "
+          f"{pairs.PROMPT_STYLES}")
+    if cfg.source == "pairs_jsonl":
+      check(bool(sources.parse_paths(cfg.get("paths"))),
+            "data.source=pairs_jsonl needs data.paths (comma-separated files)")
   check(cfg.get("read_threads", 0) >= 0, "data.read_threads must be >= 0")
   check(cfg.get("prefetch", 0) >= 0, "data.prefetch must be >= 0")
 
@@ -281,6 +311,12 @@ def make_dataset(data_cfg, tokenizer, *, split: str, seq_len: int,
   read_options = grain.ReadOptions(
       num_threads=int(data_cfg.get("read_threads", 2)),
       prefetch_buffer_size=int(data_cfg.get("prefetch", 4)))
+
+  if data_cfg.source in pairs.PAIR_SOURCES:  # [BOS] prompt answer [EOS] pad, with context_mask
+    return pairs.make_pair_dataset(
+        data_cfg, tok, split=split, seq_len=seq_len, batch_size=batch_size, seed=seed,
+        process_index=process_index, process_count=process_count, shuffle=shuffle,
+        num_epochs=num_epochs, drop_remainder=drop_remainder, read_options=read_options)
 
   if data_cfg.preprocess == "pad":
     docs = sources.load_texts(data_cfg, split, process_index, process_count)

@@ -12,15 +12,16 @@ from a data config (see ``pipeline.default_data_config``).
 """
 from __future__ import annotations
 
-import bz2
 import functools
-import gzip
 import importlib.resources
 import json
 import lzma
-import os
 import re
 from typing import Iterator, Sequence
+
+from setdiff_jax.data import pairs
+from setdiff_jax.data.files import open_text as _open_text
+from setdiff_jax.data.files import parse_paths
 
 EMBEDDED_FILE = "austen-novels.txt.xz"
 EMBEDDED_SPLITS = ("train", "validation")
@@ -145,24 +146,6 @@ def tfds_texts(name: str, split: str, data_dir: str | None = None,
   return TfdsTexts(source, field, process_index, process_count)
 
 
-def parse_paths(paths) -> list[str]:
-  """A list/tuple of paths, or one comma-separated string, as a list."""
-  if paths is None:
-    return []
-  if isinstance(paths, str):
-    paths = paths.split(",")
-  return [str(p).strip() for p in paths if str(p).strip()]
-
-
-def _open_text(path: str, field: str):
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f"data file not found: {path!r} (set the config "
-                            f"field data.{field})")
-  opener = {".gz": gzip.open, ".xz": lzma.open, ".bz2": bz2.open}.get(
-      os.path.splitext(path)[1], open)
-  return opener(path, "rt", encoding="utf-8")
-
-
 def _not_utf8(path: str, e: UnicodeDecodeError) -> str:
   return (f"{path}: not UTF-8 text (byte {e.start}: {e.reason}); convert it, e.g. "
           f"iconv -f latin1 -t utf-8")
@@ -230,6 +213,8 @@ def load_texts(data_cfg, split: str, process_index: int = 0,
   if split not in ("train", "eval"):
     raise ValueError(f"split={split!r}; expected 'train' or 'eval'")
   source = data_cfg.source
+  if source in pairs.PAIR_SOURCES:  # prompt + answer texts (tokenizer training)
+    return pairs.pair_texts(data_cfg, split)[process_index::process_count]
   if source == "tfds":
     name = data_cfg.train_split if split == "train" else data_cfg.eval_split
     return tfds_texts(data_cfg.tfds_name, name, data_cfg.get("tfds_data_dir"),

@@ -19,9 +19,10 @@ import jax
 
 from setdiff_jax import decoding, methods
 from setdiff_jax import workdir as workdir_lib
-from setdiff_jax.evaluation import generation, infill, likelihood
+from setdiff_jax.data import pairs as pairs_lib
+from setdiff_jax.evaluation import accuracy, generation, gsm8k, infill, likelihood
 
-EVALS = ("likelihood", "infill", "speed", "samples")
+EVALS = ("likelihood", "infill", "speed", "samples", "accuracy")
 RESULTS_FILE = "eval_results.json"
 
 
@@ -52,6 +53,14 @@ class EvalOptions:
   num_samples: int = 16
   judge_workdir: Optional[str] = None   # AR run whose model scores samples (gen PPL)
   sampling_seed: int = 0
+  # accuracy (conditional decoding of prompt/answer pairs; evaluation/accuracy.py). Uses
+  # window and thresholds above; N = max_new_tokens (None: L - the longest prompt).
+  accuracy_data: Optional[str] = None   # JSONL of pairs (default: the run's eval split)
+  num_examples: Optional[int] = None    # first test pairs only (None: all)
+  accuracy_batch_size: int = 32         # rows per decoding call
+  speed_examples: int = 16              # prompts timed one per call (batch 1)
+  extractor: str = "auto"               # hash ('#### n') | boxed | auto
+  preset: Optional[str] = None          # gsm8k_shell | gsm8k_repro (SPEC §6.4; overrides tau)
 
   def to_json(self) -> Dict[str, Any]:
     d = dataclasses.asdict(self)
@@ -146,6 +155,40 @@ def run_speed(state, opts: EvalOptions, model=None) -> List[Dict[str, Any]]:
                                max_new_tokens=opts.max_new_tokens)
 
 
+def accuracy_pairs(state, opts: EvalOptions):
+  """The test pairs: --accuracy_data (JSONL, the run's prompt/answer field names) or the run's
+  own eval split of a pair source."""
+  data = state.config.data
+  if opts.accuracy_data:
+    test = pairs_lib.jsonl_pairs(opts.accuracy_data, data.get("prompt_field", "prompt"),
+                             data.get("answer_field", "answer"), "accuracy_data")
+  elif data.source in pairs_lib.PAIR_SOURCES:
+    test = pairs_lib.load_pairs(data, "eval")
+  else:
+    raise ValueError(f"--eval=accuracy needs prompt/answer pairs: this run's data.source="
+                     f"{data.source!r} is not one of {pairs_lib.PAIR_SOURCES}; pass "
+                     "--accuracy_data=FILE.jsonl")
+  return test[:opts.num_examples] if opts.num_examples else test
+
+
+def run_accuracy(state, opts: EvalOptions, model=None) -> List[Dict[str, Any]]:
+  model = model or _models(state)[1]
+  seq_len = int(state.config.seq_len)
+  extra = gsm8k.resolve_preset(opts.preset, seq_len)
+  thresholds = [extra.pop("threshold")] if opts.preset else list(opts.thresholds)
+  windows = [opts.window] if opts.window else None
+  settings = generation.decoding_settings(state.objective_config, windows=windows,
+                                          thresholds=thresholds)
+  extra.setdefault("extractor", opts.extractor)
+  extra.setdefault("prompt_style", state.config.data.get("prompt_style", "plain"))
+  extra["max_new_tokens"] = opts.max_new_tokens or extra.get("max_new_tokens")
+  return accuracy.accuracy_eval(model, state.params, state.tokenizer, state.objective_config,
+                                seq_len, accuracy_pairs(state, opts), settings=settings,
+                                batch_size=opts.accuracy_batch_size,
+                                speed_examples=opts.speed_examples, seed=opts.sampling_seed,
+                                **extra)
+
+
 def load_judge(path: Optional[str]):
   if not path:
     return None
@@ -197,6 +240,8 @@ def evaluate_state(state, evals: Sequence[str], opts: EvalOptions, *, judge=None
       out[name] = run_infill(state, opts, gen_model)
     elif name == "speed":
       out[name] = run_speed(state, opts, gen_model)
+    elif name == "accuracy":
+      out[name] = run_accuracy(state, opts, gen_model)
     else:
       out[name] = run_samples(state, opts, gen_model, judge)
     if log:
@@ -277,6 +322,14 @@ def format_results(results: Dict[str, Any]) -> str:
         [[r["method"], r["setting"], r["batch_size"], r["tokens_per_second"],
           r["tokens_per_step"], r["forward_calls"], r["compile_seconds"]]
          for r in results["speed"]]))
+  if results.get("accuracy"):
+    parts.append("Accuracy (exact match of the final answer, greedy, EOS stop per row)\n\n" +
+                 markdown_table(
+        ["method", "setting", "n", "accuracy", "gen tokens", "tok/step", "fwd calls",
+         "tok/s b=1", "tok/s batch", "batch"],
+        [[r["method"], r["setting"], r["num_examples"], r["accuracy"], r["mean_generated_tokens"],
+          r["tokens_per_step"], r["forward_calls"], r["tokens_per_second_batch1"],
+          r["tokens_per_second"], r["batch_size"]] for r in results["accuracy"]]))
   if results.get("samples"):
     parts.append("Unconditional samples\n\n" + markdown_table(
         ["method", "setting", "n", "entropy", "dist-1", "dist-2", "dist-3", "gen PPL", "tok/s"],
@@ -290,5 +343,5 @@ def format_results(results: Dict[str, Any]) -> str:
 
 
 __all__ = ["EVALS", "RESULTS_FILE", "EvalOptions", "hardware", "infill_items", "run_likelihood",
-           "run_infill", "run_speed", "run_samples", "load_judge", "evaluate_state",
+           "run_infill", "run_speed", "run_samples", "accuracy_pairs", "run_accuracy", "load_judge", "evaluate_state",
            "evaluate_workdir", "markdown_table", "format_results"]

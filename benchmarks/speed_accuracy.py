@@ -1,0 +1,316 @@
+r"""The speed-accuracy trade-off of SPEC §7.1 on the procedural arithmetic task (CPU scale).
+
+  python benchmarks/speed_accuracy.py --output_dir=/tmp/speed_accuracy   # full (~45 min, 2 cores)
+  python benchmarks/speed_accuracy.py --quick --output_dir=/tmp/sa_quick  # pipeline check (<2 min)
+
+Trains AR, MDLM, BD3LM-4 and SetDLM S=4 (S_max=8) with one recipe (configs/reasoning_common.py:
+the same backbone, data, batch, steps, optimizer and seed; one tokenizer trained once and shared),
+then decodes every test problem (distinct, disjoint from training) greedily with each method's
+sampler: prompt cached, EOS stop per row, batch --decode_batch, and sweeps the confidence
+threshold tau in {off, 0.99, 0.95, 0.9, 0.85, 0.8, 0.7, 0.6} (MDLM, BD3LM, SetDLM) and the window
+W in --windows (SetDLM). Per point: exact-match accuracy of the '#### n' line, tokens/step,
+forward calls, mean generated tokens, tokens/s at the decoding batch and at batch 1.
+
+Writes to --output_dir: speed_accuracy.json (everything), speed_accuracy.md (table, command,
+machine load), speed_accuracy.png (accuracy vs tokens/s at batch 1, and vs tokens/step; one curve
+per method), runs/<method>/ (training workdirs; a re-run skips finished training) and tokenizer/.
+--results_dir (default benchmarks/results for a full run) receives copies of the three files.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from configs import compare, reasoning_common  # noqa: E402
+from setdiff_jax import train  # noqa: E402
+from setdiff_jax import workdir as workdir_lib  # noqa: E402
+from setdiff_jax.data import pairs as pairs_lib  # noqa: E402
+from setdiff_jax.data import sources, tokenizers  # noqa: E402
+from setdiff_jax.evaluation import accuracy, run  # noqa: E402
+from setdiff_jax.evaluation.generation import threshold_label  # noqa: E402
+
+METHODS = ("ar", "mdlm", "bd3lm4", "setdlm4")
+THRESHOLDS = (None, 0.99, 0.95, 0.9, 0.85, 0.8, 0.7, 0.6)
+RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+NAME = "speed_accuracy"
+
+
+def parse_args(argv=None):
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  p.add_argument("--output_dir", default="/tmp/setdiff_speed_accuracy")
+  p.add_argument("--results_dir", default=None,
+                 help="copy the table/plot/json here (default: benchmarks/results for a full "
+                      "run, none for --quick; 'none' disables)")
+  p.add_argument("--quick", action="store_true", help="tiny models and few steps / problems")
+  p.add_argument("--methods", default=",".join(METHODS),
+                 help="comma-separated: ar, mdlm, bd3lm<S>, setdlm<S> (S_max = 2S)")
+  p.add_argument("--steps", type=int, default=None, help="training steps (recipe: 1200)")
+  p.add_argument("--batch_size", type=int, default=None, help="training batch (recipe: 32)")
+  p.add_argument("--hidden_size", type=int, default=None)
+  p.add_argument("--num_layers", type=int, default=None)
+  p.add_argument("--lr", type=float, default=None)
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--thresholds", default=",".join(threshold_label(t) for t in THRESHOLDS))
+  p.add_argument("--windows", default="4,8", help="SetDLM windows W (the run's S is the default)")
+  p.add_argument("--num_test", type=int, default=None, help="test problems (200; quick 8)")
+  p.add_argument("--decode_batch", type=int, default=None, help="rows per decoding call (50)")
+  p.add_argument("--speed_examples", type=int, default=None,
+                 help="prompts timed one per call at batch 1 (16; quick 2)")
+  return p.parse_args(argv)
+
+
+def plan(args) -> Dict[str, Any]:
+  p = dict(steps=1200, batch_size=32, hidden_size=None, num_layers=None, lr=None, num_test=200,
+           decode_batch=50, speed_examples=16,
+           thresholds=[None if t in ("off", "none") else float(t)
+                       for t in args.thresholds.split(",") if t.strip()],
+           windows=[int(w) for w in args.windows.split(",") if w.strip()])
+  if args.quick:
+    # decode_batch = 1: the batch-1 timing reuses the decoding compile (one per setting)
+    p.update(steps=4, batch_size=8, hidden_size=32, num_layers=1, num_test=8, decode_batch=1,
+             speed_examples=2, thresholds=[None, 0.9], windows=[4])
+  for k in ("steps", "batch_size", "hidden_size", "num_layers", "lr", "num_test", "decode_batch",
+            "speed_examples"):
+    if getattr(args, k) is not None:
+      p[k] = getattr(args, k)
+  return p
+
+
+def method_config(method: str, p: Dict[str, Any], seed: int, quick: bool):
+  name, s = compare.parse_method(method)
+  c = reasoning_common.get_config(name)
+  c.seed = seed
+  if name == "setdlm":
+    c.loss.desired_set_size, c.loss.max_set_size = s, 2 * s
+  if name == "bd3lm":
+    c.loss.block_size = s
+  for key, field in (("hidden_size", "hidden_size"), ("num_layers", "num_layers")):
+    if p[key]:
+      c.model[field] = p[key]
+  if quick:
+    c.model.num_heads = 2
+    c.model.cond_dim = 16
+    c.data.task_train_examples = 200
+    c.log_every_steps = 1
+  if p["lr"]:
+    c.learning_rate = p["lr"]
+  c.batch_size = p["batch_size"]
+  c.num_train_steps = p["steps"]
+  c.warmup_steps = min(c.warmup_steps, max(p["steps"] // 10, 1))
+  c.eval_every_steps = c.checkpoint_every_steps = p["steps"]
+  c.num_eval_steps = 1 if quick else 2
+  c.data.task_eval_examples = p["num_test"]
+  c.eval_batch_size = min(c.eval_batch_size, p["num_test"])
+  return c
+
+
+def shared_tokenizer(out_dir: str, config) -> str:
+  tok_dir = os.path.join(out_dir, "tokenizer")
+  if not os.path.isfile(os.path.join(tok_dir, "special_tokens.json")):
+    texts = sources.tokenizer_training_texts(config.data)
+    tokenizers.build_tokenizer(config.tokenizer, texts).save(tok_dir)
+  return tok_dir
+
+
+def train_method(method: str, config, out_dir: str, tok_dir: str, log) -> Dict[str, Any]:
+  workdir = os.path.join(out_dir, "runs", method)
+  os.makedirs(workdir, exist_ok=True)
+  dst = os.path.join(workdir, tokenizers.TOKENIZER_SUBDIR)
+  if not os.path.isdir(dst):
+    shutil.copytree(tok_dir, dst)
+  info_path = os.path.join(workdir, "train_info.json")
+  if os.path.isfile(info_path):
+    with open(info_path) as f:
+      info = json.load(f)
+    if info.get("steps") == config.num_train_steps:
+      log(f"[{method}] already trained ({info['train_seconds']:.0f}s), skipping")
+      return info
+  t0 = time.perf_counter()
+  metrics = train.train_and_evaluate(config, workdir)
+  info = {"workdir": workdir, "steps": int(config.num_train_steps),
+          "train_seconds": time.perf_counter() - t0,
+          "final": {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}}
+  with open(info_path, "w") as f:
+    json.dump(info, f, indent=2)
+  log(f"[{method}] trained in {info['train_seconds']:.0f}s: loss "
+      f"{info['final'].get('train/loss', float('nan')):.3f}, eval nll "
+      f"{info['final'].get('eval/nll', float('nan')):.3f}")
+  return info
+
+
+def settings_for(name: str, s, p) -> List[Dict[str, Any]]:
+  if name == "ar":
+    return [{"window": None, "threshold": None}]
+  if name == "setdlm":
+    windows = sorted(set(p["windows"] or [s]))
+    return [{"window": w, "threshold": t} for w in windows for t in p["thresholds"]]
+  return [{"window": None, "threshold": t} for t in p["thresholds"]]
+
+
+def evaluate_method(method: str, workdir: str, p, seed: int, log) -> Dict[str, Any]:
+  state = workdir_lib.load_inference_state(workdir, use_ema=False)
+  name, s = compare.parse_method(method)
+  test = pairs_lib.load_pairs(state.config.data, "eval")
+  _, gen_model = run._models(state)  # pylint: disable=protected-access
+  t0 = time.perf_counter()
+  rows = accuracy.accuracy_eval(gen_model, state.params, state.tokenizer, state.objective_config,
+                                int(state.config.seq_len), test,
+                                settings=settings_for(name, s, p), batch_size=p["decode_batch"],
+                                speed_examples=p["speed_examples"], extractor="hash", seed=seed)
+  for r in rows:
+    r["method"] = method
+    log(f"[{method}] {r['setting']}: acc {r['accuracy']:.3f}  tok/step {r['tokens_per_step']:.2f}"
+        f"  tok/s b{r['batch_size']} {r['tokens_per_second']:.0f}  b1 "
+        f"{r['tokens_per_second_batch1'] or 0:.0f}")
+  return {"method": method, "objective": name, "num_test": len(test),
+          "num_params": int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(state.params))),
+          "eval_seconds": time.perf_counter() - t0, "rows": rows}
+
+
+# ----------------------------------------------------------------------------- report
+def table(results) -> str:
+  header = ["method", "W", "tau", "accuracy", "tok/step", "fwd calls", "gen tokens",
+            "tok/s b=1", "tok/s batch", "b1 = batched"]
+  body = []
+  for r in results:
+    for x in r["rows"]:
+      body.append([r["method"], x["window"], x["threshold"], x["accuracy"], x["tokens_per_step"],
+                   x["forward_calls"], x["mean_generated_tokens"], x["tokens_per_second_batch1"],
+                   x["tokens_per_second"], x["batch1_matches_batched"]])
+  return run.markdown_table(header, body)
+
+
+def plot(results, path: str):
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+  for i, r in enumerate(results):
+    groups: Dict[Any, list] = {}
+    for x in r["rows"]:
+      groups.setdefault(x["window"], []).append(x)
+    for j, (w, rows) in enumerate(sorted(groups.items(), key=lambda kv: kv[0] or 0)):
+      label = r["method"] + (f" W={w}" if r["objective"] == "setdlm" else "")
+      style = dict(color=f"C{i}", marker="osD^v"[j % 5], linestyle="-" if j == 0 else "--")
+      for ax, key in ((axes[0], "tokens_per_second_batch1"), (axes[1], "tokens_per_step")):
+        xs = [x[key] or 0.0 for x in rows]
+        ys = [100 * x["accuracy"] for x in rows]
+        ax.plot(xs, ys, label=label, **style)
+        for x, y, row in zip(xs, ys, rows):
+          if row["threshold"] != "off":
+            ax.annotate(row["threshold"], (x, y), fontsize=6, color=f"C{i}", xytext=(3, 2),
+                        textcoords="offset points")
+  axes[0].set_xlabel("tokens/s at batch 1 (CPU)")
+  axes[1].set_xlabel("tokens per step (parallelism factor)")
+  for ax in axes:
+    ax.set_ylabel("exact match on the test problems (%)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+  axes[0].set_title("accuracy vs speed (labels: tau)")
+  axes[1].set_title("accuracy vs parallelism (labels: tau)")
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def _uptime() -> str:
+  try:
+    return subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
+  except (OSError, subprocess.SubprocessError):
+    return "unknown"
+
+
+def write_report(out_dir: str, record) -> str:
+  hw, p = record["hardware"], record["plan"]
+  md = [f"## Speed-accuracy trade-off on the arithmetic task ({'quick' if record['quick'] else 'full'} run)",
+        "", f"Command: `{record['command']}`", "",
+        f"Hardware: {hw['cpu']} ({hw['cpu_count']} cores visible), jax {hw['jax']} on "
+        f"{hw['backend']}. Machine load (`uptime`) at start: {record['load_start']}; at end: "
+        f"{record['load_end']}. Total {record['total_seconds'] / 60:.1f} min (training "
+        f"{record['train_seconds'] / 60:.1f}, evaluation {record['eval_seconds'] / 60:.1f}).", "",
+        f"Recipe: {record['recipe']}; {p['steps']} steps x batch {p['batch_size']}, seed "
+        f"{record['seed']}; {record['results'][0]['num_test']} distinct test problems, greedy, "
+        f"decoding batch {p['decode_batch']}, batch-1 speed over the first {p['speed_examples']}.",
+        "", "Trained: " + ", ".join(
+            f"{r['method']} {r['num_params'] / 1e6:.2f}M params {r['train_seconds'] / 60:.1f} min"
+            for r in record["results"]), "", table(record["results"]), "",
+        f"![accuracy vs speed]({NAME}.png)", ""]
+  text = "\n".join(md)
+  with open(os.path.join(out_dir, f"{NAME}.md"), "w") as f:
+    f.write(text)
+  return text
+
+
+@contextlib.contextmanager
+def _fast_compile(enabled: bool):
+  old = jax.config.values.get("jax_disable_most_optimizations", False)
+  if enabled:
+    jax.config.update("jax_disable_most_optimizations", True)
+  try:
+    yield
+  finally:
+    jax.config.update("jax_disable_most_optimizations", old)
+
+
+def main(argv=None, log=print) -> Dict[str, Any]:
+  args = parse_args(argv)
+  p = plan(args)
+  out_dir = os.path.abspath(args.output_dir)
+  os.makedirs(out_dir, exist_ok=True)
+  methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+  for m in methods:
+    compare.parse_method(m)
+  load_start = _uptime()
+  t_start = time.perf_counter()
+  with _fast_compile(args.quick):
+    configs = {m: method_config(m, p, args.seed, args.quick) for m in methods}
+    tok_dir = shared_tokenizer(out_dir, configs[methods[0]])
+    t0 = time.perf_counter()
+    infos = {m: train_method(m, configs[m], out_dir, tok_dir, log) for m in methods}
+    train_seconds = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    results = []
+    for m in methods:
+      res = evaluate_method(m, infos[m]["workdir"], p, args.seed, log)
+      res["train_seconds"] = infos[m]["train_seconds"]
+      results.append(res)
+    eval_seconds = time.perf_counter() - t0
+  c0 = configs[methods[0]]
+  record = {
+      "command": "python benchmarks/speed_accuracy.py " + " ".join(
+          argv if argv is not None else sys.argv[1:]),
+      "quick": bool(args.quick), "seed": args.seed, "methods": methods, "plan": p,
+      "recipe": (f"configs/reasoning_common.py: {c0.model.num_layers} x {c0.model.hidden_size} "
+                 f"DiT, L={c0.seq_len}, vocab {c0.tokenizer.vocab_size}, lr {c0.learning_rate} "
+                 f"{c0.lr_schedule}"),
+      "hardware": run.hardware(), "load_start": load_start, "load_end": _uptime(),
+      "train_seconds": train_seconds, "eval_seconds": eval_seconds,
+      "total_seconds": time.perf_counter() - t_start, "results": results}
+  with open(os.path.join(out_dir, f"{NAME}.json"), "w") as f:
+    json.dump(record, f, indent=2, default=float)
+  plot(results, os.path.join(out_dir, f"{NAME}.png"))
+  text = write_report(out_dir, record)
+  results_dir = args.results_dir or (None if args.quick else RESULTS_DIR)
+  if results_dir and results_dir != "none":
+    os.makedirs(results_dir, exist_ok=True)
+    for ext in ("md", "json", "png"):
+      shutil.copy(os.path.join(out_dir, f"{NAME}.{ext}"), results_dir)
+  log(text)
+  log(f"\nwrote {out_dir}/{NAME}.md, .json, .png ({record['total_seconds'] / 60:.1f} min)")
+  return record
+
+
+if __name__ == "__main__":
+  main()

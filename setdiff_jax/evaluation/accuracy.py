@@ -1,0 +1,187 @@
+r"""Conditional decoding and exact-match accuracy on prompt/answer pairs.
+
+  rows = accuracy_eval(model, params, tokenizer, obj_cfg, seq_len, pairs,
+                       settings=[{"window": 4, "threshold": None}, {"window": 4, "threshold": 0.9}])
+
+Every test prompt ([BOS] + encode(prompt), the training context) is decoded with the run's sampler
+(the prompt is cached, each row stops at its own EOS, batches of `batch_size` rows of mixed prompt
+lengths), greedy. The final answer is extracted from the decoded text and from the reference
+answer with the same extractor and compared after number normalisation (exact match):
+  hash   the last '#### n' line (GSM8K, and the answer line of the procedural task)
+  boxed  the last \boxed{n} (balanced braces)
+  auto   '#### n' if present, else \boxed{n}
+Per setting (window W, threshold tau) it reports accuracy, mean generated tokens per example
+(after the EOS cut, EOS included), tokens/step (committed tokens / decoding steps, the parallelism
+factor), forward calls per example, and tokens/s at the decoding batch and at batch 1 (on the first
+`speed_examples` prompts, one prompt per call). Every timing follows one untimed compiling call of
+the same shapes; tokens/s counts the generated tokens that come back (SPEC §6.7).
+"""
+from __future__ import annotations
+
+import math
+import re
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+import jax
+import numpy as np
+
+from setdiff_jax import decoding
+from setdiff_jax.data.pairs import format_prompt
+from setdiff_jax.evaluation.generation import decoding_settings, setting_name, threshold_label
+
+EXTRACTORS = ("hash", "boxed", "auto")
+_HASH = re.compile(r"####\s*([^\n]*)")
+_NUMBER = re.compile(r"^[-+]?\d+(\.\d+)?$")
+
+
+def extract_hash(text: str) -> Optional[str]:
+  """The text after the last '####' up to the end of its line (None if there is none)."""
+  found = _HASH.findall(text)
+  return found[-1].strip() if found else None
+
+
+def extract_boxed(text: str) -> Optional[str]:
+  r"""The content of the last \boxed{...}, braces balanced (None if there is none or it is open)."""
+  start = text.rfind("\\boxed{")
+  if start < 0:
+    return None
+  i, depth = start + len("\\boxed{"), 1
+  for j in range(i, len(text)):
+    depth += {"{": 1, "}": -1}.get(text[j], 0)
+    if depth == 0:
+      return text[i:j].strip()
+  return None
+
+
+def extract_answer(text: str, extractor: str = "auto") -> Optional[str]:
+  if extractor not in EXTRACTORS:
+    raise ValueError(f"extractor={extractor!r}; expected one of {EXTRACTORS}")
+  if extractor == "hash":
+    return extract_hash(text)
+  if extractor == "boxed":
+    return extract_boxed(text)
+  found = extract_hash(text)
+  return found if found is not None else extract_boxed(text)
+
+
+def normalize_answer(ans: Optional[str]) -> Optional[str]:
+  """'1,234.' -> '1234'; '$5' -> '5'; '3.50' -> '3.5'; other text: stripped, spaces squeezed."""
+  if ans is None:
+    return None
+  s = ans.strip().replace(",", "").replace("$", "").rstrip(".").strip()
+  if _NUMBER.match(s):
+    x = float(s)
+    return str(int(x)) if x == int(x) and math.isfinite(x) else repr(x)
+  return " ".join(s.split())
+
+
+def exact_match(prediction: str, reference: str, extractor: str = "auto") -> bool:
+  """Whether the extracted, normalised answers are equal (an unreadable prediction is wrong)."""
+  pred = normalize_answer(extract_answer(prediction, extractor))
+  gold = normalize_answer(extract_answer(reference, extractor))
+  if gold is None:
+    raise ValueError(f"the reference answer has no final answer for extractor={extractor!r}: "
+                     f"{reference[-80:]!r}")
+  return pred is not None and pred == gold
+
+
+# ----------------------------------------------------------------------------- decoding
+def encode_prompts(tokenizer, pairs, prompt_style: str = "plain") -> List[List[int]]:
+  """[BOS] + encode(format_prompt(prompt)): exactly the training context of each pair."""
+  texts = [format_prompt(p.prompt, prompt_style) for p in pairs]
+  return [[int(tokenizer.bos_id)] + list(ids) for ids in tokenizer.encode_batch(texts)]
+
+
+def _batches(n: int, size: int):
+  return [range(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+def decode_all(sampler, model, params, prompts: Sequence[Sequence[int]], cfg, *,
+               batch_size: int, seed: int = 0) -> Dict[str, Any]:
+  """Decodes every prompt in batches (the last one padded with copies of the first prompt so
+  every call has one shape) and returns per-row generated ids and counters plus the wall time
+  of the calls after an untimed compiling one."""
+  n = len(prompts)
+  key = jax.random.PRNGKey(seed)
+  batches = _batches(n, batch_size)
+  fill = lambda idx: [prompts[i] for i in idx] + [prompts[0]] * (batch_size - len(idx))
+  sampler(model, params, fill(batches[0]), cfg, key)  # compile
+  generated, steps, committed, calls, seconds = [], [], [], [], 0.0
+  for j, idx in enumerate(batches):
+    t0 = time.perf_counter()
+    out = sampler(model, params, fill(idx), cfg, jax.random.fold_in(key, j))
+    seconds += time.perf_counter() - t0
+    k = len(idx)
+    generated += [list(map(int, g)) for g in out.generated[:k]]
+    steps += [int(s) for s in out.num_steps[:k]]
+    committed += [int(c) for c in out.num_committed[:k]]
+    calls += [int(c) for c in out.forward_calls[:k]]
+  # Rows added to fill the last batch are decoded but not counted: tokens/s counts real rows.
+  padded_rows = len(batches) * batch_size - n
+  return {"generated": generated, "num_steps": steps, "num_committed": committed,
+          "forward_calls": calls, "seconds": seconds, "padded_rows": padded_rows}
+
+
+def _sampler_config(obj_cfg, tokenizer, seq_len: int, setting: Dict[str, Any], n: int,
+                    cache_order: str, seed: int):
+  return decoding.sampler_config_for(
+      obj_cfg, tokenizer, seq_len, window=setting.get("window"),
+      threshold=setting.get("threshold"), greedy=True, seed=seed, max_new_tokens=n,
+      stop_at_eos=True, cache_order=cache_order)
+
+
+def accuracy_eval(model, params, tokenizer, obj_cfg, seq_len: int, pairs, *,
+                  settings: Optional[List[Dict[str, Any]]] = None, batch_size: int = 32,
+                  speed_examples: int = 16, max_new_tokens: Optional[int] = None,
+                  extractor: str = "auto", prompt_style: str = "plain", cache_order: str = "l2r",
+                  stop_strings: Sequence[str] = (), seed: int = 0,
+                  num_shown: int = 3) -> List[Dict[str, Any]]:
+  """One row of metrics per decoding setting (see the module docstring).
+
+  max_new_tokens: N (None: seq_len - the longest prompt, so every prompt fits the context).
+  stop_strings: the decoded text is cut at the first of these before extraction.
+  """
+  if not pairs:
+    raise ValueError("accuracy eval: no test pairs")
+  settings = settings or decoding_settings(obj_cfg)
+  prompts = encode_prompts(tokenizer, pairs, prompt_style)
+  longest = max(len(p) for p in prompts)
+  n = max_new_tokens or seq_len - longest
+  if n < 1 or longest + n > seq_len:
+    raise ValueError(f"the longest test prompt has {longest} tokens; with max_new_tokens={n} it "
+                     f"does not fit the model's context seq_len={seq_len}")
+  sampler = decoding.sampler_for(obj_cfg.name)
+  rows = []
+  for setting in settings:
+    cfg = _sampler_config(obj_cfg, tokenizer, seq_len, setting, n, cache_order, seed)
+    res = decode_all(sampler, model, params, prompts, cfg, batch_size=batch_size, seed=seed)
+    texts = tokenizer.decode_batch([g for g in res["generated"]])
+    for stop in stop_strings:
+      texts = [t.split(stop, 1)[0] for t in texts]
+    correct = [exact_match(t, p.answer, extractor) for t, p in zip(texts, pairs)]
+    k = min(speed_examples, len(prompts))
+    one = decode_all(sampler, model, params, prompts[:k], cfg, batch_size=1, seed=seed) if k else None
+    num_gen = [len(g) for g in res["generated"]]
+    steps, committed = sum(res["num_steps"]), sum(res["num_committed"])
+    row = {"method": obj_cfg.name, "setting": setting_name(obj_cfg, setting),
+           "window": setting.get("window"), "threshold": threshold_label(setting.get("threshold")),
+           "num_examples": len(pairs), "num_correct": int(sum(correct)),
+           "accuracy": float(np.mean(correct)), "max_new_tokens": n,
+           "mean_generated_tokens": float(np.mean(num_gen)),
+           "tokens_per_step": committed / steps if steps else 0.0,
+           "forward_calls": float(np.mean(res["forward_calls"])),
+           "batch_size": batch_size,
+           "tokens_per_second": sum(num_gen) / res["seconds"] if res["seconds"] else 0.0,
+           "speed_examples_batch1": k,
+           "tokens_per_second_batch1": (sum(len(g) for g in one["generated"]) / one["seconds"]
+                                        if one and one["seconds"] else None),
+           "batch1_matches_batched": (one["generated"] == res["generated"][:k]) if one else None,
+           "examples": [{"prompt": p.prompt, "output": t, "reference": p.answer, "correct": c}
+                        for p, t, c in list(zip(pairs, texts, correct))[:num_shown]]}
+    rows.append(row)
+  return rows
+
+
+__all__ = ["EXTRACTORS", "extract_hash", "extract_boxed", "extract_answer", "normalize_answer",
+           "exact_match", "encode_prompts", "decode_all", "accuracy_eval"]

@@ -1,0 +1,135 @@
+"""Answer extraction and exact match on hand-written examples, the GSM8K protocol, and
+conditional decoding: a prompt decoded in a batch of mixed prompt lengths gives what it gives
+alone, for every method's sampler."""
+import jax
+import numpy as np
+import pytest
+
+from helpers import random_params
+from setdiff_jax import decoding, objectives
+from setdiff_jax.data import pairs
+from setdiff_jax.evaluation import accuracy, gsm8k
+from setdiff_jax.model import DiT, DiTConfig
+
+pytestmark = pytest.mark.usefixtures("fast_compile")
+
+
+@pytest.mark.parametrize("text,hashed,boxed", [
+    ("8+6=14\n14+5=19\n#### 19", "19", None),
+    ("so she has 3.\n#### 1,234\n", "1,234", None),
+    ("#### 5\nthen again\n#### 7", "7", None),  # the last answer line counts
+    ("The answer is $\\boxed{18}$.", None, "18"),
+    ("\\boxed{\\frac{1}{2}} and later \\boxed{42}", None, "42"),
+    ("\\boxed{\\frac{1}{2}}", None, "\\frac{1}{2}"),
+    ("unfinished \\boxed{12", None, None),
+    ("no answer here", None, None),
+])
+def test_extractors(text, hashed, boxed):
+  assert accuracy.extract_hash(text) == hashed
+  assert accuracy.extract_boxed(text) == boxed
+  assert accuracy.extract_answer(text, "auto") == (hashed if hashed is not None else boxed)
+
+
+def test_normalize_and_exact_match():
+  norm = accuracy.normalize_answer
+  assert [norm(" 1,234. "), norm("$5"), norm("3.50"), norm("-7"), norm("  a  b ")] == [
+      "1234", "5", "3.5", "-7", "a b"]
+  assert accuracy.exact_match("9+5=14\n#### 14", "9+5=14\n#### 14")
+  assert accuracy.exact_match("wrong steps\n#### 14", "#### 14")  # only the final answer counts
+  assert not accuracy.exact_match("#### 15", "#### 14")
+  assert not accuracy.exact_match("#### ", "#### 14")
+  assert not accuracy.exact_match("8+6=14\n14+5=", "#### 19")  # cut off before the answer line
+  assert accuracy.exact_match("It is \\boxed{1,000}.", "#### 1000")
+  with pytest.raises(ValueError, match="reference answer has no final answer"):
+    accuracy.exact_match("#### 3", "three")
+
+
+def test_gsm8k_protocol():
+  q = "Natalia sold 48 clips in April and half as many in May. How many in total?"
+  plain = gsm8k.gsm8k_prompt(q, chat=False)
+  assert plain == ("Please reason step by step, and put your final answer within $\\boxed{}$. "
+                   + q)
+  chat = gsm8k.gsm8k_prompt(q)
+  assert chat.startswith("<|im_start|>user\nPlease reason") and chat.endswith(
+      q + "<|im_end|>\n<|im_start|>assistant\n")
+  ref = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n48+24 = <<48+24=72>>72\n#### 72"
+  out = "In May she sold 24, so 48 + 24 = 72.\nThe answer is $\\boxed{72}$.<|im_end|>junk \\boxed{5}"
+  assert gsm8k.boxed_to_hash("so \\boxed{72}.").endswith("\n#### 72")
+  assert gsm8k.boxed_to_hash("no box") == "no box"
+  assert not gsm8k.gsm8k_exact_match(out, ref)  # without the stop the last box (5) is read
+  assert gsm8k.gsm8k_exact_match(out, ref, stop_strings=(gsm8k.IM_END,))
+  assert gsm8k.gsm8k_exact_match("\\boxed{72.00}", ref)  # numbers are normalised ...
+  assert not gsm8k.boxed_equals_reference("\\boxed{72.00}", ref)  # ... the script's check is not
+  assert gsm8k.boxed_equals_reference("\\boxed{72}", ref)
+  assert not gsm8k.gsm8k_exact_match("#### 72", ref)  # GSM8K outputs must box the answer
+  shell, repro = gsm8k.preset("gsm8k_shell"), gsm8k.preset("gsm8k_repro")
+  assert shell["threshold"] == 0.9 and shell["stop_strings"] == ()
+  assert repro["threshold"] is None and repro["stop_strings"] == ("<|im_end|>",)
+  assert shell["cache_order"] == repro["cache_order"] == "fht"
+  with pytest.raises(ValueError, match="unknown GSM8K preset"):
+    gsm8k.preset("gsm8k_best")
+
+
+V, PAD, BOS, EOS, MASK = 40, 0, 1, 2, 3
+
+
+class _Tok:
+  bos_id, eos_id, pad_id, mask_id = BOS, EOS, PAD, MASK
+
+
+@pytest.mark.parametrize("name,setting", [("setdlm", {"window": 4, "threshold": None}),
+                                          ("setdlm", {"window": 2, "threshold": 0.05}),
+                                          ("ar", {}), ("mdlm", {"threshold": None}),
+                                          ("bd3lm", {"threshold": None})])
+def test_batch_of_mixed_prompts_equals_each_alone(name, setting):
+  cfg = DiTConfig(vocab_size=V, hidden_size=32, num_layers=1, num_heads=2, cond_dim=16,
+                  dropout=0.0, adaln=name in ("mdlm", "bd3lm"))
+  model, params = DiT(cfg), random_params(cfg, seed=3)
+  oc = objectives.ObjectiveConfig(name=name, mask_token_id=MASK, pad_token_id=PAD,
+                                  eos_token_id=EOS, desired_set_size=4, block_size=4)
+  rng = np.random.default_rng(0)
+  prompts = [[BOS] + rng.integers(4, V, n).tolist() for n in (2, 6, 4)]
+  scfg = accuracy._sampler_config(oc, _Tok(), 16, setting, 8, "l2r", 0)
+  sampler = decoding.sampler_for(name)
+  batched = accuracy.decode_all(sampler, model, params, prompts, scfg, batch_size=3)
+  alone = accuracy.decode_all(sampler, model, params, prompts, scfg, batch_size=1)
+  assert batched["generated"] == alone["generated"]
+  assert batched["num_steps"] == alone["num_steps"]
+  assert all(len(g) >= 1 for g in batched["generated"])
+  two = accuracy.decode_all(sampler, model, params, prompts, scfg, batch_size=2)  # padded last
+  assert two["generated"] == batched["generated"] and two["padded_rows"] == 1
+
+
+def test_accuracy_eval_counts_a_known_model():
+  """A toy logits function that always writes the right answer: accuracy 1, and the counters
+  follow the generated length."""
+  answer = [10, 11, 12]  # decodes to the answer line via the toy tokenizer below
+
+  class Tok(_Tok):
+    def encode_batch(self, texts):
+      return [[20 + len(t)] for t in texts]
+
+    def decode_batch(self, rows):
+      return ["#### 7" if r[:3] == answer else "#### 0" for r in rows]
+
+  def logits_fn(tokens, positions, mask, kv_cache=None):
+    b, s = tokens.shape
+    target = np.array(answer + [EOS] * 20)
+    want = jax.numpy.asarray(target)[jax.numpy.clip(positions - 2, 0, 20)]
+    return jax.nn.one_hot(want, V) * 50.0, (tokens.astype(np.float32)[..., None],)
+
+  oc = objectives.ObjectiveConfig(name="setdlm", mask_token_id=MASK, pad_token_id=PAD,
+                                  eos_token_id=EOS, desired_set_size=4)
+  test = [pairs.Pair("a", "#### 7"), pairs.Pair("b", "#### 7"), pairs.Pair("c", "#### 8")]
+  rows = accuracy.accuracy_eval(logits_fn, None, Tok(), oc, 12, test,
+                                settings=[{"window": 4, "threshold": None},
+                                          {"window": 4, "threshold": 0.9}],
+                                batch_size=2, speed_examples=2)
+  off, tau = rows
+  assert off["num_correct"] == tau["num_correct"] == 2 and off["accuracy"] == pytest.approx(2 / 3)
+  assert off["mean_generated_tokens"] == 4  # 3 answer tokens + EOS
+  assert off["tokens_per_step"] == pytest.approx(1.0) and tau["tokens_per_step"] > 1.5
+  assert off["batch1_matches_batched"] and tau["batch1_matches_batched"]
+  assert off["examples"][0]["correct"] and not off["examples"][2]["correct"]
+  with pytest.raises(ValueError, match="does not fit the model's context"):
+    accuracy.accuracy_eval(logits_fn, None, Tok(), oc, 12, test, max_new_tokens=11)
