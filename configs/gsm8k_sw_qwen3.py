@@ -10,9 +10,10 @@ All 28 layers kept; the architecture (2048 wide, 16 query / 8 KV heads, head_dim
 V=151936, theta 1e6, tied head) is read from the directory's config.json (model fields = 0) and
 the tokenizer from its tokenizer.json (BOS=EOS=PAD=<|endoftext|>, MASK=<|fim_middle|>).
 L=1024, S=4 (S_max=8), lr 1e-5 cosine to 0.5x over 75k steps after 100 warm-up steps,
-AdamW b2=0.98, wd 1e-5, clip 1, EMA 0.9999, bf16 compute, remat. The jsonl rows hold the prompt
-and the distilled answer as one `text` (one example per row, right-padded); until the conditional
-data path lands the prompt is diffused too (the reference keeps it clean).
+AdamW b2=0.98, wd 1e-5, clip 1, EMA 0.9999, bf16 compute, remat. Each JSONL row is one GSM8K
+pair {"question", "answer"} (the reference trains on Qwen3-32B-distilled answers); the question,
+wrapped in the reference prompt and the chat template, is clean context (context_mask = 1) and only
+the answer is diffused, one example per row, right-padded.
 """
 from configs import default
 
@@ -32,8 +33,10 @@ def qwen3_base(objective: str):
   c.model.remat = True            # 28 x 2048 at L=2048 tokens (two streams) per row
   c.init_from_hf = ""             # REQUIRED: local Qwen3-1.7B-Base directory
   c.tokenizer.kind = "qwen3"      # its tokenizer.json (vocab_path defaults to init_from_hf)
-  c.data.source = "jsonl"
-  c.data.jsonl_field = "text"
+  c.data.source = "pairs_jsonl"   # GSM8K JSONL rows {"question", "answer"} (data/pairs.py)
+  c.data.prompt_field = "question"
+  c.data.answer_field = "answer"
+  c.data.prompt_style = "gsm8k_chat"  # reference prompt in the chat template; context = prompt
   c.data.preprocess = "pad"       # one example per row, right-padded to L
   c.loss.keep_clean_bos = False   # SPEC §5: GSM8K rows start with the prompt, not a BOS
   c.loss.desired_set_size = 4     # S (released smax8); 8 / 16 for smax16 / smax32
