@@ -33,11 +33,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
+from benchmarks.compare_methods import shared_tokenizer, train_method  # noqa: E402
 from configs import compare, reasoning_common  # noqa: E402
-from setdiff_jax import train  # noqa: E402
 from setdiff_jax import workdir as workdir_lib  # noqa: E402
 from setdiff_jax.data import pairs as pairs_lib  # noqa: E402
-from setdiff_jax.data import sources, tokenizers  # noqa: E402
 from setdiff_jax.evaluation import accuracy, run  # noqa: E402
 from setdiff_jax.evaluation.generation import threshold_label  # noqa: E402
 
@@ -114,40 +113,6 @@ def method_config(method: str, p: Dict[str, Any], seed: int, quick: bool):
   c.data.task_eval_examples = p["num_test"]
   c.eval_batch_size = min(c.eval_batch_size, p["num_test"])
   return c
-
-
-def shared_tokenizer(out_dir: str, config) -> str:
-  tok_dir = os.path.join(out_dir, "tokenizer")
-  if not os.path.isfile(os.path.join(tok_dir, "special_tokens.json")):
-    texts = sources.tokenizer_training_texts(config.data)
-    tokenizers.build_tokenizer(config.tokenizer, texts).save(tok_dir)
-  return tok_dir
-
-
-def train_method(method: str, config, out_dir: str, tok_dir: str, log) -> Dict[str, Any]:
-  workdir = os.path.join(out_dir, "runs", method)
-  os.makedirs(workdir, exist_ok=True)
-  dst = os.path.join(workdir, tokenizers.TOKENIZER_SUBDIR)
-  if not os.path.isdir(dst):
-    shutil.copytree(tok_dir, dst)
-  info_path = os.path.join(workdir, "train_info.json")
-  if os.path.isfile(info_path):
-    with open(info_path) as f:
-      info = json.load(f)
-    if info.get("steps") == config.num_train_steps:
-      log(f"[{method}] already trained ({info['train_seconds']:.0f}s), skipping")
-      return info
-  t0 = time.perf_counter()
-  metrics = train.train_and_evaluate(config, workdir)
-  info = {"workdir": workdir, "steps": int(config.num_train_steps),
-          "train_seconds": time.perf_counter() - t0,
-          "final": {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}}
-  with open(info_path, "w") as f:
-    json.dump(info, f, indent=2)
-  log(f"[{method}] trained in {info['train_seconds']:.0f}s: loss "
-      f"{info['final'].get('train/loss', float('nan')):.3f}, eval nll "
-      f"{info['final'].get('eval/nll', float('nan')):.3f}")
-  return info
 
 
 def settings_for(name: str, s, p) -> List[Dict[str, Any]]:

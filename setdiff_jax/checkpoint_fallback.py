@@ -26,14 +26,19 @@ DAMAGED_SUFFIX = ".damaged"  # checkpoints/<step>.damaged: set aside by the trai
 
 
 @contextlib.contextmanager
-def _silent_orbax():
-  """Orbax logs warnings (e.g. an item it was not asked for) while probing a step."""
+def absl_verbosity(level):
+  """Runs a block with absl logging at `level` (orbax logs through absl), then restores it."""
   previous = logging.get_verbosity()
-  logging.set_verbosity(logging.ERROR)
+  logging.set_verbosity(level)
   try:
     yield
   finally:
     logging.set_verbosity(previous)
+
+
+def _silent_orbax():
+  """Orbax logs warnings (e.g. an item it was not asked for) while probing a step."""
+  return absl_verbosity(logging.ERROR)
 
 
 def short(e: BaseException) -> str:

@@ -10,7 +10,6 @@ steps (`checkpoint_fallback`); a save that runs out of disk raises `errors.DiskF
 """
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import os
@@ -27,15 +26,9 @@ CHECKPOINT_DIR = "checkpoints"
 CONFIG_FILE = "config.json"
 
 
-@contextlib.contextmanager
 def _quiet_orbax():
   """Orbax logs a dozen INFO lines per save through absl; keep the training log readable."""
-  previous = logging.get_verbosity()
-  logging.set_verbosity(logging.WARNING)
-  try:
-    yield
-  finally:
-    logging.set_verbosity(previous)
+  return checkpoint_fallback.absl_verbosity(logging.WARNING)
 
 
 def checkpoint_dir(workdir: str) -> str:
