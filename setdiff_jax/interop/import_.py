@@ -171,7 +171,7 @@ def _dit_import(path: str, raw):
   state = name_map.strip_prefix(files.read_state_dict(path))
   state, buffers = name_map.split_known_buffers(state)
   m = fields["model"]
-  _check_hidden_size(state, int(m["hidden_size"]), cfg_path)
+  _check_hidden_size(state, int(m["hidden_size"]), os.path.join(path, files.CONFIG_FILE))
   head_dim = int(m["hidden_size"]) // int(m["num_heads"])
   rope_base = float(m.get("rope_base", 10000.0))
   for k, v in buffers.items():
