@@ -39,6 +39,7 @@ class ObjectiveConfig:
   block_size: int = 4               # BD3LM block S
   antithetic: bool = False          # antithetic t (MDLM/BD3LM training)
   sampling_eps: float = 1e-3        # t = (1 - eps) u + eps
+  ar_first_answer_token: bool = True  # AR with a prompt: train the first answer token (see ar_loss)
 
   @classmethod
   def from_config(cls, cfg) -> "ObjectiveConfig":
@@ -129,8 +130,13 @@ def ar_loss(cfg: ObjectiveConfig, model: DiT, params, batch, rng, *, train: bool
   nll = fused_head.token_nll(forward, model, params, x[:, 1:])
   # Label x_{j+1} counts when it is a target, and so does the first pad after the text (the
   # model learns to stop there). Without context this is the reference's input-side weight a_j;
-  # with a prompt it also trains the first answer token, which a_j (1 - c_j) would drop.
-  weight = (target[:, 1:] | (target[:, :-1] & ~real[:, 1:])).astype(jnp.float32)
+  # with a prompt it also trains the first answer token, which the reference's a_j (1 - c_j)
+  # drops (its AR could never emit that token); `ar_first_answer_token=False` reproduces it.
+  if cfg.ar_first_answer_token:
+    weight = target[:, 1:] | (target[:, :-1] & ~real[:, 1:])
+  else:
+    weight = target[:, :-1]
+  weight = weight.astype(jnp.float32)
   return _reduce(nll, weight, jnp.sum(weight, -1))
 
 

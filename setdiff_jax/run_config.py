@@ -59,6 +59,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.loss.block_size = 4           # BD3LM block size S (must divide seq_len)
   c.loss.antithetic = False       # MDLM/BD3LM: antithetic t sampling in training
   c.loss.sampling_eps = 1e-3      # MDLM/BD3LM: t = (1 - eps) u + eps
+  # AR with a prompt: also train the first answer token (the reference's input-side weight
+  # a_j (1 - c_j) skips it; False reproduces the reference exactly). No effect without a prompt.
+  c.loss.ar_first_answer_token = True
 
   # ---- tokenizer (SPEC §5; fields documented in setdiff_jax/data/tokenizers.py)
   c.tokenizer = tokenizers.default_tokenizer_config()  # kind=trained: BPE trained at first run

@@ -1,10 +1,27 @@
-"""Test setup: 8 emulated CPU devices, set before jax is imported anywhere."""
+"""Test setup: 8 emulated CPU devices and fast XLA compiles, set before jax is imported anywhere.
+
+Compilation dominates the tiny models of this suite, so every test (and every subprocess it
+starts: launchers, the notebook kernel) compiles with most XLA optimisations off
+(`JAX_DISABLE_MOST_OPTIMIZATIONS`, ~40 % less CPU time); a test that needs the optimised
+programs uses the `full_optimizations` fixture. One persistent compilation cache for the session
+(a temporary folder, removed at exit) lets the many launcher subprocesses and tests that build the
+same tiny programs compile each of them once.
+"""
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "")
 if "--xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
   os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=8"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  _cache = tempfile.mkdtemp(prefix="setdiff_jax_test_cache_")
+  atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+  os.environ.update(JAX_COMPILATION_CACHE_DIR=_cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                    JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
 
 import pathlib  # noqa: E402
 
@@ -31,6 +48,16 @@ def fast_compile():
   import jax
   old = jax.config.values.get("jax_disable_most_optimizations", False)
   jax.config.update("jax_disable_most_optimizations", True)
+  yield
+  jax.config.update("jax_disable_most_optimizations", old)
+
+
+@pytest.fixture
+def full_optimizations():
+  """The optimised XLA pipeline for one test (e.g. one that checks compiled-program numbers)."""
+  import jax
+  old = jax.config.values["jax_disable_most_optimizations"]
+  jax.config.update("jax_disable_most_optimizations", False)
   yield
   jax.config.update("jax_disable_most_optimizations", old)
 

@@ -96,8 +96,9 @@ def test_batch_of_mixed_prompts_equals_each_alone(name, setting):
   assert batched["generated"] == alone["generated"]
   assert batched["num_steps"] == alone["num_steps"]
   assert all(len(g) >= 1 for g in batched["generated"])
-  two = accuracy.decode_all(sampler, model, params, prompts, scfg, batch_size=2)  # padded last
-  assert two["generated"] == batched["generated"] and two["padded_rows"] == 1
+  if name == "setdlm" and setting["threshold"] is None:  # one sampler is enough for the fill
+    two = accuracy.decode_all(sampler, model, params, prompts, scfg, batch_size=2)  # padded last
+    assert two["generated"] == batched["generated"] and two["padded_rows"] == 1
 
 
 def test_accuracy_eval_counts_a_known_model():

@@ -43,10 +43,11 @@ def test_blocksparse_equals_dense(which):
   np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
   w = jax.random.normal(jax.random.key(9), want.shape)
   loss = lambda f: lambda q, k, v: jnp.sum(w * f(q, k, v))
-  g_d = jax.grad(loss(lambda q, k, v: attention.dense_attention(q, k, v, dense_mask)),
-                 (0, 1, 2))(q, k, v)
-  g_s = jax.grad(loss(lambda q, k, v: attention.blocksparse_attention(q, k, v, tiled, tile=8)),
-                 (0, 1, 2))(q, k, v)
+  g_d = jax.jit(jax.grad(loss(lambda q, k, v: attention.dense_attention(q, k, v, dense_mask)),
+                         (0, 1, 2)))(q, k, v)
+  g_s = jax.jit(jax.grad(
+      loss(lambda q, k, v: attention.blocksparse_attention(q, k, v, tiled, tile=8)),
+      (0, 1, 2)))(q, k, v)
   for a, b in zip(g_s, g_d):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 

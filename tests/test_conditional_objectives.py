@@ -57,13 +57,13 @@ def cfg_for(name, **kw):
                                     block_size=4, **kw)
 
 
-def table_loss(name, batch, seed=0, train=True, table=None):
+def table_loss(name, batch, seed=0, train=True, table=None, **cfg_kw):
   model = TableModel(shift=1 if name == "ar" else 0)
   length = batch["tokens"].shape[1]
   if table is None:
     table = jnp.asarray(np.random.default_rng(1).normal(size=(length + 1, V)), jnp.float32)
   jb = {k: jnp.asarray(v) for k, v in batch.items()}
-  fn = lambda t: methods.compute_loss(cfg_for(name), model, {"table": t}, jb,
+  fn = lambda t: methods.compute_loss(cfg_for(name, **cfg_kw), model, {"table": t}, jb,
                                          jax.random.key(seed), train=train)[0]
   loss, grad = jax.value_and_grad(fn)(table)
   return float(loss), np.abs(np.asarray(grad)).sum(-1), model.calls
@@ -91,6 +91,22 @@ def test_context_never_target_never_masked(name):
     assert np.all(noisy[:, 6:13] == MASK)
 
 
+def test_ar_reference_weight_skips_the_first_answer_token():
+  """`ar_first_answer_token=False` is the reference's input-side weight a_j (1 - c_j): label
+  x_{j+1} counts iff x_j is a target, so the first answer token (position 6) never carries loss
+  and the first pad (13) does; the default trains position 6 as well."""
+  batch = pair_rows(prompt_len=5, answer_len=6, seq_len=16, batch=4)
+  _, grad_ref, _ = table_loss("ar", batch, ar_first_answer_token=False)
+  _, grad_ours, _ = table_loss("ar", batch)
+  assert list(np.flatnonzero(grad_ref[:16])) == list(range(7, 14))
+  assert list(np.flatnonzero(grad_ours[:16])) == list(range(6, 14))
+  plain = pair_rows(prompt_len=5, answer_len=6, seq_len=16, batch=4)
+  plain["context_mask"][:] = 0  # no prompt: the two weights are the same
+  loss_ref, _, _ = table_loss("ar", plain, ar_first_answer_token=False)
+  loss_ours, _, _ = table_loss("ar", plain)
+  assert loss_ref == loss_ours
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_padding_and_prompt_length_do_not_change_answer_loss(name):
   """Logits that ignore the inputs: the loss is a mean over the answer's tokens only."""
@@ -115,6 +131,9 @@ def test_padding_and_prompt_length_do_not_change_answer_loss(name):
 def test_setdlm_loss_with_real_dit_ignores_padding():
   cfg = DiTConfig(vocab_size=V, hidden_size=32, num_layers=1, num_heads=2, dropout=0.0)
   model, params = DiT(cfg), random_params(cfg)
+  loss = jax.jit(lambda p, b, train: methods.compute_loss(cfg_for("setdlm"), model, p, b,
+                                                         jax.random.key(0), train=train)[0],
+                 static_argnums=2)
   values = []
   for seq_len in (14, 20):
     batch = pair_rows(prompt_len=4, answer_len=5, seq_len=seq_len, batch=1, seed=5)
@@ -122,9 +141,7 @@ def test_setdlm_loss_with_real_dit_ignores_padding():
     order[5:11] = [7, 5, 10, 6, 9, 8]  # context first, a fixed answer order, padding last
     batch["order"] = order[None]
     for train in (True, False):
-      jb = {k: jnp.asarray(v) for k, v in batch.items()}
-      values.append(float(methods.compute_loss(cfg_for("setdlm"), model, params, jb,
-                                                  jax.random.key(0), train=train)[0]))
+      values.append(float(loss(params, {k: jnp.asarray(v) for k, v in batch.items()}, train)))
   np.testing.assert_allclose(values[:2], values[2:], rtol=1e-5)
 
 

@@ -100,13 +100,19 @@ def _batches(n: int, size: int):
 def decode_all(sampler, model, params, prompts: Sequence[Sequence[int]], cfg, *,
                batch_size: int, seed: int = 0) -> Dict[str, Any]:
   """Decodes every prompt in batches (the last one padded with copies of the first prompt so
-  every call has one shape) and returns per-row generated ids and counters plus the wall time
-  of the calls after an untimed compiling one."""
+  every call has one batch size) and returns per-row generated ids and counters plus the wall
+  time of the calls. The samplers' shapes follow a batch's longest prompt, so every distinct
+  longest-prompt length is compiled by an untimed call first: `seconds` never counts a compile."""
   n = len(prompts)
   key = jax.random.PRNGKey(seed)
   batches = _batches(n, batch_size)
   fill = lambda idx: [prompts[i] for i in idx] + [prompts[0]] * (batch_size - len(idx))
-  sampler(model, params, fill(batches[0]), cfg, key)  # compile
+  compiled = set()
+  for idx in batches:  # compile
+    longest = max(len(p) for p in fill(idx))
+    if longest not in compiled:
+      compiled.add(longest)
+      sampler(model, params, fill(idx), cfg, key)
   generated, steps, committed, calls, seconds = [], [], [], [], 0.0
   for j, idx in enumerate(batches):
     t0 = time.perf_counter()
