@@ -9,6 +9,7 @@ model the scores are the exact log-probabilities of a dense causal forward.
 """
 import json
 import os
+import subprocess
 import sys
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -31,6 +32,7 @@ from setdiff_jax.model import DiT, DiTConfig  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("fast_compile")
 L = 32
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class Req:
@@ -169,8 +171,8 @@ def _causal_logprob(cfg, params, ids, start):
   """sum_j log p(ids[j] | ids[:j]) for j >= start, from one dense causal forward (NumPy)."""
   x = np.asarray(ids[:-1], np.int32)[None]
   pos = np.arange(x.shape[1], dtype=np.int32)[None]
-  logits = DiT(cfg).apply({"params": params}, x, pos, np.asarray(masks.causal_mask(x.shape[1]))[None],
-                          deterministic=True)
+  causal = np.asarray(masks.causal_mask(x.shape[1]))[None]
+  logits = DiT(cfg).apply({"params": params}, x, pos, causal, deterministic=True)
   z = np.asarray(logits, np.float64)[0]
   logp = z - np.log(np.sum(np.exp(z - z.max(-1, keepdims=True)), -1, keepdims=True)) - z.max(
       -1, keepdims=True)
@@ -199,7 +201,7 @@ def test_ar_scores_are_exact_log_probabilities(tok):
 
 
 def test_registered_and_cli_launcher(monkeypatch):
-  """`--model setdiff_jax` resolves to the adapter; the launcher hands argv to lm_eval's CLI."""
+  """`--model setdiff_jax` resolves to the adapter; the launchers hand argv to lm_eval's CLI."""
   assert lm_eval.api.registry.get_model(lem.NAME) is lem.SetDiffLM
   seen = {}
   import lm_eval.__main__ as lm_main
@@ -208,3 +210,7 @@ def test_registered_and_cli_launcher(monkeypatch):
   lem.main(["--model", lem.NAME, "--model_args", "workdir=/w", "--tasks", "t"])
   assert seen["argv"] == ["lm_eval", "--model", lem.NAME, "--model_args", "workdir=/w",
                           "--tasks", "t"]
+  res = subprocess.run([sys.executable, os.path.join(REPO, "launch", "lm_eval_harness.py"),
+                        "--help"], capture_output=True, text=True, timeout=300, cwd=REPO,
+                       env={**os.environ, "PYTHONPATH": REPO, "JAX_PLATFORMS": "cpu"})
+  assert res.returncode == 0 and "lm-eval" in res.stdout, res.stderr[-2000:]

@@ -6,8 +6,8 @@
 
 lm_eval 0.4.x finds models only in its own name table (`lm_eval/models/__init__.py`; no entry
 points, and `--include_path` adds tasks only), so the plain `lm_eval` command cannot see this
-class: the `python -m` line above (or `launch/lm_eval.py`) imports this module, which registers
-the class, then runs lm_eval's own CLI on the same arguments. In Python, import this module and
+class: the `python -m` line above (or `launch/lm_eval_harness.py`) imports this module, which
+registers the class, then runs lm_eval's own CLI on the same arguments. In Python, import this module and
 call `lm_eval.simple_evaluate(model="setdiff_jax", model_args={...}, ...)`. lm_eval is imported
 here only: the rest of the package never needs it.
 
@@ -66,7 +66,7 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 import jax
 
-from setdiff_jax import decoding, likelihood, methods
+from setdiff_jax import cli, decoding, likelihood, methods
 from setdiff_jax import workdir as workdir_lib
 
 NAME = "setdiff_jax"
@@ -382,12 +382,18 @@ def _where(req, i: int) -> str:
   return f"request {i} (task {task}, doc {doc})" if task is not None else f"request {i}"
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
-  """lm_eval's own CLI, with this model registered (`--model setdiff_jax`)."""
-  from lm_eval.__main__ import cli_evaluate  # pylint: disable=g-import-not-at-top
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  """lm_eval's own CLI (its arguments, unchanged), with this model registered as `--model
+  setdiff_jax`. Our expected errors (a bad workdir, a context too long, ...) end with one
+  `error: ...` line and exit status 1, as the other launchers (`setdiff_jax.cli`)."""
+  from lm_eval.__main__ import cli_evaluate  # pylint: disable=g-import-not-at-top  (CLI only)
   sys.argv = ["lm_eval"] + list(sys.argv[1:] if argv is None else argv)
-  cli_evaluate()
+  try:
+    cli_evaluate()
+  except cli.EXPECTED as e:
+    return cli.report(e)
+  return 0
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(main())
