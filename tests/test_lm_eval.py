@@ -200,16 +200,22 @@ def test_ar_scores_are_exact_log_probabilities(tok):
   assert np.isfinite(long_value) and long_value < rolled
 
 
-def test_registered_and_cli_launcher(monkeypatch):
+def test_registered_and_cli_launcher(monkeypatch, capsys):
   """`--model setdiff_jax` resolves to the adapter; the launchers hand argv to lm_eval's CLI."""
   assert lm_eval.api.registry.get_model(lem.NAME) is lem.SetDiffLM
   seen = {}
   import lm_eval.__main__ as lm_main
   monkeypatch.setattr(lm_main, "cli_evaluate", lambda: seen.setdefault("argv", list(sys.argv)))
   monkeypatch.setattr(sys, "argv", ["x"])
-  lem.main(["--model", lem.NAME, "--model_args", "workdir=/w", "--tasks", "t"])
+  assert lem.main(["--model", lem.NAME, "--model_args", "workdir=/w", "--tasks", "t"]) == 0
   assert seen["argv"] == ["lm_eval", "--model", lem.NAME, "--model_args", "workdir=/w",
                           "--tasks", "t"]
+
+  def fails():
+    raise FileNotFoundError("model_args workdir='/w': no such directory")
+  monkeypatch.setattr(lm_main, "cli_evaluate", fails)
+  assert lem.main(["--model", lem.NAME]) == 1
+  assert capsys.readouterr().err == "error: model_args workdir='/w': no such directory\n"
   res = subprocess.run([sys.executable, os.path.join(REPO, "launch", "lm_eval_harness.py"),
                         "--help"], capture_output=True, text=True, timeout=300, cwd=REPO,
                        env={**os.environ, "PYTHONPATH": REPO, "JAX_PLATFORMS": "cpu"})
