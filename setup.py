@@ -26,7 +26,13 @@ setup(
         # Exactly the CPU build provided on our machines; an unpinned torch pulls CUDA wheels.
         # transformers: the Qwen3 parity tests (tests/test_qwen3.py); 5.x installs with torch 2.13.
         "torch": ["torch==2.13.0", "transformers>=5.0,<6"],
-        "test": ["pytest>=8", "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6"],
+        # lm_eval: tests/test_lm_eval.py runs the harness adapter in CI (~1 min of pip CPU time,
+        # ~3 s to import); without it that file is skipped.
+        "test": ["pytest>=8", "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6",
+                 "lm_eval>=0.4.9,<0.5"],
+        # The lm-evaluation-harness adapter (setdiff_jax/evaluation/lm_eval_model.py); 0.4.13
+        # tested. It needs no torch; install it beside the CPU torch pin, never an unpinned one.
+        "lm_eval": ["lm_eval>=0.4.9,<0.5"],
         # The `tensorboard --logdir DIR/tensorboard` viewer (the events are written without it).
         "tensorboard": ["tensorboard>=2.18,<3"],
     },

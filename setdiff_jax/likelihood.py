@@ -92,16 +92,21 @@ def per_token(nll: float, tokens: float, prefix: str = "") -> Dict[str, float]:
 
 def sequence_nlls(model: DiT, params, obj_cfg: objectives.ObjectiveConfig, tokens: np.ndarray,
                   attention_mask: np.ndarray, *, num_draws: int = 1, seed: int = DEFAULT_SEED,
-                  batch_size: int = 32, row_offset: int = 0, fn=None, sharding=None):
+                  batch_size: int = 32, row_offset: int = 0, fn=None, sharding=None,
+                  context_mask: Optional[np.ndarray] = None, row_ids: Optional[np.ndarray] = None):
   """Per-sequence summed NLLs for draws 0..num_draws-1.
 
   Args:
     tokens, attention_mask: int [N, L] (all real sequences; no filler rows).
+    context_mask: optional int [N, L], 1 on conditioning tokens (a prompt): never targets, never
+      masked, so the value is the bound on the rest given them (`data/pairs.py` row layout).
     num_draws: K (orders for SetDLM, (t, mask) draws for MDLM/BD3LM; AR is deterministic and
       always uses one).
     batch_size: rows per jitted call; the last call is filled with zero-weight rows. Results do
       not depend on it.
     row_offset: global index of the first row (for evaluating a split in pieces).
+    row_ids: optional int [N], the global index of each row (its draw keys); default
+      row_offset + arange(N).
     sharding: where each batch is placed (e.g. the training mesh's batch sharding); None lets jit
       place it (one host).
   Returns:
@@ -110,6 +115,10 @@ def sequence_nlls(model: DiT, params, obj_cfg: objectives.ObjectiveConfig, token
   tokens = np.asarray(tokens, np.int32)
   attention_mask = np.asarray(attention_mask, np.int32)
   n, length = tokens.shape
+  ctx = None if context_mask is None else np.asarray(context_mask, np.int32)
+  ids = (np.arange(n) + row_offset) if row_ids is None else np.asarray(row_ids, np.int64)
+  if ids.shape != (n,):
+    raise ValueError(f"row_ids has shape {ids.shape}; expected ({n},)")
   fn = fn or _cached_row_nll_fn(model.config, obj_cfg)
   nll = np.zeros((num_draws, n), np.float64)
   count = np.zeros((n,), np.float64)
@@ -119,8 +128,10 @@ def sequence_nlls(model: DiT, params, obj_cfg: objectives.ObjectiveConfig, token
     tok = np.concatenate([tokens[start:stop],
                           np.full((pad, length), obj_cfg.pad_token_id, np.int32)])
     att = np.concatenate([attention_mask[start:stop], np.zeros((pad, length), np.int32)])
-    rows = np.arange(start, start + batch_size) + row_offset
+    rows = np.concatenate([ids[start:stop], np.zeros((pad,), np.int64)])
     batch = {"tokens": tok, "attention_mask": att}
+    if ctx is not None:
+      batch["context_mask"] = np.concatenate([ctx[start:stop], np.zeros((pad, length), np.int32)])
     batch = jax.device_put(batch, sharding) if sharding is not None else jax.device_put(batch)
     for k in range(num_draws):
       s, c = jax.device_get(fn(params, batch, row_keys(seed, rows, k)))

@@ -17,6 +17,7 @@ class AR(Method):
                         "(the infill evaluation scores it on the prefix only)")
   hf_model_type, hf_architecture = "ar", "AR"
   hf_causal_attention = True
+  scores_end_of_text = True
   hf_name_pattern = r"(^|[^a-z])ar([^a-z]|$)"
   estimator = "exact next-token NLL"
 

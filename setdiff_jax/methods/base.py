@@ -58,6 +58,10 @@ class Method:
   hf_architecture: str = ""
   hf_causal_attention: bool = False
   uses_window: bool = False         # its sampler has the set window W
+  # Its loss also scores the label just after a row's text (AR: the first pad, so that it learns
+  # to stop). Only a causal method may set it: to score a continuation alone, the lm_eval adapter
+  # then marks the row's tail as real context, which no earlier position can see.
+  scores_end_of_text: bool = False
 
   # ------------------------------------------------------------------ validation
   def validate_run(self, config, check: Callable[[bool, str], None]) -> None:

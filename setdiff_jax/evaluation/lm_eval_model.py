@@ -1,0 +1,399 @@
+"""lm-evaluation-harness adapter: a trained run as an `lm_eval` model named `setdiff_jax`.
+
+  pip install -e ".[lm_eval]"
+  python -m setdiff_jax.evaluation.lm_eval_model --model setdiff_jax \
+      --model_args workdir=DIR,window=4,threshold=0.9 --tasks TASK [--include_path TASK_DIR] ...
+
+lm_eval 0.4.x finds models only in its own name table (`lm_eval/models/__init__.py`; no entry
+points, and `--include_path` adds tasks only), so the plain `lm_eval` command cannot see this
+class: the `python -m` line above (or `launch/lm_eval_harness.py`) imports this module, which
+registers the class, then runs lm_eval's own CLI on the same arguments. In Python, import this module and
+call `lm_eval.simple_evaluate(model="setdiff_jax", model_args={...}, ...)`. lm_eval is imported
+here only: the rest of the package never needs it.
+
+model_args (all optional except workdir):
+  workdir          the training run (config.json, tokenizer/, checkpoints/; parameters only)
+  step             checkpoint step (default: the latest that loads)
+  ema              true / false (default: the run's `eval_params`)
+  window / W       the set window W (default: the method's, e.g. the trained S)
+  threshold / tau  confidence threshold tau; 'off' or none disables (default off)
+  max_new_tokens   cap on generated tokens (default: the request's max_gen_toks)
+  batch_size       rows per decoding / scoring call (default 8; `--batch_size` works too)
+  seed             decoding seed (sampled generation, 'fht' reveal times) and likelihood seed
+  cache_order      l2r (default) or fht (SPEC §4.3)
+  num_orders       K draws per loglikelihood request (default 1: the one-order / one-draw bound)
+  greedy_check     true (default): is_greedy is computed by decoding; false: always False
+  overflow         error (default) or truncate_prompt: a context that leaves no room in the
+                   model's context L (keep BOS + the context's last tokens; counted in a warning)
+
+Requests:
+  generate_until         [BOS] + encode(context) is decoded with the run's own sampler
+                         (`decoding.sampler_for`; prompt cached, each row stops at its EOS, batches
+                         of mixed prompt lengths), greedy unless the task sets do_sample. N =
+                         min(max_gen_toks, max_new_tokens, L - prompt length) per request; a
+                         shorter N than max_gen_toks is logged. The text is cut at the first EOS,
+                         then at the first of the request's `until` strings.
+  loglikelihood          log p(continuation | context) as the method's own likelihood bound on the
+                         row [BOS] context continuation with context_mask = 1 on BOS + context
+                         (the `data/pairs.py` layout, no EOS appended), from
+                         `likelihood.sequence_nlls`. Per method (its registry `estimator`):
+                         SetDLM the one-order bound (the exact log-likelihood under one sampled
+                         staggered order; a lower bound on log p), with num_orders = K the K-order
+                         log-mean-exp; MDLM / BD3LM the 1/t NELBO with one (t, mask) draw (K: the
+                         mean of K draws); AR the exact log-likelihood. A request's draw key is a
+                         hash of its two strings, so its value does not depend on the other
+                         requests or the batch. is_greedy: whether the run's greedy sampler, given
+                         the context and N = len(continuation) tokens, writes exactly the
+                         continuation's tokens (for AR: the argmax at every position).
+  loglikelihood_rolling  the unconditional bound over [BOS] + encode(text) (same estimators), in
+                         lm_eval's rolling windows of L tokens when the text is longer: the first
+                         window conditions on BOS, each later one on the token before it.
+Context and continuation are encoded separately (as training pairs are), so the boundary is a
+token boundary; values are in nats.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import zlib
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from absl import logging
+import numpy as np
+
+from lm_eval import utils as lm_utils
+from lm_eval.api.model import LM
+from lm_eval.api.registry import register_model
+import jax
+
+from setdiff_jax import cli, decoding, likelihood, methods
+from setdiff_jax import workdir as workdir_lib
+
+NAME = "setdiff_jax"
+OVERFLOW_RULES = ("error", "truncate_prompt")
+# gen_kwargs we read; any other key (top_k, num_beams > 1, ...) is refused, never ignored.
+_NEUTRAL = {"num_beams": 1, "top_k": None, "repetition_penalty": 1.0}
+
+
+def _bool(name: str, value) -> bool:
+  if isinstance(value, bool):
+    return value
+  if str(value).lower() in ("true", "1", "yes"):
+    return True
+  if str(value).lower() in ("false", "0", "no"):
+    return False
+  raise ValueError(f"model_args {name}={value!r}: expected true or false")
+
+
+def _threshold(value) -> Optional[float]:
+  if value is None or str(value).lower() in ("off", "none", ""):
+    return None
+  return float(value)
+
+
+def request_key(*texts: str) -> int:
+  """The draw index of a scoring request: a hash of its strings (order- and batch-free)."""
+  return zlib.crc32("\x00".join(texts).encode("utf-8"))
+
+
+@register_model(NAME)
+class SetDiffLM(LM):
+  """A setdiff_jax training run (any method of the registry) behind lm_eval's LM interface."""
+
+  def __init__(self, workdir: Optional[str] = None, step: Optional[int] = None, ema=None,
+               window: Optional[int] = None, W: Optional[int] = None, threshold=None, tau=None,
+               max_new_tokens: Optional[int] = None, batch_size=8, seed: int = 0,
+               cache_order: str = "l2r", num_orders: int = 1, greedy_check=True,
+               overflow: str = "error", max_batch_size=None, device=None, **unknown):
+    super().__init__()
+    if unknown:
+      raise ValueError(f"unknown model_args {sorted(unknown)} for --model {NAME}; known: workdir, "
+                       "step, ema, window (W), threshold (tau), max_new_tokens, batch_size, seed, "
+                       "cache_order, num_orders, greedy_check, overflow")
+    if not workdir:
+      raise ValueError(f"--model {NAME} needs model_args workdir=DIR (a training run written by "
+                       "launch/train.py)")
+    if not os.path.isdir(workdir):
+      raise FileNotFoundError(f"model_args workdir={workdir!r}: no such directory")
+    if overflow not in OVERFLOW_RULES:
+      raise ValueError(f"model_args overflow={overflow!r}; expected one of {OVERFLOW_RULES}")
+    if window is not None and W is not None and int(window) != int(W):
+      raise ValueError(f"model_args window={window} and W={W} disagree; give one")
+    if threshold is not None and tau is not None and _threshold(threshold) != _threshold(tau):
+      raise ValueError(f"model_args threshold={threshold} and tau={tau} disagree; give one")
+    del max_batch_size, device  # lm_eval passes them to every model; JAX picks its devices
+    config = workdir_lib.load_config(workdir)
+    use_ema = (config.get("eval_params", "ema") == "ema") if ema is None else _bool("ema", ema)
+    state = workdir_lib.load_inference_state(workdir, step=None if step is None else int(step),
+                                             use_ema=use_ema)
+    self._setup(state, os.path.abspath(workdir), use_ema, window=window if window is not None
+                else W, threshold=threshold if threshold is not None else tau,
+                max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed,
+                cache_order=cache_order, num_orders=num_orders, greedy_check=greedy_check,
+                overflow=overflow)
+
+  @classmethod
+  def from_state(cls, state: workdir_lib.InferenceState, name: str = "<in memory>",
+                 use_ema: bool = True, **knobs) -> "SetDiffLM":
+    """The adapter over an already loaded run (`workdir.load_inference_state`, or parameters
+    built in memory); `knobs` are the sampler / scoring model_args."""
+    self = cls.__new__(cls)
+    LM.__init__(self)
+    self._setup(state, name, use_ema, **knobs)
+    return self
+
+  def _setup(self, state, name: str, use_ema: bool, *, window=None, threshold=None,
+             max_new_tokens=None, batch_size=8, seed=0, cache_order="l2r", num_orders=1,
+             greedy_check=True, overflow="error"):
+    if overflow not in OVERFLOW_RULES:
+      raise ValueError(f"model_args overflow={overflow!r}; expected one of {OVERFLOW_RULES}")
+    self.workdir, self.state, self.use_ema = name, state, use_ema
+    self.tokenizer = state.tokenizer
+    self.obj_cfg = state.objective_config
+    self.method = methods.get(self.obj_cfg.name)
+    self.seq_len = int(state.config.seq_len)
+    self.score_model = workdir_lib.inference_model(state.model_config, None)  # the run's dtype
+    self.decode_model = workdir_lib.inference_model(state.model_config, "float32")
+    auto = batch_size is None or str(batch_size).startswith("auto")
+    self.batch_size = 8 if auto else int(batch_size)
+    self.max_new_tokens = None if max_new_tokens is None else int(max_new_tokens)
+    self.seed, self.num_orders = int(seed), int(num_orders)
+    self.greedy_check, self.overflow = _bool("greedy_check", greedy_check), overflow
+    decoding.check_sampling_flags(self.seq_len, window=None if window is None else int(window),
+                                  max_new_tokens=self.max_new_tokens)
+    self.sampler_overrides = {"window": None if window is None else int(window),
+                              "threshold": _threshold(threshold), "cache_order": cache_order,
+                              "seed": self.seed}
+    self.sampler = decoding.sampler_for(self.obj_cfg.name)
+    self._truncated = 0
+
+  @classmethod
+  def create_from_arg_string(cls, arg_string, additional_config=None):
+    """model_args win over the CLI's defaults (its --batch_size is always 1 unless given)."""
+    args = lm_utils.simple_parse_args_string(arg_string)
+    extra = {k: v for k, v in (additional_config or {}).items() if v is not None and k not in args}
+    return cls(**args, **extra)
+
+  @classmethod
+  def create_from_arg_obj(cls, arg_dict, additional_config=None):
+    extra = {k: v for k, v in (additional_config or {}).items()
+             if v is not None and k not in arg_dict}
+    return cls(**arg_dict, **extra)
+
+  @property
+  def tokenizer_name(self) -> str:
+    return f"{NAME}:{self.workdir}"
+
+  def apply_chat_template(self, chat_history, add_generation_prompt: bool = True) -> str:
+    """The Qwen chat format of the GSM8K recipe (`data.pairs.CHAT_TEMPLATE`), any turns."""
+    text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in chat_history)
+    return text + ("<|im_start|>assistant\n" if add_generation_prompt else "")
+
+  def get_model_info(self) -> Dict[str, Any]:
+    return {"workdir": self.workdir, "step": self.state.step, "method": self.method.name,
+            "params": "EMA" if self.use_ema else "raw", "estimator": self.method.estimator,
+            **{k: v for k, v in self.sampler_overrides.items()}}
+
+  # ------------------------------------------------------------------ tokens
+  def _prompt(self, context: str, where: str, room: int) -> List[int]:
+    """[BOS] + encode(context), leaving `room` tokens of the context L (overflow rule)."""
+    ids = [int(self.tokenizer.bos_id)] + list(self.tokenizer.encode(context) if context else [])
+    limit = self.seq_len - room
+    if len(ids) <= limit:
+      return ids
+    if self.overflow == "error" or limit < 1:
+      raise ValueError(
+          f"{where}: the context is {len(ids)} tokens (BOS included) and needs {room} more, but "
+          f"the model's context is L = seq_len = {self.seq_len} (at most {max(limit, 0)} context "
+          "tokens fit); use a shorter context or fewer new tokens, or model_args "
+          "overflow=truncate_prompt (keeps BOS and the context's last tokens)")
+    self._truncated += 1
+    logging.warning("%s: context truncated from %d to %d tokens (overflow=truncate_prompt; %d so "
+                    "far)", where, len(ids), limit, self._truncated)
+    return ids[:1] + ids[len(ids) - limit + 1:]
+
+  def _sampler_config(self, n: int, greedy: bool = True, **kw):
+    return decoding.sampler_config_for(self.obj_cfg, self.tokenizer, self.seq_len,
+                                       max_new_tokens=n, greedy=greedy, stop_at_eos=True,
+                                       **self.sampler_overrides, **kw)
+
+  def _decode(self, prompts: Sequence[List[int]], cfg) -> List[List[int]]:
+    """Generated ids per prompt (cut at the first EOS), in batches of one fixed shape."""
+    out, size, eos = [], self.batch_size, int(self.obj_cfg.eos_token_id)
+    key = jax.random.PRNGKey(self.seed)
+    for j in range(0, len(prompts), size):
+      rows = list(prompts[j:j + size])
+      fill = rows + [rows[0]] * (size - len(rows))  # one shape per call: one compile
+      res = self.sampler(self.decode_model, self.state.params, fill, cfg,
+                         jax.random.fold_in(key, j))
+      for g in res.generated[:len(rows)]:
+        g = [int(t) for t in g]
+        out.append(g[:g.index(eos)] if eos in g else g)
+    return out
+
+  # ------------------------------------------------------------------ generate_until
+  def _gen_settings(self, kwargs: Dict[str, Any], where: str):
+    kwargs = dict(kwargs or {})
+    until = kwargs.pop("until", None) or []
+    until = [until] if isinstance(until, str) else list(until)
+    max_gen = int(kwargs.pop("max_gen_toks", 256))
+    do_sample = _bool("do_sample", kwargs.pop("do_sample", False))
+    temperature = float(kwargs.pop("temperature", 1.0 if do_sample else 0.0))
+    top_p = float(kwargs.pop("top_p", 1.0))
+    for k, neutral in _NEUTRAL.items():
+      if k in kwargs and kwargs[k] in (neutral, 0 if neutral is None else neutral):
+        kwargs.pop(k)
+    if kwargs:
+      raise ValueError(f"{where}: generation kwargs {kwargs} are not supported by {NAME} (it "
+                       "reads until, max_gen_toks, do_sample, temperature, top_p)")
+    sample = do_sample and temperature > 0
+    extra = {"temperature": temperature, "top_p": top_p} if sample else {}
+    return until, max_gen, (not sample), extra
+
+  def generate_until(self, requests, disable_tqdm: bool = False) -> List[str]:
+    del disable_tqdm
+    groups: Dict[Tuple, List[Tuple[int, List[int]]]] = {}
+    untils: Dict[int, List[str]] = {}
+    short = 0
+    for i, req in enumerate(requests):
+      context, kwargs = req.args
+      where = _where(req, i)
+      until, max_gen, greedy, extra = self._gen_settings(kwargs, where)
+      want = min(max_gen, self.max_new_tokens or max_gen)
+      prompt = self._prompt(context, where, room=1)
+      n = min(want, self.seq_len - len(prompt))
+      short += n < want
+      untils[i] = until
+      groups.setdefault((n, greedy, tuple(sorted(extra.items()))), []).append((i, prompt))
+    if short:
+      logging.warning("%d of %d generate_until requests get fewer new tokens than max_gen_toks: "
+                      "prompt + N must fit the model's context L = %d", short, len(requests),
+                      self.seq_len)
+    texts: List[Optional[str]] = [None] * len(requests)
+    for (n, greedy, extra), items in groups.items():
+      cfg = self._sampler_config(n, greedy, **dict(extra))
+      ids = self._decode([p for _, p in items], cfg)
+      for (i, _), g in zip(items, ids):
+        text = self.tokenizer.decode(g)
+        for stop in untils[i]:
+          if stop:
+            text = text.split(stop, 1)[0]
+        texts[i] = text
+        self.cache_hook.add_partial("generate_until", requests[i].args, text)
+    return texts
+
+  # ------------------------------------------------------------------ likelihoods
+  def score(self, pairs: Sequence[Tuple[List[int], List[int]]], keys: Sequence[int]) -> np.ndarray:
+    return score_pairs(self.score_model, self.state.params, self.obj_cfg, pairs, keys,
+                       seq_len=self.seq_len, num_orders=self.num_orders, seed=self.seed,
+                       batch_size=self.batch_size)
+
+  def _is_greedy(self, pairs) -> List[bool]:
+    """Whether the greedy sampler writes exactly each continuation (grouped by its length)."""
+    out = [False] * len(pairs)
+    if not self.greedy_check:
+      return out
+    by_len: Dict[int, List[int]] = {}
+    for i, (_, cont) in enumerate(pairs):
+      by_len.setdefault(len(cont), []).append(i)
+    for n, idx in by_len.items():
+      ids = self._decode([pairs[i][0] for i in idx], self._sampler_config(n))
+      for i, g in zip(idx, ids):
+        out[i] = g == list(pairs[i][1])
+    return out
+
+  def loglikelihood(self, requests, disable_tqdm: bool = False) -> List[Tuple[float, bool]]:
+    del disable_tqdm
+    pairs, keys = [], []
+    for i, req in enumerate(requests):
+      context, continuation = req.args
+      cont = list(self.tokenizer.encode(continuation)) if continuation else []
+      if not cont:
+        raise ValueError(f"{_where(req, i)}: the continuation {continuation!r} encodes to no "
+                         "tokens; nothing to score")
+      pairs.append((self._prompt(context, _where(req, i), room=len(cont)), cont))
+      keys.append(request_key(context, continuation))
+    if not pairs:
+      return []
+    values = self.score(pairs, keys)
+    greedy = self._is_greedy(pairs)
+    out = [(float(v), bool(g)) for v, g in zip(values, greedy)]
+    for req, res in zip(requests, out):
+      self.cache_hook.add_partial("loglikelihood", req.args, res)
+    return out
+
+  def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> List[float]:
+    del disable_tqdm
+    windows, keys, owner = [], [], []
+    for i, req in enumerate(requests):
+      (text,) = req.args[:1]
+      ids = list(self.tokenizer.encode(text)) if text else []
+      for w, pair in enumerate(lm_utils.get_rolling_token_windows(
+          ids, int(self.tokenizer.bos_id), self.seq_len - 1, 1)):
+        windows.append(lm_utils.make_disjoint_window(pair))
+        keys.append(request_key(text, str(w)))
+        owner.append(i)
+    totals = np.zeros((len(requests),), np.float64)
+    if windows:
+      np.add.at(totals, np.asarray(owner), self.score(windows, keys))
+    out = [float(v) for v in totals]
+    for req, res in zip(requests, out):
+      self.cache_hook.add_partial("loglikelihood_rolling", req.args, res)
+    return out
+
+
+def score_pairs(model, params, obj_cfg, pairs: Sequence[Tuple[Sequence[int], Sequence[int]]],
+                keys: Sequence[int], *, seq_len: int, num_orders: int = 1, seed: int = 0,
+                batch_size: int = 8) -> np.ndarray:
+  """The method's bound on log p(cont | ctx) per (ctx ids, cont ids) pair (nats, float64 [n]).
+
+  Rows are [ctx] [cont] pad... (len <= seq_len) with context_mask = 1 on ctx (ctx starts with BOS
+  or, for later rolling windows, with the text before the window); `keys` are the rows' draw
+  indices (`likelihood.row_keys`). K = num_orders draws are combined by the method's
+  `aggregate_draws` (SetDLM: log-mean-exp over orders; MDLM / BD3LM: mean NELBO; AR: exact).
+  """
+  method = methods.get(obj_cfg.name)
+  n = len(pairs)
+  tokens = np.full((n, seq_len), int(obj_cfg.pad_token_id), np.int32)
+  att, ctx = np.zeros((n, seq_len), np.int32), np.zeros((n, seq_len), np.int32)
+  tail = method.scores_end_of_text  # causal: a real context tail adds no stop label
+  for r, (c, x) in enumerate(pairs):
+    row = list(c) + list(x)
+    if len(row) > seq_len or not c or not x:
+      raise ValueError(f"scoring row {r}: context {len(c)} + continuation {len(x)} tokens must "
+                       f"be >= 1 each and fit seq_len={seq_len}")
+    tokens[r, :len(row)], att[r, :len(row)], ctx[r, :len(c)] = row, 1, 1
+    if tail:
+      att[r, len(row):], ctx[r, len(row):] = 1, 1
+  nll, count = likelihood.sequence_nlls(
+      model, params, obj_cfg, tokens, att, context_mask=ctx, num_draws=method.num_draws(num_orders),
+      seed=seed, batch_size=batch_size, row_ids=np.asarray(keys, np.int64))
+  want = np.array([len(x) for _, x in pairs], np.float64)
+  if not np.array_equal(count, want):  # e.g. a pad-id token inside a continuation
+    bad = int(np.nonzero(count != want)[0][0])
+    raise ValueError(f"scoring row {bad}: {int(count[bad])} of {int(want[bad])} continuation "
+                     "tokens are scored (does it contain the pad id?)")
+  return -method.aggregate_draws(nll)
+
+
+def _where(req, i: int) -> str:
+  task = getattr(req, "task_name", None)
+  doc = getattr(req, "doc_id", None)
+  return f"request {i} (task {task}, doc {doc})" if task is not None else f"request {i}"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  """lm_eval's own CLI (its arguments, unchanged), with this model registered as `--model
+  setdiff_jax`. Our expected errors (a bad workdir, a context too long, ...) end with one
+  `error: ...` line and exit status 1, as the other launchers (`setdiff_jax.cli`)."""
+  from lm_eval.__main__ import cli_evaluate  # pylint: disable=g-import-not-at-top  (CLI only)
+  sys.argv = ["lm_eval"] + list(sys.argv[1:] if argv is None else argv)
+  try:
+    cli_evaluate()
+  except cli.EXPECTED as e:
+    return cli.report(e)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,223 @@
+"""The lm-evaluation-harness adapter (`setdiff_jax/evaluation/lm_eval_model.py`), offline.
+
+A tiny conditional SetDLM is trained on the arithmetic task; lm_eval's `simple_evaluate` runs a
+`generate_until` task (exact_match) and a `multiple_choice` task (acc) read from a local JSONL
+file through task YAMLs (`dataset_path: json`). Checked against independent computations: the
+generations equal `decoding.generate_text` on the same prompt and settings, every loglikelihood
+equals the method's own eval loss on the same (context, continuation) row, and on a random AR
+model the scores are the exact log-probabilities of a dense causal forward.
+"""
+import json
+import os
+import runpy
+import sys
+
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import jax  # noqa: E402
+import ml_collections  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+lm_eval = pytest.importorskip("lm_eval")
+
+from helpers import random_params  # noqa: E402
+from configs import reasoning_common  # noqa: E402
+from setdiff_jax import decoding, likelihood, masks, methods, objectives, train  # noqa: E402
+from setdiff_jax import workdir as workdir_lib  # noqa: E402
+from setdiff_jax.data import tasks  # noqa: E402
+from setdiff_jax.evaluation import lm_eval_model as lem  # noqa: E402
+from setdiff_jax.model import DiT, DiTConfig  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("fast_compile")
+L = 32
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class Req:
+  """The part of lm_eval's Instance the adapter reads."""
+
+  def __init__(self, *args, task_name=None, doc_id=None):
+    self.args, self.task_name, self.doc_id = tuple(args), task_name, doc_id
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, fast_compile):
+  """A tiny conditional SetDLM (S = 4, S_max = 8) trained a few steps on the arithmetic task."""
+  del fast_compile
+  c = reasoning_common.get_config("setdlm")
+  c.model.hidden_size, c.model.num_layers, c.model.num_heads = 32, 1, 2
+  c.data.task_train_examples, c.data.task_eval_examples = 64, 8
+  c.batch_size, c.num_train_steps, c.warmup_steps, c.learning_rate = 8, 4, 1, 1e-2
+  c.eval_every_steps = c.checkpoint_every_steps = c.log_every_steps = 4
+  c.num_eval_steps, c.eval_batch_size = 1, 8
+  workdir = str(tmp_path_factory.mktemp("lm_eval_run"))
+  train.train_and_evaluate(c, workdir)
+  return workdir
+
+
+@pytest.fixture(scope="module")
+def task_dir(tmp_path_factory):
+  path = tmp_path_factory.mktemp("lm_eval_tasks")
+  docs = []
+  for p in tasks.arithmetic_pairs("test", 3, 0):
+    body, value = p.answer.rsplit("#### ", 1)
+    docs.append({"prompt": p.prompt, "answer": p.answer, "label": 0,
+                 "choices": [p.answer, f"{body}#### {int(value) + 1}"]})
+  data = path / "arith.jsonl"
+  data.write_text("".join(json.dumps(d) + "\n" for d in docs))
+  common = (f"dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\n"
+            "test_split: test\ndoc_to_text: '{{prompt}}'\n")
+  (path / "arith_gen.yaml").write_text(
+      "task: arith_gen\n" + common + "output_type: generate_until\ndoc_to_target: '{{answer}}'\n"
+      "generation_kwargs:\n  until: ['####']\n  max_gen_toks: 16\n  do_sample: false\n"
+      "metric_list:\n  - metric: exact_match\n    aggregation: mean\n    higher_is_better: true\n")
+  (path / "arith_mc.yaml").write_text(
+      "task: arith_mc\n" + common + "output_type: multiple_choice\ndoc_to_choice: '{{choices}}'\n"
+      "doc_to_target: '{{label}}'\ntarget_delimiter: ''\n"
+      "metric_list:\n  - metric: acc\n    aggregation: mean\n    higher_is_better: true\n")
+  return path, docs
+
+
+def test_simple_evaluate_matches_our_sampler_and_bound(run, task_dir, tmp_path, monkeypatch):
+  monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf_cache"))
+  path, docs = task_dir
+  from lm_eval.tasks import TaskManager
+  manager = TaskManager(include_path=str(path), include_defaults=False)
+  res = lm_eval.simple_evaluate(
+      model=lem.NAME, model_args=f"workdir={run},W=4,tau=0.9,batch_size=1,greedy_check=false",
+      tasks=["arith_gen", "arith_mc"], task_manager=manager, log_samples=True)
+  assert 0.0 <= res["results"]["arith_gen"]["exact_match,none"] <= 1.0
+  assert 0.0 <= res["results"]["arith_mc"]["acc,none"] <= 1.0
+  assert res["config"]["model"] == lem.NAME
+
+  state = workdir_lib.load_inference_state(run, use_ema=False)  # the run's eval_params: raw
+  oc, tok = state.objective_config, state.tokenizer
+  model = workdir_lib.inference_model(state.model_config, "float32")
+  gens = sorted(res["samples"]["arith_gen"], key=lambda s: s["doc_id"])
+  assert len(gens) == len(docs)
+  for s, doc in zip(gens, docs):
+    (context, kwargs), = [tuple(a) for a in s["arguments"]]
+    assert context == doc["prompt"]
+    n = 16  # max_gen_toks; 1 + len(prompt) + 16 <= L
+    ours = decoding.generate_text(model, state.params, tok, oc, L, 1, jax.random.PRNGKey(0),
+                                  prompt=context, max_new_tokens=n, greedy=True, top_p=1.0,
+                                  window=4, threshold=0.9)[0]
+    assert ours.startswith(context)
+    assert s["resps"][0][0] == ours[len(context):].split("####")[0]
+
+  method = methods.get(oc.name)
+  for s in res["samples"]["arith_mc"]:
+    for (context, continuation), [(value, is_greedy)] in zip(s["arguments"], s["resps"]):
+      assert is_greedy is False  # greedy_check=false
+      ctx = [tok.bos_id] + tok.encode(context)
+      cont = tok.encode(continuation)
+      row = ctx + cont
+      batch = {"tokens": np.full((1, L), oc.pad_token_id, np.int32),
+               "attention_mask": np.zeros((1, L), np.int32),
+               "context_mask": np.zeros((1, L), np.int32)}
+      batch["tokens"][0, :len(row)], batch["attention_mask"][0, :len(row)] = row, 1
+      batch["context_mask"][0, :len(ctx)] = 1
+      key = likelihood.row_keys(0, np.array([lem.request_key(context, continuation)]), 0)[0]
+      _, m = method.loss(oc, model, state.params, method.eval_batch(oc, batch, key), key,
+                         train=False)
+      assert float(m["num_tokens"]) == len(cont)
+      np.testing.assert_allclose(value, -float(m["nll_sum"]), rtol=1e-5, atol=1e-5)
+
+
+def test_is_greedy_and_errors(run):
+  # The settings of the simple_evaluate test, so that the compiled loops are reused.
+  lm = lem.SetDiffLM(workdir=run, window=4, threshold=0.9, batch_size=1)
+  prompt = tasks.arithmetic_pairs("test", 1, 0)[0].prompt
+  [out] = lm.generate_until([Req(prompt, {"until": [], "max_gen_toks": 16})])
+  ctx = [lm.tokenizer.bos_id] + lm.tokenizer.encode(prompt)
+  [gen] = lm._decode([ctx], lm._sampler_config(16))  # the greedy sampler's own tokens
+  assert lm.tokenizer.decode(gen) == out and len(gen) >= 1
+  other = [gen[0] + 1 if gen[0] + 1 < lm.tokenizer.vocab_size else gen[0] - 1] + gen[1:]
+  assert lm._is_greedy([(ctx, gen), (ctx, other)]) == [True, False]
+  # A request's value does not depend on the other requests (per-request draw keys).
+  lm = lem.SetDiffLM.from_state(lm.state, window=4, threshold=0.9, batch_size=1,
+                                greedy_check=False)
+  a, b = lm.loglikelihood([Req(prompt, "1+2=3"), Req("9-4\n", "9-4=5")])
+  b2, a2 = lm.loglikelihood([Req("9-4\n", "9-4=5"), Req(prompt, "1+2=3")])
+  assert a == a2 and b == b2
+  with pytest.raises(ValueError, match=r"request 0 \(task t, doc 7\).*L = seq_len = 32"):
+    lm.generate_until([Req("1+2+3+4+5+6+7+8+9" * 4, {"until": []}, task_name="t",
+                           doc_id=7)])
+  with pytest.raises(ValueError, match="encodes to no tokens"):
+    lm.loglikelihood([Req(prompt, "")])
+  with pytest.raises(ValueError, match="not supported"):
+    lm.generate_until([Req(prompt, {"until": [], "num_beams": 4})])
+  with pytest.raises(ValueError, match="needs model_args workdir"):
+    lem.SetDiffLM()
+  with pytest.raises(FileNotFoundError, match="no such directory"):
+    lem.SetDiffLM(workdir=os.path.join(run, "missing"))
+  with pytest.raises(ValueError, match="unknown model_args"):
+    lem.SetDiffLM(workdir=run, widow=4)
+
+
+def _ar_state(tok):
+  cfg = DiTConfig(vocab_size=tok.vocab_size, hidden_size=32, num_layers=1, num_heads=2,
+                  cond_dim=16, dropout=0.0, adaln=False)
+  oc = objectives.ObjectiveConfig(name="ar",
+                                  mask_token_id=tok.mask_id, pad_token_id=tok.pad_id,
+                                  eos_token_id=tok.eos_id)
+  config = ml_collections.ConfigDict({"seq_len": 32})
+  return workdir_lib.InferenceState(config, cfg, oc, random_params(cfg, seed=1), tok, 0), cfg
+
+
+def _causal_logprob(cfg, params, ids, start):
+  """sum_j log p(ids[j] | ids[:j]) for j >= start, from one dense causal forward (NumPy)."""
+  x = np.asarray(ids[:-1], np.int32)[None]
+  pos = np.arange(x.shape[1], dtype=np.int32)[None]
+  causal = np.asarray(masks.causal_mask(x.shape[1]))[None]
+  logits = DiT(cfg).apply({"params": params}, x, pos, causal, deterministic=True)
+  z = np.asarray(logits, np.float64)[0]
+  logp = z - np.log(np.sum(np.exp(z - z.max(-1, keepdims=True)), -1, keepdims=True)) - z.max(
+      -1, keepdims=True)
+  return float(sum(logp[j - 1, ids[j]] for j in range(start, len(ids))))
+
+
+def test_ar_scores_are_exact_log_probabilities(tok):
+  """AR: loglikelihood = log p(cont | ctx) exactly (no stop label after the text), and
+  loglikelihood_rolling of a short text = log p(text | BOS); a long text is scored in windows."""
+  state, cfg = _ar_state(tok)
+  lm = lem.SetDiffLM.from_state(state, batch_size=2, greedy_check=False)
+  ctx, cont = "It is a truth", " universally acknowledged"
+  [(value, _)] = lm.loglikelihood([Req(ctx, cont)])
+  c, x = [tok.bos_id] + tok.encode(ctx), tok.encode(cont)
+  assert len(c) + len(x) < 32  # the row has pads after it
+  np.testing.assert_allclose(value, _causal_logprob(cfg, state.params, c + x, len(c)), rtol=1e-5)
+  text = "Elizabeth smiled."
+  [rolled] = lm.loglikelihood_rolling([Req(text)])
+  ids = [tok.bos_id] + tok.encode(text)
+  np.testing.assert_allclose(rolled, _causal_logprob(cfg, state.params, ids, 1), rtol=1e-5)
+  long_text = ("It is a truth universally acknowledged, that a single man in possession of a good "
+               "fortune, must be in want of a wife.")
+  assert len(tok.encode(long_text)) > 32
+  [long_value] = lm.loglikelihood_rolling([Req(long_text)])
+  assert np.isfinite(long_value) and long_value < rolled
+
+
+def test_registered_and_cli_launcher(monkeypatch, capsys):
+  """`--model setdiff_jax` resolves to the adapter; the launchers hand argv to lm_eval's CLI."""
+  assert lm_eval.api.registry.get_model(lem.NAME) is lem.SetDiffLM
+  seen = {}
+  import lm_eval.__main__ as lm_main
+  monkeypatch.setattr(lm_main, "cli_evaluate", lambda: seen.setdefault("argv", list(sys.argv)))
+  monkeypatch.setattr(sys, "argv", ["x"])
+  assert lem.main(["--model", lem.NAME, "--model_args", "workdir=/w", "--tasks", "t"]) == 0
+  assert seen["argv"] == ["lm_eval", "--model", lem.NAME, "--model_args", "workdir=/w",
+                          "--tasks", "t"]
+
+  def fails():
+    raise FileNotFoundError("model_args workdir='/w': no such directory")
+  monkeypatch.setattr(lm_main, "cli_evaluate", fails)
+  assert lem.main(["--model", lem.NAME]) == 1
+  assert capsys.readouterr().err == "error: model_args workdir='/w': no such directory\n"
+  # launch/lm_eval_harness.py loads (and only imports the adapter). Its folder is first on
+  # sys.path when it runs, so no launcher may be named after the package it imports.
+  names = runpy.run_path(os.path.join(REPO, "launch", "lm_eval_harness.py"), run_name="launcher")
+  assert names["lm_eval_model"] is lem
+  assert not os.path.exists(os.path.join(REPO, "launch", "lm_eval.py"))
