@@ -12,6 +12,14 @@ at each batch size in --batch_sizes. Unconditional generation from BOS, N = L - 
 timed run(s); compile time (first call minus a timed call) is reported separately. The last lines
 state the cached / no-cache speed ratio per setting.
 
+GFLOP/s and MFU: XLA's `cost_analysis()` FLOPs of one model call with the shapes of one step of
+that sampler (set: P pending + W mask slots over a cache of L + W, head on the W masks, P = 1
+with tau off and W with tau on, an upper bound; BD3LM: S slots over a cache of L; AR: one slot
+over L; MDLM: the L-slot canvas, head on G; set no-cache: L + W slots) x steps / run time, and
+that / the peak (--peak_gflops, or the 2048^3 matmul probe of benchmarks/training.py). The commit
+rule, argsorts and cache writes are not counted: the gap to the model FLOPs is the sampler's own
+overhead (plus the memory-bound head at batch 1).
+
 A random-init DiT has a zero output head: every distribution is uniform, so tau never fires and
 tokens/step is 1. --head_scale > 0 draws a random head (N(0, head_scale^2 / D)) so some
 predictions are confident and tau has something to do (a mechanical check of the parallel path,
@@ -45,6 +53,8 @@ flags.DEFINE_integer("block_size", 4, "BD3LM block size S (the run's own for bd3
 flags.DEFINE_integer("mdlm_block", 32, "MDLM sub-block G.")
 flags.DEFINE_integer("max_new_tokens", 0, "N (0 = L - 1).")
 flags.DEFINE_integer("repeats", 1, "Timed runs per row (after the compiling run).")
+flags.DEFINE_float("peak_gflops", 0.0,
+                   "Peak GFLOP/s for the MFU column (0: measure with a 2048^3 matmul probe).")
 
 
 def _model():
@@ -72,6 +82,30 @@ def _model():
   desc = (f"random init {cfg.num_layers} x {cfg.hidden_size}, {cfg.num_heads} heads, "
           f"L={FLAGS.seq_len}, V={cfg.vocab_size}, head_scale={FLAGS.head_scale}")
   return DiT(cfg), params, FLAGS.seq_len, ids, desc
+
+
+def step_flops(model, params, seq_len: int, slots: int, cache_len: int, head_rows: int,
+               batch: int) -> float:
+  """XLA FLOPs of one model call: `slots` query rows per row over a cache of `cache_len` entries
+  (0: no cache), logits for the last `head_rows` slots only."""
+  import jax
+  import jax.numpy as jnp
+
+  from setdiff_jax.sampling.cache import as_forward, empty_cache
+  fwd = as_forward(model, params)
+  tokens = jnp.zeros((batch, slots), jnp.int32)
+  positions = jnp.broadcast_to(jnp.arange(slots, dtype=jnp.int32) % seq_len, (batch, slots))
+  head_start = slots - head_rows
+  kv = None
+  if cache_len:
+    one = jax.eval_shape(lambda: fwd.apply(fwd.params, tokens[:, :1], positions[:, :1],
+                                           jnp.ones((batch, 1, 1), bool), None, 1))[1]
+    kv = empty_cache(one, cache_len).kv
+  mask = jnp.ones((batch, slots, cache_len + slots), bool)
+  call = jax.jit(fwd.apply, static_argnums=5)
+  cost = call.lower(fwd.params, tokens, positions, mask, kv, head_start).compile().cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  return float((cost or {}).get("flops", 0.0))
 
 
 def _time(fn: Callable, repeats: int):
@@ -105,14 +139,21 @@ def main(argv):
   taus = [None if t == "off" else float(t) for t in FLAGS.thresholds]
   rows: List[dict] = []
 
-  def bench(name, fn, cfg, batch):
+  import training  # benchmarks/training.py: the matmul peak probe
+  peak = FLAGS.peak_gflops or training.matmul_peak_gflops()
+
+  def bench(name, fn, cfg, batch, shape):
+    """shape: (slots, cache_len, head_rows) of one step's model call (see step_flops)."""
     prompts = [[ids["bos_token_id"]]] * batch
     out, run, compile_s, cpu_s = _time(lambda: fn(model, params, prompts, cfg), FLAGS.repeats)
     steps = max(int(np.max(out.forward_calls)), 1)  # loop iterations (every row runs each one)
+    flops = step_flops(model, params, seq_len, *shape, batch)
+    gflops = flops * steps / run / 1e9
     row = dict(name=name, batch=batch, tok_s=out.num_generated / run, run_s=run,
                compile_s=compile_s, calls=float(np.mean(out.forward_calls)),
                tps=out.tokens_per_step, tokens=out.num_generated, ms_step=1e3 * run / steps,
-               cpu_ms_step=1e3 * cpu_s / steps)
+               cpu_ms_step=1e3 * cpu_s / steps, step_gflop=flops / 1e9, gflops=gflops,
+               mfu=gflops / peak)
     rows.append(row)
     print(f"  {name:<26} B={batch:<3} {row['tok_s']:9.1f} tok/s  run {run:7.2f} s  "
           f"compile {compile_s:6.1f} s  calls/row {row['calls']:6.1f}  tok/step {row['tps']:5.2f}",
@@ -123,32 +164,39 @@ def main(argv):
     for w in [int(x) for x in FLAGS.windows]:
       for tau in taus:
         cfg = base.replace(window=w, threshold=tau)
+        pending = 1 if tau is None else w
         if "set" in FLAGS.samplers:
-          bench(f"set W={w} tau={tau_name(tau)}", set_generate, cfg, batch)
+          bench(f"set W={w} tau={tau_name(tau)}", set_generate, cfg, batch,
+                (pending + w, seq_len + w, w))
         if "set_nocache" in FLAGS.samplers and str(w) in FLAGS.nocache_windows:
           bench(f"set-nocache W={w} tau={tau_name(tau)}",
-                lambda *a: set_generate(*a, use_cache=False), cfg, batch)
+                lambda *a: set_generate(*a, use_cache=False), cfg, batch, (seq_len + w, 0, w))
     if "bd3lm" in FLAGS.samplers:
-      bench(f"bd3lm S={FLAGS.block_size}", bd3lm_generate,
-            base.replace(block_size=FLAGS.block_size), batch)
+      s_ = FLAGS.block_size
+      bench(f"bd3lm S={s_}", bd3lm_generate, base.replace(block_size=s_), batch,
+            (s_, seq_len, s_))
     if "mdlm" in FLAGS.samplers:
+      g = min(FLAGS.mdlm_block, n)
       bench(f"mdlm G={FLAGS.mdlm_block}", mdlm_generate, base.replace(block_size=FLAGS.mdlm_block),
-            batch)
+            batch, (seq_len, 0, g))
     if "ar" in FLAGS.samplers:
-      bench("ar", ar_generate, base, batch)
+      bench("ar", ar_generate, base, batch, (1, seq_len, 1))
 
   print(f"\nload average {os.getloadavg()[0]:.2f}; median of {FLAGS.repeats} timed run(s); "
         "ms/step = run time / forward calls of the longest row; cpu = process CPU time")
+  source = "--peak_gflops" if FLAGS.peak_gflops else "2048^3 fp32 matmul probe"
+  print(f"peak {peak:.1f} GFLOP/s ({source}); GFLOP/step = XLA FLOPs of one step's model call")
   print("| sampler | batch | tokens/s | x batch 1 | run s | ms / step | cpu ms / step | "
-        "compile s | forward calls/row | tokens/step |")
-  print("|---|---|---|---|---|---|---|---|---|---|")
+        "compile s | forward calls/row | tokens/step | GFLOP/step | GFLOP/s | MFU |")
+  print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
   by = {(r["name"], r["batch"]): r for r in rows}
   for r in rows:
     one = by.get((r["name"], 1))
     scale = f"{r['tok_s'] / one['tok_s']:.2f}" if one else "-"
     print(f"| {r['name']} | {r['batch']} | {r['tok_s']:.1f} | {scale} | {r['run_s']:.2f} | "
           f"{r['ms_step']:.2f} | {r['cpu_ms_step']:.2f} | {r['compile_s']:.1f} | "
-          f"{r['calls']:.1f} | {r['tps']:.2f} |")
+          f"{r['calls']:.1f} | {r['tps']:.2f} | {r['step_gflop']:.3f} | {r['gflops']:.1f} | "
+          f"{100 * r['mfu']:.0f} % |")
   print()
   for (name, batch), r in by.items():
     if name.startswith("set-nocache"):
