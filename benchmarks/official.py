@@ -121,14 +121,14 @@ def check_official_dir(path: str) -> str:
   path = os.path.abspath(os.path.expanduser(path))
   if not os.path.isdir(path):
     raise SystemExit(f"--official_dir={path}: no such directory; {fix}")
-  missing = [f for f in REQUIRED_FILES if not os.path.isfile(os.path.join(path, f))]
-  if missing:
-    raise SystemExit(f"--official_dir={path} lacks {', '.join(missing)}: not a setdlms checkout; "
-                     f"{fix}")
   repo = os.path.dirname(HERE)
   if os.path.commonpath([path, repo]) == repo:
     raise SystemExit(f"--official_dir={path} is inside this repository ({repo}); extract the "
                      "official code elsewhere (it must never be committed here)")
+  missing = [f for f in REQUIRED_FILES if not os.path.isfile(os.path.join(path, f))]
+  if missing:
+    raise SystemExit(f"--official_dir={path} lacks {', '.join(missing)}: not a setdlms checkout; "
+                     f"{fix}")
   return path
 
 
@@ -251,7 +251,7 @@ def official_step(prep) -> float:
   with torch.no_grad():
     torch._foreach_mul_(prep["ema"], EMA)
     torch._foreach_add_(prep["ema"], prep["params"], alpha=1 - EMA)
-  return float(loss)
+  return float(loss.detach())
 
 
 def official_time_train(prep, args):
