@@ -31,7 +31,7 @@ def cnndm_base(objective: str):
   c.model.dropout = 0.0
   c.model.dtype = "bfloat16"
   c.model.attention = "xla"       # TPU; "cudnn" on GPU, "dense" on CPU
-  c.model.remat = False
+  c.model.remat = "none"
   c.tokenizer.kind = "qwen3"
   c.tokenizer.vocab_path = ""     # REQUIRED: Qwen3-0.6B-Base tokenizer.json (or its directory)
   c.data.source = "jsonl"

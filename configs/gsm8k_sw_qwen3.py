@@ -30,7 +30,7 @@ def qwen3_base(objective: str):
   c.model.dropout = 0.0           # Qwen3 has no residual dropout
   c.model.dtype = "bfloat16"      # amp_bf16: fp32 params, bf16 matmuls, fp32 norms/softmax
   c.model.attention = "xla"       # TPU; "cudnn" on GPU, "dense" on CPU
-  c.model.remat = True            # 28 x 2048 at L=2048 tokens (two streams) per row
+  c.model.remat = "full"          # 28 x 2048 at L=2048 tokens (two streams) per row
   c.init_from_hf = ""             # REQUIRED: local Qwen3-1.7B-Base directory
   c.tokenizer.kind = "qwen3"      # its tokenizer.json (vocab_path defaults to init_from_hf)
   c.data.source = "pairs_jsonl"   # GSM8K JSONL rows {"question", "answer"} (data/pairs.py)

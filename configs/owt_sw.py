@@ -25,7 +25,7 @@ def get_config():
   c.data.eval_paths = ""          # required: validation JSONL file(s)
   c.data.preprocess = "wrap"
   c.loss.desired_set_size = 4
-  c.model.remat = True            # L=1024 two-stream activations are large
+  c.model.remat = "full"          # L=1024 two-stream activations are large
   c.eval_batch_size = 16
   c.num_eval_steps = 100
   return c

@@ -19,7 +19,7 @@ def get_config():
   c.seq_len = 32
   c.model.dtype = "float32"
   c.model.attention = "dense"
-  c.model.remat = False
+  c.model.remat = "none"
   c.data.source = "text"
   c.data.text_unit = "line"
   c.data.preprocess = "pad"

@@ -10,6 +10,7 @@ Parameter tree (maps one-to-one to the official `DIT` state dict, SPEC §3.9; se
   blocks_{i}/mlp_in/{kernel,bias}      (D, 4D)
   blocks_{i}/mlp_out/{kernel,bias}     (4D, D)
   blocks_{i}/adaln/{kernel,bias}       (C, 6D)     adaLN models only
+  (scan_layers=True: one `blocks/...` subtree, every leaf [num_layers, ...]; layer_names.py)
   final_norm/scale                     (D,)
   final_adaln/{kernel,bias}            (C, 2D)     adaLN models only
   head/{kernel,bias}                   (D, V)      untied, zero-initialised
@@ -29,7 +30,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from setdiff_jax import attention
+from setdiff_jax import attention, layer_stack
 
 NEG_INF_LOGIT = -1e12  # the reference's mask-token logit (SPEC §3.5)
 
@@ -50,7 +51,8 @@ class DiTConfig:
   dtype: str = "float32"       # compute dtype ("bfloat16" for mixed precision); params stay fp32
   attention: str = "dense"     # see attention.IMPLEMENTATIONS
   rope_base: float = 10000.0
-  remat: bool = False          # rematerialise each block in the backward pass
+  remat: Any = "none"          # remat policy of each block (layer_stack.REMAT_POLICIES; bools ok)
+  scan_layers: bool = False    # nn.scan over the blocks: params `blocks/...` [num_layers, ...]
   fused_head: bool = True      # training losses: fused head + cross-entropy (fused_head.py)
   head_chunk_rows: int = 0     # fused head: rows per chunk (0 = all rows at once)
   head_recompute: bool = False  # fused head: recompute logits in the backward (no [N, V] residual)
@@ -64,6 +66,9 @@ class DiTConfig:
       raise ValueError(f"model dtype {self.dtype!r} must be float32, bfloat16 or float16")
     if self.attention not in attention.IMPLEMENTATIONS:
       raise ValueError(f"attention={self.attention!r}; use one of {attention.IMPLEMENTATIONS}")
+    object.__setattr__(self, "remat", layer_stack.normalize_remat(self.remat))
+    if self.scan_layers and self.num_layers < 1:
+      raise ValueError("scan_layers=True needs num_layers >= 1")
 
   @property
   def head_dim(self) -> int:
@@ -199,6 +204,7 @@ class DiTBlock(nn.Module):
       k = jnp.concatenate([past_kv[0].astype(k.dtype), k], axis=1)
       v = jnp.concatenate([past_kv[1].astype(v.dtype), v], axis=1)
     o = attention.attend(q, k, v, mask, cfg.attention).reshape(b, s, cfg.hidden_size)
+    o = layer_stack.tag_attention_out(o)
     o = Linear(cfg.hidden_size, use_bias=False, dtype=dt, name="attn_out")(o)
     if cfg.adaln:
       o = gate_msa * o
@@ -248,12 +254,8 @@ class DiT(nn.Module):
         sigma = jnp.zeros((tokens.shape[0],), jnp.float32)
       cond = nn.silu(SigmaMap(cfg.cond_dim, name="sigma_map")(sigma))
 
-    block_cls = nn.remat(DiTBlock, static_argnums=(7,)) if cfg.remat else DiTBlock
-    new_kvs = []
-    for i in range(cfg.num_layers):
-      past = None if kv_cache is None else kv_cache[i]
-      h, kv = block_cls(cfg, name=f"blocks_{i}")(h, cos, sin, mask, cond, past, deterministic)
-      new_kvs.append(kv)
+    h, new_kvs = layer_stack.apply_layers(DiTBlock, cfg, "blocks", h, (cos, sin, mask, cond),
+                                          kv_cache, deterministic)
 
     h = h[:, head_start:]
     h = LayerNormNoBias(name="final_norm")(h)
@@ -261,11 +263,11 @@ class DiT(nn.Module):
       shift, scale = jnp.split(Linear(2 * cfg.hidden_size, zero_init=True, name="final_adaln")(cond)[:, None, :], 2, -1)
       h = h * (1 + scale) + shift
     if return_hidden and not self.is_initializing():
-      return (h, tuple(new_kvs)) if return_kv else h
+      return (h, new_kvs) if return_kv else h
     logits = Linear(cfg.vocab_size, zero_init=True, dtype=cfg.compute_dtype, name="head")(h)
     logits = logits.astype(jnp.float32)
     if return_kv:
-      return logits, tuple(new_kvs)
+      return logits, new_kvs
     return logits
 
   @staticmethod

@@ -12,7 +12,9 @@ of the model. Never downloads. The key correspondence is the one name map, `inte
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import jax
@@ -123,10 +125,17 @@ def resolve_layers(m: Dict[str, Any], available: int, num_layers: Optional[int],
 
 
 # ----------------------------------------------------------------------------- sharded load
+def _stacked_path(path: Tuple[str, ...]) -> Tuple[str, ...]:
+  """("layers_3", "q_proj", "kernel") -> ("layers", "q_proj", "kernel") (model.scan_layers)."""
+  return (re.sub(r"_\d+$", "", path[0]),) + tuple(path[1:])
+
+
 def load_params_sharded(path: str, backbone_cfg, shardings, *, context: str = ""):
   """The first `backbone_cfg.num_layers` layers of a HF / official dir as jax arrays placed in
   `shardings` (a pytree like the params), tensor by tensor: each device's callback reads only its
-  slice (`safe_open(...).get_slice`), so the host never holds a second full copy."""
+  slice (`safe_open(...).get_slice`), so the host never holds a second full copy. With
+  `scan_layers`, each stacked `layers/...` [num_layers, ...] array is read the same way, its
+  callback stacking the device's slice of every layer it holds."""
   from safetensors import safe_open
   shards = weight_shards(path)
   shapes = shard_shapes(shards)
@@ -135,28 +144,42 @@ def load_params_sharded(path: str, backbone_cfg, shardings, *, context: str = ""
   dims = qwen3_map.Dims.from_config(backbone_cfg)
   rows = qwen3_map.check_keys({k: shapes[v][0] for k, v in stripped.items()}, dims,
                               context=context or path)
+  scanned = bool(getattr(backbone_cfg, "scan_layers", False))
+  target = lambda r: _stacked_path(r.flax_path) if scanned and r.layer is not None else r.flax_path
   flat_sh = {p: s for p, s in flatten(shardings).items()}
-  want = {r.flax_path for r in rows}
-  if set(flat_sh) != want:
-    raise CheckpointMismatchError(sorted("/".join(p) for p in want - set(flat_sh)),
-                                  sorted("/".join(p) for p in set(flat_sh) - want), (),
+  groups: Dict[Tuple[str, ...], list] = {}
+  for r in rows:
+    groups.setdefault(target(r), []).append(r)
+  if set(flat_sh) != set(groups):
+    raise CheckpointMismatchError(sorted("/".join(p) for p in set(groups) - set(flat_sh)),
+                                  sorted("/".join(p) for p in set(flat_sh) - set(groups)), (),
                                   "shardings vs the Qwen3 name map")
   out = {}
-  by_file: Dict[str, list] = {}
-  for r in rows:
-    by_file.setdefault(shapes[stripped[r.hf_key]][1], []).append(r)
-  for file in shards:
-    with safe_open(file, framework="np") as f:
-      for r in by_file.get(file, []):
-        sl = f.get_slice(stripped[r.hf_key])
+  with contextlib.ExitStack() as stack:  # a stacked tensor's layers may sit in several shards
+    handles = {f: stack.enter_context(safe_open(f, framework="np")) for f in shards}
 
-        def read(index, sl=sl, r=r):
-          index = tuple(index) + (slice(None),) * (len(r.flax_shape) - len(index))
-          if r.transpose:
-            return np.ascontiguousarray(np.asarray(sl[tuple(reversed(index))], np.float32).T)
-          return np.asarray(sl[index], np.float32)
+    def reader(r):
+      sl = handles[shapes[stripped[r.hf_key]][1]].get_slice(stripped[r.hf_key])
 
-        out[r.flax_path] = jax.make_array_from_callback(r.flax_shape, flat_sh[r.flax_path], read)
+      def read(index):
+        index = tuple(index) + (slice(None),) * (len(r.flax_shape) - len(index))
+        if r.transpose:
+          return np.ascontiguousarray(np.asarray(sl[tuple(reversed(index))], np.float32).T)
+        return np.asarray(sl[index], np.float32)
+      return read
+
+    for p, group in groups.items():
+      if not (scanned and group[0].layer is not None):
+        out[p] = jax.make_array_from_callback(group[0].flax_shape, flat_sh[p], reader(group[0]))
+        continue
+      reads = [reader(r) for r in sorted(group, key=lambda r: r.layer)]
+      shape = (len(reads),) + group[0].flax_shape
+
+      def read_stacked(index, reads=reads, ndim=len(shape)):
+        index = tuple(index) + (slice(None),) * (ndim - len(index))
+        return np.stack([reads[j](index[1:]) for j in range(len(reads))[index[0]]])
+
+      out[p] = jax.make_array_from_callback(shape, flat_sh[p], read_stacked)
   return unflatten(out)
 
 

@@ -14,7 +14,7 @@ from typing import Optional, Tuple
 
 import ml_collections
 
-from setdiff_jax import methods, models, objectives, sharding
+from setdiff_jax import layer_stack, methods, models, objectives, sharding
 from setdiff_jax.data import pipeline, sources, tokenizers
 from setdiff_jax.model import DiTConfig
 
@@ -41,7 +41,13 @@ def default_config() -> ml_collections.ConfigDict:
   c.model.dropout = 0.1           # residual-branch dropout
   c.model.dtype = "float32"       # compute dtype: float32 | bfloat16 (params stay fp32)
   c.model.attention = "dense"     # dense | xla | cudnn (see setdiff_jax/attention.py)
-  c.model.remat = False           # rematerialise blocks to save activation memory
+  # What each block keeps for the backward pass: none | full | dots_saveable |
+  # dots_with_no_batch_dims_saveable | save_attention_out (setdiff_jax/layer_stack.py; an old
+  # config's False / True means none / full).
+  c.model.remat = "none"
+  # nn.scan over the blocks (one compiled layer body: compile time flat in depth); parameters are
+  # stacked `blocks/...` [num_layers, ...]; exports keep the per-layer PyTorch names.
+  c.model.scan_layers = False
   c.model.rope_base = 10000.0     # RoPE theta (DiT: 10000; Qwen3: the checkpoint's rope_theta, 1e6)
   # Qwen3 only (ignored by the DiT); with init_from_hf, 0 = take the checkpoint's value.
   c.model.num_kv_heads = 0        # grouped-query KV heads (0 = num_heads)
@@ -125,6 +131,7 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: Optional[int
         config.model.hidden_size % config.model.num_heads == 0,
         f"model.hidden_size={config.model.hidden_size} is not divisible by "
         f"model.num_heads={config.model.num_heads}")
+  _validate_layers(config, check)
   check(config.grad_accum_steps >= 1, "grad_accum_steps must be >= 1")
   check(config.batch_size % config.grad_accum_steps == 0,
         f"batch_size={config.batch_size} is not divisible by grad_accum_steps={config.grad_accum_steps}")
@@ -147,6 +154,21 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: Optional[int
           f"size {divisor}")
   pipeline.validate_data_config(config.data)
   tokenizers.validate_tokenizer_config(config.tokenizer)
+
+
+def _validate_layers(config, check):
+  """model.remat must name a policy; model.scan_layers must be a bool, with >= 1 layer."""
+  model_cfg = config.model
+  try:
+    layer_stack.normalize_remat(model_cfg.get("remat", "none"))
+  except ValueError as e:
+    check(False, str(e))
+  scan = model_cfg.get("scan_layers", False)
+  check(isinstance(scan, bool), f"model.scan_layers={scan!r} must be True or False")
+  layers = int(model_cfg.get("num_layers", 1))
+  # With init_from_hf, num_layers 0 means all of the checkpoint's (resolved before training).
+  check(not scan or layers >= 1 or (layers == 0 and config.get("init_from_hf")),
+        f"model.scan_layers=True needs model.num_layers >= 1 (got {layers})")
 
 
 def build_tokenizer(config, workdir: Optional[str], *, allow_training: bool = True):

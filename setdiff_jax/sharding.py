@@ -110,6 +110,12 @@ PARAM_LOGICAL_AXES = {
     ("lm_head", "kernel"): ("embed", "vocab"),
 }
 
+# A scanned backbone (`model.scan_layers`) stacks each layer parameter along a leading axis,
+# `blocks/...` / `layers/...` [num_layers, ...]: that axis is the logical "layers" (replicated by
+# default; every device holds its shard of every layer, as unrolled).
+LAYER_AXIS = "layers"
+STACKED_SUBTREES = ("blocks", "layers")  # = layer_names.LAYER_PREFIXES
+
 # Default rules: FSDP shards the model dimension of every matrix over `fsdp`; tensor parallelism
 # splits heads / MLP / vocabulary over `tensor`. Norm scales, biases of the model dimension and
 # the small adaLN matrices follow the same names. Config: `config.sharding_rules`.
@@ -123,17 +129,39 @@ DEFAULT_RULES = (
     ("mlp", "tensor"),
     ("cond", None),
     ("modulation", "fsdp"),
+    (LAYER_AXIS, None),
 )
 
 
-def _leaf_names(path) -> tuple:
+def _path_names(path) -> tuple:
   names = []
   for k in path:
     if isinstance(k, jax.tree_util.DictKey):
       names.append(str(k.key))
     elif isinstance(k, jax.tree_util.GetAttrKey):
       names.append(k.name)
-  return tuple(names[-2:])
+  return tuple(names)
+
+
+def _leaf_names(path) -> tuple:
+  return _path_names(path)[-2:]
+
+
+def logical_axes(path, ndim: int):
+  """Logical axis names of the leaf at `path` with `ndim` dims, or None (replicated).
+
+  A leaf under a stacked `blocks` / `layers` subtree with one more dim than its per-layer
+  entry gets LAYER_AXIS in front.
+  """
+  logical = PARAM_LOGICAL_AXES.get(_leaf_names(path))
+  if logical is None:
+    return None
+  if len(logical) == ndim:
+    return logical
+  names = _path_names(path)
+  if len(logical) + 1 == ndim and len(names) >= 3 and names[-3] in STACKED_SUBTREES:
+    return (LAYER_AXIS,) + tuple(logical)
+  return None
 
 
 def logical_to_spec(logical: Sequence[str | None], rules, mesh: Mesh | None = None) -> P:
@@ -156,8 +184,8 @@ def state_shardings(abstract_state, mesh: Mesh, rules=DEFAULT_RULES):
   not divisible by its mesh axis, naming the parameter and the fix.
   """
   def one(path, leaf):
-    logical = PARAM_LOGICAL_AXES.get(_leaf_names(path))
-    if logical is None or len(logical) != len(leaf.shape):
+    logical = logical_axes(path, len(leaf.shape))
+    if logical is None:
       return NamedSharding(mesh, P())
     spec = logical_to_spec(logical, rules, mesh)
     for dim, axis in zip(leaf.shape, spec):

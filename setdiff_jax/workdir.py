@@ -18,7 +18,8 @@ import jax
 import ml_collections
 import orbax.checkpoint as ocp
 
-from setdiff_jax import checkpoint_fallback, checkpointing, models, run_config, sharding
+from setdiff_jax import (checkpoint_fallback, checkpointing, layer_names, models, run_config,
+                         sharding)
 
 
 @dataclasses.dataclass
@@ -84,7 +85,11 @@ def load_inference_state(workdir: str, *, step: Optional[int] = None, use_ema: b
 
 def load_params(path: str, like, *, use_ema: bool = False):
   """Parameters only from a run (a workdir or its checkpoints/ folder; `init_from`), restored
-  with the shapes, dtypes and shardings of `like` (e.g. freshly initialised parameters)."""
+  with the shapes, dtypes and shardings of `like` (e.g. freshly initialised parameters).
+
+  The source run may use the other `model.scan_layers` layout (per-layer `blocks_{i}` vs stacked
+  `blocks`): it is restored in its own layout (read from its config.json) and converted.
+  """
   path = os.path.abspath(path)
   run = os.path.dirname(path) if os.path.basename(path) == checkpointing.CHECKPOINT_DIR else path
   if not os.path.isdir(checkpointing.checkpoint_dir(run)):
@@ -92,10 +97,19 @@ def load_params(path: str, like, *, use_ema: bool = False):
                             f"there")
   abstract = jax.tree_util.tree_map(
       lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), like)
+  want_scanned = layer_names.is_scanned(like)
+  source_scanned = want_scanned
+  if os.path.isfile(os.path.join(run, checkpointing.CONFIG_FILE)):
+    source_scanned = bool(load_config(run).model.get("scan_layers", False))
   try:
-    return restore_params(run, abstract, use_ema=use_ema)[0]
+    restored = restore_params(run, layer_names.to_layout(abstract, source_scanned),
+                              use_ema=use_ema)[0]
   except FileNotFoundError as e:
     raise FileNotFoundError(f"init_from={path!r}: {e}") from e
+  if source_scanned == want_scanned:
+    return restored
+  shardings = jax.tree_util.tree_map(lambda a: a.sharding, like)
+  return jax.jit(lambda p: layer_names.to_layout(p, want_scanned), out_shardings=shardings)(restored)
 
 
 def inference_model(model_config, dtype: Optional[str] = "float32"):

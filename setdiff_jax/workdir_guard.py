@@ -38,7 +38,7 @@ STRUCTURAL = ("objective", "seq_len", "batch_size",
               "model.vocab_size", "model.hidden_size", "model.num_layers", "model.num_heads",
               "model.mlp_ratio", "model.cond_dim", "model.adaln", "model.backbone",
               "model.head_dim", "model.intermediate_size", "model.num_kv_heads",
-              "model.tie_embeddings",
+              "model.tie_embeddings", "model.scan_layers",
               "loss.*", "tokenizer.*",
               "data.source", "data.tfds_name", "data.train_split", "data.paths",
               "data.text_unit", "data.jsonl_field", "data.preprocess", "data.wrap_style")

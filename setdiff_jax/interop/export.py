@@ -21,7 +21,7 @@ import numpy as np
 
 import jax
 
-from setdiff_jax import methods
+from setdiff_jax import layer_names, methods
 from setdiff_jax import workdir as workdir_lib
 from setdiff_jax import pretrained
 from setdiff_jax.interop import files, hf_config, name_map, qwen3_hf, qwen3_map
@@ -30,8 +30,9 @@ log = logging.getLogger(__name__)
 
 
 def _to_numpy_tree(params):
-  """Nested dict of host numpy float arrays (gathers jax arrays, including sharded ones)."""
-  flat = name_map.flatten(params)
+  """Nested dict of host numpy float arrays (gathers jax arrays, including sharded ones), in the
+  per-layer layout whatever `model.scan_layers` was (the file layout never depends on it)."""
+  flat = name_map.flatten(layer_names.unstack_layers(params))
   out = {}
   for path, v in flat.items():
     if hasattr(v, "is_fully_addressable") and not v.is_fully_addressable:

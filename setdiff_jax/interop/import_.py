@@ -6,7 +6,8 @@
 directory is ours) with `seq_len`, `objective`, `model.*`, `loss.*` set from config.json, and an
 added `interop` block: `source`, `special_ids` {bos_id, eos_id, pad_id, mask_id}, `tokenizer_dir`
 (the directory when it holds tokenizer.json, else None), `stored_max_set_size`, `step`, `ema`.
-`params` is a nested dict of float32 numpy arrays with exactly the `model.init_params` structure.
+`params` is a nested dict of float32 numpy arrays with exactly the `model.init_params` structure
+(stacked `blocks/...` / `layers/...` when the stored run config has `model.scan_layers`).
 
 Documented behaviour:
   - S_max: a stored `max_block_size` >= L (the released configs store L) becomes min(2S, L), as the
@@ -30,7 +31,7 @@ from typing import Any, Dict, Tuple
 import ml_collections
 import numpy as np
 
-from setdiff_jax import models
+from setdiff_jax import layer_names, models
 from setdiff_jax.data import tokenizers
 from setdiff_jax.interop import backbone_config, files, hf_config, name_map, qwen3_hf
 from setdiff_jax.run_config import default_config
@@ -112,6 +113,8 @@ def import_checkpoint(path: str, *, check_structure: bool = True
     config, params = _qwen3_official_import(path, raw)
   else:
     config, params = _dit_import(path, raw)
+  # The files are per layer; a run saved with model.scan_layers gets its stacked tree back.
+  params = layer_names.to_layout(params, bool(config.model.get("scan_layers", False)))
   if check_structure:
     _check_structure(config, params)
   return config, params

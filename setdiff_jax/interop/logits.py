@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from setdiff_jax import models
+from setdiff_jax import layer_names, models
 from setdiff_jax.interop.name_map import flatten
 
 
@@ -34,7 +34,9 @@ def _forward(backbone_cfg, return_kv: bool):
 
 def jax_forward(backbone_cfg, params, tokens, positions, allowed, kv_cache=None,
                 return_kv: bool = False):
-  """The backbone's raw outputs (jitted once per config); kv_cache as the model takes it."""
+  """The backbone's raw outputs (jitted once per config); kv_cache as the model takes it; params
+  per-layer or scanned (converted to the config's `scan_layers` layout)."""
+  params = layer_names.to_layout(params, getattr(backbone_cfg, "scan_layers", False))
   return _forward(backbone_cfg, return_kv)(params, jnp.asarray(tokens, jnp.int32),
                                            jnp.asarray(positions, jnp.int32),
                                            jnp.asarray(allowed, bool), kv_cache)

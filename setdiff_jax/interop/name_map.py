@@ -10,6 +10,9 @@ knows the correspondence.
 Symbols: V vocabulary, D hidden size, F = mlp_ratio * D, C adaLN conditioning width, T = 256 the
 sinusoidal time-embedding width; a leading integer multiplies (e.g. "3D").
 
+Our side of the map is the per-layer tree; a scanned tree (`model.scan_layers`, stacked
+`blocks/...`) is unstacked first (`layer_names.py`), so the official keys never depend on it.
+
 This module needs only numpy (the PyTorch reference imports it).
 """
 from __future__ import annotations
@@ -19,6 +22,8 @@ import re
 from typing import Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
+
+from setdiff_jax import layer_names
 
 PREFIX = "backbone."          # an exported denoiser's state dict nests the DiT under `backbone`
 TIME_EMBED_DIM = 256          # TimestepEmbedder frequency width (SPEC §3.4)
@@ -146,7 +151,8 @@ def unflatten(flat: Mapping[Tuple[str, ...], object]) -> Dict:
 
 # ----------------------------------------------------------------------------- inference of dims
 def dims_from_params(params: Mapping, cond_dim: Optional[int] = None) -> Dims:
-  """Dims read off our parameter tree (shapes only)."""
+  """Dims read off our parameter tree (shapes only; per-layer or scanned layout)."""
+  params = layer_names.unstack_layers(params)
   flat = flatten(params)
   shape = lambda *p: tuple(np.shape(flat[p]))
   vocab, hidden = shape("embed", "embedding")
@@ -194,11 +200,13 @@ def flax_to_torch(params: Mapping, dims: Optional[Dims] = None, *, prefix: str =
   """Our parameter tree -> official state dict (numpy, PyTorch orientation, C-contiguous).
 
   Args:
-    params: nested dict of arrays (numpy or jax), `model.init_params` layout.
+    params: nested dict of arrays (numpy or jax), `model.init_params` layout, per-layer or
+      scanned (`model.scan_layers`: unstacked here, so the keys are the same either way).
     dims: expected dims (default: read off `params`); every path must exist with its shape.
     prefix: prepended to every key ("backbone." for an exported denoiser).
     include_rotary: head dim; if given, also writes the `rotary_emb.inv_freq` buffer.
   """
+  params = layer_names.unstack_layers(params)
   dims = dims or dims_from_params(params)
   flat = flatten(params)
   rows = expand(dims)

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from setdiff_jax import masks, methods, objectives
+from setdiff_jax import layer_names, masks, methods, objectives
 from setdiff_jax import model as model_lib
 from setdiff_jax.interop import files, hf_config, name_map
 
@@ -47,7 +47,8 @@ def _jitted_forward(model_cfg: model_lib.DiTConfig, return_kv: bool):
 
 def jax_forward(model_cfg: model_lib.DiTConfig, params, tokens, positions, allowed, kv_cache=None,
                 return_kv: bool = False):
-  """Our DiT's raw logits (jitted, cached per config), dropout off."""
+  """Our DiT's raw logits (jitted, cached per config), dropout off; params in either layout."""
+  params = layer_names.to_layout(params, model_cfg.scan_layers)
   return _jitted_forward(model_cfg, return_kv)(params, jnp.asarray(tokens), jnp.asarray(positions),
                                                jnp.asarray(allowed), kv_cache)
 
@@ -133,6 +134,7 @@ def parity_report(config, params, out_dir: Optional[str] = None, *, special_ids=
   from setdiff_jax.interop import import_, torch_reference  # torch: an optional extra
 
   model_cfg = fp32_model_config(config, params)
+  params = layer_names.to_layout(params, model_cfg.scan_layers)  # the layout the model takes
   length = int(config.seq_len)
   special = dict(special_ids or {})
   if out_dir is not None:
@@ -169,7 +171,8 @@ def parity_report(config, params, out_dir: Optional[str] = None, *, special_ids=
 
   if out_dir is not None:
     _, back = import_.import_checkpoint(out_dir)
-    a, b = name_map.flatten(params), name_map.flatten(back)
+    a = name_map.flatten(layer_names.unstack_layers(params))
+    b = name_map.flatten(layer_names.unstack_layers(back))
     report["roundtrip"] = a.keys() == b.keys() and all(
         np.array_equal(np.asarray(a[k]), b[k]) and np.asarray(a[k]).dtype == b[k].dtype for k in a)
   return report

@@ -24,6 +24,7 @@ from typing import Dict, List, Mapping, Tuple
 
 import numpy as np
 
+from setdiff_jax import layer_names
 from setdiff_jax.interop.name_map import CheckpointMismatchError, flatten, unflatten
 
 PREFIXES = {"hf": "", "official": "backbone.model."}
@@ -196,8 +197,8 @@ def check_tied(head, embed, context: str = ""):
 
 def from_flax(params: Mapping, dims: Dims, layout: str = "hf") -> Dict[str, np.ndarray]:
   """Our params -> HF state dict with the layout's prefix (official: lm_head written even when
-  tied, as the denoiser's state dict holds it)."""
-  flat = flatten(params)
+  tied, as the denoiser's state dict holds it). A scanned tree (`layers/...`) is unstacked first."""
+  flat = flatten(layer_names.unstack_layers(params))
   rows = expand(dims)
   want = {r.flax_path for r in rows}
   missing = ["/".join(r.flax_path) for r in rows if r.flax_path not in flat]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from setdiff_jax import masks
+from setdiff_jax import layer_names, masks
 from setdiff_jax import pretrained
 from setdiff_jax.interop import files, logits, name_map, qwen3_hf
 from setdiff_jax.interop.import_ import import_checkpoint
@@ -41,8 +41,9 @@ def parity_report(config, params, out_dir: str, *, length: int = 8, seed: int = 
                 position_ids=torch.as_tensor(positions), use_cache=False).logits.numpy()
   err = float(np.max(np.abs(ours - ref)) / max(np.max(np.abs(ref)), 1e-30))
   _, back = import_checkpoint(out_dir)
-  a = {k: np.asarray(v) for k, v in name_map.flatten(params).items()}  # host params
-  b = name_map.flatten(back)
+  unstack = layer_names.unstack_layers  # compared per layer, whatever model.scan_layers is
+  a = {k: np.asarray(v) for k, v in name_map.flatten(unstack(params)).items()}  # host params
+  b = name_map.flatten(unstack(back))
   exact = set(a) == set(b) and all(np.array_equal(a[k], b[k]) for k in a)
   return {"two_stream": err, "roundtrip": bool(exact)}
 

@@ -20,6 +20,7 @@ Parameter tree (maps one-to-one to the HF state dict; see `interop/qwen3_map.py`
   layers_{i}/down_proj/kernel           (F, D)
   final_norm/scale                      (D,)
   lm_head/kernel                        (D, V)     untied models only
+  (scan_layers=True: one `layers/...` subtree, every leaf [num_layers, ...]; layer_names.py)
 
 The KV cache holds keys (after k-norm and RoPE) and values of the K KV heads only:
 per layer (k, v), each [B, C, K, Dh]; the query-head repeat happens inside attention.
@@ -33,7 +34,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from setdiff_jax import attention
+from setdiff_jax import attention, layer_stack
 from setdiff_jax.model import apply_rotary, rotary_cos_sin
 
 KVCache = Tuple[Tuple[jax.Array, jax.Array], ...]  # per layer (k [B, C, K, Dh], v [B, C, K, Dh])
@@ -56,7 +57,8 @@ class Qwen3Config:
   dropout: float = 0.0             # residual-branch dropout (the reference Qwen3 has none)
   dtype: str = "float32"           # compute dtype; params stay fp32
   attention: str = "dense"         # see attention.IMPLEMENTATIONS
-  remat: bool = False
+  remat: Any = "none"              # remat policy per layer (layer_stack.REMAT_POLICIES; bools ok)
+  scan_layers: bool = False        # nn.scan over the layers: params `layers/...` [num_layers, ...]
 
   def __post_init__(self):
     if self.num_heads % self.num_kv_heads:
@@ -68,6 +70,9 @@ class Qwen3Config:
       raise ValueError(f"model dtype {self.dtype!r} must be float32, bfloat16 or float16")
     if self.attention not in attention.IMPLEMENTATIONS:
       raise ValueError(f"attention={self.attention!r}; use one of {attention.IMPLEMENTATIONS}")
+    object.__setattr__(self, "remat", layer_stack.normalize_remat(self.remat))
+    if self.scan_layers and self.num_layers < 1:
+      raise ValueError("scan_layers=True needs num_layers >= 1")
 
   @property
   def compute_dtype(self):
@@ -145,6 +150,7 @@ class Qwen3Layer(nn.Module):
     if nh != nk:  # query head j reads KV head j // (H / K), as HF `repeat_kv`
       k, v = jnp.repeat(k, nh // nk, axis=2), jnp.repeat(v, nh // nk, axis=2)
     o = attention.attend(q, k, v, mask, cfg.attention).reshape(b, s, nh * dh)
+    o = layer_stack.tag_attention_out(o)
     o = Dense(cfg.hidden_size, dt, name="o_proj")(o)
     h = h + nn.Dropout(cfg.dropout)(o, deterministic=deterministic).astype(h.dtype)
 
@@ -183,12 +189,8 @@ class Qwen3(nn.Module):
     h = embed(tokens)
     cos, sin = rotary_cos_sin(positions, cfg.head_dim, cfg.rope_base)
 
-    layer_cls = nn.remat(Qwen3Layer, static_argnums=(6,)) if cfg.remat else Qwen3Layer
-    new_kvs = []
-    for i in range(cfg.num_layers):
-      past = None if kv_cache is None else kv_cache[i]
-      h, kv = layer_cls(cfg, name=f"layers_{i}")(h, cos, sin, mask, past, deterministic)
-      new_kvs.append(kv)
+    h, new_kvs = layer_stack.apply_layers(Qwen3Layer, cfg, "layers", h, (cos, sin, mask),
+                                          kv_cache, deterministic)
 
     h = RMSNorm(cfg.rms_norm_eps, name="final_norm")(h[:, head_start:])
     dt = cfg.compute_dtype
@@ -198,7 +200,7 @@ class Qwen3(nn.Module):
       logits = Dense(cfg.vocab_size, dt, name="lm_head")(h)
     logits = logits.astype(jnp.float32)
     if return_kv:
-      return logits, tuple(new_kvs)
+      return logits, new_kvs
     return logits
 
 
