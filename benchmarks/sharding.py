@@ -89,8 +89,9 @@ def parse_args(argv=None):
                       "wordpiece configs, else config.tokenizer.vocab_size")
   p.add_argument("--dtype", default=None, help="compute dtype: float32 | bfloat16")
   p.add_argument("--grad_accum_steps", type=int, default=None)
-  p.add_argument("--remat", action=argparse.BooleanOptionalAction, default=None,
-                 help="rematerialise blocks (model.remat)")
+  p.add_argument("--remat", nargs="?", const="full", default=None,
+                 help="model.remat policy: none | full (bare --remat) | dots_saveable | "
+                      "dots_with_no_batch_dims_saveable | save_attention_out")
   p.add_argument("--time_steps", type=int, default=0,
                  help="also time this many steps per layout on --time_config (0: compile only)")
   p.add_argument("--time_config", default=os.path.join(REPO, "configs", "tiny_sw.py"))

@@ -68,7 +68,11 @@ def parse_args(argv=None):
                  help="interleaved rounds over the objectives (medians reported)")
   p.add_argument("--dropout", type=float, default=None, help="default 0.1")
   p.add_argument("--grad_accum_steps", type=int, default=None, help="default 1")
-  p.add_argument("--remat", action="store_true", default=None)
+  p.add_argument("--remat", nargs="?", const="full", default=None,
+                 help="remat policy: none | full (bare --remat) | dots_saveable | "
+                      "dots_with_no_batch_dims_saveable | save_attention_out")
+  p.add_argument("--scan_layers", action="store_true", default=None,
+                 help="nn.scan over the blocks (model.scan_layers)")
   p.add_argument("--warmup", type=int, default=3, help="untimed steps after compilation")
   p.add_argument("--steps", type=int, default=10, help="timed steps")
   p.add_argument("--seed", type=int, default=0)
@@ -91,7 +95,7 @@ def load_config(args):
            "model.vocab_size": args.vocab_size, "batch_size": args.batch_size,
            "model.dtype": args.dtype, "model.attention": args.attention,
            "model.dropout": args.dropout, "grad_accum_steps": args.grad_accum_steps,
-           "model.remat": args.remat}
+           "model.remat": args.remat, "model.scan_layers": args.scan_layers}
   for key, value in sizes.items():
     if value is not None:
       node, *rest = key.split(".")
@@ -143,9 +147,9 @@ def benchmark(config, objective: str, args) -> dict:
   batches = [sharding.global_batch(b, mesh) for b in host]
   rng = jax.random.key(args.seed + 1)
 
-  t0 = time.perf_counter()
+  t0, c0 = time.perf_counter(), time.process_time()
   compiled = step.lower(state, batches[0], rng).compile()
-  compile_s = time.perf_counter() - t0
+  compile_s, compile_cpu_s = time.perf_counter() - t0, time.process_time() - c0
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   flops = float((cost or {}).get("flops", 0.0))
@@ -154,19 +158,20 @@ def benchmark(config, objective: str, args) -> dict:
     state, metrics = compiled(state, batches[i % len(batches)], rng)
   jax.block_until_ready((state, metrics) if args.warmup else state)
   clean = float(sum(host[i % len(host)]["attention_mask"].sum() for i in range(args.steps)))
-  return {"objective": objective, "params": num_params, "compile_s": compile_s, "flops": flops,
-          "compiled": compiled, "state": state, "batches": batches, "rng": rng, "clean": clean,
-          "times": []}
+  return {"objective": objective, "params": num_params, "compile_s": compile_s,
+          "compile_cpu_s": compile_cpu_s, "flops": flops, "compiled": compiled, "state": state,
+          "batches": batches, "rng": rng, "clean": clean, "times": [], "cpu_times": []}
 
 
 def time_steps(prep: dict, args):
   """One timed run of `--steps` steps; appends the elapsed seconds to prep['times']."""
   state, compiled, batches, rng = prep["state"], prep["compiled"], prep["batches"], prep["rng"]
-  t0 = time.perf_counter()
+  t0, c0 = time.perf_counter(), time.process_time()
   for i in range(args.steps):
     state, metrics = compiled(state, batches[i % len(batches)], rng)
   jax.block_until_ready((state, metrics))
   prep["times"].append(time.perf_counter() - t0)
+  prep.setdefault("cpu_times", []).append(time.process_time() - c0)
   prep["state"] = state
   loss = float(metrics["loss"])
   if not np.isfinite(loss):
@@ -200,7 +205,8 @@ def markdown(rows, config, args) -> str:
   m = config.model
   head = (f"{m.num_layers} layers x {m.hidden_size}, {m.num_heads} heads, L={config.seq_len}, "
           f"V={m.vocab_size}, batch {config.batch_size} (accum {config.grad_accum_steps}), "
-          f"{m.dtype}, attention={m.attention}, dropout {m.dropout}; {jax.device_count()} x "
+          f"{m.dtype}, attention={m.attention}, dropout {m.dropout}, remat={m.remat}, "
+          f"scan_layers={m.get('scan_layers', False)}; {jax.device_count()} x "
           f"{jax.devices()[0].device_kind} ({jax.default_backend()}); jax {jax.__version__}; "
           f"{args.warmup} warm-up + {args.steps} timed steps")
   lines = [head, "",
