@@ -55,6 +55,7 @@ flags.DEFINE_integer("max_new_tokens", 0, "N (0 = L - 1).")
 flags.DEFINE_integer("repeats", 1, "Timed runs per row (after the compiling run).")
 flags.DEFINE_float("peak_gflops", 0.0,
                    "Peak GFLOP/s for the MFU column (0: measure with a 2048^3 matmul probe).")
+flags.DEFINE_bool("scan_layers", False, "Random init: nn.scan over the blocks (model.scan_layers).")
 
 
 def _model():
@@ -72,7 +73,8 @@ def _model():
     desc = f"{FLAGS.workdir} (step {st.step}, objective {oc.name})"
     return workdir_lib.inference_model(st.model_config), st.params, int(st.config.seq_len), ids, desc
   cfg = DiTConfig(vocab_size=FLAGS.vocab_size, hidden_size=FLAGS.hidden_size,
-                  num_layers=FLAGS.num_layers, num_heads=FLAGS.num_heads, dropout=0.0)
+                  num_layers=FLAGS.num_layers, num_heads=FLAGS.num_heads, dropout=0.0,
+                  scan_layers=FLAGS.scan_layers)
   params = jax.jit(init_params, static_argnums=(0, 2))(cfg, jax.random.PRNGKey(FLAGS.seed))
   if FLAGS.head_scale > 0:
     rng = np.random.default_rng(FLAGS.seed)
@@ -80,7 +82,8 @@ def _model():
     params["head"]["kernel"] = jnp.asarray(head / np.sqrt(cfg.hidden_size), jnp.float32)
   ids = dict(mask_token_id=103, eos_token_id=102, pad_token_id=0, bos_token_id=101)
   desc = (f"random init {cfg.num_layers} x {cfg.hidden_size}, {cfg.num_heads} heads, "
-          f"L={FLAGS.seq_len}, V={cfg.vocab_size}, head_scale={FLAGS.head_scale}")
+          f"L={FLAGS.seq_len}, V={cfg.vocab_size}, head_scale={FLAGS.head_scale}, "
+          f"scan_layers={cfg.scan_layers}")
   return DiT(cfg), params, FLAGS.seq_len, ids, desc
 
 

@@ -17,6 +17,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from setdiff_jax import layer_names
+
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
 
@@ -114,7 +116,7 @@ PARAM_LOGICAL_AXES = {
 # `blocks/...` / `layers/...` [num_layers, ...]: that axis is the logical "layers" (replicated by
 # default; every device holds its shard of every layer, as unrolled).
 LAYER_AXIS = "layers"
-STACKED_SUBTREES = ("blocks", "layers")  # = layer_names.LAYER_PREFIXES
+STACKED_SUBTREES = layer_names.LAYER_PREFIXES  # ("blocks", "layers"): DiT, Qwen3
 
 # Default rules: FSDP shards the model dimension of every matrix over `fsdp`; tensor parallelism
 # splits heads / MLP / vocabulary over `tensor`. Norm scales, biases of the model dimension and
