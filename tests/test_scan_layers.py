@@ -251,6 +251,11 @@ def test_validate_config_errors():
   c.model.scan_layers = True
   with pytest.raises(ValueError, match="scan_layers=True needs model.num_layers >= 1"):
     run_config.validate_config(c)
+  # resuming with the other layout is refused (the checkpoint tree differs); remat may change
+  from setdiff_jax import workdir_guard
+  a = default.get_config()
+  b = set_fields(default.get_config(), {"model.scan_layers": True, "model.remat": "full"})
+  assert [f for f, _, _ in workdir_guard.structural_changes(a.to_dict(), b)] == ["model.scan_layers"]
   # an old run's config.json (remat: false, no scan_layers) still builds its model
   old = default.get_config().to_dict()
   old["model"]["remat"] = False
