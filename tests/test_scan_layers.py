@@ -206,7 +206,7 @@ def test_every_remat_policy_matches_no_remat():
   p = random_params(SMALL)
   # every policy scanned; unrolled and bf16 a subset (same code path, fewer compiles)
   runs = ((True, "float32", layer_stack.REMAT_POLICIES, 1e-6),
-          (False, "float32", ("none", "full", "save_attention_out"), 1e-6),
+          (False, "float32", ("none", "full"), 1e-6),
           (True, "bfloat16", ("none", "dots_saveable"), 1e-2))
   for scan, dtype, policies, tol in runs:
     out = some_policies(scan, dtype, policies, layer_names.to_layout(p, scan))
@@ -225,8 +225,9 @@ def test_remat_policies_change_what_is_saved():
   def residual_bytes(r):  # what jax.vjp keeps for the backward pass (params included)
     c = scanned(SMALL, remat=r)
     f = lambda q: jnp.sum(DiT(c).apply({"params": q}, tokens, positions, mask))
-    _, vjp = jax.vjp(f, p)
-    return sum(x.size for x in jax.tree_util.tree_leaves(vjp) if hasattr(x, "size"))
+    vjp = jax.eval_shape(lambda q: jax.vjp(f, q)[1], p)  # shapes only: nothing runs
+    return sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(vjp)
+               if hasattr(x, "shape"))
   sizes = {r: residual_bytes(r) for r in ("none", "full", "save_attention_out")}
   assert sizes["full"] < sizes["save_attention_out"] < sizes["none"], sizes
 
