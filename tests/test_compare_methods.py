@@ -13,6 +13,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # trains four tiny models end to end (~1-1.5 min)
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 METHODS = ["ar", "mdlm", "bd3lm4", "setdlm2"]
 

@@ -353,6 +353,7 @@ def test_errors(hf, tmp_path):
 
 
 # ----------------------------------------------------------------------------- end to end
+@pytest.mark.slow
 def test_end_to_end_finetune_sample_export(tmp_path):
   """HF dir -> launch/train.py (SetDLM fine-tune on 8 devices, fsdp=4 x tensor=2) ->
   launch/sample.py -> launch/export.py (1 device) -> import_checkpoint gives the trained model's

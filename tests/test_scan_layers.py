@@ -321,6 +321,7 @@ def test_export_of_scanned_equals_unrolled_and_reimports_stacked(tmp_path, backb
 
 
 # ----------------------------------------------------------------------------- end to end
+@pytest.mark.slow
 def test_train_scanned_then_sample_and_init_from_unrolled(tmp_path, tokenizer_dir):
   from setdiff_jax import train
   from setdiff_jax.decoding import generate_text

@@ -314,6 +314,7 @@ def train_losses(workdir):
   return {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}
 
 
+@pytest.mark.slow  # the `runs` pipeline: three training runs on three meshes
 def test_restore_on_another_mesh_continues_exactly(runs):
   a, b = restore_full(runs["moved"]), restore_full(runs["reference"])
   assert int(a.step) == int(b.step) == 2 * N
@@ -328,6 +329,7 @@ def test_restore_on_another_mesh_continues_exactly(runs):
   assert dict(checkpointing.load_config(runs["moved"]).mesh) == MESHES["d2f2t2"]
 
 
+@pytest.mark.slow  # shares the `runs` pipeline (three training runs)
 def test_load_inference_state_on_any_mesh(runs):
   workdir = runs["fsdp8_at_n"]  # saved from fsdp=8
   assert dict(checkpointing.load_config(workdir).mesh) == MESHES["fsdp8"]
@@ -351,6 +353,7 @@ def test_load_inference_state_on_any_mesh(runs):
   assert_trees_close(jax.device_get(raw.params), saved.params, atol=0)
 
 
+@pytest.mark.slow  # shares the `runs` pipeline (three training runs)
 def test_sampling_on_sharded_params_gives_the_same_tokens(runs):
   from setdiff_jax import sampling
 

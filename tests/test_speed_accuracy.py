@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # trains four tiny models end to end (~1-1.5 min)
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
