@@ -19,7 +19,6 @@ per method), runs/<method>/ (training workdirs; a re-run skips finished training
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
@@ -33,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from benchmarks.compare_methods import shared_tokenizer, train_method  # noqa: E402
+from benchmarks.compare_methods import _jax_settings, shared_tokenizer, train_method  # noqa: E402
 from configs import compare, reasoning_common  # noqa: E402
 from setdiff_jax import workdir as workdir_lib  # noqa: E402
 from setdiff_jax.data import pairs as pairs_lib  # noqa: E402
@@ -218,17 +217,6 @@ def write_report(out_dir: str, record) -> str:
   return text
 
 
-@contextlib.contextmanager
-def _fast_compile(enabled: bool):
-  old = jax.config.values.get("jax_disable_most_optimizations", False)
-  if enabled:
-    jax.config.update("jax_disable_most_optimizations", True)
-  try:
-    yield
-  finally:
-    jax.config.update("jax_disable_most_optimizations", old)
-
-
 def main(argv=None, log=print) -> Dict[str, Any]:
   args = parse_args(argv)
   p = plan(args)
@@ -239,7 +227,7 @@ def main(argv=None, log=print) -> Dict[str, Any]:
     compare.parse_method(m)
   load_start = _uptime()
   t_start = time.perf_counter()
-  with _fast_compile(args.quick):
+  with _jax_settings({"jax_disable_most_optimizations": True} if args.quick else {}):
     configs = {m: method_config(m, p, args.seed, args.quick) for m in methods}
     tok_dir = shared_tokenizer(out_dir, configs[methods[0]])
     t0 = time.perf_counter()
