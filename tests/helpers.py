@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from setdiff_jax.data import tokenizers
-from setdiff_jax.model import param_shapes
+from setdiff_jax.models import param_shapes  # any backbone config (DiT, Qwen3)
 
 TINY_VOCAB = 384  # the tiny runs' BPE size (divides by a tensor axis of 2, 4 or 8)
 

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from helpers import random_params
-from setdiff_jax import fused_head, methods, objectives
+from setdiff_jax import fused_head, methods, models, objectives
 from setdiff_jax.model import DiT, DiTConfig
+from setdiff_jax.models.qwen3 import Qwen3Config
 
 pytestmark = pytest.mark.usefixtures("fast_compile")
 
@@ -111,3 +112,53 @@ def test_objectives_fused_equals_unfused(name, adaln):
   assert rel_err(m_f["nll_sum"], m_u["nll_sum"]) < 1e-6
   for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(g_f), jax.tree_util.tree_leaves(g_u)):
     assert rel_err(a, b) < 1e-6, jax.tree_util.keystr(path)
+
+
+QWEN = Qwen3Config(vocab_size=V, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
+                   head_dim=8, intermediate_size=48, dropout=0.1)
+
+
+@functools.lru_cache(maxsize=None)
+def _qwen_loss_and_grad(obj_cfg, model_cfg):
+  fn = lambda p, batch, rng: methods.compute_loss(obj_cfg, models.build(model_cfg), p, batch, rng,
+                                                     train=True)
+  return jax.jit(jax.value_and_grad(fn, has_aux=True))
+
+
+@pytest.mark.parametrize("name,tied", [("setdlm", True), ("ar", False)])
+def test_qwen3_fused_equals_unfused(name, tied):
+  """Qwen3's LM head (tied: the embedding transposed; untied: lm_head) through the fused path."""
+  model_cfg = dataclasses.replace(QWEN, tie_embeddings=tied, fused_head=False)
+  obj = objectives.ObjectiveConfig(name=name, mask_token_id=MASK, pad_token_id=0, eos_token_id=2,
+                                   desired_set_size=2)
+  rng = np.random.default_rng(2)
+  tokens = rng.integers(4, V, (2, 8)).astype(np.int32)
+  tokens[:, 0] = 1
+  batch = {"tokens": jnp.asarray(tokens), "attention_mask": jnp.ones_like(tokens)}
+  params = random_params(model_cfg)
+  assert ("lm_head" in params) != tied
+  key = jax.random.key(5)
+  (loss_u, _), g_u = _qwen_loss_and_grad(obj, model_cfg)(params, batch, key)
+  (loss_f, _), g_f = _qwen_loss_and_grad(obj, dataclasses.replace(model_cfg, fused_head=True))(
+      params, batch, key)
+  assert np.isfinite(float(loss_u)) and float(loss_u) > 0
+  assert rel_err(loss_f, loss_u) < 1e-6
+  for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(g_f), jax.tree_util.tree_leaves(g_u)):
+    assert rel_err(a, b) < 1e-6, jax.tree_util.keystr(path)
+
+
+def test_qwen3_return_hidden_and_head():
+  """return_hidden + output_head reproduce the logits; head_vd is the tied embedding itself."""
+  for tied in (True, False):
+    cfg = dataclasses.replace(QWEN, tie_embeddings=tied)
+    model, params = models.build(cfg), random_params(cfg)
+    tokens = jnp.asarray(np.arange(6)[None] % V, jnp.int32)
+    pos = jnp.arange(6, dtype=jnp.int32)[None]
+    mask = jnp.tril(jnp.ones((1, 6, 6), bool))
+    logits = model.apply({"params": params}, tokens, pos, mask, head_start=2)
+    h = model.apply({"params": params}, tokens, pos, mask, head_start=2, return_hidden=True)
+    kernel, bias = model.output_head(params)
+    assert bias is None and h.shape == (1, 4, cfg.hidden_size)
+    assert rel_err(jnp.dot(h, kernel), logits) < 1e-6
+    assert (model.head_vd(params) is params["embed"]["embedding"]) if tied else (
+        model.head_vd(params) is None)

@@ -59,6 +59,9 @@ class Qwen3Config:
   attention: str = "dense"         # see attention.IMPLEMENTATIONS
   remat: Any = "none"              # remat policy per layer (layer_stack.REMAT_POLICIES; bools ok)
   scan_layers: bool = False        # nn.scan over the layers: params `layers/...` [num_layers, ...]
+  fused_head: bool = True          # training losses: fused LM head + cross-entropy (fused_head.py)
+  head_chunk_rows: int = 0         # fused head: rows per chunk (0 = all rows at once)
+  head_recompute: bool = False     # fused head: recompute logits in the backward
 
   def __post_init__(self):
     if self.num_heads % self.num_kv_heads:
@@ -170,7 +173,9 @@ class Qwen3(nn.Module):
     kv_cache: optional per-layer (k, v), each [B, C, K, Dh] (keys after k-norm and RoPE);
     sigma: accepted for signature compatibility and ignored (no time conditioning);
     head_start: static int; the final norm and LM head run on rows [head_start:] only;
-    return_kv: also return this call's per-layer (k, v) [B, S, K, Dh].
+    return_kv: also return this call's per-layer (k, v) [B, S, K, Dh];
+    return_hidden: return the final-normed hidden states [B, S - head_start, D] that enter the
+      LM head instead of the logits (`output_head` gives the head; fused_head.py applies it).
   Returns:
     logits fp32 [B, S - head_start, V] (raw; the caller suppresses the mask token, as for the
     DiT), and the new kv if asked.
@@ -180,7 +185,7 @@ class Qwen3(nn.Module):
   @nn.compact
   def __call__(self, tokens, positions, mask, *, kv_cache: Optional[KVCache] = None,
                sigma: Optional[jax.Array] = None, deterministic: bool = True,
-               head_start: int = 0, return_kv: bool = False):
+               head_start: int = 0, return_kv: bool = False, return_hidden: bool = False):
     del sigma
     cfg = self.config
     embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, embedding_init=_normal(),
@@ -193,6 +198,8 @@ class Qwen3(nn.Module):
                                           kv_cache, deterministic)
 
     h = RMSNorm(cfg.rms_norm_eps, name="final_norm")(h[:, head_start:])
+    if return_hidden and not self.is_initializing():
+      return (h, new_kvs) if return_kv else h
     dt = cfg.compute_dtype
     if cfg.tie_embeddings:
       logits = jnp.dot(h.astype(dt), embed.embedding.T.astype(dt))
@@ -202,6 +209,16 @@ class Qwen3(nn.Module):
     if return_kv:
       return logits, new_kvs
     return logits
+
+  def output_head(self, params):
+    """(kernel [D, V], None) of the LM head: the embedding transposed when tied (no bias)."""
+    if self.config.tie_embeddings:
+      return jnp.transpose(params["embed"]["embedding"]), None
+    return params["lm_head"]["kernel"], None
+
+  def head_vd(self, params):
+    """The LM head as [V, D] when the params hold it so (the tied embedding), else None."""
+    return params["embed"]["embedding"] if self.config.tie_embeddings else None
 
 
 __all__ = ["Qwen3Config", "Qwen3", "Qwen3Layer", "RMSNorm", "KVCache"]

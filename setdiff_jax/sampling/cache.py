@@ -15,13 +15,14 @@ calls `model.apply(..., return_kv=True)`), a `Forward`, or a plain `logits_fn(to
 mask, kv_cache) -> (logits, kv)` (toy tests).
 The adapter functions are cached per model config / function, so jitted samplers compile once.
 
-Decode-only head layout: for a backbone with `output_head(params)` and `return_hidden` (the DiT),
+Decode-only head layout: for a backbone with `output_head(params)` and `return_hidden` (DiT, Qwen3),
 `as_forward` (eagerly, once per params) or `bind` (inside a jitted sampler, before its loop) adds
 a [V, D] copy of the head kernel (`DecodeParams`; the parameters themselves are unchanged).
 Decoding feeds a few rows per step, where the head matmul reads the whole V x D kernel and is
 memory-bound; XLA:CPU runs a few-row `h @ W` 1.5-1.7x faster from the [V, D] copy (one row: the
 [D, V] original is faster and is used). Same math, same fp32 (only the summation order of a dot
-product may differ).
+product may differ). A head the params already store as [V, D] (Qwen3's tied embedding, via the
+backbone's `head_vd(params)`) is used as it is, never copied.
 
 The cache is shaped after the kv the model returns, so it holds what the backbone stores per layer:
 [B, C, H, Dh] for the DiT, the KV heads only [B, C, K, Dh] for a grouped-query Qwen3
@@ -91,10 +92,24 @@ def backbone_apply_fn(config) -> ApplyFn:
 
   if hasattr(model, "output_head"):  # backbones that can hand over hidden states + head
     apply.head_kernel = lambda params: model.output_head(params)[0]
-    # The barrier keeps XLA from folding the transpose back into the head dot.
-    apply.prepare = lambda params: DecodeParams(
-        params, jax.lax.optimization_barrier(jnp.transpose(model.output_head(params)[0])))
+    apply.stored_head_vd = lambda params: _stored_head_vd(model, params)
+
+    def prepare(params):
+      stored = _stored_head_vd(model, params)
+      if stored is not None:
+        return DecodeParams(params, stored)
+      # The barrier keeps XLA from folding the transpose back into the head dot.
+      return DecodeParams(
+          params, jax.lax.optimization_barrier(jnp.transpose(model.output_head(params)[0])))
+    apply.prepare = prepare
   return apply
+
+
+def _stored_head_vd(model, params):
+  """The head as the params already hold it in [V, D] (Qwen3's tied embedding), else None: no
+  copy is made of a head that is stored that way."""
+  head_vd = getattr(model, "head_vd", None)
+  return None if head_vd is None else head_vd(params)
 
 
 dit_apply_fn = backbone_apply_fn  # the historical name
@@ -126,7 +141,8 @@ def decode_params(apply: ApplyFn, params):
     return params
   if _LAST_DECODE and _LAST_DECODE[0][0] is kernel and _LAST_DECODE[0][2] is params:
     return _LAST_DECODE[0][1]
-  out = DecodeParams(params, jnp.transpose(kernel).copy())
+  stored = apply.stored_head_vd(params)
+  out = DecodeParams(params, jnp.transpose(kernel).copy() if stored is None else stored)
   _LAST_DECODE[:] = [(kernel, out, params)]
   return out
 
