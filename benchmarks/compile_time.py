@@ -64,6 +64,7 @@ def base_config(args):
 def step_args(args):
   """What `training.benchmark` / `time_steps` read from their argparse namespace."""
   return types.SimpleNamespace(fused_head=1, head_chunk_rows=0, head_recompute=False,
+                               head_vocab_chunk=None,
                                seed=args.seed, warmup=args.warmup, steps=args.steps)
 
 

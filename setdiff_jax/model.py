@@ -30,7 +30,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from setdiff_jax import attention, layer_stack
+from setdiff_jax import attention, fused_head, layer_stack
 
 NEG_INF_LOGIT = -1e12  # the reference's mask-token logit (SPEC §3.5)
 
@@ -56,6 +56,7 @@ class DiTConfig:
   fused_head: bool = True      # training losses: fused head + cross-entropy (fused_head.py)
   head_chunk_rows: int = 0     # fused head: rows per chunk (0 = all rows at once)
   head_recompute: bool = False  # fused head: recompute logits in the backward (no [N, V] residual)
+  head_vocab_chunk: int = 1024  # fused head: vocabulary columns per chunk (0 = off; fused_head.py)
 
   def __post_init__(self):
     if self.hidden_size % self.num_heads:
@@ -67,6 +68,7 @@ class DiTConfig:
     if self.attention not in attention.IMPLEMENTATIONS:
       raise ValueError(f"attention={self.attention!r}; use one of {attention.IMPLEMENTATIONS}")
     object.__setattr__(self, "remat", layer_stack.normalize_remat(self.remat))
+    fused_head.check_head_fields(self)
     if self.scan_layers and self.num_layers < 1:
       raise ValueError("scan_layers=True needs num_layers >= 1")
 

@@ -48,6 +48,9 @@ def default_config() -> ml_collections.ConfigDict:
   # nn.scan over the blocks (one compiled layer body: compile time flat in depth); parameters are
   # stacked `blocks/...` [num_layers, ...]; exports keep the per-layer PyTorch names.
   c.model.scan_layers = False
+  # Training head + cross-entropy walked in vocabulary chunks of this many columns (never an
+  # [N, V] array; faster on CPU); 0 = all columns at once (setdiff_jax/fused_head.py).
+  c.model.head_vocab_chunk = 1024
   c.model.rope_base = 10000.0     # RoPE theta (DiT: 10000; Qwen3: the checkpoint's rope_theta, 1e6)
   # Qwen3 only (ignored by the DiT); with init_from_hf, 0 = take the checkpoint's value.
   c.model.num_kv_heads = 0        # grouped-query KV heads (0 = num_heads)

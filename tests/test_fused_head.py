@@ -37,29 +37,46 @@ def _data(seed=0, n=(3, 7), d=16):
   return h, kernel, bias, targets, weights
 
 
-@pytest.mark.parametrize("suppress,chunk,recompute",
-                         [(None, None, False), (MASK, None, False), (MASK, 4, False),
-                          (MASK, 4, True), (None, 8, True)])
-def test_fused_nll_matches_logits_path(suppress, chunk, recompute):
+@pytest.mark.parametrize("suppress,chunk,recompute,vocab_chunk,with_bias",
+                         [(None, None, False, None, True), (MASK, None, False, None, True),
+                          (MASK, 4, False, None, True), (MASK, 4, True, None, True),
+                          (None, 8, True, None, True),
+                          # vocabulary chunks: V = 37 in 5 chunks of 8 (3 padded columns)
+                          (MASK, None, False, 8, True), (None, None, False, 8, False),
+                          (MASK, None, False, 64, True)])  # one chunk > V: the row path
+def test_fused_nll_matches_logits_path(suppress, chunk, recompute, vocab_chunk, with_bias):
   h, kernel, bias, targets, weights = _data()
   targets = targets.at[0, 0].set(MASK)  # a target at the suppressed column: same (huge) NLL
+  bias = bias if with_bias else None
 
   def ref(h, k, b):
-    z = jnp.einsum("...d,dv->...v", h, k) + b
+    z = jnp.einsum("...d,dv->...v", h, k) + (0.0 if b is None else b)
     return fused_head.reference_nll(z, targets, suppress)
 
   def fused(h, k, b):
     return fused_head.fused_nll(h, targets, k, b, suppress_id=suppress, chunk_rows=chunk,
-                                recompute=recompute)
+                                recompute=recompute, vocab_chunk=vocab_chunk)
 
   nll_r, nll_f = jax.jit(ref)(h, kernel, bias), jax.jit(fused)(h, kernel, bias)
   assert nll_f.shape == targets.shape and nll_f.dtype == jnp.float32
   assert rel_err(nll_f, nll_r) < 1e-6
   loss = lambda f: lambda *a: jnp.sum(weights * jnp.where(targets == MASK, 0.0, f(*a)))
-  g_r = jax.jit(jax.grad(loss(ref), argnums=(0, 1, 2)))(h, kernel, bias)
-  g_f = jax.jit(jax.grad(loss(fused), argnums=(0, 1, 2)))(h, kernel, bias)
+  argnums = (0, 1, 2) if with_bias else (0, 1)
+  g_r = jax.jit(jax.grad(loss(ref), argnums=argnums))(h, kernel, bias)
+  g_f = jax.jit(jax.grad(loss(fused), argnums=argnums))(h, kernel, bias)
   for a, b in zip(g_f, g_r):
     assert rel_err(a, b) < 1e-6
+
+
+def test_vocab_chunk_conflicts():
+  h, kernel, bias, targets, _ = _data()
+  with pytest.raises(ValueError, match="vocab_chunk excludes"):
+    fused_head.fused_nll(h, targets, kernel, bias, vocab_chunk=8, chunk_rows=4)
+  with pytest.raises(ValueError, match="head_vocab_chunk=0"):
+    dataclasses.replace(CFG, head_recompute=True)
+  with pytest.raises(ValueError, match=">= 0"):
+    dataclasses.replace(QWEN, head_vocab_chunk=-1)
+  dataclasses.replace(CFG, head_vocab_chunk=0, head_chunk_rows=4, head_recompute=True)  # fine
 
 
 def test_fused_nll_can_fail():
@@ -87,10 +104,10 @@ def _loss_and_grad(obj_cfg, model_cfg):
   return jax.jit(jax.value_and_grad(fn, has_aux=True))
 
 
-@pytest.mark.parametrize("name,adaln", [("setdlm", False), ("ar", False), ("mdlm", True),
-                                        ("bd3lm", True)])
-def test_objectives_fused_equals_unfused(name, adaln):
-  model_cfg = dataclasses.replace(CFG, adaln=adaln, fused_head=False)
+@pytest.mark.parametrize("name,adaln,vocab_chunk", [("setdlm", False, 0), ("ar", False, 0),
+                                                    ("mdlm", True, 8), ("bd3lm", True, 0)])
+def test_objectives_fused_equals_unfused(name, adaln, vocab_chunk):
+  model_cfg = dataclasses.replace(CFG, adaln=adaln, fused_head=False, head_vocab_chunk=vocab_chunk)
   obj = objectives.ObjectiveConfig(name=name, mask_token_id=MASK, pad_token_id=0, eos_token_id=2,
                                    desired_set_size=2, block_size=4)
   rng = np.random.default_rng(1)
@@ -128,7 +145,8 @@ def _qwen_loss_and_grad(obj_cfg, model_cfg):
 @pytest.mark.parametrize("name,tied", [("setdlm", True), ("ar", False)])
 def test_qwen3_fused_equals_unfused(name, tied):
   """Qwen3's LM head (tied: the embedding transposed; untied: lm_head) through the fused path."""
-  model_cfg = dataclasses.replace(QWEN, tie_embeddings=tied, fused_head=False)
+  model_cfg = dataclasses.replace(QWEN, tie_embeddings=tied, fused_head=False,
+                                  head_vocab_chunk=8 if tied else 0)  # V = 37: 5 chunks
   obj = objectives.ObjectiveConfig(name=name, mask_token_id=MASK, pad_token_id=0, eos_token_id=2,
                                    desired_set_size=2)
   rng = np.random.default_rng(2)

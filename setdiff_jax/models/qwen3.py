@@ -34,7 +34,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from setdiff_jax import attention, layer_stack
+from setdiff_jax import attention, fused_head, layer_stack
 from setdiff_jax.model import apply_rotary, rotary_cos_sin
 
 KVCache = Tuple[Tuple[jax.Array, jax.Array], ...]  # per layer (k [B, C, K, Dh], v [B, C, K, Dh])
@@ -62,6 +62,7 @@ class Qwen3Config:
   fused_head: bool = True          # training losses: fused LM head + cross-entropy (fused_head.py)
   head_chunk_rows: int = 0         # fused head: rows per chunk (0 = all rows at once)
   head_recompute: bool = False     # fused head: recompute logits in the backward
+  head_vocab_chunk: int = 1024  # fused head: vocabulary columns per chunk (0 = off; fused_head.py)
 
   def __post_init__(self):
     if self.num_heads % self.num_kv_heads:
@@ -74,6 +75,7 @@ class Qwen3Config:
     if self.attention not in attention.IMPLEMENTATIONS:
       raise ValueError(f"attention={self.attention!r}; use one of {attention.IMPLEMENTATIONS}")
     object.__setattr__(self, "remat", layer_stack.normalize_remat(self.remat))
+    fused_head.check_head_fields(self)
     if self.scan_layers and self.num_layers < 1:
       raise ValueError("scan_layers=True needs num_layers >= 1")
 
