@@ -104,8 +104,12 @@ def _loss_and_grad(obj_cfg, model_cfg):
   return jax.jit(jax.value_and_grad(fn, has_aux=True))
 
 
-@pytest.mark.parametrize("name,adaln,vocab_chunk", [("setdlm", False, 0), ("ar", False, 0),
-                                                    ("mdlm", True, 8), ("bd3lm", True, 0)])
+SLOW = pytest.mark.slow  # the default tier keeps one case per code path; `-m slow` runs the rest
+
+
+@pytest.mark.parametrize("name,adaln,vocab_chunk", [
+    ("setdlm", False, 0), ("mdlm", True, 8), pytest.param("ar", False, 0, marks=SLOW),
+    pytest.param("bd3lm", True, 0, marks=SLOW)])
 def test_objectives_fused_equals_unfused(name, adaln, vocab_chunk):
   model_cfg = dataclasses.replace(CFG, adaln=adaln, fused_head=False, head_vocab_chunk=vocab_chunk)
   obj = objectives.ObjectiveConfig(name=name, mask_token_id=MASK, pad_token_id=0, eos_token_id=2,
@@ -142,7 +146,7 @@ def _qwen_loss_and_grad(obj_cfg, model_cfg):
   return jax.jit(jax.value_and_grad(fn, has_aux=True))
 
 
-@pytest.mark.parametrize("name,tied", [("setdlm", True), ("ar", False)])
+@pytest.mark.parametrize("name,tied", [("setdlm", True), pytest.param("ar", False, marks=SLOW)])
 def test_qwen3_fused_equals_unfused(name, tied):
   """Qwen3's LM head (tied: the embedding transposed; untied: lm_head) through the fused path."""
   model_cfg = dataclasses.replace(QWEN, tie_embeddings=tied, fused_head=False,
