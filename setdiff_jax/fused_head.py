@@ -18,7 +18,7 @@ for long sequences or large vocabularies where memory, not the CPU, is the limit
 column chunks: an online logsumexp forward and a backward that recomputes each chunk's logits and
 takes dW of that chunk over all rows in one matmul. Four h W-sized matmuls instead of three, but
 no [N, V] array at all, and each chunk's [N, chunk] logits stay in the cache: on the 2-core CPU
-the head's forward + backward at N = 2032, D = 256 is 1.3x (V = 4,096) to 1.45x (V = 151,936)
+the head's forward + backward at N = 2032, D = 256 is 1.15x (V = 4,096) to 1.45x (V = 151,936)
 faster than the row path (`benchmarks/README.md`).
 
 Backbones hand it their final hidden states and head weights: a backbone that supports the fused
