@@ -166,6 +166,7 @@ def two_stream_batch(seq=8, batch=2, seed=0):
 SMALL = dataclasses.replace(DIT, hidden_size=16, num_layers=2, cond_dim=8)
 
 
+@pytest.mark.slow  # the default tier keeps the logits / grads / cache equality above
 def test_every_objective_scanned_equals_unrolled():
   """Each method's training loss (fused head, train=True), dropout 0, scanned = unrolled; with
   dropout the scanned loss is finite and differs from the deterministic one (dropout applies)."""
@@ -186,6 +187,7 @@ def test_every_objective_scanned_equals_unrolled():
 
 
 # ----------------------------------------------------------------------------- remat
+@pytest.mark.slow  # the default tier keeps the logits / grads / cache equality above
 def test_every_remat_policy_matches_no_remat():
   """Same loss and grads for every policy, unrolled and scanned, with dropout on (the
   recomputation must redraw the same bits); bf16 compute with fp32 params and grads too."""
