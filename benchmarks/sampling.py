@@ -94,7 +94,7 @@ def step_flops(model, params, seq_len: int, slots: int, cache_len: int, head_row
   import jax
   import jax.numpy as jnp
 
-  from setdiff_jax.sampling.cache import as_forward, empty_cache
+  from setdiff_jax.sampling.cache import as_forward, cache_seq_axis, empty_cache
   fwd = as_forward(model, params)
   tokens = jnp.zeros((batch, slots), jnp.int32)
   positions = jnp.broadcast_to(jnp.arange(slots, dtype=jnp.int32) % seq_len, (batch, slots))
@@ -103,7 +103,7 @@ def step_flops(model, params, seq_len: int, slots: int, cache_len: int, head_row
   if cache_len:
     one = jax.eval_shape(lambda: fwd.apply(fwd.params, tokens[:, :1], positions[:, :1],
                                            jnp.ones((batch, 1, 1), bool), None, 1))[1]
-    kv = empty_cache(one, cache_len).kv
+    kv = empty_cache(one, cache_len, cache_seq_axis(fwd)).kv
   mask = jnp.ones((batch, slots, cache_len + slots), bool)
   call = jax.jit(fwd.apply, static_argnums=5)
   cost = call.lower(fwd.params, tokens, positions, mask, kv, head_start).compile().cost_analysis()

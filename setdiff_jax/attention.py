@@ -17,6 +17,14 @@
   kernel it falls back to `blocksparse`.
 A plain array mask (no tile structure: decoding steps, caches) always takes the dense path under
 `blocksparse` / `splash`.
+
+`attend_cached(q, k, v, past_k, past_v, mask, implementation)` is a cached decoding step: the new
+slots' q, k, v [B, S, H|K, Dh] plus a cache in `KV_LAYOUTS` layout. With a head-major cache
+([B, K, C, Dh], the samplers' layout) the dense path never concatenates the cache with the new
+keys and never transposes it: scores over the cache and over the new slots are two batched dots
+joined by one softmax (on CPU the [B, C, H, Dh] concatenation and the transpose XLA inserts for
+the dot copied the whole cache in every layer of every step). K < H (grouped-query attention)
+groups the query heads per KV head instead of repeating the cache.
 """
 from __future__ import annotations
 
@@ -28,6 +36,9 @@ import jax.numpy as jnp
 import numpy as np
 
 IMPLEMENTATIONS = ("dense", "xla", "cudnn", "blocksparse", "splash")
+# A KV cache's axis order: "bshd" [B, C, K, Dh] (the backbones' default, as the reference) or
+# "bhsd" [B, K, C, Dh] (head-major: what the cached dense attention reads without a copy).
+KV_LAYOUTS = ("bshd", "bhsd")
 TILED = ("blocksparse", "splash")
 
 
@@ -108,6 +119,61 @@ def dense_attention(q, k, v, mask):
   scores = jnp.where(_as_4d(mask), scores, jnp.finfo(jnp.float32).min)
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
   return jnp.einsum("bhqk,bkhd->bqhd", probs, v)
+
+
+def check_kv_layout(kv_layout: str):
+  if kv_layout not in KV_LAYOUTS:
+    raise ValueError(f"unknown kv_layout {kv_layout!r}; use one of {KV_LAYOUTS}")
+
+
+def to_kv_layout(x: jax.Array, kv_layout: str) -> jax.Array:
+  """[B, S, K, Dh] -> the layout's axis order."""
+  check_kv_layout(kv_layout)
+  return x if kv_layout == "bshd" else jnp.swapaxes(x, 1, 2)
+
+
+def _grouped_cached_dense(q, k, v, past_k, past_v, mask):
+  """q [B, S, H, Dh]; k, v [B, S, K, Dh]; past_k, past_v [B, K, C, Dh] -> [B, S, H, Dh].
+
+  Each dot is written in XLA's canonical order (batch, lhs rows, rhs columns) with the G = H / K
+  query heads of a KV head and the S slots merged into one row axis: given another order XLA:CPU
+  picked the cache as the left operand of the PV product, a far slower dot.
+  """
+  b, s, h, dh = q.shape
+  kh, c = past_k.shape[1], past_k.shape[2]
+  g = h // kh  # query head j reads KV head j // G
+  rows = q.reshape(b, s, kh, g, dh).transpose(0, 2, 3, 1, 4).reshape(b, kh, g * s, dh)
+  kn, vn = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)  # new slots only: [B, K, S, Dh]
+  f32 = jnp.float32
+  scores = jnp.concatenate(
+      [jnp.einsum("bkxd,bkcd->bkxc", rows, past_k.astype(q.dtype), preferred_element_type=f32),
+       jnp.einsum("bkxd,bktd->bkxt", rows, kn, preferred_element_type=f32)], -1)
+  scores = scores.reshape(b, h, s, c + s) * dh ** -0.5
+  scores = jnp.where(_as_4d(mask), scores, jnp.finfo(f32).min)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype).reshape(b, kh, g * s, c + s)
+  out = (jnp.einsum("bkxc,bkcd->bkxd", probs[..., :c], past_v.astype(v.dtype))
+         + jnp.einsum("bkxt,bktd->bkxd", probs[..., c:], vn))
+  return out.reshape(b, kh, g, s, dh).transpose(0, 3, 1, 2, 4).reshape(b, s, h, dh)
+
+
+def attend_cached(q, k, v, past_k, past_v, mask, implementation: str = "dense",
+                  kv_layout: str = "bshd"):
+  """One cached step (module doc): q [B, S, H, Dh]; k, v [B, S, K, Dh] (this call's slots);
+  past_k, past_v: the cache in `kv_layout`; mask bool [B, S, C + S] (cache keys first).
+  Returns [B, S, H, Dh]."""
+  check_kv_layout(kv_layout)
+  h, kh = q.shape[2], k.shape[2]
+  if h % kh:
+    raise ValueError(f"{h} query heads do not group over {kh} KV heads")
+  if kv_layout == "bhsd" and implementation in ("dense", "blocksparse", "splash"):
+    return _grouped_cached_dense(q, k, v, past_k, past_v, mask)
+  if kv_layout == "bhsd":
+    past_k, past_v = jnp.swapaxes(past_k, 1, 2), jnp.swapaxes(past_v, 1, 2)
+  k = jnp.concatenate([past_k.astype(k.dtype), k], axis=1)
+  v = jnp.concatenate([past_v.astype(v.dtype), v], axis=1)
+  if h != kh:  # as HF `repeat_kv`
+    k, v = jnp.repeat(k, h // kh, axis=2), jnp.repeat(v, h // kh, axis=2)
+  return attend(q, k, v, mask, implementation)
 
 
 def blocksparse_attention(q, k, v, mask: TiledMask, tile: Optional[int] = None):

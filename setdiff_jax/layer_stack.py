@@ -68,11 +68,12 @@ def _stack_kv(kv_cache: Sequence) -> Any:
 
 
 def apply_layers(block_cls, cfg, prefix: str, h: jax.Array, args: Tuple, kv_cache: Optional[Sequence],
-                 deterministic: bool):
+                 deterministic: bool, **fields):
   """Runs `cfg.num_layers` blocks (inside a parent's compact method).
 
-  block_cls(cfg)(h, *args, past_kv, deterministic) -> (h, kv) is one layer; `args` are the
-  inputs every layer shares (rotary tables, mask, conditioning), broadcast to every scan step.
+  block_cls(cfg, **fields)(h, *args, past_kv, deterministic) -> (h, kv) is one layer; `args` are
+  the inputs every layer shares (rotary tables, mask, conditioning), broadcast to every scan step;
+  `fields` are static block attributes (e.g. `kv_layout`).
   kv_cache: None or per-layer (k, v) [B, C, ...]. Returns (h, tuple of per-layer kv [B, S, ...]).
   """
   remat = normalize_remat(cfg.remat)
@@ -87,7 +88,7 @@ def apply_layers(block_cls, cfg, prefix: str, h: jax.Array, args: Tuple, kv_cach
     kvs = []
     for i in range(cfg.num_layers):
       past = None if kv_cache is None else kv_cache[i]
-      h, kv = layer(cfg, name=f"{prefix}_{i}")(h, *args, past, deterministic)
+      h, kv = layer(cfg, name=f"{prefix}_{i}", **fields)(h, *args, past, deterministic)
       kvs.append(kv)
     return h, tuple(kvs)
   stacked = None if kv_cache is None else _stack_kv(kv_cache)
@@ -95,7 +96,7 @@ def apply_layers(block_cls, cfg, prefix: str, h: jax.Array, args: Tuple, kv_cach
                     split_rngs={"params": True, "dropout": True},
                     in_axes=(nn.broadcast,) * len(args) + (0, nn.broadcast),
                     length=cfg.num_layers)
-  h, kv = scanned(cfg, name=prefix)(h, *args, stacked, deterministic)
+  h, kv = scanned(cfg, name=prefix, **fields)(h, *args, stacked, deterministic)
   return h, tuple(jax.tree_util.tree_map(lambda x, i=i: x[i], kv) for i in range(cfg.num_layers))
 
 

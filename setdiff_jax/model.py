@@ -184,6 +184,7 @@ class SigmaMap(nn.Module):
 
 class DiTBlock(nn.Module):
   config: DiTConfig
+  kv_layout: str = "bshd"  # of past_kv and the returned kv (attention.KV_LAYOUTS)
 
   @nn.compact
   def __call__(self, h, cos, sin, mask, cond, past_kv, deterministic: bool):
@@ -201,11 +202,13 @@ class DiTBlock(nn.Module):
     qkv = qkv.reshape(b, s, 3, cfg.num_heads, cfg.head_dim)  # (3, H, Dh) output layout
     q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
     q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-    new_kv = (k, v)
-    if past_kv is not None:
-      k = jnp.concatenate([past_kv[0].astype(k.dtype), k], axis=1)
-      v = jnp.concatenate([past_kv[1].astype(v.dtype), v], axis=1)
-    o = attention.attend(q, k, v, mask, cfg.attention).reshape(b, s, cfg.hidden_size)
+    new_kv = (attention.to_kv_layout(k, self.kv_layout), attention.to_kv_layout(v, self.kv_layout))
+    if past_kv is None:
+      o = attention.attend(q, k, v, mask, cfg.attention)
+    else:
+      o = attention.attend_cached(q, k, v, past_kv[0], past_kv[1], mask, cfg.attention,
+                                  self.kv_layout)
+    o = o.reshape(b, s, cfg.hidden_size)
     o = layer_stack.tag_attention_out(o)
     o = Linear(cfg.hidden_size, use_bias=False, dtype=dt, name="attn_out")(o)
     if cfg.adaln:
@@ -230,11 +233,13 @@ class DiT(nn.Module):
   Call:
     tokens: int [B, S]; positions: int [B, S] (absolute position of each token);
     mask: bool [B, S, C + S] or [B, 1, S, C + S] (True = attend; C = cache length, 0 without);
-    kv_cache: optional per-layer (k, v), each [B, C, H, Dh] (keys after RoPE);
+    kv_cache: optional per-layer (k, v), each [B, C, H, Dh] (keys after RoPE), or [B, H, C, Dh]
+      with kv_layout="bhsd" (the samplers' head-major cache, read without a copy);
     sigma: optional float [B] time input for adaLN models (the reference always feeds 0);
     head_start: static int; the final norm and output head run on rows [head_start:] only, so a
       two-stream training forward pays the V-wide head for the noisy half only;
-    return_kv: also return this call's per-layer (k, v) [B, S, H, Dh], for the caller's cache.
+    return_kv: also return this call's per-layer (k, v) [B, S, H, Dh] (in `kv_layout`), for the
+      caller's cache.
     return_hidden: return the hidden states that enter the head, [B, S - head_start, D], instead
       of the logits (the fused head + cross-entropy of `fused_head.py` applies `output_head`).
   Returns:
@@ -245,8 +250,10 @@ class DiT(nn.Module):
   @nn.compact
   def __call__(self, tokens, positions, mask, *, kv_cache: Optional[KVCache] = None,
                sigma: Optional[jax.Array] = None, deterministic: bool = True,
-               head_start: int = 0, return_kv: bool = False, return_hidden: bool = False):
+               head_start: int = 0, return_kv: bool = False, return_hidden: bool = False,
+               kv_layout: str = "bshd"):
     cfg = self.config
+    attention.check_kv_layout(kv_layout)
     h = nn.Embed(cfg.vocab_size, cfg.hidden_size, embedding_init=torch_embedding_init(cfg.hidden_size),
                  param_dtype=jnp.float32, dtype=jnp.float32, name="embed")(tokens)
     cos, sin = rotary_cos_sin(positions, cfg.head_dim, cfg.rope_base)
@@ -257,7 +264,7 @@ class DiT(nn.Module):
       cond = nn.silu(SigmaMap(cfg.cond_dim, name="sigma_map")(sigma))
 
     h, new_kvs = layer_stack.apply_layers(DiTBlock, cfg, "blocks", h, (cos, sin, mask, cond),
-                                          kv_cache, deterministic)
+                                          kv_cache, deterministic, kv_layout=kv_layout)
 
     h = h[:, head_start:]
     h = LayerNormNoBias(name="final_norm")(h)

@@ -300,9 +300,11 @@ def test_set_sampler_cache_holds_kv_heads(hf):
   fwd = cache_lib.as_forward(models.build(cfg), params)
   tokens = jnp.arange(4, dtype=jnp.int32)[None] + 3
   c, _ = cache_lib.prefill(fwd, tokens, jnp.arange(4)[None], jnp.ones((1, 4), bool), capacity=10)
-  assert c.kv[0][0].shape == (1, 10, KV, DH)
-  empty = models.empty_kv(cfg, 1, 10)
+  assert c.seq_axis == 2 and c.kv[0][0].shape == (1, KV, 10, DH)  # head-major, KV heads only
+  empty = models.empty_kv(cfg, 1, 10, kv_layout="bhsd")
   assert jax.tree_util.tree_structure(empty) == jax.tree_util.tree_structure(c.kv)
+  assert jax.tree_util.tree_map(jnp.shape, empty) == jax.tree_util.tree_map(jnp.shape, c.kv)
+  assert models.empty_kv(cfg, 1, 10)[0][0].shape == (1, 10, KV, DH)
 
 
 # ----------------------------------------------------------------------------- bad input

@@ -87,11 +87,14 @@ def cache_layout(backbone_cfg) -> tuple:
   return backbone_cfg.num_layers, backbone_cfg.num_heads, backbone_cfg.head_dim
 
 
-def empty_kv(backbone_cfg, batch: int, capacity: int, dtype: Any = None):
-  """Zero per-layer (k, v) [B, C, kv_heads, Dh], shaped from the config alone."""
+def empty_kv(backbone_cfg, batch: int, capacity: int, dtype: Any = None, kv_layout: str = "bshd"):
+  """Zero per-layer (k, v) [B, C, kv_heads, Dh] ("bhsd": [B, kv_heads, C, Dh]), from the config."""
   layers, heads, dim = cache_layout(backbone_cfg)
   dtype = dtype or backbone_cfg.compute_dtype
-  z = lambda: jnp.zeros((batch, capacity, heads, dim), dtype)
+  shape = (batch, capacity, heads, dim) if kv_layout == "bshd" else (batch, heads, capacity, dim)
+  if kv_layout not in ("bshd", "bhsd"):
+    raise ValueError(f"unknown kv_layout {kv_layout!r}; use 'bshd' or 'bhsd'")
+  z = lambda: jnp.zeros(shape, dtype)
   return tuple((z(), z()) for _ in range(layers))
 
 

@@ -133,6 +133,7 @@ class Dense(nn.Module):
 
 class Qwen3Layer(nn.Module):
   config: Qwen3Config
+  kv_layout: str = "bshd"  # of past_kv and the returned kv (attention.KV_LAYOUTS)
 
   @nn.compact
   def __call__(self, h, cos, sin, mask, past_kv, deterministic: bool):
@@ -148,13 +149,16 @@ class Qwen3Layer(nn.Module):
     q = RMSNorm(cfg.rms_norm_eps, name="q_norm")(q)
     k = RMSNorm(cfg.rms_norm_eps, name="k_norm")(k)
     q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-    new_kv = (k, v)  # KV heads only
+    # KV heads only
+    new_kv = (attention.to_kv_layout(k, self.kv_layout), attention.to_kv_layout(v, self.kv_layout))
     if past_kv is not None:
-      k = jnp.concatenate([past_kv[0].astype(k.dtype), k], axis=1)
-      v = jnp.concatenate([past_kv[1].astype(v.dtype), v], axis=1)
-    if nh != nk:  # query head j reads KV head j // (H / K), as HF `repeat_kv`
-      k, v = jnp.repeat(k, nh // nk, axis=2), jnp.repeat(v, nh // nk, axis=2)
-    o = attention.attend(q, k, v, mask, cfg.attention).reshape(b, s, nh * dh)
+      o = attention.attend_cached(q, k, v, past_kv[0], past_kv[1], mask, cfg.attention,
+                                  self.kv_layout)
+    else:
+      if nh != nk:  # query head j reads KV head j // (H / K), as HF `repeat_kv`
+        k, v = jnp.repeat(k, nh // nk, axis=2), jnp.repeat(v, nh // nk, axis=2)
+      o = attention.attend(q, k, v, mask, cfg.attention)
+    o = o.reshape(b, s, nh * dh)
     o = layer_stack.tag_attention_out(o)
     o = Dense(cfg.hidden_size, dt, name="o_proj")(o)
     h = h + nn.Dropout(cfg.dropout)(o, deterministic=deterministic).astype(h.dtype)
@@ -172,10 +176,11 @@ class Qwen3(nn.Module):
 
   Call:
     tokens, positions: int [B, S]; mask: bool [B, S, C + S] or [B, 1, S, C + S] (True = attend);
-    kv_cache: optional per-layer (k, v), each [B, C, K, Dh] (keys after k-norm and RoPE);
+    kv_cache: optional per-layer (k, v), each [B, C, K, Dh] (keys after k-norm and RoPE), or
+      [B, K, C, Dh] with kv_layout="bhsd" (the samplers' head-major cache);
     sigma: accepted for signature compatibility and ignored (no time conditioning);
     head_start: static int; the final norm and LM head run on rows [head_start:] only;
-    return_kv: also return this call's per-layer (k, v) [B, S, K, Dh];
+    return_kv: also return this call's per-layer (k, v) [B, S, K, Dh] (in `kv_layout`);
     return_hidden: return the final-normed hidden states [B, S - head_start, D] that enter the
       LM head instead of the logits (`output_head` gives the head; fused_head.py applies it).
   Returns:
@@ -187,9 +192,11 @@ class Qwen3(nn.Module):
   @nn.compact
   def __call__(self, tokens, positions, mask, *, kv_cache: Optional[KVCache] = None,
                sigma: Optional[jax.Array] = None, deterministic: bool = True,
-               head_start: int = 0, return_kv: bool = False, return_hidden: bool = False):
+               head_start: int = 0, return_kv: bool = False, return_hidden: bool = False,
+               kv_layout: str = "bshd"):
     del sigma
     cfg = self.config
+    attention.check_kv_layout(kv_layout)
     embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, embedding_init=_normal(),
                      param_dtype=jnp.float32, dtype=jnp.float32, name="embed")
     # The residual stream stays fp32 (as the DiT's); each matmul runs in the compute dtype.
@@ -197,7 +204,7 @@ class Qwen3(nn.Module):
     cos, sin = rotary_cos_sin(positions, cfg.head_dim, cfg.rope_base)
 
     h, new_kvs = layer_stack.apply_layers(Qwen3Layer, cfg, "layers", h, (cos, sin, mask),
-                                          kv_cache, deterministic)
+                                          kv_cache, deterministic, kv_layout=kv_layout)
 
     h = RMSNorm(cfg.rms_norm_eps, name="final_norm")(h[:, head_start:])
     if return_hidden and not self.is_initializing():

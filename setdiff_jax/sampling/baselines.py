@@ -193,6 +193,11 @@ def _block_positions(plen, blk, g, n):
   return plen[:, None] + off, off < n
 
 
+def _first_slots(kv, n: int, axis: int):
+  """Every leaf's first n slots (slots on `axis`)."""
+  return jax.tree_util.tree_map(lambda x: jax.lax.slice_in_dim(x, 0, n, axis=axis), kv)
+
+
 @functools.partial(jax.jit, static_argnames=("apply", "cfg", "g", "stop_eos"))
 def _bd3lm_core(apply, params, prompt, plen, canvas, target, counts, key, *, cfg: SamplerConfig,
                 g: int, stop_eos: bool):
@@ -237,18 +242,20 @@ def _bd3lm_core(apply, params, prompt, plen, canvas, target, counts, key, *, cfg
       mask = mask & ~(is_prefix_q & is_block_k)  # the finished block never sees the new one
       mask = mask.at[:, :, c.capacity:].set(mask[:, :, c.capacity:] | eye)
       logits, kv = fwd.apply(fwd.params, tokens, positions, mask, c.kv, g)
-      return logits, append(c, kv, ppos, jnp.sum(pv, -1).astype(jnp.int32), num_rows=g)
+      return logits, _first_slots(kv, g, c.seq_axis), ppos, jnp.sum(pv, -1).astype(jnp.int32)
 
     def plain():
       k_pos = jnp.concatenate([c.positions, bpos_c], -1)
       k_valid = jnp.concatenate([c.valid, bin_], -1)
       mask = grid_mask(bpos_c, k_pos, k_valid, g)
       mask = mask.at[:, :, c.capacity:].set(mask[:, :, c.capacity:] | eye[:, :g, :g])
-      logits, _ = fwd.apply(fwd.params, btok, bpos_c, mask, c.kv, 0)
-      return logits, c
+      logits, kv = fwd.apply(fwd.params, btok, bpos_c, mask, c.kv, 0)
+      return logits, kv, bpos_c, jnp.zeros((b,), jnp.int32)  # nothing is cached (count 0)
 
-    logits, cache = jax.lax.cond(jnp.any(s.fuse & live), fused, plain)
-    s = s.replace(cache=cache)
+    # The append stays outside the cond (written inside a branch, XLA copied every layer's cache
+    # per step); a plain step writes its slots past the length with count 0, i.e. not at all.
+    logits, kv, kpos, count = jax.lax.cond(jnp.any(s.fuse & live), fused, plain)
+    s = s.replace(cache=append(c, kv, kpos, count))
     return _block_commit(s, logits, bpos, bin_, target, counts, nblk_steps, n, g, cfg, stop_eos)
 
   state = jax.lax.while_loop(lambda s: jnp.any(~s.done), body, state)

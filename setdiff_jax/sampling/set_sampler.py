@@ -239,6 +239,14 @@ def pending_sizes(window: int):
   return tuple(sizes + [window])
 
 
+def _pad_slots(x: jax.Array, p: int, w: int, axis: int) -> jax.Array:
+  """The first p slots of x (slots on `axis`), zero-padded to w slots."""
+  x = jax.lax.slice_in_dim(x, 0, p, axis=axis)
+  widths = [(0, 0)] * x.ndim
+  widths[axis] = (0, w - p)
+  return jnp.pad(x, widths)
+
+
 def set_step(fwd: Forward, state: SetState, inp: SetInputs, cfg: SamplerConfig, *,
              use_cache: bool = True, stop_eos: bool = False, history: str = "generated"):
   """One decoding step for every row that is not done. Returns (new state, info dict).
@@ -269,8 +277,11 @@ def set_step(fwd: Forward, state: SetState, inp: SetInputs, cfg: SamplerConfig, 
   if use_cache:
     cache: KVCache = state.model
 
+    axis = cache.seq_axis
+
     def feed(p: int):
-      """The forward with P = p pending slots (the valid ones come first in pending_pos)."""
+      """The forward with P = p pending slots (the valid ones come first in pending_pos).
+      Returns the logits and the pending slots' kv padded to W slots."""
       def run():
         pos = state.pending_pos[:, :p]
         tokens = jnp.concatenate([jnp.take_along_axis(canvas, pos, -1),
@@ -278,17 +289,19 @@ def set_step(fwd: Forward, state: SetState, inp: SetInputs, cfg: SamplerConfig, 
         positions = jnp.concatenate([pos, act_pos_c], -1)
         mask = masks.cached_step_mask(cache.valid, pend_valid[:, :p], act_valid)
         logits, kv = fwd.apply(fwd.params, tokens, positions, mask, cache.kv, p)
-        return logits, append(cache, kv, pos, pend_n, num_rows=p)
+        return logits, jax.tree_util.tree_map(lambda x: _pad_slots(x, p, w, axis), kv)
       return run
 
     # Pending slots sized to what the previous step committed (the batch maximum), rounded up to
-    # one of a few static sizes: with tau off one slot is valid, not W.
+    # one of a few static sizes: with tau off one slot is valid, not W. The cache append stays
+    # outside the switch: written inside a branch, XLA copied every layer's cache (twice) per step.
     sizes = pending_sizes(w)
     if len(sizes) == 1:
-      logits, model = feed(w)()
+      logits, new_kv = feed(w)()
     else:
       which = jnp.searchsorted(jnp.asarray(sizes, jnp.int32), jnp.max(pend_n))
-      logits, model = jax.lax.switch(which, [feed(p) for p in sizes])
+      logits, new_kv = jax.lax.switch(which, [feed(p) for p in sizes])
+    model = append(cache, new_kv, state.pending_pos, pend_n)
   else:
     rank, next_rank = state.model
     cols = jnp.where(pend_valid, state.pending_pos, lc)
