@@ -254,8 +254,10 @@ def attend(q, k, v, mask, implementation: str = "dense"):
   if implementation in ("dense", "blocksparse", "splash"):
     return dense_attention(q, k, v, mask)
   if implementation in ("xla", "cudnn"):
-    # A fully masked row attends to every key: the uniform softmax the dense path gives.
+    # A fully masked query row gets the dense path's uniform average over all keys: it attends
+    # to every key with a zero query (all scores 0), so no row is left without a key.
     mask = _as_4d(mask)
-    mask = mask | ~jnp.any(mask, axis=-1, keepdims=True)
-    return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=implementation)
+    empty = ~jnp.any(mask, axis=-1, keepdims=True)  # [B, 1|H, Sq, 1]
+    q = jnp.where(jnp.swapaxes(empty, 1, 2), jnp.zeros_like(q), q)  # [B, Sq, 1|H, 1]
+    return jax.nn.dot_product_attention(q, k, v, mask=mask | empty, implementation=implementation)
   raise ValueError(f"unknown attention implementation {implementation!r}; use one of {IMPLEMENTATIONS}")

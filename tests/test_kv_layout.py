@@ -15,14 +15,13 @@ from setdiff_jax.sampling import cache as cache_lib
 pytestmark = pytest.mark.usefixtures("fast_compile")
 
 
-def _qkv(rng, b, s, c, h, kh, dh=8, empty_row=True):
+def _qkv(rng, b, s, c, h, kh, dh=8):
   q = rng.standard_normal((b, s, h, dh)).astype(np.float32)
   k, v = (rng.standard_normal((b, s, kh, dh)).astype(np.float32) for _ in range(2))
   pk, pv = (rng.standard_normal((b, c, kh, dh)).astype(np.float32) for _ in range(2))
   mask = rng.random((b, s, c + s)) < 0.6
   mask[:, :, 0] = True
-  if empty_row:
-    mask[0, 0] = False  # a fully masked query row: the dense path's uniform average
+  mask[0, 0] = False  # a fully masked query row: the uniform average over all keys
   return q, k, v, pk, pv, mask
 
 
@@ -39,9 +38,7 @@ def _reference(q, k, v, pk, pv, mask):
     (4, 2, "bshd", "dense"), (4, 2, "bhsd", "xla"), (4, 4, "bshd", "xla")])
 def test_attend_cached_equals_attention_over_concatenated_keys(heads, kv_heads, layout,
                                                                implementation):
-  # (`xla` lets a fully masked row attend to every key with its scores: no such row for it.)
-  q, k, v, pk, pv, mask = _qkv(np.random.default_rng(0), 2, 5, 7, heads, kv_heads,
-                               empty_row=implementation == "dense")
+  q, k, v, pk, pv, mask = _qkv(np.random.default_rng(0), 2, 5, 7, heads, kv_heads)
   ref = _reference(q, k, v, pk, pv, mask)
   cache = [attention.to_kv_layout(x, layout) for x in (pk, pv)]
   got = attention.attend_cached(q, k, v, *cache, mask, implementation, layout)
@@ -50,6 +47,18 @@ def test_attend_cached_equals_attention_over_concatenated_keys(heads, kv_heads, 
   # The mask may also come with a broadcast head axis [B, 1, S, C + S].
   got4 = attention.attend_cached(q, k, v, *cache, mask[:, None], implementation, layout)
   np.testing.assert_allclose(np.asarray(got4), ref, rtol=1e-5, atol=1e-6)
+
+
+def test_xla_attention_equals_dense_with_an_all_masked_row():
+  """`xla` (`jax.nn.dot_product_attention`) gives a fully masked query row the dense path's
+  uniform average over all keys, and the same outputs elsewhere."""
+  q, k, v, _, _, mask = _qkv(np.random.default_rng(2), 2, 6, 0, 4, 4)
+  for m in (mask, mask[:, None], np.broadcast_to(mask[:, None], (2, 4) + mask.shape[1:])):
+    dense = np.asarray(attention.attend(q, k, v, m, "dense"))
+    np.testing.assert_allclose(np.asarray(attention.attend(q, k, v, m, "xla")), dense,
+                               rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(dense[0, 0], np.broadcast_to(v[0].mean(0), dense[0, 0].shape),
+                             rtol=1e-5, atol=1e-6)
 
 
 def test_attend_cached_errors():
@@ -70,7 +79,8 @@ def _step_inputs(cfg, c=5, pn=2, a=3):
   return tokens, positions, step_mask, prefix_mask, c
 
 
-@pytest.mark.parametrize("backbone", ["dit", "dit_scan", "qwen3_gqa"])
+@pytest.mark.parametrize("backbone", ["dit", pytest.param("dit_scan", marks=pytest.mark.slow),
+                                      "qwen3_gqa"])
 def test_cached_step_is_the_same_in_both_layouts(backbone):
   """Prefix encoded into a cache, then one step over it: logits and new kv agree between the
   seq-major and the head-major cache (the kv transposed), and with the uncached forward."""
@@ -136,7 +146,8 @@ def test_backbone_adapter_caches_head_major():
   fwd = cache_lib.as_forward(DiT(cfg), random_params(cfg))
   assert cache_lib.cache_seq_axis(fwd) == 2
   tokens = jnp.arange(4, dtype=jnp.int32)[None] + 3
-  c, _ = cache_lib.prefill(fwd, tokens, jnp.arange(4)[None], jnp.ones((1, 4), bool), capacity=6)
+  c, _ = jax.eval_shape(lambda: cache_lib.prefill(fwd, tokens, jnp.arange(4)[None],
+                                                  jnp.ones((1, 4), bool), capacity=6))
   assert c.seq_axis == 2 and c.kv[0][0].shape == (1, 4, 6, 8)
   assert models.empty_kv(cfg, 1, 6, kv_layout="bhsd")[0][0].shape == (1, 4, 6, 8)
   # A plain logits_fn keeps the seq-major cache.
