@@ -210,8 +210,9 @@ def single_device_steps(tok):
 
 
 @pytest.mark.parametrize("objective, mesh_name", [
-    ("setdlm", "data8"), ("setdlm", "fsdp8"), ("setdlm", "d2f2t2"),
-    ("mdlm", "d2f2t2"),  # the adaLN layers and sigma map
+    ("setdlm", "data8"), pytest.param("setdlm", "fsdp8", marks=pytest.mark.slow),
+    ("setdlm", "d2f2t2"),
+    pytest.param("mdlm", "d2f2t2", marks=pytest.mark.slow),  # the adaLN layers and sigma map
 ])
 def test_sharded_step_equals_single_device(tok, single_device_steps, objective, mesh_name):
   assert jax.device_count() == 8

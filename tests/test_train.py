@@ -383,7 +383,7 @@ def assert_same_step(a, b, atol=1e-5):
   assert_trees_close(state_a.ema_params, state_b.ema_params, atol=atol)
 
 
-@pytest.mark.parametrize("objective", ["setdlm", "mdlm"])
+@pytest.mark.parametrize("objective", ["setdlm", pytest.param("mdlm", marks=pytest.mark.slow)])
 def test_step_on_8_devices_equals_1_device(tok, objective):
   """Sampled orders / t / masks and dropout come from fold_in(rng, step): device-independent."""
   assert jax.device_count() == 8
