@@ -21,6 +21,7 @@ from typing import Any, Mapping
 import jax
 import jax.numpy as jnp
 
+from setdiff_jax import attention
 from setdiff_jax import model as dit_lib
 from setdiff_jax.models import qwen3 as qwen3_lib
 
@@ -89,11 +90,10 @@ def cache_layout(backbone_cfg) -> tuple:
 
 def empty_kv(backbone_cfg, batch: int, capacity: int, dtype: Any = None, kv_layout: str = "bshd"):
   """Zero per-layer (k, v) [B, C, kv_heads, Dh] ("bhsd": [B, kv_heads, C, Dh]), from the config."""
+  attention.check_kv_layout(kv_layout)
   layers, heads, dim = cache_layout(backbone_cfg)
   dtype = dtype or backbone_cfg.compute_dtype
   shape = (batch, capacity, heads, dim) if kv_layout == "bshd" else (batch, heads, capacity, dim)
-  if kv_layout not in ("bshd", "bhsd"):
-    raise ValueError(f"unknown kv_layout {kv_layout!r}; use 'bshd' or 'bhsd'")
   z = lambda: jnp.zeros(shape, dtype)
   return tuple((z(), z()) for _ in range(layers))
 
