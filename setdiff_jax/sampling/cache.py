@@ -250,8 +250,7 @@ def append(cache: KVCache, kv, positions: jax.Array, count: jax.Array,
   new_kv = jax.tree_util.tree_map(lambda buf, x: _write_rows(buf, take(x, axis), start, axis),
                                   cache.kv, kv)
   new_pos = _write_rows(cache.positions, take(positions, 1).astype(jnp.int32), start)
-  return KVCache(kv=new_kv, positions=new_pos, length=cache.length + count.astype(jnp.int32),
-                 seq_axis=axis)
+  return cache.replace(kv=new_kv, positions=new_pos, length=cache.length + count.astype(jnp.int32))
 
 
 def causal_valid_mask(valid: jax.Array) -> jax.Array:

@@ -276,7 +276,6 @@ def set_step(fwd: Forward, state: SetState, inp: SetInputs, cfg: SamplerConfig, 
   pend_n = jnp.where(live, state.pending_n, 0)
   if use_cache:
     cache: KVCache = state.model
-
     axis = cache.seq_axis
 
     def feed(p: int):
