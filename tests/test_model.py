@@ -3,6 +3,7 @@ re-implementation of the forward pass, KV cache, dtypes and dropout."""
 import dataclasses
 import functools
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -212,6 +213,31 @@ def test_rotary_matches_numpy_half_split():
   e0[..., 0] = 1
   r = np.asarray(apply_rotary(jnp.asarray(e0), cos[:1, 1:2], sin[:1, 1:2]))[0, 0, 0]
   assert r[32] == pytest.approx(np.sin(1.0), abs=1e-6) and r[1] == 0
+
+
+def _count_ops(compiled_text: str, op: str) -> int:
+  return len(re.findall(r"= \S+ " + op + r"\(", compiled_text))
+
+
+@pytest.mark.usefixtures("full_optimizations")
+def test_rotary_table_computed_once_in_the_optimised_step():
+  """The forward + backward of a 2-layer DiT evaluates cos and sin once, not inside each rotary
+  product (4 per layer: q and k, forward and backward), where XLA would recompute them for every
+  element of [B, S, H, Dh]. A structural check of the compiled program, not a timing."""
+  params = random_params(TINY)
+  tokens = jnp.zeros((2, 8), jnp.int32)
+  positions = jnp.asarray(np.random.default_rng(0).permutation(16)[:16].reshape(2, 8))
+  mask = jnp.ones((2, 8, 8), bool)
+  loss = lambda p: DiT(TINY).apply({"params": p}, tokens, positions, mask).sum()
+  text = jax.jit(jax.grad(loss)).lower(params).compile().as_text()
+  assert _count_ops(text, "cosine") == 1 and _count_ops(text, "sine") == 1
+  # and the values are the plain table's
+  cos, sin = rotary_cos_sin(positions, TINY.head_dim)
+  theta = np.asarray(positions, np.float32)[..., None] * (
+      1.0 / (10000.0 ** (np.arange(0, TINY.head_dim, 2, dtype=np.float32) / TINY.head_dim)))
+  theta = np.concatenate([theta, theta], -1)
+  np.testing.assert_allclose(cos, np.cos(theta), atol=1e-6)
+  np.testing.assert_allclose(sin, np.sin(theta), atol=1e-6)
 
 
 # ------------------------------------------------------------------------------------ forward
