@@ -69,8 +69,7 @@ def hlo_ops(compiled_text: str) -> dict:
         if op == "dot":
           op = "batched-dot" if re.search(r"lhs_batch_dims=\{\d", rest) else "dot"
         found.append(op)
-    # the instruction's own opcode is the first match on its line
-    ops[name] = found
+    ops[name] = found  # found[0]: the instruction's own opcode (the first match, on its line)
   return ops
 
 
@@ -90,12 +89,11 @@ def category(ops: list) -> str:
   return "other"
 
 
-def thunk_times(run, repeats: int) -> dict:
-  """{thunk name: total microseconds over `repeats` calls of run()} from a jax.profiler trace."""
+def thunk_times(run) -> dict:
+  """{thunk name: total microseconds in one call of run()} from a jax.profiler trace."""
   with tempfile.TemporaryDirectory() as d:
     with jax.profiler.trace(d):
-      for _ in range(repeats):
-        run()
+      run()
     path = glob.glob(os.path.join(d, "**", "*.trace.json.gz"), recursive=True)[0]
     events = json.load(gzip.open(path))["traceEvents"]
   totals = collections.Counter()
@@ -110,12 +108,11 @@ def thunk_times(run, repeats: int) -> dict:
 def profile_training(objective: str, args) -> dict:
   config = training.load_config(args)
   prep = training.benchmark(config, objective, args)
-  training.time_steps(prep, args)  # warm
   t0 = time.perf_counter()
   training.time_steps(prep, args)
   step_ms = 1e3 * (time.perf_counter() - t0) / args.steps
   ops = hlo_ops(prep["compiled"].as_text())
-  times = thunk_times(lambda: training.time_steps(prep, args), 1)
+  times = thunk_times(lambda: training.time_steps(prep, args))
   by_cat = collections.Counter()
   for name, us in times.items():
     base = name.split(":")[0].strip()
