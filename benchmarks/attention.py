@@ -23,7 +23,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from setdiff_jax import attention, masks  # noqa: E402
+from setdiff_jax.models import attention  # noqa: E402
+from setdiff_jax.diffusion import masks
 
 
 def parse_args(argv=None):

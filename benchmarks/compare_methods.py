@@ -39,8 +39,9 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from configs import compare  # noqa: E402
-from setdiff_jax import checkpointing, train  # noqa: E402
-from setdiff_jax import workdir as workdir_lib  # noqa: E402
+from setdiff_jax import train  # noqa: E402
+from setdiff_jax.workdir import checkpoints as checkpointing
+from setdiff_jax.workdir import load as workdir_lib  # noqa: E402
 from setdiff_jax.data import sources, tokenizers  # noqa: E402
 from setdiff_jax.evaluation import generation, run  # noqa: E402
 

@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 
 import training  # noqa: E402  (benchmarks/training.py: config, state, step and timing helpers)
-from setdiff_jax import layer_stack  # noqa: E402
+from setdiff_jax.models import layer_stack  # noqa: E402
 
 
 def parse_args(argv=None):

@@ -63,9 +63,9 @@ def _model():
   import jax.numpy as jnp
   import numpy as np
 
-  from setdiff_jax.model import DiT, DiTConfig, init_params
+  from setdiff_jax.models.dit import DiT, DiTConfig, init_params
   if FLAGS.workdir:
-    from setdiff_jax import workdir as workdir_lib
+    from setdiff_jax.workdir import load as workdir_lib
     st = workdir_lib.load_inference_state(FLAGS.workdir)
     oc = st.objective_config
     ids = dict(mask_token_id=oc.mask_token_id, eos_token_id=oc.eos_token_id,

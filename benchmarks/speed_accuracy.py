@@ -34,7 +34,7 @@ import numpy as np  # noqa: E402
 
 from benchmarks.compare_methods import _jax_settings, shared_tokenizer, train_method  # noqa: E402
 from configs import compare, reasoning_common  # noqa: E402
-from setdiff_jax import workdir as workdir_lib  # noqa: E402
+from setdiff_jax.workdir import load as workdir_lib  # noqa: E402
 from setdiff_jax.data import pairs as pairs_lib  # noqa: E402
 from setdiff_jax.evaluation import accuracy, run  # noqa: E402
 from setdiff_jax.evaluation.generation import threshold_label  # noqa: E402

@@ -35,7 +35,7 @@ import numpy as np  # noqa: E402
 
 from configs import default  # noqa: E402
 from setdiff_jax import methods, sharding, train  # noqa: E402
-from setdiff_jax.model import DiT  # noqa: E402
+from setdiff_jax.models.dit import DiT  # noqa: E402
 
 ADALN = {name: methods.get(name).adaln for name in methods.NAMES}
 # bert-base-uncased special ids (the LM1B vocabulary of the reference): [PAD] [CLS] [SEP] [MASK].

@@ -20,7 +20,7 @@ import jax
 import numpy as np
 
 from setdiff_jax import methods
-from setdiff_jax import workdir as workdir_lib
+from setdiff_jax.workdir import load as workdir_lib
 from setdiff_jax.sampling.config import SampleOutput, SamplerConfig
 from setdiff_jax.sampling.text import parse_infill, prompt_ids
 from setdiff_jax.sampling.timing import time_calls

@@ -10,7 +10,7 @@ benchmarks and the tests alike:
 Parameters, EMA and optimizer state are sharded by the logical-axis rules of `sharding.py` (FSDP
 over the model dimension, tensor parallelism over heads / MLP / vocabulary; replicated on a
 data-only mesh), the batch over data x fsdp, so the same code runs on 1 CPU, 8 emulated devices,
-a GPU or a TPU slice. The eval is the likelihood code of `setdiff_jax.likelihood`, the same as
+a GPU or a TPU slice. The eval is the likelihood code of `setdiff_jax.evaluation.likelihood`, the same as
 `launch/evaluate.py --eval=likelihood`.
 """
 from __future__ import annotations
@@ -31,11 +31,17 @@ import ml_collections
 import numpy as np
 import optax
 
-from setdiff_jax import (checkpoint_fallback, checkpointing, decoding, likelihood, methods,
-                         models, objectives, pretrained, run_config, sharding, workdir_guard)
-from setdiff_jax import workdir as workdir_lib
+from setdiff_jax import decoding, methods, models, sharding
+from setdiff_jax.workdir import fallback
+from setdiff_jax.workdir import checkpoints as checkpointing
+from setdiff_jax.evaluation import likelihood
+from setdiff_jax.diffusion import losses
+from setdiff_jax.interop import pretrained
+from setdiff_jax.workdir import config as run_config
+from setdiff_jax.workdir import lock as workdir_lock
+from setdiff_jax.workdir import load as workdir_lib
 from setdiff_jax.data import pipeline
-from setdiff_jax.model import DiT, DiTConfig, init_params  # noqa: F401  (re-exported)
+from setdiff_jax.models.dit import DiT, DiTConfig, init_params  # noqa: F401  (re-exported)
 
 EVAL_SEED = likelihood.DEFAULT_SEED  # one fixed order / t draw per eval sequence (seed 1)
 # Kept importable from here for existing callers.
@@ -85,7 +91,7 @@ def create_train_state(config, model_cfg: DiTConfig, rng) -> TrainState:
 
 
 # --------------------------------------------------------------------------------- steps
-def make_train_step(config, model: DiT, obj_cfg: objectives.ObjectiveConfig,
+def make_train_step(config, model: DiT, obj_cfg: losses.ObjectiveConfig,
                     optimizer: optax.GradientTransformation) -> Callable:
   """Pure step(state, batch, base_rng) -> (state, metrics); rng = fold_in(base_rng, step)."""
   accum = int(config.grad_accum_steps)
@@ -117,10 +123,10 @@ def make_train_step(config, model: DiT, obj_cfg: objectives.ObjectiveConfig,
       zero_metrics = jax.tree_util.tree_map(
           jnp.zeros_like, jax.eval_shape(lambda: loss_fn(state.params, jax.tree_util.tree_map(
               lambda x: x[0], micro), rng)[1]))
-      (grads, metrics), losses = jax.lax.scan(body, (zeros, zero_metrics),
+      (grads, metrics), micro_losses = jax.lax.scan(body, (zeros, zero_metrics),
                                               (micro, jnp.arange(accum)))
       grads = jax.tree_util.tree_map(lambda g: g / accum, grads)
-      loss = jnp.mean(losses)
+      loss = jnp.mean(micro_losses)
       metrics = dict(metrics, loss=loss)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
@@ -146,7 +152,7 @@ def create_sharded_state(config, model_cfg: DiTConfig, mesh) -> Tuple[TrainState
   return jax.jit(init_fn, out_shardings=shardings)(init_rng), shardings
 
 
-def jit_train_step(config, model: DiT, obj_cfg: objectives.ObjectiveConfig, mesh,
+def jit_train_step(config, model: DiT, obj_cfg: losses.ObjectiveConfig, mesh,
                    state_shardings, optimizer: Optional[optax.GradientTransformation] = None):
   """`make_train_step` jitted with the state's and the batch's shardings, state donated.
 
@@ -227,10 +233,10 @@ def _check_finite(step: int, metrics: Dict[str, float]):
         f"float32.")
 
 
-def evaluate(model: DiT, params, obj_cfg: objectives.ObjectiveConfig, tokens: np.ndarray,
+def evaluate(model: DiT, params, obj_cfg: losses.ObjectiveConfig, tokens: np.ndarray,
              attention_mask: np.ndarray, *, batch_size: int, batch_sharding=None
              ) -> Dict[str, float]:
-  """The likelihood bound of `setdiff_jax.likelihood` (per-row keys, seed EVAL_SEED) on given rows.
+  """The likelihood bound of `setdiff_jax.evaluation.likelihood` (per-row keys, seed EVAL_SEED) on given rows.
 
   Same function, rows and seed as `launch/evaluate.py --eval=likelihood --max_rows=N`, so the two
   agree exactly for the same checkpoint. Returns eval/{nll, ppl, bpd, num_tokens}.
@@ -274,9 +280,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[
   run_config.validate_config(config, jax.device_count())
   workdir = os.path.abspath(workdir)
   os.makedirs(workdir, exist_ok=True)
-  with workdir_guard.WorkdirLock(workdir, jax.process_index()):
-    config = workdir_guard.absolute_paths(config)
-    workdir_guard.check_resume(config, workdir)
+  with workdir_lock.WorkdirLock(workdir, jax.process_index()):
+    config = workdir_lock.absolute_paths(config)
+    workdir_lock.check_resume(config, workdir)
     return _train_and_evaluate(config, workdir)
 
 
@@ -299,8 +305,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict
   state, state_shardings = create_sharded_state(config, model_cfg, mesh)
   manager = checkpointing.make_manager(workdir, keep=config.keep_checkpoints)
   try:
-    restored, _, damaged = checkpoint_fallback.restore_with_fallback(manager, state, train_iter)
-    checkpoint_fallback.set_aside(manager, damaged)  # so those steps can be saved again
+    restored, _, damaged = fallback.restore_with_fallback(manager, state, train_iter)
+    fallback.set_aside(manager, damaged)  # so those steps can be saved again
     if restored is not None:
       state = restored
       logging.info("resumed from %s at step %d", manager.directory, int(state.step))

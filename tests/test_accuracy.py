@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 
 from helpers import random_params
-from setdiff_jax import decoding, objectives
+from setdiff_jax import decoding
+from setdiff_jax.diffusion import losses
 from setdiff_jax.data import pairs
 from setdiff_jax.evaluation import accuracy, gsm8k
-from setdiff_jax.model import DiT, DiTConfig
+from setdiff_jax.models.dit import DiT, DiTConfig
 
 pytestmark = pytest.mark.usefixtures("fast_compile")
 
@@ -88,7 +89,7 @@ def test_batch_of_mixed_prompts_equals_each_alone(name, setting):
   cfg = DiTConfig(vocab_size=V, hidden_size=32, num_layers=1, num_heads=2, cond_dim=16,
                   dropout=0.0, adaln=name in ("mdlm", "bd3lm"))
   model, params = DiT(cfg), random_params(cfg, seed=3)
-  oc = objectives.ObjectiveConfig(name=name, mask_token_id=MASK, pad_token_id=PAD,
+  oc = losses.ObjectiveConfig(name=name, mask_token_id=MASK, pad_token_id=PAD,
                                   eos_token_id=EOS, desired_set_size=4, block_size=4)
   rng = np.random.default_rng(0)
   prompts = [[BOS] + rng.integers(4, V, n).tolist() for n in (2, 6, 4)]
@@ -122,7 +123,7 @@ def test_accuracy_eval_counts_a_known_model():
     want = jax.numpy.asarray(target)[jax.numpy.clip(positions - 2, 0, 20)]
     return jax.nn.one_hot(want, V) * 50.0, (tokens.astype(np.float32)[..., None],)
 
-  oc = objectives.ObjectiveConfig(name="setdlm", mask_token_id=MASK, pad_token_id=PAD,
+  oc = losses.ObjectiveConfig(name="setdlm", mask_token_id=MASK, pad_token_id=PAD,
                                   eos_token_id=EOS, desired_set_size=4)
   test = [pairs.Pair("a", "#### 7"), pairs.Pair("b", "#### 7"), pairs.Pair("c", "#### 8")]
   rows = accuracy.accuracy_eval(logits_fn, None, Tok(), oc, 12, test,

@@ -11,8 +11,11 @@ import numpy as np
 import pytest
 
 from helpers import random_params
-from setdiff_jax import attention, masks, methods, objectives
-from setdiff_jax.model import DiT, DiTConfig
+from setdiff_jax import methods
+from setdiff_jax.models import attention
+from setdiff_jax.diffusion import masks
+from setdiff_jax.diffusion import losses
+from setdiff_jax.models.dit import DiT, DiTConfig
 
 pytestmark = pytest.mark.usefixtures("fast_compile")
 
@@ -83,7 +86,7 @@ def test_objective_blocksparse_equals_dense(name, adaln):
   """Loss and gradients of a training step are the same with `attention=blocksparse`."""
   cfg = DiTConfig(vocab_size=32, hidden_size=32, num_layers=1, num_heads=2, cond_dim=16,
                   dropout=0.0, adaln=adaln)
-  obj = objectives.ObjectiveConfig(name=name, mask_token_id=3, desired_set_size=2, block_size=4)
+  obj = losses.ObjectiveConfig(name=name, mask_token_id=3, desired_set_size=2, block_size=4)
   rng = np.random.default_rng(0)
   tokens = rng.integers(4, 32, (2, 32)).astype(np.int32)
   real = np.ones_like(tokens)

@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 from helpers import random_params
-from setdiff_jax import methods, objectives
-from setdiff_jax.model import DiT, DiTConfig
+from setdiff_jax import methods
+from setdiff_jax.diffusion import losses
+from setdiff_jax.models.dit import DiT, DiTConfig
 
 pytestmark = pytest.mark.usefixtures("fast_compile")
 
@@ -52,7 +53,7 @@ def pair_rows(prompt_len, answer_len, seq_len, batch=1, seed=0):
 
 
 def cfg_for(name, **kw):
-  return objectives.ObjectiveConfig(name=name, mask_token_id=MASK, pad_token_id=PAD,
+  return losses.ObjectiveConfig(name=name, mask_token_id=MASK, pad_token_id=PAD,
                                     eos_token_id=EOS, keep_clean_bos=False, desired_set_size=2,
                                     block_size=4, **kw)
 
@@ -112,7 +113,7 @@ def test_padding_and_prompt_length_do_not_change_answer_loss(name):
   """Logits that ignore the inputs: the loss is a mean over the answer's tokens only."""
   table_row = np.random.default_rng(2).normal(size=V)
   table_row[[PAD, EOS]] = table_row[9]  # every counted label (answer, EOS, AR's pad) costs the same
-  losses = []
+  row_losses = []
   for prompt_len, seq_len in ((2, 16), (2, 24), (7, 24)):
     batch = pair_rows(prompt_len, answer_len=4, seq_len=seq_len, batch=8)
     answer = np.full(4, 9)  # equal costs: every MDLM/BD3LM masked subset gives one value, and a
@@ -125,7 +126,7 @@ def test_padding_and_prompt_length_do_not_change_answer_loss(name):
     losses.append(loss / with_mask)
   vocab = np.arange(V) != MASK if name != "ar" else np.ones(V, bool)  # AR keeps M (SPEC §1.6)
   cost = -(table_row[9] - np.log(np.sum(np.exp(table_row[vocab]))))
-  np.testing.assert_allclose(losses, cost, rtol=1e-5)
+  np.testing.assert_allclose(row_losses, cost, rtol=1e-5)
 
 
 def test_setdlm_loss_with_real_dit_ignores_padding():

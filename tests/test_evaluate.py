@@ -13,11 +13,12 @@ import ml_collections
 import numpy as np
 import pytest
 
-from setdiff_jax import objectives, sampling
-from setdiff_jax import workdir as workdir_lib
+from setdiff_jax import sampling
+from setdiff_jax.diffusion import losses
+from setdiff_jax.workdir import load as workdir_lib
 from setdiff_jax.data import sources, tokenizers
 from setdiff_jax.evaluation import generation, infill, likelihood
-from setdiff_jax.model import DiT, DiTConfig, init_params
+from setdiff_jax.models.dit import DiT, DiTConfig, init_params
 
 V = 40
 PAD, BOS, EOS, MASK = 0, 2, 3, 4
@@ -45,7 +46,7 @@ def tiny_model(objective="setdlm", head_scale=1.0, seed=0):
 
 
 def obj_config(name, **kw):
-  return objectives.ObjectiveConfig(name=name, mask_token_id=MASK, pad_token_id=PAD,
+  return losses.ObjectiveConfig(name=name, mask_token_id=MASK, pad_token_id=PAD,
                                     eos_token_id=EOS, desired_set_size=2, block_size=4, **kw)
 
 

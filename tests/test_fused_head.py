@@ -1,4 +1,4 @@
-"""The fused head + cross-entropy (setdiff_jax/fused_head.py) against the unfused logits path.
+"""The fused head + cross-entropy (setdiff_jax/models/fused_head.py) against the unfused logits path.
 
 Loss and gradients must agree to 1e-6 relative (fp32): per token on random hidden states (with
 and without the suppressed mask column, row chunking, recomputation), and through every objective
@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 
 from helpers import random_params
-from setdiff_jax import fused_head, methods, models, objectives
-from setdiff_jax.model import DiT, DiTConfig
+from setdiff_jax import methods, models
+from setdiff_jax.models import fused_head
+from setdiff_jax.diffusion import losses
+from setdiff_jax.models.dit import DiT, DiTConfig
 from setdiff_jax.models.qwen3 import Qwen3Config
 
 pytestmark = pytest.mark.usefixtures("fast_compile")
@@ -112,7 +114,7 @@ SLOW = pytest.mark.slow  # the default tier keeps one case per code path; `-m sl
     pytest.param("bd3lm", True, 0, marks=SLOW)])
 def test_objectives_fused_equals_unfused(name, adaln, vocab_chunk):
   model_cfg = dataclasses.replace(CFG, adaln=adaln, fused_head=False, head_vocab_chunk=vocab_chunk)
-  obj = objectives.ObjectiveConfig(name=name, mask_token_id=MASK, pad_token_id=0, eos_token_id=2,
+  obj = losses.ObjectiveConfig(name=name, mask_token_id=MASK, pad_token_id=0, eos_token_id=2,
                                    desired_set_size=2, block_size=4)
   rng = np.random.default_rng(1)
   tokens = rng.integers(4, V, (3, 8)).astype(np.int32)
@@ -151,7 +153,7 @@ def test_qwen3_fused_equals_unfused(name, tied):
   """Qwen3's LM head (tied: the embedding transposed; untied: lm_head) through the fused path."""
   model_cfg = dataclasses.replace(QWEN, tie_embeddings=tied, fused_head=False,
                                   head_vocab_chunk=8 if tied else 0)  # V = 37: 5 chunks
-  obj = objectives.ObjectiveConfig(name=name, mask_token_id=MASK, pad_token_id=0, eos_token_id=2,
+  obj = losses.ObjectiveConfig(name=name, mask_token_id=MASK, pad_token_id=0, eos_token_id=2,
                                    desired_set_size=2)
   rng = np.random.default_rng(2)
   tokens = rng.integers(4, V, (2, 8)).astype(np.int32)

@@ -13,9 +13,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from setdiff_jax import masks, objectives
-from setdiff_jax import model as model_lib
-from setdiff_jax.interop import files, name_map
+from setdiff_jax.diffusion import masks
+from setdiff_jax.diffusion import losses
+from setdiff_jax.models import dit as model_lib
+from setdiff_jax.interop import name_map
+from setdiff_jax.interop import weight_files
 from setdiff_jax.interop import export_checkpoint, import_checkpoint
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -25,7 +27,7 @@ TOL = 1e-5
 
 
 def run_config(objective="setdlm", adaln=False, **loss):
-  from setdiff_jax.run_config import default_config
+  from setdiff_jax.workdir.config import default_config
   c = default_config()
   c.objective = objective
   c.seq_len = L
@@ -95,7 +97,7 @@ def test_export_layout_without_torch(setdlm, tmp_path, monkeypatch):
   monkeypatch.setitem(sys.modules, "torch", None)  # any `import torch` now fails
   out = export_checkpoint(config, params, str(tmp_path / "x"), special_ids=SPECIAL)
   assert sorted(os.listdir(out)) == ["config.json", "generation_config.json", "model.safetensors"]
-  state = files.read_state_dict(out)
+  state = weight_files.read_state_dict(out)
   assert all(k.startswith("backbone.") for k in state)
   assert state["backbone.blocks.0.attn_qkv.weight"].shape == (3 * D, D)
   np.testing.assert_array_equal(state["backbone.blocks.1.mlp.0.weight"],
@@ -149,7 +151,7 @@ def test_roundtrip_adaln(objective, tmp_path):
   cfg = json.load(open(os.path.join(out, "config.json")))
   assert cfg["architectures"] == [objective.upper()]
   assert cfg["backbone_config"]["adaln"] is True
-  assert "backbone.sigma_map.mlp.0.weight" in files.read_state_dict(out)
+  assert "backbone.sigma_map.mlp.0.weight" in weight_files.read_state_dict(out)
   config2, params2 = import_checkpoint(out)
   leaves_equal(params, params2)
   assert config2.objective == objective and config2.model.adaln
@@ -179,14 +181,14 @@ def test_export_with_tokenizer(setdlm, tmp_path):
 # ----------------------------------------------------------------------------- import errors
 def _copy_with_state(src, dst, edit_state=None, edit_config=None):
   os.makedirs(dst)
-  state = files.read_state_dict(src)
+  state = weight_files.read_state_dict(src)
   if edit_state:
     edit_state(state)
-  files.write_state_dict(state, dst)
+  weight_files.write_state_dict(state, dst)
   cfg = json.load(open(os.path.join(src, "config.json")))
   if edit_config:
     edit_config(cfg)
-  files.write_json(cfg, os.path.join(dst, "config.json"))
+  weight_files.write_json(cfg, os.path.join(dst, "config.json"))
   return dst
 
 
@@ -276,8 +278,8 @@ def test_parity_two_stream(setdlm, exported):
   mcfg = parity.fp32_model_config(config, params)
   batch = parity.two_stream_example(L, V, SPECIAL["mask_id"], SPECIAL["pad_id"], bos_id=2)
   assert not batch["attention_mask"].all()  # one padded row
-  obj = objectives.ObjectiveConfig(mask_token_id=SPECIAL["mask_id"], pad_token_id=0)
-  inp = objectives.setdlm_inputs(obj, {k: jnp.asarray(v) for k, v in batch.items()},
+  obj = losses.ObjectiveConfig(mask_token_id=SPECIAL["mask_id"], pad_token_id=0)
+  inp = losses.setdlm_inputs(obj, {k: jnp.asarray(v) for k, v in batch.items()},
                                  jnp.asarray(batch["order"]))
   args = [np.asarray(inp[k]) for k in ("tokens", "positions", "mask")]
   jl = np.asarray(parity.jax_forward(mcfg, params, *args))
@@ -402,7 +404,7 @@ def test_import_official_style_directory(tmp_path):
 # ----------------------------------------------------------------------------- launch CLI
 def test_export_workdir(setdlm, tmp_path, monkeypatch):
   """launch/export.py's logic against a stand-in for workdir.load_inference_state."""
-  from setdiff_jax import workdir as workdir_lib
+  from setdiff_jax.workdir import load as workdir_lib
   from setdiff_jax.interop.export import export_workdir
   config, params = setdlm
   calls = {}

@@ -7,8 +7,10 @@ import numpy as np
 import pytest
 
 from helpers import random_params
-from setdiff_jax import attention, masks, models
-from setdiff_jax.model import DiT, DiTConfig
+from setdiff_jax import models
+from setdiff_jax.models import attention
+from setdiff_jax.diffusion import masks
+from setdiff_jax.models.dit import DiT, DiTConfig
 from setdiff_jax.models.qwen3 import Qwen3, Qwen3Config
 from setdiff_jax.sampling import cache as cache_lib
 

@@ -24,11 +24,14 @@ lm_eval = pytest.importorskip("lm_eval")
 
 from helpers import random_params  # noqa: E402
 from configs import reasoning_common  # noqa: E402
-from setdiff_jax import decoding, likelihood, masks, methods, objectives, train  # noqa: E402
-from setdiff_jax import workdir as workdir_lib  # noqa: E402
+from setdiff_jax import decoding, methods, train  # noqa: E402
+from setdiff_jax.evaluation import likelihood
+from setdiff_jax.diffusion import masks
+from setdiff_jax.diffusion import losses
+from setdiff_jax.workdir import load as workdir_lib  # noqa: E402
 from setdiff_jax.data import tasks  # noqa: E402
 from setdiff_jax.evaluation import lm_eval_model as lem  # noqa: E402
-from setdiff_jax.model import DiT, DiTConfig  # noqa: E402
+from setdiff_jax.models.dit import DiT, DiTConfig  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("fast_compile")
 L = 32
@@ -160,7 +163,7 @@ def test_is_greedy_and_errors(run):
 def _ar_state(tok):
   cfg = DiTConfig(vocab_size=tok.vocab_size, hidden_size=32, num_layers=1, num_heads=2,
                   cond_dim=16, dropout=0.0, adaln=False)
-  oc = objectives.ObjectiveConfig(name="ar",
+  oc = losses.ObjectiveConfig(name="ar",
                                   mask_token_id=tok.mask_id, pad_token_id=tok.pad_id,
                                   eos_token_id=tok.eos_id)
   config = ml_collections.ConfigDict({"seq_len": 32})

@@ -1,4 +1,4 @@
-"""Conformance tests for setdiff_jax.masks (SPEC §2, §11.3), incl. the gradient-leak test."""
+"""Conformance tests for setdiff_jax.diffusion.masks (SPEC §2, §11.3), incl. the gradient-leak test."""
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from helpers import random_params as _random_params
-from setdiff_jax import masks, objectives
-from setdiff_jax.model import DiT, DiTConfig, param_shapes
+from setdiff_jax.diffusion import masks
+from setdiff_jax.diffusion import losses
+from setdiff_jax.models.dit import DiT, DiTConfig, param_shapes
 
 
 pytestmark = pytest.mark.usefixtures("fast_compile")
@@ -194,10 +195,10 @@ def test_gradient_leak_setdlm():
   """Loss at noisy slot r: zero gradient to clean ranks >= r and to other noisy slots."""
   length = 8
   params = _random_params(TINY)
-  cfg = objectives.ObjectiveConfig(mask_token_id=3, pad_token_id=0)
+  cfg = losses.ObjectiveConfig(mask_token_id=3, pad_token_id=0)
   x = jax.random.randint(jax.random.key(1), (1, length), 4, 32)
   order = jnp.array([[0, 5, 2, 7, 1, 3, 6, 4]], jnp.int32)
-  inp = objectives.setdlm_inputs(cfg, {"tokens": x}, order)
+  inp = losses.setdlm_inputs(cfg, {"tokens": x}, order)
   f = _per_slot_nll_fn(TINY, params, inp["tokens"], inp["positions"], inp["mask"], inp["targets"],
                        length)
   dep = _dependency(f, 2 * length, TINY.hidden_size)

@@ -1,4 +1,4 @@
-"""Conformance tests for setdiff_jax.model (SPEC §3): parameter tree, init, rotary, a NumPy
+"""Conformance tests for setdiff_jax.models.dit (SPEC §3): parameter tree, init, rotary, a NumPy
 re-implementation of the forward pass, KV cache, dtypes and dropout."""
 import dataclasses
 import functools
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from helpers import random_params
-from setdiff_jax import masks
-from setdiff_jax.model import (DiT, DiTConfig, LayerNormNoBias, apply_rotary, count_params,
+from setdiff_jax.diffusion import masks
+from setdiff_jax.models.dit import (DiT, DiTConfig, LayerNormNoBias, apply_rotary, count_params,
                                init_params, param_shapes, rotary_cos_sin, suppress_mask_logit)
 
 

@@ -1,4 +1,4 @@
-"""Conformance tests for setdiff_jax.objectives (SPEC §1.4-1.6, §11.4).
+"""Conformance tests for setdiff_jax.diffusion.losses (SPEC §1.4-1.6, §11.4).
 
 Each loss is re-computed in NumPy float64 from logits obtained by calling `DiT.apply` on inputs
 built here by hand (tokens, positions, attention masks), following the SPEC formulas. For MDLM /
@@ -16,8 +16,10 @@ import optax
 import pytest
 
 from helpers import random_params as params_for
-from setdiff_jax import methods, objectives, orders
-from setdiff_jax.model import DiT, DiTConfig, param_shapes
+from setdiff_jax import methods
+from setdiff_jax.diffusion import losses
+from setdiff_jax.diffusion import orders
+from setdiff_jax.models.dit import DiT, DiTConfig, param_shapes
 
 
 pytestmark = pytest.mark.usefixtures("fast_compile")
@@ -109,7 +111,7 @@ SET_CONTEXT = np.array([[0] * 8, [1, 1, 1, 0, 0, 0, 0, 0]])
 
 @pytest.mark.parametrize("train", [True, False])
 def test_setdlm_loss_matches_numpy(train):
-  cfg = objectives.ObjectiveConfig(mask_token_id=MASK, pad_token_id=PAD, keep_clean_bos=True)
+  cfg = losses.ObjectiveConfig(mask_token_id=MASK, pad_token_id=PAD, keep_clean_bos=True)
   batch = {"tokens": jnp.asarray(TOKENS), "attention_mask": jnp.asarray(ATTN),
            "context_mask": jnp.asarray(SET_CONTEXT), "order": jnp.asarray(SET_ORDER)}
   loss, metrics = run_loss(cfg, CFG_PLAIN, batch, jax.random.key(0), train)
@@ -124,7 +126,7 @@ def test_setdlm_loss_matches_numpy(train):
 
 
 def test_setdlm_eval_without_keep_clean_bos_keeps_slot0():
-  cfg = objectives.ObjectiveConfig(mask_token_id=MASK, pad_token_id=PAD, keep_clean_bos=False)
+  cfg = losses.ObjectiveConfig(mask_token_id=MASK, pad_token_id=PAD, keep_clean_bos=False)
   batch = {"tokens": jnp.asarray(TOKENS), "attention_mask": jnp.asarray(ATTN),
            "order": jnp.asarray(SET_ORDER)}
   loss, metrics = run_loss(cfg, CFG_PLAIN, batch, jax.random.key(0), False)
@@ -137,7 +139,7 @@ def test_setdlm_eval_without_keep_clean_bos_keeps_slot0():
 @pytest.mark.parametrize("train", [True, False])
 def test_setdlm_padding_invariance(train):
   """A padded sequence (explicit order) has the loss of the unpadded sequence alone."""
-  cfg = objectives.ObjectiveConfig(mask_token_id=MASK, pad_token_id=PAD, keep_clean_bos=True)
+  cfg = losses.ObjectiveConfig(mask_token_id=MASK, pad_token_id=PAD, keep_clean_bos=True)
   tokens = np.array([[BOS, 7, 20, 9, 12, 5, PAD, PAD, PAD]])
   order = np.array([[0, 4, 1, 5, 2, 3, 6, 7, 8]])
   padded = {"tokens": jnp.asarray(tokens), "attention_mask": jnp.asarray((np.arange(9) < 6)[None]),
@@ -152,10 +154,10 @@ def test_setdlm_padding_invariance(train):
 
 
 def test_setdlm_inputs_layout():
-  cfg = objectives.ObjectiveConfig(mask_token_id=MASK, pad_token_id=PAD)
+  cfg = losses.ObjectiveConfig(mask_token_id=MASK, pad_token_id=PAD)
   batch = {"tokens": jnp.asarray(TOKENS), "attention_mask": jnp.asarray(ATTN),
            "context_mask": jnp.asarray(SET_CONTEXT)}
-  inp = objectives.setdlm_inputs(cfg, batch, jnp.asarray(SET_ORDER))
+  inp = losses.setdlm_inputs(cfg, batch, jnp.asarray(SET_ORDER))
   # row 0 by hand: order [0,3,1,5,2,4,6,7]
   np.testing.assert_array_equal(inp["tokens"][0], [BOS, 9, 7, 5, PAD, 12, PAD, PAD,
                                                    MASK, MASK, MASK, MASK, MASK, MASK, PAD, PAD])
@@ -170,7 +172,7 @@ def test_setdlm_inputs_layout():
 def test_setdlm_sampled_orders_and_weights():
   """keep_clean_bos puts position 0 first; prefix context first, padding last, so the permuted
   weights equal the unpermuted ones (the reference's shortcut, SPEC §2.5 / §11.4)."""
-  cfg = objectives.ObjectiveConfig(mask_token_id=MASK, pad_token_id=PAD, keep_clean_bos=True,
+  cfg = losses.ObjectiveConfig(mask_token_id=MASK, pad_token_id=PAD, keep_clean_bos=True,
                                    desired_set_size=2)
   bsz = 64
   rng = np.random.default_rng(0)
@@ -181,14 +183,14 @@ def test_setdlm_sampled_orders_and_weights():
   context = np.arange(L)[None] < ctx_len[:, None]
   batch = {"tokens": jnp.asarray(tokens), "attention_mask": jnp.asarray(attn),
            "context_mask": jnp.asarray(context)}
-  order = np.asarray(objectives.setdlm_order(cfg, batch, jax.random.key(3), train=True))
+  order = np.asarray(losses.setdlm_order(cfg, batch, jax.random.key(3), train=True))
   assert np.all(order[:, 0] == 0)
   for b in range(bsz):
     n_fixed = max(ctx_len[b], 1)
     np.testing.assert_array_equal(order[b, :n_fixed], np.arange(n_fixed))
     np.testing.assert_array_equal(order[b, real_len[b]:], np.arange(real_len[b], L))
   target = attn & ~context
-  inp = objectives.setdlm_inputs(cfg, batch, jnp.asarray(order))
+  inp = losses.setdlm_inputs(cfg, batch, jnp.asarray(order))
   np.testing.assert_array_equal(inp["target_weight"], target)
   np.testing.assert_array_equal(np.take_along_axis(target, order, -1), target)
   # The orders are not trivial.
@@ -196,19 +198,19 @@ def test_setdlm_sampled_orders_and_weights():
 
 
 def test_setdlm_eos_last_in_training_only():
-  cfg = objectives.ObjectiveConfig(mask_token_id=MASK, pad_token_id=PAD, eos_token_id=EOS,
+  cfg = losses.ObjectiveConfig(mask_token_id=MASK, pad_token_id=PAD, eos_token_id=EOS,
                                    desired_set_size=4, eos_last=True)
   tokens = np.tile([BOS, 7, EOS, 9, 12, 5, EOS, 20], (32, 1))
   batch = {"tokens": jnp.asarray(tokens)}
-  order = np.asarray(objectives.setdlm_order(cfg, batch, jax.random.key(1), train=True))
+  order = np.asarray(losses.setdlm_order(cfg, batch, jax.random.key(1), train=True))
   np.testing.assert_array_equal(np.sort(order[:, -2:], -1), np.tile([2, 6], (32, 1)))
-  ev = np.asarray(objectives.setdlm_order(cfg, batch, jax.random.key(1), train=False))
+  ev = np.asarray(losses.setdlm_order(cfg, batch, jax.random.key(1), train=False))
   assert np.any(np.sort(ev[:, -2:], -1) != [2, 6])
 
 
 # ------------------------------------------------------------------------------------ AR
 def test_ar_loss_matches_numpy():
-  cfg = objectives.ObjectiveConfig(name="ar", mask_token_id=MASK, pad_token_id=PAD)
+  cfg = losses.ObjectiveConfig(name="ar", mask_token_id=MASK, pad_token_id=PAD)
   n = L - 1
   z = logits_np(CFG_PLAIN, TOKENS[:, :-1], np.tile(np.arange(n), (2, 1)),
                 np.tril(np.ones((n, n), bool))[None])
@@ -225,7 +227,7 @@ def test_ar_loss_matches_numpy():
 
 def test_ar_does_not_suppress_mask_logit():
   # A model that puts mass on M: the AR loss of a target M is finite (it is not -1e12 suppressed).
-  cfg = objectives.ObjectiveConfig(name="ar", mask_token_id=MASK, pad_token_id=PAD)
+  cfg = losses.ObjectiveConfig(name="ar", mask_token_id=MASK, pad_token_id=PAD)
   tokens = np.array([[BOS, MASK, 7, 8]])
   loss, _ = run_loss(cfg, CFG_PLAIN, {"tokens": tokens}, jax.random.key(0), False)
   assert np.isfinite(float(loss)) and float(loss) < 10
@@ -302,7 +304,7 @@ def np_masked_diffusion_loss(name, tokens, attn, t, xt, *, train, block, keep_cl
                                              ("bd3lm", True, 4), ("bd3lm", False, 0)])
 def test_masked_diffusion_matches_numpy(name, train, seed):
   block = 4 if name == "bd3lm" else L
-  cfg = objectives.ObjectiveConfig(name=name, mask_token_id=MASK, pad_token_id=PAD,
+  cfg = losses.ObjectiveConfig(name=name, mask_token_id=MASK, pad_token_id=PAD,
                                    keep_clean_bos=True, block_size=4)
   rng = jax.random.key(seed)
   t, xt, remasked = derive_noise(rng, name, TOKENS, ATTN, train=train, block=block)
@@ -324,7 +326,7 @@ def test_masked_diffusion_with_context(name, train, seed):
   """Prompt tokens (context_mask) are never masked and carry no weight; BD3LM's re-masking leaves
   every block that holds context alone (SPEC §1.6)."""
   block = 4 if name == "bd3lm" else L
-  cfg = objectives.ObjectiveConfig(name=name, mask_token_id=MASK, pad_token_id=PAD,
+  cfg = losses.ObjectiveConfig(name=name, mask_token_id=MASK, pad_token_id=PAD,
                                    keep_clean_bos=True, block_size=4)
   context = np.array([[1, 1, 1, 0, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1, 0, 0]], bool)
   rng = jax.random.key(seed)
@@ -341,7 +343,7 @@ def test_masked_diffusion_with_context(name, train, seed):
 
 
 def test_mdlm_eval_without_keep_clean_bos():
-  cfg = objectives.ObjectiveConfig(name="mdlm", mask_token_id=MASK, pad_token_id=PAD,
+  cfg = losses.ObjectiveConfig(name="mdlm", mask_token_id=MASK, pad_token_id=PAD,
                                    keep_clean_bos=False)
   rng = jax.random.key(4)
   t, xt, _ = derive_noise(rng, "mdlm", TOKENS, ATTN, train=False, block=L, keep_clean_bos=False)
@@ -366,7 +368,7 @@ def test_sample_t():
 
 def test_bd3lm_remask_empty_blocks():
   s, length, n = 4, 16, 4000
-  cfg = objectives.ObjectiveConfig(name="bd3lm", mask_token_id=MASK, block_size=s,
+  cfg = losses.ObjectiveConfig(name="bd3lm", mask_token_id=MASK, block_size=s,
                                    keep_clean_bos=True)
   x = np.arange(10, 26)[None]
   real = np.ones((1, length), bool)
@@ -374,7 +376,7 @@ def test_bd3lm_remask_empty_blocks():
   xt = x.copy()
   xt[0, 5] = MASK  # block 1 already has a mask; blocks 0 and 2 are empty; block 3 has padding
   def f(keys, c):
-    one = lambda k: objectives.remask_empty_blocks(k, jnp.asarray(xt), jnp.asarray(real),
+    one = lambda k: losses.remask_empty_blocks(k, jnp.asarray(xt), jnp.asarray(real),
                                                    jnp.asarray(x), c)
     return jax.jit(jax.vmap(one))(keys)
 
@@ -404,7 +406,7 @@ def test_bd3lm_remask_empty_blocks():
 def test_loss_decreases_with_adam(name):
   model_cfg = DiTConfig(vocab_size=V, hidden_size=32, num_layers=1, num_heads=2, cond_dim=16,
                         dropout=0.0, adaln=name in ("mdlm", "bd3lm"))
-  cfg = objectives.ObjectiveConfig(name=name, mask_token_id=MASK, pad_token_id=PAD,
+  cfg = losses.ObjectiveConfig(name=name, mask_token_id=MASK, pad_token_id=PAD,
                                    desired_set_size=2, block_size=4)
   rng = np.random.default_rng(0)
   tokens = np.concatenate([np.full((4, 1), BOS), rng.integers(4, 12, (4, 15))], -1)
@@ -426,12 +428,12 @@ def test_loss_decreases_with_adam(name):
     upd, s = opt.update(g, s, p)
     return optax.apply_updates(p, upd), s, loss, fixed
 
-  losses, fixed = [], []
+  step_losses, fixed = [], []
   for i in range(21):
     new_params, new_state, loss, fix = step(params, state, jax.random.fold_in(jax.random.key(1), i))
     fixed.append(float(fix))  # loss at a fixed order / mask draw, before step i
-    losses.append(float(loss))
+    step_losses.append(float(loss))
     params, state = new_params, new_state
-  assert np.all(np.isfinite(losses)) and np.all(np.isfinite(fixed))
-  assert fixed[-1] < 0.8 * fixed[0], (fixed, losses)
-  assert np.mean(losses[-5:]) < np.mean(losses[:5])
+  assert np.all(np.isfinite(step_losses)) and np.all(np.isfinite(fixed))
+  assert fixed[-1] < 0.8 * fixed[0], (fixed, step_losses)
+  assert np.mean(step_losses[-5:]) < np.mean(step_losses[:5])

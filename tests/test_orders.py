@@ -1,4 +1,4 @@
-"""Conformance tests for setdiff_jax.orders (SPEC §1.2, §1.3, §11.1-2).
+"""Conformance tests for setdiff_jax.diffusion.orders (SPEC §1.2, §1.3, §11.1-2).
 
 Every expected value is either typed in from the SPEC (hand-worked) or re-computed here in NumPy
 float64, independently of the library code.
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy import integrate, stats
 
-from setdiff_jax import orders
+from setdiff_jax.diffusion import orders
 
 
 pytestmark = pytest.mark.usefixtures("fast_compile")

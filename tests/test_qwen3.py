@@ -13,7 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from setdiff_jax import masks, models
+from setdiff_jax import models
+from setdiff_jax.diffusion import masks
 from setdiff_jax.interop import name_map
 
 torch = pytest.importorskip("torch")
@@ -204,14 +205,15 @@ def test_roundtrip_hf_layout(hf, tmp_path):
 
 def test_roundtrip_official_layout(hf, tmp_path):
   from setdiff_jax.data import tokenizers
-  from setdiff_jax.interop import files, import_checkpoint, jax_logits
+  from setdiff_jax.interop import import_checkpoint, jax_logits
+  from setdiff_jax.interop import weight_files
   from setdiff_jax.interop.export import export_checkpoint
   path, model, config, params = hf
   run = config.copy_and_resolve_references()
   run.objective, run.seq_len = "setdlm", 16
   tok = tokenizers.qwen3_tokenizer(path)
   out = export_checkpoint(run, params, str(tmp_path / "official"), tokenizer=tok, step=7)
-  raw = files.read_json(os.path.join(out, "config.json"))
+  raw = weight_files.read_json(os.path.join(out, "config.json"))
   bb = raw["backbone_config"]
   assert raw["architectures"] == ["SetDLM"] and raw["model_type"] == "bd3lm"
   assert bb["_target_"] == "backbone_automodel.AutoModelFromPreTrained"
@@ -219,7 +221,7 @@ def test_roundtrip_official_layout(hf, tmp_path):
           bb["intermediate_size"], bb["num_key_value_heads"]) == ("AutoModelForCausalLM", 2, True,
                                                                    D, F, KV)
   assert raw["mask_token_id"] == 1 and raw["noise_config"]["desired_block_size"] == 4
-  state = files.read_state_dict(out)
+  state = weight_files.read_state_dict(out)
   assert "backbone.model.model.layers.1.self_attn.q_norm.weight" in state
   assert "backbone.model.lm_head.weight" in state  # written even when tied (official layout)
   # The official keys minus `backbone.model.` are exactly the transformers model's.
@@ -246,7 +248,8 @@ def test_roundtrip_official_layout(hf, tmp_path):
 def test_official_layout_without_our_block_reads_dims_from_weights(hf, tmp_path):
   """A released Qwen3 SetDLM's config.json has no architecture beyond backbone_config: the
   importer reads the dims off the weights (and warns about theta / eps)."""
-  from setdiff_jax.interop import files, import_checkpoint
+  from setdiff_jax.interop import import_checkpoint
+  from setdiff_jax.interop import weight_files
   from setdiff_jax.interop.export import export_checkpoint
   from setdiff_jax.interop.import_ import InteropWarning
   _, _, config, params = hf
@@ -254,13 +257,13 @@ def test_official_layout_without_our_block_reads_dims_from_weights(hf, tmp_path)
   run.objective, run.seq_len = "setdlm", 16
   out = export_checkpoint(run, params, str(tmp_path / "rel"),
                           special_ids={"bos_id": 0, "eos_id": 0, "pad_id": 0, "mask_id": 1})
-  raw = files.read_json(os.path.join(out, "config.json"))
+  raw = weight_files.read_json(os.path.join(out, "config.json"))
   del raw["setdiff_jax"]
   raw["backbone_config"] = {k: raw["backbone_config"][k] for k in (
       "_target_", "automodel_cls", "pretrained_model_name_or_path", "num_layers",
       "keep_top_layers", "reinit_model", "attn_implementation", "use_causal_mask")}
   raw["backbone_config"]["rope_theta"] = 10000.0  # our tiny model's; released ones use 1e6
-  files.write_json(raw, os.path.join(out, "config.json"))
+  weight_files.write_json(raw, os.path.join(out, "config.json"))
   with pytest.warns(InteropWarning, match="not in config.json"):
     config2, params2 = import_checkpoint(out)
   _assert_same(params, params2)
@@ -269,7 +272,8 @@ def test_official_layout_without_our_block_reads_dims_from_weights(hf, tmp_path)
 
 # ----------------------------------------------------------------------------- layers, shards
 def test_keep_first_layers_and_sharded_loading(tmp_path):
-  from setdiff_jax import pretrained, sharding
+  from setdiff_jax import sharding
+  from setdiff_jax.interop import pretrained
   from setdiff_jax.interop import qwen3_hf
   path, model = make_hf_dir(tmp_path / "deep", layers=3, seed=4)
   # Re-save as two shards with an index, as large checkpoints are.
@@ -312,7 +316,7 @@ def test_errors(hf, tmp_path):
   import shutil
   from setdiff_jax.interop import import_checkpoint, qwen3_hf
   from setdiff_jax.interop.name_map import CheckpointMismatchError
-  from setdiff_jax import pretrained
+  from setdiff_jax.interop import pretrained
   path = hf[0]
   with pytest.raises(FileNotFoundError, match="config.json not found"):
     os.makedirs(tmp_path / "empty")
@@ -362,7 +366,7 @@ def test_end_to_end_finetune_sample_export(tmp_path):
   logits; training started from the HF weights; the export also loads in transformers."""
   import subprocess
   import sys
-  from setdiff_jax import workdir as workdir_lib
+  from setdiff_jax.workdir import load as workdir_lib
   from setdiff_jax.interop import import_checkpoint, jax_logits
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   hf_dir, hf_model = make_hf_dir(tmp_path / "hf", seed=5)
@@ -409,9 +413,9 @@ def test_end_to_end_finetune_sample_export(tmp_path):
   before = torch_logits(hf_model, tokens, positions, allowed)
   assert 0 < rel_err(trained, before) < 0.2
   # The official layout loads into transformers (prefix `backbone.model.` stripped).
-  from setdiff_jax.interop import files
+  from setdiff_jax.interop import weight_files
   state_dict = {k[len("backbone.model."):]: torch.from_numpy(v)
-                for k, v in files.read_state_dict(str(out)).items()}
+                for k, v in weight_files.read_state_dict(str(out)).items()}
   hf_model.load_state_dict(state_dict, strict=True)
   assert rel_err(torch_logits(hf_model, tokens, positions, allowed), trained) < TOL
 
@@ -435,7 +439,7 @@ def test_set_sampler_cached_equals_no_cache_on_qwen3(hf):
 def test_init_from_hf_resolves_the_run_config(hf, tmp_path):
   import shutil
   from configs import tiny_qwen3
-  from setdiff_jax import pretrained
+  from setdiff_jax.interop import pretrained
   path = hf[0]
   c = tiny_qwen3.get_config()
   c.init_from_hf = path

@@ -17,8 +17,10 @@ import time
 import jax
 import pytest
 
-from setdiff_jax import checkpointing, errors, train, workdir_guard
-from setdiff_jax import workdir as workdir_lib
+from setdiff_jax import errors, train
+from setdiff_jax.workdir import checkpoints as checkpointing
+from setdiff_jax.workdir import lock as workdir_lock
+from setdiff_jax.workdir import load as workdir_lib
 from setdiff_jax.data import tokenizers
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -129,7 +131,7 @@ def test_decode_never_returns_replacement_characters(tmp_path):
 
 HOLD = """
 import sys, time
-from setdiff_jax.workdir_guard import WorkdirLock
+from setdiff_jax.workdir.lock import WorkdirLock
 WorkdirLock(sys.argv[1]).acquire()
 print("locked", flush=True)
 time.sleep(120)
@@ -252,17 +254,17 @@ def test_mismatched_resume_writes_nothing(tmp_path, monkeypatch):
 
 def test_structural_fields_and_absolute_paths(tmp_path, monkeypatch):
   old = tiny_config()
-  assert workdir_guard.structural_changes(old, tiny_config(**{"model.dropout": 0.3})) == []
-  assert workdir_guard.structural_changes(old, tiny_config(grad_clip_norm=0.5)) == []
-  assert [c[0] for c in workdir_guard.structural_changes(old, tiny_config(grad_clip_norm=0.0))] \
+  assert workdir_lock.structural_changes(old, tiny_config(**{"model.dropout": 0.3})) == []
+  assert workdir_lock.structural_changes(old, tiny_config(grad_clip_norm=0.5)) == []
+  assert [c[0] for c in workdir_lock.structural_changes(old, tiny_config(grad_clip_norm=0.0))] \
       == ["grad_clip_norm"]  # removes an optimizer-chain element
   monkeypatch.chdir(tmp_path)
-  c = workdir_guard.absolute_paths(tiny_config(**{"data.paths": "a.txt, sub/b.txt",
+  c = workdir_lock.absolute_paths(tiny_config(**{"data.paths": "a.txt, sub/b.txt",
                                                   "data.eval_paths": "gs://bucket/v.txt"}))
   assert c.data.paths == f"{tmp_path}/a.txt,{tmp_path}/sub/b.txt"
   assert c.data.eval_paths == "gs://bucket/v.txt"
   # The stored absolute path equals the relative one given from the same directory.
-  assert workdir_guard.structural_changes(c, tiny_config(**{"data.paths": "a.txt,sub/b.txt"})) \
+  assert workdir_lock.structural_changes(c, tiny_config(**{"data.paths": "a.txt,sub/b.txt"})) \
       == []
 
 
@@ -282,10 +284,10 @@ def test_second_trainer_fails_at_once_with_the_pid(tmp_path, monkeypatch):
     print(f"second trainer refused after {time.monotonic() - t0:.3f}s")
     os.kill(holder.pid, signal.SIGKILL)  # kill -9: the kernel releases the lock
     holder.wait()
-    with workdir_guard.WorkdirLock(workdir) as lock:  # free again, although the file remains
+    with workdir_lock.WorkdirLock(workdir) as lock:  # free again, although the file remains
       assert lock._fd is not None
-    with workdir_guard.WorkdirLock(workdir, process_index=1):  # per-process files
-      with workdir_guard.WorkdirLock(workdir, process_index=0):
+    with workdir_lock.WorkdirLock(workdir, process_index=1):  # per-process files
+      with workdir_lock.WorkdirLock(workdir, process_index=0):
         pass
   finally:
     holder.kill()
@@ -295,7 +297,7 @@ def test_second_trainer_fails_at_once_with_the_pid(tmp_path, monkeypatch):
 def test_lock_is_released_after_an_error(tmp_path):
   workdir = str(tmp_path / "w")
   with pytest.raises(ValueError):
-    with workdir_guard.WorkdirLock(workdir):
+    with workdir_lock.WorkdirLock(workdir):
       raise ValueError("boom")
   fd = os.open(os.path.join(workdir, ".lock", "process_0.lock"), os.O_RDWR)
   fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # would raise if still held
@@ -435,7 +437,7 @@ def test_disk_full_during_save_keeps_the_previous_checkpoint(run_dir, tmp_path, 
   assert len(lines) == 1 and lines[0].startswith("error: disk full while saving checkpoint 3")
   assert "the previous checkpoint (step 2) is intact" in lines[0]
   assert workdir_lib.load_inference_state(workdir).step == 2
-  assert workdir_guard.saved_steps(workdir) == [1, 2]
+  assert workdir_lock.saved_steps(workdir) == [1, 2]
 
 
 # ----------------------------------------------------------------------------- small pieces

@@ -9,8 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from setdiff_jax import masks, objectives
-from setdiff_jax.model import DiT, DiTConfig, param_shapes, suppress_mask_logit
+from setdiff_jax.diffusion import masks
+from setdiff_jax.diffusion import losses
+from setdiff_jax.models.dit import DiT, DiTConfig, param_shapes, suppress_mask_logit
 from setdiff_jax.decoding import generate_text, run_sampling, sampler_config_for, sampler_for
 from setdiff_jax.sampling import (SamplerConfig, ar_generate, bd3lm_generate, compact,
                                   infill_inputs, mdlm_generate, parse_infill, prompted_inputs,
@@ -190,7 +191,7 @@ def _uncached_mask_logits(model, params, canvas_rows, committed, queries, length
   """SPEC §11.6 reference: for each (row, query position), one uncached two-stream forward whose
   clean ranks 0..c-1 hold the committed tokens in commit order and whose noisy rank c is the
   mask."""
-  ocfg = objectives.ObjectiveConfig(name="setdlm", mask_token_id=TIDS["mask_token_id"])
+  ocfg = losses.ObjectiveConfig(name="setdlm", mask_token_id=TIDS["mask_token_id"])
   tokens, orders, context = [], [], []
   for row, comm, q in zip(canvas_rows, committed, queries):
     rest = [p for p in range(length) if p not in comm and p != q]
@@ -202,7 +203,7 @@ def _uncached_mask_logits(model, params, canvas_rows, committed, queries, length
   tokens, orders, context = (tokens + tokens[:1] * pad, orders + orders[:1] * pad,
                              context + context[:1] * pad)
   batch = {"tokens": jnp.asarray(np.array(tokens)), "context_mask": jnp.asarray(np.array(context))}
-  inp = objectives.setdlm_inputs(ocfg, batch, jnp.asarray(np.array(orders), jnp.int32))
+  inp = losses.setdlm_inputs(ocfg, batch, jnp.asarray(np.array(orders), jnp.int32))
   logits = _apply(model, params, inp["tokens"], inp["positions"], inp["mask"], length)
   ranks = np.array([len(c) for c in committed])
   return np.asarray(logits)[np.arange(n), ranks]
@@ -268,7 +269,7 @@ def test_batch_equals_rows_alone(tiny):
 
 def _dense_set_w1(model, params, prompts, n):
   """Greedy left-to-right decoding from uncached two-stream forwards (identity order)."""
-  ocfg = objectives.ObjectiveConfig(name="setdlm", mask_token_id=TIDS["mask_token_id"])
+  ocfg = losses.ObjectiveConfig(name="setdlm", mask_token_id=TIDS["mask_token_id"])
   lc = max(len(p) for p in prompts) + n
   x = np.zeros((len(prompts), lc), np.int32)
   for b, p in enumerate(prompts):
@@ -277,7 +278,7 @@ def _dense_set_w1(model, params, prompts, n):
     cur = np.array([len(p) + k for p in prompts])
     context = np.arange(lc)[None] < cur[:, None]
     order = jnp.broadcast_to(jnp.arange(lc, dtype=jnp.int32), x.shape)
-    inp = objectives.setdlm_inputs(ocfg, {"tokens": jnp.asarray(x),
+    inp = losses.setdlm_inputs(ocfg, {"tokens": jnp.asarray(x),
                                           "context_mask": jnp.asarray(context)}, order)
     logits = _apply(model, params, inp["tokens"], inp["positions"], inp["mask"], lc)
     logits = suppress_mask_logit(logits, TIDS["mask_token_id"])
@@ -465,17 +466,17 @@ def test_sampler_dispatch_and_config(monkeypatch):
   for name, fn in (("setdlm", "set_generate"), ("ar", "ar_generate"), ("mdlm", "mdlm_generate"),
                    ("bd3lm", "bd3lm_generate")):
     assert sampler_for(name)(None, None, [[1]], None) == fn
-  ocfg = objectives.ObjectiveConfig(name="bd3lm", mask_token_id=3, eos_token_id=2, block_size=8)
+  ocfg = losses.ObjectiveConfig(name="bd3lm", mask_token_id=3, eos_token_id=2, block_size=8)
   cfg = sampler_config_for(ocfg, CharTokenizer(), 64)
   assert (cfg.block_size, cfg.max_length, cfg.max_new_tokens, cfg.bos_token_id) == (8, 64, 63, 1)
-  ocfg = objectives.ObjectiveConfig(name="setdlm", mask_token_id=3, desired_set_size=8)
+  ocfg = losses.ObjectiveConfig(name="setdlm", mask_token_id=3, desired_set_size=8)
   assert sampler_config_for(ocfg, CharTokenizer(), 64, window=None).window == 8
 
 
 @pytest.mark.parametrize("name", ["setdlm", "ar", "mdlm"])
 def test_generate_text_per_objective(tiny, name):
   model, params = tiny
-  ocfg = objectives.ObjectiveConfig(name=name, mask_token_id=3, eos_token_id=2, pad_token_id=0,
+  ocfg = losses.ObjectiveConfig(name=name, mask_token_id=3, eos_token_id=2, pad_token_id=0,
                                     desired_set_size=4, block_size=4)
   texts = generate_text(model, params, CharTokenizer(), ocfg, 16, 3, jax.random.PRNGKey(0),
                         prompt="ab")
@@ -484,7 +485,7 @@ def test_generate_text_per_objective(tiny, name):
 
 def test_run_sampling_prints_blocks_and_speed(tiny):
   model, params = tiny
-  ocfg = objectives.ObjectiveConfig(name="setdlm", mask_token_id=3, eos_token_id=2, pad_token_id=0,
+  ocfg = losses.ObjectiveConfig(name="setdlm", mask_token_id=3, eos_token_id=2, pad_token_id=0,
                                     desired_set_size=4)
   buf = io.StringIO()
   rep = run_sampling(model, params, CharTokenizer(), ocfg, 32, infill="the cat [GAP:5] the mat",

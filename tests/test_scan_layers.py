@@ -16,10 +16,14 @@ import pytest
 
 from configs import default
 from helpers import TINY_VOCAB, assert_trees_close, new_workdir, set_fields
-from setdiff_jax import layer_names, layer_stack, methods, models, objectives, run_config, sharding
-from setdiff_jax import workdir as workdir_lib
+from setdiff_jax import methods, models, sharding
+from setdiff_jax.models import layer_names
+from setdiff_jax.models import layer_stack
+from setdiff_jax.diffusion import losses
+from setdiff_jax.workdir import config as run_config
+from setdiff_jax.workdir import load as workdir_lib
 from setdiff_jax.interop import export_checkpoint, import_checkpoint, name_map
-from setdiff_jax.model import DiT, DiTConfig
+from setdiff_jax.models.dit import DiT, DiTConfig
 from setdiff_jax.models.qwen3 import Qwen3Config
 from setdiff_jax.sampling import SamplerConfig, set_generate
 
@@ -174,7 +178,7 @@ def test_every_objective_scanned_equals_unrolled():
 
   @functools.partial(jax.jit, static_argnums=(0, 1))
   def loss(name, c, q):
-    obj = objectives.ObjectiveConfig(name=name, **IDS, desired_set_size=2, block_size=4)
+    obj = losses.ObjectiveConfig(name=name, **IDS, desired_set_size=2, block_size=4)
     return methods.get(name).loss(obj, DiT(c), q, batch, rng, train=True)[0]
 
   for name in methods.NAMES:
@@ -255,10 +259,10 @@ def test_validate_config_errors():
   with pytest.raises(ValueError, match="scan_layers=True needs model.num_layers >= 1"):
     run_config.validate_config(c)
   # resuming with the other layout is refused (the checkpoint tree differs); remat may change
-  from setdiff_jax import workdir_guard
+  from setdiff_jax.workdir import lock as workdir_lock
   a = default.get_config()
   b = set_fields(default.get_config(), {"model.scan_layers": True, "model.remat": "full"})
-  assert [f for f, _, _ in workdir_guard.structural_changes(a.to_dict(), b)] == ["model.scan_layers"]
+  assert [f for f, _, _ in workdir_lock.structural_changes(a.to_dict(), b)] == ["model.scan_layers"]
   # an old run's config.json (remat: false, no scan_layers) still builds its model
   old = default.get_config().to_dict()
   old["model"]["remat"] = False
@@ -296,13 +300,13 @@ def run_cfg(scan, backbone="dit"):
 
 @pytest.mark.parametrize("backbone", ["dit", "qwen3"])
 def test_export_of_scanned_equals_unrolled_and_reimports_stacked(tmp_path, backbone):
-  from setdiff_jax.interop import files
+  from setdiff_jax.interop import weight_files
   p = random_params(DIT if backbone == "dit" else QWEN)
   ids = {"bos_id": 1, "eos_id": 2, "pad_id": 0, "mask_id": 3}
   a = export_checkpoint(run_cfg(False, backbone), p, str(tmp_path / "a"), special_ids=ids)
   b = export_checkpoint(run_cfg(True, backbone), layer_names.stack_layers(p), str(tmp_path / "b"),
                         special_ids=ids)
-  sa, sb = files.read_state_dict(a), files.read_state_dict(b)
+  sa, sb = weight_files.read_state_dict(a), weight_files.read_state_dict(b)
   assert sorted(sa) == sorted(sb) and any(".2." in k for k in sa)  # per-layer PyTorch names
   for k in sa:
     np.testing.assert_array_equal(sa[k], sb[k], err_msg=k)
@@ -355,12 +359,13 @@ def test_pretrained_sharded_loading_into_a_scanned_tree(tmp_path):
   into its sharding, its layers coming from different safetensors shards."""
   import json
   from safetensors.numpy import save_file
-  from setdiff_jax import pretrained
-  from setdiff_jax.interop import export_qwen3_hf, files
+  from setdiff_jax.interop import pretrained
+  from setdiff_jax.interop import export_qwen3_hf
+  from setdiff_jax.interop import weight_files
   p = jax.tree_util.tree_map(np.asarray, random_params(QWEN))
   d = export_qwen3_hf(run_cfg(False, "qwen3"), p, str(tmp_path / "hf"))
-  state = files.read_state_dict(d)
-  os.remove(os.path.join(d, files.SAFETENSORS_FILE))
+  state = weight_files.read_state_dict(d)
+  os.remove(os.path.join(d, weight_files.SAFETENSORS_FILE))
   layer1 = {k for k in state if ".layers.1." in k}
   shard_of = {k: "model-0000%d-of-00002.safetensors" % (1 if k in layer1 else 2) for k in state}
   for name in set(shard_of.values()):

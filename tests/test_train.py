@@ -23,10 +23,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from configs import default  # noqa: E402
 from helpers import TINY_VOCAB as VOCAB, assert_trees_close, new_workdir, set_fields  # noqa: E402
-from setdiff_jax import checkpointing, methods, sharding, train  # noqa: E402
-from setdiff_jax import workdir as workdir_lib  # noqa: E402
+from setdiff_jax import methods, sharding, train  # noqa: E402
+from setdiff_jax.workdir import checkpoints as checkpointing
+from setdiff_jax.workdir import load as workdir_lib  # noqa: E402
 from setdiff_jax.data import tokenizers  # noqa: E402
-from setdiff_jax.model import DiT  # noqa: E402
+from setdiff_jax.models.dit import DiT  # noqa: E402
 
 ADALN = {"setdlm": False, "ar": False, "mdlm": True, "bd3lm": True}
 

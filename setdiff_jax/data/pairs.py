@@ -33,7 +33,8 @@ from absl import logging
 import grain
 import numpy as np
 
-from setdiff_jax.data import files, tasks
+from setdiff_jax.data import tasks
+from setdiff_jax.data import text_files
 from setdiff_jax.data.records import Pair
 
 PAIR_SOURCES = ("pairs_jsonl", "gsm8k", "arithmetic")
@@ -72,8 +73,8 @@ def jsonl_pairs(paths, prompt_field: str = "prompt", answer_field: str = "answer
                 field: str = "paths") -> List[Pair]:
   """Pairs of JSON-lines files; errors name the file, the line and the missing field."""
   out = []
-  for path in files.parse_paths(paths):
-    with files.open_text(path, field) as f:
+  for path in text_files.parse_paths(paths):
+    with text_files.open_text(path, field) as f:
       for lineno, line in enumerate(f, 1):
         if not line.strip():
           continue
@@ -117,7 +118,7 @@ def load_pairs(data_cfg, split: str) -> List[Pair]:
   source = data_cfg.source
   if source == "pairs_jsonl":
     field = "paths" if split == "train" else "eval_paths"
-    paths = files.parse_paths(data_cfg.get(field))
+    paths = text_files.parse_paths(data_cfg.get(field))
     if not paths:
       raise ValueError(f"data.source=pairs_jsonl with split={split!r} needs data.{field}")
     return jsonl_pairs(paths, data_cfg.get("prompt_field", "prompt"),

@@ -20,8 +20,8 @@ import re
 from typing import Iterator, Sequence
 
 from setdiff_jax.data import pairs
-from setdiff_jax.data.files import open_text as _open_text
-from setdiff_jax.data.files import parse_paths
+from setdiff_jax.data.text_files import open_text as _open_text
+from setdiff_jax.data.text_files import parse_paths
 
 EMBEDDED_FILE = "austen-novels.txt.xz"
 EMBEDDED_SPLITS = ("train", "validation")

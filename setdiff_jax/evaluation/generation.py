@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from setdiff_jax import decoding, methods
-from setdiff_jax import workdir as workdir_lib
+from setdiff_jax.workdir import load as workdir_lib
 from setdiff_jax.sampling.timing import time_calls
 
 

@@ -1,12 +1,205 @@
-"""Likelihood evaluation (SPEC §1.5, §6.1): see `setdiff_jax.likelihood`, which it re-exports.
+"""Likelihood bounds per sequence: the one-order bound of SPEC §1.5 / §6.1 and a K-draw estimate.
 
-The implementation lives one layer down, in `setdiff_jax/likelihood.py`, because the training
-loop's eval uses the very same code (so `eval/nll` in metrics.jsonl equals
-`launch/evaluate.py --eval=likelihood` for the same checkpoint, rows and seed).
+The one implementation behind both the training loop's eval (`eval/nll` in metrics.jsonl) and
+`launch/evaluate.py --eval=likelihood`, so the two give the same number for the same checkpoint,
+rows and seed. Which bound and K-draw aggregate a method uses is its registry entry's business
+(`methods.get(name).eval_batch / num_draws / aggregate_draws`).
+
+Per method (all reported per token, over the same tokens the training-time eval counts):
+
+  setdlm  one-order bound: the exact log-likelihood of each sequence under ONE sampled staggered
+          order, -log p(x | sigma), sigma ~ pi (keep_clean_bos: the BOS slot is dropped; pad-id
+          targets are dropped), summed over sequences and divided by the token count (SPEC §1.5).
+          K-order estimate: log p(x) >= E[log mean_k p(x | sigma_k)] with sigma_k ~ pi i.i.d.
+          (importance sampling with the order prior as proposal; by Jensen it is tighter than the
+          one-order bound and it grows with K). Reported as
+              nll_K = -sum_seq logmeanexp_k(-nll_seq_k) / sum tokens.
+  ar      the exact next-token NLL (one value; K does not apply).
+  mdlm,   the 1/t NELBO of SPEC §1.6 with one t (MDLM) or one t per block (BD3LM) and one masking
+  bd3lm   draw per sequence. Each NELBO draw is an unbiased estimate of the same bound, not the
+          log of an unbiased likelihood estimate, so log-mean-exp does not apply: the K-sample
+          value is the mean of K NELBO draws (same bound, lower variance).
+
+Reproducibility and batch-size invariance: the random draw k of the sequence with global index i
+(its position in the unshuffled eval split) uses the key fold_in(fold_in(key(seed), i), k), and the
+loss is vmapped over single rows, so a sequence's value never depends on which batch it sits in.
+The final partial batch is filled with zero-weight rows (attention_mask 0). Draw k = 0 is the
+one-order bound, so K = 1 gives exactly the one-order value.
 """
-from setdiff_jax.likelihood import (DEFAULT_SEED, eval_rows, likelihood_eval, logmeanexp,
-                                    make_row_nll_fn, per_token, row_keys, row_order,
-                                    sequence_nlls, summarize)
+from __future__ import annotations
+
+import functools
+import math
+import time
+from typing import Any, Dict, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from setdiff_jax import methods
+from setdiff_jax.diffusion import losses
+from setdiff_jax.methods.base import logmeanexp
+from setdiff_jax.data import pipeline
+from setdiff_jax import models
+from setdiff_jax.models.dit import DiT
+
+DEFAULT_SEED = 1  # the reference's likelihood seed (SPEC §1.5)
+
+
+def row_keys(seed: int, rows: np.ndarray, k: int) -> jax.Array:
+  """Keys [len(rows)] of draw k for the sequences with global indices `rows`."""
+  base = jax.random.key(seed)
+  rows = jnp.asarray(rows, jnp.uint32)
+  return jax.vmap(lambda r: jax.random.fold_in(jax.random.fold_in(base, r), k))(rows)
+
+
+def row_order(obj_cfg: losses.ObjectiveConfig, tokens: jax.Array, attention_mask: jax.Array,
+              key: jax.Array) -> jax.Array:
+  """The staggered order (int32 [L]) that the SetDLM bound of one row [L] uses for draw `key`."""
+  batch = {"tokens": tokens[None], "attention_mask": attention_mask[None]}
+  return losses.setdlm_order(obj_cfg, batch, key, train=False)[0]  # SetDLM's draw
+
+
+@functools.lru_cache(maxsize=32)
+def _cached_row_nll_fn(model_config, obj_cfg: losses.ObjectiveConfig):
+  return make_row_nll_fn(models.build(model_config), obj_cfg)
+
+
+def make_row_nll_fn(model: DiT, obj_cfg: losses.ObjectiveConfig):
+  """jit(params, batch [B, L], keys [B]) -> (nll_sum [B], num_tokens [B]), one row at a time.
+
+  The eval loss (train=False) of each row on its own, with its own key: the per-row sum of
+  weighted NLLs (NELBO terms for MDLM/BD3LM) and its token count. SetDLM rows are evaluated under
+  `row_order(obj_cfg, tokens, attention_mask, key)` (the method's `eval_batch`); MDLM/BD3LM draw
+  t and the mask from the key.
+  """
+  method = methods.get(obj_cfg.name)
+
+  def one(params, row, key):
+    batch = method.eval_batch(obj_cfg, {k: v[None] for k, v in row.items()}, key)
+    _, metrics = method.loss(obj_cfg, model, params, batch, key, train=False)
+    return metrics["nll_sum"], metrics["num_tokens"]
+
+  return jax.jit(jax.vmap(one, in_axes=(None, 0, 0)))
+
+
+def per_token(nll: float, tokens: float, prefix: str = "") -> Dict[str, float]:
+  """{nll, ppl, bpd} from a summed NLL (nats) and a token count."""
+  v = nll / max(tokens, 1.0)
+  return {f"{prefix}nll": float(v), f"{prefix}ppl": float(math.exp(min(v, 700.0))),
+          f"{prefix}bpd": float(v / math.log(2.0))}
+
+
+def sequence_nlls(model: DiT, params, obj_cfg: losses.ObjectiveConfig, tokens: np.ndarray,
+                  attention_mask: np.ndarray, *, num_draws: int = 1, seed: int = DEFAULT_SEED,
+                  batch_size: int = 32, row_offset: int = 0, fn=None, sharding=None,
+                  context_mask: Optional[np.ndarray] = None, row_ids: Optional[np.ndarray] = None):
+  """Per-sequence summed NLLs for draws 0..num_draws-1.
+
+  Args:
+    tokens, attention_mask: int [N, L] (all real sequences; no filler rows).
+    context_mask: optional int [N, L], 1 on conditioning tokens (a prompt): never targets, never
+      masked, so the value is the bound on the rest given them (`data/pairs.py` row layout).
+    num_draws: K (orders for SetDLM, (t, mask) draws for MDLM/BD3LM; AR is deterministic and
+      always uses one).
+    batch_size: rows per jitted call; the last call is filled with zero-weight rows. Results do
+      not depend on it.
+    row_offset: global index of the first row (for evaluating a split in pieces).
+    row_ids: optional int [N], the global index of each row (its draw keys); default
+      row_offset + arange(N).
+    sharding: where each batch is placed (e.g. the training mesh's batch sharding); None lets jit
+      place it (one host).
+  Returns:
+    (nll [K, N] float64, num_tokens [N] float64).
+  """
+  tokens = np.asarray(tokens, np.int32)
+  attention_mask = np.asarray(attention_mask, np.int32)
+  n, length = tokens.shape
+  ctx = None if context_mask is None else np.asarray(context_mask, np.int32)
+  ids = (np.arange(n) + row_offset) if row_ids is None else np.asarray(row_ids, np.int64)
+  if ids.shape != (n,):
+    raise ValueError(f"row_ids has shape {ids.shape}; expected ({n},)")
+  fn = fn or _cached_row_nll_fn(model.config, obj_cfg)
+  nll = np.zeros((num_draws, n), np.float64)
+  count = np.zeros((n,), np.float64)
+  for start in range(0, n, batch_size):
+    stop = min(start + batch_size, n)
+    pad = batch_size - (stop - start)
+    tok = np.concatenate([tokens[start:stop],
+                          np.full((pad, length), obj_cfg.pad_token_id, np.int32)])
+    att = np.concatenate([attention_mask[start:stop], np.zeros((pad, length), np.int32)])
+    rows = np.concatenate([ids[start:stop], np.zeros((pad,), np.int64)])
+    batch = {"tokens": tok, "attention_mask": att}
+    if ctx is not None:
+      batch["context_mask"] = np.concatenate([ctx[start:stop], np.zeros((pad, length), np.int32)])
+    batch = jax.device_put(batch, sharding) if sharding is not None else jax.device_put(batch)
+    for k in range(num_draws):
+      s, c = jax.device_get(fn(params, batch, row_keys(seed, rows, k)))
+      nll[k, start:stop] = np.asarray(s, np.float64)[:stop - start]
+      if k == 0:
+        count[start:stop] = np.asarray(c, np.float64)[:stop - start]
+  return nll, count
+
+
+def summarize(obj_name: str, nll: np.ndarray, count: np.ndarray) -> Dict[str, Any]:
+  """Dataset-level metrics from per-sequence NLLs [K, N] and token counts [N]."""
+  method = methods.get(obj_name)
+  k = nll.shape[0]
+  tokens = float(np.sum(count))
+  out: Dict[str, Any] = {"num_sequences": int(nll.shape[1]), "num_tokens": tokens,
+                         "num_draws": int(k), "estimator": method.estimator,
+                         "estimator_K": method.estimator_k(k)}
+  out.update(per_token(float(np.sum(nll[0])), tokens))  # the one-order / one-draw bound
+  if not method.exact_likelihood:
+    out.update(per_token(float(np.sum(np.mean(nll, 0))), tokens, "meanK_"))
+  out.update(per_token(float(np.sum(method.aggregate_draws(nll))), tokens, "K_"))
+  return out
+
+
+def eval_rows(config, tokenizer, *, max_rows: Optional[int] = None, split: str = "eval"):
+  """The run's eval rows in split order: (tokens [N, L], attention_mask [N, L]) int32.
+
+  Built with the training pipeline (same rows as the train loop's eval), unshuffled, one epoch;
+  filler rows of the last batch are dropped. `max_rows` keeps the first rows only.
+  """
+  ds = pipeline.make_dataset(config.data, tokenizer, split=split, seq_len=int(config.seq_len),
+                             global_batch_size=64, seed=int(config.seed), shuffle=False,
+                             num_epochs=1, drop_remainder=False)
+  toks, atts, total = [], [], 0
+  for batch in ds:
+    real = np.asarray(batch["attention_mask"]).sum(-1) > 0
+    toks.append(np.asarray(batch["tokens"])[real])
+    atts.append(np.asarray(batch["attention_mask"])[real])
+    total += int(real.sum())
+    if max_rows is not None and total >= max_rows:
+      break
+  if not toks:
+    raise ValueError("the eval split produced no rows")
+  tokens, att = np.concatenate(toks), np.concatenate(atts)
+  if max_rows is not None:
+    tokens, att = tokens[:max_rows], att[:max_rows]
+  return tokens.astype(np.int32), att.astype(np.int32)
+
+
+def likelihood_eval(model: DiT, params, obj_cfg: losses.ObjectiveConfig, tokens: np.ndarray,
+                    attention_mask: np.ndarray, *, num_orders: int = 1,
+                    seed: int = DEFAULT_SEED, batch_size: int = 32) -> Dict[str, Any]:
+  """One-order (one-draw) bound and K-draw estimate of a model on given rows (see module doc).
+
+  Returns a dict with nll/ppl/bpd (draw 0), K_nll/K_ppl/K_bpd (K-order log-mean-exp for SetDLM,
+  mean of K NELBO draws for MDLM/BD3LM, exact for AR), meanK_* (mean of the K one-draw values),
+  token and sequence counts, the seed and a description of both estimators.
+  """
+  draws = methods.get(obj_cfg.name).num_draws(num_orders)
+  t0 = time.perf_counter()
+  nll, count = sequence_nlls(model, params, obj_cfg, tokens, attention_mask, num_draws=draws,
+                             seed=seed, batch_size=batch_size)
+  out = summarize(obj_cfg.name, nll, count)
+  out.update(method=obj_cfg.name, seed=int(seed), num_orders_requested=int(num_orders),
+             seconds=time.perf_counter() - t0)
+  return out
+
 
 __all__ = ["DEFAULT_SEED", "row_keys", "row_order", "make_row_nll_fn", "logmeanexp", "per_token",
            "sequence_nlls", "summarize", "eval_rows", "likelihood_eval"]

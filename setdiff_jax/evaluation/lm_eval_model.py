@@ -66,8 +66,9 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 import jax
 
-from setdiff_jax import cli, decoding, likelihood, methods
-from setdiff_jax import workdir as workdir_lib
+from setdiff_jax import cli, decoding, methods
+from setdiff_jax.evaluation import likelihood
+from setdiff_jax.workdir import load as workdir_lib
 
 NAME = "setdiff_jax"
 OVERFLOW_RULES = ("error", "truncate_prompt")

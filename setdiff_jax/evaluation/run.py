@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import jax
 
 from setdiff_jax import decoding, methods
-from setdiff_jax import workdir as workdir_lib
+from setdiff_jax.workdir import load as workdir_lib
 from setdiff_jax.data import pairs as pairs_lib
 from setdiff_jax.evaluation import accuracy, generation, gsm8k, infill, likelihood
 

@@ -21,10 +21,12 @@ import numpy as np
 
 import jax
 
-from setdiff_jax import layer_names, methods
-from setdiff_jax import workdir as workdir_lib
-from setdiff_jax import pretrained
-from setdiff_jax.interop import files, hf_config, name_map, qwen3_hf, qwen3_map
+from setdiff_jax import methods
+from setdiff_jax.models import layer_names
+from setdiff_jax.workdir import load as workdir_lib
+from setdiff_jax.interop import pretrained
+from setdiff_jax.interop import hf_config, name_map, qwen3_hf, qwen3_map
+from setdiff_jax.interop import weight_files
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +69,8 @@ def _write_tokenizer(tokenizer, out_dir: str, special: Mapping[str, int], length
         tokens[k.replace("_id", "_token")] = tok
   tok_cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": int(length),
              "clean_up_tokenization_spaces": False, **tokens}
-  files.write_json(tok_cfg, os.path.join(out_dir, "tokenizer_config.json"))
-  files.write_json(tokens, os.path.join(out_dir, "special_tokens_map.json"))
+  weight_files.write_json(tok_cfg, os.path.join(out_dir, "tokenizer_config.json"))
+  weight_files.write_json(tokens, os.path.join(out_dir, "special_tokens_map.json"))
 
 
 def _make_readable(out_dir: str):
@@ -97,8 +99,8 @@ def export_checkpoint(config, params, out_dir: str, *, tokenizer=None,
     fmt: "safetensors" (numpy only) or "bin" (torch).
     step, ema: provenance recorded in config.json's `setdiff_jax` block.
   """
-  if fmt not in files.FORMATS:
-    raise ValueError(f"format={fmt!r}; use one of {files.FORMATS}")
+  if fmt not in weight_files.FORMATS:
+    raise ValueError(f"format={fmt!r}; use one of {weight_files.FORMATS}")
   if str(_get(_get(config, "model", {}), "backbone", "dit") or "dit") == "qwen3":
     if fmt != "safetensors":
       raise ValueError("Qwen3 exports are written as model.safetensors only (format=safetensors)")
@@ -147,14 +149,14 @@ def export_checkpoint(config, params, out_dir: str, *, tokenizer=None,
   if os.path.isdir(out_dir) and os.listdir(out_dir) and not overwrite:
     raise FileExistsError(f"{out_dir} is not empty")
   os.makedirs(out_dir, exist_ok=True)
-  for stale in (files.SAFETENSORS_FILE, files.BIN_FILE):  # never leave two weight files around
+  for stale in (weight_files.SAFETENSORS_FILE, weight_files.BIN_FILE):  # never leave two weight files around
     p = os.path.join(out_dir, stale)
     if os.path.exists(p):
       os.remove(p)
-  files.write_state_dict(state, out_dir, fmt)
-  files.write_json(cfg, os.path.join(out_dir, files.CONFIG_FILE))
-  files.write_json(hf_config.generation_config(config, special),
-                   os.path.join(out_dir, files.GENERATION_CONFIG_FILE))
+  weight_files.write_state_dict(state, out_dir, fmt)
+  weight_files.write_json(cfg, os.path.join(out_dir, weight_files.CONFIG_FILE))
+  weight_files.write_json(hf_config.generation_config(config, special),
+                   os.path.join(out_dir, weight_files.GENERATION_CONFIG_FILE))
   if tokenizer is not None:
     _write_tokenizer(tokenizer, out_dir, special, length)
   _make_readable(out_dir)
@@ -168,12 +170,12 @@ def export_qwen3_hf(config, params, out_dir: str, *, tokenizer=None) -> str:
   m = qwen3_hf.resolved_model(config, params)
   state = qwen3_map.from_flax(params, qwen3_hf.dims_of(m), "hf")
   os.makedirs(out_dir, exist_ok=True)
-  files.write_state_dict(state, out_dir, "safetensors")
+  weight_files.write_state_dict(state, out_dir, "safetensors")
   special = hf_config.normalize_special_ids(tokenizer, {}) if tokenizer is not None else {}
   cfg = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], **pretrained.to_hf_fields(m),
          "torch_dtype": "float32", "max_position_embeddings": 40960,
          **{hf_config.HF_SPECIAL[k]: v for k, v in special.items() if k != "mask_id"}}
-  files.write_json(cfg, os.path.join(out_dir, files.CONFIG_FILE))
+  weight_files.write_json(cfg, os.path.join(out_dir, weight_files.CONFIG_FILE))
   if tokenizer is not None:
     tokenizer.save(out_dir)
   return out_dir
@@ -184,7 +186,7 @@ def export_qwen3_official(config, params, out_dir: str, *, tokenizer=None,
                           ema=None) -> str:
   """A Qwen3 run in the official SetDLM layout (SPEC §3.10, §9.2): `backbone.model.*` keys
   (PyTorch orientation, fp32, lm_head written even when tied, as the denoiser's state dict),
-  config.json with the official fields plus the architecture, tokenizer files."""
+  config.json with the official fields plus the architecture, tokenizer weight_files."""
   params = _to_numpy_tree(params)
   m = qwen3_hf.resolved_model(config, params)
   special = hf_config.normalize_special_ids(tokenizer, special_ids)
@@ -200,13 +202,13 @@ def export_qwen3_official(config, params, out_dir: str, *, tokenizer=None,
   cfg["setdiff_jax"].pop("mlp_ratio", None)
   state = qwen3_map.from_flax(params, qwen3_hf.dims_of(m), "official")
   os.makedirs(out_dir, exist_ok=True)
-  for stale in (files.SAFETENSORS_FILE, files.BIN_FILE, pretrained.INDEX_FILE):
+  for stale in (weight_files.SAFETENSORS_FILE, weight_files.BIN_FILE, pretrained.INDEX_FILE):
     if os.path.exists(os.path.join(out_dir, stale)):
       os.remove(os.path.join(out_dir, stale))
-  files.write_state_dict(state, out_dir, "safetensors")
-  files.write_json(cfg, os.path.join(out_dir, files.CONFIG_FILE))
-  files.write_json(hf_config.generation_config(config, special),
-                   os.path.join(out_dir, files.GENERATION_CONFIG_FILE))
+  weight_files.write_state_dict(state, out_dir, "safetensors")
+  weight_files.write_json(cfg, os.path.join(out_dir, weight_files.CONFIG_FILE))
+  weight_files.write_json(hf_config.generation_config(config, special),
+                   os.path.join(out_dir, weight_files.GENERATION_CONFIG_FILE))
   if tokenizer is not None:
     _write_tokenizer(tokenizer, out_dir, special, int(_get(config, "seq_len")))
   _make_readable(out_dir)
@@ -214,7 +216,7 @@ def export_qwen3_official(config, params, out_dir: str, *, tokenizer=None,
 
 
 def check_export_dir(out: str, workdir: str, *, overwrite: bool = False):
-  """Refuses an export target that would damage a run or silently replace files.
+  """Refuses an export target that would damage a run or silently replace weight_files.
 
   A training workdir (the source itself, or any directory with checkpoints/) is always refused:
   the export's config.json would replace the run's. A non-empty directory needs `overwrite`.

@@ -31,10 +31,12 @@ from typing import Any, Dict, Tuple
 import ml_collections
 import numpy as np
 
-from setdiff_jax import layer_names, models
+from setdiff_jax import models
+from setdiff_jax.models import layer_names
 from setdiff_jax.data import tokenizers
-from setdiff_jax.interop import backbone_config, files, hf_config, name_map, qwen3_hf
-from setdiff_jax.run_config import default_config
+from setdiff_jax.interop import backbone_config, hf_config, name_map, qwen3_hf
+from setdiff_jax.interop import weight_files
+from setdiff_jax.workdir.config import default_config
 
 log = logging.getLogger(__name__)
 
@@ -92,17 +94,17 @@ def _check_structure(config, params):
          if p in got and tuple(got[p].shape) != tuple(want[p].shape)]
   if missing or extra or bad:
     raise name_map.CheckpointMismatchError(missing, extra, bad,
-                                           "name map vs setdiff_jax.model (a stale name map?)")
+                                           "name map vs setdiff_jax.models.dit (a stale name map?)")
 
 
 def import_checkpoint(path: str, *, check_structure: bool = True
                       ) -> Tuple[ml_collections.ConfigDict, Dict[str, Any]]:
   """(config, params) from an exported or official checkpoint directory (see module doc)."""
   path = os.fspath(path)
-  cfg_path = os.path.join(path, files.CONFIG_FILE)
+  cfg_path = os.path.join(path, weight_files.CONFIG_FILE)
   if not os.path.isfile(cfg_path):
     raise FileNotFoundError(f"{cfg_path} not found: not a checkpoint directory")
-  raw = files.read_json(cfg_path)
+  raw = weight_files.read_json(cfg_path)
   if raw.get("model_type") == "qwen3":  # a plain Hugging Face Qwen3 directory
     config, params = _qwen3_hf_import(path)
   elif "backbone_config" not in raw and raw.get("model_type") not in hf_config.HF_MODEL_TYPES:
@@ -171,10 +173,10 @@ def _dit_import(path: str, raw):
   for n in notes:
     _warn(n)
 
-  state = name_map.strip_prefix(files.read_state_dict(path))
+  state = name_map.strip_prefix(weight_files.read_state_dict(path))
   state, buffers = name_map.split_known_buffers(state)
   m = fields["model"]
-  _check_hidden_size(state, int(m["hidden_size"]), os.path.join(path, files.CONFIG_FILE))
+  _check_hidden_size(state, int(m["hidden_size"]), os.path.join(path, weight_files.CONFIG_FILE))
   head_dim = int(m["hidden_size"]) // int(m["num_heads"])
   rope_base = float(m.get("rope_base", 10000.0))
   for k, v in buffers.items():
@@ -203,7 +205,7 @@ def load_tokenizer(path: str):
   if os.path.isfile(os.path.join(path, "special_tokens.json")):
     return tokenizers.Tokenizer.load(path)
   import tokenizers as hf
-  raw = files.read_json(os.path.join(path, files.CONFIG_FILE))
+  raw = weight_files.read_json(os.path.join(path, weight_files.CONFIG_FILE))
   fields, _ = hf_config.from_hf_config(raw, path_hint=path)
   ids = fields["special_ids"]
   return tokenizers.Tokenizer(hf.Tokenizer.from_file(os.path.join(path, "tokenizer.json")),

@@ -21,9 +21,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from setdiff_jax import layer_names, masks, methods, objectives
-from setdiff_jax import model as model_lib
-from setdiff_jax.interop import files, hf_config, name_map
+from setdiff_jax import methods
+from setdiff_jax.models import layer_names
+from setdiff_jax.diffusion import masks
+from setdiff_jax.diffusion import losses
+from setdiff_jax.models import dit as model_lib
+from setdiff_jax.interop import hf_config, name_map
+from setdiff_jax.interop import weight_files
 
 
 def rel_err(a, b) -> float:
@@ -138,7 +142,7 @@ def parity_report(config, params, out_dir: Optional[str] = None, *, special_ids=
   length = int(config.seq_len)
   special = dict(special_ids or {})
   if out_dir is not None:
-    raw = files.read_json(f"{out_dir}/{files.CONFIG_FILE}")
+    raw = weight_files.read_json(f"{out_dir}/{weight_files.CONFIG_FILE}")
     special = {**hf_config.from_hf_config(raw, out_dir)[0]["special_ids"], **special}
   mask_id, pad_id = int(special.get("mask_id", 1)), int(special.get("pad_id", 0))
   ref = (torch_reference.load_reference(out_dir) if out_dir is not None
@@ -148,10 +152,10 @@ def parity_report(config, params, out_dir: Optional[str] = None, *, special_ids=
   batch = two_stream_example(length, model_cfg.vocab_size, mask_id, pad_id, seed=seed,
                              bos_id=special.get("bos_id"))
   # The check always scores the SetDLM bound (the torch reference implements that one).
-  obj = objectives.ObjectiveConfig(name=methods.SetDLM.name, mask_token_id=mask_id, pad_token_id=pad_id,
+  obj = losses.ObjectiveConfig(name=methods.SetDLM.name, mask_token_id=mask_id, pad_token_id=pad_id,
                                    keep_clean_bos=bool(config.loss.keep_clean_bos))
   jbatch = {k: jnp.asarray(v) for k, v in batch.items()}
-  inp = objectives.setdlm_inputs(obj, jbatch, jbatch["order"])
+  inp = losses.setdlm_inputs(obj, jbatch, jbatch["order"])
   jl = np.asarray(jax_forward(model_cfg, params, inp["tokens"], inp["positions"], inp["mask"]))
   tl = ref(np.asarray(inp["tokens"]), np.asarray(inp["positions"]), np.asarray(inp["mask"]))
   report["two_stream"] = rel_err(jl, tl.detach().numpy())
@@ -160,7 +164,7 @@ def parity_report(config, params, out_dir: Optional[str] = None, *, special_ids=
   report["cached_step"] = rel_err(jax_cached_step(model_cfg, params, ex, mask_id),
                                   torch_cached_step(ref, ex, mask_id))
 
-  loss_fn = jax.jit(lambda p, b: objectives.setdlm_loss(obj, model_lib.DiT(model_cfg), p, b,
+  loss_fn = jax.jit(lambda p, b: losses.setdlm_loss(obj, model_lib.DiT(model_cfg), p, b,
                                                         jax.random.key(0), train=False)[0])
   jloss = float(loss_fn(params, jbatch))
   tloss, _, _ = torch_reference.setdlm_likelihood_bound(

@@ -6,7 +6,7 @@
 
 `params` are numpy fp32 in our layout (first `num_layers` layers); `import_.import_checkpoint`
 turns these pieces into a run config. The HF-directory checks, the shard listing and the sharded
-loader live in `setdiff_jax/pretrained.py` (training uses them too); the key correspondence is
+loader live in `setdiff_jax/interop/pretrained.py` (training uses them too); the key correspondence is
 `qwen3_map.py`.
 
 The official `config.json` does not carry the Qwen3 architecture (the official loader reads it
@@ -21,9 +21,10 @@ from typing import Any, Dict, List, Mapping, Optional
 
 import numpy as np
 
-from setdiff_jax import pretrained
+from setdiff_jax.interop import pretrained
 from setdiff_jax.data import tokenizers
-from setdiff_jax.interop import files, qwen3_map
+from setdiff_jax.interop import qwen3_map
+from setdiff_jax.interop import weight_files
 from setdiff_jax.interop.name_map import flatten, unflatten
 
 AUTOMODEL_TARGET = "backbone_automodel.AutoModelFromPreTrained"
@@ -68,7 +69,7 @@ def _read_params(path: str, m: Dict[str, Any], context: str):
 def read_hf(path: str, num_layers: Optional[int] = None, *, with_tokenizer: bool = True):
   """(model fields, params, special ids, tokenizer dir) of a plain HF Qwen3 directory."""
   raw = pretrained.read_hf_config(path)
-  m = pretrained.model_fields(raw, os.path.join(path, files.CONFIG_FILE))
+  m = pretrained.model_fields(raw, os.path.join(path, weight_files.CONFIG_FILE))
   pretrained.resolve_layers(m, int(raw["num_hidden_layers"]), num_layers, path)
   params = _read_params(path, m, path)
   special, tok_dir = {}, None
@@ -102,9 +103,9 @@ def read_official(path: str, raw: Mapping):
   """(model fields, params, notes) of an official (or our exported) Qwen3 SetDLM directory."""
   notes: List[str] = []
   if not any(os.path.isfile(os.path.join(path, f))
-             for f in (files.SAFETENSORS_FILE, pretrained.INDEX_FILE)):
+             for f in (weight_files.SAFETENSORS_FILE, pretrained.INDEX_FILE)):
     # pytorch_model.bin (the official push): read whole (needs torch), then map
-    full = files.read_state_dict(path)
+    full = weight_files.read_state_dict(path)
     state = {k: full[v] for k, v in qwen3_map.strip(full, "official").items()}
     m = official_model_fields(raw, {k: np.shape(v) for k, v in state.items()}, path, notes)
     params = qwen3_map.to_flax(state, dims_of(m), context=path)

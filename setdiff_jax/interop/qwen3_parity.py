@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from setdiff_jax import layer_names, masks
-from setdiff_jax import pretrained
-from setdiff_jax.interop import files, logits, name_map, qwen3_hf
+from setdiff_jax.models import layer_names
+from setdiff_jax.diffusion import masks
+from setdiff_jax.interop import pretrained
+from setdiff_jax.interop import logits, name_map, qwen3_hf
+from setdiff_jax.interop import weight_files
 from setdiff_jax.interop.import_ import import_checkpoint
 
 
@@ -25,7 +27,7 @@ def parity_report(config, params, out_dir: str, *, length: int = 8, seed: int = 
   hf_cfg._attn_implementation = "eager"
   model = transformers.Qwen3ForCausalLM(hf_cfg).eval()
   state = {k[len("backbone.model."):]: torch.from_numpy(np.array(v))
-           for k, v in files.read_state_dict(out_dir).items() if k.startswith("backbone.model.")}
+           for k, v in weight_files.read_state_dict(out_dir).items() if k.startswith("backbone.model.")}
   model.load_state_dict(state, strict=True)
   rng = np.random.default_rng(seed)
   vocab = int(m["vocab_size"])

@@ -29,7 +29,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from setdiff_jax.interop import backbone_config, files, name_map
+from setdiff_jax.interop import backbone_config, name_map
+from setdiff_jax.interop import weight_files
 
 def _t(a) -> torch.Tensor:
   """A tensor from a tensor, numpy or jax array (copied, so read-only buffers are fine)."""
@@ -311,9 +312,9 @@ def load_reference(path: str, *, strict: bool = True) -> TorchDiT:
   The model's `hf_config` attribute holds the parsed config.json. Raises on missing or unexpected
   backbone keys (strict load); ignores the denoiser's `static_attention_mask`.
   """
-  cfg = files.read_json(os.path.join(path, files.CONFIG_FILE))
+  cfg = weight_files.read_json(os.path.join(path, weight_files.CONFIG_FILE))
   bb = backbone_config.backbone_fields(cfg)
-  state = name_map.strip_prefix(files.read_state_dict(path))
+  state = name_map.strip_prefix(weight_files.read_state_dict(path))
   for k in name_map.IGNORED_BUFFERS:
     state.pop(k, None)
   model = TorchDiT(int(bb["vocab_size"]), int(bb["hidden_size"]), int(bb["num_layers"]),

@@ -1,7 +1,7 @@
 """AR: next-token prediction with a causal mask, the S = 1 end of Set Diffusion (SPEC §1.6)."""
 from __future__ import annotations
 
-from setdiff_jax import objectives
+from setdiff_jax.diffusion import losses
 from setdiff_jax.methods.base import Method
 from setdiff_jax.sampling import baselines
 
@@ -25,7 +25,7 @@ class AR(Method):
     return "exact (K does not apply)"
 
   def loss(self, cfg, model, params, batch, rng, *, train):
-    return objectives.ar_loss(cfg, model, params, batch, rng, train=train)
+    return losses.ar_loss(cfg, model, params, batch, rng, train=train)
 
   def generate(self, model, params, prompts, sampler_cfg, rng=None):
     return baselines.ar_generate(model, params, prompts, sampler_cfg, rng)

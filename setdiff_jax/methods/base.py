@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
-from setdiff_jax.orders import effective_max_set_size  # noqa: F401  (re-exported)
+from setdiff_jax.diffusion.orders import effective_max_set_size  # noqa: F401  (re-exported)
 
 DEFAULT_WINDOW = 4  # SetDLM S (and the set sampler's W) when a config does not say
 # `_target_` names of the official noise schedules in config.json (SPEC §9.2).

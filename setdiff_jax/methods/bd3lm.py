@@ -1,7 +1,7 @@
 """BD3LM: block diffusion, blocks of S left to right, masked diffusion inside (SPEC §1.6, §4.7)."""
 from __future__ import annotations
 
-from setdiff_jax import objectives
+from setdiff_jax.diffusion import losses
 from setdiff_jax.methods.base import Method, uses_dit
 from setdiff_jax.methods.mdlm import MDLM
 from setdiff_jax.sampling import baselines
@@ -31,7 +31,7 @@ class BD3LM(MDLM):
                        f"seq_len={seq_len}")
 
   def loss(self, cfg, model, params, batch, rng, *, train):
-    return objectives.bd3lm_loss(cfg, model, params, batch, rng, train=train)
+    return losses.bd3lm_loss(cfg, model, params, batch, rng, train=train)
 
   def sampler_fields(self, cfg):
     return dict(super().sampler_fields(cfg), block_size=int(cfg.block_size))

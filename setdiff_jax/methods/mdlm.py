@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from setdiff_jax import objectives
+from setdiff_jax.diffusion import losses
 from setdiff_jax.methods.base import LINEAR_TARGET, Method
 from setdiff_jax.sampling import baselines
 from setdiff_jax.sampling.mdlm_infill import mdlm_infill
@@ -22,7 +22,7 @@ class MDLM(Method):
     return f"mean of K={k} NELBO draws per sequence (same bound, lower variance)"
 
   def loss(self, cfg, model, params, batch, rng, *, train):
-    return objectives.mdlm_loss(cfg, model, params, batch, rng, train=train)
+    return losses.mdlm_loss(cfg, model, params, batch, rng, train=train)
 
   def generate(self, model, params, prompts, sampler_cfg, rng=None):
     return baselines.mdlm_generate(model, params, prompts, sampler_cfg, rng)

@@ -6,7 +6,8 @@ from typing import List, Mapping, Optional
 
 import numpy as np
 
-from setdiff_jax import objectives, orders
+from setdiff_jax.diffusion import losses
+from setdiff_jax.diffusion import orders
 from setdiff_jax.methods.base import (STAGGERED_TARGET, Method, effective_max_set_size,
                                       logmeanexp)
 from setdiff_jax.sampling import set_sampler
@@ -58,11 +59,11 @@ class SetDLM(Method):
     orders.staggered_params(seq_len, cfg.desired_set_size, cfg.max_set_size)
 
   def loss(self, cfg, model, params, batch, rng, *, train):
-    return objectives.setdlm_loss(cfg, model, params, batch, rng, train=train)
+    return losses.setdlm_loss(cfg, model, params, batch, rng, train=train)
 
   def eval_batch(self, cfg, batch, key):
     """The bound of draw `key` is the exact NLL under the order drawn from that key."""
-    return dict(batch, order=objectives.setdlm_order(cfg, batch, key, train=False))
+    return dict(batch, order=losses.setdlm_order(cfg, batch, key, train=False))
 
   def aggregate_draws(self, nll):
     """log p(x) >= log mean_k p(x | sigma_k): the K-order importance-sampling bound."""

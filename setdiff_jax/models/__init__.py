@@ -11,7 +11,7 @@ Every backbone is called as
                kv_cache=None | per-layer (k, v) [B,C,kv_heads,Dh], deterministic=True,
                head_start=0, return_kv=False) -> logits fp32 [B, S-head_start, V] (, kv)
 with raw logits (mask-token suppression is the caller's, `model.suppress_mask_logit`).
-The DiT stays in `setdiff_jax/model.py`.
+The DiT stays in `setdiff_jax/models/dit.py`.
 """
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from typing import Any, Mapping
 import jax
 import jax.numpy as jnp
 
-from setdiff_jax import attention
-from setdiff_jax import model as dit_lib
+from setdiff_jax.models import attention
+from setdiff_jax.models import dit as dit_lib
 from setdiff_jax.models import qwen3 as qwen3_lib
 
 BACKBONES = {

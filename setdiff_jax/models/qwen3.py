@@ -34,8 +34,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from setdiff_jax import attention, fused_head, layer_stack
-from setdiff_jax.model import apply_rotary, rotary_cos_sin
+from setdiff_jax.models import attention
+from setdiff_jax.models import fused_head
+from setdiff_jax.models import layer_stack
+from setdiff_jax.models.dit import apply_rotary, rotary_cos_sin
 
 KVCache = Tuple[Tuple[jax.Array, jax.Array], ...]  # per layer (k [B, C, K, Dh], v [B, C, K, Dh])
 

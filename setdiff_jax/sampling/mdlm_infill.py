@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from setdiff_jax import masks
+from setdiff_jax.diffusion import masks
 from setdiff_jax.sampling import processors
 from setdiff_jax.sampling.cache import as_forward
 from setdiff_jax.sampling.config import count_table

@@ -11,7 +11,7 @@ from typing import Optional, Tuple
 import jax
 import jax.numpy as jnp
 
-from setdiff_jax.model import NEG_INF_LOGIT
+from setdiff_jax.models.dit import NEG_INF_LOGIT
 from setdiff_jax.sampling.config import SamplerConfig
 
 

@@ -46,7 +46,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from setdiff_jax import masks, orders
+from setdiff_jax.diffusion import masks
+from setdiff_jax.diffusion import orders
 from setdiff_jax.sampling import processors
 from setdiff_jax.sampling.cache import Forward, KVCache, append, as_forward, bind, prefill
 from setdiff_jax.sampling.config import SampleOutput, SamplerConfig, count_table

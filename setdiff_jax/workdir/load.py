@@ -18,8 +18,11 @@ import jax
 import ml_collections
 import orbax.checkpoint as ocp
 
-from setdiff_jax import (checkpoint_fallback, checkpointing, layer_names, models, run_config,
-                         sharding)
+from setdiff_jax import models, sharding
+from setdiff_jax.workdir import fallback
+from setdiff_jax.workdir import checkpoints as checkpointing
+from setdiff_jax.models import layer_names
+from setdiff_jax.workdir import config as run_config
 
 
 @dataclasses.dataclass
@@ -56,7 +59,7 @@ def restore_params(workdir: str, abstract_params, *, step: Optional[int] = None,
         item)
     args = ocp.args.PyTreeRestore(item=item, restore_args=restore_args, partial_restore=True)
     # The newest step that loads (damaged newer ones are named in a warning), unless `step`.
-    restored, step, _ = checkpoint_fallback.restore_with_fallback(
+    restored, step, _ = fallback.restore_with_fallback(
         manager, item, step=None if step is None else int(step), partial=True,
         restore_fn=lambda s: manager.restore(s, args=ocp.args.Composite(state=args))["state"])
   finally:

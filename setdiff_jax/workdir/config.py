@@ -14,9 +14,11 @@ from typing import Optional, Tuple
 
 import ml_collections
 
-from setdiff_jax import layer_stack, methods, models, objectives, sharding
+from setdiff_jax import methods, models, sharding
+from setdiff_jax.models import layer_stack
+from setdiff_jax.diffusion import losses
 from setdiff_jax.data import pipeline, sources, tokenizers
-from setdiff_jax.model import DiTConfig
+from setdiff_jax.models.dit import DiTConfig
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -30,7 +32,7 @@ def default_config() -> ml_collections.ConfigDict:
 
   # ---- backbone (SPEC §3); sizes here are small, the lm1b_* configs use 12 x 768
   c.model = ml_collections.ConfigDict()
-  c.model.backbone = "dit"        # dit (setdiff_jax/model.py) | qwen3 (setdiff_jax/models/qwen3.py)
+  c.model.backbone = "dit"        # dit (setdiff_jax/models/dit.py) | qwen3 (setdiff_jax/models/qwen3.py)
   c.model.vocab_size = 0          # 0 = take it from the tokenizer; else must equal it
   c.model.hidden_size = 256       # D
   c.model.num_layers = 4
@@ -40,16 +42,16 @@ def default_config() -> ml_collections.ConfigDict:
   c.model.adaln = False           # True for the MDLM/BD3LM baselines (constant sigma = 0)
   c.model.dropout = 0.1           # residual-branch dropout
   c.model.dtype = "float32"       # compute dtype: float32 | bfloat16 (params stay fp32)
-  c.model.attention = "dense"     # dense | xla | cudnn (see setdiff_jax/attention.py)
+  c.model.attention = "dense"     # dense | xla | cudnn (see setdiff_jax/models/attention.py)
   # What each block keeps for the backward pass: none | full | dots_saveable |
-  # dots_with_no_batch_dims_saveable | save_attention_out (setdiff_jax/layer_stack.py; an old
+  # dots_with_no_batch_dims_saveable | save_attention_out (setdiff_jax/models/layer_stack.py; an old
   # config's False / True means none / full).
   c.model.remat = "none"
   # nn.scan over the blocks (one compiled layer body: compile time flat in depth); parameters are
   # stacked `blocks/...` [num_layers, ...]; exports keep the per-layer PyTorch names.
   c.model.scan_layers = False
   # Training head + cross-entropy walked in vocabulary chunks of this many columns (never an
-  # [N, V] array; faster on CPU); 0 = all columns at once (setdiff_jax/fused_head.py).
+  # [N, V] array; faster on CPU); 0 = all columns at once (setdiff_jax/models/fused_head.py).
   c.model.head_vocab_chunk = 1024
   c.model.rope_base = 10000.0     # RoPE theta (DiT: 10000; Qwen3: the checkpoint's rope_theta, 1e6)
   # Qwen3 only (ignored by the DiT); with init_from_hf, 0 = take the checkpoint's value.
@@ -182,7 +184,7 @@ def build_tokenizer(config, workdir: Optional[str], *, allow_training: bool = Tr
   return tokenizers.get_tokenizer(config.tokenizer, workdir, train_texts=train_texts)
 
 
-def model_and_objective(config, tokenizer) -> Tuple[DiTConfig, objectives.ObjectiveConfig]:
+def model_and_objective(config, tokenizer) -> Tuple[DiTConfig, losses.ObjectiveConfig]:
   """Backbone and objective configs; the vocabulary and special ids come from the tokenizer."""
   vocab = int(config.model.vocab_size) or tokenizer.vocab_size
   if vocab < tokenizer.vocab_size:
@@ -191,7 +193,7 @@ def model_and_objective(config, tokenizer) -> Tuple[DiTConfig, objectives.Object
   model_cfg = models.backbone_config(config.model.to_dict(), vocab)
   loss = config.loss.to_dict()
   loss["max_set_size"] = loss.get("max_set_size") or None
-  obj = objectives.ObjectiveConfig.from_config({
+  obj = losses.ObjectiveConfig.from_config({
       **loss, "name": config.objective, "mask_token_id": tokenizer.mask_id,
       "pad_token_id": tokenizer.pad_id, "eos_token_id": tokenizer.eos_id})
   methods.get(obj.name).validate_objective(obj, config.seq_len)

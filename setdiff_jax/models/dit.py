@@ -30,7 +30,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from setdiff_jax import attention, fused_head, layer_stack
+from setdiff_jax.models import attention
+from setdiff_jax.models import fused_head
+from setdiff_jax.models import layer_stack
 
 NEG_INF_LOGIT = -1e12  # the reference's mask-token logit (SPEC §3.5)
 

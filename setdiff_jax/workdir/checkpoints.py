@@ -5,7 +5,7 @@ Each checkpoint holds two items:
   data   the grain iterator state of each process (`process_<i>-of-<n>.json`), so a resumed run
          sees exactly the batches the uninterrupted run would have seen.
 Inference (sampling, evaluation, export) and `init_from` read parameters only, through
-`setdiff_jax.workdir`, which uses this module's file layout. Every restore falls back past damaged
+`setdiff_jax.workdir.load`, which uses this module's file layout. Every restore falls back past damaged
 steps (`checkpoint_fallback`); a save that runs out of disk raises `errors.DiskFullError`.
 """
 from __future__ import annotations
@@ -20,7 +20,8 @@ import grain
 import ml_collections
 import orbax.checkpoint as ocp
 
-from setdiff_jax import checkpoint_fallback, errors
+from setdiff_jax import errors
+from setdiff_jax.workdir import fallback
 
 CHECKPOINT_DIR = "checkpoints"
 CONFIG_FILE = "config.json"
@@ -28,7 +29,7 @@ CONFIG_FILE = "config.json"
 
 def _quiet_orbax():
   """Orbax logs a dozen INFO lines per save through absl; keep the training log readable."""
-  return checkpoint_fallback.absl_verbosity(logging.WARNING)
+  return fallback.absl_verbosity(logging.WARNING)
 
 
 def checkpoint_dir(workdir: str) -> str:
@@ -79,13 +80,13 @@ def close(manager: ocp.CheckpointManager):
 def restore(manager: ocp.CheckpointManager, abstract_state, data_iterator=None,
             step: Optional[int] = None):
   """Restores the given step, or the newest one that loads, into the structure of
-  `abstract_state` (`checkpoint_fallback.restore_with_fallback`: damaged newer steps are named in
+  `abstract_state` (`fallback.restore_with_fallback`: damaged newer steps are named in
   a warning and skipped; a structure that does not match the config is an error).
 
   Returns the restored state, or None if there is no checkpoint. The data iterator, if given, is
   restored in place.
   """
-  return checkpoint_fallback.restore_with_fallback(manager, abstract_state, data_iterator,
+  return fallback.restore_with_fallback(manager, abstract_state, data_iterator,
                                                    step)[0]
 
 

@@ -20,7 +20,8 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import jax
 import numpy as np
 
-from setdiff_jax.interop import files, qwen3_map
+from setdiff_jax.interop import qwen3_map
+from setdiff_jax.interop import weight_files
 from setdiff_jax.models import qwen3 as qwen3_lib
 from setdiff_jax.interop.name_map import CheckpointMismatchError, flatten, unflatten
 
@@ -34,10 +35,10 @@ def read_hf_config(path: str) -> dict:
   if not os.path.isdir(path):
     raise FileNotFoundError(f"{path!r} is not a directory (a local Hugging Face Qwen3 checkout "
                             f"is expected; nothing is downloaded)")
-  cfg_path = os.path.join(path, files.CONFIG_FILE)
+  cfg_path = os.path.join(path, weight_files.CONFIG_FILE)
   if not os.path.isfile(cfg_path):
     raise FileNotFoundError(f"{cfg_path} not found: {path!r} is not a Hugging Face model directory")
-  raw = files.read_json(cfg_path)
+  raw = weight_files.read_json(cfg_path)
   if raw.get("model_type") != "qwen3":
     raise ValueError(f"{cfg_path}: model_type={raw.get('model_type')!r}; only 'qwen3' "
                      f"(Qwen3ForCausalLM) checkpoints are supported")
@@ -91,16 +92,16 @@ def weight_shards(path: str) -> List[str]:
   """The safetensors files of `path`: the index's shards (all must exist) or model.safetensors."""
   index = os.path.join(path, INDEX_FILE)
   if os.path.isfile(index):
-    weight_map = files.read_json(index).get("weight_map") or {}
+    weight_map = weight_files.read_json(index).get("weight_map") or {}
     shards = sorted(set(weight_map.values()))
     missing = [s for s in shards if not os.path.isfile(os.path.join(path, s))]
     if missing:
       raise FileNotFoundError(f"{index} names shards that are not in {path!r}: {missing}")
     return [os.path.join(path, s) for s in shards]
-  single = os.path.join(path, files.SAFETENSORS_FILE)
+  single = os.path.join(path, weight_files.SAFETENSORS_FILE)
   if os.path.isfile(single):
     return [single]
-  raise FileNotFoundError(f"no weights in {path!r}: expected {files.SAFETENSORS_FILE} or "
+  raise FileNotFoundError(f"no weights in {path!r}: expected {weight_files.SAFETENSORS_FILE} or "
                           f"{INDEX_FILE} with its shards")
 
 
@@ -203,7 +204,7 @@ def resolve_run_config(config):
     raise ValueError(f"init_from_hf={path!r} needs model.backbone='qwen3' (got {m.get('backbone')!r})")
   if config.get("init_from"):
     raise ValueError("set either init_from (our checkpoint) or init_from_hf (a HF directory)")
-  hf = model_fields(read_hf_config(path), os.path.join(path, files.CONFIG_FILE))
+  hf = model_fields(read_hf_config(path), os.path.join(path, weight_files.CONFIG_FILE))
   for k in _FROM_HF:
     ours = m.get(k, 0)
     if not ours:

@@ -19,8 +19,11 @@ from typing import Dict, Optional, Tuple
 import jax
 import jax.numpy as jnp
 
-from setdiff_jax import attention, fused_head, masks, orders
-from setdiff_jax.model import DiT, suppress_mask_logit
+from setdiff_jax.models import attention
+from setdiff_jax.models import fused_head
+from setdiff_jax.diffusion import masks
+from setdiff_jax.diffusion import orders
+from setdiff_jax.models.dit import DiT, suppress_mask_logit
 
 Metrics = Dict[str, jax.Array]
 
