@@ -4,9 +4,13 @@ Two-stream layout (SPEC §2.1): slots 0..L-1 are the clean stream, slots L..2L-1
 both in sampled order; the mask depends only on slot indices, never on the order itself, so it is
 built once per length. Padding is combined separately (`two_stream_padding`), permuted with the
 order, which is correct in general (the reference applies the unpermuted padding mask, SPEC §2.5).
+
+The decoding masks live here too (`cached_step_mask`, `causal_valid_mask`, `grid_mask`): the
+samplers only apply them to their cache's positions.
 """
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -105,3 +109,20 @@ __all__ = [
     "set_causal_mask", "block_causal_mask", "causal_mask", "bidirectional_mask", "padding_mask",
     "two_stream_padding", "cached_step_mask",
 ]
+
+
+def causal_valid_mask(valid: jax.Array) -> jax.Array:
+  """Clean-causal mask over slot order: bool [B, S, S]; invalid queries see only themselves."""
+  s = valid.shape[-1]
+  tri = jnp.tril(jnp.ones((s, s), bool))[None]
+  return (tri & valid[:, None, :]) | jnp.eye(s, dtype=bool)[None]
+
+
+def grid_mask(q_pos, k_pos, k_valid, block_size: int) -> jax.Array:
+  """BD3LM rule on absolute positions: q sees k iff floor(k/S) <= floor(q/S) (SPEC §4.8).
+
+  q_pos [B, Q], k_pos [B, K], k_valid [B, K] -> bool [B, Q, K].
+  """
+  qb = q_pos // block_size
+  kb = k_pos // block_size
+  return (kb[:, None, :] <= qb[:, :, None]) & k_valid[:, None, :]

@@ -31,9 +31,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from setdiff_jax.diffusion import masks
 from setdiff_jax.sampling import processors
-from setdiff_jax.sampling.cache import (Forward, KVCache, append, as_forward, bind, grid_mask,
-                                        prefill)
+from setdiff_jax.sampling.cache import Forward, KVCache, append, as_forward, bind, prefill
 from setdiff_jax.sampling.config import SampleOutput, SamplerConfig, step_counts
 from setdiff_jax.sampling.set_sampler import _as_rows, _key, check_prompts, finalize
 
@@ -208,7 +208,7 @@ def _bd3lm_core(apply, params, prompt, plen, canvas, target, counts, key, *, cfg
   nblk_steps = counts.shape[1]
   pos = jnp.broadcast_to(jnp.arange(pmax, dtype=jnp.int32), (b, pmax))
   pvalid = pos < plen[:, None]
-  pmask = grid_mask(pos, pos, pvalid, g) | jnp.eye(pmax, dtype=bool)[None]
+  pmask = masks.grid_mask(pos, pos, pvalid, g) | jnp.eye(pmax, dtype=bool)[None]
   # Capacity: each position is cached at most once; a fused write covers G slots past the length.
   cache, _ = prefill(fwd, prompt, pos, pvalid, lc + g, mask=pmask)
   eye = jnp.eye(2 * g, dtype=bool)[None]
@@ -236,7 +236,7 @@ def _bd3lm_core(apply, params, prompt, plen, canvas, target, counts, key, *, cfg
       positions = jnp.concatenate([ppos, bpos_c], -1)
       k_pos = jnp.concatenate([c.positions, ppos, bpos_c], -1)
       k_valid = jnp.concatenate([c.valid, pv, bin_], -1)
-      mask = grid_mask(positions, k_pos, k_valid, g)
+      mask = masks.grid_mask(positions, k_pos, k_valid, g)
       is_prefix_q = (jnp.arange(2 * g) < g)[None, :, None]
       is_block_k = (jnp.arange(c.capacity + 2 * g) >= c.capacity + g)[None, None, :]
       mask = mask & ~(is_prefix_q & is_block_k)  # the finished block never sees the new one
@@ -247,7 +247,7 @@ def _bd3lm_core(apply, params, prompt, plen, canvas, target, counts, key, *, cfg
     def plain():
       k_pos = jnp.concatenate([c.positions, bpos_c], -1)
       k_valid = jnp.concatenate([c.valid, bin_], -1)
-      mask = grid_mask(bpos_c, k_pos, k_valid, g)
+      mask = masks.grid_mask(bpos_c, k_pos, k_valid, g)
       mask = mask.at[:, :, c.capacity:].set(mask[:, :, c.capacity:] | eye[:, :g, :g])
       logits, kv = fwd.apply(fwd.params, btok, bpos_c, mask, c.kv, 0)
       return logits, kv, bpos_c, jnp.zeros((b,), jnp.int32)  # nothing is cached (count 0)

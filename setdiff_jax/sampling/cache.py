@@ -50,6 +50,7 @@ import jax
 import jax.numpy as jnp
 
 from setdiff_jax import models
+from setdiff_jax.diffusion import masks
 
 ApplyFn = Callable[..., Any]
 
@@ -253,13 +254,6 @@ def append(cache: KVCache, kv, positions: jax.Array, count: jax.Array,
   return cache.replace(kv=new_kv, positions=new_pos, length=cache.length + count.astype(jnp.int32))
 
 
-def causal_valid_mask(valid: jax.Array) -> jax.Array:
-  """Clean-causal mask over slot order: bool [B, S, S]; invalid queries see only themselves."""
-  s = valid.shape[-1]
-  tri = jnp.tril(jnp.ones((s, s), bool))[None]
-  return (tri & valid[:, None, :]) | jnp.eye(s, dtype=bool)[None]
-
-
 def prefill(fwd: Forward, tokens, positions, valid, capacity: int, mask=None,
             want_logits: bool = False):
   """Encodes context tokens into a fresh cache (one model call).
@@ -269,7 +263,7 @@ def prefill(fwd: Forward, tokens, positions, valid, capacity: int, mask=None,
   Returns (cache, logits): logits fp32 [B, S, V] if want_logits, else [B, 0, V] (head skipped).
   """
   if mask is None:
-    mask = causal_valid_mask(valid)
+    mask = masks.causal_valid_mask(valid)
   head_start = 0 if want_logits else tokens.shape[1]
   logits, kv = fwd.apply(fwd.params, tokens, positions, mask, None, head_start)
   cache = empty_cache(kv, capacity, cache_seq_axis(fwd))
@@ -277,16 +271,6 @@ def prefill(fwd: Forward, tokens, positions, valid, capacity: int, mask=None,
   return cache, logits
 
 
-def grid_mask(q_pos, k_pos, k_valid, block_size: int) -> jax.Array:
-  """BD3LM rule on absolute positions: q sees k iff floor(k/S) <= floor(q/S) (SPEC §4.8).
-
-  q_pos [B, Q], k_pos [B, K], k_valid [B, K] -> bool [B, Q, K].
-  """
-  qb = q_pos // block_size
-  kb = k_pos // block_size
-  return (kb[:, None, :] <= qb[:, :, None]) & k_valid[:, None, :]
-
-
 __all__ = ["ApplyFn", "Forward", "KVCache", "DecodeParams", "bind", "decode_params",
            "backbone_apply_fn", "dit_apply_fn", "logits_fn_apply", "as_forward",
-           "empty_cache", "cache_seq_axis", "append", "prefill", "causal_valid_mask", "grid_mask"]
+           "empty_cache", "cache_seq_axis", "append", "prefill"]
