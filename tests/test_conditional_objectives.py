@@ -123,7 +123,7 @@ def test_padding_and_prompt_length_do_not_change_answer_loss(name):
     loss, _, calls = table_loss(name, batch, seed=3, table=table)
     # MDLM/BD3LM: a row whose draw masked nothing has loss 0 (SPEC §1.6)
     with_mask = np.mean(np.any(calls[-1] == MASK, -1)) if name in ("mdlm", "bd3lm") else 1.0
-    losses.append(loss / with_mask)
+    row_losses.append(loss / with_mask)
   vocab = np.arange(V) != MASK if name != "ar" else np.ones(V, bool)  # AR keeps M (SPEC §1.6)
   cost = -(table_row[9] - np.log(np.sum(np.exp(table_row[vocab]))))
   np.testing.assert_allclose(row_losses, cost, rtol=1e-5)
