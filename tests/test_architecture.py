@@ -10,6 +10,7 @@
 """
 import ast
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -25,15 +26,19 @@ ALLOWED_LITERALS = {
 }
 
 
-def module_name(path: pathlib.Path) -> str:
-  rel = path.relative_to(PKG.parent).with_suffix("")
+def module_name(path: pathlib.Path, pkg: pathlib.Path = PKG) -> str:
+  rel = path.relative_to(pkg.parent).with_suffix("")
   parts = list(rel.parts)
   if parts[-1] == "__init__":
     parts = parts[:-1]
   return ".".join(parts)
 
 
-MODULES = {module_name(p): p for p in sorted(PKG.rglob("*.py"))}
+def find_modules(pkg: pathlib.Path) -> dict:
+  return {module_name(p, pkg): p for p in sorted(pkg.rglob("*.py"))}
+
+
+MODULES = find_modules(PKG)
 
 
 def docstring_nodes(tree):
@@ -46,8 +51,9 @@ def docstring_nodes(tree):
   return out
 
 
-def resolve(module: str, node) -> list:
+def resolve(module: str, node, modules=None) -> list:
   """Internal modules an import node names (relative imports resolved; attributes dropped)."""
+  modules = MODULES if modules is None else modules
   targets = []
   if isinstance(node, ast.Import):
     targets = [a.name for a in node.names]
@@ -55,28 +61,29 @@ def resolve(module: str, node) -> list:
     base = node.module or ""
     if node.level:
       pkg = module.split(".")
-      pkg = pkg[:len(pkg) - node.level + (1 if MODULES[module].name == "__init__.py" else 0)]
+      pkg = pkg[:len(pkg) - node.level + (1 if modules[module].name == "__init__.py" else 0)]
       base = ".".join(pkg + ([base] if base else []))
     targets = [base] + [f"{base}.{a.name}" for a in node.names]
   out = []
   for t in targets:
-    while t and t not in MODULES:
+    while t and t not in modules:
       t = t.rpartition(".")[0]
     if t and t.startswith("setdiff_jax"):
       out.append(t)
   return out
 
 
-def imports(module: str):
+def imports(module: str, modules=None):
   """(module-level internal imports, [(function-level import target, line)], external roots)."""
-  tree = ast.parse(MODULES[module].read_text())
+  modules = MODULES if modules is None else modules
+  tree = ast.parse(modules[module].read_text())
   top, nested, external = set(), [], set()
   def visit(node, in_function):
     for child in ast.iter_child_nodes(node):
       if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
         visit(child, True)
       elif isinstance(child, (ast.Import, ast.ImportFrom)):
-        names = resolve(module, child)
+        names = resolve(module, child, modules)
         if not in_function:
           top.update(names)
           roots = ([a.name for a in child.names] if isinstance(child, ast.Import)
@@ -100,24 +107,33 @@ def imports(module: str):
   return with_parents(top), [(n, l) for n, l in nested if n not in own], external
 
 
-GRAPH = {m: imports(m) for m in MODULES}
+def import_graph(modules: dict) -> dict:
+  return {m: imports(m, modules) for m in modules}
 
 
-def reachable(start: str) -> set:
+GRAPH = import_graph(MODULES)
+
+
+def reachable(start: str, graph=None, include_nested: bool = False) -> set:
+  """Modules `start` imports, directly or through others (function-level imports too if asked)."""
+  graph = GRAPH if graph is None else graph
   seen, todo = set(), [start]
   while todo:
     m = todo.pop()
-    for n in GRAPH[m][0]:
+    edges = graph[m][0] | ({t for t, _ in graph[m][1]} if include_nested else set())
+    for n in edges:
       if n not in seen:
         seen.add(n)
         todo.append(n)
   return seen
 
 
-def test_method_names_appear_only_in_the_registry():
+def method_literals(modules: dict) -> list:
+  """`path:line: 'name'` for each method-name string outside methods/ (docstrings and the
+  ALLOWED_LITERALS excepted)."""
   names = set(methods.NAMES)
   found = []
-  for module, path in MODULES.items():
+  for module, path in modules.items():
     if module.startswith("setdiff_jax.methods"):
       continue
     tree = ast.parse(path.read_text())
@@ -125,15 +141,87 @@ def test_method_names_appear_only_in_the_registry():
     for node in ast.walk(tree):
       if (isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names
           and id(node) not in docs and (module, node.value) not in ALLOWED_LITERALS):
-        found.append(f"{path.relative_to(PKG.parent)}:{node.lineno}: {node.value!r}")
+        found.append(f"{path.name}:{node.lineno}: {node.value!r}")
+  return found
+
+
+def test_method_names_appear_only_in_the_registry():
+  found = method_literals(MODULES)
   assert not found, "method names outside setdiff_jax/methods/ (ask the registry):\n" + "\n".join(found)
 
 
 def test_literal_check_can_fail(tmp_path):
-  """The check above sees a comparison on a method name (a guard against a vacuous AST walk)."""
-  tree = ast.parse('if objective == "bd3lm":\n  pass\n')
-  hits = [n for n in ast.walk(tree) if isinstance(n, ast.Constant) and n.value in methods.NAMES]
-  assert len(hits) == 1
+  """The check above, run on a planted module, finds the comparison (and not the docstring)."""
+  pkg = tmp_path / "setdiff_jax"
+  pkg.mkdir()
+  (pkg / "planted.py").write_text('"""bd3lm in a docstring is fine."""\n'
+                                  'def f(objective):\n  return objective == "bd3lm"\n')
+  assert method_literals(find_modules(pkg)) == ["planted.py:3: 'bd3lm'"]
+
+
+# The layers of DESIGN §1, bottom to top. A module may import its own layer and the ones below;
+# function-level imports count (a lazy import is still a dependency).
+LAYERS = [
+    ("base", ("setdiff_jax.errors", "setdiff_jax.paths")),
+    ("cli", ("setdiff_jax.cli",)),
+    ("data", ("setdiff_jax.data",)),
+    ("models", ("setdiff_jax.models",)),
+    ("diffusion", ("setdiff_jax.diffusion",)),
+    ("sharding", ("setdiff_jax.sharding",)),
+    ("sampling", ("setdiff_jax.sampling",)),
+    ("methods", ("setdiff_jax.methods",)),
+    ("workdir", ("setdiff_jax.workdir",)),
+    ("decoding", ("setdiff_jax.decoding",)),
+    ("uses", ("setdiff_jax.evaluation", "setdiff_jax.interop")),
+    ("train", ("setdiff_jax.train", "setdiff_jax.rl")),
+]
+
+
+def layer_of(module: str):
+  """Index of the module's layer in LAYERS; the package's own __init__ is below everything."""
+  if module == "setdiff_jax":
+    return -1
+  for i, (_, prefixes) in enumerate(LAYERS):
+    if any(module == p or module.startswith(p + ".") for p in prefixes):
+      return i
+  return None
+
+
+def upward_imports(graph: dict) -> list:
+  """`a -> b` for each module b that a reaches (transitively, function-level imports included)
+  in a layer above a's."""
+  bad = []
+  for module in graph:
+    for target in sorted(reachable(module, graph, include_nested=True)):
+      if layer_of(target) is not None and layer_of(target) > layer_of(module):
+        bad.append(f"{module} ({LAYERS[layer_of(module)][0]}) -> {target} "
+                   f"({LAYERS[layer_of(target)][0]})")
+  return bad
+
+
+def test_every_module_has_a_layer():
+  assert not [m for m in MODULES if layer_of(m) is None]
+
+
+def test_no_module_reaches_a_higher_layer():
+  bad = upward_imports(GRAPH)
+  assert not bad, "imports of a higher layer (DESIGN §1):\n" + "\n".join(bad)
+
+
+def test_layer_check_finds_a_planted_transitive_upward_import(tmp_path):
+  """A copy of the package with one function-level import planted in a models/ module: the check
+  names it and every module below that reaches it through the plant."""
+  pkg = tmp_path / "setdiff_jax"
+  shutil.copytree(PKG, pkg, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.xz", "*.txt",
+                                                         "*.json"))
+  assert not upward_imports(import_graph(find_modules(pkg)))
+  target = pkg / "models" / "layer_names.py"
+  target.write_text(target.read_text() + "\n\ndef _planted():\n"
+                    "  from setdiff_jax.sampling import cache  # noqa: F401\n")
+  bad = upward_imports(import_graph(find_modules(pkg)))
+  assert "setdiff_jax.models.layer_names (models) -> setdiff_jax.sampling.cache (sampling)" in bad
+  # sharding imports layer_names at module level: it now reaches the sampling layer through it
+  assert any(b.startswith("setdiff_jax.sharding (sharding) -> setdiff_jax.sampling") for b in bad)
 
 
 def test_import_graph_has_no_cycle():
@@ -165,14 +253,15 @@ def test_inference_never_reaches_the_training_layer(module):
   assert "optax" not in externals, f"{module} reaches optax"
 
 
-def test_training_imports_no_inference_package():
-  for module in ("setdiff_jax.train", "setdiff_jax.workdir.checkpoints"):
-    direct = GRAPH[module][0] | {t for t, _ in GRAPH[module][1]}
-    bad = [m for m in direct if m.startswith(("setdiff_jax.sampling", "setdiff_jax.evaluation",
-                                              "setdiff_jax.interop"))
-           and m not in ("setdiff_jax.evaluation", "setdiff_jax.evaluation.likelihood",
-                         "setdiff_jax.interop", "setdiff_jax.interop.pretrained")]
-    assert not bad, f"{module} imports {bad}"
+@pytest.mark.parametrize("module", ["setdiff_jax.workdir.checkpoints",
+                                    "setdiff_jax.workdir.fallback", "setdiff_jax.workdir.lock"])
+def test_checkpoint_code_reaches_no_method_or_inference_code(module):
+  """Saving and guarding a run is plumbing: it reaches no method, sampler, evaluator or exporter,
+  even through another module."""
+  reach = reachable(module, include_nested=True)
+  bad = sorted(m for m in reach if m.startswith(("setdiff_jax.sampling", "setdiff_jax.evaluation",
+                                                 "setdiff_jax.interop", "setdiff_jax.methods")))
+  assert not bad, f"{module} reaches {bad}"
 
 
 def test_inference_imports_load_neither_optax_nor_train():
@@ -186,16 +275,30 @@ def test_inference_imports_load_neither_optax_nor_train():
   assert res.returncode == 0, res.stderr[-2000:] + res.stdout[-500:]
 
 
+def configs_imports(modules: dict) -> list:
+  """`module:line` for each import of the repository's configs/ package (at any depth)."""
+  found = []
+  for module, path in modules.items():
+    for node in ast.walk(ast.parse(path.read_text())):
+      roots = ([a.name for a in node.names] if isinstance(node, ast.Import)
+               else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
+               else [])
+      if any(r.split(".")[0] == "configs" for r in roots):
+        found.append(f"{module}:{node.lineno}")
+  return found
+
+
 def test_no_library_module_imports_configs():
-  for module in MODULES:
-    direct = {t for t, _ in GRAPH[module][1]}
-    tree = ast.parse(MODULES[module].read_text())
-    for node in ast.walk(tree):
-      if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "configs":
-        pytest.fail(f"{module}:{node.lineno} imports configs/ (defaults belong in the package)")
-      if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "configs" for a in node.names):
-        pytest.fail(f"{module}:{node.lineno} imports configs/")
-    del direct
+  """Defaults belong in the package: the library never imports configs/."""
+  assert not configs_imports(MODULES)
+
+
+def test_configs_check_can_fail(tmp_path):
+  pkg = tmp_path / "setdiff_jax"
+  pkg.mkdir()
+  (pkg / "planted.py").write_text("import os\n\ndef f():\n  from configs import default\n"
+                                  "  import configs.tiny_sw\n")
+  assert configs_imports(find_modules(pkg)) == ["setdiff_jax.planted:4", "setdiff_jax.planted:5"]
 
 
 def test_no_library_module_over_500_lines():
