@@ -17,7 +17,7 @@ import pytest
 from configs import default
 from helpers import TINY_VOCAB, assert_trees_close, new_workdir, set_fields
 from setdiff_jax import methods, models, sharding
-from setdiff_jax.models import layer_names
+from setdiff_jax import layer_names
 from setdiff_jax.models import layer_stack
 from setdiff_jax.diffusion import losses
 from setdiff_jax.workdir import config as run_config

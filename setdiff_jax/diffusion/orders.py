@@ -14,7 +14,8 @@ Kinds of order (`sample_order(kind=...)`):
   uniform        MDLM-style: a uniform random permutation.
   blocks         BD3LM-style: blocks of `block_size` left to right, uniform order inside a block.
 
-Which method trains which kind is declared by its registry entry (`methods.get(name).order_kind`).
+They are the orders of the four methods in the paper's unified view; each method's loss draws its
+own (SetDLM: staggered), so these kinds serve the tests of that view and custom training code.
 MDLM and BD3LM train on masks rather than explicit orders: their noise draw, one diffusion time
 per block (`sample_mask_times`), is here too.
 

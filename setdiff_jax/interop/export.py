@@ -22,7 +22,7 @@ import numpy as np
 import jax
 
 from setdiff_jax import methods
-from setdiff_jax.models import layer_names
+from setdiff_jax import layer_names
 from setdiff_jax.workdir import load as workdir_lib
 from setdiff_jax.interop import pretrained
 from setdiff_jax.interop import hf_config, name_map, qwen3_hf, qwen3_map
@@ -132,7 +132,7 @@ def export_checkpoint(config, params, out_dir: str, *, tokenizer=None,
   loss = _get(config, "loss", {})
   length = int(_get(config, "seq_len"))
   method = methods.get(str(_get(config, "objective", methods.DEFAULT)))
-  for warning in method.export_warnings(length, hf_config.loss_dict(loss)):
+  for warning in method.export.warnings(length, hf_config.loss_dict(loss)):
     log.warning("%s", warning)
 
   extra = {"step": None if step is None else int(step), "ema": ema,

@@ -28,7 +28,7 @@ HF_SPECIAL = {"bos_id": "bos_token_id", "eos_id": "eos_token_id", "pad_id": "pad
               "mask_id": "mask_token_id"}
 
 # objective -> (model_type, architecture): SetDLM reuses BD3LMConfig (SPEC §9.2).
-HF_CLASSES = {m.name: (m.hf_model_type, m.hf_architecture) for m in methods.REGISTRY.values()}
+HF_CLASSES = {m.name: (m.export.model_type, m.export.architecture) for m in methods.REGISTRY.values()}
 HF_MODEL_TYPES = frozenset(t for t, _ in HF_CLASSES.values())  # the official config.json kinds
 
 
@@ -76,15 +76,15 @@ def to_hf_config(run_config, *, vocab_size: int, hidden_size: int, num_layers: i
   length = int(_get(run_config, "seq_len"))
   model = _get(run_config, "model", {})
   loss = loss_dict(_get(run_config, "loss", {}))
-  block = method.hf_block_size(length, loss)
+  block = method.export.block_size(length, loss)
   keep_clean_bos = bool(loss.get("keep_clean_bos", True))
-  noise = method.hf_noise_config(length, loss)
+  noise = method.export.noise_config(length, loss)
 
   ids = {HF_SPECIAL[k]: int(v) for k, v in special_ids.items()}
   tokenization = {"vocab_size": int(tokenizer_vocab_size or vocab_size), **ids,
                   "pad_vocab_size_multiple": 1}
   backbone = {
-      "_target_": DIT_TARGET, "length": length, "causal_attention": method.hf_causal_attention,
+      "_target_": DIT_TARGET, "length": length, "causal_attention": method.export.causal_attention,
       "adaln": bool(adaln), "hidden_size": int(hidden_size), "cond_dim": int(cond_dim),
       "n_heads": int(num_heads), "num_layers": int(num_layers),
       "dropout": float(_get(model, "dropout", 0.1)), "tie_word_embeddings": True,
@@ -119,7 +119,7 @@ def generation_config(run_config, special_ids: Mapping[str, int]) -> Dict[str, A
   gen = {"bos_token_id": int(special_ids["bos_id"]), "eos_token_id": int(special_ids["eos_id"]),
          "pad_token_id": int(special_ids["pad_id"]), "mask_token_id": int(special_ids["mask_id"]),
          "do_sample": False, "use_cache": True, "max_length": length}
-  gen.update(method.hf_generation_fields(length, loss))
+  gen.update(method.export.generation_fields(length, loss))
   for ours, theirs in (("window_size", "max_window_size"), ("max_window_size", "max_window_size"),
                        ("confidence_threshold", "confidence_threshold"),
                        ("nucleus_p", "nucleus_p"), ("num_steps", "num_steps"),
@@ -139,7 +139,7 @@ def objective_from_hf(cfg: Mapping, path_hint: str = "") -> str:
   for hay in (" ".join(cfg.get("architectures") or []).lower(), str(cfg.get("model_type", "")).lower(),
               str(path_hint).lower()):
     for method in methods.HF_MATCH_ORDER:
-      if re.search(method.hf_name_pattern, hay):
+      if re.search(method.export.name_pattern, hay):
         return method.name
   raise ValueError(f"cannot tell the model family from config.json (architectures="
                    f"{cfg.get('architectures')}, model_type={cfg.get('model_type')})")
@@ -177,10 +177,10 @@ def from_hf_config(cfg: Mapping, path_hint: str = "") -> Tuple[Dict[str, Any], L
   if isinstance(kcb, bool):
     loss["keep_clean_bos"] = kcb
   else:
-    loss["keep_clean_bos"] = method.hf_default_keep_clean_bos()
+    loss["keep_clean_bos"] = method.export.default_keep_clean_bos
     warns.append(f"config.json keep_clean_bos={kcb!r}; using {loss['keep_clean_bos']} (the "
                  f"official eval loader's default)")
-  loss.update(method.hf_loss_fields(cfg, length, path_hint, warns))
+  loss.update(method.export.loss_fields(cfg, length, path_hint, warns))
   stored = noise.get("max_block_size")  # only the staggered schedule stores S_max
   tok = cfg.get("tokenization_config") or {}
   special = {}

@@ -32,7 +32,7 @@ import ml_collections
 import numpy as np
 
 from setdiff_jax import models
-from setdiff_jax.models import layer_names
+from setdiff_jax import layer_names
 from setdiff_jax.data import tokenizers
 from setdiff_jax.interop import backbone_config, hf_config, name_map, qwen3_hf
 from setdiff_jax.interop import weight_files

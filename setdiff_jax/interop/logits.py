@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from setdiff_jax import models
-from setdiff_jax.models import layer_names
+from setdiff_jax import layer_names
 from setdiff_jax.interop.name_map import flatten
 
 

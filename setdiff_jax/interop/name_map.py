@@ -23,7 +23,7 @@ from typing import Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
-from setdiff_jax.models import layer_names
+from setdiff_jax import layer_names
 
 PREFIX = "backbone."          # an exported denoiser's state dict nests the DiT under `backbone`
 TIME_EMBED_DIM = 256          # TimestepEmbedder frequency width (SPEC §3.4)

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from setdiff_jax import methods
-from setdiff_jax.models import layer_names
+from setdiff_jax import layer_names
 from setdiff_jax.diffusion import masks
 from setdiff_jax.diffusion import losses
 from setdiff_jax.models import dit as model_lib

@@ -24,7 +24,7 @@ from typing import Dict, List, Mapping, Tuple
 
 import numpy as np
 
-from setdiff_jax.models import layer_names
+from setdiff_jax import layer_names
 from setdiff_jax.interop.name_map import CheckpointMismatchError, flatten, unflatten
 
 PREFIXES = {"hf": "", "official": "backbone.model."}

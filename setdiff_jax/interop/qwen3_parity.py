@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from setdiff_jax.models import layer_names
+from setdiff_jax import layer_names
 from setdiff_jax.diffusion import masks
 from setdiff_jax.interop import pretrained
 from setdiff_jax.interop import logits, name_map, qwen3_hf

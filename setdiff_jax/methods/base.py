@@ -1,22 +1,22 @@
 """What a training method is: the base class every registry entry subclasses.
 
 A method (SetDLM, AR, MDLM, BD3LM) owns everything that differs between methods; train, sampling
-dispatch, evaluation and interop ask it instead of comparing names:
+dispatch, evaluation and interop ask it instead of comparing names. Its members, by group:
 
-  validation      `validate_run(config, check)` (run-config rules), `validate_objective(cfg, L)`
-  backbone        `adaln`: which DiT variant the method trains (SPEC §3.4)
-  order / noise   `order_kind` (the generation order it trains, an `orders.ORDER_KINDS` entry);
-                  the draw itself happens inside its loss, through `orders.py`
-  loss and bound  `loss(cfg, model, params, batch, rng, train=)` -> (loss, metrics)
-  likelihood      `eval_batch` (per-row draw for the bound), `num_draws`, `aggregate_draws`,
-                  `estimator` / `estimator_k` descriptions
-  sampler         `generate(model, params, prompts, sampler_cfg, rng)`, `sampler_fields(cfg)`
-                  (defaults of its SamplerConfig), `decoding_settings(...)`, `uses_threshold`
-  infilling       `infill(...)` or `infill_unsupported` (the reason)
-  export          `hf_*` fields of the official config.json (SPEC §9.2)
+  identity        `name`; `adaln`: which DiT variant it trains (SPEC §3.4)
+  loss            `validate(config, check)`: its run-config rules, called once by
+                  `workdir.config.validate_config`; `loss(cfg, model, params, batch, rng, train=)`
+                  -> (loss, metrics), which draws the method's order / noise through `orders.py`
+  likelihood      `exact_likelihood`, `scores_end_of_text`, `eval_batch` (per-row draw for the
+                  bound), `num_draws`, `aggregate_draws`, `estimator` / `estimator_k`
+  decoding        `generate(model, params, prompts, sampler_cfg, rng)`, `sampler_fields(cfg)`
+                  (defaults of its SamplerConfig), `decoding_settings(...)`, `uses_threshold`,
+                  `uses_window`; infilling: `canvas_infill(...)` or `infill_unsupported` (why not)
+  export          `export`: an `ExportFormat`, its fields of the official config.json (SPEC §9.2)
 
-Adding a method: subclass `Method` in a module of this package, give it its loss (in
-`objectives.py`) and sampler (in `sampling/`), and register it in `methods/__init__.py`.
+Adding a method: subclass `Method` (and `ExportFormat`) in a module of this package, give it its
+loss (in `diffusion/losses.py`) and sampler (in `sampling/`), and register it in
+`methods/__init__.py`.
 """
 from __future__ import annotations
 
@@ -45,26 +45,49 @@ def uses_dit(config) -> bool:
   return str(config.model.get("backbone", "dit") or "dit") == "dit"
 
 
+class ExportFormat:
+  """How a method reads and writes the official `config.json` / `generation_config.json` (SPEC §9.2).
+
+  Defaults are the diffusion baselines'; each method's subclass overrides what differs.
+  """
+  model_type: str = ""              # official `model_type` / `architectures[0]`
+  architecture: str = ""
+  causal_attention: bool = False    # `backbone_config.causal_attention`
+  name_pattern: str = ""            # regex naming the method in architectures / model_type / a path
+  default_keep_clean_bos: bool = True  # `loss.keep_clean_bos` of an imported run
+
+  def block_size(self, seq_len: int, loss: Mapping) -> int:
+    """`block_size` / `eval_block_size` of the official config."""
+    return int(seq_len)
+
+  def noise_config(self, seq_len: int, loss: Mapping) -> Optional[Dict[str, Any]]:
+    return None
+
+  def generation_fields(self, seq_len: int, loss: Mapping) -> Dict[str, Any]:
+    """Sampler knobs of `generation_config.json` (default: the diffusion samplers' fields)."""
+    return {"num_steps": int(seq_len), "sampling_strategy": "predict_and_noise",
+            "confidence_threshold": 1e6, "nucleus_p": 1.0,
+            "block_size": self.block_size(seq_len, loss)}
+
+  def loss_fields(self, cfg: Mapping, seq_len: int, path_hint: str,
+                  warns: List[str]) -> Dict[str, Any]:
+    """Our `loss.*` fields read back from an official config.json (appends warnings)."""
+    return {}
+
+  def warnings(self, seq_len: int, loss: Mapping) -> List[str]:
+    """Caveats of exporting this run's settings (logged by the exporter)."""
+    return []
+
+
 class Method:
   """Defaults shared by the methods; each registry entry overrides what differs."""
+  # ------------------------------------------------------------------ identity
   name: str = ""
-  description: str = ""
   adaln: bool = False               # the adaLN DiT (constant sigma = 0)
-  order_kind: str = "left_to_right"
-  uses_threshold: bool = True       # the confidence threshold tau applies to its sampler
-  exact_likelihood: bool = False    # the bound is the exact NLL (a generative-perplexity judge)
-  infill_unsupported: Optional[str] = None  # why `infill` is unavailable (None: available)
-  hf_model_type: str = ""           # official config.json `model_type` / `architectures[0]`
-  hf_architecture: str = ""
-  hf_causal_attention: bool = False
-  uses_window: bool = False         # its sampler has the set window W
-  # Its loss also scores the label just after a row's text (AR: the first pad, so that it learns
-  # to stop). Only a causal method may set it: to score a continuation alone, the lm_eval adapter
-  # then marks the row's tail as real context, which no earlier position can see.
-  scores_end_of_text: bool = False
+  export: ExportFormat = ExportFormat()
 
-  # ------------------------------------------------------------------ validation
-  def validate_run(self, config, check: Callable[[bool, str], None]) -> None:
+  # ------------------------------------------------------------------ validation and loss
+  def validate(self, config, check: Callable[[bool, str], None]) -> None:
     """Run-config rules of this method (`check(ok, message)` raises on a violation)."""
     if not uses_dit(config):  # Qwen3 has no time conditioning, whatever the method (SPEC §3.10)
       check(not config.model.adaln, f"model.backbone={config.model.backbone} has no adaLN "
@@ -75,12 +98,16 @@ class Method:
           f"objective={self.name} uses the DiT {'with' if want else 'without'} adaLN "
           f"(set model.adaln={want})")
 
-  def validate_objective(self, cfg, seq_len: int) -> None:
-    """Raises ValueError naming the conflicting fields of an `ObjectiveConfig`."""
-
-  # ------------------------------------------------------------------ loss and bound
   def loss(self, cfg, model, params, batch, rng, *, train: bool):
     raise NotImplementedError
+
+  # ------------------------------------------------------------------ likelihood bound
+  exact_likelihood: bool = False    # the bound is the exact NLL (a generative-perplexity judge)
+  # Its loss also scores the label just after a row's text (AR: the first pad, so that it learns
+  # to stop). Only a causal method may set it: to score a continuation alone, the lm_eval adapter
+  # then marks the row's tail as real context, which no earlier position can see.
+  scores_end_of_text: bool = False
+  estimator: str = ""
 
   def eval_batch(self, cfg, batch: Dict[str, Any], key) -> Dict[str, Any]:
     """The one-row batch whose eval loss is the bound for draw `key` (default: unchanged)."""
@@ -94,11 +121,14 @@ class Method:
     """Per-sequence K-draw value [N] from per-draw NLLs [K, N] (default: the mean of K draws)."""
     return np.mean(nll, 0)
 
-  estimator: str = ""
   def estimator_k(self, k: int) -> str:
     return f"mean of K={k} draws per sequence"
 
-  # ------------------------------------------------------------------ sampling
+  # ------------------------------------------------------------------ decoding
+  uses_threshold: bool = True       # the confidence threshold tau applies to its sampler
+  uses_window: bool = False         # its sampler has the set window W
+  infill_unsupported: Optional[str] = None  # why `canvas_infill` is unavailable (None: available)
+
   def sampler_fields(self, cfg) -> Dict[str, Any]:
     """Method-specific defaults of its `SamplerConfig` for a run with objective config `cfg`."""
     return {"window": int(getattr(cfg, "desired_set_size", DEFAULT_WINDOW))}
@@ -125,34 +155,6 @@ class Method:
     to maxima over a data set, so every batch of an evaluation reuses one compilation.
     """
     raise ValueError(f"objective={self.name} cannot infill: {self.infill_unsupported}")
-
-  # ------------------------------------------------------------------ official config.json
-  def hf_block_size(self, seq_len: int, loss: Mapping) -> int:
-    """`block_size` / `eval_block_size` of the official config."""
-    return int(seq_len)
-
-  def hf_noise_config(self, seq_len: int, loss: Mapping) -> Optional[Dict[str, Any]]:
-    return None
-
-  def hf_generation_fields(self, seq_len: int, loss: Mapping) -> Dict[str, Any]:
-    """Sampler knobs of `generation_config.json` (default: the diffusion samplers' fields)."""
-    return {"num_steps": int(seq_len), "sampling_strategy": "predict_and_noise",
-            "confidence_threshold": 1e6, "nucleus_p": 1.0,
-            "block_size": self.hf_block_size(seq_len, loss)}
-
-  def hf_loss_fields(self, cfg: Mapping, seq_len: int, path_hint: str,
-                     warns: List[str]) -> Dict[str, Any]:
-    """Our `loss.*` fields read back from an official config.json (appends warnings)."""
-    return {}
-
-  def hf_default_keep_clean_bos(self) -> bool:
-    return True
-
-  hf_name_pattern: str = ""  # regex naming the method in architectures / model_type / a path
-
-  def export_warnings(self, seq_len: int, loss: Mapping) -> List[str]:
-    """Caveats of exporting this run's settings (logged by the exporter)."""
-    return []
 
   def __repr__(self):
     return f"<method {self.name}>"

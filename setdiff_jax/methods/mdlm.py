@@ -4,25 +4,36 @@ from __future__ import annotations
 import numpy as np
 
 from setdiff_jax.diffusion import losses
-from setdiff_jax.methods.base import LINEAR_TARGET, Method
+from setdiff_jax.methods.base import LINEAR_TARGET, ExportFormat, Method
 from setdiff_jax.sampling import baselines
 from setdiff_jax.sampling.mdlm_infill import mdlm_infill
 
 
+class LinearNoiseExport(ExportFormat):
+  """The masked-diffusion baselines' export: a linear noise schedule over `block_size`."""
+
+  def noise_config(self, seq_len, loss):
+    return {"_target_": LINEAR_TARGET, "block_size": self.block_size(seq_len, loss),
+            "length": int(seq_len)}
+
+
+class MDLMExport(LinearNoiseExport):
+  model_type, architecture = "mdlm", "MDLM"
+  name_pattern = "mdlm"
+
+
 class MDLM(Method):
   name = "mdlm"
-  description = "masked diffusion: any order, bidirectional, no KV cache"
   adaln = True
-  order_kind = "uniform"
-  hf_model_type, hf_architecture = "mdlm", "MDLM"
-  hf_name_pattern = "mdlm"
+  export = MDLMExport()
+
+  def loss(self, cfg, model, params, batch, rng, *, train):
+    return losses.mdlm_loss(cfg, model, params, batch, rng, train=train)
+
   estimator = "1/t NELBO, one (t, mask) draw per sequence"
 
   def estimator_k(self, k):
     return f"mean of K={k} NELBO draws per sequence (same bound, lower variance)"
-
-  def loss(self, cfg, model, params, batch, rng, *, train):
-    return losses.mdlm_loss(cfg, model, params, batch, rng, train=train)
 
   def generate(self, model, params, prompts, sampler_cfg, rng=None):
     return baselines.mdlm_generate(model, params, prompts, sampler_cfg, rng)
@@ -43,10 +54,3 @@ class MDLM(Method):
       kwargs = {"length": shapes["length"], "max_targets": shapes["max_targets"]}
     out = mdlm_infill(model, params, rows, sampler_cfg, rng, **kwargs)
     return {k: np.asarray(v)[:n] for k, v in out.items()}
-
-  def hf_block_size(self, seq_len, loss):
-    return int(seq_len)
-
-  def hf_noise_config(self, seq_len, loss):
-    return {"_target_": LINEAR_TARGET, "block_size": self.hf_block_size(seq_len, loss),
-            "length": int(seq_len)}

@@ -6,10 +6,9 @@ from typing import List, Mapping, Optional
 
 import numpy as np
 
-from setdiff_jax.diffusion import losses
-from setdiff_jax.diffusion import orders
-from setdiff_jax.methods.base import (STAGGERED_TARGET, Method, effective_max_set_size,
-                                      logmeanexp)
+from setdiff_jax.diffusion import losses, orders
+from setdiff_jax.methods.base import (STAGGERED_TARGET, ExportFormat, Method,
+                                      effective_max_set_size, logmeanexp)
 from setdiff_jax.sampling import set_sampler
 
 
@@ -35,83 +34,22 @@ def infer_desired_from_name(name: str) -> Optional[int]:
   return int(m.group(1)) // 2 if m else None
 
 
-class SetDLM(Method):
-  name = "setdlm"
-  description = "Set Diffusion: sets of ~S tokens per step in a staggered sliding window"
-  adaln = False
-  order_kind = "staggered"
-  uses_window = True
-  hf_model_type, hf_architecture = "bd3lm", "SetDLM"  # SetDLM reuses BD3LMConfig (SPEC §9.2)
-  hf_name_pattern = "setdlm"
-  estimator = "one sampled staggered order per sequence (upper bound on -log p)"
+class SetDLMExport(ExportFormat):
+  model_type, architecture = "bd3lm", "SetDLM"  # SetDLM reuses BD3LMConfig (SPEC §9.2)
+  name_pattern = "setdlm"
 
-  def validate_run(self, config, check):
-    super().validate_run(config, check)
-    loss = config.loss
-    s_max = effective_max_set_size(loss.desired_set_size, loss.max_set_size)
-    check(s_max <= config.seq_len,
-          f"objective=setdlm with desired_set_size={loss.desired_set_size} needs "
-          f"max_set_size (= {s_max}, 0 means 2S) <= seq_len={config.seq_len}")
-    check(1 <= loss.desired_set_size <= s_max,
-          f"loss.desired_set_size={loss.desired_set_size} must be in [1, max_set_size={s_max}]")
-
-  def validate_objective(self, cfg, seq_len):
-    orders.staggered_params(seq_len, cfg.desired_set_size, cfg.max_set_size)
-
-  def loss(self, cfg, model, params, batch, rng, *, train):
-    return losses.setdlm_loss(cfg, model, params, batch, rng, train=train)
-
-  def eval_batch(self, cfg, batch, key):
-    """The bound of draw `key` is the exact NLL under the order drawn from that key."""
-    return dict(batch, order=losses.setdlm_order(cfg, batch, key, train=False))
-
-  def aggregate_draws(self, nll):
-    """log p(x) >= log mean_k p(x | sigma_k): the K-order importance-sampling bound."""
-    return -logmeanexp(-np.asarray(nll, np.float64), 0)
-
-  def estimator_k(self, k):
-    return f"log-mean-exp over K={k} orders per sequence (tighter bound)"
-
-  def generate(self, model, params, prompts, sampler_cfg, rng=None):
-    return set_sampler.set_generate(model, params, prompts, sampler_cfg, rng)
-
-  def decoding_settings(self, cfg, windows, thresholds):
-    ws = list(windows) if windows else [int(cfg.desired_set_size)]
-    return [{"window": int(w), "threshold": t} for w in ws for t in thresholds]
-
-  def canvas_infill(self, model, params, canvases, sampler_cfg, rng=None, *, shapes=None):
-    """Every M of each canvas generated with prefix and suffix cached (SPEC §4.5).
-
-    With `shapes`, two filler rows set the canvas length / span and the visible-context maxima
-    and filler rows complete the batch, so every batch compiles to one shape.
-    """
-    rows = [list(c) for c in canvases]
-    n = len(rows)
-    if shapes:
-      bos = int(sampler_cfg.bos_token_id if sampler_cfg.bos_token_id is not None
-                else sampler_cfg.pad_token_id)
-      m = int(sampler_cfg.mask_token_id)
-      lc, m_max, v_max = shapes["length"], shapes["max_targets"], shapes["max_visible"]
-      fill = [[bos] * (lc - m_max) + [m] * m_max, [bos] * v_max + [m]]
-      rows += fill + [fill[0]] * max(0, shapes["batch_size"] - n)
-    out = set_sampler.set_infill(model, params, rows, sampler_cfg, rng)
-    return {"canvas": np.asarray(out.canvas)[:n], "num_steps": np.asarray(out.num_steps)[:n],
-            "num_committed": np.asarray(out.num_committed)[:n],
-            "forward_calls": np.asarray(out.forward_calls)[:n]}
-
-  # ---------------------------------------------------------------- official config.json
-  def hf_noise_config(self, seq_len, loss):
+  def noise_config(self, seq_len, loss):
     desired = int(loss.get("desired_set_size", 4))
     return {"_target_": STAGGERED_TARGET, "eps": 1e-3, "block_size": int(seq_len),
             "desired_block_size": desired,
             "max_block_size": effective_max_set_size(desired, loss.get("max_set_size", 0)),
             "length": int(seq_len)}
 
-  def hf_generation_fields(self, seq_len, loss):
-    return dict(super().hf_generation_fields(seq_len, loss),
+  def generation_fields(self, seq_len, loss):
+    return dict(super().generation_fields(seq_len, loss),
                 max_window_size=int(loss.get("desired_set_size", 4)), kv_cache=True)
 
-  def hf_loss_fields(self, cfg, seq_len, path_hint, warns):
+  def loss_fields(self, cfg, seq_len, path_hint, warns):
     noise = cfg.get("noise_config") or {}
     span = int(noise.get("block_size") or cfg.get("eval_block_size") or cfg.get("block_size")
                or seq_len)
@@ -140,10 +78,69 @@ class SetDLM(Method):
     return {"desired_set_size": desired, "max_set_size": 0 if s_max == default else s_max,
             "eos_last": bool(cfg.get("setdlm_eos_last_in_target_order", False))}
 
-  def export_warnings(self, seq_len: int, loss: Mapping) -> List[str]:
+  def warnings(self, seq_len: int, loss: Mapping) -> List[str]:
     s = int(loss.get("desired_set_size", 4))
     s_max = effective_max_set_size(s, loss.get("max_set_size", 0))
     if normalize_max_set_size(seq_len, s, s_max) != s_max:
       return [f"S_max={s_max} = L: importers (ours and the official eval loader) will read it as "
               f"min(2S, L)={min(effective_max_set_size(s), seq_len)} (SPEC §1.2 caveat)"]
     return []
+
+
+class SetDLM(Method):
+  name = "setdlm"
+  adaln = False
+  export = SetDLMExport()
+
+  def validate(self, config, check):
+    super().validate(config, check)
+    try:  # the schedule's own rules (S in [1, L], S <= S_max <= L; 0 means 2S), checked once
+      orders.staggered_params(config.seq_len, config.loss.desired_set_size,
+                              config.loss.max_set_size or None)
+    except ValueError as e:
+      check(False, f"objective=setdlm with seq_len={config.seq_len}: loss.{e}")
+
+  def loss(self, cfg, model, params, batch, rng, *, train):
+    return losses.setdlm_loss(cfg, model, params, batch, rng, train=train)
+
+  estimator = "one sampled staggered order per sequence (upper bound on -log p)"
+
+  def eval_batch(self, cfg, batch, key):
+    """The bound of draw `key` is the exact NLL under the order drawn from that key."""
+    return dict(batch, order=losses.setdlm_order(cfg, batch, key, train=False))
+
+  def aggregate_draws(self, nll):
+    """log p(x) >= log mean_k p(x | sigma_k): the K-order importance-sampling bound."""
+    return -logmeanexp(-np.asarray(nll, np.float64), 0)
+
+  def estimator_k(self, k):
+    return f"log-mean-exp over K={k} orders per sequence (tighter bound)"
+
+  uses_window = True
+
+  def generate(self, model, params, prompts, sampler_cfg, rng=None):
+    return set_sampler.set_generate(model, params, prompts, sampler_cfg, rng)
+
+  def decoding_settings(self, cfg, windows, thresholds):
+    ws = list(windows) if windows else [int(cfg.desired_set_size)]
+    return [{"window": int(w), "threshold": t} for w in ws for t in thresholds]
+
+  def canvas_infill(self, model, params, canvases, sampler_cfg, rng=None, *, shapes=None):
+    """Every M of each canvas generated with prefix and suffix cached (SPEC §4.5).
+
+    With `shapes`, two filler rows set the canvas length / span and the visible-context maxima
+    and filler rows complete the batch, so every batch compiles to one shape.
+    """
+    rows = [list(c) for c in canvases]
+    n = len(rows)
+    if shapes:
+      bos = int(sampler_cfg.bos_token_id if sampler_cfg.bos_token_id is not None
+                else sampler_cfg.pad_token_id)
+      m = int(sampler_cfg.mask_token_id)
+      lc, m_max, v_max = shapes["length"], shapes["max_targets"], shapes["max_visible"]
+      fill = [[bos] * (lc - m_max) + [m] * m_max, [bos] * v_max + [m]]
+      rows += fill + [fill[0]] * max(0, shapes["batch_size"] - n)
+    out = set_sampler.set_infill(model, params, rows, sampler_cfg, rng)
+    return {"canvas": np.asarray(out.canvas)[:n], "num_steps": np.asarray(out.num_steps)[:n],
+            "num_committed": np.asarray(out.num_committed)[:n],
+            "forward_calls": np.asarray(out.forward_calls)[:n]}

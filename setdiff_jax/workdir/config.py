@@ -131,11 +131,12 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: Optional[int
   check(config.objective in methods.NAMES,
         f"objective={config.objective!r}; expected one of {methods.NAMES}")
   check(config.seq_len >= 4, f"seq_len={config.seq_len} is too short")
-  methods.get(config.objective).validate_run(config, check)
-  check(models.backbone_name(config.model) != "dit" or
-        config.model.hidden_size % config.model.num_heads == 0,
-        f"model.hidden_size={config.model.hidden_size} is not divisible by "
-        f"model.num_heads={config.model.num_heads}")
+  methods.get(config.objective).validate(config, check)
+  if models.backbone_name(config.model) == "dit":  # the DiT's own shape rules (head split, rotary)
+    try:
+      models.backbone_config(config.model.to_dict(), vocab_size=1)
+    except ValueError as e:
+      check(False, f"model.{e}")
   _validate_layers(config, check)
   check(config.grad_accum_steps >= 1, "grad_accum_steps must be >= 1")
   check(config.batch_size % config.grad_accum_steps == 0,
@@ -196,5 +197,4 @@ def model_and_objective(config, tokenizer) -> Tuple[DiTConfig, losses.ObjectiveC
   obj = losses.ObjectiveConfig.from_config({
       **loss, "name": config.objective, "mask_token_id": tokenizer.mask_id,
       "pad_token_id": tokenizer.pad_id, "eos_token_id": tokenizer.eos_id})
-  methods.get(obj.name).validate_objective(obj, config.seq_len)
   return model_cfg, obj

@@ -21,7 +21,7 @@ import orbax.checkpoint as ocp
 from setdiff_jax import models, sharding
 from setdiff_jax.workdir import fallback
 from setdiff_jax.workdir import checkpoints as checkpointing
-from setdiff_jax.models import layer_names
+from setdiff_jax import layer_names
 from setdiff_jax.workdir import config as run_config
 
 
