@@ -12,8 +12,10 @@ import pytest
 
 from helpers import random_params
 from setdiff_jax.diffusion import masks
-from setdiff_jax.models.dit import (DiT, DiTConfig, LayerNormNoBias, apply_rotary, count_params,
-                               init_params, param_shapes, rotary_cos_sin, suppress_mask_logit)
+from setdiff_jax.models.dit import (DiT, DiTConfig, LayerNormNoBias, count_params, init_params,
+                                    param_shapes)
+from setdiff_jax.models.layers import (NEG_INF_LOGIT, apply_rotary, rotary_cos_sin,
+                                       suppress_mask_logit)
 
 
 pytestmark = pytest.mark.usefixtures("fast_compile")
@@ -269,6 +271,12 @@ def test_suppress_mask_logit():
   out = np.asarray(suppress_mask_logit(z, 4))
   np.testing.assert_array_equal(out[..., 4], np.float32(-1e12))
   np.testing.assert_array_equal(np.delete(out, 4, -1), np.delete(np.asarray(z), 4, -1))
+
+
+def test_torch_reference_mask_logit_is_the_models():
+  """The torch reference (which must not import jax) keeps its own copy of the constant."""
+  torch_reference = pytest.importorskip("setdiff_jax.interop.torch_reference")
+  assert torch_reference.NEG_INF_LOGIT == NEG_INF_LOGIT == -1e12
 
 
 def test_kv_cache_equals_uncached():

@@ -23,7 +23,7 @@ from setdiff_jax.models import attention
 from setdiff_jax.models import fused_head
 from setdiff_jax.diffusion import masks
 from setdiff_jax.diffusion import orders
-from setdiff_jax.models.dit import DiT, suppress_mask_logit
+from setdiff_jax.models.dit import DiT
 
 Metrics = Dict[str, jax.Array]
 

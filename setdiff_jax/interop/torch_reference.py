@@ -16,7 +16,7 @@ Semantics follow SPEC §3.2-3.5: no input scaling or positional embedding; Layer
 only (eps 1e-5, fp32); fused QKV with output layout (3, H, Dh); half-split RoPE on absolute
 position ids; SDPA with an additive float mask (0 allowed, float32 min otherwise, so a fully
 masked row is uniform rather than NaN); GELU(tanh) MLP; untied head; optional adaLN with
-sigma = 0. Logits are raw (no mask-token suppression; see `suppress_mask_logit`).
+sigma = 0. Logits are raw (no mask-token suppression; see `models.layers.suppress_mask_logit`).
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def _t(a) -> torch.Tensor:
 
 
 KV = List[Tuple[torch.Tensor, torch.Tensor]]  # per layer (k, v), each [B, C, H, Dh], k after RoPE
-NEG_INF_LOGIT = -1e12
+NEG_INF_LOGIT = -1e12  # = models.layers.NEG_INF_LOGIT; a copy, as this module never imports jax
 
 
 # ----------------------------------------------------------------------------- layers

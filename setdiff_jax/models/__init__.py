@@ -10,7 +10,7 @@ Every backbone is called as
   module.apply({"params": p}, tokens [B,S], positions [B,S], mask bool [B,S,C+S],
                kv_cache=None | per-layer (k, v) [B,C,kv_heads,Dh], deterministic=True,
                head_start=0, return_kv=False) -> logits fp32 [B, S-head_start, V] (, kv)
-with raw logits (mask-token suppression is the caller's, `model.suppress_mask_logit`).
+with raw logits (mask-token suppression is the caller's, `layers.suppress_mask_logit`).
 The DiT stays in `setdiff_jax/models/dit.py`.
 """
 from __future__ import annotations

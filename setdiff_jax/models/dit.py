@@ -33,8 +33,7 @@ import jax.numpy as jnp
 from setdiff_jax.models import attention
 from setdiff_jax.models import fused_head
 from setdiff_jax.models import layer_stack
-
-NEG_INF_LOGIT = -1e12  # the reference's mask-token logit (SPEC §3.5)
+from setdiff_jax.models.layers import apply_rotary, rotary_cos_sin
 
 KVCache = Tuple[Tuple[jax.Array, jax.Array], ...]  # per layer (k [B, C, H, Dh], v [B, C, H, Dh])
 
@@ -134,38 +133,6 @@ class LayerNormNoBias(nn.Module):
     return y.astype(x.dtype)
 
 
-def rotary_cos_sin(positions: jax.Array, head_dim: int, base: float = 10000.0):
-  """cos, sin of the half-split rotary table, fp32 [B, S, Dh] (SPEC §3.3), computed once.
-
-  XLA fuses a unary chain like cos(positions * f) into every consumer, so without care each
-  layer's rotary products of q and k, forward and backward, re-evaluate both transcendentals for
-  every element of [B, S, H, Dh] (16 such fusions in a 4-layer DiT step: ~10 % of its time on the
-  2-core CPU). `_as_buffer` makes the table one array that those fusions read.
-  """
-  inv_freq = 1.0 / (base ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
-  theta = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, S, Dh/2]
-  theta = jnp.concatenate([theta, theta], axis=-1)
-  cos_sin = _as_buffer(jnp.stack([jnp.cos(theta), jnp.sin(theta)]))
-  return cos_sin[0], cos_sin[1]
-
-
-def _as_buffer(x: jax.Array) -> jax.Array:
-  """x, materialised: XLA does not fuse a reduction into its consumers, so x + 0 summed over a
-  size-2 axis is computed once, where an elementwise chain would be recomputed in each consumer.
-  Exact (x + 0 = x; only a -0.0 becomes +0.0). `jax.lax.optimization_barrier` does not do this on
-  CPU: XLA:CPU expands it before fusion."""
-  return jnp.sum(jnp.stack([x, jnp.zeros_like(x)]), axis=0)
-
-
-def apply_rotary(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-  """x: [B, S, H, Dh]; z' = z cos + rotate_half(z) sin, in x's dtype."""
-  half = x.shape[-1] // 2
-  rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-  cos = cos[:, :, None, :].astype(x.dtype)
-  sin = sin[:, :, None, :].astype(x.dtype)
-  return x * cos + rotated * sin
-
-
 def timestep_embedding(t: jax.Array, dim: int = 256, max_period: float = 10000.0) -> jax.Array:
   """Sinusoidal [cos, sin] embedding of the (always zero) time, fp32 [B, dim] (SPEC §3.4)."""
   half = dim // 2
@@ -260,7 +227,8 @@ class DiT(nn.Module):
     return_hidden: return the hidden states that enter the head, [B, S - head_start, D], instead
       of the logits (the fused head + cross-entropy of `fused_head.py` applies `output_head`).
   Returns:
-    logits fp32 [B, S - head_start, V] (raw; see `suppress_mask_logit`), and the new kv if asked.
+    logits fp32 [B, S - head_start, V] (raw; see `layers.suppress_mask_logit`), and the new kv
+    if asked.
   """
   config: DiTConfig
 
@@ -302,11 +270,6 @@ class DiT(nn.Module):
     return params["head"]["kernel"], params["head"]["bias"]
 
 
-def suppress_mask_logit(logits: jax.Array, mask_token_id: int) -> jax.Array:
-  """Sets the mask token's logit to -1e12 (SPEC §3.5): the model never puts mass on M."""
-  return logits.at[..., mask_token_id].set(NEG_INF_LOGIT)
-
-
 def count_params(params) -> int:
   return sum(int(x.size) for x in jax.tree_util.tree_leaves(params))
 
@@ -325,7 +288,6 @@ def param_shapes(config: DiTConfig, seq_len: int = 8):
 
 
 __all__ = [
-    "DiTConfig", "DiT", "DiTBlock", "LayerNormNoBias", "rotary_cos_sin", "apply_rotary",
-    "timestep_embedding", "suppress_mask_logit", "count_params", "init_params", "param_shapes",
-    "NEG_INF_LOGIT", "KVCache",
+    "DiTConfig", "DiT", "DiTBlock", "LayerNormNoBias", "timestep_embedding", "count_params",
+    "init_params", "param_shapes", "KVCache",
 ]

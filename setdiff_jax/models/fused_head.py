@@ -34,7 +34,7 @@ from typing import Callable, Optional
 import jax
 import jax.numpy as jnp
 
-NEG_INF_LOGIT = -1e12  # as model.NEG_INF_LOGIT (SPEC §3.5); kept here to avoid an import cycle
+from setdiff_jax.models.layers import NEG_INF_LOGIT, suppress_mask_logit
 
 
 def _logits(h, kernel, bias, dtype):
@@ -248,7 +248,7 @@ def reference_nll(logits: jax.Array, targets: jax.Array,
   """The unfused path from logits: -log_softmax(suppress(logits))[target], fp32 [...]."""
   logits = logits.astype(jnp.float32)
   if suppress_id is not None:
-    logits = logits.at[..., suppress_id].set(NEG_INF_LOGIT)
+    logits = suppress_mask_logit(logits, suppress_id)
   logp = jax.nn.log_softmax(logits, axis=-1)
   return -jnp.take_along_axis(logp, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
 

@@ -37,7 +37,7 @@ import jax.numpy as jnp
 from setdiff_jax.models import attention
 from setdiff_jax.models import fused_head
 from setdiff_jax.models import layer_stack
-from setdiff_jax.models.dit import apply_rotary, rotary_cos_sin
+from setdiff_jax.models.layers import apply_rotary, rotary_cos_sin
 
 KVCache = Tuple[Tuple[jax.Array, jax.Array], ...]  # per layer (k [B, C, K, Dh], v [B, C, K, Dh])
 

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from setdiff_jax.diffusion import masks
+from setdiff_jax.models.layers import suppress_mask_logit
 from setdiff_jax.sampling import processors
 from setdiff_jax.sampling.cache import Forward, KVCache, append, as_forward, bind, prefill
 from setdiff_jax.sampling.config import SampleOutput, SamplerConfig, step_counts
@@ -85,7 +86,7 @@ def _ar_choose(logits, canvas, seen_upto, key, cfg: SamplerConfig):
     hist = jnp.arange(canvas.shape[1])[None] < seen_upto[:, None]
     z = processors.repetition_penalty(z, processors.seen_tokens(canvas, hist, z.shape[-1]),
                                       cfg.repetition_penalty)
-  z = processors.suppress(z, cfg.mask_token_id)
+  z = suppress_mask_logit(z, cfg.mask_token_id)
   return processors.choose(z, key, cfg)[0]
 
 

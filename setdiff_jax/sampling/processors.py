@@ -11,7 +11,7 @@ from typing import Optional, Tuple
 import jax
 import jax.numpy as jnp
 
-from setdiff_jax.models.dit import NEG_INF_LOGIT
+from setdiff_jax.models.layers import suppress_mask_logit
 from setdiff_jax.sampling.config import SamplerConfig
 
 
@@ -34,11 +34,6 @@ def repetition_penalty(logits: jax.Array, seen: jax.Array, penalty: float) -> ja
   seen = seen.reshape(seen.shape[:1] + (1,) * (logits.ndim - 2) + seen.shape[1:])
   penalised = jnp.where(logits < 0, logits * penalty, logits / penalty)
   return jnp.where(seen, penalised, logits)
-
-
-def suppress(logits: jax.Array, token_id: int) -> jax.Array:
-  """The M logit becomes -1e12 (SPEC §3.5, §8.8)."""
-  return logits.at[..., token_id].set(NEG_INF_LOGIT)
 
 
 def nucleus(probs: jax.Array, top_p: float) -> jax.Array:
@@ -115,7 +110,7 @@ def decide(logits: jax.Array, active: jax.Array, count: jax.Array, key, cfg: Sam
   if cfg.repetition_penalty != 1.0:
     seen = seen_tokens(history_tokens, history_mask, z.shape[-1])
     z = repetition_penalty(z, seen, cfg.repetition_penalty)
-  z = suppress(z, cfg.mask_token_id)
+  z = suppress_mask_logit(z, cfg.mask_token_id)
   cand, conf = choose(z, key, cfg)
   keep = select_commits(conf, active, count, cfg.threshold)
   return cand, keep
@@ -155,5 +150,5 @@ def first_index(flag: jax.Array, default) -> jax.Array:
   return jnp.where(jnp.any(flag, -1), jnp.argmax(flag, -1), default).astype(jnp.int32)
 
 
-__all__ = ["seen_tokens", "repetition_penalty", "suppress", "nucleus", "choose", "select_commits",
+__all__ = ["seen_tokens", "repetition_penalty", "nucleus", "choose", "select_commits",
            "decide", "scatter_commits", "schedule_count", "eos_stop", "first_index"]
