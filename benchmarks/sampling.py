@@ -63,7 +63,8 @@ def _model():
   import jax.numpy as jnp
   import numpy as np
 
-  from setdiff_jax.models.dit import DiT, DiTConfig, init_params
+  from setdiff_jax.models import init_params
+  from setdiff_jax.models.dit import DiT, DiTConfig
   if FLAGS.workdir:
     from setdiff_jax.workdir import load as workdir_lib
     st = workdir_lib.load_inference_state(FLAGS.workdir)

@@ -41,7 +41,7 @@ from setdiff_jax.workdir import config as run_config
 from setdiff_jax.workdir import lock as workdir_lock
 from setdiff_jax.workdir import load as workdir_lib
 from setdiff_jax.data import pipeline
-from setdiff_jax.models.dit import DiT, DiTConfig, init_params  # noqa: F401  (re-exported)
+from setdiff_jax.models.dit import DiT, DiTConfig  # noqa: F401  (re-exported)
 
 EVAL_SEED = likelihood.DEFAULT_SEED  # one fixed order / t draw per eval sequence (seed 1)
 # Kept importable from here for existing callers.

@@ -18,7 +18,8 @@ from setdiff_jax.diffusion import losses
 from setdiff_jax.workdir import load as workdir_lib
 from setdiff_jax.data import sources, tokenizers
 from setdiff_jax.evaluation import generation, infill, likelihood
-from setdiff_jax.models.dit import DiT, DiTConfig, init_params
+from setdiff_jax.models import init_params
+from setdiff_jax.models.dit import DiT, DiTConfig
 
 V = 40
 PAD, BOS, EOS, MASK = 0, 2, 3, 4

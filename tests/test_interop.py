@@ -15,6 +15,7 @@ import pytest
 
 from setdiff_jax.diffusion import masks
 from setdiff_jax.diffusion import losses
+from setdiff_jax import models
 from setdiff_jax.models import dit as model_lib
 from setdiff_jax.interop import name_map
 from setdiff_jax.interop import weight_files
@@ -53,7 +54,7 @@ def perturbed_params(config, seed=0):
       return (1.0 + 0.2 * rng.standard_normal(s.shape)).astype(np.float32)
     std = 1.0 / np.sqrt(s.shape[0]) if len(s.shape) == 2 else 0.2
     return (std * rng.standard_normal(s.shape)).astype(np.float32)
-  flat = name_map.flatten(model_lib.param_shapes(cfg))
+  flat = name_map.flatten(models.param_shapes(cfg))
   return name_map.unflatten({p: leaf(p, s) for p, s in flat.items()})
 
 
@@ -85,7 +86,7 @@ def leaves_equal(a, b):
 def test_name_map_covers_model_exactly(adaln):
   cfg = model_lib.DiTConfig(vocab_size=V, hidden_size=D, num_layers=3, num_heads=HEADS,
                             cond_dim=16, adaln=adaln, mlp_ratio=2)
-  want = {p: tuple(s.shape) for p, s in name_map.flatten(model_lib.param_shapes(cfg)).items()}
+  want = {p: tuple(s.shape) for p, s in name_map.flatten(models.param_shapes(cfg)).items()}
   rows = name_map.expand(name_map.Dims(V, D, 3, 2, 16, adaln))
   got = {r.flax_path: r.flax_shape for r in rows}
   assert got == want
@@ -124,7 +125,7 @@ def test_roundtrip_bit_exact(setdlm, exported):
   config2, params2 = import_checkpoint(exported)
   leaves_equal(params, params2)
   assert jax.tree_util.tree_structure(params2) == jax.tree_util.tree_structure(
-      model_lib.param_shapes(model_lib.DiTConfig.from_config(config2.model)))
+      models.param_shapes(model_lib.DiTConfig.from_config(config2.model)))
   for key in ("objective", "seq_len"):
     assert config2[key] == config[key]
   for key in ("hidden_size", "num_layers", "num_heads", "vocab_size", "adaln", "mlp_ratio"):

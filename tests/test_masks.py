@@ -8,7 +8,7 @@ import pytest
 from helpers import random_params as _random_params
 from setdiff_jax.diffusion import masks
 from setdiff_jax.diffusion import losses
-from setdiff_jax.models.dit import DiT, DiTConfig, param_shapes
+from setdiff_jax.models.dit import DiT, DiTConfig
 
 
 pytestmark = pytest.mark.usefixtures("fast_compile")

@@ -12,8 +12,8 @@ import pytest
 
 from helpers import random_params
 from setdiff_jax.diffusion import masks
-from setdiff_jax.models.dit import (DiT, DiTConfig, LayerNormNoBias, count_params, init_params,
-                                    param_shapes)
+from setdiff_jax.models import init_params, param_shapes
+from setdiff_jax.models.dit import DiT, DiTConfig, LayerNormNoBias, count_params
 from setdiff_jax.models.layers import (NEG_INF_LOGIT, apply_rotary, rotary_cos_sin,
                                        suppress_mask_logit)
 

@@ -19,7 +19,7 @@ from helpers import random_params as params_for
 from setdiff_jax import methods
 from setdiff_jax.diffusion import losses
 from setdiff_jax.diffusion import orders
-from setdiff_jax.models.dit import DiT, DiTConfig, param_shapes
+from setdiff_jax.models.dit import DiT, DiTConfig
 
 
 pytestmark = pytest.mark.usefixtures("fast_compile")

@@ -11,7 +11,8 @@ import pytest
 
 from setdiff_jax.diffusion import masks
 from setdiff_jax.diffusion import losses
-from setdiff_jax.models.dit import DiT, DiTConfig, param_shapes
+from setdiff_jax.models import param_shapes
+from setdiff_jax.models.dit import DiT, DiTConfig
 from setdiff_jax.models.layers import suppress_mask_logit
 from setdiff_jax.decoding import generate_text, run_sampling, sampler_config_for, sampler_for
 from setdiff_jax.sampling import (SamplerConfig, ar_generate, bd3lm_generate, compact,

@@ -91,7 +91,7 @@ def export_checkpoint(config, params, out_dir: str, *, tokenizer=None,
 
   Args:
     config: our run ConfigDict (`seq_len`, `objective`, `model.*`, `loss.*`), or a mapping alike.
-    params: nested dict of arrays (numpy or jax), `model.init_params` layout.
+    params: nested dict of arrays (numpy or jax), `models.init_params` layout.
     tokenizer: optional object with bos_id/eos_id/pad_id/mask_id/vocab_size and `save(dir)`;
       its files are written and its ids used.
     special_ids: {bos_id, eos_id, pad_id, mask_id} (or *_token_id); needed without a tokenizer,

@@ -6,7 +6,7 @@
 directory is ours) with `seq_len`, `objective`, `model.*`, `loss.*` set from config.json, and an
 added `interop` block: `source`, `special_ids` {bos_id, eos_id, pad_id, mask_id}, `tokenizer_dir`
 (the directory when it holds tokenizer.json, else None), `stored_max_set_size`, `step`, `ema`.
-`params` is a nested dict of float32 numpy arrays with exactly the `model.init_params` structure
+`params` is a nested dict of float32 numpy arrays with exactly the `models.init_params` structure
 (stacked `blocks/...` / `layers/...` when the stored run config has `model.scan_layers`).
 
 Documented behaviour:
@@ -85,7 +85,7 @@ def _check_rotary(value, head_dim: int, rope_base: float):
 
 
 def _check_structure(config, params):
-  """The params must have exactly the structure and shapes `model.init_params` makes."""
+  """The params must have exactly the structure and shapes `models.init_params` makes."""
   want = name_map.flatten(models.param_shapes(models.backbone_config(config.model), seq_len=8))
   got = name_map.flatten(params)
   missing = ["/".join(p) for p in want if p not in got]

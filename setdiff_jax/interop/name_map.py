@@ -200,7 +200,7 @@ def flax_to_torch(params: Mapping, dims: Optional[Dims] = None, *, prefix: str =
   """Our parameter tree -> official state dict (numpy, PyTorch orientation, C-contiguous).
 
   Args:
-    params: nested dict of arrays (numpy or jax), `model.init_params` layout, per-layer or
+    params: nested dict of arrays (numpy or jax), `models.init_params` layout, per-layer or
       scanned (`model.scan_layers`: unstacked here, so the keys are the same either way).
     dims: expected dims (default: read off `params`); every path must exist with its shape.
     prefix: prepended to every key ("backbone." for an exported denoiser).

@@ -70,6 +70,7 @@ def replace(backbone_cfg, **changes):
 
 
 def init_params(backbone_cfg, rng: jax.Array, seq_len: int = 8):
+  """Initialises parameters for a batch-1 input of `seq_len` tokens."""
   tokens = jnp.zeros((1, seq_len), jnp.int32)
   positions = jnp.arange(seq_len, dtype=jnp.int32)[None]
   mask = jnp.ones((1, seq_len, seq_len), bool)

@@ -274,20 +274,7 @@ def count_params(params) -> int:
   return sum(int(x.size) for x in jax.tree_util.tree_leaves(params))
 
 
-def init_params(config: DiTConfig, rng: jax.Array, seq_len: int = 8):
-  """Initialises parameters for a batch-1 input of `seq_len` tokens."""
-  tokens = jnp.zeros((1, seq_len), jnp.int32)
-  positions = jnp.arange(seq_len, dtype=jnp.int32)[None]
-  mask = jnp.ones((1, seq_len, seq_len), bool)
-  return DiT(config).init(rng, tokens, positions, mask)["params"]
-
-
-def param_shapes(config: DiTConfig, seq_len: int = 8):
-  """Parameter shapes via `jax.eval_shape` (no memory is allocated)."""
-  return jax.eval_shape(lambda r: init_params(config, r, seq_len), jax.random.key(0))
-
-
 __all__ = [
     "DiTConfig", "DiT", "DiTBlock", "LayerNormNoBias", "timestep_embedding", "count_params",
-    "init_params", "param_shapes", "KVCache",
+    "KVCache",
 ]
