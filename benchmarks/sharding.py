@@ -54,6 +54,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from setdiff_jax import models, sharding, train  # noqa: E402
+from setdiff_jax.workdir import config as run_config  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_LAYOUTS = "data=8;fsdp=8;fsdp=4,tensor=2;data=2,fsdp=2,tensor=2"
@@ -170,7 +171,7 @@ def load_config(path, args, *, timing=False):
 
 
 def fake_tokenizer(vocab_size: int):
-  """What `train.model_and_objective` reads from a tokenizer: the size and the special ids."""
+  """What `run_config.model_and_objective` reads from a tokenizer: the size and the special ids."""
   return types.SimpleNamespace(vocab_size=vocab_size, pad_id=PAD_ID, bos_id=BOS_ID,
                                eos_id=EOS_ID, mask_id=MASK_ID)
 
@@ -185,8 +186,8 @@ def shard_bytes(tree, shardings) -> int:
 
 def build(config, mesh_cfg, devices):
   """Jitted step, abstract (sharded) inputs and the state's shardings, as the train loop does."""
-  train.validate_config(config, len(devices))
-  model_cfg, obj_cfg = train.model_and_objective(config, fake_tokenizer(config.model.vocab_size))
+  run_config.validate_config(config, len(devices))
+  model_cfg, obj_cfg = run_config.model_and_objective(config, fake_tokenizer(config.model.vocab_size))
   mesh = sharding.make_mesh(mesh_cfg, devices)
   init = lambda rng: train.create_train_state(config, model_cfg, rng)
   abstract = jax.eval_shape(init, jax.random.key(config.seed))

@@ -35,6 +35,7 @@ import numpy as np  # noqa: E402
 
 from configs import default  # noqa: E402
 from setdiff_jax import methods, sharding, train  # noqa: E402
+from setdiff_jax.workdir import config as run_config  # noqa: E402
 from setdiff_jax.models.dit import DiT  # noqa: E402
 
 ADALN = {name: methods.get(name).adaln for name in methods.NAMES}
@@ -115,7 +116,7 @@ def load_config(args):
 
 
 def fake_tokenizer(vocab_size: int):
-  """What `train.model_and_objective` reads from a tokenizer: the size and the special ids."""
+  """What `run_config.model_and_objective` reads from a tokenizer: the size and the special ids."""
   return types.SimpleNamespace(vocab_size=vocab_size, pad_id=PAD_ID, bos_id=BOS_ID,
                                eos_id=EOS_ID, mask_id=MASK_ID)
 
@@ -135,8 +136,8 @@ def benchmark(config, objective: str, args) -> dict:
   config = config.copy_and_resolve_references()
   config.objective = objective
   config.model.adaln = ADALN[objective]
-  train.validate_config(config, jax.device_count())
-  model_cfg, obj_cfg = train.model_and_objective(config, fake_tokenizer(config.model.vocab_size))
+  run_config.validate_config(config, jax.device_count())
+  model_cfg, obj_cfg = run_config.model_and_objective(config, fake_tokenizer(config.model.vocab_size))
   vocab_chunk = args.head_vocab_chunk
   if vocab_chunk is None:
     vocab_chunk = 0 if (args.head_chunk_rows or args.head_recompute) else model_cfg.head_vocab_chunk

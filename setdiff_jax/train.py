@@ -41,13 +41,9 @@ from setdiff_jax.workdir import config as run_config
 from setdiff_jax.workdir import lock as workdir_lock
 from setdiff_jax.workdir import load as workdir_lib
 from setdiff_jax.data import pipeline
-from setdiff_jax.models.dit import DiT, DiTConfig  # noqa: F401  (re-exported)
+from setdiff_jax.models import Backbone, BackboneConfig
 
 EVAL_SEED = likelihood.DEFAULT_SEED  # one fixed order / t draw per eval sequence (seed 1)
-# Kept importable from here for existing callers.
-validate_config = run_config.validate_config
-build_tokenizer = run_config.build_tokenizer
-model_and_objective = run_config.model_and_objective
 
 
 # --------------------------------------------------------------------------------- state
@@ -83,7 +79,7 @@ def make_optimizer(config) -> optax.GradientTransformation:
   return optax.chain(*parts)
 
 
-def create_train_state(config, model_cfg: DiTConfig, rng) -> TrainState:
+def create_train_state(config, model_cfg: BackboneConfig, rng) -> TrainState:
   params = models.init_params(model_cfg, rng)
   opt_state = make_optimizer(config).init(params)
   return TrainState(step=jnp.zeros((), jnp.int32), params=params,
@@ -91,7 +87,7 @@ def create_train_state(config, model_cfg: DiTConfig, rng) -> TrainState:
 
 
 # --------------------------------------------------------------------------------- steps
-def make_train_step(config, model: DiT, obj_cfg: losses.ObjectiveConfig,
+def make_train_step(config, model: Backbone, obj_cfg: losses.ObjectiveConfig,
                     optimizer: optax.GradientTransformation) -> Callable:
   """Pure step(state, batch, base_rng) -> (state, metrics); rng = fold_in(base_rng, step)."""
   accum = int(config.grad_accum_steps)
@@ -140,7 +136,7 @@ def make_train_step(config, model: DiT, obj_cfg: losses.ObjectiveConfig,
   return step
 
 
-def create_sharded_state(config, model_cfg: DiTConfig, mesh) -> Tuple[TrainState, Any]:
+def create_sharded_state(config, model_cfg: BackboneConfig, mesh) -> Tuple[TrainState, Any]:
   """The initial TrainState created directly in its shardings (never whole on one device).
 
   Returns (state, state_shardings); shardings follow the config's logical-axis rules.
@@ -152,7 +148,7 @@ def create_sharded_state(config, model_cfg: DiTConfig, mesh) -> Tuple[TrainState
   return jax.jit(init_fn, out_shardings=shardings)(init_rng), shardings
 
 
-def jit_train_step(config, model: DiT, obj_cfg: losses.ObjectiveConfig, mesh,
+def jit_train_step(config, model: Backbone, obj_cfg: losses.ObjectiveConfig, mesh,
                    state_shardings, optimizer: Optional[optax.GradientTransformation] = None):
   """`make_train_step` jitted with the state's and the batch's shardings, state donated.
 
@@ -233,7 +229,7 @@ def _check_finite(step: int, metrics: Dict[str, float]):
         f"float32.")
 
 
-def evaluate(model: DiT, params, obj_cfg: losses.ObjectiveConfig, tokens: np.ndarray,
+def evaluate(model: Backbone, params, obj_cfg: losses.ObjectiveConfig, tokens: np.ndarray,
              attention_mask: np.ndarray, *, batch_size: int, batch_sharding=None
              ) -> Dict[str, float]:
   """The likelihood bound of `setdiff_jax.evaluation.likelihood` (per-row keys, seed EVAL_SEED) on given rows.

@@ -19,6 +19,7 @@ import pytest
 
 from setdiff_jax import errors, train
 from setdiff_jax.workdir import checkpoints as checkpointing
+from setdiff_jax.workdir import config as run_config
 from setdiff_jax.workdir import lock as workdir_lock
 from setdiff_jax.workdir import load as workdir_lib
 from setdiff_jax.data import tokenizers
@@ -364,7 +365,7 @@ def _abstract(workdir, **model):
   config = checkpointing.load_config(workdir)
   config.model.update(model)
   tok = tokenizers.Tokenizer.load(os.path.join(workdir, tokenizers.TOKENIZER_SUBDIR))
-  model_cfg, _ = train.model_and_objective(config, tok)
+  model_cfg, _ = run_config.model_and_objective(config, tok)
   return jax.eval_shape(lambda: train.create_train_state(config, model_cfg, jax.random.key(0)))
 
 

@@ -27,6 +27,7 @@ from configs import default  # noqa: E402
 from helpers import TINY_VOCAB as VOCAB, assert_trees_close, new_workdir, set_fields  # noqa: E402
 from setdiff_jax import decoding, sharding, train  # noqa: E402
 from setdiff_jax.workdir import checkpoints as checkpointing
+from setdiff_jax.workdir import config as run_config
 from setdiff_jax.workdir import load as workdir_lib  # noqa: E402
 from setdiff_jax.data import tokenizers  # noqa: E402
 from setdiff_jax.models.dit import DiT  # noqa: E402
@@ -164,7 +165,7 @@ def step_and_state(tok, objective):
   """Step and init of `objective`; warm-up off (lr > 0 at step 0) and a random head (the model
   zero-initialises it, which would leave every other gradient of the first step at zero)."""
   config = tiny_config(objective, warmup_steps=0)
-  model_cfg, obj_cfg = train.model_and_objective(config, tok)
+  model_cfg, obj_cfg = run_config.model_and_objective(config, tok)
   optimizer = train.make_optimizer(config)
   step = train.make_train_step(config, DiT(model_cfg), obj_cfg, optimizer)
 
@@ -302,7 +303,7 @@ def restore_full(workdir, mesh_cfg=None):
   device), as numpy."""
   config = checkpointing.load_config(workdir)
   tok = tokenizers.Tokenizer.load(os.path.join(workdir, tokenizers.TOKENIZER_SUBDIR))
-  model_cfg, _ = train.model_and_objective(config, tok)
+  model_cfg, _ = run_config.model_and_objective(config, tok)
   abstract = jax.eval_shape(lambda: train.create_train_state(config, model_cfg, jax.random.key(0)))
   manager = checkpointing.make_manager(workdir, with_data=False)
   state = checkpointing.restore(manager, abstract)

@@ -25,6 +25,7 @@ from configs import default  # noqa: E402
 from helpers import TINY_VOCAB as VOCAB, assert_trees_close, new_workdir, set_fields  # noqa: E402
 from setdiff_jax import methods, sharding, train  # noqa: E402
 from setdiff_jax.workdir import checkpoints as checkpointing
+from setdiff_jax.workdir import config as run_config
 from setdiff_jax.workdir import load as workdir_lib  # noqa: E402
 from setdiff_jax.data import tokenizers  # noqa: E402
 from setdiff_jax.models.dit import DiT  # noqa: E402
@@ -79,7 +80,7 @@ def restore_state(workdir, step=None):
   """The full TrainState of a workdir's (latest) checkpoint, as numpy."""
   config = checkpointing.load_config(workdir)
   tok = tokenizers.Tokenizer.load(os.path.join(workdir, tokenizers.TOKENIZER_SUBDIR))
-  model_cfg, _ = train.model_and_objective(config, tok)
+  model_cfg, _ = run_config.model_and_objective(config, tok)
   abstract = jax.eval_shape(lambda: train.create_train_state(config, model_cfg, jax.random.key(0)))
   manager = checkpointing.make_manager(workdir, with_data=False)
   state = checkpointing.restore(manager, abstract, step=step)
@@ -272,7 +273,7 @@ def test_init_from_starts_from_those_parameters(tmp_path, uninterrupted):
 def model_config_of(workdir):
   config = checkpointing.load_config(workdir)
   tok = tokenizers.Tokenizer.load(os.path.join(workdir, tokenizers.TOKENIZER_SUBDIR))
-  return train.model_and_objective(config, tok)[0]
+  return run_config.model_and_objective(config, tok)[0]
 
 
 # ------------------------------------------------------------------------- NaN guard
@@ -330,9 +331,9 @@ def test_config_validation_errors(tmp_path, objective, overrides, field, monkeyp
 
 def test_valid_configs_pass_validation():
   for objective in methods.NAMES:
-    train.validate_config(tiny_config(objective), num_devices=8)
-  train.validate_config(tiny_config("setdlm", batch_size=16, grad_accum_steps=2), num_devices=8)
-  train.validate_config(tiny_config("setdlm", batch_size=12), num_devices=4)
+    run_config.validate_config(tiny_config(objective), num_devices=8)
+  run_config.validate_config(tiny_config("setdlm", batch_size=16, grad_accum_steps=2), num_devices=8)
+  run_config.validate_config(tiny_config("setdlm", batch_size=12), num_devices=4)
 
 
 # ------------------------------------------------------------------------- sharded step
@@ -355,7 +356,7 @@ def random_batch(tok, batch_size, seq_len, seed=0, with_order=False):
 
 def step_setup(tok, objective, **overrides):
   config = tiny_config(objective, warmup_steps=0, **overrides)
-  model_cfg, obj_cfg = train.model_and_objective(config, tok)
+  model_cfg, obj_cfg = run_config.model_and_objective(config, tok)
   step = train.make_train_step(config, DiT(model_cfg), obj_cfg, train.make_optimizer(config))
   state = train.create_train_state(config, model_cfg, jax.random.key(0))
   return step, state

@@ -23,7 +23,7 @@ from setdiff_jax.models import attention
 from setdiff_jax.models import fused_head
 from setdiff_jax.diffusion import masks
 from setdiff_jax.diffusion import orders
-from setdiff_jax.models.dit import DiT
+from setdiff_jax.models import Backbone
 
 Metrics = Dict[str, jax.Array]
 
@@ -66,7 +66,7 @@ def _reduce(nll: jax.Array, weight: jax.Array, denom: jax.Array) -> Tuple[jax.Ar
                 "num_sequences": jnp.asarray(nll.shape[0], jnp.float32)}
 
 
-def _apply(model: DiT, params, tokens, positions, mask, *, train: bool, rng, **kwargs):
+def _apply(model: Backbone, params, tokens, positions, mask, *, train: bool, rng, **kwargs):
   rngs = {"dropout": rng} if train else {}
   return model.apply({"params": params}, tokens, positions, mask, deterministic=not train,
                      rngs=rngs, **kwargs)
@@ -102,7 +102,7 @@ def setdlm_order(cfg: ObjectiveConfig, batch, rng, *, train: bool) -> jax.Array:
   return order
 
 
-def setdlm_loss(cfg: ObjectiveConfig, model: DiT, params, batch, rng, *, train: bool):
+def setdlm_loss(cfg: ObjectiveConfig, model: Backbone, params, batch, rng, *, train: bool):
   """SetDLM loss (train) or one-order likelihood bound (eval), SPEC §1.4-1.5."""
   order_rng, dropout_rng = jax.random.split(rng)
   order = setdlm_order(cfg, batch, order_rng, train=train)
@@ -122,7 +122,7 @@ def setdlm_loss(cfg: ObjectiveConfig, model: DiT, params, batch, rng, *, train: 
 
 
 # --------------------------------------------------------------------------------- AR
-def ar_loss(cfg: ObjectiveConfig, model: DiT, params, batch, rng, *, train: bool):
+def ar_loss(cfg: ObjectiveConfig, model: Backbone, params, batch, rng, *, train: bool):
   """Shifted next-token NLL, causal attention, no M suppression (SPEC §1.6)."""
   x, real, target = _batch_masks(batch)
   inputs = x[:, :-1]
@@ -171,7 +171,7 @@ def _diffusion_reduce(cfg: ObjectiveConfig, nll, is_masked, target, t, *, train:
   return _reduce(nll / t, weight, jnp.sum(weight, -1))
 
 
-def mdlm_loss(cfg: ObjectiveConfig, model: DiT, params, batch, rng, *, train: bool):
+def mdlm_loss(cfg: ObjectiveConfig, model: Backbone, params, batch, rng, *, train: bool):
   """MDLM: one t per sequence, bidirectional attention over x_t (SPEC §1.6)."""
   x, real, target = _batch_masks(batch)
   bsz, length = x.shape
@@ -208,7 +208,7 @@ def remask_empty_blocks(rng, xt, target, x, cfg: ObjectiveConfig):
   return xt
 
 
-def bd3lm_loss(cfg: ObjectiveConfig, model: DiT, params, batch, rng, *, train: bool):
+def bd3lm_loss(cfg: ObjectiveConfig, model: Backbone, params, batch, rng, *, train: bool):
   """BD3LM: one t per block, two streams [x, x_t] under the block-causal mask (SPEC §1.6).
 
   Training re-masks blocks that came out with no mask, so every block carries loss.

@@ -42,7 +42,7 @@ from setdiff_jax.diffusion import losses
 from setdiff_jax.methods.base import logmeanexp
 from setdiff_jax.data import pipeline
 from setdiff_jax import models
-from setdiff_jax.models.dit import DiT
+from setdiff_jax.models import Backbone
 
 DEFAULT_SEED = 1  # the reference's likelihood seed (SPEC §1.5)
 
@@ -66,7 +66,7 @@ def _cached_row_nll_fn(model_config, obj_cfg: losses.ObjectiveConfig):
   return make_row_nll_fn(models.build(model_config), obj_cfg)
 
 
-def make_row_nll_fn(model: DiT, obj_cfg: losses.ObjectiveConfig):
+def make_row_nll_fn(model: Backbone, obj_cfg: losses.ObjectiveConfig):
   """jit(params, batch [B, L], keys [B]) -> (nll_sum [B], num_tokens [B]), one row at a time.
 
   The eval loss (train=False) of each row on its own, with its own key: the per-row sum of
@@ -91,7 +91,7 @@ def per_token(nll: float, tokens: float, prefix: str = "") -> Dict[str, float]:
           f"{prefix}bpd": float(v / math.log(2.0))}
 
 
-def sequence_nlls(model: DiT, params, obj_cfg: losses.ObjectiveConfig, tokens: np.ndarray,
+def sequence_nlls(model: Backbone, params, obj_cfg: losses.ObjectiveConfig, tokens: np.ndarray,
                   attention_mask: np.ndarray, *, num_draws: int = 1, seed: int = DEFAULT_SEED,
                   batch_size: int = 32, row_offset: int = 0, fn=None, sharding=None,
                   context_mask: Optional[np.ndarray] = None, row_ids: Optional[np.ndarray] = None):
@@ -182,7 +182,7 @@ def eval_rows(config, tokenizer, *, max_rows: Optional[int] = None, split: str =
   return tokens.astype(np.int32), att.astype(np.int32)
 
 
-def likelihood_eval(model: DiT, params, obj_cfg: losses.ObjectiveConfig, tokens: np.ndarray,
+def likelihood_eval(model: Backbone, params, obj_cfg: losses.ObjectiveConfig, tokens: np.ndarray,
                     attention_mask: np.ndarray, *, num_orders: int = 1,
                     seed: int = DEFAULT_SEED, batch_size: int = 32) -> Dict[str, Any]:
   """One-order (one-draw) bound and K-draw estimate of a model on given rows (see module doc).

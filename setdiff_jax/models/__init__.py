@@ -1,7 +1,7 @@
 """Backbone registry: `config.model.backbone` = dit | qwen3, one call signature for all.
 
-  backbone_config(model_cfg, vocab_size) -> DiTConfig | Qwen3Config   (frozen, hashable)
-  build(backbone_cfg) -> flax Module        (DiT or Qwen3; same __call__ signature)
+  backbone_config(model_cfg, vocab_size) -> BackboneConfig (DiTConfig | Qwen3Config; frozen)
+  build(backbone_cfg) -> Backbone           (DiT | Qwen3, a flax Module; same __call__ signature)
   init_params(backbone_cfg, rng, seq_len) / param_shapes(backbone_cfg)
   cache_layout(backbone_cfg) -> (num_layers, kv_heads, head_dim)   what a KV cache stores
   is_backbone(module) -> bool
@@ -16,7 +16,7 @@ The DiT stays in `setdiff_jax/models/dit.py`.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from typing import Any, Mapping, Union
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +24,9 @@ import jax.numpy as jnp
 from setdiff_jax.models import attention
 from setdiff_jax.models import dit as dit_lib
 from setdiff_jax.models import qwen3 as qwen3_lib
+
+Backbone = Union[dit_lib.DiT, qwen3_lib.Qwen3]  # any backbone module (type hints)
+BackboneConfig = Union[dit_lib.DiTConfig, qwen3_lib.Qwen3Config]  # any backbone config
 
 BACKBONES = {
     "dit": (dit_lib.DiTConfig, dit_lib.DiT),
@@ -38,7 +41,7 @@ def backbone_name(model_cfg: Mapping) -> str:
   return name
 
 
-def backbone_config(model_cfg: Mapping, vocab_size: int | None = None):
+def backbone_config(model_cfg: Mapping, vocab_size: int | None = None) -> BackboneConfig:
   """The frozen backbone config from `config.model` (+ the vocabulary size, if given)."""
   fields = dict(model_cfg)
   if vocab_size is not None:
@@ -54,7 +57,7 @@ def name_of(backbone_cfg) -> str:
   raise TypeError(f"not a backbone config: {type(backbone_cfg).__name__}")
 
 
-def build(backbone_cfg):
+def build(backbone_cfg: BackboneConfig) -> Backbone:
   """The Flax module of a backbone config."""
   return BACKBONES[name_of(backbone_cfg)][1](backbone_cfg)
 
@@ -99,5 +102,5 @@ def empty_kv(backbone_cfg, batch: int, capacity: int, dtype: Any = None, kv_layo
   return tuple((z(), z()) for _ in range(layers))
 
 
-__all__ = ["BACKBONES", "backbone_name", "backbone_config", "name_of", "build", "is_backbone",
+__all__ = ["Backbone", "BackboneConfig", "BACKBONES", "backbone_name", "backbone_config", "name_of", "build", "is_backbone",
            "replace", "init_params", "param_shapes", "cache_layout", "empty_kv"]

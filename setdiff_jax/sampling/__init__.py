@@ -12,8 +12,9 @@ Public API (all pure functions; one jitted `lax.while_loop` each, per-row state)
 Which sampler a trained run uses, text-level generation and the CLI body are in
 `setdiff_jax.decoding` (it asks the method registry, which sits above the samplers).
 
-`model` is a `DiT` (with its params), a `Forward(apply, params)`, or a toy
-`logits_fn(tokens, positions, mask, kv_cache) -> (logits, kv)` (params ignored); see `cache.py`.
+`model` is a backbone module (`models.Backbone`, with its params), a `Forward(apply, params)`,
+or a toy `logits_fn(tokens, positions, mask, kv_cache) -> (logits, kv)` (params ignored); see
+`cache.py`.
 """
 from setdiff_jax.sampling.baselines import ar_generate, bd3lm_generate, mdlm_generate
 from setdiff_jax.sampling.cache import (Forward, KVCache, append, as_forward, dit_apply_fn,

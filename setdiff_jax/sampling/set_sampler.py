@@ -412,8 +412,8 @@ def set_generate(model, params, prompts, cfg: SamplerConfig, rng=None, *,
   """Prompted SetDLM generation (SPEC §4.2).
 
   Args:
-    model: a `DiT` (with `params`), a `Forward`, or a `logits_fn(tokens, positions, mask,
-      kv_cache) -> (logits, kv)`.
+    model: a backbone (`models.Backbone`, with `params`), a `Forward`, or a
+      `logits_fn(tokens, positions, mask, kv_cache) -> (logits, kv)`.
     prompts: token-id rows (ragged list, or an int array [B, P]); each at least one token
       (unconditional generation: [BOS]).
     cfg: `SamplerConfig` (window W, threshold, N = max_new_tokens, ...).
