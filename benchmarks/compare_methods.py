@@ -26,12 +26,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import shutil
 import sys
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -40,7 +39,6 @@ import numpy as np  # noqa: E402
 
 from configs import compare  # noqa: E402
 from setdiff_jax import train  # noqa: E402
-from setdiff_jax.workdir import checkpoints as checkpointing
 from setdiff_jax.workdir import load as workdir_lib  # noqa: E402
 from setdiff_jax.data import sources, tokenizers  # noqa: E402
 from setdiff_jax.evaluation import generation, run  # noqa: E402

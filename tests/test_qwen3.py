@@ -316,7 +316,6 @@ def test_errors(hf, tmp_path):
   import shutil
   from setdiff_jax.interop import import_checkpoint, qwen3_hf
   from setdiff_jax.interop.name_map import CheckpointMismatchError
-  from setdiff_jax.interop import pretrained
   path = hf[0]
   with pytest.raises(FileNotFoundError, match="config.json not found"):
     os.makedirs(tmp_path / "empty")
@@ -437,7 +436,6 @@ def test_set_sampler_cached_equals_no_cache_on_qwen3(hf):
 
 
 def test_init_from_hf_resolves_the_run_config(hf, tmp_path):
-  import shutil
   from configs import tiny_qwen3
   from setdiff_jax.interop import pretrained
   path = hf[0]

@@ -19,3 +19,11 @@ from setdiff_jax.data.tokenizers import (Tokenizer, build_tokenizer,
                                          default_tokenizer_config,
                                          get_tokenizer,
                                          validate_tokenizer_config)
+
+__all__ = [
+    "checkpoint_args_restore", "checkpoint_args_save", "default_data_config",
+    "iterator_state_json", "make_dataset", "pad_rows", "restore_iterator_state",
+    "validate_data_config", "wrap_rows", "embedded_corpus", "jsonl_texts", "load_texts",
+    "text_file_texts", "tfds_texts", "tokenizer_training_texts", "Tokenizer", "build_tokenizer",
+    "default_tokenizer_config", "get_tokenizer", "validate_tokenizer_config",
+]

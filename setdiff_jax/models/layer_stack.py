@@ -59,7 +59,7 @@ def remat_policy(name: str):
 
 def tag_attention_out(x: jax.Array) -> jax.Array:
   """Names a block's attention output for the `save_attention_out` policy (a no-op otherwise)."""
-  return jax.ad_checkpoint.checkpoint_name(x, ATTENTION_OUT)
+  return checkpoint_name(x, ATTENTION_OUT)
 
 
 def _stack_kv(kv_cache: Sequence) -> Any:

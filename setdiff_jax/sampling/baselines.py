@@ -34,7 +34,7 @@ import numpy as np
 from setdiff_jax.diffusion import masks
 from setdiff_jax.models.layers import suppress_mask_logit
 from setdiff_jax.sampling import processors
-from setdiff_jax.sampling.cache import Forward, KVCache, append, as_forward, bind, prefill
+from setdiff_jax.sampling.cache import KVCache, append, as_forward, bind, prefill
 from setdiff_jax.sampling.config import SampleOutput, SamplerConfig, step_counts
 from setdiff_jax.sampling.set_sampler import _as_rows, _key, check_prompts, finalize
 
