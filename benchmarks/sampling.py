@@ -132,7 +132,7 @@ def main(argv):
   import numpy as np
 
   from setdiff_jax.sampling import (SamplerConfig, ar_generate, bd3lm_generate, mdlm_generate,
-                                    set_generate)
+                                    reference_generate, set_generate)
 
   model, params, seq_len, ids, desc = _model()
   n = FLAGS.max_new_tokens or seq_len - 1
@@ -174,7 +174,7 @@ def main(argv):
                 (pending + w, seq_len + w, w))
         if "set_nocache" in FLAGS.samplers and str(w) in FLAGS.nocache_windows:
           bench(f"set-nocache W={w} tau={tau_name(tau)}",
-                lambda *a: set_generate(*a, use_cache=False), cfg, batch, (seq_len + w, 0, w))
+                reference_generate, cfg, batch, (seq_len + w, 0, w))
     if "bd3lm" in FLAGS.samplers:
       s_ = FLAGS.block_size
       bench(f"bd3lm S={s_}", bd3lm_generate, base.replace(block_size=s_), batch,

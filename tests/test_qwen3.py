@@ -423,6 +423,7 @@ def test_set_sampler_cached_equals_no_cache_on_qwen3(hf):
   """SPEC §11.6 for the GQA backbone: the KV-cached set sampler decodes exactly as the no-cache
   reference (a full uncached forward per step)."""
   from setdiff_jax.sampling import SamplerConfig
+  from setdiff_jax.sampling.reference import reference_generate
   from setdiff_jax.sampling.set_sampler import set_generate
   _, _, config, params = hf
   model = models.build(models.backbone_config(config.model))
@@ -430,7 +431,7 @@ def test_set_sampler_cached_equals_no_cache_on_qwen3(hf):
                       max_new_tokens=6, stop_at_eos=False, max_length=16, threshold=0.3)
   prompts = [[0, 10, 11, 12], [0, 20]]
   a = set_generate(model, params, prompts, cfg)
-  b = set_generate(model, params, prompts, cfg, use_cache=False)
+  b = reference_generate(model, params, prompts, cfg)
   np.testing.assert_array_equal(a.canvas, b.canvas)
   np.testing.assert_array_equal(a.commit_step, b.commit_step)
 

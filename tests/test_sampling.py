@@ -17,7 +17,7 @@ from setdiff_jax.models.layers import suppress_mask_logit
 from setdiff_jax.decoding import generate_text, run_sampling, sampler_config_for, sampler_for
 from setdiff_jax.sampling import (SamplerConfig, ar_generate, bd3lm_generate, compact,
                                   infill_inputs, mdlm_generate, parse_infill, prompted_inputs,
-                                  set_generate,
+                                  reference_generate, reference_infill, set_generate,
                                   set_infill, set_init, set_step, step_counts)
 from setdiff_jax.sampling.cache import as_forward
 
@@ -71,7 +71,7 @@ def test_step_counts_round_half_even():
 @pytest.mark.parametrize("use_cache", [True, False])
 def test_toy_one_commit_per_step_and_window(use_cache):
   prompts = [[7, 8], [7, 8, 9]]
-  out = set_generate(TOY_UP, None, prompts, toy_cfg(), use_cache=use_cache)
+  out = (set_generate if use_cache else reference_generate)(TOY_UP, None, prompts, toy_cfg())
   for b, p in enumerate(prompts):
     steps = out.commit_step[b, len(p):len(p) + 6]
     np.testing.assert_array_equal(np.sort(steps), np.arange(6))  # exactly one commit per step
@@ -218,7 +218,7 @@ def test_cached_logits_equal_uncached_two_stream(tiny):
   inp = prompted_inputs(PROMPTS, cfg)
   fwd = as_forward(model, params)
   state = set_init(fwd, inp, cfg.window, jax.random.PRNGKey(0))
-  step = jax.jit(lambda s: set_step(fwd, s, inp, cfg, use_cache=True, history="generated"))
+  step = jax.jit(lambda s: set_step(fwd, s, inp, cfg, history="generated"))
   lc = inp.canvas.shape[1]
   checked = 0
   for _ in range(4):
@@ -251,7 +251,7 @@ def test_cached_equals_no_cache_sampler(tiny):
   model, params = tiny
   cfg = tiny_cfg(**CFG_A)
   a = set_generate(model, params, PROMPTS, cfg)
-  b = set_generate(model, params, PROMPTS, cfg, use_cache=False)
+  b = reference_generate(model, params, PROMPTS, cfg)
   np.testing.assert_array_equal(a.canvas, b.canvas)
   np.testing.assert_array_equal(a.commit_step, b.commit_step)
   np.testing.assert_array_equal(a.forward_calls, b.forward_calls + 1)  # + the prompt encoding
@@ -303,7 +303,7 @@ def test_infill_keeps_context(tiny):
   canvases = [[1, 10, 11, 3, 3, 3, 3, 12, 13, 2], [1, 20, 3, 3, 21, 3, 2]]
   cfg = tiny_cfg(window=4, threshold=0.3, repetition_penalty=1.2)
   out = set_infill(model, params, canvases, cfg)
-  nc = set_infill(model, params, canvases, cfg, use_cache=False)
+  nc = reference_infill(model, params, canvases, cfg)
   for b, row in enumerate(canvases):
     row = np.array(row)
     got = np.array(out.sequences[b])

@@ -3,8 +3,9 @@
 Public API (all pure functions; one jitted `lax.while_loop` each, per-row state):
 
   SamplerConfig                       knobs (window W, threshold tau, N, T, sampling, ids, ...)
-  set_generate(model, params, prompts, cfg, rng=None, *, use_cache=True) -> SampleOutput
-  set_infill(model, params, canvases, cfg, rng=None, *, use_cache=True)  -> SampleOutput
+  set_generate(model, params, prompts, cfg, rng=None)                    -> SampleOutput
+  set_infill(model, params, canvases, cfg, rng=None)                     -> SampleOutput
+  reference_generate / reference_infill (same arguments): the no-cache reference (reference.py)
   ar_generate / bd3lm_generate / mdlm_generate(model, params, prompts, cfg, rng=None)
   mdlm_infill(model, params, canvases, cfg, rng=None)                    -> dict of arrays
   parse_infill(text) -> InfillTemplate; prompt_ids(tokenizer, prompt); time_calls(...)
@@ -24,6 +25,7 @@ from setdiff_jax.sampling.set_sampler import (SetInputs, SetState, compact, infi
                                               prompted_inputs, set_generate, set_infill, set_init,
                                               set_step)
 from setdiff_jax.sampling.mdlm_infill import mdlm_infill
+from setdiff_jax.sampling.reference import reference_generate, reference_infill
 from setdiff_jax.sampling.text import InfillTemplate, parse_infill, prompt_ids
 from setdiff_jax.sampling.timing import time_calls
 
@@ -31,6 +33,7 @@ __all__ = [
     "SamplerConfig", "SampleOutput", "step_counts", "count_table",
     "Forward", "KVCache", "as_forward", "dit_apply_fn", "empty_cache", "append", "prefill",
     "SetInputs", "SetState", "prompted_inputs", "infill_inputs", "set_init", "set_step", "compact",
-    "set_generate", "set_infill", "ar_generate", "bd3lm_generate", "mdlm_generate", "mdlm_infill",
+    "set_generate", "set_infill", "reference_generate", "reference_infill", "ar_generate",
+    "bd3lm_generate", "mdlm_generate", "mdlm_infill",
     "InfillTemplate", "parse_infill", "prompt_ids", "time_calls",
 ]

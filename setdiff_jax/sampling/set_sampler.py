@@ -25,9 +25,9 @@ length, own step counter, own stop). Per step and row:
   done      a row is done when it has no mask left, has run its min(T, N) steps, or stopped.
   output    leftover masks are removed (compaction, SPEC §4.4).
 
-The no-cache variant (`use_cache=False`) recomputes, every step, one uncached forward over
-[all committed tokens in commit order (clean, causal) | active masks]: the same conditionals
-(SPEC §11.6) without a cache; it is the correctness and speed reference.
+The no-cache reference (`sampling/reference.py`) runs the same loop with one uncached forward per
+step instead of the cache; `set_step` is the window, the cached forward and `advance` (commit,
+next pending set, stopping), which the reference shares.
 
 Infilling (`set_infill`, SPEC §4.5 with `cache_full_infill_context=true`): every visible token
 (prefix and suffix, any text between gaps) is encoded into the cache up front in position order with
@@ -39,7 +39,7 @@ Forward calls per row = 1 context-encoding call (cached mode) + the steps the ro
 from __future__ import annotations
 
 import functools
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import flax.struct
 import jax
@@ -177,8 +177,8 @@ def infill_inputs(canvases, cfg: SamplerConfig, seed: int = 0) -> SetInputs:
 # ----------------------------------------------------------------------------- the loop
 @flax.struct.dataclass
 class SetState:
-  """Loop state; every field is per row. `model` is a KVCache (cached mode) or
-  (commit_rank int32 [B, Lc], next_rank int32 [B]) in no-cache mode."""
+  """Loop state; every field is per row. `model` is the KVCache (`reference.py`: its
+  (commit_rank int32 [B, Lc], next_rank int32 [B]) instead)."""
   canvas: jax.Array       # int32 [B, Lc]
   commit_step: jax.Array  # int32 [B, Lc]
   pending_pos: jax.Array  # int32 [B, W] committed last step, in cache order
@@ -192,27 +192,23 @@ class SetState:
   key: jax.Array
 
 
-def set_init(fwd: Forward, inp: SetInputs, window: int, key, *, use_cache: bool = True) -> SetState:
-  """Encodes the context (cached mode: one call) and builds the initial state."""
+def set_init(fwd: Forward, inp: SetInputs, window: int, key) -> SetState:
+  """Encodes the context into the cache (one call) and builds the initial state."""
   canvas = jnp.asarray(inp.canvas, jnp.int32)
   b, lc = canvas.shape
   vis_pos = jnp.asarray(inp.vis_pos, jnp.int32)
   n_vis = jnp.asarray(inp.n_vis, jnp.int32)
-  if use_cache:
-    vis_valid = jnp.arange(vis_pos.shape[1])[None] < n_vis[:, None]
-    tokens = jnp.take_along_axis(canvas, vis_pos, -1)
-    # Capacity: each position is cached once (<= Lc) and a write covers W slots past the length.
-    model, _ = prefill(fwd, tokens, vis_pos, vis_valid, lc + window)
-    calls = jnp.ones((b,), jnp.int32)
-  else:
-    rank = jnp.full((b, lc), BIG, jnp.int32)
-    vis_valid = jnp.arange(vis_pos.shape[1])[None] < n_vis[:, None]
-    rows = jnp.broadcast_to(jnp.arange(b)[:, None], vis_pos.shape)
-    cols = jnp.where(vis_valid, vis_pos, lc)  # out of range -> dropped
-    rank = rank.at[rows, cols].set(jnp.broadcast_to(jnp.arange(vis_pos.shape[1]), vis_pos.shape),
-                                   mode="drop")
-    model = (rank, n_vis)
-    calls = jnp.zeros((b,), jnp.int32)
+  vis_valid = jnp.arange(vis_pos.shape[1])[None] < n_vis[:, None]
+  tokens = jnp.take_along_axis(canvas, vis_pos, -1)
+  # Capacity: each position is cached once (<= Lc) and a write covers W slots past the length.
+  model, _ = prefill(fwd, tokens, vis_pos, vis_valid, lc + window)
+  return initial_state(inp, window, key, model, jnp.ones((b,), jnp.int32))
+
+
+def initial_state(inp: SetInputs, window: int, key, model, calls: jax.Array) -> SetState:
+  """The state before the first step, given the sampler's `model` state and calls so far [B]."""
+  canvas = jnp.asarray(inp.canvas, jnp.int32)
+  b, lc = canvas.shape
   target = jnp.asarray(inp.target, bool)
   done = ~jnp.any(target, -1)
   return SetState(canvas=canvas, commit_step=jnp.full((b, lc), -1, jnp.int32),
@@ -248,9 +244,38 @@ def _pad_slots(x: jax.Array, p: int, w: int, axis: int) -> jax.Array:
   return jnp.pad(x, widths)
 
 
+class Window(NamedTuple):
+  """This step's active window and pending set, per row."""
+  pos: jax.Array         # int32 [B, W] active positions f, f + 1, ... (may run past Lc)
+  pos_c: jax.Array       # int32 [B, W] the same, clipped to Lc - 1
+  valid: jax.Array       # bool [B, W] active slot: a masked target position of a live row
+  pend_valid: jax.Array  # bool [B, W] pending slot holds a token committed last step
+  pend_n: jax.Array      # int32 [B] pending tokens (0 for rows that are done)
+  live: jax.Array        # bool [B] rows not done
+
+
+def step_window(state: SetState, inp: SetInputs, cfg: SamplerConfig) -> Window:
+  """Active masked positions in [f, f + W) (f = the leftmost masked position) and the pending
+  set."""
+  w = cfg.window
+  canvas = state.canvas
+  lc = canvas.shape[1]
+  target = jnp.asarray(inp.target, bool)
+  live = ~state.done
+  is_mask = target & (canvas == cfg.mask_token_id)
+  f = processors.first_index(is_mask, lc)
+  act_pos = f[:, None] + jnp.arange(w)[None]
+  act_in = act_pos < lc
+  act_pos_c = jnp.minimum(act_pos, lc - 1)
+  act_valid = act_in & jnp.take_along_axis(is_mask, act_pos_c, -1) & live[:, None]
+  pend_valid = (jnp.arange(w)[None] < state.pending_n[:, None]) & live[:, None]
+  pend_n = jnp.where(live, state.pending_n, 0)
+  return Window(act_pos, act_pos_c, act_valid, pend_valid, pend_n, live)
+
+
 def set_step(fwd: Forward, state: SetState, inp: SetInputs, cfg: SamplerConfig, *,
-             use_cache: bool = True, stop_eos: bool = False, history: str = "generated"):
-  """One decoding step for every row that is not done. Returns (new state, info dict).
+             stop_eos: bool = False, history: str = "generated"):
+  """One cached decoding step for every row that is not done. Returns (new state, info dict).
 
   info: logits fp32 [B, W, V] (raw logits of the active slots), active_pos int32 [B, W],
   active_valid bool [B, W], keep bool [B, W], cand int32 [B, W].
@@ -258,77 +283,60 @@ def set_step(fwd: Forward, state: SetState, inp: SetInputs, cfg: SamplerConfig, 
   w = cfg.window
   m = cfg.mask_token_id
   canvas = state.canvas
-  b, lc = canvas.shape
+  b = canvas.shape[0]
+  win = step_window(state, inp, cfg)
+  cache: KVCache = state.model
+  axis = cache.seq_axis
+
+  def feed(p: int):
+    """The forward with P = p pending slots (the valid ones come first in pending_pos).
+    Returns the logits and the pending slots' kv padded to W slots."""
+    def run():
+      pos = state.pending_pos[:, :p]
+      tokens = jnp.concatenate([jnp.take_along_axis(canvas, pos, -1),
+                                jnp.full((b, w), m, jnp.int32)], -1)
+      positions = jnp.concatenate([pos, win.pos_c], -1)
+      mask = masks.cached_step_mask(cache.valid, win.pend_valid[:, :p], win.valid)
+      logits, kv = fwd.apply(fwd.params, tokens, positions, mask, cache.kv, p)
+      return logits, jax.tree_util.tree_map(lambda x: _pad_slots(x, p, w, axis), kv)
+    return run
+
+  # Pending slots sized to what the previous step committed (the batch maximum), rounded up to
+  # one of a few static sizes: with tau off one slot is valid, not W. The cache append stays
+  # outside the switch: written inside a branch, XLA copied every layer's cache (twice) per step.
+  sizes = pending_sizes(w)
+  if len(sizes) == 1:
+    logits, new_kv = feed(w)()
+  else:
+    which = jnp.searchsorted(jnp.asarray(sizes, jnp.int32), jnp.max(win.pend_n))
+    logits, new_kv = jax.lax.switch(which, [feed(p) for p in sizes])
+  model = append(cache, new_kv, state.pending_pos, win.pend_n)
+  return advance(state, inp, cfg, win, logits, model, stop_eos=stop_eos, history=history)
+
+
+def advance(state: SetState, inp: SetInputs, cfg: SamplerConfig, win: Window, logits: jax.Array,
+            model: Any, *, stop_eos: bool, history: str):
+  """The rest of a step from the active slots' raw logits fp32 [B, W, V]: processors, choice,
+  commit, the next pending set and stopping; `model` is the sampler's new model state.
+  Returns (new state, info dict) as `set_step`."""
+  m = cfg.mask_token_id
+  canvas = state.canvas
   target = jnp.asarray(inp.target, bool)
   valid = jnp.asarray(inp.valid, bool)
-  rows = jnp.arange(b)[:, None]
-  live = ~state.done
-
-  # -- window: masked positions in [f, f + W)
-  is_mask = target & (canvas == m)
-  f = processors.first_index(is_mask, lc)
-  act_pos = f[:, None] + jnp.arange(w)[None]
-  act_in = act_pos < lc
-  act_pos_c = jnp.minimum(act_pos, lc - 1)
-  act_valid = act_in & jnp.take_along_axis(is_mask, act_pos_c, -1) & live[:, None]
-
-  # -- forward
-  pend_valid = (jnp.arange(w)[None] < state.pending_n[:, None]) & live[:, None]
-  pend_n = jnp.where(live, state.pending_n, 0)
-  if use_cache:
-    cache: KVCache = state.model
-    axis = cache.seq_axis
-
-    def feed(p: int):
-      """The forward with P = p pending slots (the valid ones come first in pending_pos).
-      Returns the logits and the pending slots' kv padded to W slots."""
-      def run():
-        pos = state.pending_pos[:, :p]
-        tokens = jnp.concatenate([jnp.take_along_axis(canvas, pos, -1),
-                                  jnp.full((b, w), m, jnp.int32)], -1)
-        positions = jnp.concatenate([pos, act_pos_c], -1)
-        mask = masks.cached_step_mask(cache.valid, pend_valid[:, :p], act_valid)
-        logits, kv = fwd.apply(fwd.params, tokens, positions, mask, cache.kv, p)
-        return logits, jax.tree_util.tree_map(lambda x: _pad_slots(x, p, w, axis), kv)
-      return run
-
-    # Pending slots sized to what the previous step committed (the batch maximum), rounded up to
-    # one of a few static sizes: with tau off one slot is valid, not W. The cache append stays
-    # outside the switch: written inside a branch, XLA copied every layer's cache (twice) per step.
-    sizes = pending_sizes(w)
-    if len(sizes) == 1:
-      logits, new_kv = feed(w)()
-    else:
-      which = jnp.searchsorted(jnp.asarray(sizes, jnp.int32), jnp.max(pend_n))
-      logits, new_kv = jax.lax.switch(which, [feed(p) for p in sizes])
-    model = append(cache, new_kv, state.pending_pos, pend_n)
-  else:
-    rank, next_rank = state.model
-    cols = jnp.where(pend_valid, state.pending_pos, lc)
-    rank = rank.at[jnp.broadcast_to(rows, cols.shape), cols].set(
-        next_rank[:, None] + jnp.arange(w)[None], mode="drop")
-    next_rank = next_rank + pend_n
-    order = jnp.argsort(rank, axis=-1, stable=True).astype(jnp.int32)  # commit order
-    clean_valid = jnp.take_along_axis(rank, order, -1) < BIG
-    tokens = jnp.concatenate([jnp.take_along_axis(canvas, order, -1),
-                              jnp.full((b, w), m, jnp.int32)], -1)
-    positions = jnp.concatenate([order, act_pos_c], -1)
-    mask = masks.cached_step_mask(jnp.zeros((b, 0), bool), clean_valid, act_valid)
-    logits, _ = fwd.apply(fwd.params, tokens, positions, mask, None, lc)
-    model = (rank, next_rank)
+  live = win.live
 
   # -- processors, choice, commit
   key, sub = jax.random.split(state.key)
   hist = _history_mask(state, target, valid, history, m) if cfg.repetition_penalty != 1.0 else None
   n_i = processors.schedule_count(jnp.asarray(inp.counts, jnp.int32), state.step)
-  cand, keep = processors.decide(logits, act_valid, n_i, sub, cfg, canvas, hist)
-  canvas, commit_step = processors.scatter_commits(canvas, state.commit_step, act_pos, keep, cand,
+  cand, keep = processors.decide(logits, win.valid, n_i, sub, cfg, canvas, hist)
+  canvas, commit_step = processors.scatter_commits(canvas, state.commit_step, win.pos, keep, cand,
                                                    state.step)
 
   # -- next pending set, in cache order
-  ckey = jnp.take_along_axis(jnp.asarray(inp.cache_key, jnp.int32), act_pos_c, -1)
+  ckey = jnp.take_along_axis(jnp.asarray(inp.cache_key, jnp.int32), win.pos_c, -1)
   slot_order = jnp.argsort(jnp.where(keep, ckey, BIG), axis=-1, stable=True)
-  pending_pos = jnp.take_along_axis(act_pos_c, slot_order, -1)
+  pending_pos = jnp.take_along_axis(win.pos_c, slot_order, -1)
   n_keep = jnp.sum(keep, -1).astype(jnp.int32)
 
   # -- stopping
@@ -345,22 +353,24 @@ def set_step(fwd: Forward, state: SetState, inp: SetInputs, cfg: SamplerConfig, 
                  pending_n=jnp.where(live, n_keep, state.pending_n), model=model, step=step,
                  done=done, calls=state.calls + live.astype(jnp.int32),
                  committed=state.committed + n_keep, stopped=stopped, key=key)
-  info = dict(logits=logits, active_pos=act_pos, active_valid=act_valid, keep=keep, cand=cand)
+  info = dict(logits=logits, active_pos=win.pos, active_valid=win.valid, keep=keep, cand=cand)
   return new, info
 
 
-@functools.partial(jax.jit, static_argnames=("apply", "cfg", "use_cache", "stop_eos", "history"))
-def _set_core(apply, params, inp: SetInputs, key, *, cfg: SamplerConfig, use_cache: bool,
-              stop_eos: bool, history: str):
-  fwd = bind(apply, params)
-  state = set_init(fwd, inp, cfg.window, key, use_cache=use_cache)
-
-  def body(s):
-    return set_step(fwd, s, inp, cfg, use_cache=use_cache, stop_eos=stop_eos, history=history)[0]
-
-  state = jax.lax.while_loop(lambda s: jnp.any(~s.done), body, state)
+def run_loop(state: SetState, step) -> dict:
+  """`step(state) -> state` until every row is done; the arrays `finalize` reads."""
+  state = jax.lax.while_loop(lambda s: jnp.any(~s.done), step, state)
   return dict(canvas=state.canvas, commit_step=state.commit_step, num_steps=state.step,
               forward_calls=state.calls, num_committed=state.committed, stopped=state.stopped)
+
+
+@functools.partial(jax.jit, static_argnames=("apply", "cfg", "stop_eos", "history"))
+def _set_core(apply, params, inp: SetInputs, key, *, cfg: SamplerConfig, stop_eos: bool,
+              history: str):
+  fwd = bind(apply, params)
+  state = set_init(fwd, inp, cfg.window, key)
+  return run_loop(state, lambda s: set_step(fwd, s, inp, cfg, stop_eos=stop_eos,
+                                            history=history)[0])
 
 
 # ----------------------------------------------------------------------------- outputs
@@ -399,16 +409,29 @@ def _key(rng, cfg: SamplerConfig):
   return jax.random.PRNGKey(cfg.seed) if rng is None else rng
 
 
-def _run(model, params, inp: SetInputs, cfg: SamplerConfig, rng, use_cache: bool,
-         stop_eos: bool, history: str) -> SampleOutput:
+def _run(core, model, params, inp: SetInputs, cfg: SamplerConfig, rng, stop_eos: bool,
+         history: str) -> SampleOutput:
   fwd = as_forward(model, params)
-  res = _set_core(fwd.apply, fwd.params, inp, _key(rng, cfg), cfg=cfg.static(),
-                  use_cache=use_cache, stop_eos=stop_eos, history=history)
+  res = core(fwd.apply, fwd.params, inp, _key(rng, cfg), cfg=cfg.static(), stop_eos=stop_eos,
+             history=history)
   return finalize(res, np.asarray(inp.target), np.asarray(inp.valid), cfg)
 
 
-def set_generate(model, params, prompts, cfg: SamplerConfig, rng=None, *,
-                 use_cache: bool = True) -> SampleOutput:
+def generate_with(core, model, params, prompts, cfg: SamplerConfig, rng=None) -> SampleOutput:
+  """Prompted generation with a jitted `core` (this module's `_set_core` or the reference's)."""
+  inp = prompted_inputs(prompts, cfg, cfg.seed)
+  history = "generated" if cfg.penalty_history == "auto" else cfg.penalty_history
+  return _run(core, model, params, inp, cfg, rng, cfg.stops_at_eos, history)
+
+
+def infill_with(core, model, params, canvases, cfg: SamplerConfig, rng=None) -> SampleOutput:
+  """Infilling with a jitted `core` (this module's `_set_core` or the reference's)."""
+  inp = infill_inputs(canvases, cfg, cfg.seed)
+  history = "cached" if cfg.penalty_history == "auto" else cfg.penalty_history
+  return _run(core, model, params, inp, cfg, rng, False, history)
+
+
+def set_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> SampleOutput:
   """Prompted SetDLM generation (SPEC §4.2).
 
   Args:
@@ -418,25 +441,21 @@ def set_generate(model, params, prompts, cfg: SamplerConfig, rng=None, *,
       (unconditional generation: [BOS]).
     cfg: `SamplerConfig` (window W, threshold, N = max_new_tokens, ...).
     rng: PRNG key for sampling (default `PRNGKey(cfg.seed)`).
-    use_cache: False runs the no-cache reference (a full uncached forward per step).
+  The no-cache reference is `reference.reference_generate` (same arguments).
   """
-  inp = prompted_inputs(prompts, cfg, cfg.seed)
-  history = "generated" if cfg.penalty_history == "auto" else cfg.penalty_history
-  stop = cfg.stops_at_eos
-  return _run(model, params, inp, cfg, rng, use_cache, stop, history)
+  return generate_with(_set_core, model, params, prompts, cfg, rng)
 
 
-def set_infill(model, params, canvases, cfg: SamplerConfig, rng=None, *,
-               use_cache: bool = True) -> SampleOutput:
+def set_infill(model, params, canvases, cfg: SamplerConfig, rng=None) -> SampleOutput:
   """Infilling (SPEC §4.5): every M in each canvas is generated; the rest is context.
 
   The whole visible context (prefix and suffix) is cached up front; N per row = its number of
   masks (`cfg.max_new_tokens` is ignored); no EOS stopping. `sequences` are the filled canvases.
+  The no-cache reference is `reference.reference_infill` (same arguments).
   """
-  inp = infill_inputs(canvases, cfg, cfg.seed)
-  history = "cached" if cfg.penalty_history == "auto" else cfg.penalty_history
-  return _run(model, params, inp, cfg, rng, use_cache, False, history)
+  return infill_with(_set_core, model, params, canvases, cfg, rng)
 
 
-__all__ = ["SetInputs", "SetState", "build_inputs", "prompted_inputs", "infill_inputs", "set_init",
-           "set_step", "finalize", "compact", "set_generate", "set_infill"]
+__all__ = ["SetInputs", "SetState", "Window", "build_inputs", "prompted_inputs", "infill_inputs",
+           "set_init", "initial_state", "step_window", "set_step", "advance", "run_loop",
+           "finalize", "compact", "generate_with", "infill_with", "set_generate", "set_infill"]
