@@ -29,10 +29,13 @@ from __future__ import annotations
 
 import os
 import statistics
+import sys
 import time
 from typing import Callable, List
 
-from absl import app, flags
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "Trained run to load (default: a random-init model).")
