@@ -7,7 +7,7 @@
   export_qwen3_official / export_qwen3_hf(config, params, out_dir, tokenizer=None)   (Qwen3)
 
 Submodules: `name_map` (the one declarative key map, numpy only), `hf_config` (config.json
-translation), `files` (weight files), `export`, `import_`, `torch_reference` (torch + numpy only).
+translation), `weight_files`, `export`, `import_`, `torch_reference` (torch + numpy only).
 Attributes are imported lazily, so `setdiff_jax.interop.torch_reference` imports without jax and
 the exporter without torch.
 """

@@ -38,7 +38,7 @@ from setdiff_jax.models.layers import NEG_INF_LOGIT, suppress_mask_logit
 
 
 def _logits(h, kernel, bias, dtype):
-  """fp32 [n, V] logits exactly as `model.Linear` + `.astype(float32)` computes them."""
+  """fp32 [n, V] logits exactly as `dit.Linear` + `.astype(float32)` computes them."""
   z = jnp.dot(h.astype(dtype), kernel.astype(dtype))
   if bias is not None:
     z = z + bias.astype(dtype)

@@ -6,7 +6,7 @@ Each checkpoint holds two items:
          sees exactly the batches the uninterrupted run would have seen.
 Inference (sampling, evaluation, export) and `init_from` read parameters only, through
 `setdiff_jax.workdir.load`, which uses this module's file layout. Every restore falls back past damaged
-steps (`checkpoint_fallback`); a save that runs out of disk raises `errors.DiskFullError`.
+steps (`workdir/fallback.py`); a save that runs out of disk raises `errors.DiskFullError`.
 """
 from __future__ import annotations
 

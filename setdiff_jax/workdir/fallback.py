@@ -9,7 +9,7 @@ loads. Every step is checked in three stages, so the cause is named:
   3. data: the arrays (and the iterator state) restore.
 A failure in stage 1 or 3, or an unreadable metadata file, is damage: the step is named in a
 warning and the next older step is tried. With an explicit `step` there is no fallback. Used by
-the train loop (`checkpointing.restore`) and by inference loading (sample, evaluate, export).
+the train loop (`checkpoints.restore`) and by inference loading (sample, evaluate, export).
 """
 from __future__ import annotations
 
