@@ -18,7 +18,6 @@ from setdiff_jax import methods, models, sharding
 from setdiff_jax.models import layer_stack
 from setdiff_jax.diffusion import losses
 from setdiff_jax.data import pipeline, sources, tokenizers
-from setdiff_jax.models.dit import DiTConfig
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -185,7 +184,7 @@ def build_tokenizer(config, workdir: Optional[str], *, allow_training: bool = Tr
   return tokenizers.get_tokenizer(config.tokenizer, workdir, train_texts=train_texts)
 
 
-def model_and_objective(config, tokenizer) -> Tuple[DiTConfig, losses.ObjectiveConfig]:
+def model_and_objective(config, tokenizer) -> Tuple[models.BackboneConfig, losses.ObjectiveConfig]:
   """Backbone and objective configs; the vocabulary and special ids come from the tokenizer."""
   vocab = int(config.model.vocab_size) or tokenizer.vocab_size
   if vocab < tokenizer.vocab_size:
