@@ -19,7 +19,10 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["setdiff_jax", "setdiff_jax.*"]),
-    package_data={"setdiff_jax.data": ["corpus/*.xz", "corpus/*.md"]},
+    # The embedded corpus and the bert-base-uncased / GPT-2 vocabularies with their licence
+    # notices (setdiff_jax/data/vocab/README.md).
+    package_data={"setdiff_jax.data": ["corpus/*.xz", "corpus/*.md", "vocab/*.md",
+                                       "vocab/*/LICENSE", "vocab/*/*.txt", "vocab/*/*.json"]},
     include_package_data=True,
     install_requires=_requirements(),
     extras_require={
@@ -32,7 +35,12 @@ setup(
                  "lm_eval>=0.4.9,<0.5"],
         # The lm-evaluation-harness adapter (setdiff_jax/evaluation/lm_eval_model.py); 0.4.13
         # tested. It needs no torch; install it beside the CPU torch pin, never an unpinned one.
-        "lm_eval": ["lm_eval>=0.4.9,<0.5"],
+        # Extra names are written in their normalised form (lowercase, no "_"): pip 23.2 (a fresh
+        # Python 3.11 venv's) matches `.[name]` literally against the metadata's normalised
+        # names, so an "lm_eval" key (metadata "lm-eval") ignored `.[lm_eval]`. The README gives
+        # `.[lmeval]`; "lm-eval" keeps `.[lm_eval]` working on newer pips (they normalise).
+        "lmeval": ["lm_eval>=0.4.9,<0.5"],
+        "lm-eval": ["lm_eval>=0.4.9,<0.5"],
         # The `tensorboard --logdir DIR/tensorboard` viewer (the events are written without it).
         "tensorboard": ["tensorboard>=2.18,<3"],
     },

@@ -11,6 +11,7 @@ global batch 512, AdamW 3e-4 with 2500 warm-up steps then constant, EMA 0.9999, 
 1M steps; eval (likelihood bound on lm1b test) and checkpoints every 10k steps.
 """
 from configs import default
+from setdiff_jax.data import tokenizers
 
 
 def lm1b_base(objective: str):
@@ -25,7 +26,8 @@ def lm1b_base(objective: str):
   c.model.dtype = "bfloat16"      # amp_bf16: fp32 params, bf16 matmuls, fp32 LayerNorm/softmax
   c.model.attention = "dense"     # on GPU: "cudnn"; on TPU: "xla"
   c.tokenizer.kind = "wordpiece"
-  c.tokenizer.vocab_path = "../shared/data/bert-base-uncased-vocab.txt"  # bert-base-uncased
+  # bert-base-uncased, shipped with the package (override: --config.tokenizer.vocab_path=...)
+  c.tokenizer.vocab_path = tokenizers.packaged_vocab("bert-base-uncased/vocab.txt")
   c.tokenizer.lowercase = True
   c.data.source = "tfds"
   c.data.tfds_name = "lm1b"

@@ -11,14 +11,16 @@ between them and cut into 1024-token rows; the first token of each row is treate
 BOS (keep_clean_bos), and since pad = EOS for GPT-2, EOS targets do not count in eval (SPEC §8.9).
 """
 from configs import lm1b_sw
+from setdiff_jax.data import tokenizers
 
 
 def get_config():
   c = lm1b_sw.lm1b_base("setdlm")
   c.seq_len = 1024
   c.tokenizer.kind = "gpt2"
-  c.tokenizer.vocab_path = "../shared/data/gpt2/vocab.json"
-  c.tokenizer.merges_path = "../shared/data/gpt2/merges.txt"
+  # GPT-2 BPE, shipped with the package (override: --config.tokenizer.{vocab,merges}_path=...)
+  c.tokenizer.vocab_path = tokenizers.packaged_vocab("gpt2/vocab.json")
+  c.tokenizer.merges_path = tokenizers.packaged_vocab("gpt2/merges.txt")
   c.data.source = "jsonl"
   c.data.jsonl_field = "text"
   c.data.paths = ""               # required: training JSONL file(s), comma separated

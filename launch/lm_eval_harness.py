@@ -3,7 +3,7 @@ r"""lm-evaluation-harness on a trained run: lm_eval's own command line plus the 
   python launch/lm_eval_harness.py --model setdiff_jax --model_args workdir=DIR,W=4,tau=0.9 \
       --tasks gsm8k --batch_size 8 [--include_path MY_TASKS] [--limit 100] [--output_path OUT]
 
-Needs the extra: pip install -e ".[lm_eval]". lm_eval 0.4.x cannot find a model outside its own
+Needs the extra: pip install -e ".[lmeval]". lm_eval 0.4.x cannot find a model outside its own
 name table (no entry points; --include_path adds tasks only), so the plain `lm_eval` command does
 not know `setdiff_jax`: this launcher registers it, then hands every argument to lm_eval's CLI
 unchanged. `python -m setdiff_jax.evaluation.lm_eval_model ...` is the same without a checkout.

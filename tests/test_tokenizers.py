@@ -112,3 +112,43 @@ def test_config_errors():
     T.get_tokenizer(_cfg(kind="trained"))
   with pytest.raises(ValueError, match="too small"):
     T.get_tokenizer(_cfg(kind="trained", vocab_size=100), train_texts=["a b"])
+
+
+def test_packaged_vocabularies_build_the_config_tokenizers(tmp_path, monkeypatch):
+  """The LM1B / OWT configs need no file outside the package: their default vocab paths are the
+  packaged copies (with licence notices), and they give the known ids of bert-base-uncased and
+  GPT-2 from any working directory."""
+  from configs import lm1b_ar, lm1b_sw, owt_sw
+  monkeypatch.chdir(tmp_path)  # nothing relative to the checkout
+  for name in T.PACKAGED_VOCABS:
+    path = T.packaged_vocab(name)
+    assert path.startswith(str(T.PACKAGED_VOCAB_DIR)) and (T.PACKAGED_VOCAB_DIR / name).is_file()
+  for d, licence in (("bert-base-uncased", "Apache License"), ("gpt2", "MIT License")):
+    assert licence in (T.PACKAGED_VOCAB_DIR / d / "LICENSE").read_text(encoding="utf-8")
+  for config in (lm1b_sw.get_config(), lm1b_ar.get_config()):
+    assert config.tokenizer.vocab_path == T.packaged_vocab("bert-base-uncased/vocab.txt")
+    bert = T.get_tokenizer(config.tokenizer)
+    assert bert.encode("Hello, World! [MASK]") == [7592, 1010, 2088, 999, 103]
+    assert (bert.vocab_size, bert.bos_id, bert.eos_id, bert.mask_id) == (30522, 101, 102, 103)
+  gpt2 = T.get_tokenizer(owt_sw.get_config().tokenizer)
+  assert gpt2.encode("Hello world") == [15496, 995]
+  assert (gpt2.vocab_size, gpt2.eos_id, gpt2.mask_id) == (50258, 50256, 50257)
+  with pytest.raises(ValueError, match="no packaged vocabulary 'gpt2/vocab.txt'"):
+    T.packaged_vocab("gpt2/vocab.txt")
+
+
+def test_packaged_vocabularies_equal_the_reference_files(shared_data):
+  for name, ref in (("bert-base-uncased/vocab.txt", "bert-base-uncased-vocab.txt"),
+                    ("gpt2/vocab.json", "gpt2/vocab.json"), ("gpt2/merges.txt", "gpt2/merges.txt")):
+    assert (T.PACKAGED_VOCAB_DIR / name).read_bytes() == (shared_data / ref).read_bytes(), name
+
+
+def test_vocab_path_stays_overridable(shared_data):
+  """--config.tokenizer.vocab_path still points a packaged-default config elsewhere."""
+  from configs import lm1b_sw
+  c = lm1b_sw.get_config()
+  c.tokenizer.vocab_path = str(shared_data / "bert-base-uncased-vocab.txt")
+  assert T.get_tokenizer(c.tokenizer).encode("hello world") == [7592, 2088]
+  c.tokenizer.vocab_path = "/nonexistent/vocab.txt"
+  with pytest.raises(FileNotFoundError, match="/nonexistent/vocab.txt.*tokenizer.vocab_path"):
+    T.get_tokenizer(c.tokenizer)

@@ -13,6 +13,10 @@ Three kinds (``cfg.kind``):
   saved in the workdir; later runs load it from there (as the Flax lm1b example
   does with SentencePiece).
 
+The ``bert-base-uncased`` and GPT-2 vocabularies ship with the package
+(``setdiff_jax/data/vocab/``, licence notices beside them): ``packaged_vocab(name)``
+gives their installed paths, which the LM1B / OWT configs use by default.
+
 Whatever the kind, ``get_tokenizer`` saves the result under ``<workdir>/tokenizer/``
 (``tokenizer.json`` + ``special_tokens.json``) and later runs load it from there,
 so a resumed run always sees the same ids.
@@ -46,6 +50,21 @@ GPT2_MASK = "<|fim_middle|>"  # added, id 50257 (SPEC §5)
 QWEN3_EOS = "<|endoftext|>"  # 151643 in Qwen3-Base: also BOS and PAD (SPEC §5)
 QWEN3_MASK = "<|fim_middle|>"  # 151660 in Qwen3-Base (SPEC §5)
 
+# Vocabularies shipped as package data (setdiff_jax/data/vocab/README.md: origin, licences).
+PACKAGED_VOCAB_DIR = pathlib.Path(__file__).resolve().parent / "vocab"
+PACKAGED_VOCABS = ("bert-base-uncased/vocab.txt", "gpt2/vocab.json", "gpt2/merges.txt")
+
+
+def packaged_vocab(name: str) -> str:
+  """The installed path of a packaged vocabulary file, `name` one of `PACKAGED_VOCABS`."""
+  if name not in PACKAGED_VOCABS:
+    raise ValueError(f"no packaged vocabulary {name!r}; the package ships {PACKAGED_VOCABS}")
+  path = PACKAGED_VOCAB_DIR / name
+  if not path.is_file():  # an install that dropped the package data
+    raise FileNotFoundError(f"packaged vocabulary {path} is missing: reinstall setdiff_jax "
+                            "(its package data holds setdiff_jax/data/vocab/)")
+  return str(path)
+
 
 def default_tokenizer_config() -> ml_collections.ConfigDict:
   """Tokenizer config with defaults (the embedded-corpus tiny setup)."""
@@ -54,7 +73,7 @@ def default_tokenizer_config() -> ml_collections.ConfigDict:
   # 'trained' (byte-level BPE trained on the training text at first run).
   cfg.kind = "trained"
   # wordpiece: the vocab.txt; gpt2: vocab.json. Relative paths are relative to the
-  # current directory (configs use '../shared/data/...' from the repo root).
+  # current directory; the LM1B / OWT configs default to packaged_vocab(...).
   cfg.vocab_path = ml_collections.FieldReference(None, field_type=str)
   # gpt2 only: merges.txt.
   cfg.merges_path = ml_collections.FieldReference(None, field_type=str)
@@ -175,7 +194,7 @@ def _require_file(path, field: str) -> str:
   if not os.path.isfile(path):
     raise FileNotFoundError(
         f"tokenizer file not found: {path!r} (set the config field {field}, "
-        f"e.g. --config.{field}=../shared/data/...)")
+        f"e.g. --config.{field}=/path/to/the/file)")
   return str(path)
 
 

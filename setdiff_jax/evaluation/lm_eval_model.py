@@ -1,6 +1,6 @@
 """lm-evaluation-harness adapter: a trained run as an `lm_eval` model named `setdiff_jax`.
 
-  pip install -e ".[lm_eval]"
+  pip install -e ".[lmeval]"
   python -m setdiff_jax.evaluation.lm_eval_model --model setdiff_jax \
       --model_args workdir=DIR,window=4,threshold=0.9 --tasks TASK [--include_path TASK_DIR] ...
 
