@@ -7,10 +7,11 @@ Writes model.safetensors (or pytorch_model.bin, which needs torch) with `backbon
 keys in PyTorch orientation, config.json, generation_config.json and the tokenizer files. A
 model.backbone=qwen3 run is written in the official Qwen3-SetDLM layout (`backbone.model.*` keys,
 safetensors only; SPEC §3.10). EMA
-parameters are exported by default (--noema for the raw ones). --verify (needs torch==2.13.0)
-reloads the export in the PyTorch reference and prints the max relative logits error for a
-two-stream input and a cached decoding step, the likelihood-bound difference, and whether
-importing it back is bit-exact. --out must be a new or empty directory (--overwrite: a non-empty
+parameters are exported by default (--noema for the raw ones). --verify reloads the export in the
+PyTorch reference and prints the max relative logits error for a two-stream input and a cached
+decoding step, the likelihood-bound difference, and whether importing it back is bit-exact; it
+(and --format=bin) needs the torch extra, `pip install -e ".[torch]"` (without it: one error line,
+before anything is written). --out must be a new or empty directory (--overwrite: a non-empty
 one), never a training workdir. Load it back with `setdiff_jax.interop.import_checkpoint(OUT)`.
 """
 import json
@@ -32,12 +33,17 @@ flags.DEFINE_enum("format", "safetensors", ["safetensors", "bin"],
                   "Weight file: model.safetensors (numpy only) or pytorch_model.bin (needs torch).")
 flags.DEFINE_bool("overwrite", False, "Allow --out to be a non-empty directory (files there are "
                   "replaced; a training workdir is always refused).")
-flags.DEFINE_bool("verify", False, "Check the export against the PyTorch reference (needs torch).")
+flags.DEFINE_bool("verify", False, "Check the export against the PyTorch reference (needs the torch "
+                  "extra: pip install -e \".[torch]\").")
 flags.mark_flags_as_required(["workdir", "out"])
 
 
 def main(argv):
   del argv
+  from setdiff_jax import errors
+  if FLAGS.verify or FLAGS.format == "bin":  # before jax loads: the line comes at once
+    errors.require_extra("torch", "torch", "--verify (the PyTorch reference)" if FLAGS.verify
+                         else "--format=bin (--format=safetensors needs only numpy)")
   from setdiff_jax import sharding
   from setdiff_jax.interop.export import export_workdir
 

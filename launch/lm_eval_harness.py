@@ -15,7 +15,14 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from setdiff_jax.evaluation import lm_eval_model  # noqa: E402  (registers --model setdiff_jax)
+from setdiff_jax import cli, errors  # noqa: E402
+
+try:
+  from setdiff_jax.evaluation import lm_eval_model  # registers --model setdiff_jax
+except errors.MissingExtraError as e:  # no lm_eval: one error line naming the extra
+  if __name__ == "__main__":
+    sys.exit(cli.report(e))
+  raise
 
 if __name__ == "__main__":
   sys.exit(lm_eval_model.main())

@@ -40,6 +40,39 @@ class DiskFullError(SetdiffError):
   """A write failed with ENOSPC; the message says what is still intact."""
 
 
+class MissingExtraError(SetdiffError, ImportError):
+  """An optional dependency is not installed; the message names the extra that installs it."""
+
+
+def install_line(extra: str) -> str:
+  """The command that installs setup.py's extra `extra` (from the checkout)."""
+  return f'pip install -e ".[{extra}]" (from the checkout; the extras are listed in setup.py)'
+
+
+def require_extra(module: str, extra: str, needed_by: str):
+  """Imports and returns `module`, or raises MissingExtraError naming `extra`.
+
+  `needed_by` says what needs it (a flag, a launcher), e.g. "--verify". Only a missing `module`
+  itself (or a submodule) becomes the one-line error; an import error *inside* an installed
+  package keeps its traceback (a broken install is not a missing extra).
+  """
+  import importlib
+  try:
+    return importlib.import_module(module)
+  except ModuleNotFoundError as e:
+    missing_extra(e, module, extra, needed_by)
+    raise
+
+
+def missing_extra(e: ModuleNotFoundError, module: str, extra: str, needed_by: str):
+  """Raises MissingExtraError if `e` is `module` (or a submodule of it) not being installed;
+  returns otherwise (the caller re-raises `e`)."""
+  top = module.split(".")[0]
+  if e.name is not None and e.name.split(".")[0] == top:
+    raise MissingExtraError(f"{needed_by} needs the Python package {top!r}, which is not "
+                            f"installed: {install_line(extra)}") from e
+
+
 __all__ = ["SetdiffError", "WorkdirInUseError", "ConfigMismatchError", "CheckpointError",
            "CheckpointStructureError", "DamagedCheckpointError", "MissingIteratorStateError",
-           "DiskFullError"]
+           "DiskFullError", "MissingExtraError", "require_extra", "missing_extra", "install_line"]

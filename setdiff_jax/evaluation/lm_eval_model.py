@@ -61,12 +61,23 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from absl import logging
 import numpy as np
 
-from lm_eval import utils as lm_utils
-from lm_eval.api.model import LM
-from lm_eval.api.registry import register_model
-import jax
+from setdiff_jax import cli, errors
 
-from setdiff_jax import cli, decoding, methods
+try:  # first: without the extra, the error line comes before jax loads
+  from lm_eval import utils as lm_utils
+  from lm_eval.api.model import LM
+  from lm_eval.api.registry import register_model
+except ModuleNotFoundError as _e:  # the lmeval extra is not installed: one error line
+  try:
+    errors.missing_extra(_e, "lm_eval", "lmeval", "the lm-evaluation-harness adapter")
+  except errors.MissingExtraError as _missing:
+    if __name__ == "__main__":  # python -m setdiff_jax.evaluation.lm_eval_model
+      sys.exit(cli.report(_missing))
+    raise
+  raise
+import jax  # noqa: E402
+
+from setdiff_jax import decoding, methods  # noqa: E402
 from setdiff_jax.evaluation import likelihood
 from setdiff_jax.workdir import load as workdir_lib
 

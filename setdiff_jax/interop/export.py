@@ -21,7 +21,7 @@ import numpy as np
 
 import jax
 
-from setdiff_jax import methods
+from setdiff_jax import errors, methods
 from setdiff_jax import layer_names
 from setdiff_jax.workdir import load as workdir_lib
 from setdiff_jax.interop import pretrained
@@ -242,9 +242,16 @@ def export_workdir(workdir: str, out: str, *, use_ema: bool = True, step: Option
   new or empty directory (`overwrite`: any directory but a training workdir).
   """
   check_export_dir(out, workdir, overwrite=overwrite)
+  # The optional extras, before anything is restored or written: one error line naming the extra.
+  if verify:
+    errors.require_extra("torch", "torch", "--verify (the PyTorch reference)")
+  if fmt == "bin":
+    errors.require_extra("torch", "torch", "--format=bin (pytorch_model.bin)")
   state = workdir_lib.load_inference_state(workdir, step=step, use_ema=use_ema)
   if state.params is None:
     raise ValueError(f"checkpoint of {workdir} has no {'EMA ' if use_ema else ''}parameters")
+  if verify and str(state.config.model.get("backbone", "dit")) == "qwen3":
+    errors.require_extra("transformers", "torch", "--verify of a Qwen3 export (the HF Qwen3)")
   params = _to_numpy_tree(state.params)
   report = None
   if jax.process_index() == 0:

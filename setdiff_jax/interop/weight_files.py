@@ -13,6 +13,8 @@ from typing import Dict, Mapping, Tuple
 
 import numpy as np
 
+from setdiff_jax import errors
+
 SAFETENSORS_FILE = "model.safetensors"
 BIN_FILE = "pytorch_model.bin"
 CONFIG_FILE = "config.json"
@@ -52,17 +54,15 @@ def _read_safetensors(file: str) -> Dict[str, np.ndarray]:
   except (TypeError, ValueError) as e:  # e.g. bfloat16, which numpy cannot hold
     try:
       from safetensors.torch import load_file as load_torch
-    except ImportError as ie:
-      raise RuntimeError(f"cannot read {file} with numpy ({e}); install torch==2.13.0") from ie
+    except ModuleNotFoundError as ie:
+      errors.missing_extra(ie, "torch", "torch", f"reading {file} (numpy cannot: {e})")
+      raise
     return {k: _torch_to_numpy(v) for k, v in load_torch(file).items()}
 
 
 def _read_bin(file: str) -> Dict[str, np.ndarray]:
-  try:
-    import torch
-  except ImportError as e:
-    raise RuntimeError(f"reading {file} needs torch (pip install torch==2.13.0); "
-                       f"or export with --format=safetensors") from e
+  torch = errors.require_extra("torch", "torch", f"reading {file} (a pytorch_model.bin; "
+                               "--format=safetensors exports need no torch)")
   state = torch.load(file, map_location="cpu", weights_only=True)
   if isinstance(state, dict) and "state_dict" in state and not any(
       hasattr(v, "shape") for v in state.values()):
@@ -96,11 +96,8 @@ def write_state_dict(state: Mapping[str, np.ndarray], out_dir: str, fmt: str = "
     file = os.path.join(out_dir, SAFETENSORS_FILE)
     save_file(arrays, file, metadata={"format": "pt"})  # "pt": transformers loads it as torch
   else:
-    try:
-      import torch
-    except ImportError as e:
-      raise RuntimeError("--format=bin needs torch (pip install torch==2.13.0); "
-                         "--format=safetensors needs only numpy") from e
+    torch = errors.require_extra("torch", "torch", "--format=bin (--format=safetensors "
+                                 "needs only numpy)")
     file = os.path.join(out_dir, BIN_FILE)
     torch.save({k: torch.from_numpy(v.copy()) for k, v in arrays.items()}, file)
   return file
