@@ -245,6 +245,68 @@ def test_roundtrip_official_layout(hf, tmp_path):
                                 jax_logits(config, params, tokens, positions, allowed))
 
 
+# What AutoModelFromPreTrained (the official Qwen3 wrapper) takes for itself; the rest of
+# backbone_config goes to AutoConfig.from_pretrained as overrides.
+_WRAPPER_KEYS = ("_target_", "automodel_cls", "pretrained_model_name_or_path", "trust_remote_code",
+                 "num_layers", "keep_top_layers", "reinit_model", "use_causal_mask")
+
+
+def _official_style_backbone(out_dir):
+  """The official loader's reinit path, by hand: AutoConfig from the export's template plus the
+  overrides, a fresh Qwen3ForCausalLM, the `backbone.model.`-stripped weights."""
+  from setdiff_jax.interop import weight_files
+  bb = weight_files.read_json(os.path.join(out_dir, "config.json"))["backbone_config"]
+  cfg = transformers.AutoConfig.from_pretrained(
+      bb["pretrained_model_name_or_path"], num_hidden_layers=bb["num_layers"],
+      trust_remote_code=bb["trust_remote_code"],
+      **{k: v for k, v in bb.items() if k not in _WRAPPER_KEYS})
+  model = transformers.Qwen3ForCausalLM(cfg).eval()
+  state = {k[len("backbone.model."):]: torch.from_numpy(v)
+           for k, v in weight_files.read_state_dict(out_dir).items()}
+  model.load_state_dict(state, strict=True)
+  return model
+
+
+def test_qwen3_export_carries_its_template_offline(hf, tmp_path, monkeypatch):
+  """The export names no hub id: the official loader's AutoConfig reads the export's own
+  qwen3_config/ with the hub switched off, and the model it builds gives our logits; a moved
+  export is re-pointed with repoint_qwen3_template (README "Load in the official code")."""
+  import shutil
+  import huggingface_hub.constants
+  from setdiff_jax.interop import jax_logits
+  from setdiff_jax.interop import weight_files
+  from setdiff_jax.interop.export import export_checkpoint, repoint_qwen3_template
+  monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+  monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+  path, model, config, params = hf
+  run = config.copy_and_resolve_references()
+  run.objective, run.seq_len = "setdlm", 16
+  out = export_checkpoint(run, params, str(tmp_path / "a" / "official"),
+                          special_ids={"bos_id": 0, "eos_id": 0, "pad_id": 0, "mask_id": 1})
+  text = (tmp_path / "a" / "official" / "config.json").read_text()
+  assert "Qwen/" not in text
+  bb = json.loads(text)["backbone_config"]
+  assert bb["pretrained_model_name_or_path"] == os.path.join(out, "qwen3_config")
+  tokens, positions, allowed = two_stream()
+  ours = jax_logits(config, params, tokens, positions, allowed)
+  assert rel_err(torch_logits(_official_style_backbone(out), tokens, positions, allowed),
+                 ours) < TOL
+  moved = str(tmp_path / "b")
+  shutil.move(out, moved)
+  with pytest.raises(OSError):  # the stored absolute path is gone
+    _official_style_backbone(moved)
+  assert repoint_qwen3_template(moved) == os.path.join(moved, "qwen3_config")
+  built = _official_style_backbone(moved)
+  assert (built.config.hidden_size, built.config.num_key_value_heads,
+          built.config.num_hidden_layers) == (D, KV, 2)
+  assert rel_err(torch_logits(built, tokens, positions, allowed), ours) < TOL
+  raw = weight_files.read_json(os.path.join(moved, "config.json"))
+  del raw["setdiff_jax"]["qwen3_template"]
+  weight_files.write_json(raw, os.path.join(moved, "config.json"))
+  with pytest.raises(ValueError, match="no setdiff_jax.qwen3_template"):
+    repoint_qwen3_template(moved)
+
+
 def test_official_layout_without_our_block_reads_dims_from_weights(hf, tmp_path):
   """A released Qwen3 SetDLM's config.json has no architecture beyond backbone_config: the
   importer reads the dims off the weights (and warns about theta / eps)."""

@@ -198,10 +198,19 @@ def export_qwen3_official(config, params, out_dir: str, *, tokenizer=None,
       extra={"step": step, "ema": ema, "qwen3": pretrained.to_hf_fields(m),
              "run_config": _run_config_json(config)})
   causal = cfg["backbone_config"]["causal_attention"]  # the method's (registry) choice
-  cfg["backbone_config"] = qwen3_hf.official_backbone_config(m, causal)
+  # The template the official loader reads (AutoConfig, offline): this export's own folder. It
+  # resolves against the process's directory, so the path is absolute; after moving the export,
+  # re-point it (README "Load in the official code"). Our importer never reads it.
+  template = os.path.abspath(os.path.join(out_dir, qwen3_hf.TEMPLATE_DIR))
+  cfg["backbone_config"] = qwen3_hf.official_backbone_config(m, causal, template)
   cfg["setdiff_jax"].pop("mlp_ratio", None)
+  cfg["setdiff_jax"]["qwen3_template"] = qwen3_hf.TEMPLATE_DIR
   state = qwen3_map.from_flax(params, qwen3_hf.dims_of(m), "official")
   os.makedirs(out_dir, exist_ok=True)
+  os.makedirs(template, exist_ok=True)
+  weight_files.write_json(qwen3_hf.template_config(m),
+                          os.path.join(template, weight_files.CONFIG_FILE))
+  _make_readable(template)
   for stale in (weight_files.SAFETENSORS_FILE, weight_files.BIN_FILE, pretrained.INDEX_FILE):
     if os.path.exists(os.path.join(out_dir, stale)):
       os.remove(os.path.join(out_dir, stale))
@@ -268,5 +277,23 @@ def export_workdir(workdir: str, out: str, *, use_ema: bool = True, step: Option
   return out, report
 
 
+def repoint_qwen3_template(export_dir: str) -> str:
+  """Points a moved Qwen3 export's `backbone_config.pretrained_model_name_or_path` at its own
+  template folder again (the official loader resolves it against the current directory, so
+  it is stored absolute); returns the new path. Our importer does not need this."""
+  path = os.path.join(export_dir, weight_files.CONFIG_FILE)
+  cfg = weight_files.read_json(path)
+  sub = (cfg.get("setdiff_jax") or {}).get("qwen3_template")
+  if not sub or not isinstance(cfg.get("backbone_config"), dict):
+    raise ValueError(f"{path} is not a Qwen3 export of setdiff_jax with a local template "
+                     f"(no setdiff_jax.qwen3_template); re-export it with launch/export.py")
+  template = os.path.abspath(os.path.join(export_dir, sub))
+  if not os.path.isfile(os.path.join(template, weight_files.CONFIG_FILE)):
+    raise FileNotFoundError(f"{template}/config.json is missing: copy the whole export folder")
+  cfg["backbone_config"]["pretrained_model_name_or_path"] = template
+  weight_files.write_json(cfg, path)
+  return template
+
+
 __all__ = ["export_checkpoint", "check_export_dir", "export_workdir", "export_qwen3_official",
-           "export_qwen3_hf"]
+           "export_qwen3_hf", "repoint_qwen3_template"]

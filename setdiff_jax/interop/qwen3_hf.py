@@ -9,9 +9,10 @@ turns these pieces into a run config. The HF-directory checks, the shard listing
 loader live in `setdiff_jax/interop/pretrained.py` (training uses them too); the key correspondence is
 `qwen3_map.py`.
 
-The official `config.json` does not carry the Qwen3 architecture (the official loader reads it
-from `backbone_config.pretrained_model_name_or_path` on the hub), so `read_official` takes it from
-our `setdiff_jax.qwen3` block when present, else from the weight shapes plus the public Qwen3
+The official `config.json` does not carry the Qwen3 architecture (the official loader reads a
+template from `backbone_config.pretrained_model_name_or_path`, the hub id of a Qwen3 base in the
+released checkpoints; our exports point it at their own `qwen3_config/` folder), so
+`read_official` takes it from our `setdiff_jax.qwen3` block when present, else from the weight shapes plus the public Qwen3
 defaults (theta 1e6, eps 1e-6), with a note.
 """
 from __future__ import annotations
@@ -28,7 +29,17 @@ from setdiff_jax.interop import weight_files
 from setdiff_jax.interop.name_map import flatten, unflatten
 
 AUTOMODEL_TARGET = "backbone_automodel.AutoModelFromPreTrained"
-TEMPLATE_BASE = "Qwen/Qwen3-0.6B-Base"  # only the config template the official loader reads
+# The official loader builds the backbone with AutoConfig.from_pretrained(backbone_config.
+# pretrained_model_name_or_path, **overrides) (reinit_model: no weights read). Our exports carry
+# that template themselves, a plain Qwen3 config.json in this sub-folder, so no hub is needed.
+TEMPLATE_DIR = "qwen3_config"
+
+
+def template_config(m: Mapping) -> dict:
+  """The `config.json` of a plain HF Qwen3 with the run's architecture (no weights)."""
+  return {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"],
+          **pretrained.to_hf_fields(m), "torch_dtype": "float32",
+          "max_position_embeddings": 40960}
 
 
 def dims_of(m: Mapping) -> qwen3_map.Dims:
@@ -129,9 +140,10 @@ def resolved_model(config, params) -> Dict[str, Any]:
   return {**fields, "vocab_size": vocab}
 
 
-def official_backbone_config(m: Mapping, causal: bool, base: str = TEMPLATE_BASE) -> dict:
+def official_backbone_config(m: Mapping, causal: bool, base: str) -> dict:
   """The `backbone_config` of a Qwen3 SetDLM: AutoModelFromPreTrained + AutoConfig overrides
-  (`reinit_model`: the official loader builds exactly this architecture, then loads weights)."""
+  (`reinit_model`: the official loader builds exactly this architecture, then loads weights).
+  `base`: the config template AutoConfig reads (an export's own TEMPLATE_DIR, absolute)."""
   hf = pretrained.to_hf_fields(m)
   return {"_target_": AUTOMODEL_TARGET, "automodel_cls": "AutoModelForCausalLM",
           "pretrained_model_name_or_path": base, "revision": None, "trust_remote_code": True,
@@ -141,4 +153,5 @@ def official_backbone_config(m: Mapping, causal: bool, base: str = TEMPLATE_BASE
 
 
 __all__ = ["read_hf", "read_official", "official_model_fields", "resolved_model",
-           "official_backbone_config", "dims_of", "AUTOMODEL_TARGET"]
+           "official_backbone_config", "template_config", "dims_of", "AUTOMODEL_TARGET",
+           "TEMPLATE_DIR"]
