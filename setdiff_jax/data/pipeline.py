@@ -24,8 +24,10 @@ Preprocessing (``data_cfg.preprocess``):
   with BOS (what ``keep_clean_bos`` assumes). ``wrap_style='doc'``: the stream
   is ``BOS doc EOS BOS doc EOS ...`` cut into rows of exactly seq_len (rows may
   start mid-document). A final partial row is dropped.
-- ``pad``: one document per row, ``[BOS] + doc + [EOS]`` truncated to seq_len
-  (a truncated document keeps no EOS: it did not end there), right-padded with
+- ``pad``: one document per row, ``[BOS] + doc + [EOS]`` (a document longer than a
+  row is handled by ``data.overlong``: ``cut`` truncates it to seq_len, keeping no EOS
+  since it did not end there; ``wrap`` continues it on further rows, each starting
+  with BOS; ``skip`` drops it; ``error`` refuses; every mode counts and logs them), right-padded with
   the pad id; attention_mask is 1 on real tokens.
 
 How each case runs (all in this process, no grain worker processes):
@@ -60,12 +62,15 @@ import json
 import grain
 import ml_collections
 import numpy as np
+from absl import logging
 from grain.experimental import ConcatThenSplitIterDataset
 
 from setdiff_jax.data import pairs, sources
 
 SOURCES = ("embedded", "tfds", "text", "jsonl") + pairs.PAIR_SOURCES
 PREPROCESS = ("wrap", "pad")
+# preprocess='pad': a document longer than a row ([BOS] doc [EOS] > seq_len).
+OVERLONG_RULES = ("cut", "wrap", "skip", "error")
 WRAP_STYLES = ("row", "doc")
 IN_MEMORY_SOURCES = ("embedded", "text", "jsonl")
 # Texts tokenized together in the lazy wrap pipeline (one encode_batch call).
@@ -97,6 +102,11 @@ def default_data_config() -> ml_collections.ConfigDict:
   # 'wrap' (concatenate and cut, attention all ones) | 'pad' (one document per
   # row, right-padded).
   cfg.preprocess = "wrap"
+  # pad only: a document longer than a row ([BOS] doc [EOS] > seq_len) is 'cut' to the row
+  # (the tail is lost) | 'wrap'ped onto further rows ([BOS] + the next piece) | 'skip'ped |
+  # an 'error'. All count such documents and log the count (preprocess='wrap' never cuts;
+  # prompt/answer pairs have data.overflow).
+  cfg.overlong = "cut"
   # wrap only: 'row' = each row [BOS] stream [EOS], stream = doc EOS doc EOS ...
   # (reference LM1B format) | 'doc' = stream BOS doc EOS BOS doc EOS ... cut
   # into rows of exactly seq_len.
@@ -136,6 +146,8 @@ def validate_data_config(cfg):
         f"data.source={cfg.source!r}; expected one of {SOURCES}")
   check(cfg.preprocess in PREPROCESS,
         f"data.preprocess={cfg.preprocess!r}; expected one of {PREPROCESS}")
+  check(cfg.get("overlong", "cut") in OVERLONG_RULES,
+        f"data.overlong={cfg.get('overlong')!r}; expected one of {OVERLONG_RULES}")
   style = cfg.get("wrap_style", "row")
   check(style in WRAP_STYLES,
         f"data.wrap_style={style!r}; expected one of {WRAP_STYLES}")
@@ -186,10 +198,60 @@ def pad_rows(ids: list[list[int]], seq_len: int, bos_id: int, eos_id: int,
   tokens = np.full((len(ids), seq_len), pad_id, np.int32)
   mask = np.zeros((len(ids), seq_len), np.int32)
   for i, doc in enumerate(ids):
-    row = ([bos_id] + list(doc) + [eos_id])[:seq_len]
+    doc = list(doc)
+    if doc and doc[-1] == _EOS_MARK:  # the last piece of a wrapped document (fit_documents)
+      row = [bos_id] + doc[:-1] + [eos_id]
+    else:  # a whole document, cut to the row (an earlier wrapped piece: exactly [BOS] + piece)
+      row = ([bos_id] + doc + [eos_id])[:seq_len]
     tokens[i, :len(row)] = row
     mask[i, :len(row)] = 1
   return {"tokens": tokens, "attention_mask": mask}
+
+
+def fit_documents(ids, seq_len: int, rule: str, *, what: str = "documents"):
+  """Applies data.overlong to tokenized documents for one-document-per-row rows.
+
+  A document is over-long when [BOS] + doc + [EOS] > seq_len. 'cut' keeps it (pad_rows
+  truncates it), 'wrap' splits doc + [EOS] into pieces of seq_len - 1 tokens (each becomes
+  [BOS] + piece; the EOS lands on the last piece; the marker -1 stands for it here), 'skip'
+  drops it, 'error' raises naming the count. Returns (list of documents for pad_rows, number of
+  over-long documents); logs a warning line when that number is not 0.
+  """
+  if rule not in OVERLONG_RULES:
+    raise ValueError(f"data.overlong={rule!r}; expected one of {OVERLONG_RULES}")
+  room = seq_len - 2  # [BOS] doc [EOS]
+  long_idx = [i for i, d in enumerate(ids) if len(d) > room]
+  n = len(long_idx)
+  if n and rule == "error":
+    raise ValueError(
+        f"{n} of {len(ids)} {what} are longer than a row (seq_len={seq_len} holds {room} tokens "
+        f"plus BOS and EOS; the first is #{long_idx[0]}, {len(ids[long_idx[0]])} tokens): set "
+        f"data.overlong=cut, wrap or skip, or raise seq_len")
+  out = ids
+  if n and rule == "skip":
+    drop = set(long_idx)
+    out = [d for i, d in enumerate(ids) if i not in drop]
+  elif n and rule == "wrap":
+    out = []
+    for d in ids:
+      if len(d) <= room:
+        out.append(d)
+        continue
+      full = list(d) + [_EOS_MARK]
+      out.extend(full[j:j + seq_len - 1] for j in range(0, len(full), seq_len - 1))
+  if n:
+    lost = sum(len(ids[i]) - room for i in long_idx)
+    logging.warning(
+        "data: %d of %d %s (%.1f%%) are longer than a row of seq_len=%d: %s (data.overlong=%s; "
+        "%s)", n, len(ids), what, 100.0 * n / max(len(ids), 1), seq_len,
+        {"cut": f"cut to the row, {lost} tokens dropped",
+         "wrap": "continued on further rows",
+         "skip": "skipped"}[rule], rule,
+        "the other choices: " + ", ".join(r for r in OVERLONG_RULES if r != rule))
+  return out, n
+
+
+_EOS_MARK = -1  # a wrapped document's EOS, placed by pad_rows (only on its last piece)
 
 
 def _stream(ids: list[list[int]], style: str, bos_id: int,
@@ -322,11 +384,16 @@ def make_dataset(data_cfg, tokenizer, *, split: str, seq_len: int,
     docs = sources.load_texts(data_cfg, split, process_index, process_count)
     _check_nonempty(len(docs), f"{data_cfg.source} {split} shard "
                     f"{process_index}/{process_count} has no documents")
-    ds = _order(grain.MapDataset.source(docs), shuffle, seed, num_epochs)
-    ds = ds.batch(batch_size, drop_remainder=drop_remainder,
-                  batch_fn=list)  # a batch of texts -> tokenized together
-    ds = ds.map(lambda texts: finish(pad_rows(
-        tok.encode_batch(texts), seq_len, tok.bos_id, tok.eos_id, tok.pad_id)))
+    # Tokenized once up front (the texts are in memory already), so over-long documents are
+    # counted, logged and handled (data.overlong) before any row is built.
+    ids, _ = fit_documents([np.asarray(d, np.int32) for d in tok.encode_batch(docs)], seq_len,
+                           data_cfg.get("overlong", "cut"),
+                           what=f"{data_cfg.source} {split} documents")
+    _check_nonempty(len(ids), f"{data_cfg.source} {split}: every document was skipped "
+                    f"(data.overlong=skip, seq_len={seq_len})")
+    ds = _order(grain.MapDataset.source(ids), shuffle, seed, num_epochs)
+    ds = ds.batch(batch_size, drop_remainder=drop_remainder, batch_fn=list)
+    ds = ds.map(lambda rows: finish(pad_rows(rows, seq_len, tok.bos_id, tok.eos_id, tok.pad_id)))
     return ds.to_iter_dataset(read_options)
 
   if data_cfg.source in IN_MEMORY_SOURCES:

@@ -41,7 +41,8 @@ STRUCTURAL = ("objective", "seq_len", "batch_size",
               "model.tie_embeddings", "model.scan_layers",
               "loss.*", "tokenizer.*",
               "data.source", "data.tfds_name", "data.train_split", "data.paths",
-              "data.text_unit", "data.jsonl_field", "data.preprocess", "data.wrap_style")
+              "data.text_unit", "data.jsonl_field", "data.preprocess", "data.wrap_style",
+              "data.overlong")
 # Zero / non-zero adds or removes an optimizer-chain element (a different state structure).
 ON_OFF = ("grad_clip_norm", "weight_decay")
 PATH_FIELDS = ("data.paths", "data.eval_paths", "data.tfds_data_dir", "tokenizer.vocab_path",
