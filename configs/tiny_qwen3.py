@@ -1,7 +1,8 @@
 """Fine-tune a tiny local Hugging Face Qwen3 into a SetDLM on CPU (minutes on 2 cores).
 
-Make a tiny random Qwen3 directory (or use any local Qwen3 checkout whose tokenizer has
-<|endoftext|> and <|fim_middle|>), then:
+Make a tiny random Qwen3 directory with transformers (README, "Walkthrough: a tiny local Qwen3
+into a SetDLM on CPU"; or use any local Qwen3 checkout whose tokenizer has <|endoftext|> and
+<|fim_middle|>), then:
   python launch/train.py --config=configs/tiny_qwen3.py --workdir=/tmp/tiny_qwen3 \
       --config.init_from_hf=/tmp/tiny_qwen3_hf \
       --config.data.paths=train.txt --config.data.eval_paths=eval.txt
@@ -9,7 +10,8 @@ Make a tiny random Qwen3 directory (or use any local Qwen3 checkout whose tokeni
   python launch/export.py --workdir=/tmp/tiny_qwen3 --out=/tmp/tiny_qwen3_setdlm
 
 The architecture and tokenizer come from the directory (model fields = 0); L=32, S=2, batch 8,
-lr 1e-4 cosine to 0.5x, fp32, one text file line per row (right-padded).
+lr 1e-4 cosine to 0.5x, fp32, one text file line per row (right-padded; a longer line follows
+data.overlong: cut by default, --config.data.overlong=wrap continues it on further rows).
 """
 from configs import gsm8k_sw_qwen3
 
