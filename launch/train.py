@@ -17,6 +17,7 @@ import jax  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from setdiff_jax import cli, sharding, train  # noqa: E402
+from setdiff_jax.data import pairs  # noqa: E402
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Training config file.", lock_config=True)
@@ -24,15 +25,23 @@ flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and the
 flags.mark_flags_as_required(["config", "workdir"])
 
 
-def summary(result, workdir: str) -> str:
-  """The last line of a run: where it stopped, its eval PPL, its checkpoint, the next command."""
+def summary(result, workdir: str, config) -> str:
+  """The last line of a run: where it stopped, its eval PPL, its checkpoint, the next command
+  (for a prompt/answer run: the accuracy eval and a prompted sample)."""
   workdir = os.path.abspath(workdir)
   step = int(result.get("step", 0))
   parts = [f"done: step {step}"]
   if "eval/ppl" in result:
     parts.append(f"eval PPL {result['eval/ppl']:.2f} (NLL {result['eval/nll']:.4f})")
   parts.append(f"checkpoint {os.path.join(workdir, 'checkpoints', str(step))}")
-  parts.append(f"sample with: python launch/sample.py --workdir={workdir}")
+  # Sample (and evaluate) with the parameters training evaluated.
+  raw = " --nouse_ema" if str(config.get("eval_params", "ema")) == "raw" else ""
+  if str(config.data.get("source", "")) in pairs.PAIR_SOURCES:  # a conditional (prompt) run
+    parts.append(f"evaluate with: python launch/evaluate.py --workdir={workdir} --eval=accuracy; "
+                 f"sample a prompt with: python launch/sample.py --workdir={workdir}{raw} "
+                 "--prompt='<a prompt like the training prompts>'")
+  else:
+    parts.append(f"sample with: python launch/sample.py --workdir={workdir}{raw}")
   return "; ".join(parts)
 
 
@@ -43,7 +52,7 @@ def main(argv):
                 jax.process_count())
   result = train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
   if jax.process_index() == 0:
-    print(summary(result, FLAGS.workdir), flush=True)
+    print(summary(result, FLAGS.workdir, FLAGS.config), flush=True)
 
 
 if __name__ == "__main__":

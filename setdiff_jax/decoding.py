@@ -177,16 +177,29 @@ def sampler_settings(method, objective_config, cfg: SamplerConfig, infill: bool 
   return "  ".join(parts)
 
 
+def params_label(config, use_ema: bool) -> str:
+  """What the sampled parameters are, in words: with ema_decay = 0 the EMA copy *is* the raw
+  parameters; with eval_params = raw training evaluated (and sampled) the raw ones."""
+  if not use_ema:
+    return "raw"
+  if float(config.get("ema_decay", 1.0) or 0.0) == 0.0:
+    return "EMA = raw (ema_decay=0)"
+  if str(config.get("eval_params", "ema")) == "raw":
+    return "EMA (training evaluated the raw ones; --nouse_ema samples those)"
+  return "EMA"
+
+
 def sample_from_workdir(workdir: str, *, step: Optional[int] = None, use_ema: bool = True,
                         dtype: Optional[str] = "float32", **kwargs) -> SamplingReport:
   """Loads a trained run (parameters only, `workdir.load_inference_state`); `run_sampling`."""
   state = workdir_lib.load_inference_state(workdir, step=step, use_ema=use_ema)
   model = workdir_lib.inference_model(state.model_config, dtype)
   kwargs.setdefault("header", f"workdir: {os.path.abspath(workdir)}  step: {state.step}  "
-                    f"params: {'EMA' if use_ema else 'raw'}  ")
+                    f"params: {params_label(state.config, use_ema)}  ")
   return run_sampling(model, state.params, state.tokenizer, state.objective_config,
                       int(state.config.seq_len), **kwargs)
 
 
 __all__ = ["sampler_config_for", "sampler_for", "generate_text", "SamplingReport",
-           "run_sampling", "check_sampling_flags", "sampler_settings", "sample_from_workdir"]
+           "run_sampling", "check_sampling_flags", "sampler_settings", "sample_from_workdir",
+           "params_label"]

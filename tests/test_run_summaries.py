@@ -1,0 +1,51 @@
+"""What a run's last lines say (issue 24): sample.py's header names the parameters actually used;
+train.py's last line suggests the next command that fits the run (a prompt for a conditional
+run, --nouse_ema where training evaluated the raw parameters)."""
+import os
+import subprocess
+import sys
+
+import ml_collections
+import pytest
+
+from setdiff_jax import decoding
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _config(ema_decay, eval_params, source="embedded"):
+  return ml_collections.ConfigDict({"ema_decay": ema_decay, "eval_params": eval_params,
+                                    "data": {"source": source}})
+
+
+def test_params_label_says_what_is_sampled():
+  assert decoding.params_label(_config(0.9999, "ema"), True) == "EMA"
+  assert decoding.params_label(_config(0.9999, "ema"), False) == "raw"
+  assert decoding.params_label(_config(0.0, "raw"), True) == "EMA = raw (ema_decay=0)"
+  assert decoding.params_label(_config(0.999, "raw"), True).startswith(
+      "EMA (training evaluated the raw ones; --nouse_ema")
+
+
+_SUMMARY = r"""
+import runpy, sys
+import ml_collections
+train = runpy.run_path("launch/train.py", run_name="not_main")
+def cfg(source, eval_params):
+  return ml_collections.ConfigDict({"eval_params": eval_params, "data": {"source": source}})
+result = {"step": 5, "eval/ppl": 12.0, "eval/nll": 2.4849}
+for source, ev in (("embedded", "ema"), ("arithmetic", "ema"), ("text", "raw")):
+  print(train["summary"](result, "/w", cfg(source, ev)))
+"""
+
+
+@pytest.mark.slow  # a subprocess that imports jax and the trainer (~10 s)
+def test_train_summary_suggests_the_fitting_next_command():
+  proc = subprocess.run([sys.executable, "-c", _SUMMARY], cwd=REPO, capture_output=True,
+                        text=True, timeout=300, env=dict(os.environ, PYTHONPATH=REPO))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  plain, conditional, raw = proc.stdout.strip().splitlines()
+  assert plain == ("done: step 5; eval PPL 12.00 (NLL 2.4849); checkpoint /w/checkpoints/5; "
+                   "sample with: python launch/sample.py --workdir=/w")
+  assert "evaluate with: python launch/evaluate.py --workdir=/w --eval=accuracy" in conditional
+  assert "--prompt=" in conditional and conditional.count("sample") == 2
+  assert raw.endswith("sample with: python launch/sample.py --workdir=/w --nouse_ema")
