@@ -92,3 +92,15 @@ def test_require_extra_names_the_extra_only_for_the_missing_package(monkeypatch)
   assert issubclass(errors.MissingExtraError, cli.EXPECTED) or any(
       issubclass(errors.MissingExtraError, t) for t in cli.EXPECTED)
   assert issubclass(errors.MissingExtraError, ImportError)
+
+
+def test_bin_weights_without_torch(tmp_path, monkeypatch):
+  """Writing or reading pytorch_model.bin without torch: the extra, not a traceback."""
+  import numpy as np
+  from setdiff_jax.interop import weight_files
+  monkeypatch.setitem(sys.modules, "torch", None)  # any `import torch` now fails
+  with pytest.raises(errors.MissingExtraError, match=r"--format=bin.*'torch'.*\.\[torch\]"):
+    weight_files.write_state_dict({"w": np.zeros(2, np.float32)}, str(tmp_path), "bin")
+  (tmp_path / weight_files.BIN_FILE).write_bytes(b"not read")
+  with pytest.raises(errors.MissingExtraError, match=r"pytorch_model.bin.*\.\[torch\]"):
+    weight_files.read_state_dict(str(tmp_path))
