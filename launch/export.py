@@ -33,8 +33,8 @@ flags.DEFINE_enum("format", "safetensors", ["safetensors", "bin"],
                   "Weight file: model.safetensors (numpy only) or pytorch_model.bin (needs torch).")
 flags.DEFINE_bool("overwrite", False, "Allow --out to be a non-empty directory (files there are "
                   "replaced; a training workdir is always refused).")
-flags.DEFINE_bool("verify", False, "Check the export against the PyTorch reference (needs the torch "
-                  "extra: pip install -e \".[torch]\").")
+flags.DEFINE_bool("verify", False, "Check the export against the PyTorch reference (needs the "
+                  "torch extra: pip install -e \".[torch]\").")
 flags.mark_flags_as_required(["workdir", "out"])
 
 

@@ -27,8 +27,8 @@ Preprocessing (``data_cfg.preprocess``):
 - ``pad``: one document per row, ``[BOS] + doc + [EOS]`` (a document longer than a
   row is handled by ``data.overlong``: ``cut`` truncates it to seq_len, keeping no EOS
   since it did not end there; ``wrap`` continues it on further rows, each starting
-  with BOS; ``skip`` drops it; ``error`` refuses; every mode counts and logs them), right-padded with
-  the pad id; attention_mask is 1 on real tokens.
+  with BOS; ``skip`` drops it; ``error`` refuses; every mode counts and logs them),
+  right-padded with the pad id; attention_mask is 1 on real tokens.
 
 How each case runs (all in this process, no grain worker processes):
 

@@ -11,9 +11,9 @@ loader live in `setdiff_jax/interop/pretrained.py` (training uses them too); the
 
 The official `config.json` does not carry the Qwen3 architecture (the official loader reads a
 template from `backbone_config.pretrained_model_name_or_path`, the hub id of a Qwen3 base in the
-released checkpoints; our exports point it at their own `qwen3_config/` folder), so
-`read_official` takes it from our `setdiff_jax.qwen3` block when present, else from the weight shapes plus the public Qwen3
-defaults (theta 1e6, eps 1e-6), with a note.
+released checkpoints; our exports point it at their own `qwen3_config/` folder), so `read_official`
+takes it from our `setdiff_jax.qwen3` block when present, else from the weight shapes plus the
+public Qwen3 defaults (theta 1e6, eps 1e-6), with a note.
 """
 from __future__ import annotations
 
