@@ -39,6 +39,15 @@ FLAGS = flags.FLAGS
 if "verbose" not in FLAGS:
   flags.DEFINE_bool("verbose", False, "Full tracebacks and library INFO logs on errors (or set "
                     f"{VERBOSE_ENV}=1).")
+# A multi-process run (read by `sharding.initialize_distributed`; default: the environment,
+# e.g. what launch/local_cluster.py sets, or the TPU / GPU cluster's auto-detection).
+if "coordinator_address" not in FLAGS:
+  flags.DEFINE_string("coordinator_address", None, "HOST:PORT of process 0 of a multi-process "
+                      "run (or $SETDIFF_COORDINATOR_ADDRESS); default: auto-detect.")
+  flags.DEFINE_integer("num_processes", None, "Processes of a multi-process run (or "
+                       "$SETDIFF_NUM_PROCESSES).")
+  flags.DEFINE_integer("process_id", None, "This process's index in a multi-process run (or "
+                       "$SETDIFF_PROCESS_ID).")
 
 
 class UsageError(errors.SetdiffError):
