@@ -2,8 +2,9 @@
 
 Each checkpoint holds two items:
   state  the TrainState (step, params, EMA params, optimizer state), saved by every host;
-  data   the grain iterator state of each process (`process_<i>-of-<n>.json`), so a resumed run
-         sees exactly the batches the uninterrupted run would have seen.
+  data   the grain iterator state, global (`data/iterator.json`, written by process 0; older
+         checkpoints hold `process_<i>-of-<n>.json`), so a resumed run, on any number of
+         processes, sees exactly the batches the uninterrupted run would have seen.
 Inference (sampling, evaluation, export) and `init_from` read parameters only, through
 `setdiff_jax.workdir.load`, which uses this module's file layout. Every restore falls back past damaged
 steps (`workdir/fallback.py`); a save that runs out of disk raises `errors.DiskFullError`.
@@ -16,11 +17,11 @@ import os
 from typing import Optional
 
 from absl import logging
-import grain
 import ml_collections
 import orbax.checkpoint as ocp
 
 from setdiff_jax import errors
+from setdiff_jax.data import pipeline
 from setdiff_jax.workdir import fallback
 
 CHECKPOINT_DIR = "checkpoints"
@@ -40,7 +41,7 @@ def make_manager(workdir: str, *, keep: int = 3, with_data: bool = True) -> ocp.
   items = ("state", "data") if with_data else ("state",)
   handlers = {"state": ocp.StandardCheckpointHandler()}
   if with_data:
-    handlers["data"] = grain.checkpoint.CheckpointHandler()
+    handlers["data"] = pipeline.global_iterator_handler()  # one global state: any process count
   options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
                                          enable_async_checkpointing=False)
   with _quiet_orbax():
@@ -51,7 +52,7 @@ def make_manager(workdir: str, *, keep: int = 3, with_data: bool = True) -> ocp.
 def save(manager: ocp.CheckpointManager, step: int, state, data_iterator=None, *, force=True) -> bool:
   args = {"state": ocp.args.StandardSave(state)}
   if data_iterator is not None:
-    args["data"] = grain.checkpoint.CheckpointSave(data_iterator)
+    args["data"] = pipeline.checkpoint_args_save(data_iterator)
   try:
     with _quiet_orbax():
       saved = manager.save(step, args=ocp.args.Composite(**args), force=force)

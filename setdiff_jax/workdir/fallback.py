@@ -94,8 +94,10 @@ def structure_diff(stored: dict, wanted: dict, limit: int = 4) -> List[str]:
   return diffs
 
 
-def iterator_file() -> str:
-  return f"process_{jax.process_index()}-of-{jax.process_count()}.json"
+def iterator_files() -> tuple:
+  """Names the data item may hold this process's iterator state in (the global file first)."""
+  from setdiff_jax.data import pipeline  # pylint: disable=g-import-not-at-top
+  return pipeline.iterator_state_files(jax.process_index(), jax.process_count())
 
 
 def restore_step(manager, step: int, abstract_state, data_iterator=None, *,
@@ -107,15 +109,15 @@ def restore_step(manager, step: int, abstract_state, data_iterator=None, *,
   `abstract_state` are not a mismatch.
   """
   import orbax.checkpoint as ocp
-  import grain
+  from setdiff_jax.data import pipeline  # pylint: disable=g-import-not-at-top
 
   where = os.path.join(str(manager.directory), str(step))
   if not os.path.isdir(os.path.join(where, "state")):
     raise errors.DamagedCheckpointError(f"step {step}: {where}/state is missing")
-  if data_iterator is not None and not os.path.isfile(os.path.join(where, "data",
-                                                                   iterator_file())):
+  if data_iterator is not None and not any(
+      os.path.isfile(os.path.join(where, "data", name)) for name in iterator_files()):
     raise errors.MissingIteratorStateError(
-        f"step {step}: no data-iterator state {where}/data/{iterator_file()}")
+        f"step {step}: no data-iterator state {where}/data/{iterator_files()[0]}")
   try:
     with _silent_orbax():
       metadata = manager.item_metadata(step)["state"]
@@ -135,7 +137,7 @@ def restore_step(manager, step: int, abstract_state, data_iterator=None, *,
   if restore_fn is None:
     args = {"state": ocp.args.StandardRestore(abstract_state)}
     if data_iterator is not None:
-      args["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
+      args["data"] = pipeline.checkpoint_args_restore(data_iterator)
     restore_fn = lambda s: manager.restore(s, args=ocp.args.Composite(**args))["state"]  # noqa
   try:
     with _silent_orbax():
@@ -181,8 +183,9 @@ def restore_with_fallback(manager, abstract_state, data_iterator=None,
   if all(isinstance(e, errors.MissingIteratorStateError) for e in causes):
     raise errors.MissingIteratorStateError(
         f"no checkpoint in {manager.directory} has this process's data-iterator state ({reasons})"
-        f". It was saved by a run with another number of processes, or the files were deleted. "
-        f"Resume with the same number of processes, or start a new run from its parameters: "
+        f". It was saved by an older version with another number of processes, or the files "
+        f"were deleted. Resume with that number of processes, or start a new run from its "
+        f"parameters: "
         f"--workdir=NEW --config.init_from={os.path.dirname(str(manager.directory))}")
   raise errors.DamagedCheckpointError(
       f"no checkpoint in {manager.directory} loads: {reasons}. Train into another --workdir (or "
