@@ -121,6 +121,38 @@ def initialize_distributed(coordinator_address: Optional[str] = None,
     logging.debug("jax.distributed.initialize skipped (%s); running single-process", e)
 
 
+BARRIER_TIMEOUT_ENV = "SETDIFF_BARRIER_TIMEOUT_S"  # e.g. while process 0 trains the tokenizer
+DEFAULT_BARRIER_TIMEOUT_S = 3600
+_barriers = {}
+
+
+def barrier(name: str, timeout_s: Optional[float] = None) -> None:
+  """Waits until every process reaches `barrier(name)`; a no-op on one process.
+
+  Bounded: raises TimeoutError after `timeout_s` (default `$SETDIFF_BARRIER_TIMEOUT_S`, else
+  3600 s), naming the barrier, instead of waiting forever for a process that is gone.
+  """
+  if jax.process_count() == 1:
+    return
+  if timeout_s is None:
+    timeout_s = _int_setting(os.environ.get(BARRIER_TIMEOUT_ENV), BARRIER_TIMEOUT_ENV,
+                             1) or DEFAULT_BARRIER_TIMEOUT_S
+  from jax._src import distributed  # pylint: disable=g-import-not-at-top
+  client = distributed.global_state.client
+  if client is None:  # a cluster JAX joined without its coordination service: a collective
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    multihost_utils.sync_global_devices(name)
+    return
+  _barriers[name] = _barriers.get(name, 0) + 1  # every process calls them in the same order
+  try:
+    client.wait_at_barrier(f"setdiff_jax/{name}/{_barriers[name]}", int(timeout_s * 1000))
+  except Exception as e:  # noqa: BLE001 - the runtime raises its own error type
+    raise TimeoutError(f"process {jax.process_index()} waited for the other processes at "
+                       f"{name!r} and they did not all arrive within {timeout_s:g}s (a process "
+                       f"died or hangs; ${BARRIER_TIMEOUT_ENV} sets the limit): "
+                       f"{' '.join(str(e).split())[:300]}") from e
+
+
 def mesh_shape(mesh_cfg: Mapping[str, int], num_devices: int) -> tuple:
   """Resolves the (data, fsdp, tensor) sizes; raises a readable error when they do not fit."""
   sizes = [int(mesh_cfg.get(a, 1)) for a in MESH_AXES]

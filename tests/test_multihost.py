@@ -92,3 +92,62 @@ def test_two_processes_sum_over_all_devices():
   for i in range(2):
     assert re.search(rf"\[p{i}\] process {i} of 2: devices 4 local 2 sum 202 ", r.stdout), r.stdout
   print(f"2 x 2 cluster psum: {elapsed:.1f}s wall")
+
+
+# ------------------------------------------------------------------------- training (slow)
+TRAIN_ARGS = ["--config=configs/tiny_sw.py", "--config.num_train_steps=6",
+              "--config.log_every_steps=1", "--config.eval_every_steps=6",
+              "--config.checkpoint_every_steps=3", "--config.num_eval_steps=1",
+              "--config.num_eval_samples=0", "--config.model.hidden_size=32",
+              "--config.model.num_layers=1", "--config.tokenizer.vocab_size=384"]
+
+
+def train_on_cluster(workdir, processes, devices, extra=()):
+  r, elapsed = cluster([f"--num_processes={processes}", f"--devices_per_process={devices}",
+                        "--timeout=500", "--", sys.executable, "launch/train.py",
+                        f"--workdir={workdir}"] + TRAIN_ARGS + list(extra), timeout=600)
+  assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+  print(f"train {processes} x {devices}: {elapsed:.1f}s")
+  return r
+
+
+def metrics(workdir):
+  """{step: {name: value}} of metrics.jsonl, later lines (a resumed run's) winning."""
+  import json
+  out = {}
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    for line in f:
+      row = json.loads(line)
+      out.setdefault(row.pop("step"), {}).update(row)
+  return out
+
+
+def assert_same_run(got, want, steps):
+  for step in steps:
+    for name in ("train/loss", "train/grad_norm", "eval/nll"):
+      if name in want.get(step, {}):
+        assert got[step][name] == pytest.approx(want[step][name], rel=1e-5, abs=0), (step, name)
+
+
+@pytest.mark.slow
+def test_two_processes_train_like_one(tmp_path):
+  """2 processes x 2 devices = 1 process x 4 devices: the same losses, grad norms and eval NLL
+  (<= 1e-5 relative); checkpoints of either resume on the other, continuing exactly."""
+  import shutil
+  one, two = str(tmp_path / "one"), str(tmp_path / "two")
+  out = train_on_cluster(one, 1, 4).stdout
+  assert "done: step 6" in out
+  out = train_on_cluster(two, 2, 2).stdout
+  assert out.count("done: step 6") == 1  # one run's summary (process 0)
+  want, got = metrics(one), metrics(two)
+  assert sorted(want) == list(range(1, 7)) and "eval/nll" in want[6]
+  assert_same_run(got, want, range(1, 7))
+  assert os.listdir(os.path.join(two, "tokenizer"))  # trained once, by process 0
+  # Resume across process counts from step 3: 2 -> 1 x 4 and 1 -> 2 x 2.
+  for src, processes, devices in ((two, 1, 4), (one, 2, 2)):
+    resumed = str(tmp_path / f"resume_{processes}")
+    shutil.copytree(src, resumed)
+    shutil.rmtree(os.path.join(resumed, "checkpoints", "6"))
+    out = train_on_cluster(resumed, processes, devices).stdout
+    assert "resumed from" in out and "at step 3" in out
+    assert_same_run(metrics(resumed), want, range(4, 7))
