@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import errno
 import json
-import os
 from typing import Optional
 
 from absl import logging
 import ml_collections
 import orbax.checkpoint as ocp
 
-from setdiff_jax import errors
+from setdiff_jax import errors, paths
 from setdiff_jax.data import pipeline
 from setdiff_jax.workdir import fallback
 
@@ -34,7 +33,7 @@ def _quiet_orbax():
 
 
 def checkpoint_dir(workdir: str) -> str:
-  return os.path.join(os.path.abspath(workdir), CHECKPOINT_DIR)
+  return paths.join(paths.resolve(workdir), CHECKPOINT_DIR)
 
 
 def make_manager(workdir: str, *, keep: int = 3, with_data: bool = True) -> ocp.CheckpointManager:
@@ -106,22 +105,19 @@ def resolve_step(manager: ocp.CheckpointManager, step: Optional[int] = None) -> 
 
 
 def save_config(config: ml_collections.ConfigDict, workdir: str):
-  """Writes WORKDIR/config.json (write-then-rename: a crash never leaves half a file)."""
-  os.makedirs(workdir, exist_ok=True)
-  path = os.path.join(workdir, CONFIG_FILE)
-  with open(path + ".tmp", "w") as f:
-    f.write(config.to_json_best_effort(indent=2, sort_keys=True))
-  os.replace(path + ".tmp", path)
+  """Writes WORKDIR/config.json (whole-file: a crash never leaves half a file; any
+  `paths` location, e.g. gs://). Call it on process 0 only."""
+  paths.write_text(paths.join(workdir, CONFIG_FILE),
+                   config.to_json_best_effort(indent=2, sort_keys=True))
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
-  path = os.path.join(workdir, CONFIG_FILE)
-  if not os.path.exists(path):
+  path = paths.join(workdir, CONFIG_FILE)
+  if not paths.exists(path):
     raise FileNotFoundError(f"{path} not found: is {workdir!r} a training workdir "
                             f"(written by launch/train.py)?")
   try:
-    with open(path, encoding="utf-8") as f:
-      return ml_collections.ConfigDict(json.load(f))
+    return ml_collections.ConfigDict(json.loads(paths.read_text(path)))
   except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
     raise ValueError(f"{path} is damaged ({e}): it holds the run's config; restore it from a "
                      "backup or rewrite it") from e

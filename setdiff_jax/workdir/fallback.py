@@ -20,7 +20,7 @@ from typing import Any, Callable, List, Optional, Tuple
 from absl import logging
 import jax
 
-from setdiff_jax import errors
+from setdiff_jax import errors, paths, sharding
 
 DAMAGED_SUFFIX = ".damaged"  # checkpoints/<step>.damaged: set aside by the trainer, ignored by orbax
 
@@ -111,11 +111,11 @@ def restore_step(manager, step: int, abstract_state, data_iterator=None, *,
   import orbax.checkpoint as ocp
   from setdiff_jax.data import pipeline  # pylint: disable=g-import-not-at-top
 
-  where = os.path.join(str(manager.directory), str(step))
-  if not os.path.isdir(os.path.join(where, "state")):
+  where = paths.join(str(manager.directory), str(step))
+  if not paths.isdir(paths.join(where, "state")):
     raise errors.DamagedCheckpointError(f"step {step}: {where}/state is missing")
   if data_iterator is not None and not any(
-      os.path.isfile(os.path.join(where, "data", name)) for name in iterator_files()):
+      paths.isfile(paths.join(where, "data", name)) for name in iterator_files()):
     raise errors.MissingIteratorStateError(
         f"step {step}: no data-iterator state {where}/data/{iterator_files()[0]}")
   try:
@@ -197,18 +197,17 @@ def set_aside(manager, damaged: List[Tuple[int, str]]):
   steps again; orbax ignores the renamed folders. Every process then re-reads the step list."""
   if damaged and jax.process_index() == 0:
     for s, _ in damaged:
-      src = os.path.join(str(manager.directory), str(s))
+      src = paths.join(str(manager.directory), str(s))
       dst = src + DAMAGED_SUFFIX
       n = 1
-      while os.path.exists(dst):
+      while paths.exists(dst):
         n += 1
         dst = f"{src}{DAMAGED_SUFFIX}{n}"
-      os.rename(src, dst)
+      paths.rename(src, dst)
       logging.warning("moved damaged checkpoint %s to %s (delete it when no longer needed)",
                       src, dst)
   if damaged and jax.process_count() > 1:
-    from jax.experimental import multihost_utils
-    multihost_utils.sync_global_devices("setdiff_jax: damaged checkpoints set aside")
+    sharding.barrier("damaged checkpoints set aside")
   if damaged:
     manager.reload()
 
