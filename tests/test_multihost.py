@@ -144,6 +144,28 @@ def test_two_processes_train_like_one(tmp_path):
   assert sorted(want) == list(range(1, 7)) and "eval/nll" in want[6]
   assert_same_run(got, want, range(1, 7))
   assert os.listdir(os.path.join(two, "tokenizer"))  # trained once, by process 0
+  # launch/evaluate.py and launch/sample.py across 2 processes give the 1-process numbers / texts.
+  import json
+  evals, samples = [], []
+  for processes, devices in ((1, 4), (2, 2)):
+    layout = [f"--num_processes={processes}", f"--devices_per_process={devices}", "--timeout=300",
+              "--", sys.executable]
+    path = str(tmp_path / f"eval_{processes}.json")
+    r, _ = cluster(layout + ["launch/evaluate.py", f"--workdir={one}", "--eval=likelihood",
+                             "--max_rows=32", f"--output={path}"], timeout=400)
+    assert r.returncode == 0, r.stdout[-3000:]
+    with open(path) as f:
+      evals.append(json.load(f)["likelihood"])
+    r, _ = cluster(layout + ["launch/sample.py", f"--workdir={one}", "--num_samples=2",
+                             "--seed=0", "--max_new_tokens=16"], timeout=400)
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert not re.search(r"^\[p1\] === sample", r.stdout, re.M)  # process 0 prints
+    samples.append([l for l in r.stdout.splitlines()
+                    if l.startswith("[p0]") and "tokens/s" not in l and "] I1" not in l
+                    and "] W1" not in l and "Gloo" not in l])
+  for key in ("nll", "K_nll", "num_tokens", "num_sequences"):
+    assert evals[1][key] == pytest.approx(evals[0][key], rel=1e-6), key
+  assert samples[0] == samples[1] and any("=== sample 2 ===" in l for l in samples[0])
   # Resume across process counts from step 3: 2 -> 1 x 4 and 1 -> 2 x 2.
   for src, processes, devices in ((two, 1, 4), (one, 2, 2)):
     resumed = str(tmp_path / f"resume_{processes}")
