@@ -242,6 +242,8 @@ def test_kill_9_of_a_process_stops_the_survivor_with_one_error_line(tmp_path, vi
     assert rc == -signal.SIGABRT, "".join(lines[survivor])[-3000:]
   steps = sorted(int(s) for s in os.listdir(os.path.join(workdir, "checkpoints")) if s.isdigit())
   assert steps
+  if victim == 0:
+    return  # the restart is the same as after losing process 1 (checked once: ~45 s)
   out = train_on_cluster(workdir, 2, 2, [f"--config.num_train_steps={steps[-1] + 1}",
                                          "--config.checkpoint_every_steps=2",
                                          "--config.eval_every_steps=100000"]).stdout
