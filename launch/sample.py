@@ -47,8 +47,10 @@ def main(argv):
   from setdiff_jax import sharding
   from setdiff_jax.decoding import sample_from_workdir
   sharding.initialize_distributed()
+  import jax  # pylint: disable=g-import-not-at-top
+  quiet = lambda text: None  # noqa: E731  every process samples the same texts; process 0 prints
   sample_from_workdir(
-      FLAGS.workdir, step=FLAGS.step, use_ema=FLAGS.use_ema, dtype=FLAGS.dtype,
+      FLAGS.workdir, write=print if jax.process_index() == 0 else quiet, step=FLAGS.step, use_ema=FLAGS.use_ema, dtype=FLAGS.dtype,
       prompt=FLAGS.prompt, infill=FLAGS.infill, num_samples=FLAGS.num_samples,
       batch_size=FLAGS.batch_size, max_new_tokens=FLAGS.max_new_tokens, window=FLAGS.window,
       threshold=FLAGS.threshold, seed=FLAGS.seed, greedy=FLAGS.greedy, top_p=FLAGS.top_p,

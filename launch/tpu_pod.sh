@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
 # Train on a multi-host Cloud TPU VM slice: create (or reuse) the slice, install the package on
 # every worker, and run the same training command on all of them. JAX's distributed runtime
-# (jax.distributed.initialize in launch/train.py) discovers the other hosts from the TPU metadata;
-# each host reads only its own shard of the data and orbax saves the sharded state from all hosts.
+# (sharding.initialize_distributed in launch/train.py) discovers the other hosts from the TPU
+# metadata. All hosts share one global data order (each reads its rows of every global batch, so
+# the batches do not depend on the host count); orbax saves the sharded state from all hosts;
+# process 0 writes config.json, tokenizer/ (trained once), metrics.jsonl and the iterator state,
+# all through etils.epath, so WORKDIR on gs:// holds the whole run and a fresh slice (of any
+# size) resumes from it. A host that dies stops the others (one error line, or JAX's own abort
+# after SETDIFF_HEARTBEAT_TIMEOUT_S when the coordinator is gone); rerun this script to resume.
+# Tested on one machine with launch/local_cluster.py (CPU processes + gloo), not on a real pod.
 #
 # Usage:
 #   TPU_NAME=setdiff-v4-32 ZONE=us-central2-b ACCELERATOR=v4-32 \
@@ -36,5 +42,5 @@ ssh_all "set -e; if [ ! -d setdiff_jax ]; then git clone -b $BRANCH $REPO setdif
   cd setdiff_jax && git fetch -q && git checkout -q $BRANCH && git pull -q; \
   pip install -q -U 'jax[tpu]>=0.10,<0.11' && pip install -q -e ."
 
-# The same command on every host; only process 0 writes summaries.
+# The same command on every host; only process 0 writes the shared files.
 ssh_all "cd setdiff_jax && python launch/train.py --config=$CONFIG --workdir=$WORKDIR $TFDS_FLAG $*"

@@ -16,7 +16,7 @@ from absl import flags, logging  # noqa: E402
 import jax  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from setdiff_jax import cli, sharding, train  # noqa: E402
+from setdiff_jax import cli, paths, sharding, train  # noqa: E402
 from setdiff_jax.data import pairs  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -28,12 +28,12 @@ flags.mark_flags_as_required(["config", "workdir"])
 def summary(result, workdir: str, config) -> str:
   """The last line of a run: where it stopped, its eval PPL, its checkpoint, the next command
   (for a prompt/answer run: the accuracy eval and a prompted sample)."""
-  workdir = os.path.abspath(workdir)
+  workdir = paths.resolve(workdir)
   step = int(result.get("step", 0))
   parts = [f"done: step {step}"]
   if "eval/ppl" in result:
     parts.append(f"eval PPL {result['eval/ppl']:.2f} (NLL {result['eval/nll']:.4f})")
-  parts.append(f"checkpoint {os.path.join(workdir, 'checkpoints', str(step))}")
+  parts.append(f"checkpoint {paths.join(workdir, 'checkpoints', str(step))}")
   # Sample (and evaluate) with the parameters training evaluated.
   raw = " --nouse_ema" if str(config.get("eval_params", "ema")) == "raw" else ""
   if str(config.data.get("source", "")) in pairs.PAIR_SOURCES:  # a conditional (prompt) run

@@ -39,6 +39,15 @@ FLAGS = flags.FLAGS
 if "verbose" not in FLAGS:
   flags.DEFINE_bool("verbose", False, "Full tracebacks and library INFO logs on errors (or set "
                     f"{VERBOSE_ENV}=1).")
+# A multi-process run (read by `sharding.initialize_distributed`; default: the environment,
+# e.g. what launch/local_cluster.py sets, or the TPU / GPU cluster's auto-detection).
+if "coordinator_address" not in FLAGS:
+  flags.DEFINE_string("coordinator_address", None, "HOST:PORT of process 0 of a multi-process "
+                      "run (or $SETDIFF_COORDINATOR_ADDRESS); default: auto-detect.")
+  flags.DEFINE_integer("num_processes", None, "Processes of a multi-process run (or "
+                       "$SETDIFF_NUM_PROCESSES).")
+  flags.DEFINE_integer("process_id", None, "This process's index in a multi-process run (or "
+                       "$SETDIFF_PROCESS_ID).")
 
 
 class UsageError(errors.SetdiffError):
@@ -57,8 +66,55 @@ def one_line(text: str) -> str:
   return " ".join(str(text).split())
 
 
+# How a collective or the coordination service reports a process of the run that is gone.
+_LOST_PROCESS = re.compile(r"gloo [\w-]+ failed|connection reset by peer|connection refused|"
+                           r"heartbeat timeout|stopped sending heartbeats|coordination service",
+                           re.IGNORECASE)
+
+
+def _cluster():
+  """(process index, process count) of a multi-process JAX run, else None."""
+  jax = sys.modules.get("jax")
+  try:
+    if jax is None or not jax.distributed.is_initialized() or jax.process_count() < 2:
+      return None
+    return jax.process_index(), jax.process_count()
+  except Exception:  # noqa: BLE001 - the runtime itself may be broken by now
+    return None
+
+
+def _missing_processes(count: int) -> str:
+  """'process 1', 'processes 0, 2' (those the coordination service no longer sees), or ''."""
+  try:
+    from jax._src import distributed  # pylint: disable=g-import-not-at-top
+    live = distributed.global_state.client.get_live_nodes(list(range(count)))
+    lost = [i for i in range(count) if i not in live]
+  except Exception:  # noqa: BLE001 - e.g. the coordinator (process 0) is the one gone
+    lost = []
+  if not lost:
+    return ""
+  return ("process " if len(lost) == 1 else "processes ") + ", ".join(map(str, lost))
+
+
+def lost_process(exc: BaseException) -> bool:
+  """True for the error of a multi-process run whose peer died (a collective or the
+  coordination service failed)."""
+  return _cluster() is not None and bool(_LOST_PROCESS.search(str(exc)))
+
+
+def _describe_lost_process(exc: BaseException) -> str:
+  index, count = _cluster()
+  who = _missing_processes(count) or "another process (or the coordinator, process 0)"
+  cause = one_line(str(exc))[:200]
+  return (f"process {index} of {count} stopped: {who} of this run is gone ({cause}). The last "
+          "saved checkpoint is intact; restart every process with the same command to resume "
+          "($SETDIFF_HEARTBEAT_TIMEOUT_S bounds how long a silent process is waited for)")
+
+
 def describe(exc: BaseException) -> str:
   """The one-line message of an expected error."""
+  if lost_process(exc):
+    return _describe_lost_process(exc)
   if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
     where = f" writing {exc.filename}" if exc.filename else ""
     return one_line(f"disk full{where} ({exc}); free space (or use a larger disk) and run the "
@@ -233,10 +289,14 @@ def run(main: Callable[[List[str]], Optional[int]]):
       check_no_positional(args)
       quiet_library_logs()
       return main(args)
-    except EXPECTED as e:
+    except Exception as e:  # noqa: BLE001
+      if not isinstance(e, EXPECTED) and not lost_process(e):
+        raise  # a bug: keep its traceback
       code = report(e)
       sys.stdout.flush()
-      os._exit(code)  # no interpreter shutdown: library threads cannot print after the line
+      # No interpreter shutdown: library threads cannot print after the line, and a
+      # multi-process run does not wait at the shutdown barrier for a process that is gone.
+      os._exit(code)
 
   app.run(guarded, flags_parser=parser)
 

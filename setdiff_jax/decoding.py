@@ -12,14 +12,13 @@ special tokens), `decode(ids) -> str` (drops specials), `bos_id`, `eos_id`, `pad
 from __future__ import annotations
 
 import dataclasses
-import os
 import secrets
 from typing import Any, Callable, List, Optional
 
 import jax
 import numpy as np
 
-from setdiff_jax import methods
+from setdiff_jax import methods, paths
 from setdiff_jax.workdir import load as workdir_lib
 from setdiff_jax.sampling.config import SampleOutput, SamplerConfig
 from setdiff_jax.sampling.text import parse_infill, prompt_ids
@@ -194,7 +193,7 @@ def sample_from_workdir(workdir: str, *, step: Optional[int] = None, use_ema: bo
   """Loads a trained run (parameters only, `workdir.load_inference_state`); `run_sampling`."""
   state = workdir_lib.load_inference_state(workdir, step=step, use_ema=use_ema)
   model = workdir_lib.inference_model(state.model_config, dtype)
-  kwargs.setdefault("header", f"workdir: {os.path.abspath(workdir)}  step: {state.step}  "
+  kwargs.setdefault("header", f"workdir: {paths.resolve(workdir)}  step: {state.step}  "
                     f"params: {params_label(state.config, use_ema)}  ")
   return run_sampling(model, state.params, state.tokenizer, state.objective_config,
                       int(state.config.seq_len), **kwargs)

@@ -10,7 +10,8 @@ heads / MLP / vocabulary), which replicate them on a data-only mesh; the same ji
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+import os
+from typing import Mapping, Optional, Sequence
 
 from absl import logging
 import jax
@@ -23,15 +24,133 @@ MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
 
 
-def initialize_distributed() -> None:
-  """Joins a multi-process cluster when the environment describes one; no-op on one host.
+# The cluster of `initialize_distributed`, from flags (`setdiff_jax.cli`) or these variables
+# (what `launch/local_cluster.py` sets); without them TPU / GPU / SLURM auto-detection runs.
+COORDINATOR_ENV = "SETDIFF_COORDINATOR_ADDRESS"  # host:port of process 0's coordinator
+NUM_PROCESSES_ENV = "SETDIFF_NUM_PROCESSES"
+PROCESS_ID_ENV = "SETDIFF_PROCESS_ID"
+# Seconds to wait for all processes to join; seconds without a heartbeat after which a process
+# counts as lost and the others stop with an error (instead of waiting in a collective forever).
+INIT_TIMEOUT_ENV = "SETDIFF_INIT_TIMEOUT_S"
+HEARTBEAT_TIMEOUT_ENV = "SETDIFF_HEARTBEAT_TIMEOUT_S"
+DEFAULT_INIT_TIMEOUT_S = 300
+DEFAULT_HEARTBEAT_TIMEOUT_S = 100
 
-  Every launcher calls this first (all hosts of a pod run the same command).
+
+def _from_flag_or_env(flag: str, env: str):
+  """The absl flag `flag` if set (launchers define it through `setdiff_jax.cli`), else $env."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  try:
+    value = flags.FLAGS[flag].value if flag in flags.FLAGS else None
+  except flags.UnparsedFlagAccessError:
+    value = None
+  if value is None or value == "":
+    value = os.environ.get(env) or None
+  return value
+
+
+def _int_setting(value, what: str, minimum: int):
+  if value is None:
+    return None
+  try:
+    number = int(value)
+  except (TypeError, ValueError):
+    number = None
+  if number is None or number < minimum:
+    raise ValueError(f"{what}={value!r} is not an integer >= {minimum}")
+  return number
+
+
+def cluster_settings(coordinator_address: Optional[str] = None,
+                     num_processes: Optional[int] = None,
+                     process_id: Optional[int] = None) -> Optional[dict]:
+  """The explicit cluster (arguments > flags > environment), or None to auto-detect.
+
+  Raises ValueError naming the flag / variable when the description is incomplete.
   """
+  coordinator = coordinator_address or _from_flag_or_env("coordinator_address", COORDINATOR_ENV)
+  num = num_processes if num_processes is not None else _from_flag_or_env(
+      "num_processes", NUM_PROCESSES_ENV)
+  pid = process_id if process_id is not None else _from_flag_or_env("process_id", PROCESS_ID_ENV)
+  if coordinator is None and num is None and pid is None:
+    return None
+  if coordinator is None or num is None or pid is None:
+    raise ValueError(
+        "a multi-process run needs all three of --coordinator_address (or $" + COORDINATOR_ENV
+        + "), --num_processes (or $" + NUM_PROCESSES_ENV + ") and --process_id (or $"
+        + PROCESS_ID_ENV + f"); got coordinator_address={coordinator!r}, num_processes={num!r}, "
+        f"process_id={pid!r}")
+  num = _int_setting(num, "--num_processes", 1)
+  pid = _int_setting(pid, "--process_id", 0)
+  if pid >= num:
+    raise ValueError(f"--process_id={pid} must be < --num_processes={num}")
+  if ":" not in str(coordinator):
+    raise ValueError(f"--coordinator_address={coordinator!r} must be HOST:PORT, e.g. "
+                     "127.0.0.1:12355")
+  return {
+      "coordinator_address": str(coordinator), "num_processes": num, "process_id": pid,
+      "initialization_timeout": _int_setting(os.environ.get(INIT_TIMEOUT_ENV), INIT_TIMEOUT_ENV,
+                                             1) or DEFAULT_INIT_TIMEOUT_S,
+      "heartbeat_timeout_seconds": _int_setting(os.environ.get(HEARTBEAT_TIMEOUT_ENV),
+                                                HEARTBEAT_TIMEOUT_ENV, 1)
+                                   or DEFAULT_HEARTBEAT_TIMEOUT_S,
+  }
+
+
+def initialize_distributed(coordinator_address: Optional[str] = None,
+                           num_processes: Optional[int] = None,
+                           process_id: Optional[int] = None) -> None:
+  """Joins a multi-process cluster; a no-op on one host.
+
+  The cluster comes from the arguments, else the `--coordinator_address / --num_processes /
+  --process_id` flags, else `$SETDIFF_COORDINATOR_ADDRESS / $SETDIFF_NUM_PROCESSES /
+  $SETDIFF_PROCESS_ID` (set by `launch/local_cluster.py`), else JAX's auto-detection (TPU pod
+  metadata, SLURM, ...). Every launcher calls this first (all hosts run the same command).
+  """
+  settings = cluster_settings(coordinator_address, num_processes, process_id)
+  if settings is not None:
+    if jax.distributed.is_initialized():
+      return
+    logging.info("joining cluster %s as process %d of %d", settings["coordinator_address"],
+                 settings["process_id"], settings["num_processes"])
+    jax.distributed.initialize(**settings)
+    return
   try:
     jax.distributed.initialize()
   except (ValueError, RuntimeError) as e:  # no coordinator / single host
     logging.debug("jax.distributed.initialize skipped (%s); running single-process", e)
+
+
+BARRIER_TIMEOUT_ENV = "SETDIFF_BARRIER_TIMEOUT_S"  # e.g. while process 0 trains the tokenizer
+DEFAULT_BARRIER_TIMEOUT_S = 3600
+_barriers = {}
+
+
+def barrier(name: str, timeout_s: Optional[float] = None) -> None:
+  """Waits until every process reaches `barrier(name)`; a no-op on one process.
+
+  Bounded: raises TimeoutError after `timeout_s` (default `$SETDIFF_BARRIER_TIMEOUT_S`, else
+  3600 s), naming the barrier, instead of waiting forever for a process that is gone.
+  """
+  if jax.process_count() == 1:
+    return
+  if timeout_s is None:
+    timeout_s = _int_setting(os.environ.get(BARRIER_TIMEOUT_ENV), BARRIER_TIMEOUT_ENV,
+                             1) or DEFAULT_BARRIER_TIMEOUT_S
+  from jax._src import distributed  # pylint: disable=g-import-not-at-top
+  client = distributed.global_state.client
+  if client is None:  # a cluster JAX joined without its coordination service: a collective
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    multihost_utils.sync_global_devices(name)
+    return
+  _barriers[name] = _barriers.get(name, 0) + 1  # every process calls them in the same order
+  try:
+    client.wait_at_barrier(f"setdiff_jax/{name}/{_barriers[name]}", int(timeout_s * 1000))
+  except Exception as e:  # noqa: BLE001 - the runtime raises its own error type
+    raise TimeoutError(f"process {jax.process_index()} waited for the other processes at "
+                       f"{name!r} and they did not all arrive within {timeout_s:g}s (a process "
+                       f"died or hangs; ${BARRIER_TIMEOUT_ENV} sets the limit): "
+                       f"{' '.join(str(e).split())[:300]}") from e
 
 
 def mesh_shape(mesh_cfg: Mapping[str, int], num_devices: int) -> tuple:

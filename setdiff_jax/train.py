@@ -31,7 +31,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from setdiff_jax import decoding, methods, models, sharding
+from setdiff_jax import decoding, methods, models, paths, sharding
 from setdiff_jax.workdir import fallback
 from setdiff_jax.workdir import checkpoints as checkpointing
 from setdiff_jax.evaluation import likelihood
@@ -161,29 +161,35 @@ def jit_train_step(config, model: Backbone, obj_cfg: losses.ObjectiveConfig, mes
 
 # --------------------------------------------------------------------------------- writers
 class MetricWriter:
-  """TensorBoard events (tensorboardX) + WORKDIR/metrics.jsonl; no-op off process 0."""
+  """TensorBoard events (tensorboardX) + WORKDIR/metrics.jsonl; no-op off process 0.
+
+  metrics.jsonl goes through `setdiff_jax.paths` (object stores included); TensorBoard events
+  are written for local workdirs only (an object-store workdir keeps metrics.jsonl)."""
 
   def __init__(self, workdir: str, enabled: bool):
     self.enabled = enabled
     self._tb = None
     self._jsonl = None
     if enabled:
-      from tensorboardX import SummaryWriter
-      self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
-      self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a")
+      if not paths.is_remote(workdir):
+        from tensorboardX import SummaryWriter
+        self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+      self._jsonl = paths.AppendFile(paths.join(workdir, "metrics.jsonl"))
 
   def scalars(self, step: int, values: Dict[str, float]):
     if not self.enabled:
       return
     for k, v in values.items():
-      self._tb.add_scalar(k, float(v), step)
+      if self._tb is not None:
+        self._tb.add_scalar(k, float(v), step)
     self._jsonl.write(json.dumps({"step": int(step), **{k: float(v) for k, v in values.items()}})
                       + "\n")
     self._jsonl.flush()
-    self._tb.flush()
+    if self._tb is not None:
+      self._tb.flush()
 
   def texts(self, step: int, tag: str, texts):
-    if not self.enabled:
+    if not self.enabled or self._tb is None:
       return
     for i, t in enumerate(texts):
       self._tb.add_text(f"{tag}/{i}", t, step)
@@ -191,7 +197,8 @@ class MetricWriter:
 
   def close(self):
     if self.enabled:
-      self._tb.close()
+      if self._tb is not None:
+        self._tb.close()
       self._jsonl.close()
 
 
@@ -274,8 +281,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[
   if config.get("init_from_hf"):  # model fields 0 -> the HF checkpoint's (before validation)
     config = pretrained.resolve_run_config(config)
   run_config.validate_config(config, jax.device_count())
-  workdir = os.path.abspath(workdir)
-  os.makedirs(workdir, exist_ok=True)
+  workdir = paths.resolve(workdir)
+  if jax.process_index() == 0:
+    paths.makedirs(workdir)
   with workdir_lock.WorkdirLock(workdir, jax.process_index()):
     config = workdir_lock.absolute_paths(config)
     workdir_lock.check_resume(config, workdir)

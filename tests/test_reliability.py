@@ -22,7 +22,7 @@ from setdiff_jax.workdir import checkpoints as checkpointing
 from setdiff_jax.workdir import config as run_config
 from setdiff_jax.workdir import lock as workdir_lock
 from setdiff_jax.workdir import load as workdir_lib
-from setdiff_jax.data import tokenizers
+from setdiff_jax.data import pipeline, tokenizers
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)  # configs/
@@ -239,7 +239,8 @@ def test_mismatched_resume_writes_nothing(tmp_path, monkeypatch):
   checkpointing.save_config(tiny_config(), str(workdir))
   before = {p: (workdir / p).read_bytes() for p in ["config.json"]}
   monkeypatch.setattr(jax, "jit", lambda *a, **k: pytest.fail("compiled something"))
-  monkeypatch.setattr(train, "build_tokenizer", lambda *a, **k: pytest.fail("built a tokenizer"))
+  monkeypatch.setattr(train.run_config, "build_tokenizer",
+                      lambda *a, **k: pytest.fail("built a tokenizer"))
   changed = tiny_config(**{"model.num_layers": 2, "loss.desired_set_size": 2, "seq_len": 32,
                            "num_train_steps": 9, "learning_rate": 0.1})
   with pytest.raises(errors.ConfigMismatchError) as e:
@@ -389,10 +390,10 @@ def test_missing_iterator_state_says_so(run_dir, tmp_path):
   manager = checkpointing.make_manager(workdir)
   abstract = _abstract(workdir)
   try:
-    os.remove(os.path.join(workdir, "checkpoints", "2", "data", "process_0-of-1.json"))
+    os.remove(os.path.join(workdir, "checkpoints", "2", "data", pipeline.ITERATOR_FILE))
     iterator = _train_iterator(workdir)
     assert int(checkpointing.restore(manager, abstract, data_iterator=iterator).step) == 1
-    os.remove(os.path.join(workdir, "checkpoints", "1", "data", "process_0-of-1.json"))
+    os.remove(os.path.join(workdir, "checkpoints", "1", "data", pipeline.ITERATOR_FILE))
     with pytest.raises(errors.MissingIteratorStateError) as e:
       checkpointing.restore(manager, abstract, data_iterator=iterator)
   finally:

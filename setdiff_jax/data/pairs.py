@@ -33,6 +33,7 @@ from absl import logging
 import grain
 import numpy as np
 
+from setdiff_jax.data import global_order
 from setdiff_jax.data import tasks
 from setdiff_jax.data import text_files
 from setdiff_jax.data.records import Pair
@@ -210,7 +211,8 @@ def make_pair_dataset(data_cfg, tokenizer, *, split: str, seq_len: int, batch_si
                       seed: int, process_index: int, process_count: int, shuffle: bool,
                       num_epochs: Optional[int], drop_remainder: bool,
                       read_options) -> grain.IterDataset:
-  """Batches of pair rows, this process's strided share (see `pipeline.make_dataset`)."""
+  """This process's rows of each global batch of pair rows (`pipeline.make_dataset`: one global
+  order of the pairs, whatever the number of processes; `batch_size` is the local batch)."""
   if data_cfg.preprocess != "pad":
     raise ValueError(f"data.source={data_cfg.source} builds one pair per row: set "
                      f"data.preprocess=pad (got {data_cfg.preprocess!r})")
@@ -220,15 +222,18 @@ def make_pair_dataset(data_cfg, tokenizer, *, split: str, seq_len: int, batch_si
                             prompt_style=data_cfg.get("prompt_style", "plain"))
   rows = pair_rows(encoded, seq_len, tokenizer.pad_id)
   n = rows["tokens"].shape[0]
-  share = [{k: v[i] for k, v in rows.items()} for i in range(process_index, n, process_count)]
-  if not share:
-    raise ValueError(f"no data: {data_cfg.source} {split} shard {process_index}/{process_count} "
-                     "has no pairs")
-  ds = grain.MapDataset.source(share)
+  if not n:
+    raise ValueError(f"no data: {data_cfg.source} {split} has no pairs")
+  ds = grain.MapDataset.source([{k: v[i] for k, v in rows.items()} for i in range(n)])
   if shuffle:
     ds = ds.shuffle(seed=seed)
-  ds = ds.repeat(num_epochs).batch(batch_size, drop_remainder=drop_remainder)
-  ds = ds.map(lambda b: _fill(b, batch_size, tokenizer.pad_id))
+  ds = global_order.process_rows(
+      ds.repeat(num_epochs), global_batch_size=batch_size * process_count,
+      process_index=process_index, process_count=process_count, drop_remainder=drop_remainder)
+  empty = {k: np.zeros((0, seq_len), v.dtype) for k, v in rows.items()}
+  stack = lambda share: ({k: np.stack([r[k] for r in share]) for k in rows} if share  # noqa
+                         else dict(empty))
+  ds = ds.map(lambda share: _fill(stack(share), batch_size, tokenizer.pad_id))
   return ds.to_iter_dataset(read_options)
 
 

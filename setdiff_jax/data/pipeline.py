@@ -32,32 +32,43 @@ Preprocessing (``data_cfg.preprocess``):
 
 How each case runs (all in this process, no grain worker processes):
 
-- pad, any source: docs -> shard -> shuffle -> repeat -> batch of texts ->
-  tokenize (encode_batch) and pad. Lazy: only the texts of each batch are read.
+- pad, any source: docs -> shuffle -> repeat -> this process's texts of each
+  global batch -> tokenize (encode_batch) and pad. Lazy: only the texts of this
+  process's rows are read.
 - wrap, in-memory sources (embedded, text, jsonl): the whole split is tokenized
   once (seconds for the 4 MB embedded corpus) and cut into rows, as the
-  reference's pre-wrapped .dat files; then rows -> shard -> shuffle -> repeat ->
-  batch. The row set does not depend on the number of processes.
-- wrap, tfds (lm1b, 30M sentences): lazy. docs -> shard -> shuffle -> repeat ->
+  reference's pre-wrapped .dat files; then rows -> shuffle -> repeat -> this
+  process's rows of each global batch.
+- wrap, tfds (lm1b, 30M sentences): lazy. docs -> shuffle -> repeat ->
   groups of 256 texts -> tokenize into one stream piece ->
-  grain ConcatThenSplitIterDataset -> add row specials -> batch. Rows of one
-  batch are consecutive pieces of the stream (LM1B sentences are short, so
-  neighbouring rows share at most one sentence).
+  grain ConcatThenSplitIterDataset -> add row specials -> global batch -> this
+  process's rows. Rows of one batch are consecutive pieces of the stream (LM1B
+  sentences are short, so neighbouring rows share at most one sentence). Every
+  process tokenizes the global stream here (the rows of a batch depend on all the
+  documents before them); the cost is the tokenizer's, small next to a step.
 
-Sharding: process p of P reads only items p, p+P, p+2P, ... (documents; rows of
-the pre-wrapped case), so no host reads the global batch. Shuffling is an exact
+One global data order: the shuffled, repeated sequence of examples (documents,
+rows or pairs) depends only on `seed`, never on the number of processes. Global
+batch s is its elements s*G .. s*G+G-1 (G = global_batch_size); process p of P
+takes rows p*G/P .. (p+1)*G/P-1 of it (`process_rows`), so the P local batches of
+a step, concatenated in process order, are the 1-process batch, and the same run
+on 1, 2 or 4 hosts sees the same data. (Before this, each process shuffled its
+strided share of the documents: multi-process runs read other batches; 1-process
+runs are unchanged, bit for bit, checkpoints included.) Shuffling is an exact
 per-epoch permutation (grain index_shuffle), reseeded each epoch, from `seed`.
 
-Checkpointing: the iterator state is a small JSON-able dict. Save it beside
-the train state with orbax via ``checkpoint_args_save(it)`` /
-``checkpoint_args_restore(it)`` (``grain.checkpoint.CheckpointSave/Restore``,
-one file per process), or by hand with ``iterator_state_json`` /
-``restore_iterator_state``.
+Checkpointing: the iterator state is a small JSON-able dict, the same on every
+process (the global position, e.g. {'next_index': s}), so a checkpoint resumes on
+any number of processes. Save it beside the train state with orbax via
+``checkpoint_args_save(it)`` / ``checkpoint_args_restore(it)`` with
+``GlobalIteratorHandler`` (process 0 writes ``ITERATOR_FILE``; every process
+reads it), or by hand with ``iterator_state_json`` / ``restore_iterator_state``.
 """
 from __future__ import annotations
 
 import functools
 import json
+from typing import Any
 
 import grain
 import ml_collections
@@ -66,6 +77,7 @@ from absl import logging
 from grain.experimental import ConcatThenSplitIterDataset
 
 from setdiff_jax.data import pairs, sources
+from setdiff_jax.data.global_order import process_rows
 
 SOURCES = ("embedded", "tfds", "text", "jsonl") + pairs.PAIR_SOURCES
 PREPROCESS = ("wrap", "pad")
@@ -319,6 +331,11 @@ def _order(ds: grain.MapDataset, shuffle: bool, seed: int,
   return ds.repeat(num_epochs)
 
 
+def _stack_rows(rows: list, seq_len: int) -> np.ndarray:
+  """A list of int32 [seq_len] rows -> int32 [len(rows), seq_len] (also for none)."""
+  return np.stack(rows) if rows else np.zeros((0, seq_len), np.int32)
+
+
 def _check_nonempty(n: int, what: str):
   if n == 0:
     raise ValueError(f"no data: {what}")
@@ -339,8 +356,8 @@ def make_dataset(data_cfg, tokenizer, *, split: str, seq_len: int,
     seq_len: row length L.
     global_batch_size: rows per step over all processes; must be divisible by
       process_count.
-    seed: shuffling seed, 0 <= seed < 2**32 (same on every process: shards are
-      disjoint anyway).
+    seed: shuffling seed, 0 <= seed < 2**32 (the same on every process: it fixes the
+      one global order the processes share).
     process_index, process_count: this process and the number of processes
       (jax.process_index(), jax.process_count()).
     shuffle: shuffle documents (pad / lazy wrap) or rows (pre-wrapped).
@@ -380,10 +397,12 @@ def make_dataset(data_cfg, tokenizer, *, split: str, seq_len: int,
         process_index=process_index, process_count=process_count, shuffle=shuffle,
         num_epochs=num_epochs, drop_remainder=drop_remainder, read_options=read_options)
 
+  mine = functools.partial(process_rows, global_batch_size=global_batch_size,
+                           process_index=process_index, process_count=process_count,
+                           drop_remainder=drop_remainder)
   if data_cfg.preprocess == "pad":
-    docs = sources.load_texts(data_cfg, split, process_index, process_count)
-    _check_nonempty(len(docs), f"{data_cfg.source} {split} shard "
-                    f"{process_index}/{process_count} has no documents")
+    docs = sources.load_texts(data_cfg, split)
+    _check_nonempty(len(docs), f"{data_cfg.source} {split} has no documents")
     # Tokenized once up front (the texts are in memory already), so over-long documents are
     # counted, logged and handled (data.overlong) before any row is built.
     ids, _ = fit_documents([np.asarray(d, np.int32) for d in tok.encode_batch(docs)], seq_len,
@@ -391,31 +410,28 @@ def make_dataset(data_cfg, tokenizer, *, split: str, seq_len: int,
                            what=f"{data_cfg.source} {split} documents")
     _check_nonempty(len(ids), f"{data_cfg.source} {split}: every document was skipped "
                     f"(data.overlong=skip, seq_len={seq_len})")
-    ds = _order(grain.MapDataset.source(ids), shuffle, seed, num_epochs)
-    ds = ds.batch(batch_size, drop_remainder=drop_remainder, batch_fn=list)
-    ds = ds.map(lambda rows: finish(pad_rows(rows, seq_len, tok.bos_id, tok.eos_id, tok.pad_id)))
+    # This process's documents of each global batch (one order, whatever the process count).
+    ds = mine(_order(grain.MapDataset.source(ids), shuffle, seed, num_epochs))
+    ds = ds.map(lambda rows: finish(pad_rows(list(rows), seq_len, tok.bos_id, tok.eos_id,
+                                             tok.pad_id)))
     return ds.to_iter_dataset(read_options)
 
   if data_cfg.source in IN_MEMORY_SOURCES:
-    # Tokenize the whole split once; every process builds the same rows and
-    # keeps its strided share.
+    # Tokenize the whole split once; every process builds the same rows.
     docs = sources.load_texts(data_cfg, split)
     rows = wrap_rows(tok.encode_batch(docs), seq_len, tok.bos_id, tok.eos_id,
                      style)
     _check_nonempty(len(rows), f"{data_cfg.source} {split} has fewer tokens "
                     f"than one row of seq_len={seq_len}")
-    rows = rows[process_index::process_count]
-    ds = _order(grain.MapDataset.source(rows), shuffle, seed, num_epochs)
-    ds = ds.batch(batch_size, drop_remainder=drop_remainder)
-    ds = ds.map(lambda t: finish({"tokens": t,
-                                  "attention_mask": np.ones_like(t)}))
+    ds = mine(_order(grain.MapDataset.source(rows), shuffle, seed, num_epochs))
+    ds = ds.map(lambda r: _stack_rows(r, seq_len)).map(
+        lambda t: finish({"tokens": t, "attention_mask": np.ones_like(t)}))
     return ds.to_iter_dataset(read_options)
 
   # Lazy wrap (tfds): tokenize groups of documents into stream pieces and let
   # grain's concat-then-split cut rows, carrying the remainder between pieces.
-  docs = sources.load_texts(data_cfg, split, process_index, process_count)
-  _check_nonempty(len(docs), f"{data_cfg.source} {split} shard "
-                  f"{process_index}/{process_count} has no documents")
+  docs = sources.load_texts(data_cfg, split)
+  _check_nonempty(len(docs), f"{data_cfg.source} {split} has no documents")
   chunk = _chunk_len(seq_len, style)
   ds = _order(grain.MapDataset.source(docs), shuffle, seed, num_epochs)
   ds = ds.batch(DOCS_PER_GROUP, drop_remainder=False, batch_fn=list)
@@ -427,35 +443,91 @@ def make_dataset(data_cfg, tokenizer, *, split: str, seq_len: int,
   ds = ds.filter(lambda x: bool(np.all(x["tokens_segment_ids"] > 0)))
   ds = ds.map(lambda x: _add_row_specials(
       x["tokens"][None].astype(np.int32), style, tok.bos_id, tok.eos_id)[0])
-  ds = ds.batch(batch_size, drop_remainder=drop_remainder)
-  return ds.map(lambda t: finish({"tokens": t,
-                                  "attention_mask": np.ones_like(t)}))
+  ds = ds.batch(global_batch_size, drop_remainder=drop_remainder)  # the global batch
+  first = process_index * batch_size
+  return ds.map(lambda t: finish({"tokens": t[first:first + batch_size],
+                                  "attention_mask": np.ones_like(t[first:first + batch_size])}))
 
 
 # ---------------------------------------------------------------------------
 # Iterator state.
 
 
-def checkpoint_args_save(iterator):
-  """Orbax save args for a grain iterator (`grain.checkpoint.CheckpointSave`).
+# The one iterator-state file of a checkpoint's data item (process 0 writes it). Checkpoints
+# written before the global order hold `process_<i>-of-<n>.json` instead (grain's default).
+ITERATOR_FILE = "iterator.json"
 
-  e.g. `mngr.save(step, args=ocp.args.Composite(
-      state=ocp.args.StandardSave(state), data=checkpoint_args_save(it)))`.
-  Each process writes its own `process_<i>-of-<n>.json`.
-  """
+
+def legacy_iterator_file(process_index: int, process_count: int) -> str:
+  return f"process_{process_index}-of-{process_count}.json"
+
+
+def iterator_state_files(process_index: int, process_count: int) -> tuple:
+  """The file names a data item may hold this process's state in, preferred first."""
+  return (ITERATOR_FILE, legacy_iterator_file(process_index, process_count))
+
+
+@functools.lru_cache(maxsize=1)
+def _global_iterator_classes():
+  """(handler, save args, restore args): built on first use (importing orbax is slow)."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
   import grain.checkpoint  # pylint: disable=g-import-not-at-top  (pulls orbax)
-  return grain.checkpoint.CheckpointSave(iterator)
+  import jax  # pylint: disable=g-import-not-at-top
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+
+  class GlobalIteratorHandler(grain.checkpoint.CheckpointHandler):
+    """Orbax handler of the data item: the iterator state is global (the same on every
+    process), so process 0 writes one `ITERATOR_FILE` and every process, whatever their number
+    now, restores from it (or from a pre-global checkpoint's own `process_<i>-of-<n>.json`)."""
+
+    def save(self, directory, item=None, args=None):
+      item = item or args.item
+      if jax.process_index() == 0:
+        (directory / ITERATOR_FILE).write_text(json.dumps(item.get_state(), indent=2))
+
+    def restore(self, directory, item=None, args=None):
+      item = item or args.item
+      for name in iterator_state_files(jax.process_index(), jax.process_count()):
+        if (directory / name).exists():
+          item.set_state(json.loads((directory / name).read_text()))
+          if hasattr(item, "start_prefetch"):  # as grain's own handler does
+            item.start_prefetch()
+          return item
+      raise ValueError(f"no data-iterator state ({ITERATOR_FILE}) in {directory}")
+
+  @ocp.args.register_with_handler(GlobalIteratorHandler, for_save=True)
+  @dataclasses.dataclass
+  class GlobalIteratorSave(ocp.args.CheckpointArgs):
+    item: Any
+
+  @ocp.args.register_with_handler(GlobalIteratorHandler, for_restore=True)
+  @dataclasses.dataclass
+  class GlobalIteratorRestore(ocp.args.CheckpointArgs):
+    item: Any
+
+  return GlobalIteratorHandler, GlobalIteratorSave, GlobalIteratorRestore
+
+
+def global_iterator_handler():
+  """The orbax handler of a checkpoint's `data` item (one global iterator state)."""
+  return _global_iterator_classes()[0]()
+
+
+def checkpoint_args_save(iterator):
+  """Orbax save args for a grain iterator, e.g. `mngr.save(step, args=ocp.args.Composite(
+  state=ocp.args.StandardSave(state), data=checkpoint_args_save(it)))`: process 0 writes
+  `data/ITERATOR_FILE`, the global state, which any number of processes can restore."""
+  return _global_iterator_classes()[1](iterator)
 
 
 def checkpoint_args_restore(iterator):
-  """Orbax restore args that set `iterator`'s state in place
-  (`grain.checkpoint.CheckpointRestore`)."""
-  import grain.checkpoint  # pylint: disable=g-import-not-at-top
-  return grain.checkpoint.CheckpointRestore(iterator)
+  """Orbax restore args that set `iterator`'s state in place (from `ITERATOR_FILE`, or a
+  checkpoint's `process_<i>-of-<n>.json` written before the global order)."""
+  return _global_iterator_classes()[2](iterator)
 
 
 def iterator_state_json(iterator) -> str:
-  """The iterator's state as a JSON string (what the grain handler writes)."""
+  """The iterator's state as a JSON string (what the checkpoint's data item holds)."""
   return json.dumps(iterator.get_state())
 
 

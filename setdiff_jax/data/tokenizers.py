@@ -37,6 +37,8 @@ import numpy as np
 import tokenizers as hf
 from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
+from setdiff_jax import paths
+
 KINDS = ("wordpiece", "gpt2", "qwen3", "trained")
 TOKENIZER_SUBDIR = "tokenizer"
 _SPECIALS_FILE = "special_tokens.json"
@@ -338,10 +340,11 @@ def get_tokenizer(cfg, workdir=None,
   Raises ValueError if the saved tokenizer is of another kind than cfg.kind
   (a workdir reused with a different config).
   """
-  if workdir is not None:
-    tok_dir = pathlib.Path(workdir) / TOKENIZER_SUBDIR
-    if (tok_dir / _SPECIALS_FILE).is_file():
-      tok = Tokenizer.load(tok_dir)
+  if workdir is not None:  # through `setdiff_jax.paths`: the workdir may be on gs://
+    tok_dir = paths.join(workdir, TOKENIZER_SUBDIR)
+    if paths.isfile(paths.join(tok_dir, _SPECIALS_FILE)):
+      with paths.local_copy(tok_dir) as local:
+        tok = Tokenizer.load(local)
       if tok.kind != cfg.kind:
         raise ValueError(
             f"workdir tokenizer {tok_dir} is kind={tok.kind!r} but the config "
@@ -349,5 +352,6 @@ def get_tokenizer(cfg, workdir=None,
       return tok
   tok = build_tokenizer(cfg, train_texts)
   if workdir is not None:
-    tok.save(tok_dir)
+    with paths.staged_dir(tok_dir) as local:
+      tok.save(local)
   return tok

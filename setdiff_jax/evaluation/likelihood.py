@@ -135,11 +135,20 @@ def sequence_nlls(model: Backbone, params, obj_cfg: losses.ObjectiveConfig, toke
       batch["context_mask"] = np.concatenate([ctx[start:stop], np.zeros((pad, length), np.int32)])
     batch = jax.device_put(batch, sharding) if sharding is not None else jax.device_put(batch)
     for k in range(num_draws):
-      s, c = jax.device_get(fn(params, batch, row_keys(seed, rows, k)))
+      s, c = _fetch(fn(params, batch, row_keys(seed, rows, k)))
       nll[k, start:stop] = np.asarray(s, np.float64)[:stop - start]
       if k == 0:
         count[start:stop] = np.asarray(c, np.float64)[:stop - start]
   return nll, count
+
+
+def _fetch(values):
+  """Device arrays -> host numpy on every process (a multi-process run's per-row results are
+  sharded over devices other processes hold: gathered across processes)."""
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    return multihost_utils.process_allgather(values, tiled=True)
+  return jax.device_get(values)
 
 
 def summarize(obj_name: str, nll: np.ndarray, count: np.ndarray) -> Dict[str, Any]:

@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import jax
 
-from setdiff_jax import decoding, methods
+from setdiff_jax import decoding, methods, paths
 from setdiff_jax.workdir import load as workdir_lib
 from setdiff_jax.data import pairs as pairs_lib
 from setdiff_jax.evaluation import accuracy, generation, gsm8k, infill, likelihood
@@ -263,24 +263,22 @@ def evaluate_workdir(workdir: str, evals: Sequence[str], opts: Optional[EvalOpti
   for key, value in (data_overrides or {}).items():
     state.config.data[key] = value
   results = evaluate_state(state, evals, opts, log=log)
-  path = output or os.path.join(workdir, RESULTS_FILE)
+  path = output or paths.join(workdir, RESULTS_FILE)
   record: Dict[str, Any] = {}
-  if os.path.exists(path):
-    with open(path) as f:
-      try:
-        record = json.load(f)
-      except json.JSONDecodeError:
-        record = {}
+  if paths.exists(path):
+    try:
+      record = json.loads(paths.read_text(path))
+    except json.JSONDecodeError:
+      record = {}
     if record.get("step") != state.step:
       record = {}
-  record.update(workdir=os.path.abspath(workdir), step=state.step,
+  record.update(workdir=paths.resolve(workdir), step=state.step,
                 objective=state.objective_config.name, use_ema=use_ema,
                 hardware=hardware(), time=time.strftime("%Y-%m-%d %H:%M:%S"))
   record.setdefault("options", {}).update({e: opts.to_json() for e in evals})
   record.update(results)
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  with open(path, "w") as f:
-    json.dump(record, f, indent=2)
+  if jax.process_index() == 0:  # every process computed the same record; one writes it
+    paths.write_text(path, json.dumps(record, indent=2))
   record["path"] = path
   return record
 

@@ -2,8 +2,9 @@
 
 Each checkpoint holds two items:
   state  the TrainState (step, params, EMA params, optimizer state), saved by every host;
-  data   the grain iterator state of each process (`process_<i>-of-<n>.json`), so a resumed run
-         sees exactly the batches the uninterrupted run would have seen.
+  data   the grain iterator state, global (`data/iterator.json`, written by process 0; older
+         checkpoints hold `process_<i>-of-<n>.json`), so a resumed run, on any number of
+         processes, sees exactly the batches the uninterrupted run would have seen.
 Inference (sampling, evaluation, export) and `init_from` read parameters only, through
 `setdiff_jax.workdir.load`, which uses this module's file layout. Every restore falls back past damaged
 steps (`workdir/fallback.py`); a save that runs out of disk raises `errors.DiskFullError`.
@@ -12,15 +13,14 @@ from __future__ import annotations
 
 import errno
 import json
-import os
 from typing import Optional
 
 from absl import logging
-import grain
 import ml_collections
 import orbax.checkpoint as ocp
 
-from setdiff_jax import errors
+from setdiff_jax import errors, paths
+from setdiff_jax.data import pipeline
 from setdiff_jax.workdir import fallback
 
 CHECKPOINT_DIR = "checkpoints"
@@ -33,14 +33,14 @@ def _quiet_orbax():
 
 
 def checkpoint_dir(workdir: str) -> str:
-  return os.path.join(os.path.abspath(workdir), CHECKPOINT_DIR)
+  return paths.join(paths.resolve(workdir), CHECKPOINT_DIR)
 
 
 def make_manager(workdir: str, *, keep: int = 3, with_data: bool = True) -> ocp.CheckpointManager:
   items = ("state", "data") if with_data else ("state",)
   handlers = {"state": ocp.StandardCheckpointHandler()}
   if with_data:
-    handlers["data"] = grain.checkpoint.CheckpointHandler()
+    handlers["data"] = pipeline.global_iterator_handler()  # one global state: any process count
   options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
                                          enable_async_checkpointing=False)
   with _quiet_orbax():
@@ -51,7 +51,7 @@ def make_manager(workdir: str, *, keep: int = 3, with_data: bool = True) -> ocp.
 def save(manager: ocp.CheckpointManager, step: int, state, data_iterator=None, *, force=True) -> bool:
   args = {"state": ocp.args.StandardSave(state)}
   if data_iterator is not None:
-    args["data"] = grain.checkpoint.CheckpointSave(data_iterator)
+    args["data"] = pipeline.checkpoint_args_save(data_iterator)
   try:
     with _quiet_orbax():
       saved = manager.save(step, args=ocp.args.Composite(**args), force=force)
@@ -105,22 +105,19 @@ def resolve_step(manager: ocp.CheckpointManager, step: Optional[int] = None) -> 
 
 
 def save_config(config: ml_collections.ConfigDict, workdir: str):
-  """Writes WORKDIR/config.json (write-then-rename: a crash never leaves half a file)."""
-  os.makedirs(workdir, exist_ok=True)
-  path = os.path.join(workdir, CONFIG_FILE)
-  with open(path + ".tmp", "w") as f:
-    f.write(config.to_json_best_effort(indent=2, sort_keys=True))
-  os.replace(path + ".tmp", path)
+  """Writes WORKDIR/config.json (whole-file: a crash never leaves half a file; any
+  `paths` location, e.g. gs://). Call it on process 0 only."""
+  paths.write_text(paths.join(workdir, CONFIG_FILE),
+                   config.to_json_best_effort(indent=2, sort_keys=True))
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
-  path = os.path.join(workdir, CONFIG_FILE)
-  if not os.path.exists(path):
+  path = paths.join(workdir, CONFIG_FILE)
+  if not paths.exists(path):
     raise FileNotFoundError(f"{path} not found: is {workdir!r} a training workdir "
                             f"(written by launch/train.py)?")
   try:
-    with open(path, encoding="utf-8") as f:
-      return ml_collections.ConfigDict(json.load(f))
+    return ml_collections.ConfigDict(json.loads(paths.read_text(path)))
   except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
     raise ValueError(f"{path} is damaged ({e}): it holds the run's config; restore it from a "
                      "backup or rewrite it") from e

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Optional, Tuple
 
+import jax
 import ml_collections
 
 from setdiff_jax import methods, models, sharding
@@ -181,7 +182,17 @@ def build_tokenizer(config, workdir: Optional[str], *, allow_training: bool = Tr
   train_texts = None
   if allow_training:
     train_texts = lambda: sources.tokenizer_training_texts(config.data, max_docs=200_000)
-  return tokenizers.get_tokenizer(config.tokenizer, workdir, train_texts=train_texts)
+  if workdir is None or jax.process_count() == 1:
+    return tokenizers.get_tokenizer(config.tokenizer, workdir, train_texts=train_texts)
+  # Several processes share the workdir: process 0 trains (or loads) and saves it, the others
+  # wait for it (bounded: `sharding.barrier`) and read it; never trained twice.
+  tok = None
+  if jax.process_index() == 0:
+    tok = tokenizers.get_tokenizer(config.tokenizer, workdir, train_texts=train_texts)
+  sharding.barrier("tokenizer saved")
+  if tok is None:
+    tok = tokenizers.get_tokenizer(config.tokenizer, workdir, train_texts=None)
+  return tok
 
 
 def model_and_objective(config, tokenizer) -> Tuple[models.BackboneConfig, losses.ObjectiveConfig]:

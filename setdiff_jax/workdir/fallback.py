@@ -20,7 +20,7 @@ from typing import Any, Callable, List, Optional, Tuple
 from absl import logging
 import jax
 
-from setdiff_jax import errors
+from setdiff_jax import errors, paths, sharding
 
 DAMAGED_SUFFIX = ".damaged"  # checkpoints/<step>.damaged: set aside by the trainer, ignored by orbax
 
@@ -94,8 +94,10 @@ def structure_diff(stored: dict, wanted: dict, limit: int = 4) -> List[str]:
   return diffs
 
 
-def iterator_file() -> str:
-  return f"process_{jax.process_index()}-of-{jax.process_count()}.json"
+def iterator_files() -> tuple:
+  """Names the data item may hold this process's iterator state in (the global file first)."""
+  from setdiff_jax.data import pipeline  # pylint: disable=g-import-not-at-top
+  return pipeline.iterator_state_files(jax.process_index(), jax.process_count())
 
 
 def restore_step(manager, step: int, abstract_state, data_iterator=None, *,
@@ -107,15 +109,15 @@ def restore_step(manager, step: int, abstract_state, data_iterator=None, *,
   `abstract_state` are not a mismatch.
   """
   import orbax.checkpoint as ocp
-  import grain
+  from setdiff_jax.data import pipeline  # pylint: disable=g-import-not-at-top
 
-  where = os.path.join(str(manager.directory), str(step))
-  if not os.path.isdir(os.path.join(where, "state")):
+  where = paths.join(str(manager.directory), str(step))
+  if not paths.isdir(paths.join(where, "state")):
     raise errors.DamagedCheckpointError(f"step {step}: {where}/state is missing")
-  if data_iterator is not None and not os.path.isfile(os.path.join(where, "data",
-                                                                   iterator_file())):
+  if data_iterator is not None and not any(
+      paths.isfile(paths.join(where, "data", name)) for name in iterator_files()):
     raise errors.MissingIteratorStateError(
-        f"step {step}: no data-iterator state {where}/data/{iterator_file()}")
+        f"step {step}: no data-iterator state {where}/data/{iterator_files()[0]}")
   try:
     with _silent_orbax():
       metadata = manager.item_metadata(step)["state"]
@@ -135,7 +137,7 @@ def restore_step(manager, step: int, abstract_state, data_iterator=None, *,
   if restore_fn is None:
     args = {"state": ocp.args.StandardRestore(abstract_state)}
     if data_iterator is not None:
-      args["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
+      args["data"] = pipeline.checkpoint_args_restore(data_iterator)
     restore_fn = lambda s: manager.restore(s, args=ocp.args.Composite(**args))["state"]  # noqa
   try:
     with _silent_orbax():
@@ -181,8 +183,9 @@ def restore_with_fallback(manager, abstract_state, data_iterator=None,
   if all(isinstance(e, errors.MissingIteratorStateError) for e in causes):
     raise errors.MissingIteratorStateError(
         f"no checkpoint in {manager.directory} has this process's data-iterator state ({reasons})"
-        f". It was saved by a run with another number of processes, or the files were deleted. "
-        f"Resume with the same number of processes, or start a new run from its parameters: "
+        f". It was saved by an older version with another number of processes, or the files "
+        f"were deleted. Resume with that number of processes, or start a new run from its "
+        f"parameters: "
         f"--workdir=NEW --config.init_from={os.path.dirname(str(manager.directory))}")
   raise errors.DamagedCheckpointError(
       f"no checkpoint in {manager.directory} loads: {reasons}. Train into another --workdir (or "
@@ -194,18 +197,17 @@ def set_aside(manager, damaged: List[Tuple[int, str]]):
   steps again; orbax ignores the renamed folders. Every process then re-reads the step list."""
   if damaged and jax.process_index() == 0:
     for s, _ in damaged:
-      src = os.path.join(str(manager.directory), str(s))
+      src = paths.join(str(manager.directory), str(s))
       dst = src + DAMAGED_SUFFIX
       n = 1
-      while os.path.exists(dst):
+      while paths.exists(dst):
         n += 1
         dst = f"{src}{DAMAGED_SUFFIX}{n}"
-      os.rename(src, dst)
+      paths.rename(src, dst)
       logging.warning("moved damaged checkpoint %s to %s (delete it when no longer needed)",
                       src, dst)
   if damaged and jax.process_count() > 1:
-    from jax.experimental import multihost_utils
-    multihost_utils.sync_global_devices("setdiff_jax: damaged checkpoints set aside")
+    sharding.barrier("damaged checkpoints set aside")
   if damaged:
     manager.reload()
 

@@ -11,14 +11,13 @@ imports.
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any, Optional
 
 import jax
 import ml_collections
 import orbax.checkpoint as ocp
 
-from setdiff_jax import models, sharding
+from setdiff_jax import models, paths, sharding
 from setdiff_jax.workdir import fallback
 from setdiff_jax.workdir import checkpoints as checkpointing
 from setdiff_jax import layer_names
@@ -93,16 +92,16 @@ def load_params(path: str, like, *, use_ema: bool = False):
   The source run may use the other `model.scan_layers` layout (per-layer `blocks_{i}` vs stacked
   `blocks`): it is restored in its own layout (read from its config.json) and converted.
   """
-  path = os.path.abspath(path)
-  run = os.path.dirname(path) if os.path.basename(path) == checkpointing.CHECKPOINT_DIR else path
-  if not os.path.isdir(checkpointing.checkpoint_dir(run)):
+  path = paths.resolve(path).rstrip("/")
+  run = path.rsplit("/", 1)[0] if path.rsplit("/", 1)[-1] == checkpointing.CHECKPOINT_DIR else path
+  if not paths.isdir(checkpointing.checkpoint_dir(run)):
     raise FileNotFoundError(f"init_from={path!r}: no {checkpointing.CHECKPOINT_DIR}/ folder found "
                             f"there")
   abstract = jax.tree_util.tree_map(
       lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), like)
   want_scanned = layer_names.is_scanned(like)
   source_scanned = want_scanned
-  if os.path.isfile(os.path.join(run, checkpointing.CONFIG_FILE)):
+  if paths.isfile(paths.join(run, checkpointing.CONFIG_FILE)):
     source_scanned = bool(load_config(run).model.get("scan_layers", False))
   try:
     restored = restore_params(run, layer_names.to_layout(abstract, source_scanned),

@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from absl import logging
 
-from setdiff_jax import errors
+from setdiff_jax import errors, paths
 
 LOCK_DIR = ".lock"
 CONFIG_FILE = "config.json"  # = checkpointing.CONFIG_FILE (not imported: no jax here)
@@ -51,7 +51,7 @@ PATH_FIELDS = ("data.paths", "data.eval_paths", "data.tfds_data_dir", "tokenizer
 
 # ----------------------------------------------------------------------------- lock
 def _remote(path: str) -> bool:
-  return "://" in path
+  return paths.is_remote(path)
 
 
 class WorkdirLock:
@@ -153,22 +153,21 @@ def structural_changes(old, new) -> List[Tuple[str, Any, Any]]:
 
 def saved_steps(workdir: str) -> List[int]:
   """Steps with a checkpoint folder (complete or not; orbax writes into temporary names)."""
-  d = os.path.join(workdir, CHECKPOINT_DIR)
-  if not os.path.isdir(d):
+  d = paths.join(workdir, CHECKPOINT_DIR)
+  if not paths.isdir(d):
     return []
-  return sorted(int(s) for s in os.listdir(d) if s.isdigit())
+  return sorted(int(s) for s in paths.listdir(d) if s.isdigit())
 
 
 def check_resume(config, workdir: str):
   """Raises ConfigMismatchError if `config` would resume WORKDIR's checkpoints with a different
   structure; a new workdir (no checkpoint) or one without config.json passes."""
   steps = saved_steps(workdir)
-  path = os.path.join(workdir, CONFIG_FILE)
-  if not steps or not os.path.isfile(path):
+  path = paths.join(workdir, CONFIG_FILE)
+  if not steps or not paths.isfile(path):
     return
   try:
-    with open(path, encoding="utf-8") as f:
-      old = json.load(f)
+    old = json.loads(paths.read_text(path))
   except ValueError as e:
     raise errors.ConfigMismatchError(
         f"{path} is damaged ({e}); it records the config of the checkpoints in {workdir}. "
