@@ -118,7 +118,7 @@ def method_config(method: str, args, p: Dict[str, Any]):
   c.eval_every_steps = p["steps"]
   c.checkpoint_every_steps = p["steps"]
   c.warmup_steps = min(c.warmup_steps, max(p["steps"] // 4, 1))
-  c.num_eval_steps = 0  # no eval inside the train loop: evaluate_method does it afterwards
+  c.num_eval_steps = 1  # one batch in the train loop: evaluate_method evaluates afterwards
   if args.quick:
     c.model.hidden_size = 32
     c.model.num_layers = 1

@@ -36,6 +36,10 @@ class MissingIteratorStateError(DamagedCheckpointError):
   """A step without this process's data-iterator file (deleted, or another process count)."""
 
 
+class DivergenceError(SetdiffError, FloatingPointError):
+  """The training loss stayed far above its recent median (or a ceiling): stopped before saving."""
+
+
 class DiskFullError(SetdiffError):
   """A write failed with ENOSPC; the message says what is still intact."""
 
@@ -75,4 +79,5 @@ def missing_extra(e: ModuleNotFoundError, module: str, extra: str, needed_by: st
 
 __all__ = ["SetdiffError", "WorkdirInUseError", "ConfigMismatchError", "CheckpointError",
            "CheckpointStructureError", "DamagedCheckpointError", "MissingIteratorStateError",
-           "DiskFullError", "MissingExtraError", "require_extra", "missing_extra", "install_line"]
+           "DivergenceError", "DiskFullError", "MissingExtraError", "require_extra", "missing_extra",
+           "install_line"]

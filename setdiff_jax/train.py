@@ -15,6 +15,7 @@ a GPU or a TPU slice. The eval is the likelihood code of `setdiff_jax.evaluation
 """
 from __future__ import annotations
 
+import collections
 import functools
 import json
 import os
@@ -31,7 +32,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from setdiff_jax import decoding, methods, models, paths, sharding
+from setdiff_jax import decoding, errors, methods, models, paths, sharding
 from setdiff_jax.workdir import fallback
 from setdiff_jax.workdir import checkpoints as checkpointing
 from setdiff_jax.evaluation import likelihood
@@ -236,6 +237,83 @@ def _check_finite(step: int, metrics: Dict[str, float]):
         f"float32.")
 
 
+class DivergenceGuard:
+  """Stops a diverging run before it saves (beside the NaN guard `_check_finite`).
+
+  A step's loss is *over* when it exceeds `divergence_factor` x the median of the last
+  `divergence_window` accepted step losses, or `divergence_ceiling`; over losses are not added to
+  the window. `divergence_patience` consecutive over steps raise DivergenceError; while any step
+  is over, checkpoints are deferred (`suspicious`), so neither the diverging state is saved nor
+  an older checkpoint rotated out. A resumed run seeds the window from WORKDIR/metrics.jsonl.
+  factor 0 and ceiling 0 turn the guard off.
+  """
+
+  def __init__(self, config, history=()):
+    self.factor = float(config.get("divergence_factor", 10.0))
+    self.ceiling = float(config.get("divergence_ceiling", 0.0))
+    self.patience = int(config.get("divergence_patience", 3))
+    window = int(config.get("divergence_window", 50))
+    self.recent = collections.deque(list(history)[-window:], maxlen=window)
+    self.strikes = 0
+
+  @property
+  def suspicious(self) -> bool:
+    return self.strikes > 0
+
+  def check(self, step: int, loss: float, on_diverged: Callable[[], str] = lambda: "") -> bool:
+    """True if `loss` is healthy; False while over the threshold; DivergenceError (its message
+    ending with `on_diverged()`, which says what was kept) after `patience` over steps."""
+    median = float(np.median(self.recent)) if self.recent else None
+    over_ratio = self.factor > 0 and median is not None and loss > self.factor * median
+    over_ceiling = self.ceiling > 0 and loss > self.ceiling
+    if not (over_ratio or over_ceiling):
+      self.strikes = 0
+      self.recent.append(loss)
+      return True
+    self.strikes += 1
+    if self.strikes < self.patience:
+      logging.warning("loss %.4g at step %d is above the divergence threshold (%d of %d); "
+                      "checkpoints wait until it recovers", loss, step, self.strikes,
+                      self.patience)
+      return False
+    why = (f"above divergence_factor={self.factor:g} x the median {median:.4g} of the last "
+           f"{len(self.recent)} step losses" if over_ratio else
+           f"above divergence_ceiling={self.ceiling:g}")
+    raise errors.DivergenceError(
+        f"training diverged at step {step}: loss {loss:.4g} {why} for {self.patience} "
+        f"consecutive steps. Stopped before saving; {on_diverged()}. Lower learning_rate, or "
+        f"turn the guard off with --config.divergence_factor=0 --config.divergence_ceiling=0")
+
+  def should_defer(self, step: int, final: bool) -> bool:
+    """True while a loss is over the threshold (the final step's save raises instead)."""
+    if not self.suspicious:
+      return False
+    if final:
+      raise errors.DivergenceError(
+          f"the loss at the final step {step} is above the divergence threshold: its checkpoint "
+          "was not saved and the earlier ones are intact. Lower learning_rate, or turn the guard "
+          "off with --config.divergence_factor=0 --config.divergence_ceiling=0")
+    return True  # the warning of `check` said so
+
+
+def logged_losses(workdir: str, up_to_step: int) -> list:
+  """train/loss values of WORKDIR/metrics.jsonl at steps <= up_to_step (the resumed history)."""
+  out = []
+  try:
+    with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
+      for line in f:
+        try:
+          row = json.loads(line)
+        except ValueError:
+          continue  # a line cut by a crash
+        if "train/loss" in row and row.get("step", up_to_step + 1) <= up_to_step and \
+            np.isfinite(row["train/loss"]):
+          out.append(float(row["train/loss"]))
+  except OSError:
+    return []
+  return out
+
+
 def evaluate(model: Backbone, params, obj_cfg: losses.ObjectiveConfig, tokens: np.ndarray,
              attention_mask: np.ndarray, *, batch_size: int, batch_sharding=None
              ) -> Dict[str, float]:
@@ -282,6 +360,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[
     config = pretrained.resolve_run_config(config)
   run_config.validate_config(config, jax.device_count())
   workdir = paths.resolve(workdir)
+  workdir_lock.check_new_workdir(config, workdir)
   if jax.process_index() == 0:
     paths.makedirs(workdir)
   with workdir_lock.WorkdirLock(workdir, jax.process_index()):
@@ -346,10 +425,28 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict
   t_start = time.time()
   compile_time = None
 
+  guard = DivergenceGuard(config, logged_losses(workdir, start_step) if start_step else ())
+  # "healthy": the newest saved step whose loss was seen healthy (the loss of step s + 1 is that
+  # of the state saved as step s); rotation never deletes it.
+  saved = {"steps": [start_step] if start_step else [], "healthy": start_step or None}
+
+  def diverged() -> str:
+    """Sets the saved steps after the newest healthy one aside; says what is kept."""
+    suspect = [s for s in saved["steps"] if saved["healthy"] is None or s > saved["healthy"]]
+    fallback.set_aside(manager, [(s, "diverged") for s in suspect], suffix=".diverged",
+                       log=False)  # the error line says so
+    kept = (f"checkpoint step {saved['healthy']} (the newest whose loss was seen healthy) is "
+            f"intact" if saved["healthy"] else "no healthy checkpoint was saved")
+    moved = (f"; step(s) {suspect}, saved before their loss was seen, were moved to "
+             f"checkpoints/<step>.diverged" if suspect else "")
+    return kept + moved
+
   def flush(step_done: int, metrics):
     nonlocal last
     host = {k: float(v) for k, v in jax.device_get(metrics).items()}
     _check_finite(step_done, host)
+    if guard.check(step_done, host["loss"], diverged) and step_done - 1 in saved["steps"]:
+      saved["healthy"] = step_done - 1
     window["loss"].append(host["loss"])
     window["tokens"] += host["clean_tokens"]
     window["steps"] += 1
@@ -386,7 +483,10 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict
     writer.texts(step_done, "samples", samples)
 
   def save(step_done: int):
-    checkpointing.save(manager, step_done, state, train_iter)
+    if guard.should_defer(step_done, final=step_done == num_steps):
+      return
+    checkpointing.save(manager, step_done, state, train_iter, protect=(saved["healthy"],))
+    saved["steps"].append(step_done)
     logging.info("saved checkpoint %s/%d", manager.directory, step_done)
 
   try:

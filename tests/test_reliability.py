@@ -321,7 +321,21 @@ def _truncate_data_files(ck):
     _truncate(f)
 
 
+def _garbage_inside_data_file(ck):
+  """64 KiB of garbage (or half the file, if smaller) written inside the largest data file."""
+  files = [os.path.join(r, f) for r, _, fs in os.walk(os.path.join(ck, "state")) for f in fs
+           if os.path.basename(r) == "d"]
+  big = max(files, key=os.path.getsize)
+  size = os.path.getsize(big)
+  n = min(64 * 1024, size // 2)
+  with open(big, "r+b") as f:
+    f.seek(size // 4)
+    f.write(os.urandom(n))
+  assert os.path.getsize(big) == size
+
+
 DAMAGE = {
+    "garbage inside a data file": _garbage_inside_data_file,
     "truncated data files": _truncate_data_files,
     "deleted manifest": lambda ck: os.remove(os.path.join(ck, "state", "manifest.ocdbt")),
     "truncated _METADATA": lambda ck: _truncate(os.path.join(ck, "state", "_METADATA")),
@@ -343,6 +357,9 @@ def test_inference_falls_back_past_a_damaged_latest_step(run_dir, tmp_path, kind
   assert state.step == 1
   warned = [r.getMessage() for r in caplog.records if "damaged" in r.getMessage()]
   assert warned and "step 2" in warned[0] and "falling back to step 1" in warned[0], warned
+  if kind == "garbage inside a data file":  # named by the checksums, whatever orbax makes of it
+    assert "differs from what was saved (checksum mismatch)" in warned[0], warned
+    assert os.path.join(workdir, "checkpoints", "2", "state") in warned[0], warned
   with pytest.raises(errors.DamagedCheckpointError, match="step 2.*other steps there: \\[1\\]"):
     workdir_lib.load_inference_state(workdir, step=2)  # an explicit step never falls back
 

@@ -37,18 +37,49 @@ def checkpoint_dir(workdir: str) -> str:
 
 
 def make_manager(workdir: str, *, keep: int = 3, with_data: bool = True) -> ocp.CheckpointManager:
+  """The workdir's checkpoint manager; `save` keeps the newest `keep` (>= 1) steps.
+
+  Orbax's own rotation is off (max_to_keep=None): `save` rotates only after the new step passed
+  its integrity check, so the newest verified checkpoint is never deleted.
+  """
+  if int(keep) < 1:
+    raise ValueError(f"keep_checkpoints={keep} is out of range; allowed: an integer in [1, inf) "
+                     "(set --config.keep_checkpoints)")
   items = ("state", "data") if with_data else ("state",)
   handlers = {"state": ocp.StandardCheckpointHandler()}
   if with_data:
     handlers["data"] = pipeline.global_iterator_handler()  # one global state: any process count
-  options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
+  options = ocp.CheckpointManagerOptions(max_to_keep=None, create=True,
                                          enable_async_checkpointing=False)
   with _quiet_orbax():
-    return ocp.CheckpointManager(checkpoint_dir(workdir), item_names=items,
-                                 item_handlers=handlers, options=options)
+    manager = ocp.CheckpointManager(checkpoint_dir(workdir), item_names=items,
+                                    item_handlers=handlers, options=options)
+  manager.setdiff_keep = int(keep)  # read by `save` (orbax's rotation is off)
+  return manager
 
 
-def save(manager: ocp.CheckpointManager, step: int, state, data_iterator=None, *, force=True) -> bool:
+def _disk_full(e: BaseException) -> bool:
+  """ENOSPC anywhere in the exception chain, or in the text of a wrapped error (tensorstore's
+  RESOURCE_EXHAUSTED, an orbax ValueError around an OSError, ...)."""
+  seen = set()
+  while e is not None and id(e) not in seen:
+    seen.add(id(e))
+    if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+      return True
+    text = str(e)
+    if "No space left on device" in text or "RESOURCE_EXHAUSTED" in text or "ENOSPC" in text:
+      return True
+    e = e.__cause__ or e.__context__
+  return False
+
+
+def save(manager: ocp.CheckpointManager, step: int, state, data_iterator=None, *, force=True,
+         protect=()) -> bool:
+  """Saves `step`, writes its checksums, checks it, then deletes steps beyond the newest
+  `keep` (never the one just verified, nor the steps in `protect`). A full disk raises
+  `errors.DiskFullError` naming what is still intact; a new step that fails its check raises
+  DamagedCheckpointError and deletes nothing.
+  """
   args = {"state": ocp.args.StandardSave(state)}
   if data_iterator is not None:
     args["data"] = pipeline.checkpoint_args_save(data_iterator)
@@ -56,16 +87,33 @@ def save(manager: ocp.CheckpointManager, step: int, state, data_iterator=None, *
     with _quiet_orbax():
       saved = manager.save(step, args=ocp.args.Composite(**args), force=force)
       manager.wait_until_finished()
-  except OSError as e:
-    if e.errno != errno.ENOSPC:
+    if saved:
+      fallback.write_checksums(manager, step)
+  except Exception as e:  # noqa: BLE001 - whatever type carries ENOSPC (OSError, tensorstore)
+    if not _disk_full(e):
       raise
     previous = [s for s in manager.all_steps() if s < step]
     intact = (f"the previous checkpoint (step {max(previous)}) is intact" if previous else
               "no earlier checkpoint exists")
     raise errors.DiskFullError(
-        f"disk full while saving checkpoint {step} to {manager.directory} ({e.strerror}); "
+        f"disk full while saving checkpoint {step} to {manager.directory} ({fallback.short(e)}); "
         f"{intact}. Free space and run the same command again to resume") from e
+  if saved:
+    fallback.check_saved(manager, step)  # raises (and deletes nothing) if the new step is bad
+    rotate(manager, getattr(manager, "setdiff_keep", None), protect=(step,) + tuple(protect))
   return saved
+
+
+def rotate(manager: ocp.CheckpointManager, keep: Optional[int], protect=()):
+  """Deletes the steps older than the newest `keep`, never those in `protect` (the step just
+  saved and verified; the trainer's newest step whose loss was seen healthy)."""
+  if not keep:
+    return
+  steps = sorted(manager.all_steps())
+  for s in steps[:-keep]:
+    if s not in protect:
+      with _quiet_orbax():
+        manager.delete(s)
 
 
 def close(manager: ocp.CheckpointManager):

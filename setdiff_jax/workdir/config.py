@@ -10,13 +10,13 @@ defaults live in the package (not in configs/) so an installed wheel needs no so
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import jax
 import ml_collections
 
 from setdiff_jax import methods, models, sharding
-from setdiff_jax.models import layer_stack
+from setdiff_jax.models import attention, layer_stack
 from setdiff_jax.diffusion import losses
 from setdiff_jax.data import pipeline, sources, tokenizers
 
@@ -98,13 +98,24 @@ def default_config() -> ml_collections.ConfigDict:
 
   # ---- evaluation, logging, checkpoints
   c.eval_every_steps = 500
-  c.num_eval_steps = 20           # validation batches per eval (-1 = the whole split)
+  c.num_eval_steps = 20           # validation batches per eval, >= 1 (-1 = the whole split)
   c.eval_batch_size = 32
   c.log_every_steps = 50
   c.checkpoint_every_steps = 500
-  c.keep_checkpoints = 3          # keep the last N
+  c.keep_checkpoints = 3          # keep the last N (>= 1); the newest verified one always stays
   c.num_eval_samples = 2          # samples decoded and logged at each eval (0 disables)
   c.eval_params = "ema"           # evaluate and sample with the "ema" or the "raw" parameters
+  # Divergence guard (beside the NaN guard): the run stops with one error line, before that
+  # step's checkpoint is saved, when the loss stays above divergence_factor x the median of the
+  # last divergence_window step losses (or above divergence_ceiling) for divergence_patience
+  # consecutive steps. divergence_factor=0 and divergence_ceiling=0 turn the guard off.
+  c.divergence_factor = 10.0
+  c.divergence_ceiling = 0.0      # absolute loss ceiling; 0 = none
+  c.divergence_patience = 3
+  c.divergence_window = 50
+  # A workdir with checkpoints but no config.json is refused (its structure cannot be checked);
+  # True accepts this run's config as the reconstruction (it is written as the new config.json).
+  c.accept_missing_config = False
   c.init_from = ""                # path of a checkpoint to load parameters from (fine-tuning)
   # Path of a local Hugging Face Qwen3 directory (config.json, *.safetensors, tokenizer.json) to
   # initialise a model.backbone=qwen3 run from; model fields left 0 are read from its config.json
@@ -122,15 +133,169 @@ def default_config() -> ml_collections.ConfigDict:
   return c
 
 
+# ----------------------------------------------------------------------------- field ranges
+class Range(NamedTuple):
+  """Allowed values of a numeric field: lo <= v (< or <=) hi, plus `also` (e.g. -1 = all)."""
+  kind: type                      # int or float (an int is accepted for a float field)
+  lo: Optional[float] = None
+  hi: Optional[float] = None
+  lo_open: bool = False
+  hi_open: bool = False
+  also: Tuple = ()
+
+  def ok(self, v) -> bool:
+    if isinstance(v, bool) or not isinstance(v, (int, float) if self.kind is float else int):
+      return False
+    if v in self.also:
+      return True
+    lo_ok = self.lo is None or (v > self.lo if self.lo_open else v >= self.lo)
+    hi_ok = self.hi is None or (v < self.hi if self.hi_open else v <= self.hi)
+    return bool(lo_ok and hi_ok)  # NaN fails both
+
+  def describe(self) -> str:
+    lo = "-inf" if self.lo is None else f"{self.lo:g}"
+    hi = "inf" if self.hi is None else f"{self.hi:g}"
+    text = (f"{'an integer' if self.kind is int else 'a number'} in "
+            f"{'(' if self.lo_open or self.lo is None else '['}{lo}, {hi}"
+            f"{')' if self.hi_open or self.hi is None else ']'}")
+    return text + "".join(f" or {a}" for a in self.also)
+
+
+class Choice(NamedTuple):
+  """Allowed values of a field with a fixed set of choices (strings, or True / False)."""
+  values: Tuple
+
+  def ok(self, v) -> bool:
+    return any(v is c if isinstance(c, bool) or c is None else (v == c and not isinstance(v, bool))
+               for c in self.values)
+
+  def describe(self) -> str:
+    return "one of " + ", ".join(repr(c) if isinstance(c, str) else str(c) for c in self.values)
+
+
+def _int(lo=None, hi=None, also=()):
+  return Range(int, lo, hi, also=also)
+
+
+def _num(lo=None, hi=None, lo_open=False, hi_open=False, also=()):
+  return Range(float, lo, hi, lo_open, hi_open, also)
+
+
+_BOOL = Choice((True, False))
+_POSITIVE = _num(0, lo_open=True)
+_PROBABILITY = _num(0, 1, hi_open=True)
+
+# Every field of `default_config()` with its allowed values, checked once by `validate_config`
+# (one error line naming field, value and range). Rules between fields (divisibility, set sizes
+# against seq_len, adaLN per method) follow in `validate_config` and each method's
+# `validate_run`; free-form fields (paths, names, sharding rules) are listed in `FREE_FIELDS`.
+FIELD_RANGES = {
+    "objective": Choice(tuple(methods.NAMES)),
+    "seed": _int(0, 2**32 - 1),
+    "seq_len": _int(4),
+    "model.backbone": Choice(tuple(models.BACKBONES)),
+    "model.vocab_size": _int(0),
+    "model.hidden_size": _int(1),
+    "model.num_layers": _int(0),   # 0 only with init_from_hf (all of the checkpoint's layers)
+    "model.num_heads": _int(1),
+    "model.mlp_ratio": _POSITIVE,
+    "model.cond_dim": _int(1),
+    "model.adaln": _BOOL,
+    "model.dropout": _PROBABILITY,
+    "model.dtype": Choice(("float32", "bfloat16", "float16")),
+    "model.attention": Choice(attention.IMPLEMENTATIONS),
+    "model.scan_layers": _BOOL,
+    "model.head_vocab_chunk": _int(0),
+    "model.rope_base": _POSITIVE,
+    "model.num_kv_heads": _int(0),
+    "model.head_dim": _int(0),
+    "model.intermediate_size": _int(0),
+    "model.rms_norm_eps": _POSITIVE,
+    "model.tie_embeddings": _BOOL,
+    "loss.keep_clean_bos": _BOOL,
+    "loss.desired_set_size": _int(1),
+    "loss.max_set_size": _int(0),
+    "loss.eos_last": _BOOL,
+    "loss.block_size": _int(1),
+    "loss.antithetic": _BOOL,
+    "loss.sampling_eps": _num(0, 1, lo_open=True, hi_open=True),
+    "loss.ar_first_answer_token": _BOOL,
+    "tokenizer.kind": Choice(tokenizers.KINDS),
+    "tokenizer.vocab_size": _int(1),
+    "tokenizer.lowercase": Choice((None, True, False)),
+    "tokenizer.special_tokens_in_text": _BOOL,
+    "data.read_threads": _int(0),
+    "data.prefetch": _int(0),
+    "data.task_operands": _int(1),
+    "data.task_max_operand": _int(1),
+    "data.task_train_examples": _int(1),
+    "data.task_eval_examples": _int(1),
+    "data.task_seed": _int(0),
+    "batch_size": _int(1),
+    "grad_accum_steps": _int(1),
+    "num_train_steps": _int(0),    # >= 1 on a new workdir (train_and_evaluate)
+    "learning_rate": _POSITIVE,
+    "warmup_steps": _int(0),
+    "lr_schedule": Choice(("constant", "cosine")),
+    "cosine_alpha": _num(0, 1),
+    "weight_decay": _num(0),
+    "adam_b1": _PROBABILITY,
+    "adam_b2": _PROBABILITY,
+    "adam_eps": _POSITIVE,
+    "grad_clip_norm": _num(0),
+    "ema_decay": _PROBABILITY,
+    "eval_every_steps": _int(1),
+    "num_eval_steps": _int(1, also=(-1,)),
+    "eval_batch_size": _int(1),
+    "log_every_steps": _int(1),
+    "checkpoint_every_steps": _int(1),
+    "keep_checkpoints": _int(1),
+    "num_eval_samples": _int(0),
+    "eval_params": Choice(("ema", "raw")),
+    "divergence_factor": _num(1, lo_open=True, also=(0,)),
+    "divergence_ceiling": _num(0),
+    "divergence_patience": _int(1),
+    "divergence_window": _int(1),
+    "accept_missing_config": _BOOL,
+    "mesh.data": _int(1, also=(-1,)),
+    "mesh.fsdp": _int(1, also=(-1,)),
+    "mesh.tensor": _int(1, also=(-1,)),
+}
+# Free-form fields (paths, names, rules), checked where they are used; the choice fields of the
+# data config (source, preprocess, ...) are checked by `pipeline.validate_data_config`.
+FREE_FIELDS = ("init_from", "init_from_hf", "sharding_rules", "model.remat",
+               "tokenizer.vocab_path", "tokenizer.merges_path")
+
+
+def check_field_ranges(config: ml_collections.ConfigDict):
+  """Raises ValueError for the first field of `FIELD_RANGES` outside its allowed values; fields
+  a config does not have (an older config.json) are skipped."""
+  for name, allowed in FIELD_RANGES.items():
+    node = config
+    for part in name.split("."):
+      node = node.get(part, _MISSING) if hasattr(node, "get") else _MISSING
+      if node is _MISSING:
+        break
+    if node is _MISSING:
+      continue
+    if name.startswith("model.") and node == 0 and config.get("init_from_hf"):
+      continue  # 0 = the Hugging Face checkpoint's value (resolved before training)
+    if not allowed.ok(node):
+      raise ValueError(f"invalid config: {name}={node!r} is out of range; allowed: "
+                       f"{allowed.describe()} (set --config.{name})")
+
+
+_MISSING = object()
+
+
 def validate_config(config: ml_collections.ConfigDict, num_devices: Optional[int] = None):
-  """Raises ValueError naming the conflicting fields, before anything is built or compiled."""
+  """Raises ValueError naming the conflicting fields, before anything is built or compiled:
+  first every field against `FIELD_RANGES`, then the rules between fields."""
   def check(ok, msg):
     if not ok:
       raise ValueError(f"invalid config: {msg}")
 
-  check(config.objective in methods.NAMES,
-        f"objective={config.objective!r}; expected one of {methods.NAMES}")
-  check(config.seq_len >= 4, f"seq_len={config.seq_len} is too short")
+  check_field_ranges(config)
   methods.get(config.objective).validate(config, check)
   if models.backbone_name(config.model) == "dit":  # the DiT's own shape rules (head split, rotary)
     try:
@@ -138,16 +303,8 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: Optional[int
     except ValueError as e:
       check(False, f"model.{e}")
   _validate_layers(config, check)
-  check(config.grad_accum_steps >= 1, "grad_accum_steps must be >= 1")
   check(config.batch_size % config.grad_accum_steps == 0,
         f"batch_size={config.batch_size} is not divisible by grad_accum_steps={config.grad_accum_steps}")
-  check(config.lr_schedule in ("constant", "cosine"),
-        f"lr_schedule={config.lr_schedule!r}; expected constant or cosine")
-  check(0.0 <= config.ema_decay < 1.0, f"ema_decay={config.ema_decay} must be in [0, 1)")
-  check(config.eval_params in ("ema", "raw"), f"eval_params={config.eval_params!r}; ema or raw")
-  check(config.num_train_steps >= 0, "num_train_steps must be >= 0")
-  for field in ("eval_every_steps", "checkpoint_every_steps", "log_every_steps"):
-    check(config[field] >= 1, f"{field} must be >= 1")
   if num_devices is not None:
     mesh_sizes = sharding.mesh_shape(config.mesh, num_devices)
     divisor = mesh_sizes[0] * mesh_sizes[1]

@@ -2,7 +2,9 @@
 
 `restore_with_fallback(manager, abstract_state, data_iterator)` restores the newest step that
 loads. Every step is checked in three stages, so the cause is named:
-  1. files: `state/` (and this process's data-iterator file, when an iterator is restored) exist;
+  1. files: `state/` (and this process's data-iterator file, when an iterator is restored) exist,
+     and every file has the size and CRC-32 recorded in the step's `checksums.json` at save time
+     (`write_checksums`; steps of older runs have none);
   2. metadata: orbax's `_METADATA` reads, and its array names and shapes equal those of the
      abstract state; if they differ the files are fine but the *config* does not match them, so
      `CheckpointStructureError` is raised at once (an older step would not match either);
@@ -14,7 +16,9 @@ the train loop (`checkpoints.restore`) and by inference loading (sample, evaluat
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import zlib
 from typing import Any, Callable, List, Optional, Tuple
 
 from absl import logging
@@ -100,6 +104,83 @@ def iterator_files() -> tuple:
   return pipeline.iterator_state_files(jax.process_index(), jax.process_count())
 
 
+CHECKSUM_FILE = "checksums.json"  # checkpoints/<step>/checksums.json: {path: [size, crc32]}
+
+
+def _file_crc(path: str) -> int:
+  crc = 0
+  with open(path, "rb") as f:
+    for chunk in iter(lambda: f.read(1 << 22), b""):
+      crc = zlib.crc32(chunk, crc)
+  return crc
+
+
+def _step_files(where: str) -> List[str]:
+  out = []
+  for root, _, files in os.walk(where):
+    out += [os.path.relpath(os.path.join(root, f), where) for f in files
+            if not (root == where and f == CHECKSUM_FILE)]
+  return sorted(out)
+
+
+def write_checksums(manager, step: int):
+  """Writes checkpoints/<step>/checksums.json (process 0; size and CRC-32 of every file of the
+  step), so `restore_step` names a file damaged in place (e.g. garbage inside a data file, which
+  orbax reads without complaint). Object-store workdirs have no checksums."""
+  where = os.path.join(str(manager.directory), str(step))
+  if jax.process_index() == 0 and not paths.is_remote(where):
+    sums = {f: [os.path.getsize(os.path.join(where, f)), _file_crc(os.path.join(where, f))]
+            for f in _step_files(where)}
+    tmp = os.path.join(where, CHECKSUM_FILE + ".tmp")
+    with open(tmp, "w") as fh:
+      json.dump(sums, fh, indent=0, sort_keys=True)
+    os.replace(tmp, os.path.join(where, CHECKSUM_FILE))
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    multihost_utils.sync_global_devices(f"setdiff_jax: checksums of step {step}")
+
+
+def verify_checksums(where: str, step: int, with_data: bool = True):
+  """Raises DamagedCheckpointError naming the first file whose size or CRC-32 differs from the
+  step's checksums.json (or that is gone); a step without the file (older runs) passes. Without
+  `with_data` the data-iterator files (not read by inference) are not checked."""
+  path = os.path.join(where, CHECKSUM_FILE)
+  if paths.is_remote(where) or not os.path.isfile(path):
+    return
+  try:
+    with open(path, encoding="utf-8") as fh:
+      sums = json.load(fh)
+  except ValueError as e:
+    raise errors.DamagedCheckpointError(f"step {step}: {path} is damaged ({e})") from e
+  for rel, (size, crc) in sorted(sums.items()):
+    if not with_data and rel.startswith("data" + os.sep):
+      continue
+    f = os.path.join(where, rel)
+    if not os.path.isfile(f):
+      raise errors.DamagedCheckpointError(f"step {step}: {f} is missing")
+    if os.path.getsize(f) != size:
+      raise errors.DamagedCheckpointError(
+          f"step {step}: {f} has {os.path.getsize(f)} bytes, {size} when it was saved")
+    if _file_crc(f) != crc:
+      raise errors.DamagedCheckpointError(
+          f"step {step}: {f} differs from what was saved (checksum mismatch)")
+
+
+def check_saved(manager, step: int):
+  """The integrity check of a step just saved: its `state/` files and metadata read back."""
+  where = paths.join(str(manager.directory), str(step))
+  if not paths.isdir(paths.join(where, "state")):
+    raise errors.DamagedCheckpointError(f"step {step}: {where}/state is missing after the save")
+  try:
+    with _silent_orbax():
+      metadata = manager.item_metadata(step)["state"]
+  except Exception as e:  # noqa: BLE001 - unreadable metadata is damage
+    raise errors.DamagedCheckpointError(
+        f"step {step}: unreadable metadata right after the save ({short(e)})") from e
+  if not stored_shapes(getattr(metadata, "tree", metadata)):
+    raise errors.DamagedCheckpointError(f"step {step}: no array metadata after the save")
+
+
 def restore_step(manager, step: int, abstract_state, data_iterator=None, *,
                  restore_fn: Optional[Callable[[int], Any]] = None, partial: bool = False):
   """Restores one step (stages of the module doc); returns the restored state.
@@ -118,6 +199,7 @@ def restore_step(manager, step: int, abstract_state, data_iterator=None, *,
       paths.isfile(paths.join(where, "data", name)) for name in iterator_files()):
     raise errors.MissingIteratorStateError(
         f"step {step}: no data-iterator state {where}/data/{iterator_files()[0]}")
+  verify_checksums(where, step, with_data=data_iterator is not None)
   try:
     with _silent_orbax():
       metadata = manager.item_metadata(step)["state"]
@@ -192,25 +274,31 @@ def restore_with_fallback(manager, abstract_state, data_iterator=None,
       f"move the damaged checkpoints/<step> folders away to start this one afresh)")
 
 
-def set_aside(manager, damaged: List[Tuple[int, str]]):
-  """Renames damaged steps to checkpoints/<step>.damaged (process 0), so training can save those
-  steps again; orbax ignores the renamed folders. Every process then re-reads the step list."""
+def set_aside(manager, damaged: List[Tuple[int, str]], suffix: str = DAMAGED_SUFFIX,
+              log: bool = True):
+  """Renames damaged steps to checkpoints/<step>.damaged (or another `suffix`; process 0), so
+  training can save those steps again; orbax ignores the renamed folders. Every process then
+  re-reads the step list."""
   if damaged and jax.process_index() == 0:
     for s, _ in damaged:
       src = paths.join(str(manager.directory), str(s))
-      dst = src + DAMAGED_SUFFIX
+      if not paths.isdir(src):
+        continue
+      dst = src + suffix
       n = 1
       while paths.exists(dst):
         n += 1
-        dst = f"{src}{DAMAGED_SUFFIX}{n}"
+        dst = f"{src}{suffix}{n}"
       paths.rename(src, dst)
-      logging.warning("moved damaged checkpoint %s to %s (delete it when no longer needed)",
-                      src, dst)
+      if log:
+        logging.warning("moved %s checkpoint %s to %s (delete it when no longer needed)",
+                        suffix.strip("."), src, dst)
   if damaged and jax.process_count() > 1:
     sharding.barrier("damaged checkpoints set aside")
   if damaged:
     manager.reload()
 
 
-__all__ = ["restore_step", "restore_with_fallback", "set_aside", "abstract_shapes",
+__all__ = ["write_checksums", "verify_checksums", "check_saved", "restore_step",
+           "restore_with_fallback", "set_aside", "abstract_shapes",
            "stored_shapes", "structure_diff", "short"]

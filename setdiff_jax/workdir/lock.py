@@ -159,13 +159,33 @@ def saved_steps(workdir: str) -> List[int]:
   return sorted(int(s) for s in paths.listdir(d) if s.isdigit())
 
 
+def check_new_workdir(config, workdir: str):
+  """ValueError for num_train_steps < 1 on a workdir without checkpoints (nothing would be
+  trained or saved); called before anything is written."""
+  if not saved_steps(workdir) and int(config.get("num_train_steps", 1)) < 1:
+    raise ValueError(f"invalid config: num_train_steps={config.num_train_steps} on the new "
+                     f"workdir {workdir} would train nothing and save no checkpoint; allowed: "
+                     "an integer in [1, inf) (set --config.num_train_steps)")
+
+
 def check_resume(config, workdir: str):
   """Raises ConfigMismatchError if `config` would resume WORKDIR's checkpoints with a different
-  structure; a new workdir (no checkpoint) or one without config.json passes."""
+  structure, or if WORKDIR has checkpoints but no config.json (their structure cannot be checked)
+  unless `config.accept_missing_config`."""
   steps = saved_steps(workdir)
   path = paths.join(workdir, CONFIG_FILE)
-  if not steps or not paths.isfile(path):
+  if not steps:
     return
+  if not paths.isfile(path):
+    if config.get("accept_missing_config", False):
+      logging.warning("%s is missing: resuming checkpoint steps %s with this run's config as "
+                      "its reconstruction (accept_missing_config=True)", path, steps)
+      return
+    raise errors.ConfigMismatchError(
+        f"{path} is missing but {workdir} has checkpoint steps {steps}: the structure they were "
+        "trained with cannot be checked. Restore config.json from a backup, or pass the exact "
+        "config they were trained with and --config.accept_missing_config=True to accept it as "
+        "the reconstruction")
   try:
     old = json.loads(paths.read_text(path))
   except ValueError as e:
@@ -204,5 +224,5 @@ def absolute_paths(config):
   return config
 
 
-__all__ = ["WorkdirLock", "STRUCTURAL", "structural_changes", "check_resume", "absolute_paths",
-           "saved_steps"]
+__all__ = ["WorkdirLock", "STRUCTURAL", "structural_changes", "check_new_workdir", "check_resume",
+           "absolute_paths", "saved_steps"]

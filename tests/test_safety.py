@@ -1,0 +1,226 @@
+"""Nothing lost, nothing silently wrong (issue 23): checkpoint retention, the divergence guard,
+field ranges, provenance of a workdir, and the remaining one-line errors.
+
+One tiny run (steps 1 and 2 saved) is trained once in-process; each test works on a copy. Bad
+command lines go through tests/cli_harness.py (one process per launcher), each asserting the exit
+status, that the last stderr line is the `error:` line and how many stderr lines there are.
+"""
+import json
+import os
+import shutil
+
+import pytest
+
+from setdiff_jax import errors, train
+from setdiff_jax.workdir import checkpoints as checkpointing
+from setdiff_jax.workdir import config as run_config
+from setdiff_jax.workdir import fallback
+from setdiff_jax.workdir import load as workdir_lib
+from setdiff_jax.workdir import lock as workdir_lock
+
+from test_reliability import (REPO, _garbage_inside_data_file, assert_one_error_line, harness,
+                              tiny_args, tiny_config)
+
+pytestmark = pytest.mark.usefixtures("fast_compile")
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+  """A 2-step run (checkpoints 1 and 2, log every step), trained in-process."""
+  workdir = str(tmp_path_factory.mktemp("safety") / "w")
+  result = train.train_and_evaluate(tiny_config(), workdir)
+  assert result["step"] == 2
+  return workdir
+
+
+def copy_of(base, tmp_path, name="w"):
+  dst = str(tmp_path / name)
+  shutil.copytree(base, dst, ignore=shutil.ignore_patterns(".lock"))
+  return dst
+
+
+def listing(workdir):
+  return sorted(os.listdir(os.path.join(workdir, "checkpoints")))
+
+
+# ----------------------------------------------------------------------------- retention
+def test_keep_one_resume_past_damage_keeps_a_loadable_checkpoint(base, tmp_path):
+  """keep_checkpoints=1 on a resume whose latest step is damaged: the damage is named, the run
+  resumes from step 1, and at every save the newest verified step survives the rotation."""
+  workdir = copy_of(base, tmp_path)
+  _garbage_inside_data_file(os.path.join(workdir, "checkpoints", "2"))
+  config = checkpointing.load_config(workdir)
+  config.keep_checkpoints = 1
+  config.num_train_steps = 3
+  result = train.train_and_evaluate(config, workdir)
+  assert result["step"] == 3
+  # keep 1, plus step 2: the newest whose loss was seen healthy (step 3's loss is not known yet)
+  assert listing(workdir) == ["2", "2.damaged", "3"]
+  assert workdir_lib.load_inference_state(workdir).step == 3
+  assert workdir_lib.load_inference_state(base, step=1).step == 1  # the original still loads
+
+
+def test_rotation_never_deletes_the_protected_steps(base, tmp_path):
+  workdir = copy_of(base, tmp_path)
+  manager = checkpointing.make_manager(workdir)
+  try:
+    checkpointing.rotate(manager, 1, protect=(2, 1))
+    assert sorted(manager.all_steps()) == [1, 2]
+    checkpointing.rotate(manager, 1, protect=(2,))
+    assert sorted(manager.all_steps()) == [2]
+  finally:
+    checkpointing.close(manager)
+  with pytest.raises(ValueError, match=r"keep_checkpoints=0 is out of range"):
+    checkpointing.make_manager(workdir, keep=0)
+
+
+def test_checksums_name_the_damaged_file(base, tmp_path):
+  workdir = copy_of(base, tmp_path)
+  step_dir = os.path.join(workdir, "checkpoints", "2")
+  sums = json.load(open(os.path.join(step_dir, fallback.CHECKSUM_FILE)))
+  assert any(f.startswith("state" + os.sep) for f in sums) and "data/process_0-of-1.json" in sums
+  fallback.verify_checksums(step_dir, 2)  # intact
+  victim = os.path.join(step_dir, "data", "process_0-of-1.json")
+  text = open(victim).read()
+  open(victim, "w").write(text.replace("0", "1", 1) if "0" in text else text + " ")
+  with pytest.raises(errors.DamagedCheckpointError, match="process_0-of-1.json"):
+    fallback.verify_checksums(step_dir, 2)
+  fallback.verify_checksums(step_dir, 2, with_data=False)  # inference does not read it
+
+
+# ----------------------------------------------------------------------------- divergence
+def test_divergence_guard_unit():
+  config = tiny_config(divergence_factor=10.0, divergence_patience=2, divergence_window=3)
+  guard = train.DivergenceGuard(config, history=[5.0, 6.0, 4.0, 100.0])  # window: 6, 4, 100
+  assert guard.check(1, 50.0) and list(guard.recent) == [4.0, 100.0, 50.0]
+  assert not guard.check(2, 600.0) and guard.suspicious  # > 10 x median 50
+  assert guard.check(3, 60.0) and not guard.suspicious  # recovered: the count restarts
+  assert not guard.check(4, 601.0)
+  with pytest.raises(errors.DivergenceError, match=r"diverged at step 5: loss 700 .*KEPT"):
+    guard.check(5, 700.0, lambda: "KEPT")
+  off = train.DivergenceGuard(tiny_config(divergence_factor=0, divergence_ceiling=0), [1.0])
+  assert all(off.check(i, 1e30) for i in range(5))
+  ceiling = train.DivergenceGuard(tiny_config(divergence_ceiling=7.0, divergence_patience=1))
+  with pytest.raises(errors.DivergenceError, match="divergence_ceiling=7"):
+    ceiling.check(1, 8.0)
+
+
+@pytest.mark.slow
+def test_divergence_stops_a_resume_before_it_saves(base, tmp_path):
+  """learning_rate=1e3 on a resume from step 2 (keep 1, a checkpoint every step): one error line,
+  step 2 (whose loss was seen healthy) kept and loading, the later save set aside."""
+  workdir = copy_of(base, tmp_path)
+  args = tiny_args(workdir, num_train_steps=30, learning_rate=1000.0, keep_checkpoints=1,
+                   eval_every_steps=30)
+  result = harness("train.py", [args])[0]
+  lines = [l for l in result["stderr"].splitlines() if l.strip()]
+  assert result["rc"] == 1, result
+  assert len(lines) == 3, lines  # two warnings (1 of 3, 2 of 3), then the error line
+  assert all("above the divergence threshold" in l for l in lines[:2]), lines
+  assert_one_error_line(dict(result, stderr=lines[-1]), [
+      "training diverged at step 6", "checkpoint step 2", "step(s) [3]", ".diverged",
+      "--config.divergence_factor=0"], "lr=1e3")
+  steps = workdir_lock.saved_steps(workdir)
+  assert steps == [2] and listing(workdir) == ["2", "3.diverged"], listing(workdir)
+  assert workdir_lib.load_inference_state(workdir).step == 2
+
+
+# ----------------------------------------------------------------------------- field ranges
+def test_every_field_has_a_declared_range():
+  names = set()
+
+  def walk(node, prefix=""):
+    for k in node.keys():
+      v = node[k]
+      if hasattr(v, "keys") and hasattr(v, "to_dict"):
+        walk(v, f"{prefix}{k}.")
+      else:
+        names.add(f"{prefix}{k}")
+
+  walk(run_config.default_config())
+  data_checked = {f"data.{k}" for k in run_config.default_config().data.keys()}  # pipeline's
+  undeclared = names - set(run_config.FIELD_RANGES) - set(run_config.FREE_FIELDS) - data_checked
+  assert not undeclared, undeclared
+  assert not set(run_config.FIELD_RANGES) - names - {"tokenizer.special_tokens_in_text"}
+  run_config.check_field_ranges(run_config.default_config())  # the defaults are in range
+
+
+def test_shipped_configs_are_in_range():
+  import importlib
+  for name in sorted(os.listdir(os.path.join(REPO, "configs"))):
+    if not name.endswith(".py") or name.startswith("_") or name in ("compare.py", "reasoning_common.py"):
+      continue
+    config = importlib.import_module(f"configs.{name[:-3]}").get_config()
+    if config.model.hidden_size == 0:  # the gsm8k Qwen3 configs require --config.init_from_hf
+      config.init_from_hf = "/qwen3"
+    run_config.check_field_ranges(config)
+  from configs import compare
+  for method in ("ar", "mdlm", "bd3lm4", "setdlm4"):
+    run_config.check_field_ranges(compare.get_config(method))
+
+
+BAD = [  # (field, value, allowed text)
+    ("learning_rate", "-1.0", "a number in (0, inf)"),
+    ("learning_rate", "0.0", "(0, inf)"),
+    ("model.dropout", "1.5", "[0, 1)"),
+    ("model.dropout", "-0.1", "[0, 1)"),
+    ("warmup_steps", "-5", "an integer in [0, inf)"),
+    ("num_eval_steps", "0", "[1, inf) or -1"),
+    ("num_eval_steps", "-2", "[1, inf) or -1"),
+    ("keep_checkpoints", "0", "[1, inf)"),
+    ("batch_size", "0", "[1, inf)"),
+    ("eval_batch_size", "-8", "[1, inf)"),
+    ("seq_len", "2", "[4, inf)"),
+    ("model.hidden_size", "0", "[1, inf)"),
+    ("model.num_heads", "0", "[1, inf)"),
+    ("model.rope_base", "-1.0", "(0, inf)"),
+    ("loss.sampling_eps", "1.0", "(0, 1)"),
+    ("loss.desired_set_size", "0", "[1, inf)"),
+    ("adam_b1", "1.0", "[0, 1)"),
+    ("adam_b2", "-0.5", "[0, 1)"),
+    ("adam_eps", "0.0", "(0, inf)"),
+    ("grad_clip_norm", "-1.0", "[0, inf)"),
+    ("weight_decay", "-0.1", "[0, inf)"),
+    ("cosine_alpha", "2.0", "[0, 1]"),
+    ("ema_decay", "1.0", "[0, 1)"),
+    ("log_every_steps", "0", "[1, inf)"),
+    ("checkpoint_every_steps", "0", "[1, inf)"),
+    ("eval_every_steps", "-1", "[1, inf)"),
+    ("num_eval_samples", "-1", "[0, inf)"),
+    ("grad_accum_steps", "0", "[1, inf)"),
+    ("num_train_steps", "-1", "[0, inf)"),
+    ("seed", "-3", "[0, 4.29497e+09]"),
+    ("divergence_factor", "0.5", "(1, inf) or 0"),
+    ("divergence_patience", "0", "[1, inf)"),
+    ("mesh.fsdp", "0", "[1, inf) or -1"),
+    ("model.dtype", "float8", "one of 'float32'"),
+    ("lr_schedule", "linear", "one of 'constant', 'cosine'"),
+    ("eval_params", "best", "one of 'ema', 'raw'"),
+    ("model.attention", "flash", "one of 'dense'"),
+    ("data.read_threads", "-1", "[0, inf)"),
+]
+
+
+def test_out_of_range_fields_give_one_error_line(tmp_path):
+  fresh = str(tmp_path / "fresh")
+  cases = [tiny_args(fresh) + [f"--config.{f}={v}"] for f, v, _ in BAD]
+  cases.append(tiny_args(fresh, num_train_steps=0))  # in range, but not on a new workdir
+  results = harness("train.py", cases)
+  for (field, value, allowed), result in zip(BAD, results):
+    assert_one_error_line(result, [f"{field}=", value.rstrip("0").rstrip("."), allowed],
+                          f"{field}={value}")
+    assert result["rc"] == 1
+  assert_one_error_line(results[-1], ["num_train_steps=0", "new workdir", "train nothing"],
+                        "num_train_steps=0")
+  assert not os.path.exists(fresh)  # nothing written
+
+
+# ----------------------------------------------------------------------------- provenance
+def test_missing_config_json_with_checkpoints_is_refused(base, tmp_path):
+  workdir = copy_of(base, tmp_path)
+  os.remove(os.path.join(workdir, "config.json"))
+  config = tiny_config(**{"loss.desired_set_size": 2})  # a different structure: S = 2
+  with pytest.raises(errors.ConfigMismatchError, match="config.json is missing.*"
+                     "accept_missing_config=True"):
+    workdir_lock.check_resume(config, workdir)
+  workdir_lock.check_resume(tiny_config(accept_missing_config=True), workdir)  # accepted
