@@ -41,7 +41,7 @@ from setdiff_jax.interop import pretrained
 from setdiff_jax.workdir import config as run_config
 from setdiff_jax.workdir import lock as workdir_lock
 from setdiff_jax.workdir import load as workdir_lib
-from setdiff_jax.data import pipeline
+from setdiff_jax.data import pipeline, tokenizers
 from setdiff_jax.models import Backbone, BackboneConfig
 
 EVAL_SEED = likelihood.DEFAULT_SEED  # one fixed order / t draw per eval sequence (seed 1)
@@ -371,7 +371,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[
 
 def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[str, float]:
   is_main = jax.process_index() == 0
-  tokenizer = run_config.build_tokenizer(config, workdir)
+  # A tokenizer built here (first run) is written only once the data has been validated below,
+  # so a run that fails on its data leaves no derived state for the corrected rerun to reuse.
+  new_tokenizer = not tokenizers.saved_in(workdir)
+  tokenizer = run_config.build_tokenizer(config, workdir, save=False)
   model_cfg, obj_cfg = run_config.model_and_objective(config, tokenizer)
   model = models.build(model_cfg)
   optimizer = make_optimizer(config)
@@ -382,6 +385,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict
       config.data, tokenizer, split="train", seq_len=config.seq_len,
       global_batch_size=config.batch_size, seed=config.seed, process_index=jax.process_index(),
       process_count=jax.process_count(), shuffle=True, num_epochs=None, drop_remainder=True))
+
+  eval_tokens, eval_attention = eval_rows_for(config, tokenizer)  # built once per run
 
   # The state is created directly in its shardings (FSDP / tensor-parallel rules): never
   # materialised whole on one device.
@@ -407,12 +412,13 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict
   except BaseException:
     checkpointing.close(manager)  # before the error propagates: no orbax noise at exit
     raise
+  if new_tokenizer and not tokenizers.saved_in(workdir):  # the data are validated (datasets
+    tokenizers.save_in(tokenizer, workdir)               # and eval rows built); 1 process
   if is_main:  # only now: a failed restore must leave the config of the checkpoints in place
     checkpointing.save_config(config, workdir)
 
   batch_sharding = sharding.batch_sharding(mesh)
   train_step = jit_train_step(config, model, obj_cfg, mesh, state_shardings, optimizer)
-  eval_tokens, eval_attention = eval_rows_for(config, tokenizer)  # built once per run
   writer = MetricWriter(workdir, is_main)
   step_rng = jax.random.fold_in(jax.random.key(config.seed), 1)
 

@@ -205,7 +205,13 @@ def test_out_of_range_fields_give_one_error_line(tmp_path):
   fresh = str(tmp_path / "fresh")
   cases = [tiny_args(fresh) + [f"--config.{f}={v}"] for f, v, _ in BAD]
   cases.append(tiny_args(fresh, num_train_steps=0))  # in range, but not on a new workdir
+  empty = tmp_path / "empty.txt"
+  empty.write_text("")
+  first = str(tmp_path / "first")  # a first run whose data is empty: no tokenizer left behind
+  cases.append(tiny_args(first, **{"data.source": "text", "data.paths": str(empty)}))
   results = harness("train.py", cases)
+  assert_one_error_line(results.pop(), ["no data", "text train"], "empty data file")
+  assert not os.path.exists(os.path.join(first, "tokenizer")), os.listdir(first)
   for (field, value, allowed), result in zip(BAD, results):
     assert_one_error_line(result, [f"{field}=", value.rstrip("0").rstrip("."), allowed],
                           f"{field}={value}")

@@ -331,11 +331,24 @@ def build_tokenizer(cfg, train_texts=None) -> Tokenizer:
                          _lowercase(cfg, False))
 
 
+def saved_in(workdir) -> bool:
+  """Whether `<workdir>/tokenizer/` holds a saved tokenizer."""
+  return workdir is not None and paths.isfile(paths.join(workdir, TOKENIZER_SUBDIR,
+                                                         _SPECIALS_FILE))
+
+
+def save_in(tok: Tokenizer, workdir):
+  """Writes `tok` to `<workdir>/tokenizer/` (staged: the folder appears complete or not at all)."""
+  with paths.staged_dir(paths.join(workdir, TOKENIZER_SUBDIR)) as local:
+    tok.save(local)
+
+
 def get_tokenizer(cfg, workdir=None,
-                  train_texts: Iterable[str] | Callable[[], Iterable[str]] | None = None
-                  ) -> Tokenizer:
+                  train_texts: Iterable[str] | Callable[[], Iterable[str]] | None = None,
+                  save: bool = True) -> Tokenizer:
   """The run's tokenizer: loaded from `<workdir>/tokenizer/` if saved there,
-  otherwise built from `cfg` and saved there (when `workdir` is given).
+  otherwise built from `cfg` and saved there (when `workdir` is given and `save`; the trainer
+  saves it itself once its data is validated).
 
   Raises ValueError if the saved tokenizer is of another kind than cfg.kind
   (a workdir reused with a different config).
@@ -351,7 +364,6 @@ def get_tokenizer(cfg, workdir=None,
             f"says tokenizer.kind={cfg.kind!r}; use a fresh workdir")
       return tok
   tok = build_tokenizer(cfg, train_texts)
-  if workdir is not None:
-    with paths.staged_dir(tok_dir) as local:
-      tok.save(local)
+  if workdir is not None and save:
+    save_in(tok, workdir)
   return tok

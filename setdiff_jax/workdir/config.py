@@ -334,15 +334,19 @@ def _validate_layers(config, check):
         f"model.scan_layers=True needs model.num_layers >= 1 (got {layers})")
 
 
-def build_tokenizer(config, workdir: Optional[str], *, allow_training: bool = True):
-  """The run's tokenizer (saved in / loaded from WORKDIR/tokenizer/)."""
+def build_tokenizer(config, workdir: Optional[str], *, allow_training: bool = True,
+                    save: bool = True):
+  """The run's tokenizer (loaded from WORKDIR/tokenizer/; else built, and saved there if
+  `save`: the trainer saves it only after its data is validated)."""
   train_texts = None
   if allow_training:
     train_texts = lambda: sources.tokenizer_training_texts(config.data, max_docs=200_000)
   if workdir is None or jax.process_count() == 1:
-    return tokenizers.get_tokenizer(config.tokenizer, workdir, train_texts=train_texts)
-  # Several processes share the workdir: process 0 trains (or loads) and saves it, the others
-  # wait for it (bounded: `sharding.barrier`) and read it; never trained twice.
+    return tokenizers.get_tokenizer(config.tokenizer, workdir, train_texts=train_texts,
+                                    save=save)
+  # Several processes share the workdir: process 0 trains (or loads) and saves it at once (the
+  # others read it from there; `save` cannot defer it), the others wait for it (bounded:
+  # `sharding.barrier`) and read it; never trained twice.
   tok = None
   if jax.process_index() == 0:
     tok = tokenizers.get_tokenizer(config.tokenizer, workdir, train_texts=train_texts)
