@@ -29,8 +29,8 @@ def gpt2(shared_data):
 
 def test_wordpiece_known_ids(bert):
   assert bert.encode("hello world") == [7592, 2088]
-  # Uncased: the BERT normalizer lowercases; specials in text stay whole.
-  assert bert.encode("Hello, World! [MASK]") == [7592, 1010, 2088, 999, 103]
+  # Uncased: the BERT normalizer lowercases; a literal "[MASK]" is text (issue 23).
+  assert bert.encode("Hello, World! [MASK]") == [7592, 1010, 2088, 999, 1031, 7308, 1033]
   assert bert.vocab_size == 30522
   # SPEC §5 caveat: BOS = [CLS] (what the wrapped LM1B data starts rows with).
   assert (bert.bos_id, bert.eos_id, bert.pad_id, bert.mask_id) == (101, 102, 0, 103)
@@ -46,7 +46,7 @@ def test_gpt2_round_trip_and_mask(gpt2):
   assert gpt2.vocab_size == 50258
   assert gpt2.mask_id == 50257
   assert gpt2.bos_id == gpt2.eos_id == gpt2.pad_id == 50256
-  assert gpt2.encode("a<|fim_middle|>b<|endoftext|>") == [64, 50257, 65, 50256]
+  assert gpt2.encode("a<|fim_middle|>b<|endoftext|>")[:1] == [64]  # text: see below
   assert gpt2.decode([64, 50257, 65, 50256]) == "ab"
 
 
@@ -128,7 +128,7 @@ def test_packaged_vocabularies_build_the_config_tokenizers(tmp_path, monkeypatch
   for config in (lm1b_sw.get_config(), lm1b_ar.get_config()):
     assert config.tokenizer.vocab_path == T.packaged_vocab("bert-base-uncased/vocab.txt")
     bert = T.get_tokenizer(config.tokenizer)
-    assert bert.encode("Hello, World! [MASK]") == [7592, 1010, 2088, 999, 103]
+    assert bert.encode("Hello, World! [MASK]") == [7592, 1010, 2088, 999, 1031, 7308, 1033]
     assert (bert.vocab_size, bert.bos_id, bert.eos_id, bert.mask_id) == (30522, 101, 102, 103)
   gpt2 = T.get_tokenizer(owt_sw.get_config().tokenizer)
   assert gpt2.encode("Hello world") == [15496, 995]
@@ -152,3 +152,65 @@ def test_vocab_path_stays_overridable(shared_data):
   c.tokenizer.vocab_path = "/nonexistent/vocab.txt"
   with pytest.raises(FileNotFoundError, match="/nonexistent/vocab.txt.*tokenizer.vocab_path"):
     T.get_tokenizer(c.tokenizer)
+
+
+# ----------------------------------------------------------------------------- specials as text
+def _qwen3_like(gpt2, tmp_path):
+  """A tokenizer.json with Qwen3's special names (GPT-2's BPE + added specials)."""
+  import tokenizers as hf
+  tok = hf.Tokenizer.from_str(gpt2.hf.to_str())
+  tok.add_special_tokens([T.QWEN3_MASK, "<|im_start|>", "<|im_end|>"])
+  path = tmp_path / "tokenizer.json"
+  tok.save(str(path))
+  return T.qwen3_tokenizer(str(path))
+
+
+def _special_text_cases(tok, literals):
+  """Every literal control string is text: no control id, and it decodes back unchanged."""
+  controls = {tok.bos_id, tok.eos_id, tok.pad_id, tok.mask_id}
+  for lit in literals:
+    text = f"before {lit} after{lit}"
+    ids = tok.encode(text)
+    assert not controls & set(ids), (lit, ids)
+    assert tok.encode_batch(["plain", text])[1] == ids
+    if tok.kind == "wordpiece":  # BERT's decoder spaces out punctuation
+      assert tok.decode(ids).replace(" ", "") == text.lower().replace(" ", ""), lit
+    else:
+      assert tok.decode(ids) == text, lit
+  assert tok.encode("plain words") == tok.hf.encode("plain words", add_special_tokens=False).ids
+
+
+def test_special_token_text_is_text_trained(tmp_path):
+  cfg = _cfg(kind="trained", vocab_size=300)
+  tok = T.get_tokenizer(cfg, str(tmp_path), train_texts=["some text [MASK] here"] * 20)
+  _special_text_cases(tok, T.TRAINED_SPECIALS)
+  again = T.Tokenizer.load(tmp_path / T.TOKENIZER_SUBDIR)  # the choice is saved with it
+  assert again.encode("a [MASK]") == tok.encode("a [MASK]")
+  control = T.get_tokenizer(_cfg(kind="trained", vocab_size=300, control_tokens_in_text=True),
+                            train_texts=["some text [MASK] here"] * 20)
+  assert control.encode("[MASK]") == [control.mask_id]  # the documented opt-in
+
+
+def test_special_token_text_is_text_wordpiece(bert, shared_data):
+  _special_text_cases(bert, ["[MASK]", "[SEP]", "[CLS]", "[PAD]", "[UNK]"])
+  control = T.get_tokenizer(_cfg(kind="wordpiece", control_tokens_in_text=True,
+                                 vocab_path=str(shared_data / "bert-base-uncased-vocab.txt")))
+  assert control.encode("Hello, World! [MASK]") == [7592, 1010, 2088, 999, 103]
+
+
+def test_special_token_text_is_text_gpt2(gpt2, shared_data):
+  _special_text_cases(gpt2, ["<|endoftext|>", "<|fim_middle|>"])
+  # Text pieces are encoded as GPT-2 encodes the same characters with no special tokens.
+  assert gpt2.encode("<|endoftext|>") == [27, 91, 437, 1659, 5239, 91, 29]
+  control = T.get_tokenizer(_cfg(kind="gpt2", control_tokens_in_text=True,
+                                 vocab_path=str(shared_data / "gpt2" / "vocab.json"),
+                                 merges_path=str(shared_data / "gpt2" / "merges.txt")))
+  assert control.encode("a<|fim_middle|>b<|endoftext|>") == [64, 50257, 65, 50256]
+
+
+def test_special_token_text_is_text_qwen3(gpt2, tmp_path):
+  tok = _qwen3_like(gpt2, tmp_path)
+  _special_text_cases(tok, [T.QWEN3_EOS, T.QWEN3_MASK])
+  # Chat markup is not a control token of the model: it keeps its one id (chat templates).
+  start = tok.hf.token_to_id("<|im_start|>")
+  assert tok.encode("<|im_start|>user\nhi <|endoftext|>")[0] == start

@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import tempfile
 from typing import Callable, Iterable, Sequence
 
@@ -46,6 +47,10 @@ _TOKENIZER_FILE = "tokenizer.json"
 
 # Special tokens of the `trained` kind, at fixed low ids 0..4 (trainer order).
 TRAINED_SPECIALS = ("[PAD]", "[UNK]", "[BOS]", "[EOS]", "[MASK]")
+
+# The control tokens of each kind whose literal strings are text (besides BOS/EOS/PAD/MASK).
+_KIND_SPECIALS = {"trained": TRAINED_SPECIALS,
+                  "wordpiece": ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")}
 
 GPT2_EOS = "<|endoftext|>"  # id 50256; also BOS and PAD (SPEC §5)
 GPT2_MASK = "<|fim_middle|>"  # added, id 50257 (SPEC §5)
@@ -84,6 +89,9 @@ def default_tokenizer_config() -> ml_collections.ConfigDict:
   # Lowercase the text. None = the kind's default: True for wordpiece (the
   # uncased BERT vocab needs it), False for trained; gpt2 ignores it.
   cfg.lowercase = ml_collections.FieldReference(None, field_type=bool)
+  # Literal control-token strings in data and prompts ("[MASK]", "[EOS]", "<|endoftext|>", ...)
+  # are encoded as ordinary text; True makes them the control ids (the behaviour before).
+  cfg.control_tokens_in_text = False
   return cfg
 
 
@@ -97,13 +105,41 @@ class Tokenizer:
   """
 
   def __init__(self, hf_tokenizer: hf.Tokenizer, *, kind: str, bos_id: int,
-               eos_id: int, pad_id: int, mask_id: int):
+               eos_id: int, pad_id: int, mask_id: int, control_tokens_in_text: bool = False):
     self.hf = hf_tokenizer
     self.kind = kind
     self.bos_id = int(bos_id)
     self.eos_id = int(eos_id)
     self.pad_id = int(pad_id)
     self.mask_id = int(mask_id)
+    self.control_tokens_in_text = bool(control_tokens_in_text)
+    # The literal strings of the control tokens ([MASK], [EOS], <|endoftext|>, ...): ordinary
+    # text in data and prompts unless control_tokens_in_text. Other added tokens (chat markup
+    # such as <|im_start|>) keep their meaning.
+    names = {hf_tokenizer.id_to_token(i) for i in (self.bos_id, self.eos_id, self.pad_id,
+                                                   self.mask_id)}
+    names |= set(_KIND_SPECIALS.get(kind, ()))
+    self._controls = tuple(sorted((n for n in names if n), key=len, reverse=True))
+    self._controls_re = re.compile("(" + "|".join(re.escape(n) for n in self._controls) + ")")
+    self._as_text = None  # a copy of `hf` that encodes special tokens as text (built lazily)
+
+  def _text_encoder(self) -> hf.Tokenizer:
+    if self._as_text is None:
+      self._as_text = hf.Tokenizer.from_str(self.hf.to_str())
+      self._as_text.encode_special_tokens = True
+    return self._as_text
+
+  def _has_controls(self, text: str) -> bool:
+    return not self.control_tokens_in_text and any(n in text for n in self._controls)
+
+  def _encode_literal(self, text: str) -> list[int]:
+    """Text holding control-token strings: those pieces are encoded as ordinary text."""
+    out = []
+    for i, piece in enumerate(self._controls_re.split(text)):
+      if piece:
+        enc = self._text_encoder() if i % 2 else self.hf
+        out += enc.encode(piece, add_special_tokens=False).ids
+    return out
 
   @property
   def vocab_size(self) -> int:
@@ -111,13 +147,18 @@ class Tokenizer:
     return self.hf.get_vocab_size(with_added_tokens=True)
 
   def encode(self, text: str) -> list[int]:
-    """Token ids of `text`, no special tokens added."""
+    """Token ids of `text`, no special tokens added; a literal control-token string in it
+    ("[MASK]", "<|endoftext|>", ...) is ordinary text unless control_tokens_in_text."""
+    if self._has_controls(text):
+      return self._encode_literal(text)
     return self.hf.encode(text, add_special_tokens=False).ids
 
   def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
     """`encode` for many texts at once (parallel in Rust; use this for corpora)."""
-    encs = self.hf.encode_batch_fast(list(texts), add_special_tokens=False)
-    return [e.ids for e in encs]
+    texts = list(texts)
+    encs = self.hf.encode_batch_fast(texts, add_special_tokens=False)
+    return [self._encode_literal(t) if self._has_controls(t) else e.ids
+            for t, e in zip(texts, encs)]
 
   def decode(self, ids, skip_special: bool = True) -> str:
     """Text of `ids` (list or 1-D array); drops BOS/EOS/PAD/MASK if skip_special.
@@ -145,7 +186,8 @@ class Tokenizer:
     """Writes `tokenizer.json` and `special_tokens.json` into `directory`."""
     directory = pathlib.Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    meta = dict(kind=self.kind, vocab_size=self.vocab_size, **self.special_ids())
+    meta = dict(kind=self.kind, vocab_size=self.vocab_size, **self.special_ids(),
+                control_tokens_in_text=self.control_tokens_in_text)
     # Write-then-rename, so a concurrent reader never sees half a file.
     _atomic_write(directory / _TOKENIZER_FILE, self.hf.to_str(pretty=True))
     _atomic_write(directory / _SPECIALS_FILE, json.dumps(meta, indent=2))
@@ -170,7 +212,8 @@ class Tokenizer:
                        "folder of the run again") from e
     return cls(tok, kind=meta["kind"], bos_id=meta["bos_id"],
                eos_id=meta["eos_id"], pad_id=meta["pad_id"],
-               mask_id=meta["mask_id"])
+               mask_id=meta["mask_id"],
+               control_tokens_in_text=meta.get("control_tokens_in_text", False))
 
   def __repr__(self):
     return (f"Tokenizer(kind={self.kind!r}, vocab_size={self.vocab_size}, "
@@ -316,6 +359,13 @@ def build_tokenizer(cfg, train_texts=None) -> Tokenizer:
   per-process shard, so every host trains the same tokenizer.
   """
   validate_tokenizer_config(cfg)
+  tok = _build(cfg, train_texts)
+  if cfg.get("control_tokens_in_text", False):
+    tok = Tokenizer(tok.hf, kind=tok.kind, **tok.special_ids(), control_tokens_in_text=True)
+  return tok
+
+
+def _build(cfg, train_texts) -> Tokenizer:
   if cfg.kind == "wordpiece":
     return wordpiece_tokenizer(cfg.vocab_path, _lowercase(cfg, True))
   if cfg.kind == "gpt2":

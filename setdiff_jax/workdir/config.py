@@ -223,7 +223,7 @@ FIELD_RANGES = {
     "tokenizer.kind": Choice(tokenizers.KINDS),
     "tokenizer.vocab_size": _int(1),
     "tokenizer.lowercase": Choice((None, True, False)),
-    "tokenizer.special_tokens_in_text": _BOOL,
+    "tokenizer.control_tokens_in_text": _BOOL,
     "data.read_threads": _int(0),
     "data.prefetch": _int(0),
     "data.task_operands": _int(1),
