@@ -100,8 +100,8 @@ def main(argv):
       extractor=FLAGS.extractor, preset=FLAGS.preset)
   record = run.evaluate_workdir(FLAGS.workdir, FLAGS.eval, opts, step=FLAGS.step,
                                 use_ema=FLAGS.use_ema, output=FLAGS.output,
-                                data_overrides=data_overrides())
-  print(run.format_results({k: record.get(k) for k in FLAGS.eval}))
+                                data_overrides=data_overrides(),
+                                show=lambda text: print(text, flush=True))  # before the write
   print(f"\nresults written to {record['path']}")
 
 

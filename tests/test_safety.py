@@ -141,7 +141,7 @@ def test_every_field_has_a_declared_range():
   data_checked = {f"data.{k}" for k in run_config.default_config().data.keys()}  # pipeline's
   undeclared = names - set(run_config.FIELD_RANGES) - set(run_config.FREE_FIELDS) - data_checked
   assert not undeclared, undeclared
-  assert not set(run_config.FIELD_RANGES) - names - {"tokenizer.special_tokens_in_text"}
+  assert not set(run_config.FIELD_RANGES) - names
   run_config.check_field_ranges(run_config.default_config())  # the defaults are in range
 
 
@@ -230,3 +230,42 @@ def test_missing_config_json_with_checkpoints_is_refused(base, tmp_path):
                      "accept_missing_config=True"):
     workdir_lock.check_resume(config, workdir)
   workdir_lock.check_resume(tiny_config(accept_missing_config=True), workdir)  # accepted
+
+
+# ----------------------------------------------------------------------------- eval history
+def test_eval_history_appends_and_keeps_labels(base, tmp_path):
+  from setdiff_jax.evaluation import run
+  opts = run.EvalOptions(num_orders=1, max_rows=8, batch_size=8)
+  out = str(tmp_path / "results.json")
+  shown = []
+  ema2 = run.evaluate_workdir(base, ["likelihood"], opts, log=None, output=out,
+                              show=shown.append)
+  assert shown and "Likelihood" in shown[0]
+  run.evaluate_workdir(base, ["likelihood"], opts, step=1, log=None, output=out)
+  raw2 = run.evaluate_workdir(base, ["likelihood"], opts, use_ema=False, log=None, output=out)
+  saved = json.load(open(out))
+  keys = sorted(saved["history"])
+  assert [k.split(" settings=")[0] for k in keys] == [
+      "step=1 params=ema eval=likelihood", "step=2 params=ema eval=likelihood",
+      "step=2 params=raw eval=likelihood"]
+  by = {(v["step"], v["use_ema"]): v["result"] for v in saved["history"].values()}
+  assert by[(2, True)]["nll"] == ema2["likelihood"]["nll"]  # not replaced, not relabelled
+  assert by[(2, False)]["nll"] == raw2["likelihood"]["nll"]
+  assert saved["step"] == 2 and saved["use_ema"] is False  # the top level: the latest eval
+  other = run.EvalOptions(num_orders=1, max_rows=16, batch_size=8)  # other settings: a new key
+  run.evaluate_workdir(base, ["likelihood"], other, log=None, output=out)
+  assert len(json.load(open(out))["history"]) == 4
+
+
+def test_eval_results_survive_a_failed_write(base, tmp_path):
+  from setdiff_jax.evaluation import run
+  blocker = tmp_path / "a_file"  # a file where the output's directory should be (works as root)
+  blocker.write_text("")
+  shown = []
+  with pytest.raises(OSError, match="could not write the evaluation results") as e:
+    run.evaluate_workdir(base, ["likelihood"], run.EvalOptions(num_orders=1, max_rows=8,
+                                                               batch_size=8),
+                         log=None, output=str(blocker / "r.json"), show=shown.append)
+  kept = str(e.value).split("kept in ")[1].split(". ")[0]
+  assert "Likelihood" in shown[0] and json.load(open(kept))["likelihood"]["num_sequences"] == 8
+  os.remove(kept)

@@ -2,16 +2,19 @@
 
   results = evaluate_workdir("/tmp/run", ["likelihood", "infill"], EvalOptions(num_orders=8))
 
-Loads the checkpoint (EMA parameters by default), runs the requested evaluations, merges the results
-into WORKDIR/eval_results.json (keyed by eval; other evals already there are kept if they are of
-the same checkpoint step) and returns them; `format_results` renders markdown tables.
+Loads the checkpoint (EMA parameters by default), runs the requested evaluations, appends the
+results to WORKDIR/eval_results.json (its `history` is keyed by step, EMA/raw, eval kind and
+settings; nothing else is ever replaced) and returns them; `format_results` renders markdown
+tables.
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import platform
+import tempfile
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -249,36 +252,91 @@ def evaluate_state(state, evals: Sequence[str], opts: EvalOptions, *, judge=None
   return out
 
 
+def history_key(step: int, use_ema: bool, name: str, settings: Dict[str, Any]) -> str:
+  """The key of one result in the history: step, EMA/raw, eval kind and its settings."""
+  text = json.dumps(settings, sort_keys=True, default=str)
+  digest = hashlib.sha1(text.encode()).hexdigest()[:12]
+  return f"step={int(step)} params={'ema' if use_ema else 'raw'} eval={name} settings={digest}"
+
+
+def _read_record(path: str) -> Dict[str, Any]:
+  """The results file, {} if absent; a damaged one is an error (it is never overwritten)."""
+  if not paths.exists(path):
+    return {}
+  try:
+    record = json.loads(paths.read_text(path))
+  except (ValueError, OSError) as e:
+    raise ValueError(f"{path} is unreadable ({e}); it holds earlier evaluation results: move it "
+                     "away, or pass --output=ANOTHER.json") from e
+  if not isinstance(record, dict):
+    raise ValueError(f"{path} is not an evaluation results file; pass --output=ANOTHER.json")
+  if "history" not in record and record.get("step") is not None:  # a file of an older version
+    options = record.get("options", {})
+    record["history"] = {
+        history_key(record["step"], record.get("use_ema", True), e, options.get(e, {})):
+        {"step": record["step"], "use_ema": record.get("use_ema", True), "eval": e,
+         "settings": options.get(e, {}), "time": record.get("time"), "result": record[e]}
+        for e in EVALS if e in record}
+  return record
+
+
+def write_results(record: Dict[str, Any], path: str):
+  """Writes `record` to `path` (`paths.write_text`: write-then-rename, or one object upload).
+  If that fails, the results go to a file in the temporary directory and the OSError raised names
+  both paths."""
+  text = json.dumps(record, indent=2, default=str)
+  try:
+    if not paths.is_remote(path):
+      os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    paths.write_text(path, text)
+  except OSError as e:
+    fd, kept = tempfile.mkstemp(prefix="setdiff_eval_results_", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+      f.write(text)
+    raise OSError(e.errno, f"could not write the evaluation results to {path} ({e.strerror or e})"
+                  f"; they are printed above and kept in {kept}. Copy them from there, or pass "
+                  f"--output=A_WRITABLE_FILE.json next time", path) from e
+
+
 def evaluate_workdir(workdir: str, evals: Sequence[str], opts: Optional[EvalOptions] = None, *,
                      step: Optional[int] = None, use_ema: bool = True,
                      output: Optional[str] = None, log=print,
-                     data_overrides: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-  """Loads WORKDIR's checkpoint, runs `evals`, merges into the JSON file, returns the record.
+                     data_overrides: Optional[Dict[str, Any]] = None,
+                     show=None) -> Dict[str, Any]:
+  """Loads WORKDIR's checkpoint, runs `evals`, appends them to the JSON file, returns the record.
 
-  `data_overrides` replaces fields of the run's `data` config (e.g. eval_paths, tfds_data_dir:
-  the data moved since training).
+  The file keeps every result in `history`, keyed by (step, EMA/raw, eval kind, settings): a new
+  evaluation adds or refreshes its own keys and never replaces another one. Its top level mirrors
+  the latest evaluation (merged with earlier evals of the same step and parameters). `show`, if
+  given, receives the markdown tables before anything is written (a failed write keeps them:
+  `write_results`). `data_overrides` replaces fields of the run's `data` config (e.g.
+  eval_paths, tfds_data_dir: the data moved since training).
   """
   opts = opts or EvalOptions()
+  path = output or paths.join(workdir, RESULTS_FILE)
+  record = _read_record(path)  # before the evaluation: a bad file fails fast
   state = workdir_lib.load_inference_state(workdir, step=step, use_ema=use_ema)
   for key, value in (data_overrides or {}).items():
     state.config.data[key] = value
   results = evaluate_state(state, evals, opts, log=log)
-  path = output or paths.join(workdir, RESULTS_FILE)
-  record: Dict[str, Any] = {}
-  if paths.exists(path):
-    try:
-      record = json.loads(paths.read_text(path))
-    except json.JSONDecodeError:
-      record = {}
-    if record.get("step") != state.step:
-      record = {}
+  if show is not None:
+    show(format_results(results))
+  history = record.pop("history", {})
+  if record.get("step") != state.step or record.get("use_ema", True) != use_ema:
+    record = {}  # the top level mirrors one (step, parameters) only
+  now = time.strftime("%Y-%m-%d %H:%M:%S")
   record.update(workdir=paths.resolve(workdir), step=state.step,
                 objective=state.objective_config.name, use_ema=use_ema,
-                hardware=hardware(), time=time.strftime("%Y-%m-%d %H:%M:%S"))
+                hardware=hardware(), time=now)
   record.setdefault("options", {}).update({e: opts.to_json() for e in evals})
   record.update(results)
+  for name in evals:
+    history[history_key(state.step, use_ema, name, opts.to_json())] = {
+        "step": state.step, "use_ema": use_ema, "eval": name, "settings": opts.to_json(),
+        "time": now, "result": results[name]}
+  record["history"] = history
   if jax.process_index() == 0:  # every process computed the same record; one writes it
-    paths.write_text(path, json.dumps(record, indent=2))
+    write_results(record, path)
   record["path"] = path
   return record
 
@@ -342,4 +400,4 @@ def format_results(results: Dict[str, Any]) -> str:
 
 __all__ = ["EVALS", "RESULTS_FILE", "EvalOptions", "hardware", "infill_items", "run_likelihood",
            "run_infill", "run_speed", "run_samples", "accuracy_pairs", "run_accuracy", "load_judge", "evaluate_state",
-           "evaluate_workdir", "markdown_table", "format_results"]
+           "history_key", "write_results", "evaluate_workdir", "markdown_table", "format_results"]
