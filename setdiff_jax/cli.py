@@ -4,7 +4,9 @@
     cli.run(main)          # instead of absl's app.run(main)
 
 - Expected errors (`EXPECTED`: bad config, input, data, checkpoint, disk) end the process with a
-  single `error: ...` line on stderr and exit status 1 (2 for flag / argument errors). Their
+  single `error: ...` line on stderr and exit status 1 (2 for flag / argument errors). A run
+  stopped by SIGTERM / SIGINT after saving ends with one `stopped: ...` line and 128 + the signal
+  number (143 / 130). Their
   traceback is printed only with `--verbose` or `SETDIFF_VERBOSE=1`. Any other exception is a bug
   and keeps its traceback.
 - After an error the process ends with `os._exit`: background threads of orbax / tensorstore
@@ -256,8 +258,10 @@ def report(exc: BaseException, stream=None) -> int:
   stream = stream or sys.stderr
   if verbose():
     traceback.print_exception(type(exc), exc, exc.__traceback__, file=stream)
-  stream.write(f"error: {describe(exc)}\n")
+  stream.write(f"{getattr(exc, 'prefix', 'error')}: {describe(exc)}\n")
   stream.flush()
+  if getattr(exc, "exit_code", None):
+    return int(exc.exit_code)  # e.g. 143 / 130: stopped by SIGTERM / SIGINT after saving
   return 2 if isinstance(exc, (UsageError, app.UsageError)) else 1
 
 

@@ -40,6 +40,18 @@ class DivergenceError(SetdiffError, FloatingPointError):
   """The training loss stayed far above its recent median (or a ceiling): stopped before saving."""
 
 
+class StoppedBySignal(SetdiffError):
+  """Training stopped on SIGTERM / SIGINT after saving: not a failure of the input, but not
+  "done" either. The launchers print one `stopped: ...` line and exit with 128 + the signal
+  number (143 for SIGTERM, 130 for SIGINT), what a scheduler reads as "preempted, requeue"."""
+
+  prefix = "stopped"
+
+  def __init__(self, message: str, signum: int):
+    super().__init__(message)
+    self.exit_code = 128 + int(signum)
+
+
 class DiskFullError(SetdiffError):
   """A write failed with ENOSPC; the message says what is still intact."""
 
@@ -79,5 +91,5 @@ def missing_extra(e: ModuleNotFoundError, module: str, extra: str, needed_by: st
 
 __all__ = ["SetdiffError", "WorkdirInUseError", "ConfigMismatchError", "CheckpointError",
            "CheckpointStructureError", "DamagedCheckpointError", "MissingIteratorStateError",
-           "DivergenceError", "DiskFullError", "MissingExtraError", "require_extra", "missing_extra",
-           "install_line"]
+           "DivergenceError", "StoppedBySignal", "DiskFullError", "MissingExtraError",
+           "require_extra", "missing_extra", "install_line"]

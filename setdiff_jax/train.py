@@ -204,27 +204,44 @@ class MetricWriter:
 
 
 class _Preemption:
-  """Records SIGTERM so the loop can save a checkpoint and exit cleanly."""
+  """Records SIGTERM and a first SIGINT (Ctrl-C) so the loop saves a checkpoint and stops; a
+  second SIGINT aborts at once (exit status 130; checkpoints saved before are intact)."""
+
+  SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
   def __init__(self):
     self.requested = False
-    self._previous = None
+    self.signum: Optional[int] = None
+    self._previous = {}
 
   def __enter__(self):
-    try:
-      self._previous = signal.signal(signal.SIGTERM, self._handle)
-    except ValueError:  # not the main thread
-      self._previous = None
+    for sig in self.SIGNALS:
+      try:
+        self._previous[sig] = signal.signal(sig, self._handle)
+      except ValueError:  # not the main thread
+        pass
     return self
 
+  @property
+  def name(self) -> str:
+    return signal.Signals(self.signum).name if self.signum else "a signal"
+
   def _handle(self, signum, frame):
-    del signum, frame
-    logging.warning("SIGTERM received: saving a checkpoint, then exiting.")
+    del frame
+    if self.requested and signum == signal.SIGINT:
+      os.write(2, b"aborted: second SIGINT; checkpoints saved before are intact (the one being "
+                  b"written, if any, is not used)\n")
+      os._exit(128 + signal.SIGINT)
+    logging.warning("%s received: saving a checkpoint, then exiting%s.",
+                    signal.Signals(signum).name,
+                    " (Ctrl-C again aborts at once)" if signum == signal.SIGINT else "")
     self.requested = True
+    self.signum = signum
 
   def __exit__(self, *exc):
-    if self._previous is not None:
-      signal.signal(signal.SIGTERM, self._previous)
+    for sig, previous in self._previous.items():
+      if previous is not None:
+        signal.signal(sig, previous)
 
 
 # --------------------------------------------------------------------------------- loop
@@ -495,6 +512,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict
     saved["steps"].append(step_done)
     logging.info("saved checkpoint %s/%d", manager.directory, step_done)
 
+  stopped: Optional[errors.StoppedBySignal] = None
   try:
     with _Preemption() as preemption:
       for step in range(start_step, num_steps):
@@ -518,7 +536,12 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict
           pending = None
         if preemption.requested:  # save first: the grace period after SIGTERM is short
           save(step_done)
-          logging.warning("stopped by SIGTERM at step %d", step_done)
+          kept = (f"checkpoint {manager.directory}/{step_done} saved" if saved["steps"] and
+                  saved["steps"][-1] == step_done else
+                  f"no checkpoint saved at this step (last: {saved['steps'][-1:] or 'none'})")
+          stopped = errors.StoppedBySignal(
+              f"{preemption.name} at step {step_done}/{num_steps}; {kept}. Run the same "
+              "command again to resume", preemption.signum)
           break
         for kind, needed, fn in (("eval", need_eval, run_eval), ("save", need_save, save)):
           if needed:
@@ -538,5 +561,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict
     except OSError as e:  # e.g. the disk is full: do not hide the error that got us here
       logging.warning("closing the metric writer failed: %s", e)
     checkpointing.close(manager)
+  if stopped is not None:  # after the cleanup: one `stopped:` line, exit status 128 + signal
+    raise stopped
   last["step"] = int(state.step)
   return last

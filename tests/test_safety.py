@@ -269,3 +269,120 @@ def test_eval_results_survive_a_failed_write(base, tmp_path):
   kept = str(e.value).split("kept in ")[1].split(". ")[0]
   assert "Likelihood" in shown[0] and json.load(open(kept))["likelihood"]["num_sequences"] == 8
   os.remove(kept)
+
+
+# ----------------------------------------------------------------------------- signals
+def test_sigint_saves_and_stops_with_a_distinct_status(base, tmp_path, monkeypatch):
+  import io
+  import signal
+  import threading
+
+  from setdiff_jax import cli, sharding
+  if threading.current_thread() is not threading.main_thread():
+    pytest.skip("signal handlers can only be installed from the main thread")
+  workdir = copy_of(base, tmp_path)
+  real = sharding.global_batch
+  calls = {"n": 0}
+
+  def global_batch(local, mesh):  # Ctrl-C while step 3 runs
+    calls["n"] += 1
+    if calls["n"] == 1:
+      os.kill(os.getpid(), signal.SIGINT)
+    return real(local, mesh)
+
+  monkeypatch.setattr(sharding, "global_batch", global_batch)
+  config = checkpointing.load_config(workdir)
+  config.num_train_steps = 5
+  with pytest.raises(errors.StoppedBySignal) as e:
+    train.train_and_evaluate(config, workdir)
+  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+  stream = io.StringIO()
+  assert cli.report(e.value, stream) == 130
+  lines = stream.getvalue().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("stopped: SIGINT at step 3/5; checkpoint "), lines
+  assert "checkpoints/3 saved" in lines[0] and "run the same command again" in lines[0].lower()
+  assert workdir_lib.load_inference_state(workdir).step == 3
+  assert workdir_lib.load_inference_state(workdir, step=2).step == 2  # earlier ones still load
+
+
+SECOND_CTRL_C = """
+import os, signal, sys, time
+from setdiff_jax import train
+with train._Preemption() as p:
+  os.kill(os.getpid(), signal.SIGINT)
+  assert p.requested and p.name == "SIGINT"
+  os.kill(os.getpid(), signal.SIGINT)
+  time.sleep(30)
+print("not aborted")
+"""
+
+
+def test_second_ctrl_c_aborts_at_once():
+  import subprocess
+  import sys
+  r = subprocess.run([sys.executable, "-c", SECOND_CTRL_C], capture_output=True, text=True,
+                     cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO), timeout=120)
+  lines = [l for l in r.stderr.splitlines() if l.strip()]
+  assert r.returncode == 130 and "not aborted" not in r.stdout, (r.returncode, r.stderr[-2000:])
+  assert lines[-1].startswith("aborted: second SIGINT"), lines
+  assert len(lines) == 2 and "SIGINT received" in lines[0], lines  # the first one's warning
+
+
+# ----------------------------------------------------------------------------- remaining errors
+def test_disk_full_of_any_exception_type_is_named(base, tmp_path):
+  class Manager:  # orbax wraps tensorstore's error in whatever type it likes
+    directory = os.path.join(base, "checkpoints")
+
+    def save(self, *a, **k):
+      raise ValueError("Error writing local file \"/x/d/abc\": RESOURCE_EXHAUSTED: [OS error: "
+                       "No space left on device]")
+
+    def all_steps(self):
+      return [1, 2]
+
+  with pytest.raises(errors.DiskFullError) as e:
+    checkpointing.save(Manager(), 3, {"w": 1})
+  msg = str(e.value)
+  assert msg.startswith("disk full while saving checkpoint 3") and "(step 2) is intact" in msg
+  assert "tensorstore_spec" not in msg and len(msg.splitlines()) == 1
+
+
+def test_damaged_inputs_name_the_file(base, tmp_path):
+  import gzip
+  import lzma
+
+  import numpy as np
+  from safetensors.numpy import save_file
+
+  from setdiff_jax.interop import weight_files
+  text = "".join(f"paragraph {i} of some training text\n\n" for i in range(4000)).encode()
+  cut = {}
+  for ext, compress in ((".gz", gzip.compress), (".xz", lzma.compress)):
+    path = tmp_path / f"data{ext}"
+    blob = compress(text)
+    path.write_bytes(blob[: len(blob) // 2])
+    cut[ext] = str(path)
+  fresh = str(tmp_path / "fresh")
+  cases = [
+      (tiny_args(fresh, **{"data.source": "text", "data.paths": cut[".gz"]}),
+       [cut[".gz"], "truncated or damaged"]),
+      (tiny_args(fresh, **{"data.source": "text", "data.paths": cut[".xz"]}),
+       [cut[".xz"], "truncated or damaged"]),
+      (tiny_args(fresh, **{"data.source": "text", "data.paths": str(tmp_path)}),
+       [str(tmp_path), "is a directory", "data.paths"]),
+  ]
+  for (args, expected), result in zip(cases, harness("train.py", [a for a, _ in cases])):
+    assert_one_error_line(result, expected, args[-1])
+    assert result["rc"] == 1
+  assert not os.path.exists(os.path.join(fresh, "tokenizer"))
+  w = f"--workdir={base}"
+  evaluate = [([w, "--eval=speed", "--thresholds=abc"], ["--thresholds=abc", "'off'"]),
+              ([w, "--eval=infill", "--infill_thresholds=0.9,2"], ["--infill_thresholds=0.9,2"])]
+  for (args, expected), result in zip(evaluate, harness("evaluate.py",
+                                                        [a for a, _ in evaluate])):
+    assert_one_error_line(result, expected, " ".join(args))
+  weights = tmp_path / "model.safetensors"
+  save_file({"a": np.zeros((64, 64), np.float32)}, str(weights))
+  weights.write_bytes(weights.read_bytes()[:2000])
+  with pytest.raises(ValueError, match=f"{weights} is truncated or damaged"):
+    weight_files.read_state_dict(str(weights))

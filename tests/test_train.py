@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from configs import default  # noqa: E402
 from helpers import TINY_VOCAB as VOCAB, assert_trees_close, new_workdir, set_fields  # noqa: E402
-from setdiff_jax import methods, sharding, train  # noqa: E402
+from setdiff_jax import errors, methods, sharding, train  # noqa: E402
 from setdiff_jax.workdir import checkpoints as checkpointing
 from setdiff_jax.workdir import config as run_config
 from setdiff_jax.workdir import load as workdir_lib  # noqa: E402
@@ -237,13 +237,14 @@ def test_sigterm_saves_and_exits_then_resumes(tmp_path, tokenizer_dir, uninterru
   try:
     monkeypatch.setattr(sharding, "global_batch", global_batch)
     workdir = new_workdir(tmp_path, "run", tokenizer_dir)
-    result = train.train_and_evaluate(resume_config(2 * N), workdir)
+    with pytest.raises(errors.StoppedBySignal) as stopped:  # saved, then a distinct exit
+      train.train_and_evaluate(resume_config(2 * N), workdir)
     after = signal.getsignal(signal.SIGTERM)
   finally:
     signal.signal(signal.SIGTERM, outer)
   assert calls["n"] >= N and not leaked, "the loop did not handle SIGTERM itself"
   assert after is fallback  # and it put the previous handler back
-  assert result["step"] == N
+  assert stopped.value.exit_code == 143 and f"SIGTERM at step {N}/{2 * N}" in str(stopped.value)
   assert checkpoint_steps(workdir) == [N]
   assert max(r["step"] for r in read_metrics(workdir)) == N
   monkeypatch.setattr(sharding, "global_batch", real_global_batch)
@@ -252,13 +253,13 @@ def test_sigterm_saves_and_exits_then_resumes(tmp_path, tokenizer_dir, uninterru
 
 
 def test_init_from_starts_from_those_parameters(tmp_path, uninterrupted):
-  # Same tokenizer as the source (fine-tuning keeps the vocabulary); lr 0 so the one step keeps
-  # the parameters and the saved checkpoint shows what the run started from.
+  # Same tokenizer as the source (fine-tuning keeps the vocabulary); the warm-up's lr at step 0
+  # is 0, so the one step keeps the parameters and the checkpoint shows what the run started from.
   workdir = new_workdir(tmp_path, "finetune",
                         os.path.join(uninterrupted, tokenizers.TOKENIZER_SUBDIR))
   config = resume_config(1)
   config.init_from = uninterrupted
-  config.learning_rate = 0.0
+  config.warmup_steps = 1  # learning_rate must be > 0 (issue 23); lr(step 0) = 0 all the same
   assert train.train_and_evaluate(config, workdir)["step"] == 1
   assert checkpoint_steps(workdir) == [1]  # a new run: step 0 -> 1, not 2N -> 2N + 1
   got, source = restore_state(workdir), restore_state(uninterrupted)

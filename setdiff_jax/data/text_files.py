@@ -5,6 +5,7 @@ import bz2
 import gzip
 import lzma
 import os
+import zlib
 
 
 def parse_paths(paths) -> list[str]:
@@ -16,13 +17,48 @@ def parse_paths(paths) -> list[str]:
   return [str(p).strip() for p in paths if str(p).strip()]
 
 
+# What a truncated or damaged compressed file raises while it is read.
+_DAMAGE = (EOFError, lzma.LZMAError, gzip.BadGzipFile, zlib.error)
+
+
+class _TextFile:
+  """A text file whose context turns damage of a compressed file, raised while it is read, into
+  one ValueError naming the file (UnicodeDecodeError passes: the callers name the byte)."""
+
+  def __init__(self, path: str, f):
+    self.path, self._f = path, f
+
+  def __enter__(self):
+    self._f.__enter__()
+    return self._f
+
+  def __exit__(self, exc_type, exc, tb):
+    try:
+      self._f.close()
+    except Exception:  # noqa: BLE001 - closing a damaged stream: the error below says more
+      if exc is None:
+        raise
+    damaged = isinstance(exc, _DAMAGE) or (  # bz2 reports damage as an OSError
+        isinstance(exc, OSError) and "Invalid data stream" in str(exc))
+    if damaged:
+      raise ValueError(f"data file {self.path} is truncated or damaged ({exc}); decompress it "
+                       "to check, or copy it again") from exc
+    return False
+
+
 def open_text(path: str, field: str):
+  """Opens a data file (.gz / .xz / .bz2 decompressed) as UTF-8 text, in a context that names
+  the file if it is truncated or damaged. A missing file or a directory is a ValueError naming
+  the config field."""
+  if os.path.isdir(path):
+    raise ValueError(f"data file {path!r} is a directory; data.{field} takes files "
+                     f"(comma-separated): list the files in it")
   if not os.path.isfile(path):
     raise FileNotFoundError(f"data file not found: {path!r} (set the config "
                             f"field data.{field})")
   opener = {".gz": gzip.open, ".xz": lzma.open, ".bz2": bz2.open}.get(
       os.path.splitext(path)[1], open)
-  return opener(path, "rt", encoding="utf-8")
+  return _TextFile(path, opener(path, "rt", encoding="utf-8"))
 
 
 __all__ = ["parse_paths", "open_text"]

@@ -37,12 +37,22 @@ def threshold_label(tau: Optional[float]) -> str:
   return "off" if tau is None else f"{tau:g}"
 
 
-def parse_thresholds(values: Sequence[str]) -> List[Optional[float]]:
-  """['off', '0.9'] -> [None, 0.9]."""
+def parse_thresholds(values: Sequence[str], flag: str = "--thresholds") -> List[Optional[float]]:
+  """['off', '0.9'] -> [None, 0.9]; anything else is a ValueError naming `flag`."""
   out = []
   for v in values:
     v = str(v).strip().lower()
-    out.append(None if v in ("off", "none", "") else float(v))
+    if v in ("off", "none", ""):
+      out.append(None)
+      continue
+    try:
+      tau = float(v)
+    except ValueError:
+      tau = float("nan")
+    if not 0.0 < tau <= 1.0:  # NaN too
+      raise ValueError(f"{flag}={','.join(map(str, values))}: {v!r} is not a threshold; each "
+                       "value is a number in (0, 1] or 'off'")
+    out.append(tau)
   return out
 
 

@@ -107,12 +107,15 @@ def weight_shards(path: str) -> List[str]:
 
 def shard_shapes(shards: List[str]) -> Dict[str, Tuple[Tuple[int, ...], str]]:
   """{key: (shape, file)} without reading any tensor."""
-  from safetensors import safe_open
+  from safetensors import SafetensorError, safe_open
   out = {}
   for file in shards:
-    with safe_open(file, framework="np") as f:
-      for k in f.keys():
-        out[k] = (tuple(f.get_slice(k).get_shape()), file)
+    try:
+      with safe_open(file, framework="np") as f:
+        for k in f.keys():
+          out[k] = (tuple(f.get_slice(k).get_shape()), file)
+    except SafetensorError as e:  # the header check: a truncated file does not cover its tensors
+      raise weight_files.damaged_safetensors(file, e) from e
   return out
 
 

@@ -47,10 +47,19 @@ def _torch_to_numpy(t) -> np.ndarray:
   return t.numpy()
 
 
+def damaged_safetensors(file: str, e: BaseException) -> ValueError:
+  """The error for a safetensors file its reader rejects (truncated, or not safetensors)."""
+  return ValueError(f"weights file {file} is truncated or damaged ({e}); copy it again (or "
+                    "export it again)")
+
+
 def _read_safetensors(file: str) -> Dict[str, np.ndarray]:
+  from safetensors import SafetensorError
   from safetensors.numpy import load_file
   try:
     return dict(load_file(file))
+  except SafetensorError as e:
+    raise damaged_safetensors(file, e) from e
   except (TypeError, ValueError) as e:  # e.g. bfloat16, which numpy cannot hold
     try:
       from safetensors.torch import load_file as load_torch
