@@ -153,8 +153,9 @@ class Range(NamedTuple):
     return bool(lo_ok and hi_ok)  # NaN fails both
 
   def describe(self) -> str:
-    lo = "-inf" if self.lo is None else f"{self.lo:g}"
-    hi = "inf" if self.hi is None else f"{self.hi:g}"
+    fmt = (lambda v: str(int(v))) if self.kind is int else (lambda v: f"{v:g}")  # noqa: E731
+    lo = "-inf" if self.lo is None else fmt(self.lo)
+    hi = "inf" if self.hi is None else fmt(self.hi)
     text = (f"{'an integer' if self.kind is int else 'a number'} in "
             f"{'(' if self.lo_open or self.lo is None else '['}{lo}, {hi}"
             f"{')' if self.hi_open or self.hi is None else ']'}")
