@@ -258,12 +258,15 @@ class DivergenceGuard:
   """Stops a diverging run before it saves (beside the NaN guard `_check_finite`).
 
   A step's loss is *over* when it exceeds `divergence_factor` x the median of the last
-  `divergence_window` accepted step losses, or `divergence_ceiling`; over losses are not added to
+  `divergence_window` accepted step losses (a median below MEDIAN_FLOOR counts as the floor), or
+  `divergence_ceiling`; over losses are not added to
   the window. `divergence_patience` consecutive over steps raise DivergenceError; while any step
   is over, checkpoints are deferred (`suspicious`), so neither the diverging state is saved nor
   an older checkpoint rotated out. A resumed run seeds the window from WORKDIR/metrics.jsonl.
   factor 0 and ceiling 0 turn the guard off.
   """
+
+  MEDIAN_FLOOR = 1.0
 
   def __init__(self, config, history=()):
     self.factor = float(config.get("divergence_factor", 10.0))
@@ -281,7 +284,10 @@ class DivergenceGuard:
     """True if `loss` is healthy; False while over the threshold; DivergenceError (its message
     ending with `on_diverged()`, which says what was kept) after `patience` over steps."""
     median = float(np.median(self.recent)) if self.recent else None
-    over_ratio = self.factor > 0 and median is not None and loss > self.factor * median
+    # A near-zero median (a task the model has learnt) would make noise look like divergence:
+    # the ratio is taken to at least MEDIAN_FLOOR (nats per token).
+    over_ratio = self.factor > 0 and median is not None and loss > self.factor * max(
+        median, self.MEDIAN_FLOOR)
     over_ceiling = self.ceiling > 0 and loss > self.ceiling
     if not (over_ratio or over_ceiling):
       self.strikes = 0

@@ -99,6 +99,8 @@ def test_divergence_guard_unit():
   assert not guard.check(4, 601.0)
   with pytest.raises(errors.DivergenceError, match=r"diverged at step 5: loss 700 .*KEPT"):
     guard.check(5, 700.0, lambda: "KEPT")
+  learnt = train.DivergenceGuard(config, history=[0.001] * 5)  # a near-zero loss: noise is fine
+  assert learnt.check(1, 0.05) and learnt.check(2, 9.0) and not learnt.check(3, 10.5)
   off = train.DivergenceGuard(tiny_config(divergence_factor=0, divergence_ceiling=0), [1.0])
   assert all(off.check(i, 1e30) for i in range(5))
   ceiling = train.DivergenceGuard(tiny_config(divergence_ceiling=7.0, divergence_patience=1))

@@ -107,8 +107,8 @@ def default_config() -> ml_collections.ConfigDict:
   c.eval_params = "ema"           # evaluate and sample with the "ema" or the "raw" parameters
   # Divergence guard (beside the NaN guard): the run stops with one error line, before that
   # step's checkpoint is saved, when the loss stays above divergence_factor x the median of the
-  # last divergence_window step losses (or above divergence_ceiling) for divergence_patience
-  # consecutive steps. divergence_factor=0 and divergence_ceiling=0 turn the guard off.
+  # last divergence_window step losses (the median taken as >= 1 nat), or above
+  # divergence_ceiling, for divergence_patience consecutive steps. divergence_factor=0 and divergence_ceiling=0 turn the guard off.
   c.divergence_factor = 10.0
   c.divergence_ceiling = 0.0      # absolute loss ceiling; 0 = none
   c.divergence_patience = 3
