@@ -14,6 +14,7 @@ import pytest
 from setdiff_jax import errors, train
 from setdiff_jax.workdir import checkpoints as checkpointing
 from setdiff_jax.workdir import config as run_config
+from setdiff_jax.workdir import divergence
 from setdiff_jax.workdir import fallback
 from setdiff_jax.workdir import load as workdir_lib
 from setdiff_jax.workdir import lock as workdir_lock
@@ -92,18 +93,18 @@ def test_checksums_name_the_damaged_file(base, tmp_path):
 # ----------------------------------------------------------------------------- divergence
 def test_divergence_guard_unit():
   config = tiny_config(divergence_factor=10.0, divergence_patience=2, divergence_window=3)
-  guard = train.DivergenceGuard(config, history=[5.0, 6.0, 4.0, 100.0])  # window: 6, 4, 100
+  guard = divergence.DivergenceGuard(config, history=[5.0, 6.0, 4.0, 100.0])  # window: 6, 4, 100
   assert guard.check(1, 50.0) and list(guard.recent) == [4.0, 100.0, 50.0]
   assert not guard.check(2, 600.0) and guard.suspicious  # > 10 x median 50
   assert guard.check(3, 60.0) and not guard.suspicious  # recovered: the count restarts
   assert not guard.check(4, 601.0)
   with pytest.raises(errors.DivergenceError, match=r"diverged at step 5: loss 700 .*KEPT"):
     guard.check(5, 700.0, lambda: "KEPT")
-  learnt = train.DivergenceGuard(config, history=[0.001] * 5)  # a near-zero loss: noise is fine
+  learnt = divergence.DivergenceGuard(config, history=[0.001] * 5)  # a near-zero loss: noise is fine
   assert learnt.check(1, 0.05) and learnt.check(2, 9.0) and not learnt.check(3, 10.5)
-  off = train.DivergenceGuard(tiny_config(divergence_factor=0, divergence_ceiling=0), [1.0])
+  off = divergence.DivergenceGuard(tiny_config(divergence_factor=0, divergence_ceiling=0), [1.0])
   assert all(off.check(i, 1e30) for i in range(5))
-  ceiling = train.DivergenceGuard(tiny_config(divergence_ceiling=7.0, divergence_patience=1))
+  ceiling = divergence.DivergenceGuard(tiny_config(divergence_ceiling=7.0, divergence_patience=1))
   with pytest.raises(errors.DivergenceError, match="divergence_ceiling=7"):
     ceiling.check(1, 8.0)
 
