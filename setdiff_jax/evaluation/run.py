@@ -399,5 +399,5 @@ def format_results(results: Dict[str, Any]) -> str:
 
 
 __all__ = ["EVALS", "RESULTS_FILE", "EvalOptions", "hardware", "infill_items", "run_likelihood",
-           "run_infill", "run_speed", "run_samples", "accuracy_pairs", "run_accuracy", "load_judge", "evaluate_state",
-           "history_key", "write_results", "evaluate_workdir", "markdown_table", "format_results"]
+           "run_infill", "run_speed", "run_samples", "accuracy_pairs", "run_accuracy", "load_judge",
+           "evaluate_state", "history_key", "write_results", "evaluate_workdir", "markdown_table", "format_results"]
