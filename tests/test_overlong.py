@@ -2,7 +2,6 @@
 or refused, and always counted in the log (issue 24)."""
 import logging
 
-import numpy as np
 import pytest
 
 from setdiff_jax.data import pipeline as P
