@@ -5,8 +5,9 @@ r"""Samples text from a trained run.
 
 Loads the checkpoint of DIR (latest step, EMA params by default), picks the sampler of the run's
 objective (setdlm: KV-cached set sampler with W = S unless --window; ar, mdlm, bd3lm: their
-baselines), prints every sample in its own block and ends with `tokens/s: X  tokens/step: Y`
-(compilation excluded: the first batch is run once untimed). It first prints the workdir, the
+baselines), prints every sample in its own block and ends with
+`tokens/s: X  tokens/step: Y  compiled programs: C  wall s with compile: S` (tokens/s excludes
+compilation: the first batch is run once untimed; S includes it). It first prints the workdir, the
 step, EMA or raw parameters and the sampler settings. --seed=0 (the default) gives the same
 samples on every call; --seed=-1 draws a random seed (printed in that first line).
 

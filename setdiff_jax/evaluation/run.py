@@ -374,18 +374,21 @@ def format_results(results: Dict[str, Any]) -> str:
           r.get("tokens_per_second"), r.get("tokens_per_step")] for r in results["infill"]]))
   if results.get("speed"):
     parts.append("Decoding speed (unconditional, N = L - 1, no EOS stop)\n\n" + markdown_table(
-        ["method", "setting", "batch", "tok/s", "tok/step", "forward calls", "compile s"],
+        ["method", "setting", "batch", "tok/s", "tok/step", "forward calls", "compile s",
+         "programs", "tok/s w/ compile"],
         [[r["method"], r["setting"], r["batch_size"], r["tokens_per_second"],
-          r["tokens_per_step"], r["forward_calls"], r["compile_seconds"]]
+          r["tokens_per_step"], r["forward_calls"], r["compile_seconds"],
+          r.get("compiled_programs"), r.get("tokens_per_second_with_compile")]
          for r in results["speed"]]))
   if results.get("accuracy"):
     parts.append("Accuracy (exact match of the final answer, greedy, EOS stop per row)\n\n" +
                  markdown_table(
         ["method", "setting", "n", "accuracy", "gen tokens", "tok/step", "fwd calls",
-         "tok/s b=1", "tok/s batch", "batch"],
+         "tok/s b=1", "tok/s batch", "batch", "programs", "tok/s w/ compile"],
         [[r["method"], r["setting"], r["num_examples"], r["accuracy"], r["mean_generated_tokens"],
           r["tokens_per_step"], r["forward_calls"], r["tokens_per_second_batch1"],
-          r["tokens_per_second"], r["batch_size"]] for r in results["accuracy"]]))
+          r["tokens_per_second"], r["batch_size"], r.get("compiled_programs"),
+          r.get("tokens_per_second_with_compile")] for r in results["accuracy"]]))
   if results.get("samples"):
     parts.append("Unconditional samples\n\n" + markdown_table(
         ["method", "setting", "n", "entropy", "dist-1", "dist-2", "dist-3", "gen PPL", "tok/s"],

@@ -36,16 +36,18 @@ from setdiff_jax.models.layers import suppress_mask_logit
 from setdiff_jax.sampling import processors
 from setdiff_jax.sampling.cache import KVCache, append, as_forward, bind, prefill
 from setdiff_jax.sampling.config import SampleOutput, SamplerConfig, step_counts
-from setdiff_jax.sampling.set_sampler import _as_rows, _key, check_prompts, finalize
+from setdiff_jax.sampling.set_sampler import _as_rows, _key, check_prompts, finalize, prompt_width
 
 
-def _prompt_arrays(prompts, cfg: SamplerConfig, n: int, total: int | None = None):
+def _prompt_arrays(prompts, cfg: SamplerConfig, n: int, total: int | None = None,
+                   bucket: bool = True):
   """Left-aligned prompts: prompt int32 [B, Pmax] (pad), plen int32 [B]; canvas int32 [B, Lc]
-  (prompt ++ M*N, M after), target bool [B, Lc]; Lc = max(Pmax + N, total)."""
+  (prompt ++ M*N, M after), target bool [B, Lc]; Lc = max(Pmax + N, total). With `bucket`,
+  Pmax is the longest prompt bucketed (`set_sampler.prompt_width`; padding is never attended)."""
   rows = _as_rows(prompts, "prompts")
   check_prompts(rows, cfg, n)
   b = len(rows)
-  pmax = max(len(p) for p in rows)
+  pmax = prompt_width(rows, cfg) if bucket else max(len(p) for p in rows)
   lc = max(pmax + n, total or 0)
   prompt = np.full((b, pmax), cfg.pad_token_id, np.int32)
   canvas = np.full((b, lc), cfg.mask_token_id, np.int32)
@@ -311,7 +313,9 @@ def mdlm_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> Sampl
   n = cfg.max_new_tokens
   g = int(cfg.block_size or n)
   total = cfg.max_length if (cfg.mdlm_pad_to_max_length and cfg.max_length) else None
-  _, plen, canvas, target = _prompt_arrays(prompts, cfg, n, total)
+  # No bucketing: MDLM attends the M padding after the prompts, so its width is part of the
+  # result (padded to max_length by default, which compiles one program anyway).
+  _, plen, canvas, target = _prompt_arrays(prompts, cfg, n, total, bucket=False)
   counts = step_counts(g, cfg.num_steps)[None].astype(np.int32)
   fwd = as_forward(model, params)
   stop = cfg.stops_at_eos
