@@ -2,6 +2,7 @@ r"""Samples text from a trained run.
 
   python launch/sample.py --workdir=DIR [--prompt=TEXT] [--infill=TEXT] [--num_samples=N]
       [--batch_size=N] [--max_new_tokens=N] [--window=W] [--threshold=T] [--seed=S]
+      [--mesh=data=2,tensor=4]
 
 Loads the checkpoint of DIR (latest step, EMA params by default), picks the sampler of the run's
 objective (setdlm: KV-cached set sampler with W = S unless --window; ar, mdlm, bd3lm: their
@@ -41,6 +42,10 @@ flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass (1 = off).")
 flags.DEFINE_float("temperature", 1.0, "Sampling temperature.")
 flags.DEFINE_float("repetition_penalty", 1.0, "HF-style repetition penalty (1 = off).")
 flags.DEFINE_string("dtype", "float32", "Compute dtype for sampling (the reference uses fp32).")
+flags.DEFINE_string("mesh", None, "Decoding mesh: AXIS=SIZE,... over data, fsdp, tensor (one "
+                    "may be -1), e.g. "
+                    "data=2,tensor=4; parameters placed by the training sharding rules, the batch "
+                    "over data x fsdp, the KV cache over batch and heads (default: data=-1).")
 
 
 def main(argv):
@@ -55,7 +60,8 @@ def main(argv):
       prompt=FLAGS.prompt, infill=FLAGS.infill, num_samples=FLAGS.num_samples,
       batch_size=FLAGS.batch_size, max_new_tokens=FLAGS.max_new_tokens, window=FLAGS.window,
       threshold=FLAGS.threshold, seed=FLAGS.seed, greedy=FLAGS.greedy, top_p=FLAGS.top_p,
-      temperature=FLAGS.temperature, repetition_penalty=FLAGS.repetition_penalty)
+      temperature=FLAGS.temperature, repetition_penalty=FLAGS.repetition_penalty,
+      mesh=sharding.parse_mesh(FLAGS.mesh))
 
 
 if __name__ == "__main__":

@@ -200,9 +200,11 @@ def params_label(config, use_ema: bool) -> str:
 
 
 def sample_from_workdir(workdir: str, *, step: Optional[int] = None, use_ema: bool = True,
-                        dtype: Optional[str] = "float32", **kwargs) -> SamplingReport:
-  """Loads a trained run (parameters only, `workdir.load_inference_state`); `run_sampling`."""
-  state = workdir_lib.load_inference_state(workdir, step=step, use_ema=use_ema)
+                        dtype: Optional[str] = "float32", mesh: Optional[dict] = None,
+                        **kwargs) -> SamplingReport:
+  """Loads a trained run (parameters only, `workdir.load_inference_state`, placed on `mesh`: a
+  {"data", "fsdp", "tensor"} size dict, default all devices on data); `run_sampling`."""
+  state = workdir_lib.load_inference_state(workdir, step=step, use_ema=use_ema, mesh_config=mesh)
   model = workdir_lib.inference_model(state.model_config, dtype)
   kwargs.setdefault("header", f"workdir: {paths.resolve(workdir)}  step: {state.step}  "
                     f"params: {params_label(state.config, use_ema)}  ")

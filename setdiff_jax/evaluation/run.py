@@ -302,7 +302,7 @@ def evaluate_workdir(workdir: str, evals: Sequence[str], opts: Optional[EvalOpti
                      step: Optional[int] = None, use_ema: bool = True,
                      output: Optional[str] = None, log=print,
                      data_overrides: Optional[Dict[str, Any]] = None,
-                     show=None) -> Dict[str, Any]:
+                     show=None, mesh: Optional[Dict[str, int]] = None) -> Dict[str, Any]:
   """Loads WORKDIR's checkpoint, runs `evals`, appends them to the JSON file, returns the record.
 
   The file keeps every result in `history`, keyed by (step, EMA/raw, eval kind, settings): a new
@@ -310,12 +310,14 @@ def evaluate_workdir(workdir: str, evals: Sequence[str], opts: Optional[EvalOpti
   the latest evaluation (merged with earlier evals of the same step and parameters). `show`, if
   given, receives the markdown tables before anything is written (a failed write keeps them:
   `write_results`). `data_overrides` replaces fields of the run's `data` config (e.g.
-  eval_paths, tfds_data_dir: the data moved since training).
+  eval_paths, tfds_data_dir: the data moved since training). `mesh`: the decoding mesh
+  ({"data", "fsdp", "tensor"} sizes; default all devices on data), the parameters placed with
+  their training sharding (`workdir.load_inference_state`).
   """
   opts = opts or EvalOptions()
   path = output or paths.join(workdir, RESULTS_FILE)
   record = _read_record(path)  # before the evaluation: a bad file fails fast
-  state = workdir_lib.load_inference_state(workdir, step=step, use_ema=use_ema)
+  state = workdir_lib.load_inference_state(workdir, step=step, use_ema=use_ema, mesh_config=mesh)
   for key, value in (data_overrides or {}).items():
     state.config.data[key] = value
   results = evaluate_state(state, evals, opts, log=log)

@@ -33,7 +33,7 @@ import numpy as np
 
 from setdiff_jax.diffusion import masks
 from setdiff_jax.models.layers import suppress_mask_logit
-from setdiff_jax.sampling import processors
+from setdiff_jax.sampling import placement, processors
 from setdiff_jax.sampling.cache import KVCache, append, as_forward, bind, prefill
 from setdiff_jax.sampling.config import SampleOutput, SamplerConfig, step_counts
 from setdiff_jax.sampling.set_sampler import _as_rows, _key, check_prompts, finalize, prompt_width
@@ -139,8 +139,10 @@ def ar_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> SampleO
   prompt, plen, canvas, target = _prompt_arrays(prompts, cfg, cfg.max_new_tokens)
   fwd = as_forward(model, params)
   stop = cfg.stops_at_eos
-  res = _ar_core(fwd.apply, fwd.params, prompt, plen, canvas, _key(rng, cfg), cfg=cfg.static(),
-                 stop_eos=stop)
+  mesh = placement.mesh_of(fwd.params)  # the params' mesh: rows split over (data, fsdp)
+  with placement.on(mesh):
+    res = _ar_core(fwd.apply, fwd.params, *placement.place_rows(mesh, (prompt, plen, canvas)),
+                   _key(rng, cfg), cfg=cfg.static(), stop_eos=stop)
   return _out(dict(res), target, cfg)
 
 
@@ -276,8 +278,11 @@ def bd3lm_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> Samp
   counts = step_counts(g, cfg.num_steps)[None].astype(np.int32)
   fwd = as_forward(model, params)
   stop = cfg.stops_at_eos
-  res = _bd3lm_core(fwd.apply, fwd.params, prompt, plen, canvas, target, counts, _key(rng, cfg),
-                    cfg=cfg.static(), g=g, stop_eos=stop)
+  mesh = placement.mesh_of(fwd.params)
+  with placement.on(mesh):
+    res = _bd3lm_core(fwd.apply, fwd.params,
+                      *placement.place_rows(mesh, (prompt, plen, canvas, target)), counts,
+                      _key(rng, cfg), cfg=cfg.static(), g=g, stop_eos=stop)
   return _out(dict(res), target, cfg)
 
 
@@ -319,8 +324,10 @@ def mdlm_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> Sampl
   counts = step_counts(g, cfg.num_steps)[None].astype(np.int32)
   fwd = as_forward(model, params)
   stop = cfg.stops_at_eos
-  res = _mdlm_core(fwd.apply, fwd.params, plen, canvas, target, counts, _key(rng, cfg),
-                   cfg=cfg.static(), g=g, stop_eos=stop)
+  mesh = placement.mesh_of(fwd.params)
+  with placement.on(mesh):
+    res = _mdlm_core(fwd.apply, fwd.params, *placement.place_rows(mesh, (plen, canvas, target)),
+                     counts, _key(rng, cfg), cfg=cfg.static(), g=g, stop_eos=stop)
   return _out(dict(res), target, cfg)
 
 

@@ -48,7 +48,7 @@ import numpy as np
 
 from setdiff_jax.diffusion import masks
 from setdiff_jax.diffusion import orders
-from setdiff_jax.sampling import processors
+from setdiff_jax.sampling import placement, processors
 from setdiff_jax.sampling.cache import Forward, KVCache, append, as_forward, bind, prefill
 from setdiff_jax.sampling.config import SampleOutput, SamplerConfig, bucket_length, count_table
 
@@ -431,8 +431,10 @@ def _run(core, model, params, inp: SetInputs, cfg: SamplerConfig, rng, stop_eos:
   fwd = as_forward(model, params)
   # N and L are host-side only here (the canvas holds them): one program per canvas bucket.
   static = cfg.static().replace(max_new_tokens=1, max_length=None)
-  res = core(fwd.apply, fwd.params, inp, _key(rng, cfg), cfg=static, stop_eos=stop_eos,
-             history=history)
+  mesh = placement.mesh_of(fwd.params)  # the params' mesh: rows split over (data, fsdp)
+  with placement.on(mesh):
+    res = core(fwd.apply, fwd.params, placement.place_rows(mesh, inp), _key(rng, cfg),
+               cfg=static, stop_eos=stop_eos, history=history)
   return finalize(res, np.asarray(inp.target), np.asarray(inp.valid), cfg)
 
 
