@@ -21,7 +21,9 @@ IDS = dict(mask_token_id=3, eos_token_id=2, pad_token_id=0, bos_token_id=1)
 V = 48
 MESHES = {"data8": {"data": 8}, "fsdp8": {"fsdp": 8}, "data2_tensor4": {"data": 2, "tensor": 4}}
 SAMPLERS = {"setdlm": (set_generate, dict(window=3, threshold=0.3)), "ar": (ar_generate, {}),
-            "bd3lm": (bd3lm_generate, dict(block_size=2)), "mdlm": (mdlm_generate, {})}
+            "bd3lm": (bd3lm_generate, dict(block_size=2)),
+            # (a canvas padded with masks to max_length makes the tiny model write one token)
+            "mdlm": (mdlm_generate, dict(block_size=2, mdlm_pad_to_max_length=False))}
 DEFAULT = {("data8", "setdlm"), ("fsdp8", "ar"), ("data2_tensor4", "bd3lm")}
 PROMPTS_LEN = [3, 9, 5, 2, 7, 4, 6, 1]  # 8 rows of mixed lengths (BOS added)
 
