@@ -370,10 +370,11 @@ def format_results(results: Dict[str, Any]) -> str:
   if results.get("infill"):
     parts.append("Infill (ROUGE F x 100, greedy, oracle length)\n\n" + markdown_table(
         ["method", "dataset", "W", "tau", "n", "skipped", "R-1", "R-2", "R-L", "tok/s",
-         "tok/step"],
+         "tok/step", "programs", "tok/s w/ compile"],
         [[r["method"], r["dataset"], r.get("window"), r.get("threshold"), r["num_examples"],
           r["skipped"], r.get("rouge1"), r.get("rouge2"), r.get("rougeL"),
-          r.get("tokens_per_second"), r.get("tokens_per_step")] for r in results["infill"]]))
+          r.get("tokens_per_second"), r.get("tokens_per_step"), r.get("compiled_programs"),
+          r.get("tokens_per_second_with_compile")] for r in results["infill"]]))
   if results.get("speed"):
     parts.append("Decoding speed (unconditional, N = L - 1, no EOS stop)\n\n" + markdown_table(
         ["method", "setting", "batch", "tok/s", "tok/step", "forward calls", "compile s",
