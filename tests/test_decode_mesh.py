@@ -132,3 +132,19 @@ def test_compiled_decode_loop_sharding(tiny, mesh_name):
     assert re.search(rf"f32\[{b // 8},4,{lc + 3},8\]", hlo)
   else:  # the witness that the check sees gathers: FSDP gathers the sharded matrices
     assert gathered
+
+
+@pytest.mark.slow
+def test_qwen3_mesh_decoding_equals_one_device():
+  """A grouped-query Qwen3 (8 query / 4 KV heads): the KV heads split over tensor=4."""
+  from helpers import random_params
+  from setdiff_jax import models
+  from setdiff_jax.models.qwen3 import Qwen3Config
+  cfg = Qwen3Config(vocab_size=V, hidden_size=32, num_layers=1, num_heads=8, num_kv_heads=4,
+                    head_dim=8, intermediate_size=64)
+  model, params = models.build(cfg), random_params(cfg)
+  scfg = SamplerConfig(**IDS, window=3, threshold=0.3, max_new_tokens=6, max_length=40,
+                       stop_at_eos=False, length_buckets="pow2")
+  ref = set_generate(model, params, prompts(), scfg)
+  placed, _ = on_mesh(params, MESHES["data2_tensor4"])
+  assert set_generate(model, placed, prompts(), scfg).generated == ref.generated
