@@ -37,7 +37,6 @@ skips the sections that would start after that many seconds (recorded as skipped
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import statistics
@@ -134,9 +133,9 @@ def section_attention(args):
 def section_train(args):
   import training as tb  # benchmarks/training.py: fake tokenizer, random batches
   from configs import lm1b_sw
-  from setdiff_jax import sharding, train
+  from setdiff_jax import models, sharding, train
   from setdiff_jax.diffusion import masks
-  from setdiff_jax.models.dit import DiT
+  from setdiff_jax.workdir import config as run_config
   config = lm1b_sw.get_config()
   config.model.vocab_size = 30522
   config.batch_size = args.train_batch
@@ -146,11 +145,12 @@ def section_train(args):
     config.seq_len, config.model.vocab_size, config.batch_size = 16, 256, 8
   config.warmup_steps = 0
   config.model.dropout = 0.0
-  train.validate_config(config, jax.device_count())
-  model_cfg, obj_cfg = train.model_and_objective(config, tb.fake_tokenizer(config.model.vocab_size))
+  run_config.validate_config(config, jax.device_count())
+  model_cfg, obj_cfg = run_config.model_and_objective(config,
+                                                      tb.fake_tokenizer(config.model.vocab_size))
   mesh = sharding.make_mesh(config.mesh)
   state, shardings = train.create_sharded_state(config, model_cfg, mesh)
-  step = train.jit_train_step(config, DiT(model_cfg), obj_cfg, mesh, shardings)
+  step = train.jit_train_step(config, models.build(model_cfg), obj_cfg, mesh, shardings)
   host = tb.random_batches(config, 2, 0)
   batches = [sharding.global_batch(b_, mesh) for b_ in host]
   rng = jax.random.key(1)

@@ -31,12 +31,12 @@ if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from setdiff_jax import sharding  # noqa: E402
 from setdiff_jax.evaluation.accuracy import decode_all  # noqa: E402
-from setdiff_jax.models.dit import DiT, DiTConfig, param_shapes  # noqa: E402
+from setdiff_jax.models import param_shapes  # noqa: E402
+from setdiff_jax.models.dit import DiT, DiTConfig  # noqa: E402
 from setdiff_jax.sampling import SamplerConfig, ar_generate, set_generate  # noqa: E402
 from setdiff_jax.sampling.config import bucket_length  # noqa: E402
 

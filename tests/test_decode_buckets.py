@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from setdiff_jax.evaluation.accuracy import decode_all
-from setdiff_jax.models.dit import DiT, DiTConfig, param_shapes
+from setdiff_jax.models import param_shapes
+from setdiff_jax.models.dit import DiT, DiTConfig
 from setdiff_jax.sampling import SamplerConfig, ar_generate, bd3lm_generate, set_generate
 from setdiff_jax.sampling import compiles
 from setdiff_jax.sampling.config import bucket_length

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from setdiff_jax import sharding
-from setdiff_jax.models.dit import DiT, DiTConfig, param_shapes
+from setdiff_jax.models import param_shapes
+from setdiff_jax.models.dit import DiT, DiTConfig
 from setdiff_jax.sampling import (SamplerConfig, ar_generate, bd3lm_generate, mdlm_generate,
                                   set_generate)
 from setdiff_jax.sampling import placement, set_sampler
@@ -108,8 +109,8 @@ def _compiled_set_loop(tiny, mesh_cfg):
   with placement.on(mesh):
     lowered = set_sampler._set_core.lower(
         fwd.apply, fwd.params, placement.place_rows(mesh, inp), jax.random.PRNGKey(0),
-        cfg=cfg.static().replace(max_new_tokens=1, max_length=None), use_cache=True,
-        stop_eos=False, history="generated")
+        cfg=cfg.static().replace(max_new_tokens=1, max_length=None), stop_eos=False,
+        history="generated")
   return lowered.compile().as_text(), params, inp
 
 

@@ -1,5 +1,5 @@
 """How many decoding programs have been compiled: the summed jit-cache sizes of the samplers'
-jitted loops (set, AR, BD3LM, MDLM, MDLM infill).
+jitted loops (set, its no-cache reference, AR, BD3LM, MDLM, MDLM infill).
 
   before = compiled_programs(); ...decode...; new = compiled_programs() - before
 
@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import importlib
 
-from setdiff_jax.sampling import baselines, set_sampler
+from setdiff_jax.sampling import baselines, reference, set_sampler
 
 # (the package's `mdlm_infill` attribute is the function; the module is imported by name)
 _infill = importlib.import_module("setdiff_jax.sampling.mdlm_infill")
-LOOPS = (set_sampler._set_core, baselines._ar_core, baselines._bd3lm_core, baselines._mdlm_core,
-         _infill._mdlm_infill_core)
+LOOPS = (set_sampler._set_core, reference._reference_core, baselines._ar_core,
+         baselines._bd3lm_core, baselines._mdlm_core, _infill._mdlm_infill_core)
 
 
 def compiled_programs() -> int:
