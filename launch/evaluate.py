@@ -1,6 +1,7 @@
 r"""Evaluates a trained run.
 
   python launch/evaluate.py --workdir=DIR --eval=likelihood|infill|speed|samples|accuracy[,...]
+      [--mesh=data=-1]   (the decoding mesh: AXIS=SIZE over data, fsdp, tensor; see --helpfull)
 
   likelihood  one-order bound on the eval split (SPEC §6.1: one staggered order per sequence,
               seed 1, BOS and pad targets excluded; AR exact NLL, MDLM/BD3LM the 1/t NELBO) and a
@@ -75,6 +76,10 @@ flags.DEFINE_integer("accuracy_batch_size", 32, "Prompts decoded per call.")
 flags.DEFINE_integer("speed_examples", 16, "Prompts timed one per call (batch 1).")
 flags.DEFINE_enum("extractor", "auto", ["hash", "boxed", "auto"], "Final-answer extractor.")
 flags.DEFINE_enum("preset", None, ["gsm8k_shell", "gsm8k_repro"], "GSM8K decode setting.")
+flags.DEFINE_string("mesh", None, "Decoding mesh: AXIS=SIZE,... over data, fsdp, tensor (one "
+                    "may be -1), e.g. "
+                    "data=2,tensor=4; parameters placed by the training sharding rules, the batch "
+                    "over data x fsdp, the KV cache over batch and heads (default: data=-1).")
 
 
 def main(argv):
@@ -102,7 +107,8 @@ def main(argv):
   record = run.evaluate_workdir(FLAGS.workdir, FLAGS.eval, opts, step=FLAGS.step,
                                 use_ema=FLAGS.use_ema, output=FLAGS.output,
                                 data_overrides=data_overrides(),
-                                show=lambda text: print(text, flush=True))  # before the write
+                                show=lambda text: print(text, flush=True),  # before the write
+                                mesh=sharding.parse_mesh(FLAGS.mesh))
   print(f"\nresults written to {record['path']}")
 
 

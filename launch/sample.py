@@ -2,11 +2,13 @@ r"""Samples text from a trained run.
 
   python launch/sample.py --workdir=DIR [--prompt=TEXT] [--infill=TEXT] [--num_samples=N]
       [--batch_size=N] [--max_new_tokens=N] [--window=W] [--threshold=T] [--seed=S]
+      [--mesh=data=2,tensor=4]
 
 Loads the checkpoint of DIR (latest step, EMA params by default), picks the sampler of the run's
 objective (setdlm: KV-cached set sampler with W = S unless --window; ar, mdlm, bd3lm: their
-baselines), prints every sample in its own block and ends with `tokens/s: X  tokens/step: Y`
-(compilation excluded: the first batch is run once untimed). It first prints the workdir, the
+baselines), prints every sample in its own block and ends with
+`tokens/s: X  tokens/step: Y  compiled programs: C  wall s with compile: S` (tokens/s excludes
+compilation: the first batch is run once untimed; S includes it). It first prints the workdir, the
 step, EMA or raw parameters and the sampler settings. --seed=0 (the default) gives the same
 samples on every call; --seed=-1 draws a random seed (printed in that first line).
 
@@ -40,6 +42,10 @@ flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass (1 = off).")
 flags.DEFINE_float("temperature", 1.0, "Sampling temperature.")
 flags.DEFINE_float("repetition_penalty", 1.0, "HF-style repetition penalty (1 = off).")
 flags.DEFINE_string("dtype", "float32", "Compute dtype for sampling (the reference uses fp32).")
+flags.DEFINE_string("mesh", None, "Decoding mesh: AXIS=SIZE,... over data, fsdp, tensor (one "
+                    "may be -1), e.g. "
+                    "data=2,tensor=4; parameters placed by the training sharding rules, the batch "
+                    "over data x fsdp, the KV cache over batch and heads (default: data=-1).")
 
 
 def main(argv):
@@ -54,7 +60,8 @@ def main(argv):
       prompt=FLAGS.prompt, infill=FLAGS.infill, num_samples=FLAGS.num_samples,
       batch_size=FLAGS.batch_size, max_new_tokens=FLAGS.max_new_tokens, window=FLAGS.window,
       threshold=FLAGS.threshold, seed=FLAGS.seed, greedy=FLAGS.greedy, top_p=FLAGS.top_p,
-      temperature=FLAGS.temperature, repetition_penalty=FLAGS.repetition_penalty)
+      temperature=FLAGS.temperature, repetition_penalty=FLAGS.repetition_penalty,
+      mesh=sharding.parse_mesh(FLAGS.mesh))
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import numpy as np
 
 from setdiff_jax import methods, paths
 from setdiff_jax.workdir import load as workdir_lib
+from setdiff_jax.sampling import compiles
 from setdiff_jax.sampling.config import SampleOutput, SamplerConfig
 from setdiff_jax.sampling.text import parse_infill, prompt_ids
 from setdiff_jax.sampling.timing import time_calls
@@ -27,12 +28,14 @@ from setdiff_jax.sampling.timing import time_calls
 
 def sampler_config_for(objective_config, tokenizer, seq_len: int, **overrides) -> SamplerConfig:
   """The `SamplerConfig` matching a trained run: special ids, the method's defaults (W = S for
-  SetDLM, G = S for BD3LM), max_length = seq_len. `overrides` replace any field (None ignored)."""
+  SetDLM, G = S for BD3LM), max_length = seq_len, power-of-two length buckets (a bounded number
+  of compiled programs; the tokens do not depend on them). `overrides` replace any field (None
+  ignored)."""
   oc = objective_config
   fields = dict(mask_token_id=int(oc.mask_token_id), eos_token_id=int(oc.eos_token_id),
                 pad_token_id=int(oc.pad_token_id),
                 bos_token_id=getattr(tokenizer, "bos_id", None), max_length=int(seq_len),
-                max_new_tokens=max(1, int(seq_len) - 1))
+                max_new_tokens=max(1, int(seq_len) - 1), length_buckets="pow2")
   fields.update(methods.get(oc.name).sampler_fields(oc))
   fields.update({k: v for k, v in overrides.items() if v is not None})
   return SamplerConfig(**fields)
@@ -71,6 +74,8 @@ class SamplingReport:
   num_steps: int
   num_committed: int
   forward_calls: List[int]
+  compiled_programs: int = 0  # decoding programs compiled by this run (the warm-up's)
+  warmup_seconds: float = 0.0  # the untimed warm-up call: its compile plus one batch
 
   @property
   def tokens_per_second(self) -> float:
@@ -92,8 +97,9 @@ def run_sampling(model, params, tokenizer, objective_config, seq_len: int, *,
   """Samples `num_samples` texts in batches of `batch_size` and prints them (the CLI body).
 
   Prints `header` followed by the sampler settings (if a header is given), each sample as its own
-  block, then `tokens/s: X  tokens/step: Y`. With `warmup`, the first batch is run once untimed
-  so that compilation does not count in tokens/s. `seed=-1` draws a random seed.
+  block, then `tokens/s: X  tokens/step: Y  compiled programs: C  wall s with compile: S`. With
+  `warmup`, the first batch is run once untimed so that compilation does not count in tokens/s
+  (S counts it: the warm-up plus the timed batches). `seed=-1` draws a random seed.
   """
   if num_samples < 1 or batch_size < 1:
     raise ValueError(f"--num_samples={num_samples} and --batch_size={batch_size} must be >= 1")
@@ -133,7 +139,8 @@ def run_sampling(model, params, tokenizer, objective_config, seq_len: int, *,
     write(f"{header}{sampler_settings(method, objective_config, cfg, infill is not None)}\n")
   key = jax.random.PRNGKey(seed)
   batches = [min(batch_size, num_samples - i) for i in range(0, num_samples, batch_size)]
-  outs, seconds, _ = time_calls(
+  programs = compiles.compiled_programs()
+  outs, seconds, warm = time_calls(
       run, [([ids] * nb, jax.random.fold_in(key, i)) for i, nb in enumerate(batches)],
       warmup=([ids] * batches[0], key) if warmup else None)
   texts, generated, steps, committed, calls = [], 0, 0, 0, []
@@ -147,8 +154,12 @@ def run_sampling(model, params, tokenizer, objective_config, seq_len: int, *,
       texts.append(decode(out, b))
       write(f"=== sample {len(texts)} ===\n{texts[-1]}\n")
   report = SamplingReport(texts=texts, num_generated=generated, seconds=float(sum(seconds)),
-                          num_steps=steps, num_committed=committed, forward_calls=calls)
-  write(f"tokens/s: {report.tokens_per_second:.1f}  tokens/step: {report.tokens_per_step:.2f}")
+                          num_steps=steps, num_committed=committed, forward_calls=calls,
+                          compiled_programs=compiles.compiled_programs() - programs,
+                          warmup_seconds=float(warm))
+  write(f"tokens/s: {report.tokens_per_second:.1f}  tokens/step: {report.tokens_per_step:.2f}  "
+        f"compiled programs: {report.compiled_programs}  wall s with compile: "
+        f"{report.seconds + report.warmup_seconds:.2f}")
   return report
 
 
@@ -189,9 +200,11 @@ def params_label(config, use_ema: bool) -> str:
 
 
 def sample_from_workdir(workdir: str, *, step: Optional[int] = None, use_ema: bool = True,
-                        dtype: Optional[str] = "float32", **kwargs) -> SamplingReport:
-  """Loads a trained run (parameters only, `workdir.load_inference_state`); `run_sampling`."""
-  state = workdir_lib.load_inference_state(workdir, step=step, use_ema=use_ema)
+                        dtype: Optional[str] = "float32", mesh: Optional[dict] = None,
+                        **kwargs) -> SamplingReport:
+  """Loads a trained run (parameters only, `workdir.load_inference_state`, placed on `mesh`: a
+  {"data", "fsdp", "tensor"} size dict, default all devices on data); `run_sampling`."""
+  state = workdir_lib.load_inference_state(workdir, step=step, use_ema=use_ema, mesh_config=mesh)
   model = workdir_lib.inference_model(state.model_config, dtype)
   kwargs.setdefault("header", f"workdir: {paths.resolve(workdir)}  step: {state.step}  "
                     f"params: {params_label(state.config, use_ema)}  ")

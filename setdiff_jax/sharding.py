@@ -173,6 +173,26 @@ def mesh_shape(mesh_cfg: Mapping[str, int], num_devices: int) -> tuple:
   return tuple(sizes)
 
 
+def parse_mesh(text: str | None, what: str = "--mesh") -> dict | None:
+  """'data=2,tensor=4' -> {"data": 2, "tensor": 4} (axes left out are 1; one may be -1 = the
+  remaining devices); None or '' -> None. A bad entry raises a ValueError naming `what`."""
+  if text is None or not str(text).strip():
+    return None
+  out = {}
+  for item in str(text).split(","):
+    name, sep, value = item.partition("=")
+    name = name.strip()
+    try:
+      size = int(value)
+    except ValueError:
+      size = None
+    if not sep or name not in MESH_AXES or size is None or name in out:
+      raise ValueError(f"{what}={text!r}: expected comma-separated AXIS=SIZE with AXIS one of "
+                       f"{MESH_AXES} (each once) and SIZE an integer or -1, e.g. data=2,tensor=4")
+    out[name] = size
+  return out
+
+
 def make_mesh(mesh_cfg: Mapping[str, int], devices: Sequence[jax.Device] | None = None) -> Mesh:
   devices = list(jax.devices() if devices is None else devices)
   shape = mesh_shape(mesh_cfg, len(devices))

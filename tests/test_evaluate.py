@@ -289,6 +289,8 @@ def test_decode_infill(method):
   assert [len(m) for m in out["middles"]] == [t.middle_len for t in items]
   assert all(MASK not in m for m in out["middles"])
   assert out["tokens"] == sum(t.middle_len for t in items)
+  # pinned shapes: every batch runs one program (none if an earlier test compiled it)
+  assert out["compiled_programs"] <= 1 and out["wall_seconds_with_compile"] >= out["seconds"]
   if method in ("setdlm", "mdlm"):  # one token per step, +1 context-encoding call (set sampler)
     assert out["steps"] == out["committed"] == out["tokens"]
     assert out["forward_calls"] == out["tokens"] + (len(items) if method == "setdlm" else 0)

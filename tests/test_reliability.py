@@ -15,6 +15,7 @@ import sys
 import time
 
 import jax
+import numpy as np
 import pytest
 
 from setdiff_jax import errors, train
@@ -196,6 +197,7 @@ def test_bad_sample_evaluate_export_inputs(run_dir, tmp_path):
       ([w, "--infill=no gap here"], ["[GAP:n]"]),
       ([f"--workdir={tmp_path / 'nothing'}"], ["config.json not found"]),
       ([f"--workdir={damaged}"], [os.path.join(damaged, "config.json"), "damaged"]),
+      ([w, "--mesh=rows=2"], ["--mesh='rows=2'", "data=2,tensor=4"]),
   ]
   for (args, expected), result in zip(sample, harness("sample.py", [a for a, _ in sample])):
     assert_one_error_line(result, expected, "sample " + " ".join(args))
@@ -206,6 +208,7 @@ def test_bad_sample_evaluate_export_inputs(run_dir, tmp_path):
       ([w, "--step=999"], ["[1, 2]"]),
       ([w, "--num_orders=0"], ["--num_orders=0"]),
       ([w, "again"], ["unexpected argument"]),
+      ([w, "--mesh=data=x"], ["--mesh='data=x'"]),
   ]
   for (args, expected), result in zip(evaluate, harness("evaluate.py", [a for a, _ in evaluate])):
     assert_one_error_line(result, expected, "evaluate " + " ".join(args))
@@ -362,6 +365,24 @@ def test_inference_falls_back_past_a_damaged_latest_step(run_dir, tmp_path, kind
     assert os.path.join(workdir, "checkpoints", "2", "state") in warned[0], warned
   with pytest.raises(errors.DamagedCheckpointError, match="step 2.*other steps there: \\[1\\]"):
     workdir_lib.load_inference_state(workdir, step=2)  # an explicit step never falls back
+
+
+def test_inference_state_on_a_mesh(run_dir):
+  """load_inference_state places the parameters with the training rules on the mesh it is given
+  (the samplers then decode on that mesh: tests/test_decode_mesh.py)."""
+  from setdiff_jax import sharding
+  from setdiff_jax.sampling import placement
+  plain = workdir_lib.load_inference_state(run_dir[0])
+  state = workdir_lib.load_inference_state(run_dir[0], mesh_config=sharding.parse_mesh("fsdp=-1"))
+  mesh = placement.mesh_of(state.params)
+  assert dict(mesh.shape) == {"data": 1, "fsdp": 8, "tensor": 1}
+  want = sharding.state_shardings(plain.params, mesh, sharding.rules_from_config(state.config))
+  specs = []
+  for x, y, s in zip(*(jax.tree_util.tree_leaves(t) for t in (state.params, plain.params, want))):
+    assert x.sharding.is_equivalent_to(s, x.ndim)
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    specs.append(x.sharding.spec)
+  assert any("fsdp" in spec for spec in specs)  # the matrices are split, not replicated
 
 
 @pytest.mark.slow

@@ -9,7 +9,10 @@ ended by the host copy of its outputs. Reported:
                       machine (tokens_per_second_mean: total tokens / total seconds);
   tokens_per_step     committed tokens / decoding steps (the parallelism factor);
   forward_calls       model calls per row (prompt encoding included);
-  compile_seconds     first call minus a timed call.
+  compile_seconds     first call minus a timed call;
+  compiled_programs   programs the setting compiled (0 when an earlier one had the same shapes);
+  tokens_per_second_with_compile  the compile-inclusive rate: the compiling call counted with the
+                      timed ones (its tokens counted as those of the first timed call).
 
 Samples: the same unconditional decoding with nucleus sampling; per sample the unigram entropy
 (nats, of its own token distribution; the reference rejects samples below 4 nats at OWT scale),
@@ -30,6 +33,7 @@ import numpy as np
 
 from setdiff_jax import decoding, methods
 from setdiff_jax.workdir import load as workdir_lib
+from setdiff_jax.sampling import compiles
 from setdiff_jax.sampling.timing import time_calls
 
 
@@ -98,6 +102,7 @@ def measure(model, params, tokenizer, obj_cfg, seq_len: int, setting: Dict[str, 
   key = jax.random.PRNGKey(seed)
   timed = max(1, repeats)
   run = lambda k: sampler(model, params, prompts, cfg, k)
+  programs = compiles.compiled_programs()
   outs, times, first = time_calls(run, [(jax.random.fold_in(key, r),) for r in range(timed)],
                                   warmup=(jax.random.fold_in(key, 10_000),))
   seconds = float(sum(times))
@@ -114,7 +119,12 @@ def measure(model, params, tokenizer, obj_cfg, seq_len: int, setting: Dict[str, 
           "tokens_per_second_mean": generated / seconds if seconds > 0 else 0.0,
           "tokens_per_step": committed / steps if steps else 0.0,
           "forward_calls": float(np.mean(calls)), "seconds": seconds,
-          "compile_seconds": max(first - seconds / timed, 0.0), "samples": samples}
+          "compile_seconds": max(first - seconds / timed, 0.0),
+          "compiled_programs": compiles.compiled_programs() - programs,
+          # the cold run: the compiling call's wall clock counted with the timed ones
+          "tokens_per_second_with_compile": (generated + outs[0].num_generated) / (first + seconds)
+          if first + seconds > 0 else 0.0,
+          "samples": samples}
 
 
 def speed_eval(model, params, tokenizer, obj_cfg, seq_len: int, *,

@@ -44,6 +44,7 @@ import numpy as np
 from setdiff_jax import methods
 from setdiff_jax.data import sources
 from setdiff_jax.sampling.mdlm_infill import mdlm_infill
+from setdiff_jax.sampling import compiles
 from setdiff_jax.sampling.timing import time_calls
 
 CLOZE_SETTINGS = ("1sent", "3sent")
@@ -213,7 +214,8 @@ def decode_infill(method: str, model, params, items: Sequence[TokenizedInfill], 
   Returns:
     dict: middles (list of generated middle ids per item), seconds (decoding wall time after a
     compiling warm-up batch), tokens (middle tokens generated), steps, committed, forward_calls
-    (sums over items), compile_seconds.
+    (sums over items), compile_seconds, compiled_programs (decoding programs compiled),
+    wall_seconds_with_compile / tokens_with_compile (the cold run: warm-up and timed batches).
   """
   if not items:
     raise ValueError("no infill examples to decode")
@@ -243,6 +245,7 @@ def decode_infill(method: str, model, params, items: Sequence[TokenizedInfill], 
     return mids, out.num_steps[:n], out.num_committed[:n], out.forward_calls[:n]
 
   batches = [list(items[i:i + batch_size]) for i in range(0, len(items), batch_size)]
+  programs = compiles.compiled_programs()
   outs, times, compile_s = time_calls(
       run, [(b, jax.random.fold_in(key, i)) for i, b in enumerate(batches)],
       warmup=(batches[0], key))  # compile (same shapes for every batch)
@@ -252,7 +255,12 @@ def decode_infill(method: str, model, params, items: Sequence[TokenizedInfill], 
               steps=int(sum(np.sum(o[1]) for o in outs)),
               committed=int(sum(np.sum(o[2]) for o in outs)),
               forward_calls=int(sum(np.sum(o[3]) for o in outs)),
-              compile_seconds=max(compile_s - seconds / len(batches), 0.0))
+              compile_seconds=max(compile_s - seconds / len(batches), 0.0),
+              compiled_programs=compiles.compiled_programs() - programs,
+              # the cold run: the compiling warm-up (batch 0 again) with the timed batches
+              wall_seconds_with_compile=compile_s + seconds,
+              tokens_with_compile=sum(t.middle_len for t in items) + sum(
+                  t.middle_len for t in batches[0]))
 
 
 def infill_eval(method: str, model, params, tokenizer, items: Sequence[TokenizedInfill], cfg, *,
@@ -273,7 +281,10 @@ def infill_eval(method: str, model, params, tokenizer, items: Sequence[Tokenized
       tokens_per_second=dec["tokens"] / dec["seconds"] if dec["seconds"] > 0 else 0.0,
       tokens_per_step=dec["committed"] / dec["steps"] if dec["steps"] else 0.0,
       forward_calls_per_example=dec["forward_calls"] / n,
-      compile_seconds=dec["compile_seconds"],
+      compile_seconds=dec["compile_seconds"], compiled_programs=dec["compiled_programs"],
+      tokens_per_second_with_compile=(
+          dec["tokens_with_compile"] / dec["wall_seconds_with_compile"]
+          if dec["wall_seconds_with_compile"] > 0 else 0.0),
       examples=[{"id": t.example.id, "prefix": t.example.prefix, "reference": r, "generated": p,
                  "suffix": t.example.suffix} for t, r, p in list(zip(items, refs, preds))[:num_shown]])
   return out

@@ -25,6 +25,8 @@ model_args (all optional except workdir):
   greedy_check     true (default): is_greedy is computed by decoding; false: always False
   overflow         error (default) or truncate_prompt: a context that leaves no room in the
                    model's context L (keep BOS + the context's last tokens; counted in a warning)
+  mesh             the decoding mesh, AXIS=SIZE joined by ';' (e.g. data=2;tensor=4), as the
+                   launchers' --mesh (default: every device on data)
 
 Requests:
   generate_until         [BOS] + encode(context) is decoded with the run's own sampler
@@ -77,7 +79,7 @@ except ModuleNotFoundError as _e:  # the lmeval extra is not installed: one erro
   raise
 import jax  # noqa: E402
 
-from setdiff_jax import decoding, methods  # noqa: E402
+from setdiff_jax import decoding, methods, sharding  # noqa: E402
 from setdiff_jax.evaluation import likelihood
 from setdiff_jax.workdir import load as workdir_lib
 
@@ -116,12 +118,13 @@ class SetDiffLM(LM):
                window: Optional[int] = None, W: Optional[int] = None, threshold=None, tau=None,
                max_new_tokens: Optional[int] = None, batch_size=8, seed: int = 0,
                cache_order: str = "l2r", num_orders: int = 1, greedy_check=True,
-               overflow: str = "error", max_batch_size=None, device=None, **unknown):
+               overflow: str = "error", mesh: Optional[str] = None, max_batch_size=None,
+               device=None, **unknown):
     super().__init__()
     if unknown:
       raise ValueError(f"unknown model_args {sorted(unknown)} for --model {NAME}; known: workdir, "
                        "step, ema, window (W), threshold (tau), max_new_tokens, batch_size, seed, "
-                       "cache_order, num_orders, greedy_check, overflow")
+                       "cache_order, num_orders, greedy_check, overflow, mesh")
     if not workdir:
       raise ValueError(f"--model {NAME} needs model_args workdir=DIR (a training run written by "
                        "launch/train.py)")
@@ -136,8 +139,11 @@ class SetDiffLM(LM):
     del max_batch_size, device  # lm_eval passes them to every model; JAX picks its devices
     config = workdir_lib.load_config(workdir)
     use_ema = (config.get("eval_params", "ema") == "ema") if ema is None else _bool("ema", ema)
+    # mesh: 'data=2;tensor=4' (';' since lm_eval splits model_args at commas), as --mesh
+    mesh_config = sharding.parse_mesh(None if mesh is None else str(mesh).replace(";", ","),
+                                      "model_args mesh")
     state = workdir_lib.load_inference_state(workdir, step=None if step is None else int(step),
-                                             use_ema=use_ema)
+                                             use_ema=use_ema, mesh_config=mesh_config)
     self._setup(state, os.path.abspath(workdir), use_ema, window=window if window is not None
                 else W, threshold=threshold if threshold is not None else tau,
                 max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed,

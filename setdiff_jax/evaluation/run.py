@@ -302,7 +302,7 @@ def evaluate_workdir(workdir: str, evals: Sequence[str], opts: Optional[EvalOpti
                      step: Optional[int] = None, use_ema: bool = True,
                      output: Optional[str] = None, log=print,
                      data_overrides: Optional[Dict[str, Any]] = None,
-                     show=None) -> Dict[str, Any]:
+                     show=None, mesh: Optional[Dict[str, int]] = None) -> Dict[str, Any]:
   """Loads WORKDIR's checkpoint, runs `evals`, appends them to the JSON file, returns the record.
 
   The file keeps every result in `history`, keyed by (step, EMA/raw, eval kind, settings): a new
@@ -310,12 +310,14 @@ def evaluate_workdir(workdir: str, evals: Sequence[str], opts: Optional[EvalOpti
   the latest evaluation (merged with earlier evals of the same step and parameters). `show`, if
   given, receives the markdown tables before anything is written (a failed write keeps them:
   `write_results`). `data_overrides` replaces fields of the run's `data` config (e.g.
-  eval_paths, tfds_data_dir: the data moved since training).
+  eval_paths, tfds_data_dir: the data moved since training). `mesh`: the decoding mesh
+  ({"data", "fsdp", "tensor"} sizes; default all devices on data), the parameters placed with
+  their training sharding (`workdir.load_inference_state`).
   """
   opts = opts or EvalOptions()
   path = output or paths.join(workdir, RESULTS_FILE)
   record = _read_record(path)  # before the evaluation: a bad file fails fast
-  state = workdir_lib.load_inference_state(workdir, step=step, use_ema=use_ema)
+  state = workdir_lib.load_inference_state(workdir, step=step, use_ema=use_ema, mesh_config=mesh)
   for key, value in (data_overrides or {}).items():
     state.config.data[key] = value
   results = evaluate_state(state, evals, opts, log=log)
@@ -368,24 +370,28 @@ def format_results(results: Dict[str, Any]) -> str:
   if results.get("infill"):
     parts.append("Infill (ROUGE F x 100, greedy, oracle length)\n\n" + markdown_table(
         ["method", "dataset", "W", "tau", "n", "skipped", "R-1", "R-2", "R-L", "tok/s",
-         "tok/step"],
+         "tok/step", "programs", "tok/s w/ compile"],
         [[r["method"], r["dataset"], r.get("window"), r.get("threshold"), r["num_examples"],
           r["skipped"], r.get("rouge1"), r.get("rouge2"), r.get("rougeL"),
-          r.get("tokens_per_second"), r.get("tokens_per_step")] for r in results["infill"]]))
+          r.get("tokens_per_second"), r.get("tokens_per_step"), r.get("compiled_programs"),
+          r.get("tokens_per_second_with_compile")] for r in results["infill"]]))
   if results.get("speed"):
     parts.append("Decoding speed (unconditional, N = L - 1, no EOS stop)\n\n" + markdown_table(
-        ["method", "setting", "batch", "tok/s", "tok/step", "forward calls", "compile s"],
+        ["method", "setting", "batch", "tok/s", "tok/step", "forward calls", "compile s",
+         "programs", "tok/s w/ compile"],
         [[r["method"], r["setting"], r["batch_size"], r["tokens_per_second"],
-          r["tokens_per_step"], r["forward_calls"], r["compile_seconds"]]
+          r["tokens_per_step"], r["forward_calls"], r["compile_seconds"],
+          r.get("compiled_programs"), r.get("tokens_per_second_with_compile")]
          for r in results["speed"]]))
   if results.get("accuracy"):
     parts.append("Accuracy (exact match of the final answer, greedy, EOS stop per row)\n\n" +
                  markdown_table(
         ["method", "setting", "n", "accuracy", "gen tokens", "tok/step", "fwd calls",
-         "tok/s b=1", "tok/s batch", "batch"],
+         "tok/s b=1", "tok/s batch", "batch", "programs", "tok/s w/ compile"],
         [[r["method"], r["setting"], r["num_examples"], r["accuracy"], r["mean_generated_tokens"],
           r["tokens_per_step"], r["forward_calls"], r["tokens_per_second_batch1"],
-          r["tokens_per_second"], r["batch_size"]] for r in results["accuracy"]]))
+          r["tokens_per_second"], r["batch_size"], r.get("compiled_programs"),
+          r.get("tokens_per_second_with_compile")] for r in results["accuracy"]]))
   if results.get("samples"):
     parts.append("Unconditional samples\n\n" + markdown_table(
         ["method", "setting", "n", "entropy", "dist-1", "dist-2", "dist-3", "gen PPL", "tok/s"],

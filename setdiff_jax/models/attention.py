@@ -16,7 +16,9 @@
   the static mask as a `NumpyMask` and the padding as segment ids; on a backend without the
   kernel it falls back to `blocksparse`.
 A plain array mask (no tile structure: decoding steps, caches) always takes the dense path under
-`blocksparse` / `splash`.
+`blocksparse` / `splash`. Under a context mesh (`jax.set_mesh`) both tiled paths run per device
+under `jax.shard_map` (`per_shard`): batch over `data` x `fsdp`, heads over `tensor` (each axis
+only when it divides), so the kernel never sees the mesh and nothing is gathered.
 
 `attend_cached(q, k, v, past_k, past_v, mask, implementation)` is a cached decoding step: the new
 slots' q, k, v [B, S, H|K, Dh] plus a cache in `KV_LAYOUTS` layout. With a head-major cache
@@ -244,12 +246,50 @@ def splash_attention(q, k, v, mask: TiledMask, interpret: Optional[bool] = None)
   return jnp.swapaxes(out, 1, 2).astype(q.dtype)
 
 
+def _mesh_split(q, k, mask):
+  """(batch axes, head axis) of the context mesh (`jax.set_mesh`) that split q [B, S, H, Dh]
+  evenly: batch over the `data` / `fsdp` axes, heads over `tensor`; None without a mesh or when
+  nothing splits."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return None
+  sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
+  batch = tuple(a for a in ("data", "fsdp") if sizes.get(a, 1) > 1)
+  if batch and q.shape[0] % int(np.prod([sizes[a] for a in batch])):
+    batch = ()
+  tensor = sizes.get("tensor", 1)
+  heads_4d = mask.dense.ndim == 4 and mask.dense.shape[1] > 1
+  head = ("tensor" if tensor > 1 and q.shape[2] % tensor == 0 and k.shape[2] == q.shape[2]
+          and (not heads_4d or mask.dense.shape[1] % tensor == 0) else None)
+  return None if not batch and head is None else (batch, head)
+
+
+def per_shard(fn, q, k, v, mask: "TiledMask"):
+  """fn(q, k, v, mask) run under `jax.shard_map` over the context mesh's batch and head axes
+  (each device runs the tiled / splash kernel on its rows and heads: no gather, no kernel that
+  has to know the mesh); plain fn outside a mesh."""
+  split = _mesh_split(q, k, mask)
+  if split is None:
+    return fn(q, k, v, mask)
+  batch, head = split
+  from jax.sharding import PartitionSpec as P
+  b = batch or None
+  qkv = P(b, None, head, None)
+  dense = mask.dense
+  m = (P(b, head if dense.shape[1] > 1 else None, None, None) if dense.ndim == 4
+       else P(b, None, None))
+  static = mask.static
+  local = lambda q, k, v, d: fn(q, k, v, TiledMask(d, static))
+  return jax.shard_map(local, in_specs=(qkv, qkv, qkv, m), out_specs=qkv,
+                       check_vma=False)(q, k, v, dense)
+
+
 def attend(q, k, v, mask, implementation: str = "dense"):
   if isinstance(mask, TiledMask):
     if implementation == "blocksparse":
-      return blocksparse_attention(q, k, v, mask)
+      return per_shard(blocksparse_attention, q, k, v, mask)
     if implementation == "splash":
-      return splash_attention(q, k, v, mask)
+      return per_shard(splash_attention, q, k, v, mask)
     mask = mask.dense
   if implementation in ("dense", "blocksparse", "splash"):
     return dense_attention(q, k, v, mask)

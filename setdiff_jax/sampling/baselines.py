@@ -33,19 +33,21 @@ import numpy as np
 
 from setdiff_jax.diffusion import masks
 from setdiff_jax.models.layers import suppress_mask_logit
-from setdiff_jax.sampling import processors
+from setdiff_jax.sampling import placement, processors
 from setdiff_jax.sampling.cache import KVCache, append, as_forward, bind, prefill
 from setdiff_jax.sampling.config import SampleOutput, SamplerConfig, step_counts
-from setdiff_jax.sampling.set_sampler import _as_rows, _key, check_prompts, finalize
+from setdiff_jax.sampling.set_sampler import _as_rows, _key, check_prompts, finalize, prompt_width
 
 
-def _prompt_arrays(prompts, cfg: SamplerConfig, n: int, total: int | None = None):
+def _prompt_arrays(prompts, cfg: SamplerConfig, n: int, total: int | None = None,
+                   bucket: bool = True):
   """Left-aligned prompts: prompt int32 [B, Pmax] (pad), plen int32 [B]; canvas int32 [B, Lc]
-  (prompt ++ M*N, M after), target bool [B, Lc]; Lc = max(Pmax + N, total)."""
+  (prompt ++ M*N, M after), target bool [B, Lc]; Lc = max(Pmax + N, total). With `bucket`,
+  Pmax is the longest prompt bucketed (`set_sampler.prompt_width`; padding is never attended)."""
   rows = _as_rows(prompts, "prompts")
   check_prompts(rows, cfg, n)
   b = len(rows)
-  pmax = max(len(p) for p in rows)
+  pmax = prompt_width(rows, cfg) if bucket else max(len(p) for p in rows)
   lc = max(pmax + n, total or 0)
   prompt = np.full((b, pmax), cfg.pad_token_id, np.int32)
   canvas = np.full((b, lc), cfg.mask_token_id, np.int32)
@@ -137,8 +139,10 @@ def ar_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> SampleO
   prompt, plen, canvas, target = _prompt_arrays(prompts, cfg, cfg.max_new_tokens)
   fwd = as_forward(model, params)
   stop = cfg.stops_at_eos
-  res = _ar_core(fwd.apply, fwd.params, prompt, plen, canvas, _key(rng, cfg), cfg=cfg.static(),
-                 stop_eos=stop)
+  mesh = placement.mesh_of(fwd.params)  # the params' mesh: rows split over (data, fsdp)
+  with placement.on(mesh):
+    res = _ar_core(fwd.apply, fwd.params, *placement.place_rows(mesh, (prompt, plen, canvas)),
+                   _key(rng, cfg), cfg=cfg.static(), stop_eos=stop)
   return _out(dict(res), target, cfg)
 
 
@@ -274,8 +278,11 @@ def bd3lm_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> Samp
   counts = step_counts(g, cfg.num_steps)[None].astype(np.int32)
   fwd = as_forward(model, params)
   stop = cfg.stops_at_eos
-  res = _bd3lm_core(fwd.apply, fwd.params, prompt, plen, canvas, target, counts, _key(rng, cfg),
-                    cfg=cfg.static(), g=g, stop_eos=stop)
+  mesh = placement.mesh_of(fwd.params)
+  with placement.on(mesh):
+    res = _bd3lm_core(fwd.apply, fwd.params,
+                      *placement.place_rows(mesh, (prompt, plen, canvas, target)), counts,
+                      _key(rng, cfg), cfg=cfg.static(), g=g, stop_eos=stop)
   return _out(dict(res), target, cfg)
 
 
@@ -311,12 +318,16 @@ def mdlm_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> Sampl
   n = cfg.max_new_tokens
   g = int(cfg.block_size or n)
   total = cfg.max_length if (cfg.mdlm_pad_to_max_length and cfg.max_length) else None
-  _, plen, canvas, target = _prompt_arrays(prompts, cfg, n, total)
+  # No bucketing: MDLM attends the M padding after the prompts, so its width is part of the
+  # result (padded to max_length by default, which compiles one program anyway).
+  _, plen, canvas, target = _prompt_arrays(prompts, cfg, n, total, bucket=False)
   counts = step_counts(g, cfg.num_steps)[None].astype(np.int32)
   fwd = as_forward(model, params)
   stop = cfg.stops_at_eos
-  res = _mdlm_core(fwd.apply, fwd.params, plen, canvas, target, counts, _key(rng, cfg),
-                   cfg=cfg.static(), g=g, stop_eos=stop)
+  mesh = placement.mesh_of(fwd.params)
+  with placement.on(mesh):
+    res = _mdlm_core(fwd.apply, fwd.params, *placement.place_rows(mesh, (plen, canvas, target)),
+                     counts, _key(rng, cfg), cfg=cfg.static(), g=g, stop_eos=stop)
   return _out(dict(res), target, cfg)
 
 

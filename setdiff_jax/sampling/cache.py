@@ -38,6 +38,8 @@ The cache stores only committed clean tokens. It has a fixed capacity C per row 
 length; slot j of row b is valid iff j < length[b]. `append` writes a call's first rows at the
 row's length (`lax.dynamic_update_slice`, one row at a time via vmap) and advances the length by a
 per-row count; the caller sizes C so that a write never runs past the end (no clamping).
+On a mesh (`placement.on`), the cache leaves are pinned to batch over (data, fsdp) and heads over
+`tensor` (`placement.constrain_kv`).
 """
 from __future__ import annotations
 
@@ -51,6 +53,7 @@ import jax.numpy as jnp
 
 from setdiff_jax import models
 from setdiff_jax.diffusion import masks
+from setdiff_jax.sampling import placement
 
 ApplyFn = Callable[..., Any]
 
@@ -213,7 +216,8 @@ def empty_cache(kv_like, capacity: int, seq_axis: int = 1) -> KVCache:
     shape = list(x.shape)
     shape[0], shape[seq_axis] = batch, capacity
     return jnp.zeros(shape, x.dtype)
-  return KVCache(kv=jax.tree_util.tree_map(zeros, kv_like),
+  return KVCache(kv=jax.tree_util.tree_map(lambda x: placement.constrain_kv(zeros(x), seq_axis),
+                                           kv_like),
                  positions=jnp.zeros((batch, capacity), jnp.int32),
                  length=jnp.zeros((batch,), jnp.int32), seq_axis=seq_axis)
 
@@ -248,8 +252,9 @@ def append(cache: KVCache, kv, positions: jax.Array, count: jax.Array,
   axis = cache.seq_axis
   take = lambda x, a: x if num_rows is None else jax.lax.slice_in_dim(x, 0, num_rows, axis=a)
   start = cache.length
-  new_kv = jax.tree_util.tree_map(lambda buf, x: _write_rows(buf, take(x, axis), start, axis),
-                                  cache.kv, kv)
+  new_kv = jax.tree_util.tree_map(
+      lambda buf, x: placement.constrain_kv(_write_rows(buf, take(x, axis), start, axis), axis),
+      cache.kv, kv)
   new_pos = _write_rows(cache.positions, take(positions, 1).astype(jnp.int32), start)
   return cache.replace(kv=new_kv, positions=new_pos, length=cache.length + count.astype(jnp.int32))
 

@@ -11,6 +11,38 @@ import numpy as np
 
 PENALTY_HISTORIES = ("auto", "generated", "cached", "visible")
 CACHE_ORDERS = ("l2r", "fht")
+BUCKET_MIN = 8  # the smallest power-of-two bucket ("pow2")
+
+
+def bucket_length(n: int, buckets=None) -> int:
+  """The padded length of an array axis holding n slots (bounded compiles).
+
+  buckets: None (exactly n, one program per distinct n), "pow2" (the next power of two >= n, at
+  least BUCKET_MIN) or a sorted tuple of lengths (the smallest entry >= n; n itself past the last
+  entry). A data set of prompt lengths up to P then compiles at most log2(P) programs ("pow2")
+  or len(buckets) + 1.
+  """
+  n = int(n)
+  if buckets is None:
+    return n
+  if buckets == "pow2":
+    return max(BUCKET_MIN, 1 << max(0, n - 1).bit_length())
+  for b in buckets:
+    if b >= n:
+      return int(b)
+  return n
+
+
+def check_buckets(buckets, what: str = "length_buckets"):
+  """None, "pow2", or a strictly increasing tuple of positive ints; else a ValueError naming it."""
+  if buckets is None or buckets == "pow2":
+    return
+  ok = isinstance(buckets, tuple) and buckets and all(
+      isinstance(b, (int, np.integer)) and b > 0 for b in buckets) and all(
+          a < b for a, b in zip(buckets, buckets[1:]))
+  if not ok:
+    raise ValueError(f"{what}={buckets!r}: expected None, 'pow2' or a strictly increasing tuple of "
+                     f"positive lengths, e.g. (64, 128, 256)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +84,13 @@ class SamplerConfig:
       canvas) must fit. None = unchecked.
     mdlm_pad_to_max_length: MDLM feeds a canvas padded with M to max_length (SPEC §4.8).
     seed: default PRNG seed when no key is passed (and the seed of the 'fht' reveal times).
+    length_buckets: how the host pads a batch's ragged axes (prompt / context width, canvas,
+      schedule) before the jitted loop: None = to the batch's longest row (one compile per
+      distinct length), "pow2" or a tuple of lengths (`bucket_length`; the decode paths of
+      `setdiff_jax.decoding` use "pow2"), so a data set compiles a bounded number of programs.
+      The padding slots are invalid (never attended, never generated): the tokens do not change.
+      The set sampler's compiled loop also ignores `max_new_tokens` / `max_length` (host-side
+      only), so generation lengths share programs within a canvas bucket.
   The jitted loops take the config as a static argument (seed excluded): changing any other field
   compiles a new loop; params, prompts of the same shapes and keys do not.
   """
@@ -74,6 +113,7 @@ class SamplerConfig:
   max_length: Optional[int] = None
   mdlm_pad_to_max_length: bool = True
   seed: int = 0
+  length_buckets: Optional[object] = None
 
   def __post_init__(self):
     if int(self.window) < 1:
@@ -98,6 +138,9 @@ class SamplerConfig:
       raise ValueError(f"cache_order={self.cache_order!r}; use one of {CACHE_ORDERS}")
     if self.max_length is not None and int(self.max_length) < 2:
       raise ValueError(f"max_length={self.max_length} must be >= 2")
+    if isinstance(self.length_buckets, list):  # hashable: the config is a static jit argument
+      object.__setattr__(self, "length_buckets", tuple(int(b) for b in self.length_buckets))
+    check_buckets(self.length_buckets)
     for name in ("mask_token_id", "pad_token_id"):
       if int(getattr(self, name)) < 0:
         raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
@@ -188,4 +231,4 @@ def count_table(num_tokens, num_steps: Optional[int]) -> np.ndarray:
 
 
 __all__ = ["SamplerConfig", "SampleOutput", "step_counts", "count_table", "PENALTY_HISTORIES",
-           "CACHE_ORDERS"]
+           "CACHE_ORDERS", "bucket_length", "check_buckets", "BUCKET_MIN"]

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from setdiff_jax.diffusion import masks
-from setdiff_jax.sampling import processors
+from setdiff_jax.sampling import placement, processors
 from setdiff_jax.sampling.cache import as_forward
 from setdiff_jax.sampling.config import count_table
 
@@ -84,9 +84,12 @@ def mdlm_infill(model, params, canvases: Sequence[Sequence[int]], cfg, rng=None,
                     np.int32)
   fwd = as_forward(model, params)
   key = jax.random.PRNGKey(cfg.seed) if rng is None else rng
-  res = _mdlm_infill_core(fwd.apply, fwd.params, jnp.asarray(canvas), jnp.asarray(target),
-                          jnp.asarray(valid), jnp.asarray(counts), jnp.asarray(nsteps), key,
-                          cfg=cfg.static())
+  mesh = placement.mesh_of(fwd.params)  # the params' mesh: rows split over (data, fsdp)
+  with placement.on(mesh):
+    res = _mdlm_infill_core(
+        fwd.apply, fwd.params,
+        *placement.place_rows(mesh, (canvas, target, valid, counts, nsteps)), key,
+        cfg=cfg.static())
   return {k: np.asarray(v) for k, v in jax.device_get(res).items()}
 
 

@@ -48,9 +48,9 @@ import numpy as np
 
 from setdiff_jax.diffusion import masks
 from setdiff_jax.diffusion import orders
-from setdiff_jax.sampling import processors
+from setdiff_jax.sampling import placement, processors
 from setdiff_jax.sampling.cache import Forward, KVCache, append, as_forward, bind, prefill
-from setdiff_jax.sampling.config import SampleOutput, SamplerConfig, count_table
+from setdiff_jax.sampling.config import SampleOutput, SamplerConfig, bucket_length, count_table
 
 BIG = np.int32(2 ** 30)
 
@@ -105,10 +105,15 @@ def _fht_keys(target: np.ndarray, cfg: SamplerConfig, length: int, seed: int) ->
 
 
 def build_inputs(canvases: Sequence[np.ndarray], target_rows: Sequence[np.ndarray],
-                 cfg: SamplerConfig, seed: int = 0) -> SetInputs:
-  """Pads per-row canvases into fixed arrays and computes the per-row step schedules."""
+                 cfg: SamplerConfig, seed: int = 0, width: int | None = None) -> SetInputs:
+  """Pads per-row canvases into fixed arrays and computes the per-row step schedules.
+
+  Lc = `width` (default: the longest canvas, bucketed by `cfg.length_buckets`); Vc and K are
+  bucketed too. Padding slots are invalid and never targets.
+  """
   b = len(canvases)
   lc = max(len(c) for c in canvases)
+  lc = max(lc, bucket_length(lc, cfg.length_buckets) if width is None else int(width))
   canvas = np.full((b, lc), cfg.pad_token_id, np.int32)
   target = np.zeros((b, lc), bool)
   valid = np.zeros((b, lc), bool)
@@ -119,13 +124,15 @@ def build_inputs(canvases: Sequence[np.ndarray], target_rows: Sequence[np.ndarra
   canvas[target] = cfg.mask_token_id
   vis = valid & ~target
   n_vis = vis.sum(-1)
-  vc = max(1, int(n_vis.max()))
+  vc = bucket_length(max(1, int(n_vis.max())), cfg.length_buckets)
   vis_pos = np.zeros((b, vc), np.int32)
   for i in range(b):
     p = np.nonzero(vis[i])[0]
     vis_pos[i, :len(p)] = p
   n_target = target.sum(-1)
   counts = count_table(n_target, cfg.num_steps)
+  k = bucket_length(counts.shape[1], cfg.length_buckets)
+  counts = np.pad(counts, ((0, 0), (0, k - counts.shape[1])))  # zeros: never read past nsteps
   nsteps = np.array([n if cfg.num_steps is None else min(n, cfg.num_steps) for n in n_target],
                     np.int32)  # min(T, N) steps per row
   if cfg.cache_order == "fht":
@@ -157,7 +164,17 @@ def prompted_inputs(prompts, cfg: SamplerConfig, seed: int = 0) -> SetInputs:
   check_prompts(rows, cfg, n)
   canvases = [np.concatenate([p, np.full(n, cfg.mask_token_id)]) for p in rows]
   targets = [np.arange(len(p) + n) >= len(p) for p in rows]
-  return build_inputs(canvases, targets, cfg, seed)
+  return build_inputs(canvases, targets, cfg, seed, width=prompt_width(rows, cfg) + n)
+
+
+def prompt_width(rows, cfg: SamplerConfig) -> int:
+  """The padded prompt axis of a batch: its longest prompt bucketed by `cfg.length_buckets`,
+  capped so that width + N stays within `cfg.max_length` (never below the longest prompt)."""
+  pmax = max(len(p) for p in rows)
+  width = bucket_length(pmax, cfg.length_buckets)
+  if cfg.max_length is not None:
+    width = min(width, int(cfg.max_length) - cfg.max_new_tokens)
+  return max(width, pmax)
 
 
 def infill_inputs(canvases, cfg: SamplerConfig, seed: int = 0) -> SetInputs:
@@ -412,8 +429,12 @@ def _key(rng, cfg: SamplerConfig):
 def _run(core, model, params, inp: SetInputs, cfg: SamplerConfig, rng, stop_eos: bool,
          history: str) -> SampleOutput:
   fwd = as_forward(model, params)
-  res = core(fwd.apply, fwd.params, inp, _key(rng, cfg), cfg=cfg.static(), stop_eos=stop_eos,
-             history=history)
+  # N and L are host-side only here (the canvas holds them): one program per canvas bucket.
+  static = cfg.static().replace(max_new_tokens=1, max_length=None)
+  mesh = placement.mesh_of(fwd.params)  # the params' mesh: rows split over (data, fsdp)
+  with placement.on(mesh):
+    res = core(fwd.apply, fwd.params, placement.place_rows(mesh, inp), _key(rng, cfg),
+               cfg=static, stop_eos=stop_eos, history=history)
   return finalize(res, np.asarray(inp.target), np.asarray(inp.valid), cfg)
 
 
@@ -456,6 +477,7 @@ def set_infill(model, params, canvases, cfg: SamplerConfig, rng=None) -> SampleO
   return infill_with(_set_core, model, params, canvases, cfg, rng)
 
 
-__all__ = ["SetInputs", "SetState", "Window", "build_inputs", "prompted_inputs", "infill_inputs",
-           "set_init", "initial_state", "step_window", "set_step", "advance", "run_loop",
-           "finalize", "compact", "generate_with", "infill_with", "set_generate", "set_infill"]
+__all__ = ["SetInputs", "SetState", "Window", "build_inputs", "prompted_inputs", "prompt_width",
+           "infill_inputs", "set_init", "initial_state", "step_window", "set_step", "advance",
+           "run_loop", "finalize", "compact", "generate_with", "infill_with", "set_generate",
+           "set_infill"]

@@ -71,7 +71,11 @@ def load_inference_state(workdir: str, *, step: Optional[int] = None, use_ema: b
   """Parameters (EMA by default), config and tokenizer of a training workdir's checkpoint.
 
   The parameters are restored onto a mesh of the current devices (`mesh_config`, default: all
-  devices on the data axis, i.e. replicated; e.g. {"data": 1, "fsdp": -1} keeps them sharded).
+  devices on the data axis, i.e. replicated; e.g. {"data": 1, "fsdp": -1} keeps them sharded),
+  each with its training sharding (`sharding.state_shardings` with the run's
+  `config.sharding_rules`): FSDP over `fsdp`, tensor parallelism over `tensor`. The samplers then
+  decode on that mesh (`sampling.placement`): the batch over (data, fsdp), the KV cache over
+  batch and heads.
   """
   config = load_config(workdir)
   tokenizer = run_config.build_tokenizer(config, workdir, allow_training=False)

@@ -1,0 +1,99 @@
+"""Bounded compiles (issue 26): length buckets, their compile count on a GSM8K-like prompt-length
+mix, and bucketed decoding == unbucketed decoding (the padding slots are never attended)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from setdiff_jax.evaluation.accuracy import decode_all
+from setdiff_jax.models import param_shapes
+from setdiff_jax.models.dit import DiT, DiTConfig
+from setdiff_jax.sampling import SamplerConfig, ar_generate, bd3lm_generate, set_generate
+from setdiff_jax.sampling import compiles
+from setdiff_jax.sampling.config import bucket_length
+
+TV = 48
+IDS = dict(mask_token_id=3, eos_token_id=2, pad_token_id=0, bos_token_id=1)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+  """A random tiny DiT (non-zero head), drawn in NumPy."""
+  cfg = DiTConfig(vocab_size=TV, hidden_size=32, num_layers=1, num_heads=2, dropout=0.0)
+  rng = np.random.default_rng(1)
+
+  def leaf(path, shape):
+    name = jax.tree_util.keystr(path)
+    if "scale" in name:
+      return 1.0 + 0.1 * rng.standard_normal(shape.shape)
+    if "head" in name:
+      return 0.5 * rng.standard_normal(shape.shape)
+    return rng.standard_normal(shape.shape) / np.sqrt(shape.shape[0])
+
+  params = jax.tree_util.tree_map_with_path(leaf, param_shapes(cfg))
+  return DiT(cfg), jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), params)
+
+
+def gsm8k_like_lengths(n: int, seed: int = 0):
+  """Prompt lengths of a GSM8K-like mix: a long-tailed spread (here 9..60 tokens)."""
+  rng = np.random.default_rng(seed)
+  return np.clip(rng.lognormal(np.log(24), 0.45, size=n).astype(int), 9, 60)
+
+
+def mixed_prompts(lengths, seed: int = 0):
+  rng = np.random.default_rng(seed)
+  return [[1] + list(rng.integers(4, TV, size=int(n) - 1)) for n in lengths]
+
+
+def test_bucket_length_by_hand():
+  assert [bucket_length(n, "pow2") for n in (1, 8, 9, 16, 17, 100)] == [8, 8, 16, 16, 32, 128]
+  assert [bucket_length(n, (10, 20)) for n in (3, 10, 11, 20, 25)] == [10, 10, 20, 20, 25]
+  assert bucket_length(13, None) == 13
+  with pytest.raises(ValueError, match="length_buckets"):
+    SamplerConfig(mask_token_id=3, length_buckets=(20, 10))
+  assert SamplerConfig(mask_token_id=3, length_buckets=[8, 16]).length_buckets == (8, 16)
+
+
+def test_gsm8k_like_mix_compiles_at_most_the_buckets(tiny):
+  model, params = tiny
+  lengths = gsm8k_like_lengths(24)
+  prompts = mixed_prompts(lengths)
+  cfg = SamplerConfig(**IDS, window=2, max_new_tokens=3, stop_at_eos=False, max_length=70,
+                      length_buckets="pow2")
+  res = decode_all(set_generate, model, params, prompts, cfg, batch_size=2)
+  longest = [max(lengths[i:i + 2]) for i in range(0, len(lengths), 2)]
+  buckets = {bucket_length(n, "pow2") for n in longest}
+  assert len(set(longest)) > len(buckets)  # unbucketed, the mix would compile more programs
+  # one program per bucket (at most: an earlier test of this process may have compiled one)
+  assert 1 <= res["compiled_programs"] <= len(buckets)
+  assert res["wall_seconds"] >= res["seconds"] > 0
+  before = compiles.compiled_programs()
+  again = decode_all(set_generate, model, params, prompts, cfg, batch_size=2)
+  assert compiles.compiled_programs() == before and again["compiled_programs"] == 0
+  assert again["generated"] == res["generated"]
+
+
+def _eos_config(sampler, model, params, prompts, **kw):
+  """A config whose EOS is a token the greedy decode of row 0 writes (so that row stops early)."""
+  cfg = SamplerConfig(**IDS, stop_at_eos=False, **kw)
+  first = sampler(model, params, prompts, cfg)
+  return cfg.replace(stop_at_eos=True, eos_token_id=int(first.generated[0][2]))
+
+
+@pytest.mark.parametrize("name", ["setdlm", "ar",
+                                  pytest.param("bd3lm", marks=pytest.mark.slow)])
+def test_bucketed_equals_unbucketed(tiny, name):
+  model, params = tiny
+  sampler, kw = {"setdlm": (set_generate, dict(window=3, threshold=0.3)),
+                 "ar": (ar_generate, {}),
+                 "bd3lm": (bd3lm_generate, dict(block_size=2))}[name]
+  prompts = mixed_prompts([5, 11, 3, 7])
+  cfg = _eos_config(sampler, model, params, prompts, max_new_tokens=6, max_length=40, **kw)
+  exact = sampler(model, params, prompts, cfg)
+  padded = sampler(model, params, prompts, cfg.replace(length_buckets=(16, 32)))
+  assert exact.canvas.shape[1] < padded.canvas.shape[1]  # the padding is there
+  assert padded.generated == exact.generated
+  assert padded.sequences == exact.sequences
+  np.testing.assert_array_equal(padded.num_steps, exact.num_steps)
+  np.testing.assert_array_equal(padded.stopped, exact.stopped)
+  assert exact.stopped[0]
