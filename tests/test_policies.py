@@ -250,3 +250,27 @@ def test_bd3lm_last_partial_block_caches_the_whole_previous_block():
   both = bd3lm_generate(hash_toy, None, [PROMPTS[0], PROMPTS[1]], cfg)
   alone = bd3lm_generate(hash_toy, None, [PROMPTS[1]], cfg)
   assert alone.generated[0] == both.generated[1]
+
+
+def test_evaluation_settings_and_labels():
+  from setdiff_jax.decoding import sampler_config_for, sampler_settings
+  from setdiff_jax import methods
+  from setdiff_jax.diffusion import losses
+  from setdiff_jax.evaluation import generation
+  oc = losses.ObjectiveConfig(name="setdlm", mask_token_id=3, eos_token_id=2, pad_token_id=0,
+                              desired_set_size=4)
+  base = generation.decoding_settings(oc, windows=[4, 8], thresholds=[None])
+  out = generation.with_policy(oc, base, "entropy_bound", [0.1, 0.5])
+  assert [(s["window"], s["policy_arg"]) for s in out] == [(4, 0.1), (4, 0.5), (8, 0.1), (8, 0.5)]
+  assert generation.setting_name(oc, out[1]) == "W=4 entropy_bound gamma=0.5"
+  assert generation.with_policy(oc, base, "threshold") == base
+  with pytest.raises(ValueError, match="--thresholds"):
+    generation.with_policy(oc, generation.decoding_settings(oc, thresholds=[0.9]), "margin")
+  with pytest.raises(ValueError, match="--policy_args=-1"):
+    generation.with_policy(oc, base, "entropy_bound", [-1])
+  ar = losses.ObjectiveConfig(name="ar", mask_token_id=3, eos_token_id=2, pad_token_id=0)
+  ar_settings = generation.decoding_settings(ar)
+  assert generation.with_policy(ar, ar_settings, "topk", [2]) == ar_settings  # no commit rule
+  cfg = sampler_config_for(oc, None, 32, **generation.policy_fields(out[0]))
+  assert (cfg.policy, cfg.policy_arg, cfg.window) == ("entropy_bound", 0.1, 4)
+  assert "policy=entropy_bound gamma=0.1" in sampler_settings(methods.get("setdlm"), oc, cfg)

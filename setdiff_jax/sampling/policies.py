@@ -189,35 +189,35 @@ POLICIES = {
 
 
 # ----------------------------------------------------------------------------- lookup, checks
-def get(name: str) -> Policy:
+def get(name: str, flag: str = "--policy") -> Policy:
   if name not in POLICIES:
-    raise ValueError(f"--policy={name!r} is not a commit policy; valid: {', '.join(POLICIES)}")
+    raise ValueError(f"{flag}={name!r} is not a commit policy; valid: {', '.join(POLICIES)}")
   return POLICIES[name]
 
 
-def check_arg(name: str, arg) -> Optional[float]:
-  """The validated parameter of policy `name` (None -> its default); ValueError naming the flag."""
+def check_arg(name: str, arg, flag: str = FLAG) -> Optional[float]:
+  """The validated parameter of policy `name` (None -> its default); ValueError naming `flag`."""
   p = get(name).param
   if arg is None:
     return p.default
   try:
     x = float(arg)
   except (TypeError, ValueError):
-    raise ValueError(f"{FLAG}={arg!r} for --policy={name}: {p.name} must be a number") from None
+    raise ValueError(f"{flag}={arg!r} for --policy={name}: {p.name} must be a number") from None
   if p.kind == "int":
     if not math.isfinite(x) or x != int(x):
-      raise ValueError(f"{FLAG}={arg} for --policy={name}: {p.name} must be an integer")
+      raise ValueError(f"{flag}={arg} for --policy={name}: {p.name} must be an integer")
     x = int(x)
   bad_low = p.low is not None and (x <= p.low if p.low_open else x < p.low)
   if bad_low or (p.high is not None and x > p.high) or not math.isfinite(float(x)):
     rel = ">" if p.low_open else ">="
-    raise ValueError(f"{FLAG}={arg} for --policy={name}: {p.name} must be {rel} {p.low:g}")
+    raise ValueError(f"{flag}={arg} for --policy={name}: {p.name} must be {rel} {p.low:g}")
   return x
 
 
-def parse_arg(text) -> Optional[float]:
-  """A command-line policy_arg: 'off' / 'none' / '' -> None, else a number (ValueError naming the
-  flag)."""
+def parse_arg(text, flag: str = FLAG) -> Optional[float]:
+  """A command-line policy_arg: 'off' / 'none' / '' -> None, else a number (ValueError naming
+  `flag`)."""
   if text is None:
     return None
   t = str(text).strip().lower()
@@ -226,7 +226,7 @@ def parse_arg(text) -> Optional[float]:
   try:
     return float(t)
   except ValueError:
-    raise ValueError(f"{FLAG}={text!r} is not a number (or 'off')") from None
+    raise ValueError(f"{flag}={text!r} is not a number (or 'off')") from None
 
 
 def label(name: str, arg) -> str:
