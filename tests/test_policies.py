@@ -274,3 +274,25 @@ def test_evaluation_settings_and_labels():
   cfg = sampler_config_for(oc, None, 32, **generation.policy_fields(out[0]))
   assert (cfg.policy, cfg.policy_arg, cfg.window) == ("entropy_bound", 0.1, 4)
   assert "policy=entropy_bound gamma=0.1" in sampler_settings(methods.get("setdlm"), oc, cfg)
+
+
+def test_benchmark_choice_rule_and_paired_bootstrap():
+  import importlib.util
+  import os
+  path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
+                      "speed_accuracy.py")
+  spec = importlib.util.spec_from_file_location("speed_accuracy_unit", path)
+  bench = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(bench)
+  rows = [{"accuracy": 0.80, "kept_tokens_per_call": 1.0, "policy_arg": None},
+          {"accuracy": 0.795, "kept_tokens_per_call": 1.5, "policy_arg": 0.1},
+          {"accuracy": 0.70, "kept_tokens_per_call": 3.0, "policy_arg": 1.0}]
+  assert bench.choose(rows, 0.80)["policy_arg"] == 0.1     # fastest within 1 point
+  assert bench.choose(rows[1:], 0.90)["policy_arg"] == 0.1  # none within: the most accurate
+  a = {"correct": [1, 1, 0, 0], "kept": [4, 4, 4, 4], "calls": [2, 2, 2, 2]}
+  b = {"correct": [1, 0, 0, 0], "kept": [4, 4, 4, 4], "calls": [4, 4, 4, 4]}
+  ci = bench.paired_ci(a, b, 200)
+  assert ci["acc_diff"] == 0.25 and ci["speedup"] == 2.0 and ci["speedup_ci"] == [2.0, 2.0]
+  assert 0.0 <= ci["acc_diff_ci"][0] <= 0.25 <= ci["acc_diff_ci"][1] <= 1.0  # per-problem 0 or 1
+  same = bench.paired_ci(a, a, 50)
+  assert same["acc_diff_ci"] == [0.0, 0.0] and same["speedup"] == 1.0
