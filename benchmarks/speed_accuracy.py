@@ -18,7 +18,8 @@ per method), runs/<method>/ (training workdirs; a re-run skips finished training
 
 Commit policies (issue 27; `setdiff_jax/sampling/policies.py`):
 
-  python benchmarks/speed_accuracy.py --policies=threshold,entropy_bound,factor,margin,topk,dilated,stable \
+  python benchmarks/speed_accuracy.py \
+      --policies=threshold,entropy_bound,factor,margin,topk,dilated,stable \
       --tasks=arithmetic,chain --seeds=0,1,2 --output_dir=/tmp/sa_policies
   python benchmarks/speed_accuracy.py --quick --policies=threshold,entropy_bound \
       --output_dir=/tmp/sa_policies_quick        # pipeline check: chain task, BD3LM + SetDLM

@@ -117,7 +117,8 @@ class SetDiffLM(LM):
 
   def __init__(self, workdir: Optional[str] = None, step: Optional[int] = None, ema=None,
                window: Optional[int] = None, W: Optional[int] = None, threshold=None, tau=None,
-               policy: str = "threshold", policy_arg=None, max_new_tokens: Optional[int] = None, batch_size=8, seed: int = 0,
+               policy: str = "threshold", policy_arg=None,
+               max_new_tokens: Optional[int] = None, batch_size=8, seed: int = 0,
                cache_order: str = "l2r", num_orders: int = 1, greedy_check=True,
                overflow: str = "error", max_batch_size=None, device=None, **unknown):
     super().__init__()
@@ -144,7 +145,8 @@ class SetDiffLM(LM):
                                              use_ema=use_ema)
     self._setup(state, os.path.abspath(workdir), use_ema, window=window if window is not None
                 else W, threshold=threshold if threshold is not None else tau,
-                policy=policy, policy_arg=policy_arg, max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed,
+                policy=policy, policy_arg=policy_arg,
+                max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed,
                 cache_order=cache_order, num_orders=num_orders, greedy_check=greedy_check,
                 overflow=overflow)
 
@@ -159,7 +161,8 @@ class SetDiffLM(LM):
     return self
 
   def _setup(self, state, name: str, use_ema: bool, *, window=None, threshold=None,
-             policy="threshold", policy_arg=None, max_new_tokens=None, batch_size=8, seed=0, cache_order="l2r", num_orders=1,
+             policy="threshold", policy_arg=None,
+             max_new_tokens=None, batch_size=8, seed=0, cache_order="l2r", num_orders=1,
              greedy_check=True, overflow="error"):
     if overflow not in OVERFLOW_RULES:
       raise ValueError(f"model_args overflow={overflow!r}; expected one of {OVERFLOW_RULES}")

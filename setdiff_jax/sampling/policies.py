@@ -27,11 +27,12 @@ Registry (`POLICIES`: name -> `Policy(fn, param, token_dependent, stateful, doc)
   margin         (tau)    rank by p1 - p2; also commit every candidate with p1 - p2 >= tau. Without
                           tau it is the official `confidence_margin_based_noising` (the n_i largest
                           margins per step: token for token in MDLM / BD3LM).
-  topk           (k)      a fixed number per step: the max(k, n_i) highest max-probabilities. k >= 1.
-  dilated        (d)      a position schedule: the valid slots j with (j - j0) % d == 0, j0 the first
-                          valid slot, i.e. W / d commits spread d apart over the window (the next
-                          step takes the next residue); the n_i floor takes the leftmost slots, so
-                          the decision depends on positions only. d >= 1, default 2.
+  topk           (k)      a fixed number per step: the max(k, n_i) highest max-probabilities;
+                          k >= 1, default 2.
+  dilated        (d)      a position schedule: the valid slots j with (j - j0) % d == 0, j0 the
+                          first valid slot, i.e. W / d commits spread d apart over the window
+                          (the next step takes the next residue); the n_i floor takes the leftmost
+                          slots, so the decision depends on positions only. d >= 1, default 2.
   stable         (k)      history rule: a position whose argmax has stayed the same for k steps in
                           a row (this one included) is committed; carried state per position
                           (`Carry`). k >= 1, default 2.
@@ -46,7 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable, NamedTuple, Optional, Tuple
+from typing import Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
