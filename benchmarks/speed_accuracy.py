@@ -463,6 +463,7 @@ def policy_main(args, argv, log) -> Dict[str, Any]:
       if task == "arithmetic":  # its 3 x 1..9 family holds 207 held-out problems in all
         pt = dict(p, num_test=min(p["num_test"], ARITH_HELD_OUT - ARITH_MIN_VAL))
         pt["num_val"] = min(p["num_val"], ARITH_HELD_OUT - pt["num_test"])
+      p.setdefault("per_task", {})[task] = {"num_val": pt["num_val"], "num_test": pt["num_test"]}
       for seed in p["seeds"]:
         sub = os.path.join(out_dir, task, f"seed{seed}")
         configs = {m: task_config(method_config(m, pt, seed, args.quick), task) for m in methods}
@@ -487,8 +488,10 @@ def policy_main(args, argv, log) -> Dict[str, Any]:
       f"({'quick' if args.quick else 'full'} run)", "", f"Command: `{record['command']}`", "",
       f"Machine load at start: {load_start}; at end: {record['load_end']}. Total "
       f"{record['total_seconds'] / 60:.1f} min (training {train_seconds / 60:.1f}).", "",
-      f"Seeds {p['seeds']}; {p['num_val']} validation problems per task choose each policy's "
-      f"parameter (grid {p['grid']}); test problems as listed (n, pooled over seeds). CIs: "
+      f"Seeds {p['seeds']}; validation / test problems per task (per seed): "
+      + ", ".join(f"{t} {v['num_val']} / {v['num_test']}" for t, v in p["per_task"].items())
+      + f"; the validation split chooses each policy's parameter (grid {p['grid']}); n below is "
+      "pooled over seeds. CIs: "
       f"paired bootstrap ({args.bootstrap} resamples) against tau off on the same checkpoints "
       "and problems.", "", policy_table(rows), ""])
   with open(os.path.join(out_dir, f"{name}.md"), "w") as f:
