@@ -15,6 +15,27 @@ Writes to --output_dir: speed_accuracy.json (everything), speed_accuracy.md (tab
 machine load), speed_accuracy.png (accuracy vs tokens/s at batch 1, and vs tokens/step; one curve
 per method), runs/<method>/ (training workdirs; a re-run skips finished training) and tokenizer/.
 --results_dir (default benchmarks/results for a full run) receives copies of the three files.
+
+Commit policies (issue 27; `setdiff_jax/sampling/policies.py`):
+
+  python benchmarks/speed_accuracy.py \
+      --policies=threshold,entropy_bound,factor,margin,topk,dilated,stable \
+      --tasks=arithmetic,chain --seeds=0,1,2 --output_dir=/tmp/sa_policies
+  python benchmarks/speed_accuracy.py --quick --policies=threshold,entropy_bound \
+      --output_dir=/tmp/sa_policies_quick        # pipeline check: chain task, BD3LM + SetDLM
+
+With --policies the benchmark trains --methods (default ar, bd3lm4, setdlm4) once per task
+(arithmetic: the recipe's 3 x 1..9 chains; chain: 4 operands in 1..99, running values only, see
+data/tasks.py) and seed, then for SetDLM (W = S and W = 2S) and BD3LM sweeps each policy's
+parameter (POLICY_GRID) on the task's VALIDATION split, picks per policy the parameter with the
+most kept tokens per forward call whose validation accuracy is at most 1 point below the
+threshold rule with tau off (else the most accurate one), and measures that choice once on the
+TEST split next to tau off, on the same checkpoints and problems. Speed = kept tokens per forward
+call (generated tokens that come back, nothing after the answer's EOS; the prompt-encoding call
+counts), forward calls per example beside it, tok/s (batched, noisy) last. Paired comparisons
+against tau off: accuracy difference and kept-tokens-per-call ratio with 95 % bootstrap confidence
+intervals over (seed, problem) pairs; copy fraction per task (`accuracy.copy_stats`). Writes
+speed_accuracy_policies.{json,md}.
 """
 from __future__ import annotations
 
@@ -36,10 +57,21 @@ from benchmarks.compare_methods import _jax_settings, shared_tokenizer, train_me
 from configs import compare, reasoning_common  # noqa: E402
 from setdiff_jax.workdir import load as workdir_lib  # noqa: E402
 from setdiff_jax.data import pairs as pairs_lib  # noqa: E402
+from setdiff_jax.data import tasks as tasks_lib  # noqa: E402
+from setdiff_jax.sampling import policies as policies_lib  # noqa: E402
 from setdiff_jax.evaluation import accuracy, run  # noqa: E402
 from setdiff_jax.evaluation.generation import threshold_label  # noqa: E402
 
 METHODS = ("ar", "mdlm", "bd3lm4", "setdlm4")
+POLICY_METHODS = ("ar", "bd3lm4", "setdlm4")
+QUICK_POLICY_METHODS = ("bd3lm4", "setdlm4")
+TASKS = ("arithmetic", "chain")
+# Parameters swept per policy on the validation split (None = the policy's 'off' / default).
+POLICY_GRID = {"threshold": (None, 0.9, 0.8, 0.7, 0.5), "entropy_bound": (0.01, 0.1, 0.3, 1.0),
+               "factor": (0.5, 1.0, 2.0, 4.0), "margin": (None, 0.9, 0.7, 0.5),
+               "topk": (2, 3, 4), "dilated": (2, 4), "stable": (2, 3)}
+CHAIN = {"task_operands": 4, "task_max_operand": 99}
+ARITH_HELD_OUT, ARITH_MIN_VAL = 207, 57  # arithmetic: held-out problems in all; kept for val
 THRESHOLDS = (None, 0.99, 0.95, 0.9, 0.85, 0.8, 0.7, 0.6)
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 NAME = "speed_accuracy"
@@ -66,6 +98,15 @@ def parse_args(argv=None):
   p.add_argument("--decode_batch", type=int, default=None, help="rows per decoding call (50)")
   p.add_argument("--speed_examples", type=int, default=None,
                  help="prompts timed one per call at batch 1 (16; quick 2)")
+  p.add_argument("--policies", default=None,
+                 help="commit policies to compare (sampling/policies.py); turns on the policy "
+                      "mode (see the module docstring)")
+  p.add_argument("--tasks", default=None,
+                 help="policy mode: arithmetic, chain (default both; quick: chain)")
+  p.add_argument("--seeds", default=None, help="policy mode: training seeds (default --seed)")
+  p.add_argument("--num_val", type=int, default=None,
+                 help="policy mode: validation problems (100; quick 6)")
+  p.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples for the CIs")
   return p.parse_args(argv)
 
 
@@ -217,8 +258,258 @@ def write_report(out_dir: str, record) -> str:
   return text
 
 
+# ----------------------------------------------------------------------------- policy mode
+def policy_plan(args) -> Dict[str, Any]:
+  p = plan(args)
+  names = [x.strip() for x in args.policies.split(",") if x.strip()]
+  for name in names:
+    policies_lib.get(name)
+  if policies_lib.DEFAULT not in names:
+    names.insert(0, policies_lib.DEFAULT)  # the reference every comparison is paired with
+  tasks = [t.strip() for t in (args.tasks or ("chain" if args.quick else ",".join(TASKS)))
+           .split(",") if t.strip()]
+  for t in tasks:
+    if t not in TASKS:
+      raise ValueError(f"--tasks={args.tasks!r}: {t!r} is not one of {TASKS}")
+  seeds = [int(x) for x in (args.seeds or str(args.seed)).split(",") if x.strip()]
+  grid = {n: (POLICY_GRID[n] if not args.quick else (policies_lib.get(n).param.default,))
+          for n in names}
+  if args.quick:
+    grid[policies_lib.DEFAULT] = (None,)
+    if args.decode_batch is None:
+      p["decode_batch"] = 8  # one compiled program per split (no batch-1 timing here)
+  p.update(policies=names, tasks=tasks, seeds=seeds, grid=grid,
+           num_val=args.num_val or (4 if args.quick else 100),
+           num_test=args.num_test or (8 if args.quick else 1000))
+  return p
+
+
+def task_config(c, task: str):
+  """The method's recipe on `task` (chain: 4 two-digit operands, L = 48)."""
+  c.data.source = task
+  if task == "chain":
+    for k, v in CHAIN.items():
+      c.data[k] = v
+    c.seq_len = 48  # the longest chain row is 35 tokens with the digit-level BPE
+  return c
+
+
+def policy_settings(name: str, s: int, p, policy: str, args) -> List[Dict[str, Any]]:
+  """The (window, policy, arg) points of one policy for one method (AR: its one setting)."""
+  if name == "ar":
+    return [{"window": None, "threshold": None}]
+  windows = [s] if name != "setdlm" else ([s] if p["quick"] else [s, 2 * s])
+  return [{"window": w if name == "setdlm" else None, "threshold": None, "policy": policy,
+           "policy_arg": a} for w in windows for a in args]
+
+
+def choose(rows: List[Dict[str, Any]], base_acc: float) -> Dict[str, Any]:
+  """The validation choice: the most kept tokens per call within 1 point of tau off (ties: the
+  more accurate), else the most accurate point."""
+  ok = [r for r in rows if r["accuracy"] >= base_acc - 0.01 - 1e-12]
+  if ok:
+    return max(ok, key=lambda r: (r["kept_tokens_per_call"], r["accuracy"]))
+  return max(rows, key=lambda r: (r["accuracy"], r["kept_tokens_per_call"]))
+
+
+def paired_ci(a: Dict[str, list], b: Dict[str, list], n_boot: int, seed: int = 0):
+  """Policy a vs reference b on the same problems: (accuracy difference, kept-tokens-per-call
+  ratio), each with a 95 % percentile bootstrap interval over problems."""
+  ca, cb = np.asarray(a["correct"], float), np.asarray(b["correct"], float)
+  ka, kb = np.asarray(a["kept"], float), np.asarray(b["kept"], float)
+  fa, fb = np.asarray(a["calls"], float), np.asarray(b["calls"], float)
+  stat = lambda i: (ca[i].mean() - cb[i].mean(),
+                    (ka[i].sum() / fa[i].sum()) / (kb[i].sum() / fb[i].sum()))
+  rng = np.random.default_rng(seed)
+  n = len(ca)
+  boots = np.array([stat(rng.integers(0, n, n)) for _ in range(n_boot)])
+  point = stat(np.arange(n))
+  lo, hi = np.percentile(boots, [2.5, 97.5], axis=0)
+  return {"acc_diff": point[0], "acc_diff_ci": [lo[0], hi[0]], "speedup": point[1],
+          "speedup_ci": [lo[1], hi[1]]}
+
+
+def _merge(per: List[Dict[str, list]]) -> Dict[str, list]:
+  return {k: sum((x[k] for x in per), []) for k in per[0]}
+
+
+def policy_eval(method: str, workdir: str, task: str, p, seed: int, log) -> List[Dict[str, Any]]:
+  """Validation sweep + one test measurement per policy for one trained run."""
+  state = workdir_lib.load_inference_state(workdir, use_ema=False)
+  name, s = compare.parse_method(method)
+  data = state.config.data
+  if task == "chain":
+    val_cfg = data.copy_and_resolve_references()
+    val_cfg.task_eval_examples = p["num_val"]
+    val = pairs_lib.load_pairs(val_cfg, "validation")
+  else:  # the held-out problems after the test ones (data/tasks.py)
+    val = tasks_lib.arithmetic_pairs("validation", p["num_val"], int(data.get("task_seed", 0)),
+                                     num_operands=int(data.task_operands),
+                                     max_operand=int(data.task_max_operand),
+                                     num_test=p["num_test"])
+  test = pairs_lib.load_pairs(state.config.data, "eval")
+  _, model = run._models(state)  # pylint: disable=protected-access
+  seq_len = int(state.config.seq_len)
+  ev = lambda pairs, settings: accuracy.accuracy_eval(
+      model, state.params, state.tokenizer, state.objective_config, seq_len, pairs,
+      settings=settings, batch_size=p["decode_batch"], speed_examples=0, extractor="hash",
+      seed=seed, per_example=True)
+  out = []
+  policies_run = p["policies"] if name != "ar" else [policies_lib.DEFAULT]
+  base_test: Dict[Any, Dict[str, Any]] = {}
+  for policy in policies_run:
+    grid = p["grid"][policy] if name != "ar" else (None,)
+    val_rows = ev(val, policy_settings(name, s, p, policy, grid))
+    by_window: Dict[Any, list] = {}
+    for r in val_rows:
+      by_window.setdefault(r["window"], []).append(r)
+    for w, rows in by_window.items():
+      base_val = [r for r in rows if r["policy_arg"] is None] if policy == policies_lib.DEFAULT \
+          else None
+      ref_acc = (base_val[0] if base_val else out_ref(out, w, "val"))["accuracy"]
+      pick = choose(rows, ref_acc)
+      setting = {"window": w, "threshold": None, "policy": policy, "policy_arg": pick["policy_arg"]}
+      if name == "ar":
+        setting = {"window": None, "threshold": None}
+      test_row = ev(test, [setting])[0]
+      rec = {"task": task, "method": method, "seed": seed, "window": w, "policy": policy,
+             "chosen_arg": pick["policy_arg"], "val": [_slim(r) for r in rows],
+             "test": _slim(test_row), "per_example": test_row["per_example"]}
+      if policy == policies_lib.DEFAULT:
+        ref = test_row if pick["policy_arg"] is None else ev(test, [dict(setting,
+                                                                          policy_arg=None)])[0]
+        base_test[w] = ref
+        rec["val_ref"] = _slim(base_val[0]) if base_val else None
+        rec["ref_test"] = _slim(ref)
+        rec["ref_per_example"] = ref["per_example"]
+      out.append(rec)
+      log(f"[{task} {method} seed {seed}] W={w} {policy}: val pick {pick['policy_arg']} -> test "
+          f"acc {test_row['accuracy']:.3f} kept/call {test_row['kept_tokens_per_call']:.2f}")
+  return out
+
+
+def out_ref(out, window, split: str):
+  for r in out:
+    if r["policy"] == policies_lib.DEFAULT and r["window"] == window:
+      return r["val_ref"] if split == "val" else r["ref_test"]
+  raise ValueError("the threshold policy is evaluated first")
+
+
+def _slim(r: Dict[str, Any]) -> Dict[str, Any]:
+  keys = ("setting", "policy", "policy_arg", "accuracy", "num_examples", "kept_tokens_per_call",
+          "forward_calls", "mean_generated_tokens", "tokens_per_step", "tokens_per_second",
+          "copy_fraction", "parallel_fraction", "parallel_copy_fraction")
+  return {k: r.get(k) for k in keys}
+
+
+def summarize(records: List[Dict[str, Any]], n_boot: int) -> List[Dict[str, Any]]:
+  """One row per (task, method, window, policy): test numbers pooled over seeds + paired CIs."""
+  groups: Dict[Any, list] = {}
+  for r in records:
+    groups.setdefault((r["task"], r["method"], r["window"], r["policy"]), []).append(r)
+  rows = []
+  for (task, method, w, policy), recs in groups.items():
+    refs = {x["seed"]: x for x in records if x["task"] == task and x["method"] == method and
+            x["window"] == w and x["policy"] == policies_lib.DEFAULT}
+    a = _merge([x["per_example"] for x in recs])
+    b = _merge([refs[x["seed"]]["ref_per_example"] for x in recs])
+    ci = paired_ci(a, b, n_boot)
+    t = [x["test"] for x in recs]
+    rows.append({"task": task, "method": method, "window": w, "policy": policy,
+                 "chosen_args": [x["chosen_arg"] for x in recs], "seeds": [x["seed"] for x in recs],
+                 "accuracy": float(np.mean(a["correct"])),
+                 "seed_accuracies": [x["accuracy"] for x in t],
+                 "kept_tokens_per_call": float(np.sum(a["kept"]) / np.sum(a["calls"])),
+                 "forward_calls": float(np.mean(a["calls"])),
+                 "tokens_per_second": float(np.mean([x["tokens_per_second"] for x in t])),
+                 "copy_fraction": float(np.mean([x["copy_fraction"] for x in t])),
+                 "num_test": len(a["correct"]), **ci})
+  return rows
+
+
+def policy_table(rows) -> str:
+  header = ["task", "method", "W", "policy", "chosen (per seed)", "accuracy", "seed acc",
+            "d acc vs tau off [95% CI]", "kept/call", "x vs tau off [95% CI]", "fwd calls",
+            "copies", "tok/s", "n"]
+  body = []
+  for r in rows:
+    fmt_arg = lambda a: "off" if a is None else f"{a:g}"
+    body.append([r["task"], r["method"], r["window"], r["policy"],
+                 "/".join(fmt_arg(a) for a in r["chosen_args"]), r["accuracy"],
+                 "/".join(f"{x:.2f}" for x in r["seed_accuracies"]),
+                 f"{100 * r['acc_diff']:+.1f} [{100 * r['acc_diff_ci'][0]:+.1f}, "
+                 f"{100 * r['acc_diff_ci'][1]:+.1f}]", r["kept_tokens_per_call"],
+                 f"{r['speedup']:.2f} [{r['speedup_ci'][0]:.2f}, {r['speedup_ci'][1]:.2f}]",
+                 r["forward_calls"], r["copy_fraction"], r["tokens_per_second"], r["num_test"]])
+  return run.markdown_table(header, body)
+
+
+def policy_main(args, argv, log) -> Dict[str, Any]:
+  p = policy_plan(args)
+  p["quick"] = bool(args.quick)
+  out_dir = os.path.abspath(args.output_dir)
+  os.makedirs(out_dir, exist_ok=True)
+  methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+  if args.methods == ",".join(METHODS):  # not given: AR as the reference, BD3LM, SetDLM
+    methods = list(QUICK_POLICY_METHODS if args.quick else POLICY_METHODS)
+  for m in methods:
+    compare.parse_method(m)
+  load_start = _uptime()
+  t_start = time.perf_counter()
+  records, train_seconds = [], 0.0
+  with _jax_settings({"jax_disable_most_optimizations": True} if args.quick else {}):
+    for task in p["tasks"]:
+      pt = p
+      if task == "arithmetic":  # its 3 x 1..9 family holds 207 held-out problems in all
+        pt = dict(p, num_test=min(p["num_test"], ARITH_HELD_OUT - ARITH_MIN_VAL))
+        pt["num_val"] = min(p["num_val"], ARITH_HELD_OUT - pt["num_test"])
+      p.setdefault("per_task", {})[task] = {"num_val": pt["num_val"], "num_test": pt["num_test"]}
+      for seed in p["seeds"]:
+        sub = os.path.join(out_dir, task, f"seed{seed}")
+        configs = {m: task_config(method_config(m, pt, seed, args.quick), task) for m in methods}
+        tok_dir = shared_tokenizer(sub, configs[methods[0]])
+        t0 = time.perf_counter()
+        infos = {m: train_method(m, configs[m], sub, tok_dir, log) for m in methods}
+        train_seconds += time.perf_counter() - t0
+        for m in methods:
+          records += policy_eval(m, infos[m]["workdir"], task, pt, seed, log)
+  rows = summarize(records, args.bootstrap)
+  record = {"command": "python benchmarks/speed_accuracy.py " + " ".join(
+                argv if argv is not None else sys.argv[1:]),
+            "quick": bool(args.quick), "methods": methods, "plan": p,
+            "hardware": run.hardware(), "load_start": load_start, "load_end": _uptime(),
+            "train_seconds": train_seconds, "total_seconds": time.perf_counter() - t_start,
+            "summary": rows, "records": records}
+  name = f"{NAME}_policies"
+  with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
+    json.dump(record, f, indent=2, default=float)
+  md = "\n".join([
+      f"## Commit policies: speed (kept tokens per forward call) vs accuracy "
+      f"({'quick' if args.quick else 'full'} run)", "", f"Command: `{record['command']}`", "",
+      f"Machine load at start: {load_start}; at end: {record['load_end']}. Total "
+      f"{record['total_seconds'] / 60:.1f} min (training {train_seconds / 60:.1f}).", "",
+      f"Seeds {p['seeds']}; validation / test problems per task (per seed): "
+      + ", ".join(f"{t} {v['num_val']} / {v['num_test']}" for t, v in p["per_task"].items())
+      + f"; the validation split chooses each policy's parameter (grid {p['grid']}); n below is "
+      "pooled over seeds. CIs: "
+      f"paired bootstrap ({args.bootstrap} resamples) against tau off on the same checkpoints "
+      "and problems.", "", policy_table(rows), ""])
+  with open(os.path.join(out_dir, f"{name}.md"), "w") as f:
+    f.write(md)
+  results_dir = args.results_dir or (None if args.quick else RESULTS_DIR)
+  if results_dir and results_dir != "none":
+    os.makedirs(results_dir, exist_ok=True)
+    for ext in ("md", "json"):
+      shutil.copy(os.path.join(out_dir, f"{name}.{ext}"), results_dir)
+  log(md)
+  log(f"\nwrote {out_dir}/{name}.md, .json ({record['total_seconds'] / 60:.1f} min)")
+  return record
+
+
 def main(argv=None, log=print) -> Dict[str, Any]:
   args = parse_args(argv)
+  if args.policies is not None:
+    return policy_main(args, argv, log)
   p = plan(args)
   out_dir = os.path.abspath(args.output_dir)
   os.makedirs(out_dir, exist_ok=True)

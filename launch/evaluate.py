@@ -12,6 +12,8 @@ r"""Evaluates a trained run.
               --cloze_path (default ../shared/data/rocstories-cloze-val-2016.csv).
   speed       tokens/s, tokens/step and forward calls of the run's sampler per setting (W, tau)
               and batch size (--batch_sizes, default 1,8); unconditional, N = L - 1.
+              --policy=NAME --policy_args=X,Y sweeps a commit policy's parameter instead of tau
+              (speed, samples, accuracy; see setdiff_jax/sampling/policies.py).
   samples     unconditional samples: unigram entropy, distinct-n and, with --judge_workdir=AR_RUN,
               generative perplexity under that AR model.
   accuracy    conditional decoding of every test prompt (the run's prompt/answer eval split, or
@@ -58,6 +60,11 @@ flags.DEFINE_string("penalty_history", "auto", "Set-sampler infill penalty histo
 # speed / samples
 flags.DEFINE_integer("window", None, "Set-sampler window W (default: the run's S).")
 flags.DEFINE_list("thresholds", ["off", "0.9"], "Confidence thresholds tau ('off' = none).")
+flags.DEFINE_string("policy", "threshold", "Commit policy of speed/samples/accuracy "
+                    "(setdiff_jax/sampling/policies.py): threshold (tau = --thresholds), "
+                    "entropy_bound, factor, margin, topk, dilated, stable.")
+flags.DEFINE_list("policy_args", ["default"], "Parameters of --policy to sweep (gamma, f, tau, "
+                  "k or d; 'default' = the policy's own).")
 flags.DEFINE_list("batch_sizes", ["1", "8"], "Batch sizes for the speed eval.")
 flags.DEFINE_integer("repeats", 2, "Timed calls per speed setting (after a compiling one).")
 flags.DEFINE_integer("max_new_tokens", None, "Tokens to generate (default: seq_len - 1).")
@@ -86,7 +93,12 @@ def main(argv):
   del argv  # cli.run rejects positional arguments
   from setdiff_jax import sharding
   from setdiff_jax.evaluation import generation, run
+  from setdiff_jax.sampling import policies
   sharding.initialize_distributed()
+  thresholds = FLAGS.thresholds
+  if FLAGS.policy != policies.DEFAULT and not FLAGS["thresholds"].present:
+    thresholds = ["off"]  # tau belongs to --policy=threshold
+  policy_args = tuple(policies.parse_arg(a) for a in FLAGS.policy_args)
   opts = run.EvalOptions(
       seed=FLAGS.seed, num_orders=FLAGS.num_orders, batch_size=FLAGS.batch_size,
       max_rows=FLAGS.max_rows, cloze_path=FLAGS.cloze_path,
@@ -97,7 +109,8 @@ def main(argv):
                                                           "--infill_thresholds")),
       repetition_penalty=FLAGS.repetition_penalty, penalty_history=FLAGS.penalty_history,
       window=FLAGS.window,
-      thresholds=tuple(generation.parse_thresholds(FLAGS.thresholds)),
+      thresholds=tuple(generation.parse_thresholds(thresholds)), policy=FLAGS.policy,
+      policy_args=policy_args,
       batch_sizes=tuple(int(b) for b in FLAGS.batch_sizes), repeats=FLAGS.repeats,
       max_new_tokens=FLAGS.max_new_tokens, top_p=FLAGS.top_p, num_samples=FLAGS.num_samples,
       judge_workdir=FLAGS.judge_workdir, sampling_seed=FLAGS.sampling_seed,

@@ -2,7 +2,7 @@ r"""Samples text from a trained run.
 
   python launch/sample.py --workdir=DIR [--prompt=TEXT] [--infill=TEXT] [--num_samples=N]
       [--batch_size=N] [--max_new_tokens=N] [--window=W] [--threshold=T] [--seed=S]
-      [--mesh=data=2,tensor=4]
+      [--mesh=data=2,tensor=4] [--policy=NAME --policy_arg=X]
 
 Loads the checkpoint of DIR (latest step, EMA params by default), picks the sampler of the run's
 objective (setdlm: KV-cached set sampler with W = S unless --window; ar, mdlm, bd3lm: their
@@ -36,6 +36,11 @@ flags.DEFINE_integer("batch_size", 4, "Samples decoded together.")
 flags.DEFINE_integer("max_new_tokens", None, "Tokens to generate (default: seq_len - prompt).")
 flags.DEFINE_integer("window", None, "Set-sampler window W (default: the run's set size S).")
 flags.DEFINE_float("threshold", None, "Confidence threshold tau (default: off).")
+flags.DEFINE_string("policy", "threshold", "Commit policy (setdiff_jax/sampling/policies.py): "
+                    "threshold (tau = --threshold), entropy_bound, factor, margin, topk, dilated, "
+                    "stable.")
+flags.DEFINE_string("policy_arg", None, "The policy's parameter (gamma, f, tau, k or d; default: "
+                    "the policy's own).")
 flags.DEFINE_integer("seed", 0, "PRNG seed (the same seed gives the same samples); -1: random.")
 flags.DEFINE_bool("greedy", False, "Argmax instead of sampling.")
 flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass (1 = off).")
@@ -52,6 +57,7 @@ def main(argv):
   del argv  # cli.run rejects positional arguments
   from setdiff_jax import sharding
   from setdiff_jax.decoding import sample_from_workdir
+  from setdiff_jax.sampling import policies
   sharding.initialize_distributed()
   import jax  # pylint: disable=g-import-not-at-top
   quiet = lambda text: None  # noqa: E731  every process samples the same texts; process 0 prints
@@ -59,9 +65,10 @@ def main(argv):
       FLAGS.workdir, write=print if jax.process_index() == 0 else quiet, step=FLAGS.step, use_ema=FLAGS.use_ema, dtype=FLAGS.dtype,
       prompt=FLAGS.prompt, infill=FLAGS.infill, num_samples=FLAGS.num_samples,
       batch_size=FLAGS.batch_size, max_new_tokens=FLAGS.max_new_tokens, window=FLAGS.window,
-      threshold=FLAGS.threshold, seed=FLAGS.seed, greedy=FLAGS.greedy, top_p=FLAGS.top_p,
-      temperature=FLAGS.temperature, repetition_penalty=FLAGS.repetition_penalty,
-      mesh=sharding.parse_mesh(FLAGS.mesh))
+      threshold=FLAGS.threshold, policy=FLAGS.policy,
+      policy_arg=policies.parse_arg(FLAGS.policy_arg), seed=FLAGS.seed, greedy=FLAGS.greedy,
+      top_p=FLAGS.top_p, temperature=FLAGS.temperature,
+      repetition_penalty=FLAGS.repetition_penalty, mesh=sharding.parse_mesh(FLAGS.mesh))
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import numpy as np
 
 from setdiff_jax import methods, paths
 from setdiff_jax.workdir import load as workdir_lib
-from setdiff_jax.sampling import compiles
+from setdiff_jax.sampling import compiles, policies
 from setdiff_jax.sampling.config import SampleOutput, SamplerConfig
 from setdiff_jax.sampling.text import parse_infill, prompt_ids
 from setdiff_jax.sampling.timing import time_calls
@@ -90,7 +90,8 @@ def run_sampling(model, params, tokenizer, objective_config, seq_len: int, *,
                  prompt: Optional[str] = None, infill: Optional[str] = None,
                  num_samples: int = 1, batch_size: int = 1,
                  max_new_tokens: Optional[int] = None, window: Optional[int] = None,
-                 threshold: Optional[float] = None, seed: int = 0, greedy: bool = False,
+                 threshold: Optional[float] = None, policy: Optional[str] = None,
+                 policy_arg: Optional[float] = None, seed: int = 0, greedy: bool = False,
                  top_p: float = 1.0, temperature: float = 1.0, repetition_penalty: float = 1.0,
                  warmup: bool = True, write: Callable[[str], Any] = print,
                  header: Optional[str] = None) -> SamplingReport:
@@ -110,7 +111,8 @@ def run_sampling(model, params, tokenizer, objective_config, seq_len: int, *,
     seed = secrets.randbelow(2**31)
   method = methods.get(objective_config.name)
   cfg = sampler_config_for(objective_config, tokenizer, seq_len, window=window,
-                           threshold=threshold, seed=seed, greedy=greedy, top_p=top_p,
+                           threshold=threshold, policy=policy, policy_arg=policy_arg,
+                           seed=seed, greedy=greedy, top_p=top_p,
                            temperature=temperature, repetition_penalty=repetition_penalty)
   if infill is not None:
     if not method.infills_canvas:
@@ -179,7 +181,9 @@ def sampler_settings(method, objective_config, cfg: SamplerConfig, infill: bool 
   parts = [f"sampler: {method.name}{' (infill)' if infill else ''}"]
   parts += [f"{k}={getattr(cfg, k)}" for k in method.sampler_fields(objective_config)
             if k == "block_size" or method.uses_window]
-  if method.uses_threshold:
+  if method.uses_threshold and cfg.policy != policies.DEFAULT:
+    parts.append(f"policy={policies.label(cfg.policy, cfg.policy_arg)}")
+  elif method.uses_threshold:
     parts.append(f"tau={'off' if cfg.threshold is None else cfg.threshold}")
   parts.append("greedy" if cfg.greedy else f"top_p={cfg.top_p} temperature={cfg.temperature}")
   parts += [f"repetition_penalty={cfg.repetition_penalty}", f"max_new_tokens={cfg.max_new_tokens}",

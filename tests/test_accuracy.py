@@ -138,3 +138,12 @@ def test_accuracy_eval_counts_a_known_model():
   assert off["examples"][0]["correct"] and not off["examples"][2]["correct"]
   with pytest.raises(ValueError, match="does not fit the model's context"):
     accuracy.accuracy_eval(logits_fn, None, Tok(), oc, 12, test, max_new_tokens=11)
+
+
+def test_copy_stats_hand_worked():
+  # prompt 7 + 5 \n ; output "7 + 5 = 1 2": (\n,7) no, (7,+) yes, (+,5) yes, (5,=) no, (=,1) no,
+  # (1,2) no -> 2 copies of 6; steps: 7 and + together (parallel), the rest one per step
+  prompt = [1, 7, 10, 5, 11]
+  out = accuracy.copy_stats(prompt, [7, 10, 5, 12, 1, 2], [0, 0, 1, 2, 3, 4])
+  assert out == {"kept": 6, "copies": 2, "parallel": 2, "parallel_copies": 1}
+  assert accuracy.copy_stats(prompt, [], [])["kept"] == 0

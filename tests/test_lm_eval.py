@@ -158,6 +158,13 @@ def test_is_greedy_and_errors(run):
     lem.SetDiffLM(workdir=os.path.join(run, "missing"))
   with pytest.raises(ValueError, match="unknown model_args"):
     lem.SetDiffLM(workdir=run, widow=4)
+  # commit policies (sampling/policies.py) by model_args
+  with pytest.raises(ValueError, match="model_args policy='nope'.*valid: threshold"):
+    lem.SetDiffLM.from_state(lm.state, policy="nope")
+  with pytest.raises(ValueError, match="model_args policy_arg=-1.0 .*gamma must be >= 0"):
+    lem.SetDiffLM.from_state(lm.state, policy="entropy_bound", policy_arg="-1")
+  top = lem.SetDiffLM.from_state(lm.state, policy="topk", policy_arg="2")
+  assert (top._sampler_config(8).policy, top._sampler_config(8).policy_param) == ("topk", 2)
 
 
 def _ar_state(tok):

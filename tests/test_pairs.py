@@ -34,6 +34,53 @@ def test_arithmetic_deterministic_disjoint_and_correct():
       assert eval(lhs) == int(rhs) >= 0
 
 
+def test_chain_deterministic_disjoint_splits_and_correct():
+  a = tasks.chain_pairs("train", 400, seed=3)
+  assert a == tasks.chain_pairs("train", 400, seed=3) and a != tasks.chain_pairs("train", 400, 4)
+  test = tasks.chain_pairs("test", 300, seed=3)
+  val = tasks.chain_pairs("validation", 300, seed=3)
+  assert test == tasks.chain_pairs("test", 300, seed=3)
+  sets = {name: {p.prompt for p in ps} for name, ps in
+          (("train", tasks.chain_pairs("train", 3000, seed=11)), ("test", test), ("val", val),
+           ("test9", tasks.chain_pairs("test", 300, seed=9)),
+           ("val9", tasks.chain_pairs("validation", 300, seed=9)))}
+  assert len(sets["test"]) == 300 and len(sets["val"]) == 300  # distinct problems
+  assert not sets["train"] & (sets["test"] | sets["val"] | sets["test9"] | sets["val9"])
+  assert not (sets["test"] | sets["test9"]) & (sets["val"] | sets["val9"])
+  for p in a[:50] + test[:50] + val[:50]:
+    expr = p.prompt.strip()
+    nums = [int(x) for x in expr.replace("-", "+").split("+")]
+    assert len(nums) == 4 and all(1 <= x <= 99 for x in nums)
+    lines = p.answer.split("\n")
+    assert lines[-1] == f"#### {eval(expr)}" and len(lines) == 4
+    ops = [c for c in expr if c in "+-"]
+    value = nums[0]
+    for op, x, line in zip(ops, nums[1:], lines):  # running values, nothing restated
+      value = value + x if op == "+" else value - x
+      assert int(line) == value >= 0
+  # two-digit operands: most problems carry or borrow somewhere
+  assert np.mean([any(len(l) > 2 for l in p.answer.split("\n")[:-1]) for p in a]) > 0.3
+
+
+def test_arithmetic_validation_is_disjoint_from_test():
+  test = {p.prompt for p in tasks.arithmetic_pairs("test", 150, seed=2)}
+  val = tasks.arithmetic_pairs("validation", 40, seed=2, num_test=150)
+  assert len({p.prompt for p in val}) == 40 and not test & {p.prompt for p in val}
+  assert all(tasks.is_test_problem(p.prompt.strip()) for p in val)  # held out from training
+
+
+def test_load_pairs_validation_split():
+  cfg = pipeline.default_data_config()
+  cfg.source, cfg.task_operands, cfg.task_max_operand = "chain", 4, 99
+  cfg.task_eval_examples = 20
+  val = pairs.load_pairs(cfg, "validation")
+  assert val == tasks.chain_pairs("validation", 20, 0)
+  assert pairs.load_pairs(cfg, "eval") == tasks.chain_pairs("test", 20, 0)
+  cfg.source = "pairs_jsonl"
+  with pytest.raises(ValueError, match="no validation split"):
+    pairs.load_pairs(cfg, "validation")
+
+
 def test_arithmetic_too_many_test_problems():
   with pytest.raises(ValueError, match="distinct test problems"):
     tasks.arithmetic_pairs("test", 500, num_operands=2, max_operand=3)

@@ -195,6 +195,9 @@ def test_bad_sample_evaluate_export_inputs(run_dir, tmp_path):
       ([w, "--step=999"], ["--step=999", "[1, 2]"]),
       ([w, "extra"], ["unexpected argument"]),
       ([w, "--infill=no gap here"], ["[GAP:n]"]),
+      ([w, "--policy=nope"], ["--policy='nope'", "valid: threshold, entropy_bound, factor"]),
+      ([w, "--policy=entropy_bound", "--policy_arg=-1"], ["--policy_arg=-1", "gamma must be >= 0"]),
+      ([w, "--policy=margin", "--threshold=0.9"], ["--threshold", "--policy_arg"]),
       ([f"--workdir={tmp_path / 'nothing'}"], ["config.json not found"]),
       ([f"--workdir={damaged}"], [os.path.join(damaged, "config.json"), "damaged"]),
       ([w, "--mesh=rows=2"], ["--mesh='rows=2'", "data=2,tensor=4"]),
@@ -207,6 +210,7 @@ def test_bad_sample_evaluate_export_inputs(run_dir, tmp_path):
       ([w, "--eval=bogus"], ["unknown eval"]),
       ([w, "--step=999"], ["[1, 2]"]),
       ([w, "--num_orders=0"], ["--num_orders=0"]),
+      ([w, "--eval=speed", "--policy=topk", "--policy_args=0"], ["--policy_args=0", "k must be"]),
       ([w, "again"], ["unexpected argument"]),
       ([w, "--mesh=data=x"], ["--mesh='data=x'"]),
   ]

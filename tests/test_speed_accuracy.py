@@ -57,3 +57,34 @@ def test_evaluate_accuracy_cli(quick_run):
   assert "Accuracy (exact match" in result.stdout and "| setdlm | W=4 tau=off | 3 |" in result.stdout
   saved = json.loads((workdir / "eval_results.json").read_text())
   assert saved["accuracy"][0]["num_examples"] == 3 and saved["accuracy"][0]["max_new_tokens"] == 20
+
+
+@pytest.fixture(scope="module")
+def quick_policies(tmp_path_factory):
+  out = tmp_path_factory.mktemp("speed_accuracy_policies")
+  spec = importlib.util.spec_from_file_location(
+      "speed_accuracy_p", os.path.join(REPO, "benchmarks", "speed_accuracy.py"))
+  bench = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(bench)
+  record = bench.main(["--quick", "--policies=entropy_bound", f"--output_dir={out}"],
+                      log=lambda *a: None)
+  return out, record
+
+
+def test_quick_policies_table_and_pairs(quick_policies):
+  out, record = quick_policies
+  md = (out / "speed_accuracy_policies.md").read_text()
+  assert "| task | method | W | policy | chosen (per seed) |" in md
+  saved = json.loads((out / "speed_accuracy_policies.json").read_text())
+  rows = saved["summary"]
+  assert {(r["task"], r["method"], r["policy"]) for r in rows} == {
+      (t, m, p) for t in ("chain",) for m in ("bd3lm4", "setdlm4")
+      for p in ("threshold", "entropy_bound")}
+  for r in rows:
+    assert r["num_test"] == 8 and 0 <= r["accuracy"] <= 1 and r["kept_tokens_per_call"] > 0
+    lo, hi = r["speedup_ci"]
+    assert lo <= r["speedup"] <= hi
+    if r["policy"] == "threshold":  # tau off against itself
+      assert r["acc_diff"] == 0 and r["speedup"] == 1
+  for rec in saved["records"]:
+    assert len(rec["per_example"]["correct"]) == 8 and len(rec["val"]) >= 1

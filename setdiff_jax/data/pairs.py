@@ -38,7 +38,8 @@ from setdiff_jax.data import tasks
 from setdiff_jax.data import text_files
 from setdiff_jax.data.records import Pair
 
-PAIR_SOURCES = ("pairs_jsonl", "gsm8k", "arithmetic")
+PAIR_SOURCES = ("pairs_jsonl", "gsm8k", "arithmetic", "chain")
+TASK_SOURCES = ("arithmetic", "chain")  # procedural: they also have a validation split
 OVERFLOW_RULES = ("error", "skip", "truncate_prompt")
 PROMPT_STYLES = ("plain", "gsm8k", "gsm8k_chat")
 
@@ -113,10 +114,14 @@ def gsm8k_pairs(split: str, data_dir: Optional[str] = None) -> List[Pair]:
 
 
 def load_pairs(data_cfg, split: str) -> List[Pair]:
-  """All pairs of `split` ('train' | 'eval') of a pair source (prompts not yet formatted)."""
-  if split not in ("train", "eval"):
-    raise ValueError(f"split={split!r}; expected 'train' or 'eval'")
+  """All pairs of `split` ('train' | 'eval' | 'validation', the last for the procedural tasks
+  only: task_eval_examples problems disjoint from train and eval) of a pair source (prompts not
+  yet formatted)."""
+  if split not in ("train", "eval", "validation"):
+    raise ValueError(f"split={split!r}; expected 'train', 'eval' or 'validation'")
   source = data_cfg.source
+  if split == "validation" and source not in TASK_SOURCES:
+    raise ValueError(f"data.source={source!r} has no validation split (only {TASK_SOURCES})")
   if source == "pairs_jsonl":
     field = "paths" if split == "train" else "eval_paths"
     paths = text_files.parse_paths(data_cfg.get(field))
@@ -130,10 +135,18 @@ def load_pairs(data_cfg, split: str) -> List[Pair]:
   if source == "arithmetic":
     n = data_cfg.get("task_train_examples", 20000) if split == "train" else data_cfg.get(
         "task_eval_examples", 200)
-    return tasks.arithmetic_pairs("train" if split == "train" else "test", int(n),
-                                  int(data_cfg.get("task_seed", 0)),
-                                  num_operands=int(data_cfg.get("task_operands", 3)),
-                                  max_operand=int(data_cfg.get("task_max_operand", 9)))
+    return tasks.arithmetic_pairs(
+        {"eval": "test"}.get(split, split), int(n), int(data_cfg.get("task_seed", 0)),
+        num_operands=int(data_cfg.get("task_operands", 3)),
+        max_operand=int(data_cfg.get("task_max_operand", 9)),
+        num_test=int(data_cfg.get("task_eval_examples", 200)))
+  if source == "chain":
+    n = data_cfg.get("task_train_examples", 20000) if split == "train" else data_cfg.get(
+        "task_eval_examples", 200)
+    return tasks.chain_pairs({"eval": "test"}.get(split, split), int(n),
+                             int(data_cfg.get("task_seed", 0)),
+                             num_operands=int(data_cfg.get("task_operands", 4)),
+                             max_operand=int(data_cfg.get("task_max_operand", 99)))
   raise ValueError(f"data.source={source!r} is not a pair source {PAIR_SOURCES}")
 
 

@@ -135,7 +135,9 @@ def default_data_config() -> ml_collections.ConfigDict:
   # A row longer than seq_len: 'error' | 'skip' (dropped, counted in the log) |
   # 'truncate_prompt' (the prompt's last tokens are kept, counted in the log).
   cfg.overflow = "error"
-  # arithmetic: operands per problem, their maximum (1..max), examples per split, seed.
+  # arithmetic / chain (data/tasks.py): operands per problem, their maximum (1..max), examples
+  # per split (eval and validation: task_eval_examples each), seed. The chain recipe
+  # (benchmarks/speed_accuracy.py) sets 4 operands up to 99.
   cfg.task_operands = 3
   cfg.task_max_operand = 9
   cfg.task_train_examples = 20000

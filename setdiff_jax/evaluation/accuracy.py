@@ -10,16 +10,21 @@ answer with the same extractor and compared after number normalisation (exact ma
   hash   the last '#### n' line (GSM8K, and the answer line of the procedural task)
   boxed  the last \boxed{n} (balanced braces)
   auto   '#### n' if present, else \boxed{n}
-Per setting (window W, threshold tau) it reports accuracy, mean generated tokens per example
-(after the EOS cut, EOS included), tokens/step (committed tokens / decoding steps, the parallelism
-factor), forward calls per example, and tokens/s at the decoding batch and at batch 1 (on the first
-`speed_examples` prompts, one prompt per call). tokens/s is compile-free (a batch that compiled is
-timed again, warm); beside it, the number of compiled programs (prompt lengths are bucketed, so a
-data set compiles a bounded number) and the compile-inclusive wall clock and tokens/s of the cold
-run. tokens/s counts the generated tokens that come back (SPEC §6.7).
+Per setting (window W, threshold tau or a commit policy) it reports accuracy, mean generated
+tokens per example (after the EOS cut, EOS included), tokens/step (committed tokens / decoding
+steps, the parallelism factor), forward calls per example, kept tokens per forward call (the
+generated tokens that come back, nothing after the answer's EOS, over every call of the row, the
+prompt-encoding call included), the copy fractions (`copy_stats`) and tokens/s at the decoding
+batch and at batch 1 (on the first `speed_examples` prompts, one prompt per call). tokens/s is
+compile-free (a batch that compiled is timed again, warm); beside it, the number of compiled
+programs (prompt lengths are bucketed, so a data set compiles a bounded number) and the
+compile-inclusive wall clock and tokens/s of the cold run. tokens/s counts the generated tokens
+that come back (SPEC §6.7). `per_example=True` adds the per-problem correctness, kept tokens and
+calls (for paired comparisons).
 """
 from __future__ import annotations
 
+import collections
 import math
 import re
 import time
@@ -30,7 +35,8 @@ import numpy as np
 
 from setdiff_jax import decoding
 from setdiff_jax.data.pairs import format_prompt
-from setdiff_jax.evaluation.generation import decoding_settings, setting_name, threshold_label
+from setdiff_jax.evaluation.generation import (decoding_settings, policy_fields, setting_name,
+                                               threshold_label)
 from setdiff_jax.sampling import compiles
 
 EXTRACTORS = ("hash", "boxed", "auto")
@@ -96,6 +102,26 @@ def encode_prompts(tokenizer, pairs, prompt_style: str = "plain") -> List[List[i
   return [[int(tokenizer.bos_id)] + list(ids) for ids in tokenizer.encode_batch(texts)]
 
 
+def copy_stats(prompt: Sequence[int], generated: Sequence[int],
+               steps: Sequence[int]) -> Dict[str, int]:
+  """How much of a row's output is copied from its prompt.
+
+  A kept token y_i is a copy when the pair (y_{i-1}, y_i) occurs as adjacent tokens in the prompt
+  (y_{-1} = the prompt's last token): it continues a verbatim prompt span, so a model can commit
+  it by matching, not computing. (Single tokens are too coarse: with one token per digit every
+  digit of an answer also occurs in its prompt.) Steps: the decoding step of each kept token; a
+  token is a parallel commit when another kept token was committed at the same step.
+  Returns counts {kept, copies, parallel, parallel_copies}.
+  """
+  pairs = set(zip(prompt[:-1], prompt[1:]))
+  prev = list(prompt[-1:]) + list(generated[:-1])
+  copies = [(a, b) in pairs for a, b in zip(prev, generated)]
+  per_step = collections.Counter(steps)
+  parallel = [per_step[s] > 1 for s in steps]
+  return {"kept": len(generated), "copies": int(sum(copies)), "parallel": int(sum(parallel)),
+          "parallel_copies": int(sum(c and p for c, p in zip(copies, parallel)))}
+
+
 def _batches(n: int, size: int):
   return [range(i, min(i + size, n)) for i in range(0, n, size)]
 
@@ -115,7 +141,7 @@ def decode_all(sampler, model, params, prompts: Sequence[Sequence[int]], cfg, *,
   key = jax.random.PRNGKey(seed)
   batches = _batches(n, batch_size)
   fill = lambda idx: [prompts[i] for i in idx] + [prompts[0]] * (batch_size - len(idx))
-  generated, steps, committed, calls = [], [], [], []
+  generated, steps, committed, calls, gen_steps = [], [], [], [], []
   seconds, wall, start = 0.0, 0.0, compiles.compiled_programs()
   for j, idx in enumerate(batches):
     before = compiles.compiled_programs()
@@ -131,6 +157,9 @@ def decode_all(sampler, model, params, prompts: Sequence[Sequence[int]], cfg, *,
     seconds += dt
     k = len(idx)
     generated += [list(map(int, g)) for g in out.generated[:k]]
+    for b, g in enumerate(out.generated[:k]):  # the kept tokens' positions, in order
+      pos = np.nonzero(out.target[b] & (out.canvas[b] != cfg.mask_token_id))[0][:len(g)]
+      gen_steps.append([int(s) for s in out.commit_step[b][pos]])
     steps += [int(s) for s in out.num_steps[:k]]
     committed += [int(c) for c in out.num_committed[:k]]
     calls += [int(c) for c in out.forward_calls[:k]]
@@ -138,7 +167,8 @@ def decode_all(sampler, model, params, prompts: Sequence[Sequence[int]], cfg, *,
   padded_rows = len(batches) * batch_size - n
   return {"generated": generated, "num_steps": steps, "num_committed": committed,
           "forward_calls": calls, "seconds": seconds, "wall_seconds": wall,
-          "compiled_programs": compiles.compiled_programs() - start, "padded_rows": padded_rows}
+          "compiled_programs": compiles.compiled_programs() - start, "padded_rows": padded_rows,
+          "commit_steps": gen_steps}
 
 
 def _sampler_config(obj_cfg, tokenizer, seq_len: int, setting: Dict[str, Any], n: int,
@@ -146,7 +176,7 @@ def _sampler_config(obj_cfg, tokenizer, seq_len: int, setting: Dict[str, Any], n
   return decoding.sampler_config_for(
       obj_cfg, tokenizer, seq_len, window=setting.get("window"),
       threshold=setting.get("threshold"), greedy=True, seed=seed, max_new_tokens=n,
-      stop_at_eos=True, cache_order=cache_order)
+      stop_at_eos=True, cache_order=cache_order, **policy_fields(setting))
 
 
 def accuracy_eval(model, params, tokenizer, obj_cfg, seq_len: int, pairs, *,
@@ -154,7 +184,7 @@ def accuracy_eval(model, params, tokenizer, obj_cfg, seq_len: int, pairs, *,
                   speed_examples: int = 16, max_new_tokens: Optional[int] = None,
                   extractor: str = "auto", prompt_style: str = "plain", cache_order: str = "l2r",
                   stop_strings: Sequence[str] = (), seed: int = 0,
-                  num_shown: int = 3) -> List[Dict[str, Any]]:
+                  num_shown: int = 3, per_example: bool = False) -> List[Dict[str, Any]]:
   """One row of metrics per decoding setting (see the module docstring).
 
   max_new_tokens: N (None: seq_len - the longest prompt, so every prompt fits the context).
@@ -182,13 +212,21 @@ def accuracy_eval(model, params, tokenizer, obj_cfg, seq_len: int, pairs, *,
     one = decode_all(sampler, model, params, prompts[:k], cfg, batch_size=1, seed=seed) if k else None
     num_gen = [len(g) for g in res["generated"]]
     steps, committed = sum(res["num_steps"]), sum(res["num_committed"])
+    cs = [copy_stats(p, g, s) for p, g, s in zip(prompts, res["generated"], res["commit_steps"])]
+    total = lambda key: sum(c[key] for c in cs)
     row = {"method": obj_cfg.name, "setting": setting_name(obj_cfg, setting),
            "window": setting.get("window"), "threshold": threshold_label(setting.get("threshold")),
+           "policy": cfg.policy, "policy_arg": cfg.policy_param,
            "num_examples": len(pairs), "num_correct": int(sum(correct)),
            "accuracy": float(np.mean(correct)), "max_new_tokens": n,
            "mean_generated_tokens": float(np.mean(num_gen)),
            "tokens_per_step": committed / steps if steps else 0.0,
            "forward_calls": float(np.mean(res["forward_calls"])),
+           "kept_tokens_per_call": sum(num_gen) / max(sum(res["forward_calls"]), 1),
+           "copy_fraction": total("copies") / max(total("kept"), 1),
+           "parallel_fraction": total("parallel") / max(total("kept"), 1),
+           "parallel_copy_fraction": (total("parallel_copies") / total("parallel")
+                                      if total("parallel") else None),
            "batch_size": batch_size,
            "tokens_per_second": sum(num_gen) / res["seconds"] if res["seconds"] else 0.0,
            "compiled_programs": res["compiled_programs"],
@@ -201,9 +239,12 @@ def accuracy_eval(model, params, tokenizer, obj_cfg, seq_len: int, pairs, *,
            "batch1_matches_batched": (one["generated"] == res["generated"][:k]) if one else None,
            "examples": [{"prompt": p.prompt, "output": t, "reference": p.answer, "correct": c}
                         for p, t, c in list(zip(pairs, texts, correct))[:num_shown]]}
+    if per_example:
+      row["per_example"] = {"correct": [bool(c) for c in correct], "kept": num_gen,
+                            "calls": [int(c) for c in res["forward_calls"]]}
     rows.append(row)
   return rows
 
 
 __all__ = ["EXTRACTORS", "extract_hash", "extract_boxed", "extract_answer", "normalize_answer",
-           "exact_match", "encode_prompts", "decode_all", "accuracy_eval"]
+           "exact_match", "encode_prompts", "copy_stats", "decode_all", "accuracy_eval"]

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from setdiff_jax import decoding, methods
+from setdiff_jax.sampling import policies
 from setdiff_jax.workdir import load as workdir_lib
 from setdiff_jax.sampling import compiles
 from setdiff_jax.sampling.timing import time_calls
@@ -70,13 +71,44 @@ def decoding_settings(obj_cfg, *, windows: Optional[Sequence[int]] = None,
   return methods.get(obj_cfg.name).decoding_settings(obj_cfg, windows, thresholds)
 
 
+def with_policy(obj_cfg, settings: List[Dict[str, Any]], policy: str,
+                policy_args: Sequence[Optional[float]] = (None,)) -> List[Dict[str, Any]]:
+  """Every setting x every parameter of a commit policy (`sampling/policies.py`); the default
+  policy 'threshold' keeps the settings (its tau is their `threshold`). Methods without a commit
+  rule (AR) keep theirs. A non-default policy with a tau in the settings is an error."""
+  policies.get(policy)
+  for a in policy_args:
+    policies.check_arg(policy, a, "--policy_args")
+  if policy == policies.DEFAULT or not methods.get(obj_cfg.name).uses_threshold:
+    return settings
+  if any(s.get("threshold") is not None for s in settings):
+    raise ValueError(f"--thresholds sets tau of --policy=threshold; with --policy={policy} leave "
+                     "it at 'off' and sweep --policy_args")
+  out, seen = [], set()
+  for s in settings:
+    for a in policy_args:
+      key = (s.get("window"), a)
+      if key not in seen:
+        seen.add(key)
+        out.append(dict(s, policy=policy, policy_arg=a))
+  return out
+
+
 def setting_name(obj_cfg, setting: Dict[str, Any]) -> str:
   parts = []
   if setting.get("window") is not None:
     parts.append(f"W={setting['window']}")
-  if methods.get(obj_cfg.name).uses_threshold:
+  policy = setting.get("policy") or policies.DEFAULT
+  if policy != policies.DEFAULT:
+    parts.append(policies.label(policy, setting.get("policy_arg")))
+  elif methods.get(obj_cfg.name).uses_threshold:
     parts.append(f"tau={threshold_label(setting.get('threshold'))}")
   return " ".join(parts) or "-"
+
+
+def policy_fields(setting: Dict[str, Any]) -> Dict[str, Any]:
+  """The `SamplerConfig` fields of a setting's commit policy (none for the default)."""
+  return {"policy": setting.get("policy"), "policy_arg": setting.get("policy_arg")}
 
 
 def _sampler_config(obj_cfg, tokenizer, seq_len: int, setting: Dict[str, Any], *, greedy: bool,
@@ -86,7 +118,7 @@ def _sampler_config(obj_cfg, tokenizer, seq_len: int, setting: Dict[str, Any], *
   return decoding.sampler_config_for(
       obj_cfg, tokenizer, seq_len, window=setting.get("window"), threshold=setting.get("threshold"),
       greedy=greedy, top_p=top_p, seed=seed, max_new_tokens=n, stop_at_eos=False,
-      repetition_penalty=repetition_penalty)
+      repetition_penalty=repetition_penalty, **policy_fields(setting))
 
 
 def measure(model, params, tokenizer, obj_cfg, seq_len: int, setting: Dict[str, Any], *,
@@ -264,6 +296,7 @@ def samples_eval(model, params, tokenizer, obj_cfg, seq_len: int, *, num_samples
   return rows
 
 
-__all__ = ["threshold_label", "parse_thresholds", "decoding_settings", "setting_name", "measure",
+__all__ = ["threshold_label", "parse_thresholds", "decoding_settings", "with_policy",
+           "setting_name", "policy_fields", "measure",
            "speed_eval", "unigram_entropy", "distinct_n", "same_tokenizer",
            "generative_perplexity", "sample_stats", "samples_eval"]

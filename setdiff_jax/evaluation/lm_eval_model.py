@@ -17,6 +17,8 @@ model_args (all optional except workdir):
   ema              true / false (default: the run's `eval_params`)
   window / W       the set window W (default: the method's, e.g. the trained S)
   threshold / tau  confidence threshold tau; 'off' or none disables (default off)
+  policy           commit policy (setdiff_jax/sampling/policies.py; default threshold)
+  policy_arg       its parameter (gamma, f, tau, k or d; default: the policy's own)
   max_new_tokens   cap on generated tokens (default: the request's max_gen_toks)
   batch_size       rows per decoding / scoring call (default 8; `--batch_size` works too)
   seed             decoding seed (sampled generation, 'fht' reveal times) and likelihood seed
@@ -81,6 +83,7 @@ import jax  # noqa: E402
 
 from setdiff_jax import decoding, methods, sharding  # noqa: E402
 from setdiff_jax.evaluation import likelihood
+from setdiff_jax.sampling import policies
 from setdiff_jax.workdir import load as workdir_lib
 
 NAME = "setdiff_jax"
@@ -116,6 +119,7 @@ class SetDiffLM(LM):
 
   def __init__(self, workdir: Optional[str] = None, step: Optional[int] = None, ema=None,
                window: Optional[int] = None, W: Optional[int] = None, threshold=None, tau=None,
+               policy: str = "threshold", policy_arg=None,
                max_new_tokens: Optional[int] = None, batch_size=8, seed: int = 0,
                cache_order: str = "l2r", num_orders: int = 1, greedy_check=True,
                overflow: str = "error", mesh: Optional[str] = None, max_batch_size=None,
@@ -123,7 +127,8 @@ class SetDiffLM(LM):
     super().__init__()
     if unknown:
       raise ValueError(f"unknown model_args {sorted(unknown)} for --model {NAME}; known: workdir, "
-                       "step, ema, window (W), threshold (tau), max_new_tokens, batch_size, seed, "
+                       "step, ema, window (W), threshold (tau), policy, policy_arg, "
+                       "max_new_tokens, batch_size, seed, "
                        "cache_order, num_orders, greedy_check, overflow, mesh")
     if not workdir:
       raise ValueError(f"--model {NAME} needs model_args workdir=DIR (a training run written by "
@@ -146,6 +151,7 @@ class SetDiffLM(LM):
                                              use_ema=use_ema, mesh_config=mesh_config)
     self._setup(state, os.path.abspath(workdir), use_ema, window=window if window is not None
                 else W, threshold=threshold if threshold is not None else tau,
+                policy=policy, policy_arg=policy_arg,
                 max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed,
                 cache_order=cache_order, num_orders=num_orders, greedy_check=greedy_check,
                 overflow=overflow)
@@ -161,6 +167,7 @@ class SetDiffLM(LM):
     return self
 
   def _setup(self, state, name: str, use_ema: bool, *, window=None, threshold=None,
+             policy="threshold", policy_arg=None,
              max_new_tokens=None, batch_size=8, seed=0, cache_order="l2r", num_orders=1,
              greedy_check=True, overflow="error"):
     if overflow not in OVERFLOW_RULES:
@@ -179,9 +186,12 @@ class SetDiffLM(LM):
     self.greedy_check, self.overflow = _bool("greedy_check", greedy_check), overflow
     decoding.check_sampling_flags(self.seq_len, window=None if window is None else int(window),
                                   max_new_tokens=self.max_new_tokens)
+    policies.get(str(policy), "model_args policy")
     self.sampler_overrides = {"window": None if window is None else int(window),
                               "threshold": _threshold(threshold), "cache_order": cache_order,
-                              "seed": self.seed}
+                              "seed": self.seed, "policy": str(policy),
+                              "policy_arg": policies.parse_arg(policy_arg, "model_args policy_arg")}
+    policies.check_arg(str(policy), self.sampler_overrides["policy_arg"], "model_args policy_arg")
     self.sampler = decoding.sampler_for(self.obj_cfg.name)
     self._truncated = 0
 

@@ -49,6 +49,8 @@ class EvalOptions:
   # speed and samples (SPEC §6.7, §6.2)
   window: Optional[int] = None          # set-sampler W (None: the run's S)
   thresholds: Sequence[Optional[float]] = (None, 0.9)
+  policy: str = "threshold"             # commit policy (sampling/policies.py) for speed/accuracy
+  policy_args: Sequence[Optional[float]] = (None,)  # its parameters swept (None: its default)
   batch_sizes: Sequence[int] = (1, 8)
   repeats: int = 2                      # timed calls per setting after the compiling one
   max_new_tokens: Optional[int] = None  # N (None: L - 1)
@@ -145,8 +147,9 @@ def run_infill(state, opts: EvalOptions, model=None) -> List[Dict[str, Any]]:
 
 def _settings(state, opts: EvalOptions):
   windows = [opts.window] if opts.window else None
-  return generation.decoding_settings(state.objective_config, windows=windows,
-                                      thresholds=opts.thresholds)
+  settings = generation.decoding_settings(state.objective_config, windows=windows,
+                                          thresholds=opts.thresholds)
+  return generation.with_policy(state.objective_config, settings, opts.policy, opts.policy_args)
 
 
 def run_speed(state, opts: EvalOptions, model=None) -> List[Dict[str, Any]]:
@@ -182,6 +185,8 @@ def run_accuracy(state, opts: EvalOptions, model=None) -> List[Dict[str, Any]]:
   windows = [opts.window] if opts.window else None
   settings = generation.decoding_settings(state.objective_config, windows=windows,
                                           thresholds=thresholds)
+  settings = generation.with_policy(state.objective_config, settings, opts.policy,
+                                    opts.policy_args)
   extra.setdefault("extractor", opts.extractor)
   extra.setdefault("prompt_style", state.config.data.get("prompt_style", "plain"))
   extra["max_new_tokens"] = opts.max_new_tokens or extra.get("max_new_tokens")
@@ -387,10 +392,12 @@ def format_results(results: Dict[str, Any]) -> str:
     parts.append("Accuracy (exact match of the final answer, greedy, EOS stop per row)\n\n" +
                  markdown_table(
         ["method", "setting", "n", "accuracy", "gen tokens", "tok/step", "fwd calls",
-         "tok/s b=1", "tok/s batch", "batch", "programs", "tok/s w/ compile"],
+         "kept/call", "copies", "tok/s b=1", "tok/s batch", "batch", "programs",
+         "tok/s w/ compile"],
         [[r["method"], r["setting"], r["num_examples"], r["accuracy"], r["mean_generated_tokens"],
-          r["tokens_per_step"], r["forward_calls"], r["tokens_per_second_batch1"],
-          r["tokens_per_second"], r["batch_size"], r.get("compiled_programs"),
+          r["tokens_per_step"], r["forward_calls"], r.get("kept_tokens_per_call"),
+          r.get("copy_fraction"), r["tokens_per_second_batch1"], r["tokens_per_second"],
+          r["batch_size"], r.get("compiled_programs"),
           r.get("tokens_per_second_with_compile")] for r in results["accuracy"]]))
   if results.get("samples"):
     parts.append("Unconditional samples\n\n" + markdown_table(

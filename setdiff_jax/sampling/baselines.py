@@ -33,7 +33,7 @@ import numpy as np
 
 from setdiff_jax.diffusion import masks
 from setdiff_jax.models.layers import suppress_mask_logit
-from setdiff_jax.sampling import placement, processors
+from setdiff_jax.sampling import placement, policies, processors
 from setdiff_jax.sampling.cache import KVCache, append, as_forward, bind, prefill
 from setdiff_jax.sampling.config import SampleOutput, SamplerConfig, step_counts
 from setdiff_jax.sampling.set_sampler import _as_rows, _key, check_prompts, finalize, prompt_width
@@ -161,6 +161,7 @@ class _BlockState:
   committed: jax.Array
   stopped: jax.Array
   key: jax.Array
+  carry: Any = None     # policies.Carry [B, Lc] (the history policies' state)
 
 
 def _block_commit(s: _BlockState, logits, bpos, bin_, target, counts, nblk_steps, n, g,
@@ -174,7 +175,8 @@ def _block_commit(s: _BlockState, logits, bpos, bin_, target, counts, nblk_steps
   key, sub = jax.random.split(s.key)
   hist = (target & (s.canvas != m)) if cfg.repetition_penalty != 1.0 else None
   n_i = processors.schedule_count(counts, s.bstep)
-  cand, keep = processors.decide(logits, is_mask, n_i, sub, cfg, s.canvas, hist)
+  cand, keep, carry = processors.decide(logits, is_mask, n_i, sub, cfg, s.canvas, hist, s.carry,
+                                        bpos)
   canvas, commit_step = processors.scatter_commits(s.canvas, s.commit_step, bpos, keep, cand,
                                                    s.step)
   left = jnp.any(bin_ & (jnp.take_along_axis(canvas, bpos_c, -1) == m), -1)
@@ -189,7 +191,7 @@ def _block_commit(s: _BlockState, logits, bpos, bin_, target, counts, nblk_steps
                    fuse=block_done, step=s.step + live.astype(jnp.int32), done=done,
                    calls=s.calls + live.astype(jnp.int32),
                    committed=s.committed + jnp.sum(keep, -1).astype(jnp.int32), stopped=stopped,
-                   key=key)
+                   key=key, carry=carry)
 
 
 def _block_positions(plen, blk, g, n):
@@ -221,7 +223,8 @@ def _bd3lm_core(apply, params, prompt, plen, canvas, target, counts, key, *, cfg
                       cache=cache, blk=jnp.zeros((b,), jnp.int32), bstep=jnp.zeros((b,), jnp.int32),
                       fuse=jnp.zeros((b,), bool), step=jnp.zeros((b,), jnp.int32),
                       done=jnp.zeros((b,), bool), calls=jnp.ones((b,), jnp.int32),
-                      committed=jnp.zeros((b,), jnp.int32), stopped=jnp.zeros((b,), bool), key=key)
+                      committed=jnp.zeros((b,), jnp.int32), stopped=jnp.zeros((b,), bool), key=key,
+                      carry=policies.carry_init(b, lc))
 
   def body(s: _BlockState):
     live = ~s.done
@@ -231,7 +234,7 @@ def _bd3lm_core(apply, params, prompt, plen, canvas, target, counts, key, *, cfg
     c: KVCache = s.cache
 
     def fused():
-      ppos = bpos_c - g
+      ppos = bpos - g  # the previous block (unclipped: bpos_c clips a last partial block)
       pv = (s.fuse & live)[:, None] & (ppos >= plen[:, None]) & (
           jnp.take_along_axis(s.canvas, jnp.maximum(ppos, 0), -1) != cfg.mask_token_id)
       order = jnp.argsort(~pv, axis=-1, stable=True)  # valid slots first, in position order
@@ -299,7 +302,8 @@ def _mdlm_core(apply, params, plen, canvas, target, counts, key, *, cfg: Sampler
                       cache=None, blk=jnp.zeros((b,), jnp.int32), bstep=jnp.zeros((b,), jnp.int32),
                       fuse=jnp.zeros((b,), bool), step=jnp.zeros((b,), jnp.int32),
                       done=jnp.zeros((b,), bool), calls=jnp.zeros((b,), jnp.int32),
-                      committed=jnp.zeros((b,), jnp.int32), stopped=jnp.zeros((b,), bool), key=key)
+                      committed=jnp.zeros((b,), jnp.int32), stopped=jnp.zeros((b,), bool), key=key,
+                      carry=policies.carry_init(b, lm))
 
   def body(s: _BlockState):
     bpos, bin_ = _block_positions(plen, s.blk, g, n)

@@ -1,6 +1,7 @@
 """Sampler configuration, outputs and the host-side step schedule (SPEC §4.1, §4.2).
 
-Everything here is plain Python / NumPy; the jitted samplers treat a `SamplerConfig` as static.
+Everything here is plain Python / NumPy (the policy names and parameter checks come from
+`policies.py`); the jitted samplers treat a `SamplerConfig` as static.
 """
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import dataclasses
 from typing import List, Optional
 
 import numpy as np
+
+from setdiff_jax.sampling import policies
 
 PENALTY_HISTORIES = ("auto", "generated", "cached", "visible")
 CACHE_ORDERS = ("l2r", "fht")
@@ -57,7 +60,12 @@ class SamplerConfig:
   Decoding:
     window: W, the positional window of the set sampler [first mask, first mask + W) (SPEC §4.2).
     threshold: tau; candidates with probability >= tau are committed as well. None = off (the
-      reference's 1e6).
+      reference's 1e6). The parameter of the `threshold` policy only.
+    policy: the commit policy, a name of `policies.POLICIES` (default 'threshold': the rule of
+      SPEC §4.2, n_i most confident + tau); see `policies.py` for the others (entropy_bound,
+      factor, margin, topk, dilated, stable). The schedule's n_i is a floor for every policy.
+    policy_arg: the policy's parameter (tau, gamma, f, k or d; None = its default; for 'threshold'
+      it is tau, an alternative to `threshold`).
     max_new_tokens: N, masks appended after each prompt (ignored by infilling, where N is the number
       of masks in the input).
     num_steps: T, the step budget; None = N (one token per step with tau off). The set sampler runs
@@ -100,6 +108,8 @@ class SamplerConfig:
   bos_token_id: Optional[int] = None
   window: int = 4
   threshold: Optional[float] = None
+  policy: str = "threshold"
+  policy_arg: Optional[float] = None
   max_new_tokens: int = 64
   num_steps: Optional[int] = None
   block_size: Optional[int] = None
@@ -126,6 +136,14 @@ class SamplerConfig:
       raise ValueError(f"block_size={self.block_size} must be >= 1")
     if self.threshold is not None and not self.threshold > 0:
       raise ValueError(f"threshold={self.threshold} must be > 0 (None turns it off)")
+    policies.check_arg(self.policy, self.policy_arg)  # names the valid policies / the range
+    if self.policy != policies.DEFAULT and self.threshold is not None:
+      raise ValueError(f"threshold={self.threshold} (--threshold) is the parameter of "
+                       f"--policy=threshold; for --policy={self.policy} pass --policy_arg")
+    if (self.policy == policies.DEFAULT and self.threshold is not None
+        and self.policy_arg is not None and float(self.policy_arg) != float(self.threshold)):
+      raise ValueError(f"threshold={self.threshold} and policy_arg={self.policy_arg} both set tau "
+                       "of --policy=threshold and disagree; give one")
     if not 0.0 < self.top_p <= 1.0:
       raise ValueError(f"top_p={self.top_p} must be in (0, 1]")
     if not self.temperature > 0:
@@ -149,6 +167,15 @@ class SamplerConfig:
   def stops_at_eos(self) -> bool:
     """Whether a prompted row stops at a generated EOS (the rule itself: `processors.eos_stop`)."""
     return self.stop_at_eos and self.eos_token_id is not None
+
+  @property
+  def policy_param(self):
+    """The commit policy's parameter, validated (static): policy_arg, else its default; tau of
+    'threshold' falls back to `threshold`."""
+    arg = self.policy_arg
+    if arg is None and self.policy == policies.DEFAULT:
+      arg = self.threshold
+    return policies.check_arg(self.policy, arg)
 
   @property
   def threshold_on(self) -> bool:

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from setdiff_jax.diffusion import masks
-from setdiff_jax.sampling import placement, processors
+from setdiff_jax.sampling import placement, policies, processors
 from setdiff_jax.sampling.cache import as_forward
 from setdiff_jax.sampling.config import count_table
 
@@ -36,18 +36,21 @@ def _mdlm_infill_core(apply, params, canvas, target, valid, counts, nsteps, key,
     key, sub = jax.random.split(s["key"])
     hist = (valid & (s["canvas"] != m)) if cfg.repetition_penalty != 1.0 else None
     n_i = processors.schedule_count(counts, s["step"])
-    cand, keep = processors.decide(logits, is_mask, n_i, sub, cfg, s["canvas"], hist)
+    cand, keep, carry = processors.decide(logits, is_mask, n_i, sub, cfg, s["canvas"], hist,
+                                          s["carry"], positions)
     canvas, commit_step = processors.scatter_commits(s["canvas"], s["commit_step"], positions, keep,
                                                      cand, s["step"])
     step = s["step"] + live.astype(jnp.int32)
     done = s["done"] | ~jnp.any(target & (canvas == m), -1) | (step >= nsteps)
     return dict(canvas=canvas, commit_step=commit_step, step=step, done=done,
                 calls=s["calls"] + live.astype(jnp.int32),
-                committed=s["committed"] + jnp.sum(keep, -1).astype(jnp.int32), key=key)
+                committed=s["committed"] + jnp.sum(keep, -1).astype(jnp.int32), key=key,
+                carry=carry)
 
   init = dict(canvas=canvas, commit_step=jnp.full(canvas.shape, -1, jnp.int32),
               step=jnp.zeros((b,), jnp.int32), done=~jnp.any(target, -1),
-              calls=jnp.zeros((b,), jnp.int32), committed=jnp.zeros((b,), jnp.int32), key=key)
+              calls=jnp.zeros((b,), jnp.int32), committed=jnp.zeros((b,), jnp.int32), key=key,
+              carry=policies.carry_init(b, length))
   s = jax.lax.while_loop(cond, body, init)
   return dict(canvas=s["canvas"], num_steps=s["step"], forward_calls=s["calls"],
               num_committed=s["committed"])

@@ -1,8 +1,9 @@
-"""Logits processors, token choice and the predict-and-noise commit rule (SPEC §4.1, §4.2, §4.8).
+"""Logits processors, token choice and the step decision (SPEC §4.1, §4.2, §4.8).
 
 Order of operations on a step's raw logits (as the reference): processors (repetition penalty) ->
 M logit set to -1e12 -> temperature (sampling only) -> softmax -> nucleus filter + renormalise ->
-argmax or sample -> confidence = probability of the chosen token.
+argmax or sample -> confidence = probability of the chosen token -> the commit policy
+(`policies.py`; the default `threshold` is the predict-and-noise rule of SPEC §4.2).
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from setdiff_jax.models.layers import suppress_mask_logit
+from setdiff_jax.sampling import policies
 from setdiff_jax.sampling.config import SamplerConfig
 
 
@@ -78,33 +80,25 @@ def choose(logits: jax.Array, key: Optional[jax.Array],
   return cand.astype(jnp.int32), conf
 
 
-def select_commits(conf: jax.Array, valid: jax.Array, count: jax.Array,
-                   threshold: Optional[float]) -> jax.Array:
-  """The predict-and-noise commit rule (SPEC §4.2).
-
-  conf [B, A], valid [B, A] (active masks), count [B] = n_i. Keeps the n_i most confident valid
-  slots plus every valid slot with conf >= threshold; n_i == 0 or n_i >= |valid| keeps all valid
-  slots. Ties go to the leftmost slot (stable sort; the reference's non-stable sort leaves them
-  unspecified). Returns bool [B, A].
-  """
-  n_valid = jnp.sum(valid, axis=-1)
-  score = jnp.where(valid, conf, -jnp.inf)
-  order = jnp.argsort(-score, axis=-1, stable=True)
-  rank = jnp.argsort(order, axis=-1)
-  keep = rank < count[:, None]
-  if threshold is not None and threshold <= 1.0:
-    keep = keep | (conf >= threshold)
-  keep_all = (count == 0) | (count >= n_valid)
-  return (keep | keep_all[:, None]) & valid
+def probabilities(z: jax.Array, cfg: SamplerConfig) -> jax.Array:
+  """The distribution `choose` draws from, fp32 [..., V]: softmax(z / temperature when sampling),
+  nucleus-filtered when top_p < 1 (z: processed logits, M suppressed)."""
+  z = z.astype(jnp.float32)
+  if not cfg.greedy and cfg.temperature != 1.0:
+    z = z / cfg.temperature
+  probs = jax.nn.softmax(z, axis=-1)
+  return nucleus(probs, cfg.top_p) if cfg.top_p < 1.0 else probs
 
 
 def decide(logits: jax.Array, active: jax.Array, count: jax.Array, key, cfg: SamplerConfig,
-           history_tokens: Optional[jax.Array] = None, history_mask: Optional[jax.Array] = None):
-  """Processors + choice + commit rule for active slots.
+           history_tokens: Optional[jax.Array] = None, history_mask: Optional[jax.Array] = None,
+           carry: Optional[policies.Carry] = None, pos: Optional[jax.Array] = None):
+  """Processors + choice + the commit policy (`cfg.policy`, `policies.commit`) for active slots.
 
   logits: raw fp32 [B, A, V]; active: bool [B, A]; count: n_i [B]; history_*: [B, L] (tokens and
-  which of them count as seen by the repetition penalty).
-  Returns (cand int32 [B, A], keep bool [B, A]).
+  which of them count as seen by the repetition penalty); carry / pos: the history policies'
+  per-position state and the slots' positions int [B, A] (None: every streak is 1).
+  Returns (cand int32 [B, A], keep bool [B, A], carry updated at the active slots).
   """
   z = logits
   if cfg.repetition_penalty != 1.0:
@@ -112,8 +106,18 @@ def decide(logits: jax.Array, active: jax.Array, count: jax.Array, key, cfg: Sam
     z = repetition_penalty(z, seen, cfg.repetition_penalty)
   z = suppress_mask_logit(z, cfg.mask_token_id)
   cand, conf = choose(z, key, cfg)
-  keep = select_commits(conf, active, count, cfg.threshold)
-  return cand, keep
+  policy = policies.get(cfg.policy)
+  if cfg.policy == policies.DEFAULT:  # today's rule reads the chosen token's probability only
+    ones = jnp.ones_like(cand)
+    stats = policies.StepStats(cand, conf, conf, conf, conf, cand, ones)
+  else:
+    pmax, margin, entropy, argmax = policies.distribution_stats(probabilities(z, cfg))
+    streak = policies.streaks(carry if policy.stateful else None, pos, argmax)
+    stats = policies.StepStats(cand, conf, pmax, margin, entropy, argmax, streak)
+    if policy.stateful and carry is not None:
+      carry = policies.carry_update(carry, pos, active, argmax, streak)
+  keep = policies.commit(cfg.policy, cfg.policy_param, stats, active, count)
+  return cand, keep, carry
 
 
 def scatter_commits(canvas: jax.Array, commit_step: jax.Array, pos: jax.Array, keep: jax.Array,
@@ -150,5 +154,5 @@ def first_index(flag: jax.Array, default) -> jax.Array:
   return jnp.where(jnp.any(flag, -1), jnp.argmax(flag, -1), default).astype(jnp.int32)
 
 
-__all__ = ["seen_tokens", "repetition_penalty", "nucleus", "choose", "select_commits",
+__all__ = ["seen_tokens", "repetition_penalty", "nucleus", "choose", "probabilities",
            "decide", "scatter_commits", "schedule_count", "eos_stop", "first_index"]

@@ -13,9 +13,10 @@ length, own step counter, own stop). Per step and row:
             the cache, every pending token and themselves only).
   cache     the pending tokens' K/V are appended to the fixed-capacity cache during this call;
             mask K/V are never cached (SPEC §8.11).
-  commit    n_i = round(N t_i) - round(N t_{i+1}) (host float64 schedule) most confident
-            candidates, plus every candidate with probability >= tau; n_i == 0 or >= |active|
-            commits all active masks (SPEC §8.13). Uncommitted slots stay M.
+  commit    the commit policy (`cfg.policy`, `policies.py`; default: n_i = round(N t_i) -
+            round(N t_{i+1}) (host float64 schedule) most confident candidates, plus every
+            candidate with probability >= tau); n_i == 0 or >= |active| commits all active masks
+            (SPEC §8.13). Uncommitted slots stay M.
   stop      (prompted generation, `stop_at_eos`) a row stops as soon as a generated position holds
             EOS and no generated position before it is still masked. Its output ends with that
             EOS: tokens committed after it (out of order, inside the window) are dropped. The
@@ -48,7 +49,7 @@ import numpy as np
 
 from setdiff_jax.diffusion import masks
 from setdiff_jax.diffusion import orders
-from setdiff_jax.sampling import placement, processors
+from setdiff_jax.sampling import placement, policies, processors
 from setdiff_jax.sampling.cache import Forward, KVCache, append, as_forward, bind, prefill
 from setdiff_jax.sampling.config import SampleOutput, SamplerConfig, bucket_length, count_table
 
@@ -207,6 +208,7 @@ class SetState:
   committed: jax.Array    # int32 [B]
   stopped: jax.Array      # bool [B]
   key: jax.Array
+  carry: Any = None       # policies.Carry [B, Lc] (the history policies' state)
 
 
 def set_init(fwd: Forward, inp: SetInputs, window: int, key) -> SetState:
@@ -232,7 +234,8 @@ def initial_state(inp: SetInputs, window: int, key, model, calls: jax.Array) -> 
                   pending_pos=jnp.zeros((b, window), jnp.int32),
                   pending_n=jnp.zeros((b,), jnp.int32), model=model,
                   step=jnp.zeros((b,), jnp.int32), done=done, calls=calls,
-                  committed=jnp.zeros((b,), jnp.int32), stopped=jnp.zeros((b,), bool), key=key)
+                  committed=jnp.zeros((b,), jnp.int32), stopped=jnp.zeros((b,), bool), key=key,
+                  carry=policies.carry_init(b, lc))
 
 
 def _history_mask(state: SetState, target, valid, history: str, mask_id: int):
@@ -346,7 +349,8 @@ def advance(state: SetState, inp: SetInputs, cfg: SamplerConfig, win: Window, lo
   key, sub = jax.random.split(state.key)
   hist = _history_mask(state, target, valid, history, m) if cfg.repetition_penalty != 1.0 else None
   n_i = processors.schedule_count(jnp.asarray(inp.counts, jnp.int32), state.step)
-  cand, keep = processors.decide(logits, win.valid, n_i, sub, cfg, canvas, hist)
+  cand, keep, carry = processors.decide(logits, win.valid, n_i, sub, cfg, canvas, hist,
+                                        state.carry, win.pos)
   canvas, commit_step = processors.scatter_commits(canvas, state.commit_step, win.pos, keep, cand,
                                                    state.step)
 
@@ -369,7 +373,7 @@ def advance(state: SetState, inp: SetInputs, cfg: SamplerConfig, win: Window, lo
                  pending_pos=jnp.where(live[:, None], pending_pos, state.pending_pos),
                  pending_n=jnp.where(live, n_keep, state.pending_n), model=model, step=step,
                  done=done, calls=state.calls + live.astype(jnp.int32),
-                 committed=state.committed + n_keep, stopped=stopped, key=key)
+                 committed=state.committed + n_keep, stopped=stopped, key=key, carry=carry)
   info = dict(logits=logits, active_pos=win.pos, active_valid=win.valid, keep=keep, cand=cand)
   return new, info
 
