@@ -112,8 +112,9 @@ def infill_items(state, setting: str, opts: EvalOptions):
 
 def run_likelihood(state, opts: EvalOptions, model=None) -> Dict[str, Any]:
   model = model or _models(state)[0]
-  tokens, att = likelihood.eval_rows(state.config, state.tokenizer, max_rows=opts.max_rows)
+  tokens, att, ctx = likelihood.eval_rows(state.config, state.tokenizer, max_rows=opts.max_rows)
   return likelihood.likelihood_eval(model, state.params, state.objective_config, tokens, att,
+                                    context_mask=ctx,
                                     num_orders=opts.num_orders, seed=opts.seed,
                                     batch_size=opts.batch_size)
 
