@@ -83,6 +83,13 @@ class SamplerConfig:
     max_length: the model's trained context length L; prompt + max_new_tokens (or the infill
       canvas) must fit. None = unchecked.
     mdlm_pad_to_max_length: MDLM feeds a canvas padded with M to max_length (SPEC §4.8).
+    align_to_blocks: BD3LM and block-wise MDLM only (the official `align_inputs_to_blocks`): decode
+      blocks sit on the grid of G = block_size positions instead of starting at the end of each
+      row's prompt. Only the prompt's full blocks [0, G*floor(P/G)) are cached (BD3LM); the first
+      decode block is the grid block holding the prompt's tail, its prompt tokens fed clean and
+      never committed; then blocks on the grid. ceil(N/G) blocks are run, as the official loop,
+      so with P % G != 0 at most N - (P % G) ... N positions can be decoded (see
+      `baselines._block_positions`). False: blocks start at P (the previous behaviour).
     seed: default PRNG seed when no key is passed (and the seed of the 'fht' reveal times).
     length_buckets: how the host pads a batch's ragged axes (prompt / context width, canvas,
       schedule) before the jitted loop: None = to the batch's longest row (one compile per
@@ -112,6 +119,7 @@ class SamplerConfig:
   stop_at_eos: bool = True
   max_length: Optional[int] = None
   mdlm_pad_to_max_length: bool = True
+  align_to_blocks: bool = False
   seed: int = 0
   length_buckets: Optional[object] = None
 
