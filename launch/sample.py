@@ -46,6 +46,9 @@ flags.DEFINE_string("mesh", None, "Decoding mesh: AXIS=SIZE,... over data, fsdp,
                     "may be -1), e.g. "
                     "data=2,tensor=4; parameters placed by the training sharding rules, the batch "
                     "over data x fsdp, the KV cache over batch and heads (default: data=-1).")
+flags.DEFINE_bool("align_to_blocks", False, "BD3LM / block-wise MDLM: decode blocks on the block "
+                  "grid (the official align_inputs_to_blocks; launch/evaluate.py's accuracy "
+                  "default) instead of starting at the prompt's end.")
 
 
 def main(argv):
@@ -61,7 +64,8 @@ def main(argv):
       batch_size=FLAGS.batch_size, max_new_tokens=FLAGS.max_new_tokens, window=FLAGS.window,
       threshold=FLAGS.threshold, seed=FLAGS.seed, greedy=FLAGS.greedy, top_p=FLAGS.top_p,
       temperature=FLAGS.temperature, repetition_penalty=FLAGS.repetition_penalty,
-      mesh=sharding.parse_mesh(FLAGS.mesh))
+      mesh=sharding.parse_mesh(FLAGS.mesh),
+      align_to_blocks=FLAGS.align_to_blocks)
 
 
 if __name__ == "__main__":

@@ -110,3 +110,11 @@ def test_aligned_threshold_commits_only_generated_positions(generate):
   np.testing.assert_array_equal(out.canvas[0, :6], PROMPT6)
   np.testing.assert_array_equal(out.canvas[1, :3], [BOS, 7, 8])
   assert out.num_steps.tolist() == [2, 2] and [len(g) for g in out.generated] == [6, 5]
+
+
+def test_mdlm_one_subblock_ignores_alignment():
+  # block_size None: one sub-block of N from P; aligning it would cut the span, so it is a no-op.
+  a = mdlm_generate(toy, None, [PROMPT6], cfg(block_size=None, align_to_blocks=True))
+  b = mdlm_generate(toy, None, [PROMPT6], cfg(block_size=None, align_to_blocks=False))
+  assert a.generated == b.generated and len(a.generated[0]) == 6
+  np.testing.assert_array_equal(a.commit_step, b.commit_step)

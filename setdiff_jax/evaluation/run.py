@@ -64,6 +64,8 @@ class EvalOptions:
   speed_examples: int = 16              # prompts timed one per call (batch 1)
   extractor: str = "auto"               # hash ('#### n') | boxed | auto
   preset: Optional[str] = None          # gsm8k_shell | gsm8k_repro (SPEC §6.4; overrides tau)
+  align_to_blocks: bool = True          # BD3LM / block-wise MDLM blocks on the grid (the official
+                                        # harness's align_inputs_to_blocks); False: from each P
 
   def to_json(self) -> Dict[str, Any]:
     d = dataclasses.asdict(self)
@@ -190,7 +192,7 @@ def run_accuracy(state, opts: EvalOptions, model=None) -> List[Dict[str, Any]]:
                                 seq_len, accuracy_pairs(state, opts), settings=settings,
                                 batch_size=opts.accuracy_batch_size,
                                 speed_examples=opts.speed_examples, seed=opts.sampling_seed,
-                                **extra)
+                                align_to_blocks=opts.align_to_blocks, **extra)
 
 
 def load_judge(path: Optional[str]):
@@ -387,12 +389,13 @@ def format_results(results: Dict[str, Any]) -> str:
   if results.get("accuracy"):
     parts.append("Accuracy (exact match of the final answer, greedy, EOS stop per row)\n\n" +
                  markdown_table(
-        ["method", "setting", "n", "accuracy", "gen tokens", "tok/step", "fwd calls",
-         "tok/s b=1", "tok/s batch", "batch", "programs", "tok/s w/ compile"],
+        ["method", "setting", "n", "accuracy", "gen tokens", "tok/step", "kept tok/step",
+         "fwd calls", "tok/s b=1", "tok/s batch", "batch", "programs", "tok/s w/ compile"],
         [[r["method"], r["setting"], r["num_examples"], r["accuracy"], r["mean_generated_tokens"],
-          r["tokens_per_step"], r["forward_calls"], r["tokens_per_second_batch1"],
-          r["tokens_per_second"], r["batch_size"], r.get("compiled_programs"),
-          r.get("tokens_per_second_with_compile")] for r in results["accuracy"]]))
+          r["tokens_per_step"], r.get("kept_tokens_per_step"), r["forward_calls"],
+          r["tokens_per_second_batch1"], r["tokens_per_second"], r["batch_size"],
+          r.get("compiled_programs"), r.get("tokens_per_second_with_compile")]
+         for r in results["accuracy"]]))
   if results.get("samples"):
     parts.append("Unconditional samples\n\n" + markdown_table(
         ["method", "setting", "n", "entropy", "dist-1", "dist-2", "dist-3", "gen PPL", "tok/s"],

@@ -29,7 +29,7 @@ can be left undecoded and are compacted away). BD3LM caches only the prompt's fu
 (no prompt call at all when A = 0); block 0 feeds the prompt's tail [A, P) as clean tokens next to
 its masks (they attend within the block under the grid rule and are never committed) and is
 cached whole, prompt tail included, by the fused first step of block 1. With P % G == 0 both
-settings are the same.
+settings are the same, and so are they for MDLM without `block_size` (one sub-block of N).
 """
 from __future__ import annotations
 
@@ -337,6 +337,8 @@ def mdlm_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> Sampl
   """MDLM sub-block predict-and-noise without a cache (SPEC §4.8); G = `cfg.block_size` or N."""
   n = cfg.max_new_tokens
   g = int(cfg.block_size or n)
+  if cfg.block_size is None:  # one sub-block over the whole span: there is no grid to align to
+    cfg = cfg.replace(align_to_blocks=False)
   total = cfg.max_length if (cfg.mdlm_pad_to_max_length and cfg.max_length) else None
   # No bucketing: MDLM attends the M padding after the prompts, so its width is part of the
   # result (padded to max_length by default, which compiles one program anyway).
