@@ -276,6 +276,19 @@ def plot(results, path: str):
   plt.close(fig)
 
 
+def _commit() -> str:
+  """The checkout's commit (with '+dirty' for uncommitted changes), or 'unknown'."""
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  try:
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          timeout=10, cwd=repo).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True, timeout=10, cwd=repo).stdout.strip()
+  except (OSError, subprocess.SubprocessError):
+    return "unknown"
+  return (head + ("+dirty" if dirty else "")) if head else "unknown"
+
+
 def _uptime() -> str:
   try:
     return subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
@@ -286,7 +299,7 @@ def _uptime() -> str:
 def write_report(out_dir: str, record) -> str:
   hw, p = record["hardware"], record["plan"]
   md = [f"## Speed-accuracy trade-off on the arithmetic task ({'quick' if record['quick'] else 'full'} run)",
-        "", f"Command: `{record['command']}`", "",
+        "", f"Command: `{record['command']}` at commit {record.get('commit', 'unknown')}", "",
         f"Hardware: {hw['cpu']} ({hw['cpu_count']} cores visible), jax {hw['jax']} on "
         f"{hw['backend']}. Machine load (`uptime`) at start: {record['load_start']}; at end: "
         f"{record['load_end']}. Total {record['total_seconds'] / 60:.1f} min (training "
@@ -348,7 +361,7 @@ def main(argv=None, log=print) -> Dict[str, Any]:
   record = {
       "command": "python benchmarks/speed_accuracy.py " + " ".join(
           argv if argv is not None else sys.argv[1:]),
-      "quick": bool(args.quick), "seed": seeds[0], "seeds": seeds, "methods": methods,
+      "commit": _commit(), "quick": bool(args.quick), "seed": seeds[0], "seeds": seeds, "methods": methods,
       "plan": p, "align_to_blocks": args.align_to_blocks,
       "recipe": (f"configs/reasoning_common.py: {c0.model.num_layers} x {c0.model.hidden_size} "
                  f"DiT, L={c0.seq_len}, vocab {c0.tokenizer.vocab_size}, lr {c0.learning_rate} "
