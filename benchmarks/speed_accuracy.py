@@ -169,6 +169,8 @@ def evaluate_method(method: str, workdir: str, p, seed: int, log,
                                    seed=seed, align_to_blocks=aligned)
   for r in rows:
     r["method"] = method
+    if name != "bd3lm":  # the setting has no effect on the others (MDLM: one sub-block of N)
+      r["align_to_blocks"] = None
     log(f"[{method}] {r['setting']} align {r['align_to_blocks']}: acc {r['accuracy']:.3f}  "
         f"tok/step {r['tokens_per_step']:.2f} (kept {r['kept_tokens_per_step']:.2f})  tok/s "
         f"b{r['batch_size']} {r['tokens_per_second']:.0f}  b1 "

@@ -196,8 +196,7 @@ def accuracy_eval(model, params, tokenizer, obj_cfg, seq_len: int, pairs, *,
            "mean_generated_tokens": float(np.mean(num_gen)),
            "tokens_per_step": committed / steps if steps else 0.0,
            "kept_tokens_per_step": sum(num_gen) / steps if steps else 0.0,
-           "align_to_blocks": (cfg.align_to_blocks if obj_cfg.name == "bd3lm" or (
-               obj_cfg.name == "mdlm" and cfg.block_size is not None) else None),
+           "align_to_blocks": cfg.align_to_blocks,  # BD3LM / block-wise MDLM only
            "forward_calls": float(np.mean(res["forward_calls"])),
            "batch_size": batch_size,
            "tokens_per_second": sum(num_gen) / res["seconds"] if res["seconds"] else 0.0,
