@@ -118,3 +118,29 @@ def test_mdlm_one_subblock_ignores_alignment():
   b = mdlm_generate(toy, None, [PROMPT6], cfg(block_size=None, align_to_blocks=False))
   assert a.generated == b.generated and len(a.generated[0]) == 6
   np.testing.assert_array_equal(a.commit_step, b.commit_step)
+
+
+def toy_sum(tokens, positions, mask, kv_cache):
+  """Like `toy`, but predicts 10 + (sum of the visible clean key tokens) % 50: it tells which
+  tokens (not just how many) a query saw."""
+  tok = tokens.astype(jnp.float32)[..., None]
+  keys = tok if kv_cache is None else jnp.concatenate([kv_cache[0], tok], 1)
+  kt = keys[..., 0]
+  seen = mask & ((kt != M) & (kt != PAD))[:, None, :]
+  total = jnp.sum(jnp.where(seen, kt[:, None, :], 0.0), -1).astype(jnp.int32)
+  score = 1.0 + 0.5 * positions.astype(jnp.float32)
+  logits = jnp.full(tokens.shape + (V,), -30.0).at[..., 4].set(0.0)
+  logits = jnp.where(jax.nn.one_hot(10 + total % 50, V, dtype=bool), score[..., None], logits)
+  return logits, (tok,)
+
+
+@pytest.mark.parametrize("align", [False, True])
+def test_bd3lm_partial_last_block_caches_the_previous_block(align):
+  """N % G != 0: the last block runs past the canvas of the longest prompt (its positions are
+  clamped); its fused step must still cache the true previous block. The row decoded alone
+  (clamped) equals the row next to a longer prompt (a wider canvas, nothing clamped)."""
+  c = cfg(align_to_blocks=align, max_new_tokens=6)
+  alone = bd3lm_generate(toy_sum, None, [[BOS, 7]], c)
+  wide = bd3lm_generate(toy_sum, None, [[BOS, 7], [BOS, 7, 8, 9, 10, 11, 12, 13, 14]], c)
+  assert alone.generated[0] == wide.generated[0]
+  np.testing.assert_array_equal(alone.commit_step[0], wide.commit_step[0, :8])

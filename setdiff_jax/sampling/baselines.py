@@ -249,7 +249,9 @@ def _bd3lm_core(apply, params, prompt, plen, canvas, target, counts, key, *, cfg
     c: KVCache = s.cache
 
     def fused():
-      ppos = bpos_c - g
+      # The previous block from the unclamped positions: a last block that runs past the canvas
+      # has clamped positions, whose "previous block" would repeat one slot and miss others.
+      ppos = jnp.clip(bpos - g, 0, lc - 1)
       pv = (s.fuse & live)[:, None] & (ppos >= start[:, None]) & (
           jnp.take_along_axis(s.canvas, jnp.maximum(ppos, 0), -1) != cfg.mask_token_id)
       order = jnp.argsort(~pv, axis=-1, stable=True)  # valid slots first, in position order
