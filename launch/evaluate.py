@@ -5,7 +5,8 @@ r"""Evaluates a trained run.
 
   likelihood  one-order bound on the eval split (SPEC §6.1: one staggered order per sequence,
               seed 1, BOS and pad targets excluded, prompt tokens of prompt/answer rows never
-              targets, so it is an answer-token NLL there; AR exact NLL, MDLM/BD3LM the 1/t NELBO) and a
+              targets, so it is an answer-token NLL there; AR exact NLL, MDLM/BD3LM the 1/t
+              NELBO) and a
               K-order estimate (--num_orders; log-mean-exp over K orders for SetDLM, mean of K NELBO
               draws for MDLM/BD3LM). NLL (nats/token), PPL, BPD. Independent of --batch_size.
   infill      ROCStories Story Cloze 1- and 3-sentence infilling (SPEC §6.5, oracle middle length,

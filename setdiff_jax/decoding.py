@@ -92,7 +92,8 @@ def run_sampling(model, params, tokenizer, objective_config, seq_len: int, *,
                  max_new_tokens: Optional[int] = None, window: Optional[int] = None,
                  threshold: Optional[float] = None, seed: int = 0, greedy: bool = False,
                  top_p: float = 1.0, temperature: float = 1.0, repetition_penalty: float = 1.0,
-                 align_to_blocks: bool = False, warmup: bool = True, write: Callable[[str], Any] = print,
+                 align_to_blocks: bool = False, warmup: bool = True,
+                 write: Callable[[str], Any] = print,
                  header: Optional[str] = None) -> SamplingReport:
   """Samples `num_samples` texts in batches of `batch_size` and prints them (the CLI body).
 

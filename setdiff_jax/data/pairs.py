@@ -260,6 +260,7 @@ def make_pair_dataset(data_cfg, tokenizer, *, split: str, seq_len: int, batch_si
   return ds.to_iter_dataset(read_options)
 
 
-__all__ = ["PAIR_SOURCES", "OVERFLOW_RULES", "PROMPT_STYLES", "PAD_TARGETS", "GSM8K_INSTRUCTION", "Pair",
+__all__ = ["PAIR_SOURCES", "OVERFLOW_RULES", "PROMPT_STYLES", "PAD_TARGETS", "GSM8K_INSTRUCTION",
+           "Pair",
            "format_prompt", "jsonl_pairs", "gsm8k_pairs", "load_pairs", "pair_texts",
            "encode_pairs", "pair_rows", "make_pair_dataset"]

@@ -7,7 +7,8 @@ Every test prompt ([BOS] + encode(prompt), the training context) is decoded with
 (the prompt is cached, each row stops at its own EOS, batches of `batch_size` rows of mixed prompt
 lengths), greedy. BD3LM and block-wise MDLM decode with blocks on the grid by default
 (`align_to_blocks=True`, the official harness's `align_inputs_to_blocks=true` for every non-SetDLM
-model, which made the paper's BD3LM GSM8K numbers; `SamplerConfig.align_to_blocks`). The final answer is extracted from the decoded text and from the reference
+model, which made the paper's BD3LM GSM8K numbers; `SamplerConfig.align_to_blocks`). The final
+answer is extracted from the decoded text and from the reference
 answer with the same extractor and compared after number normalisation (exact match):
   hash   the last '#### n' line (GSM8K, and the answer line of the procedural task)
   boxed  the last \boxed{n} (balanced braces)
@@ -16,7 +17,8 @@ Per setting (window W, threshold tau) it reports accuracy, mean generated tokens
 (after the EOS cut, EOS included), tokens/step (committed tokens / decoding steps, the parallelism
 factor, counting every committed token as the reference's parallelism factor),
 kept_tokens_per_step (the tokens that come back, nothing committed after the first EOS, per step:
-an EOS tail decoded in the stopping block does not inflate it), forward calls per example, and tokens/s at the decoding batch and at batch 1 (on the first
+an EOS tail decoded in the stopping block does not inflate it), forward calls per example, and
+tokens/s at the decoding batch and at batch 1 (on the first
 `speed_examples` prompts, one prompt per call). tokens/s is compile-free (a batch that compiled is
 timed again, warm); beside it, the number of compiled programs (prompt lengths are bucketed, so a
 data set compiles a bounded number) and the compile-inclusive wall clock and tokens/s of the cold
