@@ -4,7 +4,9 @@ r"""Evaluates a trained run.
       [--mesh=data=-1]   (the decoding mesh: AXIS=SIZE over data, fsdp, tensor; see --helpfull)
 
   likelihood  one-order bound on the eval split (SPEC §6.1: one staggered order per sequence,
-              seed 1, BOS and pad targets excluded; AR exact NLL, MDLM/BD3LM the 1/t NELBO) and a
+              seed 1, BOS and pad targets excluded, prompt tokens of prompt/answer rows never
+              targets, so it is an answer-token NLL there; AR exact NLL, MDLM/BD3LM the 1/t
+              NELBO) and a
               K-order estimate (--num_orders; log-mean-exp over K orders for SetDLM, mean of K NELBO
               draws for MDLM/BD3LM). NLL (nats/token), PPL, BPD. Independent of --batch_size.
   infill      ROCStories Story Cloze 1- and 3-sentence infilling (SPEC §6.5, oracle middle length,
@@ -21,6 +23,8 @@ r"""Evaluates a trained run.
               setting (--window, --thresholds; --preset=gsm8k_shell|gsm8k_repro for SPEC §6.4):
               exact match of the final answer (--extractor hash|boxed|auto), generated tokens,
               tokens/step, forward calls, tokens/s at batch 1 and at --accuracy_batch_size.
+              BD3LM / block-wise MDLM blocks sit on the block grid (--align_to_blocks, default
+              on, as the official harness); --noalign_to_blocks starts them at each prompt's end.
 
 Results are merged into DIR/eval_results.json (or --output) and printed as markdown tables.
 All logic lives in `setdiff_jax.evaluation` (`evaluate_workdir`, `format_results`).
@@ -87,6 +91,9 @@ flags.DEFINE_string("mesh", None, "Decoding mesh: AXIS=SIZE,... over data, fsdp,
                     "may be -1), e.g. "
                     "data=2,tensor=4; parameters placed by the training sharding rules, the batch "
                     "over data x fsdp, the KV cache over batch and heads (default: data=-1).")
+flags.DEFINE_bool("align_to_blocks", True, "Accuracy: BD3LM / block-wise MDLM decode blocks on the "
+                  "block grid (the official harness's align_inputs_to_blocks); "
+                  "--noalign_to_blocks starts them at each prompt's end.")
 
 
 def main(argv):
@@ -116,7 +123,7 @@ def main(argv):
       judge_workdir=FLAGS.judge_workdir, sampling_seed=FLAGS.sampling_seed,
       accuracy_data=FLAGS.accuracy_data, num_examples=FLAGS.num_examples,
       accuracy_batch_size=FLAGS.accuracy_batch_size, speed_examples=FLAGS.speed_examples,
-      extractor=FLAGS.extractor, preset=FLAGS.preset)
+      extractor=FLAGS.extractor, preset=FLAGS.preset, align_to_blocks=FLAGS.align_to_blocks)
   record = run.evaluate_workdir(FLAGS.workdir, FLAGS.eval, opts, step=FLAGS.step,
                                 use_ema=FLAGS.use_ema, output=FLAGS.output,
                                 data_overrides=data_overrides(),

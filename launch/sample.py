@@ -51,6 +51,9 @@ flags.DEFINE_string("mesh", None, "Decoding mesh: AXIS=SIZE,... over data, fsdp,
                     "may be -1), e.g. "
                     "data=2,tensor=4; parameters placed by the training sharding rules, the batch "
                     "over data x fsdp, the KV cache over batch and heads (default: data=-1).")
+flags.DEFINE_bool("align_to_blocks", False, "BD3LM / block-wise MDLM: decode blocks on the block "
+                  "grid (the official align_inputs_to_blocks; launch/evaluate.py's accuracy "
+                  "default) instead of starting at the prompt's end.")
 
 
 def main(argv):
@@ -68,7 +71,8 @@ def main(argv):
       threshold=FLAGS.threshold, policy=FLAGS.policy,
       policy_arg=policies.parse_arg(FLAGS.policy_arg), seed=FLAGS.seed, greedy=FLAGS.greedy,
       top_p=FLAGS.top_p, temperature=FLAGS.temperature,
-      repetition_penalty=FLAGS.repetition_penalty, mesh=sharding.parse_mesh(FLAGS.mesh))
+      repetition_penalty=FLAGS.repetition_penalty, mesh=sharding.parse_mesh(FLAGS.mesh),
+      align_to_blocks=FLAGS.align_to_blocks)
 
 
 if __name__ == "__main__":

@@ -93,7 +93,8 @@ def run_sampling(model, params, tokenizer, objective_config, seq_len: int, *,
                  threshold: Optional[float] = None, policy: Optional[str] = None,
                  policy_arg: Optional[float] = None, seed: int = 0, greedy: bool = False,
                  top_p: float = 1.0, temperature: float = 1.0, repetition_penalty: float = 1.0,
-                 warmup: bool = True, write: Callable[[str], Any] = print,
+                 align_to_blocks: bool = False, warmup: bool = True,
+                 write: Callable[[str], Any] = print,
                  header: Optional[str] = None) -> SamplingReport:
   """Samples `num_samples` texts in batches of `batch_size` and prints them (the CLI body).
 
@@ -101,6 +102,7 @@ def run_sampling(model, params, tokenizer, objective_config, seq_len: int, *,
   block, then `tokens/s: X  tokens/step: Y  compiled programs: C  wall s with compile: S`. With
   `warmup`, the first batch is run once untimed so that compilation does not count in tokens/s
   (S counts it: the warm-up plus the timed batches). `seed=-1` draws a random seed.
+  `align_to_blocks`: BD3LM / block-wise MDLM blocks on the block grid (`SamplerConfig`).
   """
   if num_samples < 1 or batch_size < 1:
     raise ValueError(f"--num_samples={num_samples} and --batch_size={batch_size} must be >= 1")
@@ -113,7 +115,8 @@ def run_sampling(model, params, tokenizer, objective_config, seq_len: int, *,
   cfg = sampler_config_for(objective_config, tokenizer, seq_len, window=window,
                            threshold=threshold, policy=policy, policy_arg=policy_arg,
                            seed=seed, greedy=greedy, top_p=top_p,
-                           temperature=temperature, repetition_penalty=repetition_penalty)
+                           temperature=temperature, repetition_penalty=repetition_penalty,
+                           align_to_blocks=align_to_blocks)
   if infill is not None:
     if not method.infills_canvas:
       raise ValueError(f"this run's objective {method.name!r} cannot infill: "
@@ -188,6 +191,8 @@ def sampler_settings(method, objective_config, cfg: SamplerConfig, infill: bool 
   parts.append("greedy" if cfg.greedy else f"top_p={cfg.top_p} temperature={cfg.temperature}")
   parts += [f"repetition_penalty={cfg.repetition_penalty}", f"max_new_tokens={cfg.max_new_tokens}",
             f"seed={cfg.seed}"]
+  if cfg.align_to_blocks:
+    parts.append("align_to_blocks")
   return "  ".join(parts)
 
 

@@ -255,16 +255,17 @@ def _check_finite(step: int, metrics: Dict[str, float]):
 
 
 def evaluate(model: Backbone, params, obj_cfg: losses.ObjectiveConfig, tokens: np.ndarray,
-             attention_mask: np.ndarray, *, batch_size: int, batch_sharding=None
-             ) -> Dict[str, float]:
+             attention_mask: np.ndarray, *, batch_size: int, batch_sharding=None,
+             context_mask: Optional[np.ndarray] = None) -> Dict[str, float]:
   """The likelihood bound of `setdiff_jax.evaluation.likelihood` (per-row keys, seed EVAL_SEED) on given rows.
 
   Same function, rows and seed as `launch/evaluate.py --eval=likelihood --max_rows=N`, so the two
-  agree exactly for the same checkpoint. Returns eval/{nll, ppl, bpd, num_tokens}.
+  agree exactly for the same checkpoint. Prompt tokens (`context_mask`) are never targets: a
+  prompt/answer run's eval/nll is an answer-token NLL. Returns eval/{nll, ppl, bpd, num_tokens}.
   """
   nll, count = likelihood.sequence_nlls(model, params, obj_cfg, tokens, attention_mask,
                                         seed=EVAL_SEED, batch_size=batch_size,
-                                        sharding=batch_sharding)
+                                        sharding=batch_sharding, context_mask=context_mask)
   tokens_total = float(np.sum(count))
   values = {f"eval/{k}": v for k, v in likelihood.per_token(float(np.sum(nll[0])),
                                                              tokens_total).items()}
@@ -272,9 +273,10 @@ def evaluate(model: Backbone, params, obj_cfg: losses.ObjectiveConfig, tokens: n
   return values
 
 
-def eval_rows_for(config, tokenizer) -> Tuple[np.ndarray, np.ndarray]:
+def eval_rows_for(config, tokenizer) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
   """The rows the in-training eval uses: the first num_eval_steps x eval_batch_size rows of the
-  eval split in split order (all of them for num_eval_steps = -1)."""
+  eval split in split order (all of them for num_eval_steps = -1), as (tokens, attention_mask,
+  context_mask) (`likelihood.eval_rows`)."""
   max_rows = None if config.num_eval_steps < 0 else config.num_eval_steps * config.eval_batch_size
   return likelihood.eval_rows(config, tokenizer, max_rows=max_rows)
 
@@ -326,7 +328,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict
       global_batch_size=config.batch_size, seed=config.seed, process_index=jax.process_index(),
       process_count=jax.process_count(), shuffle=True, num_epochs=None, drop_remainder=True))
 
-  eval_tokens, eval_attention = eval_rows_for(config, tokenizer)  # built once per run
+  eval_tokens, eval_attention, eval_context = eval_rows_for(config, tokenizer)  # once per run
 
   # The state is created directly in its shardings (FSDP / tensor-parallel rules): never
   # materialised whole on one device.
@@ -414,7 +416,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict
   def run_eval(step_done: int):
     params = state.ema_params if config.eval_params == "ema" else state.params
     values = evaluate(model, params, obj_cfg, eval_tokens, eval_attention,
-                      batch_size=config.eval_batch_size, batch_sharding=batch_sharding)
+                      batch_size=config.eval_batch_size, batch_sharding=batch_sharding,
+                      context_mask=eval_context)
     writer.scalars(step_done, values)
     logging.info("eval at step %d: nll %.4f  ppl %.2f  bpd %.4f", step_done, values["eval/nll"],
                  values["eval/ppl"], values["eval/bpd"])

@@ -32,7 +32,7 @@ def test_quick_writes_table_plot_and_json(quick_run):
   with open(out / "speed_accuracy.png", "rb") as f:
     assert f.read(8) == b"\x89PNG\r\n\x1a\n"
   md = (out / "speed_accuracy.md").read_text()
-  assert "| method | W | tau | accuracy |" in md and "load average" in md
+  assert "| method | W | tau | blocks | accuracy |" in md and "load average" in md
   saved = json.loads((out / "speed_accuracy.json").read_text())
   assert saved["methods"] == ["ar", "mdlm", "bd3lm4", "setdlm4"] and saved["quick"]
   for r in saved["results"]:

@@ -200,6 +200,33 @@ def test_training_eval_equals_evaluate_likelihood(tmp_path, uninterrupted):
     assert lik["nll"] == pytest.approx(logged["eval/nll"], rel=1e-6, abs=0)
 
 
+@pytest.mark.parametrize("pad_targets", ["none", pytest.param("eos", marks=pytest.mark.slow)])
+def test_prompt_answer_eval_is_answer_nll_and_equals_evaluate(tmp_path, tokenizer_dir,
+                                                              pad_targets):
+  """A prompt/answer run: metrics.jsonl's eval/nll counts the answer tokens (and their EOS) only,
+  never the prompt (nor an EOS tail, pad_targets=eos), and equals launch/evaluate.py's value."""
+  from setdiff_jax.evaluation import likelihood, run
+  config = tiny_config("bd3lm", num_train_steps=2, seq_len=48, **{
+      "loss.block_size": 4, "data.source": "arithmetic", "data.preprocess": "pad",
+      "data.task_train_examples": 64, "data.task_eval_examples": 16, "data.overflow": "skip",
+      "data.pad_targets": pad_targets})
+  workdir = new_workdir(tmp_path, "run", tokenizer_dir)
+  train.train_and_evaluate(config, workdir)
+  logged = [r for r in read_metrics(workdir) if "eval/nll" in r][-1]
+  ema = config.eval_params == "ema"  # the parameters the in-training eval used
+  state = workdir_lib.load_inference_state(workdir, use_ema=ema)
+  tokens, att, ctx = likelihood.eval_rows(state.config, state.tokenizer, max_rows=16)
+  answer = att.astype(bool) & ~ctx.astype(bool)
+  assert ctx.any() and logged["eval/num_tokens"] == answer.sum()  # BOS is context
+  last = (answer.cumsum(-1) == answer.sum(-1, keepdims=True)) & answer
+  assert last.sum() == len(tokens) and np.all(tokens[last] == state.tokenizer.eos_id)  # each row's last scored token is its first EOS
+  record = run.evaluate_workdir(workdir, ["likelihood"], run.EvalOptions(num_orders=1, max_rows=16),
+                                use_ema=ema, log=None, output=str(tmp_path / "eval.json"))
+  lik = record["likelihood"]
+  assert lik["num_tokens"] == logged["eval/num_tokens"]
+  assert lik["nll"] == pytest.approx(logged["eval/nll"], rel=1e-6, abs=0)
+
+
 def test_resume_reproduces_uninterrupted_run(tmp_path, tokenizer_dir, uninterrupted):
   workdir = new_workdir(tmp_path, "run", tokenizer_dir)
   first = train.train_and_evaluate(resume_config(N), workdir)

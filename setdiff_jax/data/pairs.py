@@ -14,6 +14,17 @@ Row layout (`pad`, one pair per row):
   attention_mask   1     1 ... 1  1 ... 1   1    0 ...
   context_mask     1     1 ... 1  0 ... 0   0    0 ...     (never a target, never masked)
 
+`data.pad_targets` says what fills the row after the answer's EOS:
+  none  pads, never attended and never targets (above; the reference).
+  eos   EOS tokens up to L, attended and targets like the answer (the recipe that trains
+        MDLM-style models on conditional data: the model learns where the answer ends instead of
+        reading leftover masks as "the answer is longer"):
+          tokens          [BOS] prompt answer [EOS] [EOS] ... [EOS]
+          attention_mask   1 ...                              1
+          context_mask     1 ... 1  0 ...                     0
+        The likelihood bound still scores the answer and its first EOS only
+        (`evaluation/likelihood.bound_data_config` builds its rows in the `none` layout).
+
 The prompt and the answer are encoded separately, so the boundary is a token boundary and a
 decoder given [BOS] + encode(prompt) sees exactly the training context. `data.prompt_style`
 formats the prompt first (`plain`, or the GSM8K reference prompt with or without the chat
@@ -42,6 +53,7 @@ PAIR_SOURCES = ("pairs_jsonl", "gsm8k", "arithmetic", "chain")
 TASK_SOURCES = ("arithmetic", "chain")  # procedural: they also have a validation split
 OVERFLOW_RULES = ("error", "skip", "truncate_prompt")
 PROMPT_STYLES = ("plain", "gsm8k", "gsm8k_chat")
+PAD_TARGETS = ("none", "eos")
 
 # The reference GSM8K prompt (SPEC §6.4) and the Qwen chat wrapping of the user turn; the
 # context ends after "<|im_start|>assistant\n" (SPEC §5).
@@ -196,8 +208,15 @@ def encode_pairs(tokenizer, pairs: Sequence[Pair], seq_len: int, *, overflow: st
 
 
 def pair_rows(encoded: Sequence[Tuple[Sequence[int], Sequence[int]]], seq_len: int,
-              pad_id: int) -> dict:
-  """[BOS] prompt answer [EOS] pad...; tokens, attention_mask, context_mask int32 [n, L]."""
+              pad_id: int, *, pad_targets: str = "none", eos_id: Optional[int] = None) -> dict:
+  """[BOS] prompt answer [EOS] pad...; tokens, attention_mask, context_mask int32 [n, L].
+
+  pad_targets='eos': the tail after the answer's EOS is EOS (`eos_id`), attended, not context.
+  """
+  if pad_targets not in PAD_TARGETS:
+    raise ValueError(f"data.pad_targets={pad_targets!r}; expected one of {PAD_TARGETS}")
+  if pad_targets == "eos" and eos_id is None:
+    raise ValueError("pair_rows(pad_targets='eos') needs eos_id")
   n = len(encoded)
   tokens = np.full((n, seq_len), pad_id, np.int32)
   attn = np.zeros((n, seq_len), np.int32)
@@ -209,6 +228,9 @@ def pair_rows(encoded: Sequence[Tuple[Sequence[int], Sequence[int]]], seq_len: i
     tokens[i, :len(row)] = row
     attn[i, :len(row)] = 1
     ctx[i, :len(p)] = 1
+    if pad_targets == "eos":
+      tokens[i, len(row):] = eos_id
+      attn[i, len(row):] = 1
   return {"tokens": tokens, "attention_mask": attn, "context_mask": ctx}
 
 
@@ -233,7 +255,8 @@ def make_pair_dataset(data_cfg, tokenizer, *, split: str, seq_len: int, batch_si
   encoded, _ = encode_pairs(tokenizer, pairs, seq_len,
                             overflow=data_cfg.get("overflow", "error"),
                             prompt_style=data_cfg.get("prompt_style", "plain"))
-  rows = pair_rows(encoded, seq_len, tokenizer.pad_id)
+  rows = pair_rows(encoded, seq_len, tokenizer.pad_id,
+                   pad_targets=data_cfg.get("pad_targets", "none"), eos_id=int(tokenizer.eos_id))
   n = rows["tokens"].shape[0]
   if not n:
     raise ValueError(f"no data: {data_cfg.source} {split} has no pairs")
@@ -250,6 +273,7 @@ def make_pair_dataset(data_cfg, tokenizer, *, split: str, seq_len: int, batch_si
   return ds.to_iter_dataset(read_options)
 
 
-__all__ = ["PAIR_SOURCES", "OVERFLOW_RULES", "PROMPT_STYLES", "GSM8K_INSTRUCTION", "Pair",
+__all__ = ["PAIR_SOURCES", "OVERFLOW_RULES", "PROMPT_STYLES", "PAD_TARGETS", "GSM8K_INSTRUCTION",
+           "Pair",
            "format_prompt", "jsonl_pairs", "gsm8k_pairs", "load_pairs", "pair_texts",
            "encode_pairs", "pair_rows", "make_pair_dataset"]

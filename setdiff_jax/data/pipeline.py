@@ -135,6 +135,10 @@ def default_data_config() -> ml_collections.ConfigDict:
   # A row longer than seq_len: 'error' | 'skip' (dropped, counted in the log) |
   # 'truncate_prompt' (the prompt's last tokens are kept, counted in the log).
   cfg.overflow = "error"
+  # After the answer's EOS: 'none' (pads, never attended or targets; the reference) | 'eos'
+  # (EOS tokens up to seq_len, attended targets for every method; the likelihood bound still
+  # scores the answer and its first EOS only). Prompt/answer sources only.
+  cfg.pad_targets = "none"
   # arithmetic / chain (data/tasks.py): operands per problem, their maximum (1..max), examples
   # per split (eval and validation: task_eval_examples each), seed. The chain recipe
   # (benchmarks/speed_accuracy.py) sets 4 operands up to 99.
@@ -191,9 +195,15 @@ def validate_data_config(cfg):
     check(cfg.get("prompt_style", "plain") in pairs.PROMPT_STYLES,
           f"data.prompt_style={cfg.get('prompt_style')!r}; expected one of "
           f"{pairs.PROMPT_STYLES}")
+    check(cfg.get("pad_targets", "none") in pairs.PAD_TARGETS,
+          f"data.pad_targets={cfg.get('pad_targets')!r}; expected one of {pairs.PAD_TARGETS}")
     if cfg.source == "pairs_jsonl":
       check(bool(sources.parse_paths(cfg.get("paths"))),
             "data.source=pairs_jsonl needs data.paths (comma-separated files)")
+  else:
+    check(cfg.get("pad_targets", "none") == "none",
+          f"data.pad_targets={cfg.get('pad_targets')!r} applies to prompt/answer sources "
+          f"{pairs.PAIR_SOURCES} only (data.source={cfg.source!r}); leave it 'none'")
   check(cfg.get("read_threads", 0) >= 0, "data.read_threads must be >= 0")
   check(cfg.get("prefetch", 0) >= 0, "data.prefetch must be >= 0")
 

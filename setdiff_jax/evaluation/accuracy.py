@@ -5,15 +5,20 @@ r"""Conditional decoding and exact-match accuracy on prompt/answer pairs.
 
 Every test prompt ([BOS] + encode(prompt), the training context) is decoded with the run's sampler
 (the prompt is cached, each row stops at its own EOS, batches of `batch_size` rows of mixed prompt
-lengths), greedy. The final answer is extracted from the decoded text and from the reference
+lengths), greedy. BD3LM and block-wise MDLM decode with blocks on the grid by default
+(`align_to_blocks=True`, the official harness's `align_inputs_to_blocks=true` for every non-SetDLM
+model, which made the paper's BD3LM GSM8K numbers; `SamplerConfig.align_to_blocks`). The final
+answer is extracted from the decoded text and from the reference
 answer with the same extractor and compared after number normalisation (exact match):
   hash   the last '#### n' line (GSM8K, and the answer line of the procedural task)
   boxed  the last \boxed{n} (balanced braces)
   auto   '#### n' if present, else \boxed{n}
 Per setting (window W, threshold tau or a commit policy) it reports accuracy, mean generated
 tokens per example (after the EOS cut, EOS included), tokens/step (committed tokens / decoding
-steps, the parallelism factor), forward calls per example, kept tokens per forward call (the
-generated tokens that come back, nothing after the answer's EOS, over every call of the row, the
+steps, counting every committed token as the reference's parallelism factor),
+kept_tokens_per_step (the tokens that come back, nothing committed after the first EOS, per step:
+an EOS tail decoded in the stopping block does not inflate it), forward calls per example, kept
+tokens per forward call (the generated tokens that come back over every call of the row, the
 prompt-encoding call included), the copy fractions (`copy_stats`) and tokens/s at the decoding
 batch and at batch 1 (on the first `speed_examples` prompts, one prompt per call). tokens/s is
 compile-free (a batch that compiled is timed again, warm); beside it, the number of compiled
@@ -172,11 +177,12 @@ def decode_all(sampler, model, params, prompts: Sequence[Sequence[int]], cfg, *,
 
 
 def _sampler_config(obj_cfg, tokenizer, seq_len: int, setting: Dict[str, Any], n: int,
-                    cache_order: str, seed: int):
+                    cache_order: str, seed: int, align_to_blocks: bool = True):
   return decoding.sampler_config_for(
       obj_cfg, tokenizer, seq_len, window=setting.get("window"),
       threshold=setting.get("threshold"), greedy=True, seed=seed, max_new_tokens=n,
-      stop_at_eos=True, cache_order=cache_order, **policy_fields(setting))
+      stop_at_eos=True, cache_order=cache_order, align_to_blocks=align_to_blocks,
+      **policy_fields(setting))
 
 
 def accuracy_eval(model, params, tokenizer, obj_cfg, seq_len: int, pairs, *,
@@ -184,11 +190,14 @@ def accuracy_eval(model, params, tokenizer, obj_cfg, seq_len: int, pairs, *,
                   speed_examples: int = 16, max_new_tokens: Optional[int] = None,
                   extractor: str = "auto", prompt_style: str = "plain", cache_order: str = "l2r",
                   stop_strings: Sequence[str] = (), seed: int = 0,
-                  num_shown: int = 3, per_example: bool = False) -> List[Dict[str, Any]]:
+                  num_shown: int = 3, per_example: bool = False,
+                  align_to_blocks: bool = True) -> List[Dict[str, Any]]:
   """One row of metrics per decoding setting (see the module docstring).
 
   max_new_tokens: N (None: seq_len - the longest prompt, so every prompt fits the context).
   stop_strings: the decoded text is cut at the first of these before extraction.
+  align_to_blocks: BD3LM / block-wise MDLM blocks on the grid (the official harness; default) or
+    starting at each prompt's end (False, the unaligned sampler).
   """
   if not pairs:
     raise ValueError("accuracy eval: no test pairs")
@@ -202,7 +211,8 @@ def accuracy_eval(model, params, tokenizer, obj_cfg, seq_len: int, pairs, *,
   sampler = decoding.sampler_for(obj_cfg.name)
   rows = []
   for setting in settings:
-    cfg = _sampler_config(obj_cfg, tokenizer, seq_len, setting, n, cache_order, seed)
+    cfg = _sampler_config(obj_cfg, tokenizer, seq_len, setting, n, cache_order, seed,
+                          align_to_blocks)
     res = decode_all(sampler, model, params, prompts, cfg, batch_size=batch_size, seed=seed)
     texts = tokenizer.decode_batch([g for g in res["generated"]])
     for stop in stop_strings:
@@ -221,6 +231,8 @@ def accuracy_eval(model, params, tokenizer, obj_cfg, seq_len: int, pairs, *,
            "accuracy": float(np.mean(correct)), "max_new_tokens": n,
            "mean_generated_tokens": float(np.mean(num_gen)),
            "tokens_per_step": committed / steps if steps else 0.0,
+           "kept_tokens_per_step": sum(num_gen) / steps if steps else 0.0,
+           "align_to_blocks": cfg.align_to_blocks,  # BD3LM / block-wise MDLM only
            "forward_calls": float(np.mean(res["forward_calls"])),
            "kept_tokens_per_call": sum(num_gen) / max(sum(res["forward_calls"]), 1),
            "copy_fraction": total("copies") / max(total("kept"), 1),

@@ -5,7 +5,9 @@ The one implementation behind both the training loop's eval (`eval/nll` in metri
 rows and seed. Which bound and K-draw aggregate a method uses is its registry entry's business
 (`methods.get(name).eval_batch / num_draws / aggregate_draws`).
 
-Per method (all reported per token, over the same tokens the training-time eval counts):
+Per method (all reported per token, over the same tokens the training-time eval counts). Prompt
+tokens (`context_mask`, the prompt/answer rows of `data/pairs.py`) are never targets for any
+method: a prompt/answer run's value is the NLL of the answer tokens and their EOS given the prompt.
 
   setdlm  one-order bound: the exact log-likelihood of each sequence under ONE sampled staggered
           order, -log p(x | sigma), sigma ~ pi (keep_clean_bos: the BOS slot is dropped; pad-id
@@ -166,36 +168,58 @@ def summarize(obj_name: str, nll: np.ndarray, count: np.ndarray) -> Dict[str, An
   return out
 
 
+def bound_data_config(data_cfg):
+  """The data config of the bound's rows: a run trained with `data.pad_targets=eos` is scored on
+  the `none` layout ([BOS] prompt answer [EOS] pad, the pads not attended), so the bound counts the
+  answer and its first EOS only, never the EOS tail (the tail is a deterministic function of the
+  answer's length; scoring it would make the per-token value look better with every extra EOS),
+  and the value is comparable across pad_targets settings."""
+  if data_cfg.get("pad_targets", "none") == "none":
+    return data_cfg
+  data_cfg = data_cfg.copy_and_resolve_references()
+  data_cfg.pad_targets = "none"
+  return data_cfg
+
+
 def eval_rows(config, tokenizer, *, max_rows: Optional[int] = None, split: str = "eval"):
-  """The run's eval rows in split order: (tokens [N, L], attention_mask [N, L]) int32.
+  """The run's eval rows in split order: (tokens, attention_mask, context_mask), int32 [N, L].
 
   Built with the training pipeline (same rows as the train loop's eval), unshuffled, one epoch;
-  filler rows of the last batch are dropped. `max_rows` keeps the first rows only.
+  filler rows of the last batch are dropped. `max_rows` keeps the first rows only. context_mask
+  is 1 on the prompt (BOS included) of prompt/answer rows (`data/pairs.py`) and all zeros for
+  text rows: prompt tokens are never targets, so a prompt/answer run's bound is an answer-token
+  NLL (the answer and its EOS). EOS-tail rows (`data.pad_targets=eos`) are scored in the `none`
+  layout (`bound_data_config`).
   """
-  ds = pipeline.make_dataset(config.data, tokenizer, split=split, seq_len=int(config.seq_len),
-                             global_batch_size=64, seed=int(config.seed), shuffle=False,
-                             num_epochs=1, drop_remainder=False)
-  toks, atts, total = [], [], 0
+  ds = pipeline.make_dataset(bound_data_config(config.data), tokenizer, split=split,
+                             seq_len=int(config.seq_len), global_batch_size=64,
+                             seed=int(config.seed), shuffle=False, num_epochs=1,
+                             drop_remainder=False)
+  toks, atts, ctxs, total = [], [], [], 0
   for batch in ds:
     real = np.asarray(batch["attention_mask"]).sum(-1) > 0
     toks.append(np.asarray(batch["tokens"])[real])
     atts.append(np.asarray(batch["attention_mask"])[real])
+    ctx = batch.get("context_mask")
+    ctxs.append(np.zeros_like(atts[-1]) if ctx is None else np.asarray(ctx)[real])
     total += int(real.sum())
     if max_rows is not None and total >= max_rows:
       break
   if not toks:
     raise ValueError("the eval split produced no rows")
-  tokens, att = np.concatenate(toks), np.concatenate(atts)
+  tokens, att, ctx = np.concatenate(toks), np.concatenate(atts), np.concatenate(ctxs)
   if max_rows is not None:
-    tokens, att = tokens[:max_rows], att[:max_rows]
-  return tokens.astype(np.int32), att.astype(np.int32)
+    tokens, att, ctx = tokens[:max_rows], att[:max_rows], ctx[:max_rows]
+  return tokens.astype(np.int32), att.astype(np.int32), ctx.astype(np.int32)
 
 
 def likelihood_eval(model: Backbone, params, obj_cfg: losses.ObjectiveConfig, tokens: np.ndarray,
                     attention_mask: np.ndarray, *, num_orders: int = 1,
-                    seed: int = DEFAULT_SEED, batch_size: int = 32) -> Dict[str, Any]:
+                    seed: int = DEFAULT_SEED, batch_size: int = 32,
+                    context_mask: Optional[np.ndarray] = None) -> Dict[str, Any]:
   """One-order (one-draw) bound and K-draw estimate of a model on given rows (see module doc).
 
+  context_mask: optional int [N, L], 1 on prompt tokens (never targets; `eval_rows` gives it).
   Returns a dict with nll/ppl/bpd (draw 0), K_nll/K_ppl/K_bpd (K-order log-mean-exp for SetDLM,
   mean of K NELBO draws for MDLM/BD3LM, exact for AR), meanK_* (mean of the K one-draw values),
   token and sequence counts, the seed and a description of both estimators.
@@ -203,7 +227,7 @@ def likelihood_eval(model: Backbone, params, obj_cfg: losses.ObjectiveConfig, to
   draws = methods.get(obj_cfg.name).num_draws(num_orders)
   t0 = time.perf_counter()
   nll, count = sequence_nlls(model, params, obj_cfg, tokens, attention_mask, num_draws=draws,
-                             seed=seed, batch_size=batch_size)
+                             seed=seed, batch_size=batch_size, context_mask=context_mask)
   out = summarize(obj_cfg.name, nll, count)
   out.update(method=obj_cfg.name, seed=int(seed), num_orders_requested=int(num_orders),
              seconds=time.perf_counter() - t0)
@@ -211,4 +235,4 @@ def likelihood_eval(model: Backbone, params, obj_cfg: losses.ObjectiveConfig, to
 
 
 __all__ = ["DEFAULT_SEED", "row_keys", "row_order", "make_row_nll_fn", "logmeanexp", "per_token",
-           "sequence_nlls", "summarize", "eval_rows", "likelihood_eval"]
+           "sequence_nlls", "summarize", "bound_data_config", "eval_rows", "likelihood_eval"]

@@ -66,6 +66,8 @@ class EvalOptions:
   speed_examples: int = 16              # prompts timed one per call (batch 1)
   extractor: str = "auto"               # hash ('#### n') | boxed | auto
   preset: Optional[str] = None          # gsm8k_shell | gsm8k_repro (SPEC §6.4; overrides tau)
+  align_to_blocks: bool = True          # BD3LM / block-wise MDLM blocks on the grid (the official
+                                        # harness's align_inputs_to_blocks); False: from each P
 
   def to_json(self) -> Dict[str, Any]:
     d = dataclasses.asdict(self)
@@ -114,8 +116,9 @@ def infill_items(state, setting: str, opts: EvalOptions):
 
 def run_likelihood(state, opts: EvalOptions, model=None) -> Dict[str, Any]:
   model = model or _models(state)[0]
-  tokens, att = likelihood.eval_rows(state.config, state.tokenizer, max_rows=opts.max_rows)
+  tokens, att, ctx = likelihood.eval_rows(state.config, state.tokenizer, max_rows=opts.max_rows)
   return likelihood.likelihood_eval(model, state.params, state.objective_config, tokens, att,
+                                    context_mask=ctx,
                                     num_orders=opts.num_orders, seed=opts.seed,
                                     batch_size=opts.batch_size)
 
@@ -194,7 +197,7 @@ def run_accuracy(state, opts: EvalOptions, model=None) -> List[Dict[str, Any]]:
                                 seq_len, accuracy_pairs(state, opts), settings=settings,
                                 batch_size=opts.accuracy_batch_size,
                                 speed_examples=opts.speed_examples, seed=opts.sampling_seed,
-                                **extra)
+                                align_to_blocks=opts.align_to_blocks, **extra)
 
 
 def load_judge(path: Optional[str]):
@@ -391,13 +394,13 @@ def format_results(results: Dict[str, Any]) -> str:
   if results.get("accuracy"):
     parts.append("Accuracy (exact match of the final answer, greedy, EOS stop per row)\n\n" +
                  markdown_table(
-        ["method", "setting", "n", "accuracy", "gen tokens", "tok/step", "fwd calls",
-         "kept/call", "copies", "tok/s b=1", "tok/s batch", "batch", "programs",
+        ["method", "setting", "n", "accuracy", "gen tokens", "tok/step", "kept tok/step",
+         "fwd calls", "kept/call", "copies", "tok/s b=1", "tok/s batch", "batch", "programs",
          "tok/s w/ compile"],
         [[r["method"], r["setting"], r["num_examples"], r["accuracy"], r["mean_generated_tokens"],
-          r["tokens_per_step"], r["forward_calls"], r.get("kept_tokens_per_call"),
-          r.get("copy_fraction"), r["tokens_per_second_batch1"], r["tokens_per_second"],
-          r["batch_size"], r.get("compiled_programs"),
+          r["tokens_per_step"], r.get("kept_tokens_per_step"), r["forward_calls"],
+          r.get("kept_tokens_per_call"), r.get("copy_fraction"), r["tokens_per_second_batch1"],
+          r["tokens_per_second"], r["batch_size"], r.get("compiled_programs"),
           r.get("tokens_per_second_with_compile")] for r in results["accuracy"]]))
   if results.get("samples"):
     parts.append("Unconditional samples\n\n" + markdown_table(

@@ -20,6 +20,16 @@ MDLM    no cache: every step feeds the whole canvas (prompt + N masks, right-pad
         reproduced.)
 The EOS stop of BD3LM / MDLM (`stop_at_eos`) is checked when a sub-block finishes, with the rule of
 the set sampler (EOS at a generated position with no mask before it).
+
+Block alignment (`cfg.align_to_blocks`, BD3LM and MDLM; the official `align_inputs_to_blocks`):
+with a prompt of P tokens and G = block_size, decode blocks sit on the grid: block b covers
+[A + bG, A + (b+1)G) with A = G*floor(P/G), intersected with the generated span [P, P + N), for
+b < ceil(N/G) (the official block count, so when P % G != 0 the last P % G positions of the span
+can be left undecoded and are compacted away). BD3LM caches only the prompt's full blocks [0, A)
+(no prompt call at all when A = 0); block 0 feeds the prompt's tail [A, P) as clean tokens next to
+its masks (they attend within the block under the grid rule and are never committed) and is
+cached whole, prompt tail included, by the fused first step of block 1. With P % G == 0 both
+settings are the same, and so are they for MDLM without `block_size` (one sub-block of N).
 """
 from __future__ import annotations
 
@@ -194,10 +204,17 @@ def _block_commit(s: _BlockState, logits, bpos, bin_, target, counts, nblk_steps
                    key=key, carry=carry)
 
 
-def _block_positions(plen, blk, g, n):
-  """Sub-block positions [B, G] and which of them are generated positions."""
-  off = blk[:, None] * g + jnp.arange(g)[None]
-  return plen[:, None] + off, off < n
+def _block_positions(start, plen, blk, g, n):
+  """Sub-block `blk`'s positions [B, G] from each row's first block `start` [B]; which of them are
+  generated positions (in [P, P + N)) and which exist (the prompt's tail or generated)."""
+  pos = start[:, None] + blk[:, None] * g + jnp.arange(g)[None]
+  end = (plen + n)[:, None]
+  return pos, (pos >= plen[:, None]) & (pos < end), pos < end
+
+
+def _block_start(plen, g: int, align: bool):
+  """First decode position of each row: P, or the grid block holding the prompt's tail."""
+  return (plen // g) * g if align else plen
 
 
 def _first_slots(kv, n: int, axis: int):
@@ -213,8 +230,9 @@ def _bd3lm_core(apply, params, prompt, plen, canvas, target, counts, key, *, cfg
   lc = canvas.shape[1]
   n = cfg.max_new_tokens
   nblk_steps = counts.shape[1]
+  start = _block_start(plen, g, cfg.align_to_blocks)  # positions < start are cached up front
   pos = jnp.broadcast_to(jnp.arange(pmax, dtype=jnp.int32), (b, pmax))
-  pvalid = pos < plen[:, None]
+  pvalid = pos < start[:, None]
   pmask = masks.grid_mask(pos, pos, pvalid, g) | jnp.eye(pmax, dtype=bool)[None]
   # Capacity: each position is cached at most once; a fused write covers G slots past the length.
   cache, _ = prefill(fwd, prompt, pos, pvalid, lc + g, mask=pmask)
@@ -222,20 +240,22 @@ def _bd3lm_core(apply, params, prompt, plen, canvas, target, counts, key, *, cfg
   state = _BlockState(canvas=canvas, commit_step=jnp.full(canvas.shape, -1, jnp.int32),
                       cache=cache, blk=jnp.zeros((b,), jnp.int32), bstep=jnp.zeros((b,), jnp.int32),
                       fuse=jnp.zeros((b,), bool), step=jnp.zeros((b,), jnp.int32),
-                      done=jnp.zeros((b,), bool), calls=jnp.ones((b,), jnp.int32),
+                      done=jnp.zeros((b,), bool), calls=(start > 0).astype(jnp.int32),
                       committed=jnp.zeros((b,), jnp.int32), stopped=jnp.zeros((b,), bool), key=key,
                       carry=policies.carry_init(b, lc))
 
   def body(s: _BlockState):
     live = ~s.done
-    bpos, bin_ = _block_positions(plen, s.blk, g, n)
+    bpos, bin_, bvalid = _block_positions(start, plen, s.blk, g, n)
     bpos_c = jnp.minimum(bpos, lc - 1)
     btok = jnp.take_along_axis(s.canvas, bpos_c, -1)
     c: KVCache = s.cache
 
     def fused():
-      ppos = bpos - g  # the previous block (unclipped: bpos_c clips a last partial block)
-      pv = (s.fuse & live)[:, None] & (ppos >= plen[:, None]) & (
+      # The previous block from the unclipped positions (bpos_c clips a last block that runs
+      # past the canvas: its "previous block" would repeat one slot and miss others).
+      ppos = bpos - g
+      pv = (s.fuse & live)[:, None] & (ppos >= start[:, None]) & (
           jnp.take_along_axis(s.canvas, jnp.maximum(ppos, 0), -1) != cfg.mask_token_id)
       order = jnp.argsort(~pv, axis=-1, stable=True)  # valid slots first, in position order
       ppos = jnp.maximum(jnp.take_along_axis(ppos, order, -1), 0)
@@ -243,7 +263,7 @@ def _bd3lm_core(apply, params, prompt, plen, canvas, target, counts, key, *, cfg
       tokens = jnp.concatenate([jnp.take_along_axis(s.canvas, ppos, -1), btok], -1)
       positions = jnp.concatenate([ppos, bpos_c], -1)
       k_pos = jnp.concatenate([c.positions, ppos, bpos_c], -1)
-      k_valid = jnp.concatenate([c.valid, pv, bin_], -1)
+      k_valid = jnp.concatenate([c.valid, pv, bvalid], -1)
       mask = masks.grid_mask(positions, k_pos, k_valid, g)
       is_prefix_q = (jnp.arange(2 * g) < g)[None, :, None]
       is_block_k = (jnp.arange(c.capacity + 2 * g) >= c.capacity + g)[None, None, :]
@@ -254,7 +274,7 @@ def _bd3lm_core(apply, params, prompt, plen, canvas, target, counts, key, *, cfg
 
     def plain():
       k_pos = jnp.concatenate([c.positions, bpos_c], -1)
-      k_valid = jnp.concatenate([c.valid, bin_], -1)
+      k_valid = jnp.concatenate([c.valid, bvalid], -1)
       mask = masks.grid_mask(bpos_c, k_pos, k_valid, g)
       mask = mask.at[:, :, c.capacity:].set(mask[:, :, c.capacity:] | eye[:, :g, :g])
       logits, kv = fwd.apply(fwd.params, btok, bpos_c, mask, c.kv, 0)
@@ -305,8 +325,10 @@ def _mdlm_core(apply, params, plen, canvas, target, counts, key, *, cfg: Sampler
                       committed=jnp.zeros((b,), jnp.int32), stopped=jnp.zeros((b,), bool), key=key,
                       carry=policies.carry_init(b, lm))
 
+  start = _block_start(plen, g, cfg.align_to_blocks)
+
   def body(s: _BlockState):
-    bpos, bin_ = _block_positions(plen, s.blk, g, n)
+    bpos, bin_, _ = _block_positions(start, plen, s.blk, g, n)
     logits, _ = fwd.apply(fwd.params, s.canvas, positions, full, None, 0)
     logits = jnp.take_along_axis(logits, jnp.minimum(bpos, lm - 1)[..., None], 1)
     return _block_commit(s, logits, bpos, bin_, target, counts, nblk_steps, n, g, cfg, stop_eos)
@@ -321,6 +343,8 @@ def mdlm_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> Sampl
   """MDLM sub-block predict-and-noise without a cache (SPEC §4.8); G = `cfg.block_size` or N."""
   n = cfg.max_new_tokens
   g = int(cfg.block_size or n)
+  if cfg.block_size is None:  # one sub-block over the whole span: there is no grid to align to
+    cfg = cfg.replace(align_to_blocks=False)
   total = cfg.max_length if (cfg.mdlm_pad_to_max_length and cfg.max_length) else None
   # No bucketing: MDLM attends the M padding after the prompts, so its width is part of the
   # result (padded to max_length by default, which compiles one program anyway).

@@ -91,6 +91,13 @@ class SamplerConfig:
     max_length: the model's trained context length L; prompt + max_new_tokens (or the infill
       canvas) must fit. None = unchecked.
     mdlm_pad_to_max_length: MDLM feeds a canvas padded with M to max_length (SPEC §4.8).
+    align_to_blocks: BD3LM and block-wise MDLM (the official `align_inputs_to_blocks`): decode
+      blocks sit on the grid of G = block_size positions instead of starting at each row's prompt
+      end P. BD3LM caches only the prompt's full blocks [0, G*floor(P/G)); the first decode block
+      is the grid block holding the prompt's tail (its prompt tokens fed clean, never committed),
+      then blocks on the grid; ceil(N/G) blocks as the official loop (with P % G != 0 the span's
+      last positions may stay undecoded). No effect for MDLM without block_size (one sub-block)
+      nor for the set and AR samplers. False: blocks start at P (see `baselines.py`).
     seed: default PRNG seed when no key is passed (and the seed of the 'fht' reveal times).
     length_buckets: how the host pads a batch's ragged axes (prompt / context width, canvas,
       schedule) before the jitted loop: None = to the batch's longest row (one compile per
@@ -122,6 +129,7 @@ class SamplerConfig:
   stop_at_eos: bool = True
   max_length: Optional[int] = None
   mdlm_pad_to_max_length: bool = True
+  align_to_blocks: bool = False
   seed: int = 0
   length_buckets: Optional[object] = None
 
