@@ -104,7 +104,7 @@ def parse_args(argv=None):
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--seeds", default=None,
                  help="comma-separated seeds (overrides --seed): one training per method and "
-                      "seed, plus a mean +- std table")
+                      "seed, plus a mean +- std table (policy mode: the training seeds)")
   p.add_argument("--align_to_blocks", default="on", choices=("on", "off", "both"),
                  help="BD3LM decode blocks on the block grid (on, the official harness), from "
                       "each prompt's end (off), or both")
@@ -119,7 +119,6 @@ def parse_args(argv=None):
                       "mode (see the module docstring)")
   p.add_argument("--tasks", default=None,
                  help="policy mode: arithmetic, chain (default both; quick: chain)")
-  p.add_argument("--seeds", default=None, help="policy mode: training seeds (default --seed)")
   p.add_argument("--num_val", type=int, default=None,
                  help="policy mode: validation problems (100; quick 6)")
   p.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples for the CIs")
