@@ -256,7 +256,7 @@ def test_validate_config_errors():
   c = default.get_config()
   c.model.num_layers = 0
   c.model.scan_layers = True
-  with pytest.raises(ValueError, match="scan_layers=True needs model.num_layers >= 1"):
+  with pytest.raises(ValueError, match=r"model\.scan_layers=True needs num_layers >= 1"):
     run_config.validate_config(c)
   # resuming with the other layout is refused (the checkpoint tree differs); remat may change
   from setdiff_jax.workdir import lock as workdir_lock
