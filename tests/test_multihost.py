@@ -229,7 +229,7 @@ def test_kill_9_of_a_process_stops_the_survivor_with_one_error_line(tmp_path, vi
   print(f"victim {victim}: survivor stopped {stopped_after:.1f}s after kill -9, status {rc}: "
         f"{errors_}")
   assert rc != 0 and stopped_after < 60, "".join(lines[survivor])[-3000:]
-  if victim == 1 or rc > 0:
+  if rc > 0:
     # A collective fails in Python: one line naming the lost process (the coordination service
     # names it while process 0, which runs it, is alive).
     assert len(errors_) == 1, "".join(lines[survivor])[-3000:]
@@ -237,8 +237,9 @@ def test_kill_9_of_a_process_stops_the_survivor_with_one_error_line(tmp_path, vi
     if victim == 1:
       assert "process 1 of this run is gone" in errors_[0]
   else:
-    # The coordinator is gone while the survivor is outside a collective (e.g. saving): JAX's
-    # coordination client aborts the process itself (SIGABRT) after the heartbeat timeout.
+    # JAX's coordination client aborts the survivor itself (SIGABRT, bounded by the heartbeat)
+    # when it notices the loss before a collective fails in Python: always when the coordinator
+    # is gone outside a collective, and sometimes for process 1 (seen in a loaded CI run: 6.9 s).
     assert rc == -signal.SIGABRT, "".join(lines[survivor])[-3000:]
   steps = sorted(int(s) for s in os.listdir(os.path.join(workdir, "checkpoints")) if s.isdigit())
   assert steps
