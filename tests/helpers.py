@@ -62,3 +62,21 @@ def assert_trees_close(a, b, atol, rtol=0.0):
   for (path, x), y in zip(leaves, jax.tree_util.tree_leaves(b)):
     np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=atol, rtol=rtol,
                                err_msg=jax.tree_util.keystr(path))
+
+
+def random_dit(cfg, seed: int):
+  """(DiT, params): a random DiT with a strong head (0.5-scaled normal), drawn in NumPy leaf by
+  leaf in tree order, so that greedy decoding varies across rows and positions."""
+  from setdiff_jax.models.dit import DiT
+  rng = np.random.default_rng(seed)
+
+  def leaf(path, shape):
+    name = jax.tree_util.keystr(path)
+    if "scale" in name:
+      return 1.0 + 0.1 * rng.standard_normal(shape.shape)
+    if "head" in name:
+      return 0.5 * rng.standard_normal(shape.shape)
+    return rng.standard_normal(shape.shape) / np.sqrt(shape.shape[0])
+
+  params = jax.tree_util.tree_map_with_path(leaf, param_shapes(cfg))
+  return DiT(cfg), jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), params)

@@ -1,13 +1,11 @@
 """Bounded compiles (issue 26): length buckets, their compile count on a GSM8K-like prompt-length
 mix, and bucketed decoding == unbucketed decoding (the padding slots are never attended)."""
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import random_dit
 
 from setdiff_jax.evaluation.accuracy import decode_all
-from setdiff_jax.models import param_shapes
-from setdiff_jax.models.dit import DiT, DiTConfig
+from setdiff_jax.models.dit import DiTConfig
 from setdiff_jax.sampling import SamplerConfig, ar_generate, bd3lm_generate, set_generate
 from setdiff_jax.sampling import compiles
 from setdiff_jax.sampling.config import bucket_length
@@ -20,18 +18,7 @@ IDS = dict(mask_token_id=3, eos_token_id=2, pad_token_id=0, bos_token_id=1)
 def tiny():
   """A random tiny DiT (non-zero head), drawn in NumPy."""
   cfg = DiTConfig(vocab_size=TV, hidden_size=32, num_layers=1, num_heads=2, dropout=0.0)
-  rng = np.random.default_rng(1)
-
-  def leaf(path, shape):
-    name = jax.tree_util.keystr(path)
-    if "scale" in name:
-      return 1.0 + 0.1 * rng.standard_normal(shape.shape)
-    if "head" in name:
-      return 0.5 * rng.standard_normal(shape.shape)
-    return rng.standard_normal(shape.shape) / np.sqrt(shape.shape[0])
-
-  params = jax.tree_util.tree_map_with_path(leaf, param_shapes(cfg))
-  return DiT(cfg), jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), params)
+  return random_dit(cfg, seed=1)
 
 
 def gsm8k_like_lengths(n: int, seed: int = 0):

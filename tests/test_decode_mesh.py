@@ -6,13 +6,12 @@ matrix is in the slow tier."""
 import re
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import random_dit
 
 from setdiff_jax import sharding
-from setdiff_jax.models import param_shapes
-from setdiff_jax.models.dit import DiT, DiTConfig
+from setdiff_jax.models.dit import DiTConfig
 from setdiff_jax.sampling import (SamplerConfig, ar_generate, bd3lm_generate, mdlm_generate,
                                   set_generate)
 from setdiff_jax.sampling import placement, set_sampler
@@ -33,18 +32,7 @@ PROMPTS_LEN = [3, 9, 5, 2, 7, 4, 6, 1]  # 8 rows of mixed lengths (BOS added)
 def tiny():
   """A random 1-layer DiT whose every sharded dimension divides by 8 (and its 4 heads by 4)."""
   cfg = DiTConfig(vocab_size=V, hidden_size=32, num_layers=1, num_heads=4, dropout=0.0)
-  rng = np.random.default_rng(2)
-
-  def leaf(path, shape):
-    name = jax.tree_util.keystr(path)
-    if "scale" in name:
-      return 1.0 + 0.1 * rng.standard_normal(shape.shape)
-    if "head" in name:
-      return 0.5 * rng.standard_normal(shape.shape)
-    return rng.standard_normal(shape.shape) / np.sqrt(shape.shape[0])
-
-  params = jax.tree_util.tree_map_with_path(leaf, param_shapes(cfg))
-  return DiT(cfg), jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), params)
+  return random_dit(cfg, seed=2)
 
 
 def prompts():
