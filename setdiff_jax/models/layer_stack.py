@@ -30,6 +30,8 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
+from setdiff_jax.models import attention, fused_head
+
 ATTENTION_OUT = "attention_out"  # checkpoint_name of the attention output inside a block
 
 REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable",
@@ -102,3 +104,16 @@ def apply_layers(block_cls, cfg, prefix: str, h: jax.Array, args: Tuple, kv_cach
 
 __all__ = ["REMAT_POLICIES", "ATTENTION_OUT", "normalize_remat", "remat_policy",
            "tag_attention_out", "apply_layers"]
+
+
+def check_common_fields(cfg) -> None:
+  """The config rules every backbone shares (dtype, attention, remat, head, scan); normalises
+  `cfg.remat` in place (a frozen dataclass). Raises ValueError naming the field."""
+  if cfg.dtype not in ("float32", "bfloat16", "float16"):
+    raise ValueError(f"model dtype {cfg.dtype!r} must be float32, bfloat16 or float16")
+  if cfg.attention not in attention.IMPLEMENTATIONS:
+    raise ValueError(f"attention={cfg.attention!r}; use one of {attention.IMPLEMENTATIONS}")
+  object.__setattr__(cfg, "remat", normalize_remat(cfg.remat))
+  fused_head.check_head_fields(cfg)
+  if cfg.scan_layers and cfg.num_layers < 1:
+    raise ValueError("scan_layers=True needs num_layers >= 1")

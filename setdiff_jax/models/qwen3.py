@@ -35,7 +35,6 @@ import jax
 import jax.numpy as jnp
 
 from setdiff_jax.models import attention
-from setdiff_jax.models import fused_head
 from setdiff_jax.models import layer_stack
 from setdiff_jax.models.layers import apply_rotary, rotary_cos_sin
 
@@ -72,14 +71,7 @@ class Qwen3Config:
                        f"num_kv_heads={self.num_kv_heads} (grouped-query attention)")
     if self.head_dim % 2:
       raise ValueError(f"head_dim={self.head_dim} must be even for rotary embeddings")
-    if self.dtype not in ("float32", "bfloat16", "float16"):
-      raise ValueError(f"model dtype {self.dtype!r} must be float32, bfloat16 or float16")
-    if self.attention not in attention.IMPLEMENTATIONS:
-      raise ValueError(f"attention={self.attention!r}; use one of {attention.IMPLEMENTATIONS}")
-    object.__setattr__(self, "remat", layer_stack.normalize_remat(self.remat))
-    fused_head.check_head_fields(self)
-    if self.scan_layers and self.num_layers < 1:
-      raise ValueError("scan_layers=True needs num_layers >= 1")
+    layer_stack.check_common_fields(self)
 
   @property
   def compute_dtype(self):
