@@ -133,7 +133,7 @@ def section_attention(args):
 def section_train(args):
   import training as tb  # benchmarks/training.py: fake tokenizer, random batches
   from configs import lm1b_sw
-  from setdiff_jax import models, sharding, train
+  from setdiff_jax import models, sharding, train_step
   from setdiff_jax.diffusion import masks
   from setdiff_jax.workdir import config as run_config
   config = lm1b_sw.get_config()
@@ -149,8 +149,8 @@ def section_train(args):
   model_cfg, obj_cfg = run_config.model_and_objective(config,
                                                       tb.fake_tokenizer(config.model.vocab_size))
   mesh = sharding.make_mesh(config.mesh)
-  state, shardings = train.create_sharded_state(config, model_cfg, mesh)
-  step = train.jit_train_step(config, models.build(model_cfg), obj_cfg, mesh, shardings)
+  state, shardings = train_step.create_sharded_state(config, model_cfg, mesh)
+  step = train_step.jit_train_step(config, models.build(model_cfg), obj_cfg, mesh, shardings)
   host = tb.random_batches(config, 2, 0)
   batches = [sharding.global_batch(b_, mesh) for b_ in host]
   rng = jax.random.key(1)

@@ -5,7 +5,7 @@ and the remat policies' peak memory (`compiled.memory_analysis()`) and step time
   python benchmarks/compile_time.py --layers=4,12 --rounds=2 --objective=ar
   python benchmarks/compile_time.py --remat_layers=0          # depth table only
 
-Each configuration is the jitted `train.make_train_step` exactly as `benchmarks/training.py`
+Each configuration is the jitted `train_step.make_train_step` exactly as `benchmarks/training.py`
 times it (same state / batch shardings, donated state, random tokens, no tokenizer), lowered and
 compiled from scratch in every round (a new jit object, so nothing is reused), then `--warmup`
 untimed and `--steps` timed steps. Rounds run every configuration once, in order, so the load of

@@ -27,8 +27,8 @@ PAD 0, BOS/CLS 101, EOS/SEP 102, MASK 103), no padding. Works, timed interleaved
   `clip_grad_norm_`, `torch.optim.AdamW.step` (composer's DecoupledAdamW with wd = 0 is the same
   update) and a `_foreach` EMA (what composer's EMA algorithm does). No torch.compile (its LM1B
   scripts set `training.compile_backbone=false`). torch threads = --threads (default: the cores).
-  Ours: `benchmarks/training.py` (`benchmark` -> `train.create_sharded_state` /
-  `train.jit_train_step`, `time_steps`) with the same sizes.
+  Ours: `benchmarks/training.py` (`benchmark` -> `train_step.create_sharded_state` /
+  `train_step.jit_train_step`, `time_steps`) with the same sizes.
 * decode <sampler>: unconditional from BOS, N = L - 1 new tokens, greedy, tau off, no stopping,
   no logits processors, random init (zero output head on both sides, so every step is the same
   work). Official: `SetDLM.generate` (set diffusion generation config, predict-and-noise,

@@ -53,7 +53,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from setdiff_jax import models, sharding, train  # noqa: E402
+from setdiff_jax import models, sharding, train_step  # noqa: E402
 from setdiff_jax.workdir import config as run_config  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -189,11 +189,11 @@ def build(config, mesh_cfg, devices):
   run_config.validate_config(config, len(devices))
   model_cfg, obj_cfg = run_config.model_and_objective(config, fake_tokenizer(config.model.vocab_size))
   mesh = sharding.make_mesh(mesh_cfg, devices)
-  init = lambda rng: train.create_train_state(config, model_cfg, rng)
+  init = lambda rng: train_step.create_train_state(config, model_cfg, rng)
   abstract = jax.eval_shape(init, jax.random.key(config.seed))
   shardings = sharding.state_shardings(abstract, mesh, sharding.rules_from_config(config))
   data = sharding.batch_sharding(mesh)
-  step = train.jit_train_step(config, models.build(model_cfg), obj_cfg, mesh, shardings)
+  step = train_step.jit_train_step(config, models.build(model_cfg), obj_cfg, mesh, shardings)
   shape = (config.batch_size, config.seq_len)
   batch = {k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=data)
            for k in ("tokens", "attention_mask")}

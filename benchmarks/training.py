@@ -6,7 +6,7 @@
   python benchmarks/training.py --vocab_size=4096 --rounds=2 --steps=5   # interleaved rounds
   python benchmarks/training.py --seq_len=1024 --batch_size=2 --attention=blocksparse
 
-Times the jitted `train.make_train_step` exactly as `train_and_evaluate` runs it (state
+Times the jitted `train_step.make_train_step` exactly as `train_and_evaluate` runs it (state
 replicated, batch sharded over data x fsdp of all local devices, state donated) on random tokens,
 so no tokenizer or dataset is needed. For each objective: lower + compile once (reported apart),
 `--warmup` untimed steps, then `--steps` timed steps ended by `block_until_ready`. A clean token
@@ -34,7 +34,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from configs import default  # noqa: E402
-from setdiff_jax import methods, sharding, train  # noqa: E402
+from setdiff_jax import methods, sharding, train_step  # noqa: E402
 from setdiff_jax.workdir import config as run_config  # noqa: E402
 from setdiff_jax.models.dit import DiT  # noqa: E402
 
@@ -146,9 +146,9 @@ def benchmark(config, objective: str, args) -> dict:
                                   head_recompute=args.head_recompute, head_vocab_chunk=vocab_chunk)
   mesh = sharding.make_mesh(config.mesh)
   config.seed = args.seed
-  state, shardings = train.create_sharded_state(config, model_cfg, mesh)
+  state, shardings = train_step.create_sharded_state(config, model_cfg, mesh)
   num_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(state.params))
-  step = train.jit_train_step(config, DiT(model_cfg), obj_cfg, mesh, shardings)
+  step = train_step.jit_train_step(config, DiT(model_cfg), obj_cfg, mesh, shardings)
   host = random_batches(config, 4, args.seed)
   batches = [sharding.global_batch(b, mesh) for b in host]
   rng = jax.random.key(args.seed + 1)
@@ -176,7 +176,7 @@ def model_flops(config, model_cfg, obj_cfg, mesh, shardings, state, batch, rng) 
   FLOPs. It is only lowered (HLO cost analysis), never compiled."""
   twin = dataclasses.replace(model_cfg, head_vocab_chunk=0, head_chunk_rows=0,
                              head_recompute=False)
-  step = train.jit_train_step(config, DiT(twin), obj_cfg, mesh, shardings)
+  step = train_step.jit_train_step(config, DiT(twin), obj_cfg, mesh, shardings)
   cost = step.lower(state, batch, rng).cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   return float((cost or {}).get("flops", 0.0))

@@ -1,247 +1,35 @@
-"""Training: TrainState, the pure train step, sharded setup, and `train_and_evaluate`.
+"""Training: `train_and_evaluate`, the loop that every method of the registry shares.
 
-One loop serves every method of the registry (`setdiff_jax.methods`); they differ only in what
-their entry owns (loss, order / noise draw, sampler). Setup is two functions used by the loop, the
-benchmarks and the tests alike:
-
-  state, shardings = create_sharded_state(config, model_cfg, mesh)   # born in its shardings
-  step_fn = jit_train_step(config, model, obj_cfg, mesh, shardings)  # donated state
-
-Parameters, EMA and optimizer state are sharded by the logical-axis rules of `sharding.py` (FSDP
-over the model dimension, tensor parallelism over heads / MLP / vocabulary; replicated on a
-data-only mesh), the batch over data x fsdp, so the same code runs on 1 CPU, 8 emulated devices,
-a GPU or a TPU slice. The eval is the likelihood code of `setdiff_jax.evaluation.likelihood`, the same as
-`launch/evaluate.py --eval=likelihood`.
+The loop resumes from WORKDIR/checkpoints, runs the jitted step of `train_step.py` (TrainState,
+optimizer, sharded setup) with metrics pulled one step behind, guards against NaN and divergence,
+evaluates with `evaluation.likelihood.evaluate` (the same bound and rows as `launch/evaluate.py
+--eval=likelihood`), writes metrics with `workdir.metrics.MetricWriter`, saves checkpoints, and
+saves then stops on SIGTERM / Ctrl-C (`workdir.preemption`).
 """
 from __future__ import annotations
 
-import functools
-import json
-import os
-import signal
 import time
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Dict, Optional
 
 from absl import logging
-import flax
-import flax.struct
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 
-from setdiff_jax import decoding, errors, methods, models, paths, sharding
+from setdiff_jax import decoding, errors, models, paths, sharding
+from setdiff_jax.train_step import create_sharded_state, jit_train_step, make_optimizer
 from setdiff_jax.workdir import fallback
 from setdiff_jax.workdir.divergence import DivergenceGuard, logged_losses
+from setdiff_jax.workdir.metrics import MetricWriter
+from setdiff_jax.workdir.preemption import Preemption
 from setdiff_jax.workdir import checkpoints as checkpointing
 from setdiff_jax.evaluation import likelihood
-from setdiff_jax.diffusion import losses
 from setdiff_jax.interop import pretrained
 from setdiff_jax.workdir import config as run_config
 from setdiff_jax.workdir import lock as workdir_lock
 from setdiff_jax.workdir import load as workdir_lib
 from setdiff_jax.data import pipeline, tokenizers
-from setdiff_jax.models import Backbone, BackboneConfig
-
-EVAL_SEED = likelihood.DEFAULT_SEED  # one fixed order / t draw per eval sequence (seed 1)
-
-
-# --------------------------------------------------------------------------------- state
-class TrainState(flax.struct.PyTreeNode):
-  step: jax.Array
-  params: Any
-  ema_params: Any
-  opt_state: Any
-
-
-def learning_rate_schedule(config) -> optax.Schedule:
-  """Linear warm-up from 0, then constant or cosine to cosine_alpha * peak (SPEC §5)."""
-  peak, warmup = config.learning_rate, config.warmup_steps
-  warm = optax.linear_schedule(0.0, peak, max(warmup, 1))
-  if config.lr_schedule == "constant":
-    after = optax.constant_schedule(peak)
-  else:
-    after = optax.cosine_decay_schedule(peak, max(config.num_train_steps - warmup, 1),
-                                        alpha=config.cosine_alpha)
-  return optax.join_schedules([warm, after], [warmup])
-
-
-def make_optimizer(config) -> optax.GradientTransformation:
-  """Clip -> Adam -> decoupled weight decay scaled by lr/peak (Composer DecoupledAdamW) -> lr."""
-  schedule = learning_rate_schedule(config)
-  parts = []
-  if config.grad_clip_norm > 0:
-    parts.append(optax.clip_by_global_norm(config.grad_clip_norm))
-  parts.append(optax.scale_by_adam(b1=config.adam_b1, b2=config.adam_b2, eps=config.adam_eps))
-  if config.weight_decay > 0:
-    parts.append(optax.add_decayed_weights(config.weight_decay / config.learning_rate))
-  parts.append(optax.scale_by_learning_rate(schedule))
-  return optax.chain(*parts)
-
-
-def create_train_state(config, model_cfg: BackboneConfig, rng) -> TrainState:
-  params = models.init_params(model_cfg, rng)
-  opt_state = make_optimizer(config).init(params)
-  return TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                    ema_params=jax.tree_util.tree_map(jnp.copy, params), opt_state=opt_state)
-
-
-# --------------------------------------------------------------------------------- steps
-def make_train_step(config, model: Backbone, obj_cfg: losses.ObjectiveConfig,
-                    optimizer: optax.GradientTransformation) -> Callable:
-  """Pure step(state, batch, base_rng) -> (state, metrics); rng = fold_in(base_rng, step)."""
-  accum = int(config.grad_accum_steps)
-  ema_decay = float(config.ema_decay)
-  schedule = learning_rate_schedule(config)
-
-  method = methods.get(obj_cfg.name)
-
-  def loss_fn(params, batch, rng):
-    return method.loss(obj_cfg, model, params, batch, rng, train=True)
-
-  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-
-  def step(state: TrainState, batch, base_rng):
-    rng = jax.random.fold_in(base_rng, state.step)
-    if accum == 1:
-      (loss, metrics), grads = grad_fn(state.params, batch, rng)
-    else:
-      # Micro-batch a takes rows a, a + accum, ... so every device keeps an equal share.
-      micro = jax.tree_util.tree_map(
-          lambda x: x.reshape((x.shape[0] // accum, accum) + x.shape[1:]).swapaxes(0, 1), batch)
-
-      def body(carry, xs):
-        mb, i = xs
-        (l, m), g = grad_fn(state.params, mb, jax.random.fold_in(rng, i))
-        return jax.tree_util.tree_map(jnp.add, carry, (g, m)), l
-
-      zeros = jax.tree_util.tree_map(jnp.zeros_like, state.params)
-      zero_metrics = jax.tree_util.tree_map(
-          jnp.zeros_like, jax.eval_shape(lambda: loss_fn(state.params, jax.tree_util.tree_map(
-              lambda x: x[0], micro), rng)[1]))
-      (grads, metrics), micro_losses = jax.lax.scan(body, (zeros, zero_metrics),
-                                              (micro, jnp.arange(accum)))
-      grads = jax.tree_util.tree_map(lambda g: g / accum, grads)
-      loss = jnp.mean(micro_losses)
-      metrics = dict(metrics, loss=loss)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    ema = jax.tree_util.tree_map(lambda e, p: ema_decay * e + (1.0 - ema_decay) * p,
-                                 state.ema_params, params)
-    metrics = dict(metrics, grad_norm=optax.tree.norm(grads), lr=schedule(state.step),
-                   clean_tokens=jnp.sum(batch["attention_mask"]).astype(jnp.float32))
-    return TrainState(step=state.step + 1, params=params, ema_params=ema,
-                      opt_state=opt_state), metrics
-
-  return step
-
-
-def create_sharded_state(config, model_cfg: BackboneConfig, mesh) -> Tuple[TrainState, Any]:
-  """The initial TrainState created directly in its shardings (never whole on one device).
-
-  Returns (state, state_shardings); shardings follow the config's logical-axis rules.
-  """
-  init_rng = jax.random.key(config.seed)
-  init_fn = functools.partial(create_train_state, config, model_cfg)
-  shardings = sharding.state_shardings(jax.eval_shape(init_fn, init_rng), mesh,
-                                       sharding.rules_from_config(config))
-  return jax.jit(init_fn, out_shardings=shardings)(init_rng), shardings
-
-
-def jit_train_step(config, model: Backbone, obj_cfg: losses.ObjectiveConfig, mesh,
-                   state_shardings, optimizer: Optional[optax.GradientTransformation] = None):
-  """`make_train_step` jitted with the state's and the batch's shardings, state donated.
-
-  Call as step(state, batch, base_rng) -> (state, metrics); batches from `sharding.global_batch`.
-  """
-  step = make_train_step(config, model, obj_cfg, optimizer or make_optimizer(config))
-  return jax.jit(step, in_shardings=(state_shardings, sharding.batch_sharding(mesh), None),
-                 out_shardings=(state_shardings, None), donate_argnums=(0,))
-
-
-# --------------------------------------------------------------------------------- writers
-class MetricWriter:
-  """TensorBoard events (tensorboardX) + WORKDIR/metrics.jsonl; no-op off process 0.
-
-  metrics.jsonl goes through `setdiff_jax.paths` (object stores included); TensorBoard events
-  are written for local workdirs only (an object-store workdir keeps metrics.jsonl)."""
-
-  def __init__(self, workdir: str, enabled: bool):
-    self.enabled = enabled
-    self._tb = None
-    self._jsonl = None
-    if enabled:
-      if not paths.is_remote(workdir):
-        from tensorboardX import SummaryWriter
-        self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
-      self._jsonl = paths.AppendFile(paths.join(workdir, "metrics.jsonl"))
-
-  def scalars(self, step: int, values: Dict[str, float]):
-    if not self.enabled:
-      return
-    for k, v in values.items():
-      if self._tb is not None:
-        self._tb.add_scalar(k, float(v), step)
-    self._jsonl.write(json.dumps({"step": int(step), **{k: float(v) for k, v in values.items()}})
-                      + "\n")
-    self._jsonl.flush()
-    if self._tb is not None:
-      self._tb.flush()
-
-  def texts(self, step: int, tag: str, texts):
-    if not self.enabled or self._tb is None:
-      return
-    for i, t in enumerate(texts):
-      self._tb.add_text(f"{tag}/{i}", t, step)
-    self._tb.flush()
-
-  def close(self):
-    if self.enabled:
-      if self._tb is not None:
-        self._tb.close()
-      self._jsonl.close()
-
-
-class _Preemption:
-  """Records SIGTERM and a first SIGINT (Ctrl-C) so the loop saves a checkpoint and stops; a
-  second SIGINT aborts at once (exit status 130; checkpoints saved before are intact)."""
-
-  SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-  def __init__(self):
-    self.requested = False
-    self.signum: Optional[int] = None
-    self._previous = {}
-
-  def __enter__(self):
-    for sig in self.SIGNALS:
-      try:
-        self._previous[sig] = signal.signal(sig, self._handle)
-      except ValueError:  # not the main thread
-        pass
-    return self
-
-  @property
-  def name(self) -> str:
-    return signal.Signals(self.signum).name if self.signum else "a signal"
-
-  def _handle(self, signum, frame):
-    del frame
-    if self.requested and signum == signal.SIGINT:
-      os.write(2, b"aborted: second SIGINT; checkpoints saved before are intact (the one being "
-                  b"written, if any, is not used)\n")
-      os._exit(128 + signal.SIGINT)
-    logging.warning("%s received: saving a checkpoint, then exiting%s.",
-                    signal.Signals(signum).name,
-                    " (Ctrl-C again aborts at once)" if signum == signal.SIGINT else "")
-    self.requested = True
-    self.signum = signum
-
-  def __exit__(self, *exc):
-    for sig, previous in self._previous.items():
-      if previous is not None:
-        signal.signal(sig, previous)
 
 
 # --------------------------------------------------------------------------------- loop
@@ -253,32 +41,6 @@ def _check_finite(step: int, metrics: Dict[str, float]):
         f"checkpoint is intact. Try a lower learning_rate, grad_clip_norm > 0, or model.dtype="
         f"float32.")
 
-
-def evaluate(model: Backbone, params, obj_cfg: losses.ObjectiveConfig, tokens: np.ndarray,
-             attention_mask: np.ndarray, *, batch_size: int, batch_sharding=None,
-             context_mask: Optional[np.ndarray] = None) -> Dict[str, float]:
-  """The likelihood bound of `setdiff_jax.evaluation.likelihood` (per-row keys, seed EVAL_SEED) on given rows.
-
-  Same function, rows and seed as `launch/evaluate.py --eval=likelihood --max_rows=N`, so the two
-  agree exactly for the same checkpoint. Prompt tokens (`context_mask`) are never targets: a
-  prompt/answer run's eval/nll is an answer-token NLL. Returns eval/{nll, ppl, bpd, num_tokens}.
-  """
-  nll, count = likelihood.sequence_nlls(model, params, obj_cfg, tokens, attention_mask,
-                                        seed=EVAL_SEED, batch_size=batch_size,
-                                        sharding=batch_sharding, context_mask=context_mask)
-  tokens_total = float(np.sum(count))
-  values = {f"eval/{k}": v for k, v in likelihood.per_token(float(np.sum(nll[0])),
-                                                             tokens_total).items()}
-  values["eval/num_tokens"] = tokens_total
-  return values
-
-
-def eval_rows_for(config, tokenizer) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """The rows the in-training eval uses: the first num_eval_steps x eval_batch_size rows of the
-  eval split in split order (all of them for num_eval_steps = -1), as (tokens, attention_mask,
-  context_mask) (`likelihood.eval_rows`)."""
-  max_rows = None if config.num_eval_steps < 0 else config.num_eval_steps * config.eval_batch_size
-  return likelihood.eval_rows(config, tokenizer, max_rows=max_rows)
 
 
 def _pauses_ahead(config, step_done: int, num_steps: int, pauses) -> float:
@@ -328,7 +90,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict
       global_batch_size=config.batch_size, seed=config.seed, process_index=jax.process_index(),
       process_count=jax.process_count(), shuffle=True, num_epochs=None, drop_remainder=True))
 
-  eval_tokens, eval_attention, eval_context = eval_rows_for(config, tokenizer)  # once per run
+  # The eval rows, built once per run.
+  eval_tokens, eval_attention, eval_context = likelihood.eval_rows_for(config, tokenizer)
 
   # The state is created directly in its shardings (FSDP / tensor-parallel rules): never
   # materialised whole on one device.
@@ -415,9 +178,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict
 
   def run_eval(step_done: int):
     params = state.ema_params if config.eval_params == "ema" else state.params
-    values = evaluate(model, params, obj_cfg, eval_tokens, eval_attention,
-                      batch_size=config.eval_batch_size, batch_sharding=batch_sharding,
-                      context_mask=eval_context)
+    values = likelihood.evaluate(model, params, obj_cfg, eval_tokens, eval_attention,
+                                 batch_size=config.eval_batch_size, batch_sharding=batch_sharding,
+                                 context_mask=eval_context)
     writer.scalars(step_done, values)
     logging.info("eval at step %d: nll %.4f  ppl %.2f  bpd %.4f", step_done, values["eval/nll"],
                  values["eval/ppl"], values["eval/bpd"])
@@ -440,7 +203,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict
 
   stopped: Optional[errors.StoppedBySignal] = None
   try:
-    with _Preemption() as preemption:
+    with Preemption() as preemption:
       for step in range(start_step, num_steps):
         local = next(train_iter)
         batch = sharding.global_batch(local, mesh)

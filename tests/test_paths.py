@@ -9,10 +9,11 @@ import ml_collections
 import pytest
 from etils.epath import testing as epath_testing
 
-from setdiff_jax import paths, train
+from setdiff_jax import paths
 from setdiff_jax.data import sources, tokenizers
 from setdiff_jax.workdir import checkpoints as checkpointing
 from setdiff_jax.workdir import lock as workdir_lock
+from setdiff_jax.workdir import metrics
 
 GS = "gs://bucket/runs/r1"
 
@@ -69,7 +70,7 @@ def test_config_metrics_and_resume_checks_on_gs(bucket):
     pass
   # metrics.jsonl: object stores cannot append, the writer re-uploads the whole file.
   for steps in ((1, 2), (3,)):  # a run, then its resume
-    writer = train.MetricWriter(GS, enabled=True)
+    writer = metrics.MetricWriter(GS, enabled=True)
     for s in steps:
       writer.scalars(s, {"train/loss": 1.0 / s})
     writer.close()

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 import pytest
 
-from setdiff_jax import errors, train
+from setdiff_jax import errors, train, train_step
 from setdiff_jax.workdir import checkpoints as checkpointing
 from setdiff_jax.workdir import config as run_config
 from setdiff_jax.workdir import lock as workdir_lock
@@ -409,7 +409,8 @@ def _abstract(workdir, **model):
   config.model.update(model)
   tok = tokenizers.Tokenizer.load(os.path.join(workdir, tokenizers.TOKENIZER_SUBDIR))
   model_cfg, _ = run_config.model_and_objective(config, tok)
-  return jax.eval_shape(lambda: train.create_train_state(config, model_cfg, jax.random.key(0)))
+  return jax.eval_shape(
+      lambda: train_step.create_train_state(config, model_cfg, jax.random.key(0)))
 
 
 def test_structure_mismatch_is_not_called_damage(run_dir):

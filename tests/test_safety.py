@@ -314,8 +314,8 @@ def test_sigint_saves_and_stops_with_a_distinct_status(base, tmp_path, monkeypat
 
 SECOND_CTRL_C = """
 import os, signal, sys, time
-from setdiff_jax import train
-with train._Preemption() as p:
+from setdiff_jax.workdir import preemption
+with preemption.Preemption() as p:
   os.kill(os.getpid(), signal.SIGINT)
   assert p.requested and p.name == "SIGINT"
   os.kill(os.getpid(), signal.SIGINT)

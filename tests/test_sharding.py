@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from configs import default  # noqa: E402
 from helpers import TINY_VOCAB as VOCAB, assert_trees_close, new_workdir, set_fields  # noqa: E402
-from setdiff_jax import decoding, sharding, train  # noqa: E402
+from setdiff_jax import decoding, sharding, train, train_step  # noqa: E402
 from setdiff_jax.workdir import checkpoints as checkpointing
 from setdiff_jax.workdir import config as run_config
 from setdiff_jax.workdir import load as workdir_lib  # noqa: E402
@@ -166,11 +166,11 @@ def step_and_state(tok, objective):
   zero-initialises it, which would leave every other gradient of the first step at zero)."""
   config = tiny_config(objective, warmup_steps=0)
   model_cfg, obj_cfg = run_config.model_and_objective(config, tok)
-  optimizer = train.make_optimizer(config)
-  step = train.make_train_step(config, DiT(model_cfg), obj_cfg, optimizer)
+  optimizer = train_step.make_optimizer(config)
+  step = train_step.make_train_step(config, DiT(model_cfg), obj_cfg, optimizer)
 
   def init(rng):
-    state = train.create_train_state(config, model_cfg, rng)
+    state = train_step.create_train_state(config, model_cfg, rng)
     head = dict(state.params["head"])
     head["kernel"] = 0.05 * jax.random.normal(jax.random.fold_in(rng, 1), head["kernel"].shape)
     params = dict(state.params, head=head)
@@ -304,7 +304,8 @@ def restore_full(workdir, mesh_cfg=None):
   config = checkpointing.load_config(workdir)
   tok = tokenizers.Tokenizer.load(os.path.join(workdir, tokenizers.TOKENIZER_SUBDIR))
   model_cfg, _ = run_config.model_and_objective(config, tok)
-  abstract = jax.eval_shape(lambda: train.create_train_state(config, model_cfg, jax.random.key(0)))
+  abstract = jax.eval_shape(
+      lambda: train_step.create_train_state(config, model_cfg, jax.random.key(0)))
   manager = checkpointing.make_manager(workdir, with_data=False)
   state = checkpointing.restore(manager, abstract)
   manager.close()

@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from configs import default  # noqa: E402
 from helpers import TINY_VOCAB as VOCAB, assert_trees_close, new_workdir, set_fields  # noqa: E402
-from setdiff_jax import errors, methods, sharding, train  # noqa: E402
+from setdiff_jax import errors, methods, sharding, train, train_step  # noqa: E402
 from setdiff_jax.workdir import checkpoints as checkpointing
 from setdiff_jax.workdir import config as run_config
 from setdiff_jax.workdir import load as workdir_lib  # noqa: E402
@@ -81,7 +81,8 @@ def restore_state(workdir, step=None):
   config = checkpointing.load_config(workdir)
   tok = tokenizers.Tokenizer.load(os.path.join(workdir, tokenizers.TOKENIZER_SUBDIR))
   model_cfg, _ = run_config.model_and_objective(config, tok)
-  abstract = jax.eval_shape(lambda: train.create_train_state(config, model_cfg, jax.random.key(0)))
+  abstract = jax.eval_shape(
+      lambda: train_step.create_train_state(config, model_cfg, jax.random.key(0)))
   manager = checkpointing.make_manager(workdir, with_data=False)
   state = checkpointing.restore(manager, abstract, step=step)
   manager.close()
@@ -294,7 +295,7 @@ def test_init_from_starts_from_those_parameters(tmp_path, uninterrupted):
   assert_trees_close(got.params, source.params, atol=0)
   assert_trees_close(got.ema_params, source.params, atol=1e-6)  # EMA restarts from the params
   # Not vacuous: the source was trained away from the seed's initialisation.
-  init = train.create_train_state(config, model_config_of(uninterrupted), jax.random.key(0))
+  init = train_step.create_train_state(config, model_config_of(uninterrupted), jax.random.key(0))
   assert not np.allclose(init.params["head"]["kernel"], source.params["head"]["kernel"])
 
 
@@ -385,8 +386,9 @@ def random_batch(tok, batch_size, seq_len, seed=0, with_order=False):
 def step_setup(tok, objective, **overrides):
   config = tiny_config(objective, warmup_steps=0, **overrides)
   model_cfg, obj_cfg = run_config.model_and_objective(config, tok)
-  step = train.make_train_step(config, DiT(model_cfg), obj_cfg, train.make_optimizer(config))
-  state = train.create_train_state(config, model_cfg, jax.random.key(0))
+  step = train_step.make_train_step(config, DiT(model_cfg), obj_cfg,
+                                    train_step.make_optimizer(config))
+  state = train_step.create_train_state(config, model_cfg, jax.random.key(0))
   return step, state
 
 

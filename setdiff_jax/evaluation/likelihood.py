@@ -1,9 +1,10 @@
 """Likelihood bounds per sequence: the one-order bound of SPEC §1.5 / §6.1 and a K-draw estimate.
 
-The one implementation behind both the training loop's eval (`eval/nll` in metrics.jsonl) and
-`launch/evaluate.py --eval=likelihood`, so the two give the same number for the same checkpoint,
-rows and seed. Which bound and K-draw aggregate a method uses is its registry entry's business
-(`methods.get(name).eval_batch / num_draws / aggregate_draws`).
+The one implementation behind both the training loop's eval (`evaluate` on the rows of
+`eval_rows_for`: `eval/nll` in metrics.jsonl) and `launch/evaluate.py --eval=likelihood`, so the
+two give the same number for the same checkpoint, rows and seed. Which bound and K-draw aggregate
+a method uses is its registry entry's business (`methods.get(name).eval_batch / num_draws /
+aggregate_draws`).
 
 Per method (all reported per token, over the same tokens the training-time eval counts). Prompt
 tokens (`context_mask`, the prompt/answer rows of `data/pairs.py`) are never targets for any
@@ -33,7 +34,7 @@ from __future__ import annotations
 import functools
 import math
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -234,5 +235,33 @@ def likelihood_eval(model: Backbone, params, obj_cfg: losses.ObjectiveConfig, to
   return out
 
 
+
+def evaluate(model: Backbone, params, obj_cfg: losses.ObjectiveConfig, tokens: np.ndarray,
+             attention_mask: np.ndarray, *, batch_size: int, batch_sharding=None,
+             context_mask: Optional[np.ndarray] = None) -> Dict[str, float]:
+  """The training loop's eval: this module's one-order bound on given rows (per-row keys, seed
+  DEFAULT_SEED: one fixed order / t draw per eval sequence).
+
+  Same function, rows and seed as `launch/evaluate.py --eval=likelihood --max_rows=N`, so the two
+  agree exactly for the same checkpoint. Prompt tokens (`context_mask`) are never targets: a
+  prompt/answer run's eval/nll is an answer-token NLL. Returns eval/{nll, ppl, bpd, num_tokens}.
+  """
+  nll, count = sequence_nlls(model, params, obj_cfg, tokens, attention_mask, seed=DEFAULT_SEED,
+                             batch_size=batch_size, sharding=batch_sharding,
+                             context_mask=context_mask)
+  tokens_total = float(np.sum(count))
+  values = {f"eval/{k}": v for k, v in per_token(float(np.sum(nll[0])), tokens_total).items()}
+  values["eval/num_tokens"] = tokens_total
+  return values
+
+
+def eval_rows_for(config, tokenizer) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """The rows the in-training eval uses: the first num_eval_steps x eval_batch_size rows of the
+  eval split in split order (all of them for num_eval_steps = -1), as (tokens, attention_mask,
+  context_mask) (`eval_rows`)."""
+  max_rows = None if config.num_eval_steps < 0 else config.num_eval_steps * config.eval_batch_size
+  return eval_rows(config, tokenizer, max_rows=max_rows)
+
 __all__ = ["DEFAULT_SEED", "row_keys", "row_order", "make_row_nll_fn", "logmeanexp", "per_token",
-           "sequence_nlls", "summarize", "bound_data_config", "eval_rows", "likelihood_eval"]
+           "sequence_nlls", "summarize", "bound_data_config", "eval_rows", "likelihood_eval",
+           "evaluate", "eval_rows_for"]
