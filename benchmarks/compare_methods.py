@@ -42,6 +42,8 @@ from setdiff_jax import train  # noqa: E402
 from setdiff_jax.workdir import load as workdir_lib  # noqa: E402
 from setdiff_jax.data import sources, tokenizers  # noqa: E402
 from setdiff_jax.evaluation import generation, run  # noqa: E402
+from setdiff_jax.evaluation.results import hardware  # noqa: E402
+from setdiff_jax.evaluation.tables import markdown_table  # noqa: E402
 
 DEFAULT_CLOZE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..",
                              "shared", "data", "rocstories-cloze-val-2016.csv")
@@ -238,7 +240,7 @@ def main_table(results: List[Dict[str, Any]], p) -> str:
                  hi1["tokens_per_second"], hi1["tokens_per_step"],
                  off8["quality"].get("gen_ppl"), hi8["quality"].get("gen_ppl"),
                  rl("1sent"), rl("3sent"), rl("corpus")])
-  return run.markdown_table(header, rows)
+  return markdown_table(header, rows)
 
 
 def detail_tables(results: List[Dict[str, Any]]) -> str:
@@ -253,10 +255,10 @@ def detail_tables(results: List[Dict[str, Any]]) -> str:
       infill_rows.append([r["method"], i["dataset"], i.get("threshold"), i["num_examples"],
                           i["skipped"], i.get("rouge1"), i.get("rouge2"), i.get("rougeL"),
                           i.get("tokens_per_second"), i.get("tokens_per_step")])
-  speed = run.markdown_table(
+  speed = markdown_table(
       ["method", "setting", "batch", "tok/s", "tok/step", "fwd calls", "gen PPL", "entropy",
        "distinct-2", "compile s"], speed_rows)
-  infill = run.markdown_table(
+  infill = markdown_table(
       ["method", "dataset", "tau", "n", "skipped", "R-1", "R-2", "R-L", "tok/s", "tok/step"],
       infill_rows)
   return ("### Decoding speed and sample quality (gen PPL under the AR run; only the larger "
@@ -376,7 +378,7 @@ def main(argv=None, log=print) -> Dict[str, Any]:
       "recipe": (f"{cfg0.model.num_layers} x {cfg0.model.hidden_size}, {cfg0.model.num_heads} "
                  f"heads, L={cfg0.seq_len}, vocab {cfg0.tokenizer.vocab_size}, lr "
                  f"{cfg0.learning_rate} {cfg0.lr_schedule}"),
-      "hardware": run.hardware(), "train_seconds": train_seconds, "eval_seconds": eval_seconds,
+      "hardware": hardware(), "train_seconds": train_seconds, "eval_seconds": eval_seconds,
       "total_seconds": time.perf_counter() - t_start, "results": results}
   with open(os.path.join(out_dir, "results.json"), "w") as f:
     json.dump(record, f, indent=2, default=float)

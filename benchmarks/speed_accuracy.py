@@ -70,6 +70,8 @@ from setdiff_jax.data import pairs as pairs_lib  # noqa: E402
 from setdiff_jax.data import tasks as tasks_lib  # noqa: E402
 from setdiff_jax.sampling import policies as policies_lib  # noqa: E402
 from setdiff_jax.evaluation import accuracy, run  # noqa: E402
+from setdiff_jax.evaluation.results import hardware  # noqa: E402
+from setdiff_jax.evaluation.tables import markdown_table  # noqa: E402
 from setdiff_jax.evaluation.generation import threshold_label  # noqa: E402
 
 METHODS = ("ar", "mdlm", "bd3lm4", "setdlm4")
@@ -236,7 +238,7 @@ def table(results) -> str:
                    x["tokens_per_step"], x.get("kept_tokens_per_step"), x["forward_calls"],
                    x["mean_generated_tokens"], x["tokens_per_second_batch1"],
                    x["tokens_per_second"], x["batch1_matches_batched"]])
-  return run.markdown_table(header, body)
+  return markdown_table(header, body)
 
 
 MEAN_FIELDS = ("accuracy", "tokens_per_step", "kept_tokens_per_step", "forward_calls",
@@ -280,7 +282,7 @@ def summary_table(summary) -> str:
                    f"{100 * x['accuracy']:.1f} ± {100 * x['accuracy_std']:.1f}",
                    x["kept_tokens_per_step"], x["tokens_per_step"], x["forward_calls"],
                    x["mean_generated_tokens"], x["tokens_per_second_batch1"]])
-  return run.markdown_table(header, body)
+  return markdown_table(header, body)
 
 
 def plot(results, path: str):
@@ -552,7 +554,7 @@ def policy_table(rows) -> str:
                  f"{100 * r['acc_diff_ci'][1]:+.1f}]", r["kept_tokens_per_call"],
                  f"{r['speedup']:.2f} [{r['speedup_ci'][0]:.2f}, {r['speedup_ci'][1]:.2f}]",
                  r["forward_calls"], r["copy_fraction"], r["tokens_per_second"], r["num_test"]])
-  return run.markdown_table(header, body)
+  return markdown_table(header, body)
 
 
 def policy_main(args, argv, log) -> Dict[str, Any]:
@@ -588,7 +590,7 @@ def policy_main(args, argv, log) -> Dict[str, Any]:
   record = {"command": "python benchmarks/speed_accuracy.py " + " ".join(
                 argv if argv is not None else sys.argv[1:]),
             "quick": bool(args.quick), "methods": methods, "plan": p,
-            "hardware": run.hardware(), "load_start": load_start, "load_end": _uptime(),
+            "hardware": hardware(), "load_start": load_start, "load_end": _uptime(),
             "train_seconds": train_seconds, "total_seconds": time.perf_counter() - t_start,
             "summary": rows, "records": records}
   name = f"{NAME}_policies"
@@ -658,7 +660,7 @@ def main(argv=None, log=print) -> Dict[str, Any]:
       "recipe": (f"configs/reasoning_common.py: {c0.model.num_layers} x {c0.model.hidden_size} "
                  f"DiT, L={c0.seq_len}, vocab {c0.tokenizer.vocab_size}, lr {c0.learning_rate} "
                  f"{c0.lr_schedule}"),
-      "hardware": run.hardware(), "load_start": load_start, "load_end": _uptime(),
+      "hardware": hardware(), "load_start": load_start, "load_end": _uptime(),
       "train_seconds": train_seconds, "eval_seconds": eval_seconds,
       "total_seconds": time.perf_counter() - t_start,
       "results": runs[0]["results"],  # the first seed's (as a single-seed run)

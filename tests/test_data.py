@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
+from setdiff_jax.data import iterator_state
 from setdiff_jax.data import pipeline as P
 from setdiff_jax.data import sources as S
 from setdiff_jax.data import tokenizers as T
@@ -237,10 +238,10 @@ def test_iterator_state_round_trip(tok, numbered_text, kind):
                         global_batch_size=4, seed=3)
     it = iter(ds)
     _take(it, 7)
-    state = P.iterator_state_json(it)
+    state = iterator_state.iterator_state_json(it)
     json.loads(state)  # JSON-able, as the grain orbax handler stores it
     expected = _take(it, 6)  # crosses an epoch of the 40-document text file
-    it2 = P.restore_iterator_state(iter(ds), state)
+    it2 = iterator_state.restore_iterator_state(iter(ds), state)
     got = _take(it2, 6)
   for e, g in zip(expected, got):
     np.testing.assert_array_equal(e["tokens"], g["tokens"])
@@ -254,16 +255,16 @@ def test_orbax_checkpoint_of_iterator(tok, tmp_path):
   it = iter(ds)
   _take(it, 3)
   with ocp.CheckpointManager(tmp_path) as mngr:
-    mngr.save(3, args=ocp.args.Composite(data=P.checkpoint_args_save(it)))
+    mngr.save(3, args=ocp.args.Composite(data=iterator_state.checkpoint_args_save(it)))
     mngr.wait_until_finished()
   expected = _take(it, 4)
   it2 = iter(ds)
   with ocp.CheckpointManager(tmp_path) as mngr:
-    mngr.restore(3, args=ocp.args.Composite(data=P.checkpoint_args_restore(it2)))
+    mngr.restore(3, args=ocp.args.Composite(data=iterator_state.checkpoint_args_restore(it2)))
   for e, g in zip(expected, _take(it2, 4)):
     np.testing.assert_array_equal(e["tokens"], g["tokens"])
   data_files = lambda d: sorted(f for f in os.listdir(d) if f.endswith(".json"))  # noqa: E731
-  assert data_files(tmp_path / "3" / "data") == [P.ITERATOR_FILE]  # one global state
+  assert data_files(tmp_path / "3" / "data") == [iterator_state.ITERATOR_FILE]  # one global state
   # A checkpoint written before the global order (grain's per-process file) still restores.
   import grain.checkpoint  # pylint: disable=g-import-not-at-top
   with ocp.CheckpointManager(tmp_path / "old") as mngr:
@@ -273,11 +274,11 @@ def test_orbax_checkpoint_of_iterator(tok, tmp_path):
   it3 = iter(ds)
   _take(it3, 3)
   (tmp_path / "old" / "3" / "data" / "process_0-of-1.json").write_text(
-      P.iterator_state_json(it3))
+      iterator_state.iterator_state_json(it3))
   it4 = iter(ds)
   with ocp.CheckpointManager(tmp_path / "old", item_handlers={
-      "data": P.global_iterator_handler()}) as mngr:
-    mngr.restore(3, args=ocp.args.Composite(data=P.checkpoint_args_restore(it4)))
+      "data": iterator_state.global_iterator_handler()}) as mngr:
+    mngr.restore(3, args=ocp.args.Composite(data=iterator_state.checkpoint_args_restore(it4)))
   for e, g in zip(expected, _take(it4, 4)):
     np.testing.assert_array_equal(e["tokens"], g["tokens"])
 
@@ -423,11 +424,11 @@ def test_global_order_independent_of_process_count(tok, numbered_text, kind):
     # Resume on another process count: the state is global (the same on every process).
     two = iters(2)
     check_equal(steps(two, 2), want[:2])
-    states = {P.iterator_state_json(it) for it in two}
+    states = {iterator_state.iterator_state_json(it) for it in two}
     assert len(states) == 1
     state = states.pop()
     for n in (4, 1):
-      resumed = [P.restore_iterator_state(it, state) for it in iters(n)]
+      resumed = [iterator_state.restore_iterator_state(it, state) for it in iters(n)]
       check_equal(steps(resumed, 4), want[2:])
     # A finite eval pass with a short, padded last batch: the union is the 1-process pass.
     if kind != "wrap_tfds":

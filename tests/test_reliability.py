@@ -23,7 +23,7 @@ from setdiff_jax.workdir import checkpoints as checkpointing
 from setdiff_jax.workdir import config as run_config
 from setdiff_jax.workdir import lock as workdir_lock
 from setdiff_jax.workdir import load as workdir_lib
-from setdiff_jax.data import pipeline, tokenizers
+from setdiff_jax.data import iterator_state, tokenizers
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)  # configs/
@@ -433,10 +433,10 @@ def test_missing_iterator_state_says_so(run_dir, tmp_path):
   manager = checkpointing.make_manager(workdir)
   abstract = _abstract(workdir)
   try:
-    os.remove(os.path.join(workdir, "checkpoints", "2", "data", pipeline.ITERATOR_FILE))
+    os.remove(os.path.join(workdir, "checkpoints", "2", "data", iterator_state.ITERATOR_FILE))
     iterator = _train_iterator(workdir)
     assert int(checkpointing.restore(manager, abstract, data_iterator=iterator).step) == 1
-    os.remove(os.path.join(workdir, "checkpoints", "1", "data", pipeline.ITERATOR_FILE))
+    os.remove(os.path.join(workdir, "checkpoints", "1", "data", iterator_state.ITERATOR_FILE))
     with pytest.raises(errors.MissingIteratorStateError) as e:
       checkpointing.restore(manager, abstract, data_iterator=iterator)
   finally:

@@ -5,7 +5,9 @@
               paragraphs; ROUGE-1/2/L
   generation  decoding speed (tokens/s, tokens/step, forward calls; SPEC §6.7) and unconditional
               sample statistics (entropy, distinct-n, generative perplexity under an AR judge)
-  run         `evaluate_workdir` (the body of launch/evaluate.py), JSON results, markdown tables
+  run         `evaluate_workdir` (the body of launch/evaluate.py)
+  results     the JSON results file (history keys, reading, writing, the hardware stamp)
+  tables      markdown tables of results
 """
 from setdiff_jax.evaluation.generation import (decoding_settings, distinct_n, generative_perplexity,
                                                measure, parse_thresholds, sample_stats,
@@ -18,8 +20,9 @@ from setdiff_jax.evaluation.likelihood import (eval_rows, likelihood_eval, logme
                                                make_row_nll_fn, row_keys, row_order,
                                                sequence_nlls,
                                                summarize)
-from setdiff_jax.evaluation.run import (EVALS, EvalOptions, evaluate_state, evaluate_workdir,
-                                        format_results, hardware, markdown_table)
+from setdiff_jax.evaluation.results import EVALS, hardware
+from setdiff_jax.evaluation.run import EvalOptions, evaluate_state, evaluate_workdir
+from setdiff_jax.evaluation.tables import format_results, markdown_table
 
 __all__ = [
     "likelihood_eval", "sequence_nlls", "summarize", "eval_rows", "row_keys", "row_order", "make_row_nll_fn",

@@ -53,13 +53,13 @@ Requests:
                          lm_eval's rolling windows of L tokens when the text is longer: the first
                          window conditions on BOS, each later one on the token before it.
 Context and continuation are encoded separately (as training pairs are), so the boundary is a
-token boundary; values are in nats.
+token boundary; values are in nats. The half that needs no lm_eval (pair scoring, draw keys,
+generation kwargs) is `lm_eval_requests.py`.
 """
 from __future__ import annotations
 
 import os
 import sys
-import zlib
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from absl import logging
@@ -82,35 +82,18 @@ except ModuleNotFoundError as _e:  # the lmeval extra is not installed: one erro
 import jax  # noqa: E402
 
 from setdiff_jax import decoding, methods, sharding  # noqa: E402
-from setdiff_jax.evaluation import likelihood
+from setdiff_jax.evaluation.lm_eval_requests import (NAME, gen_settings, parse_bool, request_key,
+                                                     request_where, score_pairs)
 from setdiff_jax.sampling import policies
 from setdiff_jax.workdir import load as workdir_lib
 
-NAME = "setdiff_jax"
 OVERFLOW_RULES = ("error", "truncate_prompt")
-# gen_kwargs we read; any other key (top_k, num_beams > 1, ...) is refused, never ignored.
-_NEUTRAL = {"num_beams": 1, "top_k": None, "repetition_penalty": 1.0}
-
-
-def _bool(name: str, value) -> bool:
-  if isinstance(value, bool):
-    return value
-  if str(value).lower() in ("true", "1", "yes"):
-    return True
-  if str(value).lower() in ("false", "0", "no"):
-    return False
-  raise ValueError(f"model_args {name}={value!r}: expected true or false")
 
 
 def _threshold(value) -> Optional[float]:
   if value is None or str(value).lower() in ("off", "none", ""):
     return None
   return float(value)
-
-
-def request_key(*texts: str) -> int:
-  """The draw index of a scoring request: a hash of its strings (order- and batch-free)."""
-  return zlib.crc32("\x00".join(texts).encode("utf-8"))
 
 
 @register_model(NAME)
@@ -143,7 +126,8 @@ class SetDiffLM(LM):
       raise ValueError(f"model_args threshold={threshold} and tau={tau} disagree; give one")
     del max_batch_size, device  # lm_eval passes them to every model; JAX picks its devices
     config = workdir_lib.load_config(workdir)
-    use_ema = (config.get("eval_params", "ema") == "ema") if ema is None else _bool("ema", ema)
+    use_ema = ((config.get("eval_params", "ema") == "ema") if ema is None
+               else parse_bool("ema", ema))
     # mesh: 'data=2;tensor=4' (';' since lm_eval splits model_args at commas), as --mesh
     mesh_config = sharding.parse_mesh(None if mesh is None else str(mesh).replace(";", ","),
                                       "model_args mesh")
@@ -183,7 +167,7 @@ class SetDiffLM(LM):
     self.batch_size = 8 if auto else int(batch_size)
     self.max_new_tokens = None if max_new_tokens is None else int(max_new_tokens)
     self.seed, self.num_orders = int(seed), int(num_orders)
-    self.greedy_check, self.overflow = _bool("greedy_check", greedy_check), overflow
+    self.greedy_check, self.overflow = parse_bool("greedy_check", greedy_check), overflow
     decoding.check_sampling_flags(self.seq_len, window=None if window is None else int(window),
                                   max_new_tokens=self.max_new_tokens)
     policies.get(str(policy), "model_args policy")
@@ -260,24 +244,6 @@ class SetDiffLM(LM):
     return out
 
   # ------------------------------------------------------------------ generate_until
-  def _gen_settings(self, kwargs: Dict[str, Any], where: str):
-    kwargs = dict(kwargs or {})
-    until = kwargs.pop("until", None) or []
-    until = [until] if isinstance(until, str) else list(until)
-    max_gen = int(kwargs.pop("max_gen_toks", 256))
-    do_sample = _bool("do_sample", kwargs.pop("do_sample", False))
-    temperature = float(kwargs.pop("temperature", 1.0 if do_sample else 0.0))
-    top_p = float(kwargs.pop("top_p", 1.0))
-    for k, neutral in _NEUTRAL.items():
-      if k in kwargs and kwargs[k] in (neutral, 0 if neutral is None else neutral):
-        kwargs.pop(k)
-    if kwargs:
-      raise ValueError(f"{where}: generation kwargs {kwargs} are not supported by {NAME} (it "
-                       "reads until, max_gen_toks, do_sample, temperature, top_p)")
-    sample = do_sample and temperature > 0
-    extra = {"temperature": temperature, "top_p": top_p} if sample else {}
-    return until, max_gen, (not sample), extra
-
   def generate_until(self, requests, disable_tqdm: bool = False) -> List[str]:
     del disable_tqdm
     groups: Dict[Tuple, List[Tuple[int, List[int]]]] = {}
@@ -285,8 +251,8 @@ class SetDiffLM(LM):
     short = 0
     for i, req in enumerate(requests):
       context, kwargs = req.args
-      where = _where(req, i)
-      until, max_gen, greedy, extra = self._gen_settings(kwargs, where)
+      where = request_where(req, i)
+      until, max_gen, greedy, extra = gen_settings(kwargs, where)
       want = min(max_gen, self.max_new_tokens or max_gen)
       prompt = self._prompt(context, where, room=1)
       n = min(want, self.seq_len - len(prompt))
@@ -337,9 +303,9 @@ class SetDiffLM(LM):
       context, continuation = req.args
       cont = list(self.tokenizer.encode(continuation)) if continuation else []
       if not cont:
-        raise ValueError(f"{_where(req, i)}: the continuation {continuation!r} encodes to no "
-                         "tokens; nothing to score")
-      pairs.append((self._prompt(context, _where(req, i), room=len(cont)), cont))
+        raise ValueError(f"{request_where(req, i)}: the continuation {continuation!r} encodes "
+                         "to no tokens; nothing to score")
+      pairs.append((self._prompt(context, request_where(req, i), room=len(cont)), cont))
       keys.append(request_key(context, continuation))
     if not pairs:
       return []
@@ -369,45 +335,6 @@ class SetDiffLM(LM):
       self.cache_hook.add_partial("loglikelihood_rolling", req.args, res)
     return out
 
-
-def score_pairs(model, params, obj_cfg, pairs: Sequence[Tuple[Sequence[int], Sequence[int]]],
-                keys: Sequence[int], *, seq_len: int, num_orders: int = 1, seed: int = 0,
-                batch_size: int = 8) -> np.ndarray:
-  """The method's bound on log p(cont | ctx) per (ctx ids, cont ids) pair (nats, float64 [n]).
-
-  Rows are [ctx] [cont] pad... (len <= seq_len) with context_mask = 1 on ctx (ctx starts with BOS
-  or, for later rolling windows, with the text before the window); `keys` are the rows' draw
-  indices (`likelihood.row_keys`). K = num_orders draws are combined by the method's
-  `aggregate_draws` (SetDLM: log-mean-exp over orders; MDLM / BD3LM: mean NELBO; AR: exact).
-  """
-  method = methods.get(obj_cfg.name)
-  n = len(pairs)
-  tokens = np.full((n, seq_len), int(obj_cfg.pad_token_id), np.int32)
-  att, ctx = np.zeros((n, seq_len), np.int32), np.zeros((n, seq_len), np.int32)
-  tail = method.scores_end_of_text  # causal: a real context tail adds no stop label
-  for r, (c, x) in enumerate(pairs):
-    row = list(c) + list(x)
-    if len(row) > seq_len or not c or not x:
-      raise ValueError(f"scoring row {r}: context {len(c)} + continuation {len(x)} tokens must "
-                       f"be >= 1 each and fit seq_len={seq_len}")
-    tokens[r, :len(row)], att[r, :len(row)], ctx[r, :len(c)] = row, 1, 1
-    if tail:
-      att[r, len(row):], ctx[r, len(row):] = 1, 1
-  nll, count = likelihood.sequence_nlls(
-      model, params, obj_cfg, tokens, att, context_mask=ctx, num_draws=method.num_draws(num_orders),
-      seed=seed, batch_size=batch_size, row_ids=np.asarray(keys, np.int64))
-  want = np.array([len(x) for _, x in pairs], np.float64)
-  if not np.array_equal(count, want):  # e.g. a pad-id token inside a continuation
-    bad = int(np.nonzero(count != want)[0][0])
-    raise ValueError(f"scoring row {bad}: {int(count[bad])} of {int(want[bad])} continuation "
-                     "tokens are scored (does it contain the pad id?)")
-  return -method.aggregate_draws(nll)
-
-
-def _where(req, i: int) -> str:
-  task = getattr(req, "task_name", None)
-  doc = getattr(req, "doc_id", None)
-  return f"request {i} (task {task}, doc {doc})" if task is not None else f"request {i}"
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

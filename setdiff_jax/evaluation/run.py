@@ -4,17 +4,12 @@
 
 Loads the checkpoint (EMA parameters by default), runs the requested evaluations, appends the
 results to WORKDIR/eval_results.json (its `history` is keyed by step, EMA/raw, eval kind and
-settings; nothing else is ever replaced) and returns them; `format_results` renders markdown
-tables.
+settings; nothing else is ever replaced; `evaluation/results.py`) and returns them;
+`evaluation/tables.format_results` renders markdown tables.
 """
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
-import os
-import platform
-import tempfile
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -24,9 +19,9 @@ from setdiff_jax import decoding, methods, paths
 from setdiff_jax.workdir import load as workdir_lib
 from setdiff_jax.data import pairs as pairs_lib
 from setdiff_jax.evaluation import accuracy, generation, gsm8k, infill, likelihood
-
-EVALS = ("likelihood", "infill", "speed", "samples", "accuracy")
-RESULTS_FILE = "eval_results.json"
+from setdiff_jax.evaluation.results import (EVALS, RESULTS_FILE, hardware, history_key,
+                                            read_record, write_results)
+from setdiff_jax.evaluation.tables import format_results
 
 
 @dataclasses.dataclass
@@ -72,23 +67,6 @@ class EvalOptions:
   def to_json(self) -> Dict[str, Any]:
     d = dataclasses.asdict(self)
     return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
-
-
-def hardware() -> Dict[str, Any]:
-  """Where the numbers were measured."""
-  cpu = platform.processor() or platform.machine()
-  try:
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        if line.startswith("model name"):
-          cpu = line.split(":", 1)[1].strip()
-          break
-  except OSError:
-    pass
-  dev = jax.devices()[0]
-  return {"backend": jax.default_backend(), "device": getattr(dev, "device_kind", str(dev)),
-          "num_devices": jax.device_count(), "cpu": cpu, "cpu_count": os.cpu_count(),
-          "jax": jax.__version__, "python": platform.python_version()}
 
 
 def _models(state):
@@ -260,52 +238,6 @@ def evaluate_state(state, evals: Sequence[str], opts: EvalOptions, *, judge=None
   return out
 
 
-def history_key(step: int, use_ema: bool, name: str, settings: Dict[str, Any]) -> str:
-  """The key of one result in the history: step, EMA/raw, eval kind and its settings."""
-  text = json.dumps(settings, sort_keys=True, default=str)
-  digest = hashlib.sha1(text.encode()).hexdigest()[:12]
-  return f"step={int(step)} params={'ema' if use_ema else 'raw'} eval={name} settings={digest}"
-
-
-def _read_record(path: str) -> Dict[str, Any]:
-  """The results file, {} if absent; a damaged one is an error (it is never overwritten)."""
-  if not paths.exists(path):
-    return {}
-  try:
-    record = json.loads(paths.read_text(path))
-  except (ValueError, OSError) as e:
-    raise ValueError(f"{path} is unreadable ({e}); it holds earlier evaluation results: move it "
-                     "away, or pass --output=ANOTHER.json") from e
-  if not isinstance(record, dict):
-    raise ValueError(f"{path} is not an evaluation results file; pass --output=ANOTHER.json")
-  if "history" not in record and record.get("step") is not None:  # a file of an older version
-    options = record.get("options", {})
-    record["history"] = {
-        history_key(record["step"], record.get("use_ema", True), e, options.get(e, {})):
-        {"step": record["step"], "use_ema": record.get("use_ema", True), "eval": e,
-         "settings": options.get(e, {}), "time": record.get("time"), "result": record[e]}
-        for e in EVALS if e in record}
-  return record
-
-
-def write_results(record: Dict[str, Any], path: str):
-  """Writes `record` to `path` (`paths.write_text`: write-then-rename, or one object upload).
-  If that fails, the results go to a file in the temporary directory and the OSError raised names
-  both paths."""
-  text = json.dumps(record, indent=2, default=str)
-  try:
-    if not paths.is_remote(path):
-      os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    paths.write_text(path, text)
-  except OSError as e:
-    fd, kept = tempfile.mkstemp(prefix="setdiff_eval_results_", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-      f.write(text)
-    raise OSError(e.errno, f"could not write the evaluation results to {path} ({e.strerror or e})"
-                  f"; they are printed above and kept in {kept}. Copy them from there, or pass "
-                  f"--output=A_WRITABLE_FILE.json next time", path) from e
-
-
 def evaluate_workdir(workdir: str, evals: Sequence[str], opts: Optional[EvalOptions] = None, *,
                      step: Optional[int] = None, use_ema: bool = True,
                      output: Optional[str] = None, log=print,
@@ -324,7 +256,7 @@ def evaluate_workdir(workdir: str, evals: Sequence[str], opts: Optional[EvalOpti
   """
   opts = opts or EvalOptions()
   path = output or paths.join(workdir, RESULTS_FILE)
-  record = _read_record(path)  # before the evaluation: a bad file fails fast
+  record = read_record(path)  # before the evaluation: a bad file fails fast
   state = workdir_lib.load_inference_state(workdir, step=step, use_ema=use_ema, mesh_config=mesh)
   for key, value in (data_overrides or {}).items():
     state.config.data[key] = value
@@ -351,69 +283,7 @@ def evaluate_workdir(workdir: str, evals: Sequence[str], opts: Optional[EvalOpti
   return record
 
 
-# ----------------------------------------------------------------------------- tables
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-  def fmt(v):
-    if v is None:
-      return "-"
-    if isinstance(v, float):
-      return f"{v:,.1f}" if abs(v) >= 100 else f"{v:.3g}" if abs(v) < 0.01 and v else f"{v:.2f}"
-    return str(v)
-  lines = ["| " + " | ".join(header) + " |",
-           "| " + " | ".join("---" for _ in header) + " |"]
-  lines += ["| " + " | ".join(fmt(v) for v in r) + " |" for r in rows]
-  return "\n".join(lines)
 
-
-def format_results(results: Dict[str, Any]) -> str:
-  """Markdown tables of whatever evals `results` holds."""
-  parts = []
-  lik = results.get("likelihood")
-  if lik:
-    parts.append("Likelihood (eval split; per token)\n\n" + markdown_table(
-        ["method", "sequences", "tokens", "NLL", "PPL", "BPD", "K", "K NLL", "K PPL"],
-        [[lik["method"], lik["num_sequences"], int(lik["num_tokens"]), lik["nll"], lik["ppl"],
-          lik["bpd"], lik["num_draws"], lik["K_nll"], lik["K_ppl"]]])
-        + f"\n\none draw: {lik['estimator']}; K: {lik['estimator_K']}")
-  if results.get("infill"):
-    parts.append("Infill (ROUGE F x 100, greedy, oracle length)\n\n" + markdown_table(
-        ["method", "dataset", "W", "tau", "n", "skipped", "R-1", "R-2", "R-L", "tok/s",
-         "tok/step", "programs", "tok/s w/ compile"],
-        [[r["method"], r["dataset"], r.get("window"), r.get("threshold"), r["num_examples"],
-          r["skipped"], r.get("rouge1"), r.get("rouge2"), r.get("rougeL"),
-          r.get("tokens_per_second"), r.get("tokens_per_step"), r.get("compiled_programs"),
-          r.get("tokens_per_second_with_compile")] for r in results["infill"]]))
-  if results.get("speed"):
-    parts.append("Decoding speed (unconditional, N = L - 1, no EOS stop)\n\n" + markdown_table(
-        ["method", "setting", "batch", "tok/s", "tok/step", "forward calls", "compile s",
-         "programs", "tok/s w/ compile"],
-        [[r["method"], r["setting"], r["batch_size"], r["tokens_per_second"],
-          r["tokens_per_step"], r["forward_calls"], r["compile_seconds"],
-          r.get("compiled_programs"), r.get("tokens_per_second_with_compile")]
-         for r in results["speed"]]))
-  if results.get("accuracy"):
-    parts.append("Accuracy (exact match of the final answer, greedy, EOS stop per row)\n\n" +
-                 markdown_table(
-        ["method", "setting", "n", "accuracy", "gen tokens", "tok/step", "kept tok/step",
-         "fwd calls", "kept/call", "copies", "tok/s b=1", "tok/s batch", "batch", "programs",
-         "tok/s w/ compile"],
-        [[r["method"], r["setting"], r["num_examples"], r["accuracy"], r["mean_generated_tokens"],
-          r["tokens_per_step"], r.get("kept_tokens_per_step"), r["forward_calls"],
-          r.get("kept_tokens_per_call"), r.get("copy_fraction"), r["tokens_per_second_batch1"],
-          r["tokens_per_second"], r["batch_size"], r.get("compiled_programs"),
-          r.get("tokens_per_second_with_compile")] for r in results["accuracy"]]))
-  if results.get("samples"):
-    parts.append("Unconditional samples\n\n" + markdown_table(
-        ["method", "setting", "n", "entropy", "dist-1", "dist-2", "dist-3", "gen PPL", "tok/s"],
-        [[r["method"], r["setting"], r["num_samples"], r["unigram_entropy"], r["distinct_1"],
-          r["distinct_2"], r["distinct_3"], r.get("gen_ppl"), r["tokens_per_second"]]
-         for r in results["samples"]]))
-    for r in results["samples"]:
-      for i, text in enumerate(r.get("examples", [])[:2]):
-        parts.append(f"sample {i} ({r['method']} {r['setting']}): {text}")
-  return "\n\n".join(parts)
-
-
-__all__ = ["EVALS", "RESULTS_FILE", "EvalOptions", "hardware", "infill_items", "run_likelihood",
-           "run_infill", "run_speed", "run_samples", "accuracy_pairs", "run_accuracy", "load_judge",
-           "evaluate_state", "history_key", "write_results", "evaluate_workdir", "markdown_table", "format_results"]
+__all__ = ["EvalOptions", "infill_items", "run_likelihood", "run_infill", "run_speed",
+           "run_samples", "accuracy_pairs", "run_accuracy", "load_judge", "check_options",
+           "evaluate_state", "evaluate_workdir"]

@@ -20,7 +20,7 @@ import ml_collections
 import orbax.checkpoint as ocp
 
 from setdiff_jax import errors, paths
-from setdiff_jax.data import pipeline
+from setdiff_jax.data import iterator_state
 from setdiff_jax.workdir import fallback
 
 CHECKPOINT_DIR = "checkpoints"
@@ -48,7 +48,8 @@ def make_manager(workdir: str, *, keep: int = 3, with_data: bool = True) -> ocp.
   items = ("state", "data") if with_data else ("state",)
   handlers = {"state": ocp.StandardCheckpointHandler()}
   if with_data:
-    handlers["data"] = pipeline.global_iterator_handler()  # one global state: any process count
+    # one global state: any process count
+    handlers["data"] = iterator_state.global_iterator_handler()
   options = ocp.CheckpointManagerOptions(max_to_keep=None, create=True,
                                          enable_async_checkpointing=False)
   with _quiet_orbax():
@@ -82,7 +83,7 @@ def save(manager: ocp.CheckpointManager, step: int, state, data_iterator=None, *
   """
   args = {"state": ocp.args.StandardSave(state)}
   if data_iterator is not None:
-    args["data"] = pipeline.checkpoint_args_save(data_iterator)
+    args["data"] = iterator_state.checkpoint_args_save(data_iterator)
   try:
     with _quiet_orbax():
       saved = manager.save(step, args=ocp.args.Composite(**args), force=force)

@@ -100,8 +100,8 @@ def structure_diff(stored: dict, wanted: dict, limit: int = 4) -> List[str]:
 
 def iterator_files() -> tuple:
   """Names the data item may hold this process's iterator state in (the global file first)."""
-  from setdiff_jax.data import pipeline  # pylint: disable=g-import-not-at-top
-  return pipeline.iterator_state_files(jax.process_index(), jax.process_count())
+  from setdiff_jax.data import iterator_state  # pylint: disable=g-import-not-at-top
+  return iterator_state.iterator_state_files(jax.process_index(), jax.process_count())
 
 
 CHECKSUM_FILE = "checksums.json"  # checkpoints/<step>/checksums.json: {path: [size, crc32]}
@@ -190,7 +190,7 @@ def restore_step(manager, step: int, abstract_state, data_iterator=None, *,
   `abstract_state` are not a mismatch.
   """
   import orbax.checkpoint as ocp
-  from setdiff_jax.data import pipeline  # pylint: disable=g-import-not-at-top
+  from setdiff_jax.data import iterator_state  # pylint: disable=g-import-not-at-top
 
   where = paths.join(str(manager.directory), str(step))
   if not paths.isdir(paths.join(where, "state")):
@@ -219,7 +219,7 @@ def restore_step(manager, step: int, abstract_state, data_iterator=None, *,
   if restore_fn is None:
     args = {"state": ocp.args.StandardRestore(abstract_state)}
     if data_iterator is not None:
-      args["data"] = pipeline.checkpoint_args_restore(data_iterator)
+      args["data"] = iterator_state.checkpoint_args_restore(data_iterator)
     restore_fn = lambda s: manager.restore(s, args=ocp.args.Composite(**args))["state"]  # noqa
   try:
     with _silent_orbax():

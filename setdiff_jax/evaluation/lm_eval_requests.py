@@ -1,0 +1,94 @@
+"""The lm_eval adapter's requests, without lm_eval: the bound of (context, continuation) token
+pairs (`score_pairs`), their draw keys, the generation kwargs a request may set, model_args
+booleans. `lm_eval_model.SetDiffLM` (which needs the `lmeval` extra) turns lm_eval's requests
+into these calls.
+"""
+from __future__ import annotations
+
+import zlib
+from typing import Any, Dict, Sequence, Tuple
+
+import numpy as np
+
+from setdiff_jax import methods
+from setdiff_jax.evaluation import likelihood
+
+NAME = "setdiff_jax"  # the model name lm_eval knows the adapter by (--model setdiff_jax)
+# gen_kwargs we read; any other key (top_k, num_beams > 1, ...) is refused, never ignored.
+NEUTRAL_GEN_KWARGS = {"num_beams": 1, "top_k": None, "repetition_penalty": 1.0}
+
+
+def parse_bool(name: str, value) -> bool:
+  if isinstance(value, bool):
+    return value
+  if str(value).lower() in ("true", "1", "yes"):
+    return True
+  if str(value).lower() in ("false", "0", "no"):
+    return False
+  raise ValueError(f"model_args {name}={value!r}: expected true or false")
+
+
+def request_key(*texts: str) -> int:
+  """The draw index of a scoring request: a hash of its strings (order- and batch-free)."""
+  return zlib.crc32("\x00".join(texts).encode("utf-8"))
+
+
+def request_where(req, i: int) -> str:
+  task = getattr(req, "task_name", None)
+  doc = getattr(req, "doc_id", None)
+  return f"request {i} (task {task}, doc {doc})" if task is not None else f"request {i}"
+
+
+def gen_settings(kwargs: Dict[str, Any], where: str):
+  """(until strings, max_gen_toks, greedy, sampler kwargs) of a generate_until request; any
+  generation kwarg we do not read is refused, never ignored."""
+  kwargs = dict(kwargs or {})
+  until = kwargs.pop("until", None) or []
+  until = [until] if isinstance(until, str) else list(until)
+  max_gen = int(kwargs.pop("max_gen_toks", 256))
+  do_sample = parse_bool("do_sample", kwargs.pop("do_sample", False))
+  temperature = float(kwargs.pop("temperature", 1.0 if do_sample else 0.0))
+  top_p = float(kwargs.pop("top_p", 1.0))
+  for k, neutral in NEUTRAL_GEN_KWARGS.items():
+    if k in kwargs and kwargs[k] in (neutral, 0 if neutral is None else neutral):
+      kwargs.pop(k)
+  if kwargs:
+    raise ValueError(f"{where}: generation kwargs {kwargs} are not supported by {NAME} (it "
+                     "reads until, max_gen_toks, do_sample, temperature, top_p)")
+  sample = do_sample and temperature > 0
+  extra = {"temperature": temperature, "top_p": top_p} if sample else {}
+  return until, max_gen, (not sample), extra
+
+
+def score_pairs(model, params, obj_cfg, pairs: Sequence[Tuple[Sequence[int], Sequence[int]]],
+                keys: Sequence[int], *, seq_len: int, num_orders: int = 1, seed: int = 0,
+                batch_size: int = 8) -> np.ndarray:
+  """The method's bound on log p(cont | ctx) per (ctx ids, cont ids) pair (nats, float64 [n]).
+
+  Rows are [ctx] [cont] pad... (len <= seq_len) with context_mask = 1 on ctx (ctx starts with BOS
+  or, for later rolling windows, with the text before the window); `keys` are the rows' draw
+  indices (`likelihood.row_keys`). K = num_orders draws are combined by the method's
+  `aggregate_draws` (SetDLM: log-mean-exp over orders; MDLM / BD3LM: mean NELBO; AR: exact).
+  """
+  method = methods.get(obj_cfg.name)
+  n = len(pairs)
+  tokens = np.full((n, seq_len), int(obj_cfg.pad_token_id), np.int32)
+  att, ctx = np.zeros((n, seq_len), np.int32), np.zeros((n, seq_len), np.int32)
+  tail = method.scores_end_of_text  # causal: a real context tail adds no stop label
+  for r, (c, x) in enumerate(pairs):
+    row = list(c) + list(x)
+    if len(row) > seq_len or not c or not x:
+      raise ValueError(f"scoring row {r}: context {len(c)} + continuation {len(x)} tokens must "
+                       f"be >= 1 each and fit seq_len={seq_len}")
+    tokens[r, :len(row)], att[r, :len(row)], ctx[r, :len(c)] = row, 1, 1
+    if tail:
+      att[r, len(row):], ctx[r, len(row):] = 1, 1
+  nll, count = likelihood.sequence_nlls(
+      model, params, obj_cfg, tokens, att, context_mask=ctx, num_draws=method.num_draws(num_orders),
+      seed=seed, batch_size=batch_size, row_ids=np.asarray(keys, np.int64))
+  want = np.array([len(x) for _, x in pairs], np.float64)
+  if not np.array_equal(count, want):  # e.g. a pad-id token inside a continuation
+    bad = int(np.nonzero(count != want)[0][0])
+    raise ValueError(f"scoring row {bad}: {int(count[bad])} of {int(want[bad])} continuation "
+                     "tokens are scored (does it contain the pad id?)")
+  return -method.aggregate_draws(nll)
