@@ -39,8 +39,9 @@ class EvalOptions:
   infill_batch_size: int = 8
   infill_thresholds: Sequence[Optional[float]] = (None,)
   repetition_penalty: float = 1.0       # infill decoders (the paper's throughput runs use 1.2)
-  penalty_history: str = "auto"         # set sampler: 'auto' (= 'cached' for infill) | 'visible'
-                                        # (prefix, suffix and commits: the paper's infill runs)
+  # set sampler: 'auto' (= 'cached' for infill) | 'visible' (prefix, suffix and commits: the
+  # paper's infill runs)
+  penalty_history: str = "auto"
   # speed and samples (SPEC §6.7, §6.2)
   window: Optional[int] = None          # set-sampler W (None: the run's S)
   thresholds: Sequence[Optional[float]] = (None, 0.9)
@@ -61,8 +62,9 @@ class EvalOptions:
   speed_examples: int = 16              # prompts timed one per call (batch 1)
   extractor: str = "auto"               # hash ('#### n') | boxed | auto
   preset: Optional[str] = None          # gsm8k_shell | gsm8k_repro (SPEC §6.4; overrides tau)
-  align_to_blocks: bool = True          # BD3LM / block-wise MDLM blocks on the grid (the official
-                                        # harness's align_inputs_to_blocks); False: from each P
+  # BD3LM / block-wise MDLM blocks on the grid (the official harness's align_inputs_to_blocks);
+  # False: from each P
+  align_to_blocks: bool = True
 
   def to_json(self) -> Dict[str, Any]:
     d = dataclasses.asdict(self)

@@ -18,8 +18,8 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from setdiff_jax import methods
 from setdiff_jax.interop.backbone_config import DIT_TARGET, backbone_fields
-from setdiff_jax.methods.base import (LINEAR_TARGET, STAGGERED_TARGET,  # noqa: F401 (re-exported)
-                                      effective_max_set_size)
+from setdiff_jax.methods.base import LINEAR_TARGET, STAGGERED_TARGET  # noqa: F401 (re-exported)
+from setdiff_jax.methods.base import effective_max_set_size
 from setdiff_jax.methods.setdlm import infer_desired_from_name, normalize_max_set_size
 
 FORMAT_VERSION = 1
