@@ -14,7 +14,7 @@ from setdiff_jax import sharding
 from setdiff_jax.models.dit import DiTConfig
 from setdiff_jax.sampling import (SamplerConfig, ar_generate, bd3lm_generate, mdlm_generate,
                                   set_generate)
-from setdiff_jax.sampling import placement, set_sampler
+from setdiff_jax.sampling import placement, set_inputs, set_sampler
 from setdiff_jax.sampling.cache import as_forward
 
 IDS = dict(mask_token_id=3, eos_token_id=2, pad_token_id=0, bos_token_id=1)
@@ -93,7 +93,7 @@ def _compiled_set_loop(tiny, mesh_cfg):
   cfg = SamplerConfig(**IDS, window=3, max_new_tokens=6, max_length=40, stop_at_eos=False,
                       length_buckets="pow2")
   fwd = as_forward(model, placed)
-  inp = set_sampler.prompted_inputs(prompts(), cfg)
+  inp = set_inputs.prompted_inputs(prompts(), cfg)
   with placement.on(mesh):
     lowered = set_sampler._set_core.lower(
         fwd.apply, fwd.params, placement.place_rows(mesh, inp), jax.random.PRNGKey(0),

@@ -21,8 +21,8 @@ from setdiff_jax.sampling.baselines import ar_generate, bd3lm_generate, mdlm_gen
 from setdiff_jax.sampling.cache import (Forward, KVCache, append, as_forward, dit_apply_fn,
                                         empty_cache, prefill)
 from setdiff_jax.sampling.config import SampleOutput, SamplerConfig, count_table, step_counts
-from setdiff_jax.sampling.set_sampler import (SetInputs, SetState, compact, infill_inputs,
-                                              prompted_inputs, set_generate, set_infill, set_init,
+from setdiff_jax.sampling.set_inputs import SetInputs, infill_inputs, prompted_inputs
+from setdiff_jax.sampling.set_sampler import (SetState, compact, set_generate, set_infill, set_init,
                                               set_step)
 from setdiff_jax.sampling.mdlm_infill import mdlm_infill
 from setdiff_jax.sampling.reference import reference_generate, reference_infill

@@ -46,14 +46,15 @@ from setdiff_jax.models.layers import suppress_mask_logit
 from setdiff_jax.sampling import placement, policies, processors
 from setdiff_jax.sampling.cache import KVCache, append, as_forward, bind, prefill
 from setdiff_jax.sampling.config import SampleOutput, SamplerConfig, step_counts
-from setdiff_jax.sampling.set_sampler import _as_rows, _key, check_prompts, finalize, prompt_width
+from setdiff_jax.sampling.set_inputs import _as_rows, check_prompts, prompt_width
+from setdiff_jax.sampling.set_sampler import _key, finalize
 
 
 def _prompt_arrays(prompts, cfg: SamplerConfig, n: int, total: int | None = None,
                    bucket: bool = True):
   """Left-aligned prompts: prompt int32 [B, Pmax] (pad), plen int32 [B]; canvas int32 [B, Lc]
   (prompt ++ M*N, M after), target bool [B, Lc]; Lc = max(Pmax + N, total). With `bucket`,
-  Pmax is the longest prompt bucketed (`set_sampler.prompt_width`; padding is never attended)."""
+  Pmax is the longest prompt bucketed (`set_inputs.prompt_width`; padding is never attended)."""
   rows = _as_rows(prompts, "prompts")
   check_prompts(rows, cfg, n)
   b = len(rows)

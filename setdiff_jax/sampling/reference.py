@@ -22,9 +22,9 @@ import jax.numpy as jnp
 from setdiff_jax.diffusion import masks
 from setdiff_jax.sampling.cache import Forward, bind
 from setdiff_jax.sampling.config import SampleOutput, SamplerConfig
-from setdiff_jax.sampling.set_sampler import (BIG, SetInputs, SetState, advance, generate_with,
-                                              infill_with, initial_state, run_loop,
-                                              step_window)
+from setdiff_jax.sampling.set_inputs import SetInputs
+from setdiff_jax.sampling.set_sampler import (BIG, SetState, advance, generate_with, infill_with,
+                                              initial_state, run_loop, step_window)
 
 
 def reference_init(inp: SetInputs, window_size: int, key) -> SetState:

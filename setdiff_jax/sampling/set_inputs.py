@@ -1,0 +1,156 @@
+"""Host-side inputs of the SetDLM sampler (SPEC §4.2, §4.3, §4.5): the padded batch arrays.
+
+`SetInputs` holds one batch as fixed NumPy arrays (canvas, targets, context positions, per-row step
+schedules, the cache order of committed sets); `prompted_inputs` (prompt ++ [M] * N per row) and
+`infill_inputs` (M wherever a canvas is to be filled) build it through `build_inputs`;
+`_fht_keys` draws the 'fht' cache order. Plain NumPy, never jitted; the samplers
+(`set_sampler`, `reference`, `baselines`) read these arrays.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import flax.struct
+import numpy as np
+
+from setdiff_jax.diffusion import orders
+from setdiff_jax.sampling.config import SamplerConfig, bucket_length, count_table
+
+
+@flax.struct.dataclass
+class SetInputs:
+  """Host-prepared arrays of one batch.
+
+  canvas int32 [B, Lc] (context tokens, M at targets, pad elsewhere); target bool [B, Lc];
+  valid bool [B, Lc] (positions that exist); vis_pos int32 [B, Vc] (context positions in position
+  order, padded); n_vis int32 [B]; counts int32 [B, K] (n_i per row); nsteps int32 [B];
+  cache_key int32 [B, Lc] (order of a committed set in the cache; smaller first).
+  """
+  canvas: Any
+  target: Any
+  valid: Any
+  vis_pos: Any
+  n_vis: Any
+  counts: Any
+  nsteps: Any
+  cache_key: Any
+
+
+def _as_rows(rows, what: str):
+  if isinstance(rows, np.ndarray) and rows.ndim == 1:
+    rows = [rows]
+  rows = [np.asarray(r, dtype=np.int64).reshape(-1) for r in rows]
+  if not rows:
+    raise ValueError(f"no {what} given")
+  return rows
+
+
+def _check_ids(row: np.ndarray, what: str):
+  if row.size and row.min() < 0:
+    raise ValueError(f"{what} contains a negative token id")
+
+
+def _fht_keys(target: np.ndarray, cfg: SamplerConfig, length: int, seed: int) -> np.ndarray:
+  """Ranks of target positions by descending staggered reveal time (S = W, S_max = 2W)."""
+  w = cfg.window
+  rng = np.random.default_rng(seed)
+  keys = np.tile(np.arange(target.shape[1], dtype=np.int64), (target.shape[0], 1))
+  for b in range(target.shape[0]):
+    pos = np.nonzero(target[b])[0]
+    if not len(pos):
+      continue
+    reveal = orders.staggered_reveal_times(rng.exponential(size=len(pos)), w, 2 * w, length=length)
+    rank = np.argsort(-reveal, kind="stable")
+    keys[b, pos[rank]] = np.arange(len(pos))
+  return keys
+
+
+def build_inputs(canvases: Sequence[np.ndarray], target_rows: Sequence[np.ndarray],
+                 cfg: SamplerConfig, seed: int = 0, width: int | None = None) -> SetInputs:
+  """Pads per-row canvases into fixed arrays and computes the per-row step schedules.
+
+  Lc = `width` (default: the longest canvas, bucketed by `cfg.length_buckets`); Vc and K are
+  bucketed too. Padding slots are invalid and never targets.
+  """
+  b = len(canvases)
+  lc = max(len(c) for c in canvases)
+  lc = max(lc, bucket_length(lc, cfg.length_buckets) if width is None else int(width))
+  canvas = np.full((b, lc), cfg.pad_token_id, np.int32)
+  target = np.zeros((b, lc), bool)
+  valid = np.zeros((b, lc), bool)
+  for i, (c, t) in enumerate(zip(canvases, target_rows)):
+    canvas[i, :len(c)] = c
+    target[i, :len(c)] = t
+    valid[i, :len(c)] = True
+  canvas[target] = cfg.mask_token_id
+  vis = valid & ~target
+  n_vis = vis.sum(-1)
+  vc = bucket_length(max(1, int(n_vis.max())), cfg.length_buckets)
+  vis_pos = np.zeros((b, vc), np.int32)
+  for i in range(b):
+    p = np.nonzero(vis[i])[0]
+    vis_pos[i, :len(p)] = p
+  n_target = target.sum(-1)
+  counts = count_table(n_target, cfg.num_steps)
+  k = bucket_length(counts.shape[1], cfg.length_buckets)
+  counts = np.pad(counts, ((0, 0), (0, k - counts.shape[1])))  # zeros: never read past nsteps
+  nsteps = np.array([n if cfg.num_steps is None else min(n, cfg.num_steps) for n in n_target],
+                    np.int32)  # min(T, N) steps per row
+  if cfg.cache_order == "fht":
+    cache_key = _fht_keys(target, cfg, cfg.max_length or lc, seed)
+  else:
+    cache_key = np.tile(np.arange(lc), (b, 1))
+  return SetInputs(canvas=canvas, target=target, valid=valid, vis_pos=vis_pos,
+                   n_vis=n_vis.astype(np.int32), counts=counts, nsteps=nsteps,
+                   cache_key=cache_key.astype(np.int32))
+
+
+def check_prompts(rows, cfg: SamplerConfig, n: int):
+  """Clear errors for an empty prompt, bad ids, a mask token, or prompt + N beyond the context."""
+  for i, p in enumerate(rows):
+    if len(p) == 0:
+      raise ValueError(f"prompt {i} is empty; pass at least one token (e.g. [bos_token_id])")
+    _check_ids(p, f"prompt {i}")
+    if np.any(p == cfg.mask_token_id):
+      raise ValueError(f"prompt {i} contains the mask token id {cfg.mask_token_id}")
+    if cfg.max_length is not None and len(p) + n > cfg.max_length:
+      raise ValueError(f"prompt {i} has {len(p)} tokens; with max_new_tokens={n} that is "
+                       f"{len(p) + n} > the model's context length max_length={cfg.max_length}")
+
+
+def prompted_inputs(prompts, cfg: SamplerConfig, seed: int = 0) -> SetInputs:
+  """Canvas = prompt ++ [M] * N per row (left-aligned, absolute positions 0..P+N-1)."""
+  rows = _as_rows(prompts, "prompts")
+  n = cfg.max_new_tokens
+  check_prompts(rows, cfg, n)
+  canvases = [np.concatenate([p, np.full(n, cfg.mask_token_id)]) for p in rows]
+  targets = [np.arange(len(p) + n) >= len(p) for p in rows]
+  return build_inputs(canvases, targets, cfg, seed, width=prompt_width(rows, cfg) + n)
+
+
+def prompt_width(rows, cfg: SamplerConfig) -> int:
+  """The padded prompt axis of a batch: its longest prompt bucketed by `cfg.length_buckets`,
+  capped so that width + N stays within `cfg.max_length` (never below the longest prompt)."""
+  pmax = max(len(p) for p in rows)
+  width = bucket_length(pmax, cfg.length_buckets)
+  if cfg.max_length is not None:
+    width = min(width, int(cfg.max_length) - cfg.max_new_tokens)
+  return max(width, pmax)
+
+
+def infill_inputs(canvases, cfg: SamplerConfig, seed: int = 0) -> SetInputs:
+  """Canvases hold context tokens and M at every position to generate (any number of gaps)."""
+  rows = _as_rows(canvases, "canvases")
+  for i, c in enumerate(rows):
+    _check_ids(c, f"canvas {i}")
+    if not np.any(c == cfg.mask_token_id):
+      raise ValueError(f"canvas {i} has no masked position (mask id {cfg.mask_token_id}): "
+                       "the gap is empty")
+    if cfg.max_length is not None and len(c) > cfg.max_length:
+      raise ValueError(f"canvas {i} has {len(c)} tokens > the model's context length "
+                       f"max_length={cfg.max_length}")
+  return build_inputs(rows, [c == cfg.mask_token_id for c in rows], cfg, seed)
+
+
+__all__ = ["SetInputs", "build_inputs", "check_prompts", "prompted_inputs", "prompt_width",
+           "infill_inputs"]
