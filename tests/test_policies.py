@@ -42,6 +42,20 @@ def test_threshold_hand_worked():
   assert mask("threshold", None, conf=np.array([[0.1, 0.2, 0.05, 0.3]], np.float32)) == [0, 0, 0, 1]
 
 
+def test_pmax_hand_worked():
+  # the chosen tokens' probabilities rank 3 > 1 > 0 > 2; the max-probabilities rank 2 > 0 > 1 > 3
+  conf = np.array([[0.1, 0.2, 0.05, 0.3]], np.float32)
+  assert mask("pmax", None, conf=conf) == [0, 0, 1, 0]          # n_i = 1: the highest pmax
+  assert mask("pmax", 0.8, conf=conf) == [1, 0, 1, 0]           # + pmax >= 0.8 (not conf)
+  assert mask("pmax", 0.6, count=3, conf=conf) == [1, 1, 1, 0]  # n_i is a floor; .6 >= .6
+  assert mask("pmax", 2.0, conf=conf) == [0, 0, 1, 0]           # tau > 1 is off
+  assert mask("pmax", None, count=0, conf=conf) == [1, 1, 1, 1]  # n_i == 0 keeps all
+  assert mask("pmax", 0.8, valid=(1, 1, 0, 1), conf=conf) == [1, 0, 0, 0]
+  # the same decisions as `threshold` when the chosen token is the argmax (greedy)
+  assert mask("threshold", 0.8) == mask("pmax", 0.8, conf=conf)
+  assert not policies.token_dependent("pmax") and policies.token_dependent("threshold")
+
+
 def test_entropy_bound_hand_worked():
   # pmax order: 2 (H .1), 0 (.3), 1 (.9), 3 (1.2); sum H - max H over the prefixes: 0, .1, .4, 1.3
   assert mask("entropy_bound", 0.0) == [0, 0, 1, 0]
@@ -153,7 +167,7 @@ def hash_toy(tokens, positions, mask, kv_cache):
 
 PROMPTS = [[1, 5, 6, 7, 8], [1, 9], [1, 4, 6]]
 ARGS = {"threshold": 0.5, "entropy_bound": 0.8, "factor": 1.0, "margin": 0.4, "topk": 2,
-        "dilated": 2, "stable": 2}
+        "dilated": 2, "stable": 2, "pmax": 0.5}
 
 
 def cfg_for(name, **kw):

@@ -62,8 +62,9 @@ class SamplerConfig:
     threshold: tau; candidates with probability >= tau are committed as well. None = off (the
       reference's 1e6). The parameter of the `threshold` policy only.
     policy: the commit policy, a name of `policies.POLICIES` (default 'threshold': the rule of
-      SPEC §4.2, n_i most confident + tau); see `policies.py` for the others (entropy_bound,
-      factor, margin, topk, dilated, stable). The schedule's n_i is a floor for every policy.
+      SPEC §4.2, n_i most confident + tau); see `policies.py` for the others (pmax,
+      entropy_bound, factor, margin, topk, dilated, stable). The schedule's n_i is a floor for
+      every policy.
     policy_arg: the policy's parameter (tau, gamma, f, k or d; None = its default; for 'threshold'
       it is tau, an alternative to `threshold`).
     max_new_tokens: N, masks appended after each prompt (ignored by infilling, where N is the number

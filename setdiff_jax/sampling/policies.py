@@ -19,6 +19,10 @@ Registry (`POLICIES`: name -> `Policy(fn, param, token_dependent, stateful, doc)
   threshold      (tau)    today's rule: n_i most confident + every candidate with p(chosen) >= tau
                           (tau = policy_arg, else SamplerConfig.threshold; None = off). Depends on
                           the sampled token (its probability ranks).
+  pmax           (tau)    the distribution-only counterpart of `threshold`: the n_i highest
+                          max-probabilities + every candidate with max-probability >= tau (None:
+                          off). Under sampling it commits what `threshold` would rank by the
+                          argmax, whatever token was drawn, so the trajectory likelihood is exact.
   entropy_bound  (gamma)  EB-sampler (Ben-Hamu et al. 2025): sort by max-probability, commit the
                           largest prefix U with sum_U H - max_U H <= gamma (the paper's bound; the
                           first candidate always passes). gamma >= 0, default 0.1.
@@ -137,6 +141,15 @@ def threshold(s: StepStats, valid, count, tau):
   return with_floor(s.conf >= tau if on else jnp.zeros_like(valid), s.conf, valid, count)
 
 
+def pmax(s: StepStats, valid, count, tau):
+  """`threshold` with the distribution's max-probability in place of the chosen token's
+  probability: the n_i valid slots with the highest max-probability plus every valid slot with
+  max-probability >= tau (tau > 1 or None: off). The decision never reads the sampled token, which
+  RL with exact trajectory likelihoods needs (issue 28); greedy, it equals `threshold`."""
+  on = tau is not None and tau <= 1.0
+  return with_floor(s.pmax >= tau if on else jnp.zeros_like(valid), s.pmax, valid, count)
+
+
 def entropy_bound(s: StepStats, valid, count, gamma):
   order, vs, hs = sorted_by(s.pmax, valid, jnp.where(valid, s.entropy, 0.0))
   excess = jnp.cumsum(hs, -1) - jax.lax.cummax(hs, axis=hs.ndim - 1)
@@ -186,6 +199,8 @@ POLICIES = {
                       doc="slots d apart from the first valid one"),
     "stable": Policy(stable, Param("k", kind="int", default=2, low=1), token_dependent=False,
                      stateful=True, doc="argmax unchanged for k steps"),
+    "pmax": Policy(pmax, Param("tau", default=None, low=0.0, low_open=True, allow_none=True),
+                   token_dependent=False, doc="n_i highest max-probability + pmax >= tau"),
 }
 
 
@@ -272,6 +287,12 @@ def carry_update(carry: Carry, pos: jax.Array, valid: jax.Array, argmax: jax.Arr
 
 
 # ----------------------------------------------------------------------------- the entry point
+def token_dependent(name: str) -> bool:
+  """Whether policy `name` reads the sampled token (then a rollout's likelihood is not the product
+  of its committed tokens' probabilities; see the module doc)."""
+  return get(name).token_dependent
+
+
 def commit(name: str, arg, s: StepStats, valid: jax.Array, count: jax.Array) -> jax.Array:
   """The commit mask bool [B, A] of policy `name` (arg already validated, static)."""
   return get(name).fn(s, valid, count, arg)
@@ -279,4 +300,4 @@ def commit(name: str, arg, s: StepStats, valid: jax.Array, count: jax.Array) -> 
 
 __all__ = ["StepStats", "Carry", "Param", "Policy", "POLICIES", "DEFAULT", "get", "check_arg",
            "parse_arg", "label", "distribution_stats", "carry_init", "streaks", "carry_update",
-           "commit", "ranks", "top_n", "with_floor"]
+           "commit", "ranks", "top_n", "with_floor", "token_dependent"]
