@@ -6,7 +6,9 @@ built once per length. Padding is combined separately (`two_stream_padding`), pe
 order, which is correct in general (the reference applies the unpermuted padding mask, SPEC §2.5).
 
 The decoding masks live here too (`cached_step_mask`, `causal_valid_mask`, `grid_mask`): the
-samplers only apply them to their cache's positions.
+samplers only apply them to their cache's positions. So do the masks of a sampled rollout that
+exact trajectory scoring (`rl.scoring`) rebuilds: `rollout_set_mask` (SetDLM, one two-stream pass),
+`rollout_block_clean_mask` / `rollout_block_step_mask` (BD3LM, replayed step by step).
 """
 from __future__ import annotations
 
@@ -107,7 +109,8 @@ def cached_step_mask(cache_valid, pending_valid, active_valid) -> jnp.ndarray:
 
 __all__ = [
     "set_causal_mask", "block_causal_mask", "causal_mask", "bidirectional_mask", "padding_mask",
-    "two_stream_padding", "cached_step_mask",
+    "two_stream_padding", "cached_step_mask", "causal_valid_mask", "grid_mask", "rollout_set_mask",
+    "rollout_block_clean_mask", "rollout_block_step_mask",
 ]
 
 
@@ -126,3 +129,56 @@ def grid_mask(q_pos, k_pos, k_valid, block_size: int) -> jax.Array:
   qb = q_pos // block_size
   kb = k_pos // block_size
   return (kb[:, None, :] <= qb[:, :, None]) & k_valid[:, None, :]
+
+
+def rollout_set_mask(valid, commit_step, cache_order) -> jax.Array:
+  """The two-stream mask of a SetDLM rollout as the KV-cached sampler saw it, bool [B, 2L, 2L].
+
+  Slots 0..L-1 are the clean tokens, L..2L-1 a mask token per position, both in position order
+  (the rule lives in the mask, not in the slot order). With valid = context | committed,
+  commit_step (-1 for context) and cache_order (the rank at which each clean token entered the
+  cache, context first; `SampleOutput.cache_order`):
+    clean -> clean: valid keys with cache_order(k) <= cache_order(q) (the cache is causal in the
+      order tokens entered it, SPEC §2.8);
+    noisy -> clean: the noisy query of a token committed at step t sees the valid keys committed
+      at steps < t, context included (commit_step -1) -- not every lower rank, as the training
+      `set_causal_mask` does: a set committed in one step was predicted from the same cache;
+    noisy -> noisy: itself only. Rows of invalid or context positions' noisy slots see themselves.
+  Args: valid bool [B, L]; commit_step, cache_order int [B, L].
+  """
+  valid = jnp.asarray(valid, bool)
+  step = jnp.asarray(commit_step, jnp.int32)
+  order = jnp.asarray(cache_order, jnp.int32)
+  length = valid.shape[-1]
+  gen = valid & (step >= 0)
+  clean = valid[:, :, None] & valid[:, None, :] & (order[:, None, :] <= order[:, :, None])
+  noisy = gen[:, :, None] & valid[:, None, :] & (step[:, None, :] < step[:, :, None])
+  eye = jnp.broadcast_to(jnp.eye(length, dtype=bool)[None], clean.shape)
+  zeros = jnp.zeros_like(clean)
+  top = jnp.concatenate([clean | eye, zeros], -1)
+  bottom = jnp.concatenate([noisy, eye], -1)
+  return jnp.concatenate([top, bottom], 1)
+
+
+def rollout_block_clean_mask(positions, valid, segment, block_size: int) -> jax.Array:
+  """The clean pass of a BD3LM rollout, bool [B, L, L]: every clean token's K/V as the sampler
+  cached them. segment = the call that cached it (0: the prompt prefill, b + 1: decode block b;
+  `SampleOutput.cache_order`); a query sees valid keys of its own or an earlier call that pass
+  the grid rule on absolute positions (SPEC §4.8), and itself."""
+  seg = jnp.asarray(segment, jnp.int32)
+  mask = grid_mask(positions, positions, jnp.asarray(valid, bool), block_size)
+  mask = mask & (seg[:, None, :] <= seg[:, :, None])
+  return mask | jnp.eye(seg.shape[-1], dtype=bool)[None]
+
+
+def rollout_block_step_mask(q_pos, q_valid, k_pos, k_valid, k_segment, segment,
+                            block_size: int) -> jax.Array:
+  """One replayed BD3LM step, bool [B, G, L + G]: the block's G slots (q_pos, q_valid [B, G]) see
+  the cached clean tokens of earlier calls (k_* [B, L], k_segment < segment [B]) and the block's
+  own valid slots, by the grid rule; every slot sees itself."""
+  seg = jnp.asarray(k_segment, jnp.int32)
+  cached = grid_mask(q_pos, k_pos, jnp.asarray(k_valid, bool) & (seg < segment[:, None]),
+                     block_size)
+  own = grid_mask(q_pos, q_pos, jnp.asarray(q_valid, bool), block_size)
+  own = own | jnp.eye(q_pos.shape[-1], dtype=bool)[None]
+  return jnp.concatenate([cached, own], -1)

@@ -37,6 +37,7 @@ class AR(Method):
     return "exact (K does not apply)"
 
   uses_threshold = False
+  rollout_scoring = "causal"
   infill_unsupported = ("it decodes left to right and cannot condition on the text after a gap "
                         "(the infill evaluation scores it on the prefix only)")
 

@@ -143,6 +143,11 @@ class Method:
       return [{"window": None, "threshold": None}]
     return [{"window": None, "threshold": t} for t in thresholds]
 
+  # How `rl.scoring` scores a sampled rollout exactly (issue 28): 'two_stream' (one pass with the
+  # cached set sampler's mask), 'causal' (one causal pass), 'block_replay' (one forward per
+  # decoding step); None: no exact scoring.
+  rollout_scoring: Optional[str] = None
+
   @property
   def infills_canvas(self) -> bool:
     """Whether `canvas_infill` can fill masks with the text on both sides visible."""

@@ -37,6 +37,7 @@ class BD3LM(Method):
   estimator = MDLM.estimator
   estimator_k = MDLM.estimator_k
 
+  rollout_scoring = "block_replay"
   infill_unsupported = ("its blocks are decoded left to right and cannot see the text after a gap "
                         "(the infill evaluation scores it on the prefix only)")
 

@@ -117,6 +117,7 @@ class SetDLM(Method):
     return f"log-mean-exp over K={k} orders per sequence (tighter bound)"
 
   uses_window = True
+  rollout_scoring = "two_stream"
 
   def generate(self, model, params, prompts, sampler_cfg, rng=None):
     return set_sampler.set_generate(model, params, prompts, sampler_cfg, rng)

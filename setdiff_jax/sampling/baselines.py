@@ -90,17 +90,20 @@ class _ARState:
   calls: jax.Array
   stopped: jax.Array
   key: jax.Array
+  logprob: jax.Array  # fp32 [B, Lc]: log-probability of each generated token
 
 
 def _ar_choose(logits, canvas, seen_upto, key, cfg: SamplerConfig):
-  """Next token from logits [B, V]; history = canvas positions < seen_upto [B]."""
+  """(next token int32 [B], its log-probability fp32 [B]) from logits [B, V]; history = canvas
+  positions < seen_upto [B]."""
   z = logits
   if cfg.repetition_penalty != 1.0:
     hist = jnp.arange(canvas.shape[1])[None] < seen_upto[:, None]
     z = processors.repetition_penalty(z, processors.seen_tokens(canvas, hist, z.shape[-1]),
                                       cfg.repetition_penalty)
   z = suppress_mask_logit(z, cfg.mask_token_id)
-  return processors.choose(z, key, cfg)[0]
+  cand, _, logp = processors.choose(z, key, cfg)
+  return cand, logp
 
 
 @functools.partial(jax.jit, static_argnames=("apply", "cfg", "stop_eos"))
@@ -114,12 +117,13 @@ def _ar_core(apply, params, prompt, plen, canvas, key, *, cfg: SamplerConfig, st
   cache, logits = prefill(fwd, prompt, pos, pos < plen[:, None], lc, want_logits=True)
   last = jnp.take_along_axis(logits, (plen - 1)[:, None, None], 1)[:, 0]
   key, sub = jax.random.split(key)
-  tok = _ar_choose(last, canvas, plen, sub, cfg)
+  tok, lp = _ar_choose(last, canvas, plen, sub, cfg)
   canvas = canvas.at[rows, plen].set(tok)
+  logprob = jnp.zeros(canvas.shape, jnp.float32).at[rows, plen].set(lp)
   n_gen = jnp.ones((b,), jnp.int32)
   stopped = (tok == cfg.eos_token_id) if stop_eos else jnp.zeros((b,), bool)
   state = _ARState(canvas=canvas, cache=cache, n_gen=n_gen, done=(n_gen >= n) | stopped,
-                   calls=jnp.ones((b,), jnp.int32), stopped=stopped, key=key)
+                   calls=jnp.ones((b,), jnp.int32), stopped=stopped, key=key, logprob=logprob)
 
   def body(s: _ARState):
     live = ~s.done
@@ -129,20 +133,22 @@ def _ar_core(apply, params, prompt, plen, canvas, key, *, cfg: SamplerConfig, st
     logits, kv = fwd.apply(fwd.params, tokens, cur[:, None], mask, s.cache.kv, 0)
     cache = append(s.cache, kv, cur[:, None], live.astype(jnp.int32))
     key, sub = jax.random.split(s.key)
-    tok = _ar_choose(logits[:, 0], s.canvas, cur + 1, sub, cfg)
+    tok, lp = _ar_choose(logits[:, 0], s.canvas, cur + 1, sub, cfg)
     nxt = jnp.where(live, cur + 1, lc)  # dropped when not live
     canvas = s.canvas.at[rows, nxt].set(tok, mode="drop")
+    logprob = s.logprob.at[rows, nxt].set(lp, mode="drop")
     n_gen = s.n_gen + live.astype(jnp.int32)
     stopped = s.stopped | (live & (tok == cfg.eos_token_id)) if stop_eos else s.stopped
     return _ARState(canvas=canvas, cache=cache, n_gen=n_gen, done=s.done | (n_gen >= n) | stopped,
-                    calls=s.calls + live.astype(jnp.int32), stopped=stopped, key=key)
+                    calls=s.calls + live.astype(jnp.int32), stopped=stopped, key=key,
+                    logprob=logprob)
 
   state = jax.lax.while_loop(lambda s: jnp.any(~s.done), body, state)
   idx = jnp.arange(lc)[None] - plen[:, None]
   commit_step = jnp.where((idx >= 0) & (idx < state.n_gen[:, None]), idx, -1)
   return dict(canvas=state.canvas, commit_step=commit_step, num_steps=state.n_gen,
               forward_calls=state.calls, num_committed=state.n_gen, stopped=state.stopped,
-              plen=plen)
+              plen=plen, token_logprob=state.logprob)
 
 
 def ar_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> SampleOutput:
@@ -154,7 +160,11 @@ def ar_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> SampleO
   with placement.on(mesh):
     res = _ar_core(fwd.apply, fwd.params, *placement.place_rows(mesh, (prompt, plen, canvas)),
                    _key(rng, cfg), cfg=cfg.static(), stop_eos=stop)
-  return _out(dict(res), target, cfg)
+  out = _out(dict(res), target, cfg)
+  # The cache holds the prompt, then each generated token in turn: its position is its rank.
+  known = (np.arange(target.shape[1])[None] < plen[:, None]) | (out.commit_step >= 0)
+  out.cache_order = np.where(known, np.arange(target.shape[1])[None], -1).astype(np.int32)
+  return out
 
 
 # ----------------------------------------------------------------------------- BD3LM / MDLM
@@ -173,6 +183,7 @@ class _BlockState:
   stopped: jax.Array
   key: jax.Array
   carry: Any = None     # policies.Carry [B, Lc] (the history policies' state)
+  logprob: Any = None   # fp32 [B, Lc]: log-probability of each committed token
 
 
 def _block_commit(s: _BlockState, logits, bpos, bin_, target, counts, nblk_steps, n, g,
@@ -186,8 +197,8 @@ def _block_commit(s: _BlockState, logits, bpos, bin_, target, counts, nblk_steps
   key, sub = jax.random.split(s.key)
   hist = (target & (s.canvas != m)) if cfg.repetition_penalty != 1.0 else None
   n_i = processors.schedule_count(counts, s.bstep)
-  cand, keep, carry = processors.decide(logits, is_mask, n_i, sub, cfg, s.canvas, hist, s.carry,
-                                        bpos)
+  cand, keep, carry, logp = processors.decide(logits, is_mask, n_i, sub, cfg, s.canvas, hist,
+                                              s.carry, bpos)
   canvas, commit_step = processors.scatter_commits(s.canvas, s.commit_step, bpos, keep, cand,
                                                    s.step)
   left = jnp.any(bin_ & (jnp.take_along_axis(canvas, bpos_c, -1) == m), -1)
@@ -202,7 +213,8 @@ def _block_commit(s: _BlockState, logits, bpos, bin_, target, counts, nblk_steps
                    fuse=block_done, step=s.step + live.astype(jnp.int32), done=done,
                    calls=s.calls + live.astype(jnp.int32),
                    committed=s.committed + jnp.sum(keep, -1).astype(jnp.int32), stopped=stopped,
-                   key=key, carry=carry)
+                   key=key, carry=carry,
+                   logprob=processors.scatter_kept(s.logprob, bpos, keep, logp))
 
 
 def _block_positions(start, plen, blk, g, n):
@@ -243,7 +255,7 @@ def _bd3lm_core(apply, params, prompt, plen, canvas, target, counts, key, *, cfg
                       fuse=jnp.zeros((b,), bool), step=jnp.zeros((b,), jnp.int32),
                       done=jnp.zeros((b,), bool), calls=(start > 0).astype(jnp.int32),
                       committed=jnp.zeros((b,), jnp.int32), stopped=jnp.zeros((b,), bool), key=key,
-                      carry=policies.carry_init(b, lc))
+                      carry=policies.carry_init(b, lc), logprob=jnp.zeros((b, lc), jnp.float32))
 
   def body(s: _BlockState):
     live = ~s.done
@@ -290,7 +302,7 @@ def _bd3lm_core(apply, params, prompt, plen, canvas, target, counts, key, *, cfg
   state = jax.lax.while_loop(lambda s: jnp.any(~s.done), body, state)
   return dict(canvas=state.canvas, commit_step=state.commit_step, num_steps=state.step,
               forward_calls=state.calls, num_committed=state.committed, stopped=state.stopped,
-              plen=plen)
+              plen=plen, token_logprob=state.logprob)
 
 
 def bd3lm_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> SampleOutput:
@@ -307,7 +319,22 @@ def bd3lm_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> Samp
     res = _bd3lm_core(fwd.apply, fwd.params,
                       *placement.place_rows(mesh, (prompt, plen, canvas, target)), counts,
                       _key(rng, cfg), cfg=cfg.static(), g=g, stop_eos=stop)
-  return _out(dict(res), target, cfg)
+  out = _out(dict(res), target, cfg)
+  out.cache_order = block_cache_calls(plen, target, out.commit_step, g, cfg.align_to_blocks)
+  return out
+
+
+def block_cache_calls(plen, target, commit_step, g: int, align: bool) -> np.ndarray:
+  """BD3LM's `SampleOutput.cache_order`, int32 [B, Lc]: the call that caches each clean token (0:
+  the prompt prefill, b + 1: decode block b, cached whole by the fused first step of block b + 1
+  (the last block's rank is the one it would get); -1: padding, never committed."""
+  plen = np.asarray(plen)
+  lc = target.shape[1]
+  pos = np.arange(lc)[None]
+  start = ((plen // g) * g if align else plen)[:, None]
+  seg = np.where(pos < start, 0, (pos - start) // g + 1)
+  known = (pos < plen[:, None]) | (commit_step >= 0)
+  return np.where(known, seg, -1).astype(np.int32)
 
 
 @functools.partial(jax.jit, static_argnames=("apply", "cfg", "g", "stop_eos"))
@@ -324,7 +351,7 @@ def _mdlm_core(apply, params, plen, canvas, target, counts, key, *, cfg: Sampler
                       fuse=jnp.zeros((b,), bool), step=jnp.zeros((b,), jnp.int32),
                       done=jnp.zeros((b,), bool), calls=jnp.zeros((b,), jnp.int32),
                       committed=jnp.zeros((b,), jnp.int32), stopped=jnp.zeros((b,), bool), key=key,
-                      carry=policies.carry_init(b, lm))
+                      carry=policies.carry_init(b, lm), logprob=jnp.zeros((b, lm), jnp.float32))
 
   start = _block_start(plen, g, cfg.align_to_blocks)
 
@@ -337,7 +364,7 @@ def _mdlm_core(apply, params, plen, canvas, target, counts, key, *, cfg: Sampler
   state = jax.lax.while_loop(lambda s: jnp.any(~s.done), body, state)
   return dict(canvas=state.canvas, commit_step=state.commit_step, num_steps=state.step,
               forward_calls=state.calls, num_committed=state.committed, stopped=state.stopped,
-              plen=plen)
+              plen=plen, token_logprob=state.logprob)
 
 
 def mdlm_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> SampleOutput:

@@ -214,6 +214,15 @@ class SampleOutput:
   forward_calls: int [B], model calls that advanced the row (prompt/context encoding included).
   num_committed: int [B], tokens committed (those dropped after an EOS stop included).
   stopped: bool [B], the row stopped at an EOS.
+  token_logprob: fp32 [B, Lc], the log-probability of each committed token under the distribution
+    it was drawn from (processed logits, M suppressed, temperature when sampling, nucleus-
+    renormalised when top_p < 1); 0 for context and never-committed positions. Tokens committed
+    after a stopping EOS are included (they were drawn). What `rl.scoring` reproduces.
+  cache_order: int [B, Lc], when each clean token's K/V entered the KV cache, as a rank, context
+    first (-1: never committed). Set sampler: a strict order (context in position order, then
+    each step's committed set in its cache order, `set_inputs.cache_ranks`); AR: the position;
+    BD3LM: the index of the call that caches the token (0 = the prompt, b + 1 = decode block b,
+    whose tokens attend each other by the grid rule); None where a sampler has no cache (MDLM).
   """
   sequences: List[List[int]]
   generated: List[List[int]]
@@ -224,6 +233,8 @@ class SampleOutput:
   forward_calls: np.ndarray
   num_committed: np.ndarray
   stopped: np.ndarray
+  token_logprob: Optional[np.ndarray] = None
+  cache_order: Optional[np.ndarray] = None
 
   @property
   def tokens_per_step(self) -> float:

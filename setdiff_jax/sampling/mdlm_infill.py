@@ -36,8 +36,8 @@ def _mdlm_infill_core(apply, params, canvas, target, valid, counts, nsteps, key,
     key, sub = jax.random.split(s["key"])
     hist = (valid & (s["canvas"] != m)) if cfg.repetition_penalty != 1.0 else None
     n_i = processors.schedule_count(counts, s["step"])
-    cand, keep, carry = processors.decide(logits, is_mask, n_i, sub, cfg, s["canvas"], hist,
-                                          s["carry"], positions)
+    cand, keep, carry, _ = processors.decide(logits, is_mask, n_i, sub, cfg, s["canvas"], hist,
+                                             s["carry"], positions)
     canvas, commit_step = processors.scatter_commits(s["canvas"], s["commit_step"], positions, keep,
                                                      cand, s["step"])
     step = s["step"] + live.astype(jnp.int32)

@@ -55,10 +55,13 @@ def nucleus(probs: jax.Array, top_p: float) -> jax.Array:
 
 
 def choose(logits: jax.Array, key: Optional[jax.Array],
-           cfg: SamplerConfig) -> Tuple[jax.Array, jax.Array]:
-  """Candidate token and its confidence for each row of logits [..., V] (M already suppressed).
+           cfg: SamplerConfig) -> Tuple[jax.Array, jax.Array, jax.Array]:
+  """Candidate token, its confidence and its log-probability for each row of logits [..., V]
+  (M already suppressed).
 
-  Returns (cand int32 [...], conf fp32 [...]).
+  Returns (cand int32 [...], conf fp32 [...], logp fp32 [...]): conf and logp are the chosen
+  token's probability and log-probability under the distribution it was drawn from (temperature
+  when sampling, nucleus-renormalised when top_p < 1), what a rollout's exact score reproduces.
   """
   z = logits.astype(jnp.float32)
   if not cfg.greedy and cfg.temperature != 1.0:
@@ -70,14 +73,14 @@ def choose(logits: jax.Array, key: Optional[jax.Array],
     else:
       cand = jax.random.categorical(key, jnp.log(probs), axis=-1)
     conf = jnp.take_along_axis(probs, cand[..., None], axis=-1)[..., 0]
-    return cand.astype(jnp.int32), conf
+    return cand.astype(jnp.int32), conf, jnp.log(conf)
   logp = jax.nn.log_softmax(z, axis=-1)
   if cfg.greedy:
     cand = jnp.argmax(z, axis=-1)
   else:
     cand = jax.random.categorical(key, logp, axis=-1)
-  conf = jnp.exp(jnp.take_along_axis(logp, cand[..., None], axis=-1)[..., 0])
-  return cand.astype(jnp.int32), conf
+  lp = jnp.take_along_axis(logp, cand[..., None], axis=-1)[..., 0]
+  return cand.astype(jnp.int32), jnp.exp(lp), lp
 
 
 def probabilities(z: jax.Array, cfg: SamplerConfig) -> jax.Array:
@@ -98,14 +101,15 @@ def decide(logits: jax.Array, active: jax.Array, count: jax.Array, key, cfg: Sam
   logits: raw fp32 [B, A, V]; active: bool [B, A]; count: n_i [B]; history_*: [B, L] (tokens and
   which of them count as seen by the repetition penalty); carry / pos: the history policies'
   per-position state and the slots' positions int [B, A] (None: every streak is 1).
-  Returns (cand int32 [B, A], keep bool [B, A], carry updated at the active slots).
+  Returns (cand int32 [B, A], keep bool [B, A], carry updated at the active slots, logp fp32
+  [B, A]: each candidate's log-probability under the distribution it was drawn from).
   """
   z = logits
   if cfg.repetition_penalty != 1.0:
     seen = seen_tokens(history_tokens, history_mask, z.shape[-1])
     z = repetition_penalty(z, seen, cfg.repetition_penalty)
   z = suppress_mask_logit(z, cfg.mask_token_id)
-  cand, conf = choose(z, key, cfg)
+  cand, conf, logp = choose(z, key, cfg)
   policy = policies.get(cfg.policy)
   if cfg.policy == policies.DEFAULT:  # today's rule reads the chosen token's probability only
     ones = jnp.ones_like(cand)
@@ -117,7 +121,7 @@ def decide(logits: jax.Array, active: jax.Array, count: jax.Array, key, cfg: Sam
     if policy.stateful and carry is not None:
       carry = policies.carry_update(carry, pos, active, argmax, streak)
   keep = policies.commit(cfg.policy, cfg.policy_param, stats, active, count)
-  return cand, keep, carry
+  return cand, keep, carry, logp
 
 
 def scatter_commits(canvas: jax.Array, commit_step: jax.Array, pos: jax.Array, keep: jax.Array,
@@ -133,6 +137,13 @@ def scatter_commits(canvas: jax.Array, commit_step: jax.Array, pos: jax.Array, k
   commit_step = commit_step.at[rows, where].set(jnp.broadcast_to(step[:, None], pos.shape),
                                                 mode="drop")
   return canvas, commit_step
+
+
+def scatter_kept(buf: jax.Array, pos: jax.Array, keep: jax.Array, values: jax.Array):
+  """buf [B, L] with values [B, A] written at positions pos [B, A] where keep (others dropped)."""
+  b, length = buf.shape
+  rows = jnp.broadcast_to(jnp.arange(b)[:, None], pos.shape)
+  return buf.at[rows, jnp.where(keep, pos, length)].set(values.astype(buf.dtype), mode="drop")
 
 
 def schedule_count(counts: jax.Array, step: jax.Array) -> jax.Array:
@@ -155,4 +166,4 @@ def first_index(flag: jax.Array, default) -> jax.Array:
 
 
 __all__ = ["seen_tokens", "repetition_penalty", "nucleus", "choose", "probabilities",
-           "decide", "scatter_commits", "schedule_count", "eos_stop", "first_index"]
+           "decide", "scatter_commits", "scatter_kept", "schedule_count", "eos_stop", "first_index"]

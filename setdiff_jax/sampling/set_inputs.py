@@ -152,5 +152,26 @@ def infill_inputs(canvases, cfg: SamplerConfig, seed: int = 0) -> SetInputs:
   return build_inputs(rows, [c == cfg.mask_token_id for c in rows], cfg, seed)
 
 
-__all__ = ["SetInputs", "build_inputs", "check_prompts", "prompted_inputs", "prompt_width",
-           "infill_inputs"]
+def cache_ranks(valid: np.ndarray, target: np.ndarray, commit_step: np.ndarray,
+                cache_key: np.ndarray) -> np.ndarray:
+  """The order in which each clean token entered the set sampler's KV cache, int32 [B, Lc].
+
+  Context first in position order (the prefill), then step by step the committed sets, each in
+  `cache_key` order (the pending tokens' slot order, causal among themselves); the last step's
+  commits get the rank they would enter with. -1 for padding and never-committed positions.
+  """
+  b, lc = valid.shape
+  out = np.full((b, lc), -1, np.int32)
+  context = valid & ~target
+  committed = target & (commit_step >= 0)
+  for i in range(b):
+    group = np.where(context[i], 0, commit_step[i].astype(np.int64) + 1)
+    key = np.where(context[i], np.arange(lc), cache_key[i])
+    pos = np.nonzero(context[i] | committed[i])[0]
+    order = pos[np.lexsort((pos, key[pos], group[pos]))]
+    out[i, order] = np.arange(len(order), dtype=np.int32)
+  return out
+
+
+__all__ = ["SetInputs", "cache_ranks", "build_inputs", "check_prompts", "prompted_inputs",
+           "prompt_width", "infill_inputs"]

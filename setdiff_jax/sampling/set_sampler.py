@@ -9,8 +9,9 @@ advances on its own (own prompt length, own step counter, own stop). Per step an
   inputs    [pending clean tokens (P slots) | active masks (A = W slots)]; pending = the tokens
             committed at the previous step, in cache order ('l2r': by position, 'fht': by sampled
             reveal time); P is the smallest of 1, 2, 4, ..., W that holds every row's pending
-            set (a `lax.switch` over these static sizes). Mask `masks.cached_step_mask` (pending causal among themselves, masks see
-            the cache, every pending token and themselves only).
+            set (a `lax.switch` over these static sizes). Mask `masks.cached_step_mask`
+            (pending causal among themselves, masks see the cache, every pending token and
+            themselves only).
   cache     the pending tokens' K/V are appended to the fixed-capacity cache during this call;
             mask K/V are never cached (SPEC §8.11).
   commit    the commit policy (`cfg.policy`, `policies.py`; default: n_i = round(N t_i) -
@@ -51,7 +52,7 @@ from setdiff_jax.diffusion import masks
 from setdiff_jax.sampling import placement, policies, processors
 from setdiff_jax.sampling.cache import Forward, KVCache, append, as_forward, bind, prefill
 from setdiff_jax.sampling.config import SampleOutput, SamplerConfig
-from setdiff_jax.sampling.set_inputs import SetInputs, infill_inputs, prompted_inputs
+from setdiff_jax.sampling.set_inputs import SetInputs, cache_ranks, infill_inputs, prompted_inputs
 
 BIG = np.int32(2 ** 30)
 
@@ -73,6 +74,7 @@ class SetState:
   stopped: jax.Array      # bool [B]
   key: jax.Array
   carry: Any = None       # policies.Carry [B, Lc] (the history policies' state)
+  logprob: Any = None     # fp32 [B, Lc]: log-probability of each committed token (0 elsewhere)
 
 
 def set_init(fwd: Forward, inp: SetInputs, window: int, key) -> SetState:
@@ -99,7 +101,7 @@ def initial_state(inp: SetInputs, window: int, key, model, calls: jax.Array) -> 
                   pending_n=jnp.zeros((b,), jnp.int32), model=model,
                   step=jnp.zeros((b,), jnp.int32), done=done, calls=calls,
                   committed=jnp.zeros((b,), jnp.int32), stopped=jnp.zeros((b,), bool), key=key,
-                  carry=policies.carry_init(b, lc))
+                  carry=policies.carry_init(b, lc), logprob=jnp.zeros((b, lc), jnp.float32))
 
 
 def _history_mask(state: SetState, target, valid, history: str, mask_id: int):
@@ -213,10 +215,11 @@ def advance(state: SetState, inp: SetInputs, cfg: SamplerConfig, win: Window, lo
   key, sub = jax.random.split(state.key)
   hist = _history_mask(state, target, valid, history, m) if cfg.repetition_penalty != 1.0 else None
   n_i = processors.schedule_count(jnp.asarray(inp.counts, jnp.int32), state.step)
-  cand, keep, carry = processors.decide(logits, win.valid, n_i, sub, cfg, canvas, hist,
-                                        state.carry, win.pos)
+  cand, keep, carry, logp = processors.decide(logits, win.valid, n_i, sub, cfg, canvas, hist,
+                                              state.carry, win.pos)
   canvas, commit_step = processors.scatter_commits(canvas, state.commit_step, win.pos, keep, cand,
                                                    state.step)
+  logprob = processors.scatter_kept(state.logprob, win.pos, keep, logp)
 
   # -- next pending set, in cache order
   ckey = jnp.take_along_axis(jnp.asarray(inp.cache_key, jnp.int32), win.pos_c, -1)
@@ -237,7 +240,8 @@ def advance(state: SetState, inp: SetInputs, cfg: SamplerConfig, win: Window, lo
                  pending_pos=jnp.where(live[:, None], pending_pos, state.pending_pos),
                  pending_n=jnp.where(live, n_keep, state.pending_n), model=model, step=step,
                  done=done, calls=state.calls + live.astype(jnp.int32),
-                 committed=state.committed + n_keep, stopped=stopped, key=key, carry=carry)
+                 committed=state.committed + n_keep, stopped=stopped, key=key, carry=carry,
+                 logprob=logprob)
   info = dict(logits=logits, active_pos=win.pos, active_valid=win.valid, keep=keep, cand=cand)
   return new, info
 
@@ -246,7 +250,8 @@ def run_loop(state: SetState, step) -> dict:
   """`step(state) -> state` until every row is done; the arrays `finalize` reads."""
   state = jax.lax.while_loop(lambda s: jnp.any(~s.done), step, state)
   return dict(canvas=state.canvas, commit_step=state.commit_step, num_steps=state.step,
-              forward_calls=state.calls, num_committed=state.committed, stopped=state.stopped)
+              forward_calls=state.calls, num_committed=state.committed, stopped=state.stopped,
+              token_logprob=state.logprob)
 
 
 @functools.partial(jax.jit, static_argnames=("apply", "cfg", "stop_eos", "history"))
@@ -276,7 +281,12 @@ def finalize(res, target: np.ndarray, valid: np.ndarray, cfg: SamplerConfig) -> 
                       commit_step=np.asarray(res["commit_step"]),
                       num_steps=np.asarray(res["num_steps"]),
                       forward_calls=np.asarray(res["forward_calls"]),
-                      num_committed=np.asarray(res["num_committed"]), stopped=stopped)
+                      num_committed=np.asarray(res["num_committed"]), stopped=stopped,
+                      token_logprob=_host(res.get("token_logprob"), np.float32))
+
+
+def _host(x, dtype):
+  return None if x is None else np.asarray(x, dtype)
 
 
 def compact(tokens: jax.Array, keep: jax.Array, pad_id: int):
@@ -303,7 +313,10 @@ def _run(core, model, params, inp: SetInputs, cfg: SamplerConfig, rng, stop_eos:
   with placement.on(mesh):
     res = core(fwd.apply, fwd.params, placement.place_rows(mesh, inp), _key(rng, cfg),
                cfg=static, stop_eos=stop_eos, history=history)
-  return finalize(res, np.asarray(inp.target), np.asarray(inp.valid), cfg)
+  out = finalize(res, np.asarray(inp.target), np.asarray(inp.valid), cfg)
+  out.cache_order = cache_ranks(np.asarray(inp.valid), np.asarray(inp.target), out.commit_step,
+                                np.asarray(inp.cache_key))
+  return out
 
 
 def generate_with(core, model, params, prompts, cfg: SamplerConfig, rng=None) -> SampleOutput:

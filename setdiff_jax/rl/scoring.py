@@ -1,0 +1,275 @@
+"""Exact trajectory scoring: the log-likelihood of a sampler's rollout under the policy (issue 28).
+
+A set decoder's rollout is an ordered sequence of committed sets C_1, C_2, ...; every committed
+token was drawn from the prompt and the clean tokens of earlier steps only, so
+
+    log pi(y | x) = sum_t sum_{i in C_t} log p_theta(y_i | x, y_{C<t})
+
+*provided the commit decision is a function of the step's predictive distributions only*
+(`check_exact`: a token-independent commit policy such as `pmax`, `topk`, `entropy_bound`;
+temperature sampling without nucleus filtering or repetition penalty). Then the commit sets are a
+deterministic function of the history and the product above is the probability of the trajectory
+(tokens and commit steps). The default `threshold` policy ranks by the sampled token's probability,
+so which positions commit depends on draws that are then thrown away and the formula is wrong
+(A = (.6, .4), B = (.9, .1), one commit per step: a0 then b0 has probability .6 * .1 * .9 = .054,
+the formula says .54).
+
+  Rollout                   the arrays a scorer needs (host -> `rollout_from_output`)
+  token_logprobs(...)       fp32 [B, L]: log pi(y_i | x, y_{C<t}) at generated positions, else 0
+  token_logits(...)         fp32 [B, L, V]: the log-softmax rows behind them (exact KL)
+  check_exact(method, cfg)  ValueError (one `error:` line) for a setting that is not exact
+
+Per method (its registry entry's `rollout_scoring`; all pure, jittable with method / model /
+temperature / mask_token_id / block_size / max_steps static, differentiable in params):
+  setdlm  'two_stream': one two-stream forward over 2L slots: the clean tokens (causal in cache
+          order) and one mask token per position that sees the clean tokens committed at
+          earlier steps and itself (`masks.rollout_set_mask`); rotary positions are the
+          tokens' own positions.
+  ar      'causal': one causal pass; the token at position i is scored by the logits at i - 1.
+  bd3lm   'block_replay': a block's masks attend to each other, so the steps are replayed: one
+          clean pass gives every clean token's K/V (`masks.rollout_block_clean_mask`), then one
+          forward per step (a `lax.scan` over up to `max_steps` steps, default L; steps past a
+          batch's last one are skipped by `lax.cond`) feeds the step's block of G = block_size
+          slots (committed tokens clean, the rest M) against those K/V
+          (`masks.rollout_block_step_mask`). Cost: 1 + (number of steps) forwards of G query
+          rows over L + G keys, about what sampling cost, plus their backward; the scan keeps
+          [steps, B, G] log-probabilities ([steps, B, G, V] rows for `token_logits`).
+MDLM has none (not supported: its every step is a full bidirectional pass over the canvas).
+
+Rows are laid out as the samplers lay them out (left-aligned, absolute positions = column index,
+padding after each row), so mixed prompt lengths need nothing special.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from setdiff_jax import methods, models
+from setdiff_jax.diffusion import masks
+from setdiff_jax.models.layers import suppress_mask_logit
+from setdiff_jax.sampling import policies
+from setdiff_jax.sampling.cache import Forward, backbone_apply_fn, logits_fn_apply
+from setdiff_jax.sampling.config import SampleOutput, SamplerConfig
+
+SCORERS = ("two_stream", "causal", "block_replay")  # `Method.rollout_scoring` values
+
+
+class Rollout(NamedTuple):
+  """One batch of rollouts, all [B, L] in the samplers' layout (position = column).
+
+  tokens int32 (M / pad where nothing was committed); valid bool (real, attended positions:
+  context | generated); context bool (the prompt / visible context); generated bool (positions
+  the sampler committed); commit_step int32 (0-based decoding step, -1 for context /
+  uncommitted); cache_order int32 (`SampleOutput.cache_order`: SetDLM the strict rank at which
+  each clean token entered the KV cache, context first; AR the position; BD3LM the call that
+  cached it, 0 = prompt, b + 1 = decode block b; -1 where invalid).
+  """
+  tokens: jax.Array
+  valid: jax.Array
+  context: jax.Array
+  generated: jax.Array
+  commit_step: jax.Array
+  cache_order: jax.Array
+
+
+def rollout_from_output(out: SampleOutput) -> Rollout:
+  """The rollout of a sampler's output (`set_generate`, `set_infill`, `reference_*`,
+  `ar_generate`, `bd3lm_generate`), as NumPy arrays; every committed token is included, those
+  committed after a stopping EOS too (they were drawn)."""
+  if out.cache_order is None:
+    raise ValueError("this sampler's output has no cache order (MDLM has no cache): exact "
+                     f"scoring supports the samplers of {', '.join(supported())}")
+  order = np.asarray(out.cache_order, np.int32)
+  step = np.asarray(out.commit_step, np.int32)
+  target = np.asarray(out.target, bool)
+  generated = target & (step >= 0)
+  context = (order >= 0) & ~target
+  valid = context | generated
+  return Rollout(tokens=np.asarray(out.canvas, np.int32), valid=valid, context=context,
+                 generated=generated, commit_step=np.where(generated, step, -1).astype(np.int32),
+                 cache_order=np.where(valid, order, -1).astype(np.int32))
+
+
+def supported() -> tuple:
+  """The registry's methods with an exact rollout scorer."""
+  return tuple(n for n, m in methods.REGISTRY.items() if m.rollout_scoring in SCORERS)
+
+
+def scorer(method: str) -> str:
+  """The scoring kind of `method` (a registry name); ValueError naming the supported ones."""
+  kind = methods.get(method).rollout_scoring
+  if kind not in SCORERS:
+    raise ValueError(f"objective={method}: exact trajectory scoring supports "
+                     f"{', '.join(supported())}")
+  return kind
+
+
+def check_exact(method: str, cfg: SamplerConfig):
+  """Raises ValueError (one line: the setting and the fix) unless rollouts of `method` sampled
+  with `cfg` have the exact likelihood `token_logprobs` computes."""
+  scorer(method)
+  if cfg.greedy:
+    raise ValueError("greedy=True: greedy decoding draws nothing to score; sample the rollouts "
+                     "(greedy=False, --temperature=T)")
+  if cfg.top_p < 1.0:
+    raise ValueError(f"top_p={cfg.top_p}: a nucleus-filtered rollout's likelihood is not the "
+                     "model's; use top_p=1.0 (temperature only) for exact scoring")
+  if cfg.repetition_penalty != 1.0:
+    raise ValueError(f"repetition_penalty={cfg.repetition_penalty}: the scorer does not replay "
+                     "logits processors; use repetition_penalty=1.0 for exact scoring")
+  if methods.get(method).uses_threshold and policies.token_dependent(cfg.policy):
+    raise ValueError(f"--policy={cfg.policy} decides which positions commit from the sampled "
+                     "tokens, so the trajectory likelihood is not exact; use a policy that reads "
+                     "the distribution only (--policy=pmax is threshold by max-probability)")
+
+
+def _apply(model):
+  """The samplers' `ApplyFn` for a backbone, a `Forward` or a plain logits function (raw params:
+  the scorer differentiates them, so no decode-only head copy)."""
+  if isinstance(model, Forward):
+    return model.apply
+  if models.is_backbone(model):
+    return backbone_apply_fn(model.config)
+  if callable(model):
+    return logits_fn_apply(model)
+  raise TypeError(f"expected a backbone, a Forward or a logits function, got {type(model)}")
+
+
+def _log_softmax(logits: jax.Array, temperature: float, mask_token_id: int) -> jax.Array:
+  """As the samplers: M suppressed, then / temperature, then log-softmax; fp32."""
+  z = suppress_mask_logit(logits.astype(jnp.float32), mask_token_id)
+  return jax.nn.log_softmax(z / temperature if temperature != 1.0 else z, axis=-1)
+
+
+def _positions(r: Rollout) -> jax.Array:
+  b, length = r.tokens.shape
+  return jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (b, length))
+
+
+def _set_rows(apply, params, r: Rollout, temperature, mask_token_id) -> jax.Array:
+  length = r.tokens.shape[1]
+  pos = _positions(r)
+  tokens = jnp.concatenate([r.tokens, jnp.full_like(r.tokens, mask_token_id)], -1)
+  mask = masks.rollout_set_mask(r.valid, r.commit_step, r.cache_order)
+  logits, _ = apply(params, tokens, jnp.concatenate([pos, pos], -1), mask, None, length)
+  return _log_softmax(logits, temperature, mask_token_id)
+
+
+def _ar_rows(apply, params, r: Rollout, temperature, mask_token_id) -> jax.Array:
+  mask = masks.causal_valid_mask(jnp.asarray(r.valid, bool))
+  logits, _ = apply(params, r.tokens, _positions(r), mask, None, 0)
+  rows = _log_softmax(logits, temperature, mask_token_id)
+  return jnp.concatenate([jnp.zeros_like(rows[:, :1]), rows[:, :-1]], 1)  # row i scores token i
+
+
+def _block_size(method: str, block_size) -> int:
+  if block_size is None:
+    raise ValueError(f"objective={method} scores by replaying its blocks: pass block_size (the "
+                     "sampler's SamplerConfig.block_size)")
+  return int(block_size)
+
+
+def _block_steps(apply, params, r: Rollout, temperature, mask_token_id, g: int,
+                 max_steps: Optional[int], rows: bool):
+  """Per step t (scan): the block's G slots (positions int32 [B, G], slot validity) and either
+  their tokens' log-probs fp32 [B, G] or the rows [B, G, V]; stacked over steps."""
+  b, length = r.tokens.shape
+  pos = _positions(r)
+  valid = jnp.asarray(r.valid, bool)
+  step = jnp.asarray(r.commit_step, jnp.int32)
+  seg = jnp.asarray(r.cache_order, jnp.int32)
+  clean = masks.rollout_block_clean_mask(pos, valid, seg, g)
+  _, kv = apply(params, r.tokens, pos, clean, None, length)  # head skipped
+  last = jnp.max(step)
+  n_steps = length if max_steps is None else int(max_steps)
+  vocab = jax.eval_shape(lambda: apply(params, r.tokens[:, :1], pos[:, :1],
+                                       jnp.ones((b, 1, 1), bool), None, 0))[0].shape[-1]
+
+  def one(t):
+    here = step == t  # the positions committed at step t: all in one block
+    segment = jnp.max(jnp.where(here, seg, -1), -1)  # [B]; -1: the row ran no step t
+    in_block = valid & (seg == segment[:, None]) & (segment[:, None] >= 1)
+    order = jnp.argsort(~in_block, axis=-1, stable=True)[:, :g]  # block slots, position order
+    q_pos = jnp.take_along_axis(pos, order, -1)
+    q_valid = jnp.take_along_axis(in_block, order, -1)
+    q_step = jnp.take_along_axis(step, order, -1)
+    revealed = jnp.take_along_axis(r.context, order, -1) | ((q_step >= 0) & (q_step < t))
+    q_tok = jnp.where(revealed, jnp.take_along_axis(r.tokens, order, -1), mask_token_id)
+    mask = masks.rollout_block_step_mask(q_pos, q_valid, pos, valid, seg, segment, g)
+    logits, _ = apply(params, q_tok, q_pos, mask, kv, 0)
+    lsm = _log_softmax(logits, temperature, mask_token_id)
+    if rows:
+      return q_pos, q_valid & (q_step == t), lsm
+    tok = jnp.take_along_axis(r.tokens, order, -1)
+    return q_pos, q_valid & (q_step == t), jnp.take_along_axis(lsm, tok[..., None], -1)[..., 0]
+
+  def skip(t):
+    shape = (b, g, vocab) if rows else (b, g)
+    return (jnp.zeros((b, g), jnp.int32), jnp.zeros((b, g), bool), jnp.zeros(shape, jnp.float32))
+
+  def body(carry, t):
+    return carry, jax.lax.cond(t <= last, one, skip, t)
+
+  _, out = jax.lax.scan(body, None, jnp.arange(n_steps, dtype=jnp.int32))
+  return out  # q_pos [T, B, G], scored [T, B, G], values [T, B, G(, V)]
+
+
+def _block_scatter(out, b: int, length: int):
+  """Steps' slot values -> per position [B, L(, V)] (each generated position is scored once)."""
+  q_pos, scored, vals = out
+  t, _, g = q_pos.shape
+  rows_idx = jnp.broadcast_to(jnp.arange(b)[None, :, None], q_pos.shape)
+  where = jnp.where(scored, q_pos, length)  # unscored slots dropped
+  buf = jnp.zeros((b, length) + vals.shape[3:], jnp.float32)
+  return buf.at[rows_idx.reshape(-1), where.reshape(-1)].set(
+      vals.reshape((t * b * g,) + vals.shape[3:]), mode="drop")
+
+
+def token_logits(method: str, model, params, rollout: Rollout, *, temperature: float,
+                 mask_token_id: int, block_size: Optional[int] = None,
+                 max_steps: Optional[int] = None) -> jax.Array:
+  """fp32 [B, L, V]: at every generated position the log-softmax row of the distribution its
+  token was drawn from (M suppressed, logits / temperature), zeros elsewhere.
+
+  method: a registry name with a scorer, `supported()` (static); model: a backbone module, a
+  `Forward` or a logits function (static); params: the backbone's params (differentiable);
+  rollout: `Rollout` (arrays or NumPy); block_size: G, block_replay only; max_steps: the replayed
+  steps of block_replay (default L; pass the sampler's N to scan fewer).
+  """
+  r = Rollout(*[jnp.asarray(x) for x in rollout])
+  apply = _apply(model)
+  kind = scorer(method)
+  if kind == "two_stream":
+    rows = _set_rows(apply, params, r, temperature, mask_token_id)
+  elif kind == "causal":
+    rows = _ar_rows(apply, params, r, temperature, mask_token_id)
+  else:
+    out = _block_steps(apply, params, r, temperature, mask_token_id,
+                       _block_size(method, block_size), max_steps, rows=True)
+    rows = _block_scatter(out, *r.tokens.shape)
+  return jnp.where(jnp.asarray(r.generated, bool)[..., None], rows, 0.0)
+
+
+def token_logprobs(method: str, model, params, rollout: Rollout, *, temperature: float,
+                   mask_token_id: int, block_size: Optional[int] = None,
+                   max_steps: Optional[int] = None) -> jax.Array:
+  """fp32 [B, L]: log pi(y_i | x, y_{C<t}) at every generated position (0 elsewhere), under the
+  temperature-scaled distribution the sampler drew from; the trajectory's log-likelihood is the
+  row sum. Arguments as `token_logits`."""
+  r = Rollout(*[jnp.asarray(x) for x in rollout])
+  gen = jnp.asarray(r.generated, bool)
+  if scorer(method) == "block_replay":
+    out = _block_steps(_apply(model), params, r, temperature, mask_token_id,
+                       _block_size(method, block_size), max_steps, rows=False)
+    return jnp.where(gen, _block_scatter(out, *r.tokens.shape), 0.0)
+  rows = token_logits(method, model, params, r, temperature=temperature,
+                      mask_token_id=mask_token_id)
+  lp = jnp.take_along_axis(rows, jnp.asarray(r.tokens, jnp.int32)[..., None], -1)[..., 0]
+  return jnp.where(gen, lp, 0.0)
+
+
+__all__ = ["Rollout", "rollout_from_output", "check_exact", "token_logprobs", "token_logits",
+           "supported", "scorer", "SCORERS"]
