@@ -18,12 +18,17 @@ from setdiff_jax.models.dit import DiTConfig
 from setdiff_jax.models.layers import suppress_mask_logit
 from setdiff_jax.rl import scoring
 from setdiff_jax.sampling import (SampleOutput, SamplerConfig, ar_generate, bd3lm_generate,
-                                  policies, set_generate)
+                                  policies, set_generate, set_infill)
 from setdiff_jax.sampling.cache import backbone_apply_fn
 from setdiff_jax.sampling.policies import StepStats
 
 M = 3
 PROMPTS = [[1, 5, 6, 7, 8], [1, 9], [1, 4, 6]]  # mixed lengths: rows are padded in the batch
+CANVASES = [[1, 5, M, M, 6, M, M, 7], [1, M, M, M, 9]]  # infilling: context on both sides
+
+
+def infill(model, params, _, cfg, rng):
+  return set_infill(model, params, CANVASES, cfg, rng)
 
 
 @functools.lru_cache(maxsize=None)
@@ -55,6 +60,9 @@ CASES = {
                                                      cache_order="fht")),
     "ar": ("ar", ar_generate, {}),
     "bd3lm_topk": ("bd3lm", bd3lm_generate, dict(policy="topk", policy_arg=2, block_size=4)),
+    "bd3lm_aligned": ("bd3lm", bd3lm_generate, dict(policy="pmax", policy_arg=0.3, block_size=4,
+                                                    align_to_blocks=True)),
+    "setdlm_infill": ("setdlm", infill, dict(policy="pmax", policy_arg=0.3)),
 }
 
 
@@ -67,7 +75,10 @@ def test_scorer_equals_the_samplers_logprobs(case):
   out = gen(model, params, PROMPTS, cfg, jax.random.PRNGKey(1))
   lp = score(method, out, cfg, model, params)
   gen_mask = out.target & (out.commit_step >= 0)
-  assert gen_mask.sum() == 3 * 7 and np.all(out.token_logprob[~gen_mask] == 0)
+  n = sum(c.count(M) for c in CANVASES) if gen is infill else 3 * 7
+  if not cfg.align_to_blocks:  # aligned blocks may leave the span's tail undecoded
+    assert gen_mask.sum() == n
+  assert gen_mask.sum() >= 12 and np.all(out.token_logprob[~gen_mask] == 0)
   np.testing.assert_allclose(lp, out.token_logprob, atol=1e-5, rtol=0)
   assert np.all(lp[gen_mask] < 0)  # the comparison is not between zeros
   if method != "ar":
@@ -84,7 +95,7 @@ def test_setdlm_scorer_equals_a_dense_step_by_step_recomputation():
   order, causal | the step's committed positions as masks] (the no-cache reference's layout,
   `masks.cached_step_mask` with an empty cache), one uncached forward per step."""
   model, params = tiny(16)
-  cfg = rl_cfg(policy="pmax", policy_arg=0.3, cache_order="fht")
+  cfg = rl_cfg(**CASES["setdlm_topk_fht"][2])  # the sampler compiled above
   out = set_generate(model, params, PROMPTS, cfg, jax.random.PRNGKey(3))
   rows = score("setdlm", out, cfg, model, params, rows=True)
   r = scoring.rollout_from_output(out)
@@ -119,12 +130,12 @@ def test_setdlm_scorer_equals_a_dense_step_by_step_recomputation():
 
 def test_scorer_is_jittable_and_differentiable():
   model, params = tiny(16)
-  cfg = rl_cfg(policy="topk", policy_arg=2, max_new_tokens=4)
-  out = set_generate(model, params, PROMPTS[1:], cfg, jax.random.PRNGKey(0))
+  cfg = rl_cfg(**CASES["setdlm_pmax"][2])  # the sampler compiled above
+  out = set_generate(model, params, PROMPTS, cfg, jax.random.PRNGKey(0))
   r = scoring.rollout_from_output(out)
 
   def total(p):
-    return jnp.sum(scoring.token_logprobs("setdlm", model, p, r, temperature=0.7,
+    return jnp.sum(scoring.token_logprobs("setdlm", model, p, r, temperature=cfg.temperature,
                                           mask_token_id=M))
   value, grads = jax.jit(jax.value_and_grad(total))(params)
   np.testing.assert_allclose(value, out.token_logprob.sum(), atol=1e-5)
