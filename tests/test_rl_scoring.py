@@ -211,18 +211,21 @@ def monte_carlo(method, gen, cfg, rows: int):
   return [chi_square(keys[i::2], logp[i::2]) for i in (0, 1)], parallel, keys
 
 
-@pytest.mark.slow  # 3 x 1e5 rollouts, ~1-2 min on 2 busy cores
+@pytest.mark.slow  # 4 x 1e5 rollouts: ~7 min wall on 2 cores shared at load ~27
 def test_monte_carlo_frequencies_match_exp_score():
   """3 real tokens (V = 4 with M), 3 generated positions, W = 3: every trajectory (tokens and
   commit steps) is seen in 1e5 rollouts, and their frequencies match exp(score) (chi-square at
   the 0.999 level, fixed seeds). pmax at tau = .77 (temperature 1.5) commits one or two tokens
-  per step depending on the drawn history; the token-dependent threshold with the same tau
-  fails the same test by orders of magnitude (its scores do not even sum to 1)."""
+  per step depending on the drawn history, topk k = 2 commits 2 then 1 (1.5 tokens per step); the
+  token-dependent threshold with the same tau fails the same test by orders of magnitude (its
+  scores do not even sum to 1)."""
   base = dict(mask_token_id=M, pad_token_id=0, max_new_tokens=3, greedy=False, window=3,
               stop_at_eos=False, temperature=1.5)
   rows = 100_000
   exact = {"setdlm pmax": ("setdlm", set_generate, SamplerConfig(**base, policy="pmax",
                                                                  policy_arg=0.77)),
+           "setdlm topk": ("setdlm", set_generate, SamplerConfig(**base, policy="topk",
+                                                                 policy_arg=2)),
            "ar": ("ar", ar_generate, SamplerConfig(**base))}
   for name, (method, gen, cfg) in exact.items():
     stats, parallel, keys = monte_carlo(method, gen, cfg, rows)
@@ -230,7 +233,9 @@ def test_monte_carlo_frequencies_match_exp_score():
       assert stat < q, (name, stat, df, q)
       assert total == pytest.approx(1.0, abs=1e-3), name  # all trajectories were observed
       assert df >= 15, name
-    if method == "setdlm":
+    if name == "setdlm topk":
+      assert parallel == 1.5  # 2 + 1 commits on every row
+    if name == "setdlm pmax":
       steps = keys[:, keys.shape[1] // 2:]
       per_step = [np.bincount(s[s >= 0]).max() for s in steps[::2][:2000]]
       assert 1.0 < parallel < 3.0 and max(per_step) == 2 and min(per_step) == 1
