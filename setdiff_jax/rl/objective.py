@@ -1,0 +1,91 @@
+"""The GRPO objective as pure functions: group advantages, the clipped policy-gradient loss and
+the exact KL to a reference, on the scorer's per-token log-probabilities (`rl.scoring`).
+
+  adv = group_advantages(rewards, group_size)                       # fp32 [B], B = P * G
+  loss, m = grpo_loss(logp, old_logp, adv, mask, clip_eps=0.2)      # logp: fp32 [B, L]
+  loss, m = grpo_loss(..., beta=0.04, log_probs=rows, ref_log_probs=ref_rows)   # + beta * KL
+
+Rows are P groups of G consecutive completions of one prompt. `old_logp` (pi_old) is the scorer's
+value under the parameters that sampled the rollouts, computed once before the inner updates and
+held fixed: never the sampler's own numbers, so a sampler in another dtype cannot make the ratio
+differ from 1 on the first update. Everything here is jittable and differentiable in `logp` /
+`log_probs`.
+"""
+from __future__ import annotations
+
+from typing import Dict, Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+
+
+def group_advantages(rewards: jax.Array, group_size: int, eps: float = 1e-6) -> jax.Array:
+  """(r - mean_g) / (std_g + eps) per group of `group_size` consecutive rows, fp32 [B].
+
+  std is the population standard deviation of the group. A group whose rewards are all equal gets
+  advantage exactly 0 (not the rounding residue of r - mean), so it contributes no gradient.
+  """
+  r = jnp.asarray(rewards, jnp.float32)
+  if r.shape[0] % group_size:
+    raise ValueError(f"{r.shape[0]} rewards do not split into groups of {group_size}")
+  g = r.reshape(-1, group_size)
+  mean = jnp.mean(g, 1, keepdims=True)
+  std = jnp.std(g, 1, keepdims=True)
+  adv = (g - mean) / (std + eps)
+  equal = (jnp.max(g, 1) == jnp.min(g, 1))[:, None]
+  return jnp.where(equal, 0.0, adv).reshape(-1)
+
+
+def token_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
+  """Mean of x [B, L] over the positions with mask [B, L] (0 when there are none)."""
+  m = mask.astype(jnp.float32)
+  return jnp.sum(x * m) / jnp.maximum(jnp.sum(m), 1.0)
+
+
+def clipped_objective(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array,
+                      mask: jax.Array, clip_eps: float) -> Tuple[jax.Array, Dict[str, jax.Array]]:
+  """The PPO / GRPO clipped surrogate as a loss to minimise, with token-level averaging.
+
+  Per generated token (mask [B, L]) of row b: ratio = exp(logp - old_logp) and
+  term = min(ratio * A_b, clip(ratio, 1 - eps, 1 + eps) * A_b). The loss is minus the mean of
+  `term` over every generated token of the batch (each token weighs the same, so a longer
+  completion weighs more; not a mean of per-row means). Returns (loss, metrics) with
+  clip_fraction: the share of generated tokens whose gradient the clip removed (the clipped term is
+  the smaller one), and ratio_mean.
+  """
+  ratio = jnp.exp(logp - jax.lax.stop_gradient(old_logp))
+  a = advantages[:, None].astype(jnp.float32)
+  unclipped = ratio * a
+  clipped = jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * a
+  term = jnp.minimum(unclipped, clipped)
+  loss = -token_mean(term, mask)
+  metrics = {"clip_fraction": token_mean((clipped < unclipped).astype(jnp.float32), mask),
+             "ratio_mean": token_mean(ratio, mask)}
+  return loss, metrics
+
+
+def exact_kl(log_probs: jax.Array, ref_log_probs: jax.Array, mask: jax.Array) -> jax.Array:
+  """Mean over generated positions of KL(pi || pi_ref) = sum_v pi_v (log pi_v - log ref_v), from
+  the full log-softmax rows [B, L, V] of the policy and the reference (fp32). Entries with
+  pi_v = 0 (e.g. the suppressed mask token) contribute 0."""
+  p = jnp.exp(log_probs)
+  diff = jnp.where(p > 0, log_probs - ref_log_probs, 0.0)
+  return token_mean(jnp.sum(p * diff, -1), mask)
+
+
+def grpo_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, mask: jax.Array, *,
+              clip_eps: float, beta: float = 0.0, log_probs: Optional[jax.Array] = None,
+              ref_log_probs: Optional[jax.Array] = None) -> Tuple[jax.Array, Dict[str, jax.Array]]:
+  """clipped_objective + beta * exact_kl (the KL needs the rows `log_probs` / `ref_log_probs`
+  [B, L, V] of the same positions as logp). Returns (loss, metrics: policy_loss, clip_fraction,
+  ratio_mean, kl)."""
+  policy, metrics = clipped_objective(logp, old_logp, advantages, mask, clip_eps)
+  kl = jnp.zeros((), jnp.float32)
+  if log_probs is not None and ref_log_probs is not None:
+    kl = exact_kl(log_probs, ref_log_probs, mask)
+  elif beta:
+    raise ValueError("beta > 0 needs the policy's and the reference's log-softmax rows")
+  return policy + beta * kl, dict(metrics, policy_loss=policy, kl=kl)
+
+
+__all__ = ["group_advantages", "token_mean", "clipped_objective", "exact_kl", "grpo_loss"]

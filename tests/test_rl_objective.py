@@ -1,0 +1,160 @@
+"""The GRPO pieces that need no sampler (`setdiff_jax/rl/objective.py`, `rl/rewards.py`).
+
+Checked against hand-worked examples and independent NumPy recomputations: group advantages, the
+clipped surrogate and its clip fraction, the exact KL, that a group with equal rewards contributes
+exactly zero gradient, and the loss gradient through a tiny model against central differences.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from helpers import random_dit
+from setdiff_jax.diffusion import masks
+from setdiff_jax.models.dit import DiTConfig
+from setdiff_jax.rl import objective, rewards
+
+pytestmark = pytest.mark.usefixtures("fast_compile")
+
+
+# ----------------------------------------------------------------------------- advantages
+def test_group_advantages_zero_mean_unit_std_and_equal_groups_zero():
+  r = np.array([1.0, 0.0, 0.0, 1.0,   0.3, 0.3, 0.3, 0.3,   2.0, -1.0, 0.5, 0.5], np.float32)
+  adv = np.asarray(objective.group_advantages(r, 4, eps=1e-6))
+  g = r.reshape(3, 4).astype(np.float64)
+  want = (g - g.mean(1, keepdims=True)) / (g.std(1, keepdims=True) + 1e-6)
+  want[1] = 0.0
+  np.testing.assert_allclose(adv.reshape(3, 4), want, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(adv.reshape(3, 4).mean(1), 0.0, atol=1e-6)
+  assert np.all(adv[4:8] == 0.0)  # exactly: 0.3 - mean(0.3 x 4) need not round to 0
+  # hand-worked: rewards (1, 0, 0, 1): mean 0.5, std 0.5 -> +-1 / (1 + 2 eps)
+  np.testing.assert_allclose(adv[:4], np.array([1, -1, -1, 1]) * 0.5 / (0.5 + 1e-6), rtol=1e-6)
+  with pytest.raises(ValueError, match="groups of 4"):
+    objective.group_advantages(np.zeros(6), 4)
+
+
+# ----------------------------------------------------------------------------- clipped objective
+def _hand_example():
+  # row 0: A = +1, ratios 1.5 (clipped to 1.2: active) and 0.5 (unclipped term is smaller);
+  # row 1: A = -1, ratios 0.5 (clipped to 0.8: -0.8 < -0.5, active) and 1.1 (inside the range).
+  # The last position of each row is not generated (mask 0) and carries a wild ratio.
+  ratios = np.array([[1.5, 0.5, 9.0], [0.5, 1.1, 0.01]])
+  old = np.array([[-1.0, -2.0, -3.0], [-0.5, -1.5, -2.5]], np.float32)
+  logp = (old + np.log(ratios)).astype(np.float32)
+  adv = np.array([1.0, -1.0], np.float32)
+  mask = np.array([[1, 1, 0], [1, 1, 0]], bool)
+  return jnp.asarray(logp), jnp.asarray(old), jnp.asarray(adv), jnp.asarray(mask)
+
+
+def test_clipped_objective_hand_worked():
+  logp, old, adv, mask = _hand_example()
+  loss, m = objective.clipped_objective(logp, old, adv, mask, clip_eps=0.2)
+  # terms: min(1.5, 1.2) = 1.2; min(0.5, 0.8) = 0.5; min(-0.5, -0.8) = -0.8; -1.1
+  np.testing.assert_allclose(float(loss), -(1.2 + 0.5 - 0.8 - 1.1) / 4, rtol=1e-5)
+  np.testing.assert_allclose(float(m["clip_fraction"]), 0.5, rtol=1e-6)  # tokens 1 and 3
+  grad = np.asarray(jax.grad(lambda lp: objective.clipped_objective(
+      lp, old, adv, mask, clip_eps=0.2)[0])(logp))
+  # d/dlogp of -term/4: clipped tokens 0; others -ratio * A / 4; not generated 0
+  np.testing.assert_allclose(grad, [[0.0, -0.5 / 4, 0.0], [0.0, 1.1 / 4, 0.0]], atol=1e-6)
+
+
+def test_equal_reward_group_contributes_exactly_zero_gradient():
+  rng = np.random.default_rng(0)
+  r = np.array([1.0, 0.0, 1.0, 0.5, 0.5, 0.5], np.float32)  # group 2 (rows 3-5) all equal
+  adv = objective.group_advantages(r, 3)
+  logp = jnp.asarray(rng.normal(size=(6, 5)) - 2.0, jnp.float32)
+  old = logp + jnp.asarray(0.3 * rng.normal(size=(6, 5)), jnp.float32)
+  mask = jnp.asarray(rng.random((6, 5)) < 0.8)
+  grad = np.asarray(jax.grad(lambda lp: objective.grpo_loss(lp, old, adv, mask,
+                                                             clip_eps=0.2)[0])(logp))
+  assert np.all(grad[3:] == 0.0)
+  assert np.any(grad[:3] != 0.0)  # the other group does move the policy
+
+
+# ----------------------------------------------------------------------------- exact KL
+def test_exact_kl_matches_numpy_and_is_zero_for_the_same_policy():
+  rng = np.random.default_rng(1)
+  z, zr = rng.normal(size=(2, 3, 7)), rng.normal(size=(2, 3, 7))
+  z[..., 0] = -1e12  # a suppressed token: probability 0 under both
+  zr[..., 0] = -1e12
+  lq = jax.nn.log_softmax(jnp.asarray(z, jnp.float32), -1)
+  lr = jax.nn.log_softmax(jnp.asarray(zr, jnp.float32), -1)
+  mask = jnp.asarray([[1, 1, 0], [0, 1, 1]], bool)
+  q, p = np.exp(np.asarray(lq, np.float64)), np.exp(np.asarray(lr, np.float64))
+  per = np.sum(q[..., 1:] * np.log(q[..., 1:] / p[..., 1:]), -1)
+  want = per[np.asarray(mask)].mean()
+  np.testing.assert_allclose(float(objective.exact_kl(lq, lr, mask)), want, rtol=1e-5)
+  assert abs(float(objective.exact_kl(lq, lq, mask))) < 1e-7
+  loss, m = objective.grpo_loss(jnp.zeros((2, 3)), jnp.zeros((2, 3)), jnp.zeros(2), mask,
+                                clip_eps=0.2, beta=0.5, log_probs=lq, ref_log_probs=lr)
+  np.testing.assert_allclose(float(loss), 0.5 * want, rtol=1e-5)  # A = 0: only the KL remains
+  np.testing.assert_allclose(float(m["kl"]), want, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------- gradient check
+def _causal_rows(model, params, tokens):
+  """Log-softmax rows of a causal forward (a stand-in policy for the gradient check only)."""
+  n = tokens.shape[1]
+  pos = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), tokens.shape)
+  logits = model.apply({"params": params}, tokens, pos, jnp.asarray(masks.causal_mask(n))[None])
+  return jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), -1)
+
+
+def test_loss_gradient_matches_central_differences():
+  cfg = DiTConfig(vocab_size=11, hidden_size=32, num_layers=1, num_heads=2, dropout=0.0,
+                  head_vocab_chunk=0)
+  model, params = random_dit(cfg, 3)
+  _, ref_params = random_dit(cfg, 4)
+  rng = np.random.default_rng(2)
+  tokens = jnp.asarray(rng.integers(0, 11, (4, 7)), jnp.int32)
+  mask = jnp.asarray(rng.random((4, 6)) < 0.8)
+  adv = objective.group_advantages(jnp.asarray([1.0, 0.0, 0.2, 0.9]), 2)
+  take = lambda rows: jnp.take_along_axis(rows, tokens[:, 1:, None], -1)[..., 0]
+  # log-ratios of +-0.03 (inside the clip range of eps = 0.1) or +-0.3 (outside): every ratio
+  # stays far from the kinks at 1 +- eps under the small moves of the differences.
+  shift = rng.choice([-0.3, -0.03, 0.03, 0.3], size=(4, 6))
+  old = take(_causal_rows(model, params, tokens)) + jnp.asarray(shift, jnp.float32)
+  ref_rows = _causal_rows(model, ref_params, tokens)
+
+  def loss_fn(p):
+    rows = _causal_rows(model, p, tokens)
+    return objective.grpo_loss(take(rows), old, adv, mask, clip_eps=0.1, beta=0.3,
+                               log_probs=rows, ref_log_probs=ref_rows)[0]
+
+  loss, grad = jax.jit(jax.value_and_grad(loss_fn))(params)
+  assert 0.0 < float(objective.clipped_objective(
+      take(_causal_rows(model, params, tokens)), old, adv, mask, 0.1)[1]["clip_fraction"]) < 1.0
+  leaves, tree = jax.tree_util.tree_flatten(params)
+  gleaves = jax.tree_util.tree_leaves(grad)
+  f = jax.jit(loss_fn)
+  checked = 0
+  for li in np.argsort([-float(jnp.max(jnp.abs(g))) for g in gleaves])[:4]:  # the steepest leaves
+    g = np.asarray(gleaves[li]).reshape(-1)
+    for idx in np.argsort(-np.abs(g))[:2]:
+      h = 1e-3 * max(1.0, abs(float(leaves[li].reshape(-1)[idx])))
+      vals = []
+      for sign in (1.0, -1.0):
+        moved = leaves[li].reshape(-1).at[idx].add(sign * h).reshape(leaves[li].shape)
+        vals.append(float(f(jax.tree_util.tree_unflatten(
+            tree, leaves[:li] + [moved] + leaves[li + 1:]))))
+      fd = (vals[0] - vals[1]) / (2 * h)
+      np.testing.assert_allclose(fd, g[idx], rtol=5e-2, atol=2e-4 * max(1.0, abs(float(loss))))
+      checked += 1
+  assert checked == 8
+
+
+# ----------------------------------------------------------------------------- rewards
+def test_rewards_by_name_step_cost_and_unknown_name():
+  ref = "7+5=12\n12-3=9\n#### 9"
+  texts = ["7+5=12\n12-3=9\n#### 9", "7+5=12\n12-3=8\n#### 8", "no answer", "#### 9\n#### 9",
+           "#### nine"]
+  np.testing.assert_array_equal(rewards.compute("exact_match", texts, [ref] * 5, [0] * 5),
+                                [1, 0, 0, 1, 0])
+  np.testing.assert_array_equal(rewards.compute("format", texts, [ref] * 5, [0] * 5),
+                                [1, 1, 0, 0, 0])
+  np.testing.assert_allclose(
+      rewards.compute("exact_match+format", texts, [ref] * 5, [4, 2, 10, 1, 0], step_cost=0.1),
+      [2 - 0.4, 1 - 0.2, -1.0, 1 - 0.1, 0.0], rtol=1e-6)
+  with pytest.raises(ValueError) as e:
+    rewards.get("exact")
+  assert "rl.reward='exact'" in str(e.value) and "exact_match, format" in str(e.value)
