@@ -124,7 +124,7 @@ def test_loss_gradient_matches_central_differences():
   loss, grad = jax.jit(jax.value_and_grad(loss_fn))(params)
   assert 0.0 < float(objective.clipped_objective(
       take(_causal_rows(model, params, tokens)), old, adv, mask, 0.1)[1]["clip_fraction"]) < 1.0
-  leaves, tree = jax.tree_util.tree_flatten(params)
+  leaves, tree = jax.tree_util.tree_flatten(jax.tree_util.tree_map(np.asarray, params))
   gleaves = jax.tree_util.tree_leaves(grad)
   f = jax.jit(loss_fn)
   checked = 0
@@ -134,7 +134,9 @@ def test_loss_gradient_matches_central_differences():
       h = 1e-3 * max(1.0, abs(float(leaves[li].reshape(-1)[idx])))
       vals = []
       for sign in (1.0, -1.0):
-        moved = leaves[li].reshape(-1).at[idx].add(sign * h).reshape(leaves[li].shape)
+        moved = leaves[li].copy().reshape(-1)
+        moved[idx] += np.float32(sign * h)
+        moved = moved.reshape(leaves[li].shape)
         vals.append(float(f(jax.tree_util.tree_unflatten(
             tree, leaves[:li] + [moved] + leaves[li + 1:]))))
       fd = (vals[0] - vals[1]) / (2 * h)

@@ -19,6 +19,7 @@ from setdiff_jax import methods, models, sharding
 from setdiff_jax.models import attention, layer_stack
 from setdiff_jax.diffusion import losses
 from setdiff_jax.data import pipeline, sources, tokenizers
+from setdiff_jax.sampling import policies
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -262,16 +263,37 @@ FIELD_RANGES = {
     "mesh.fsdp": _int(1, also=(-1,)),
     "mesh.tensor": _int(1, also=(-1,)),
 }
+# The `rl` section of an RL run (launch/rl.py; `setdiff_jax.rl.config` documents each field and
+# holds the defaults). Only RL runs have these fields; `check_field_ranges` checks them with the
+# others.
+RL_FIELD_RANGES = {
+    "rl.step_cost": _num(0),
+    "rl.group_size": _int(2),
+    "rl.prompts_per_step": _int(1),
+    "rl.inner_updates": _int(1),
+    "rl.clip_eps": _POSITIVE,
+    "rl.kl_beta": _num(0),
+    "rl.adv_eps": _POSITIVE,
+    "rl.temperature": _POSITIVE,
+    "rl.top_p": _num(0, 1, lo_open=True),
+    "rl.repetition_penalty": _POSITIVE,
+    "rl.policy": Choice(tuple(policies.POLICIES)),
+    "rl.window": _int(0),
+    "rl.num_steps": _int(0),
+    "rl.max_new_tokens": _int(0),
+}
 # Free-form fields (paths, names, rules), checked where they are used; the choice fields of the
-# data config (source, preprocess, ...) are checked by `pipeline.validate_data_config`.
+# data config (source, preprocess, ...) are checked by `pipeline.validate_data_config`; the RL
+# run's SFT workdir, reward and policy parameter by `setdiff_jax.rl.config.validate`.
 FREE_FIELDS = ("init_from", "init_from_hf", "sharding_rules", "model.remat",
                "tokenizer.vocab_path", "tokenizer.merges_path")
+RL_FREE_FIELDS = ("rl.init_from", "rl.reward", "rl.policy_arg")
 
 
 def check_field_ranges(config: ml_collections.ConfigDict):
   """Raises ValueError for the first field of `FIELD_RANGES` outside its allowed values; fields
   a config does not have (an older config.json) are skipped."""
-  for name, allowed in FIELD_RANGES.items():
+  for name, allowed in {**FIELD_RANGES, **RL_FIELD_RANGES}.items():
     node = config
     for part in name.split("."):
       node = node.get(part, _MISSING) if hasattr(node, "get") else _MISSING

@@ -1,0 +1,293 @@
+"""The GRPO loop: from an SFT workdir, sample, reward, score exactly, update (launch/rl.py).
+
+  result = grpo.train_rl(config, workdir)        # config: configs/rl_*.py (`rl.config`)
+
+Each step t:
+  1. P prompts drawn from the task's train split (disjoint from its test problems) with the
+     rollout RNG, each repeated G times;
+  2. G completions per prompt with the method's own sampler in RL mode (temperature only, a commit
+     policy that reads the step's distributions, never the sampled tokens), jitted and placed on
+     the parameters' mesh like every decode (`sampling.placement`);
+  3. rewards by name (`rl.rewards`), group advantages (`rl.objective`);
+  4. pi_old = the exact scorer's per-token log-probabilities (`rl.scoring`) under the sampling
+     parameters (never the sampler's own numbers), and with rl.kl_beta > 0 the frozen SFT
+     reference's log-softmax rows;
+  5. rl.inner_updates optimiser updates of the clipped objective (+ beta * exact KL) on that batch
+     (the optimiser chain of training, `train.make_optimizer`; its schedule counts updates).
+State and checkpoints: `RLState` (step, params, ema_params = params, Adam state, rollout RNG) in
+WORKDIR/checkpoints/<step> through `workdir.checkpoints` (checksums, fallback past damaged steps),
+so a resumed run repeats exactly the steps the uninterrupted one would have run (bitwise: the
+prompts and samples come from the saved RNG, the updates from the saved optimizer state).
+Metrics (WORKDIR/metrics.jsonl, every log_every_steps, the values of that step): rl/reward_mean,
+rl/reward_std, rl/accuracy (exact match of the sampled completions), rl/kept_tokens_per_call,
+rl/tokens_per_step, rl/steps_mean, rl/zero_adv_fraction (groups with equal rewards), rl/loss,
+rl/clip_fraction, rl/ratio_mean, rl/kl (means over the inner updates), rl/grad_norm, rl/lr, and
+the timing ones rl/rollout_tokens_per_sec, rl/compiled_programs (programs compiled by this process
+so far: the sampler loops, the scorer and the update).
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, Optional
+
+from absl import logging
+import flax.struct
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+from setdiff_jax import decoding, methods, paths, sharding, train
+from setdiff_jax.data import pairs, tokenizers
+from setdiff_jax.evaluation import accuracy
+from setdiff_jax.rl import config as rl_config
+from setdiff_jax.rl import objective, rewards, scoring
+from setdiff_jax.sampling import compiles
+from setdiff_jax.workdir import checkpoints as checkpointing
+from setdiff_jax.workdir import config as run_config
+from setdiff_jax.workdir import fallback
+from setdiff_jax.workdir import load as workdir_lib
+from setdiff_jax.workdir import lock as workdir_lock
+
+SUPPORTED = ("setdlm", "ar")  # methods the exact scorer handles (`rl.scoring`)
+TIMING_METRICS = ("rl/rollout_tokens_per_sec", "rl/compiled_programs", "rl/step_seconds")
+
+
+class RLState(flax.struct.PyTreeNode):
+  step: jax.Array       # int32 []: RL steps done
+  params: Any
+  ema_params: Any       # the same arrays as params (what launch/sample.py reads by default)
+  opt_state: Any
+  rng: jax.Array        # uint32 key data of the rollout RNG (split once per step)
+
+
+def _rng(state: RLState) -> jax.Array:
+  return jax.random.wrap_key_data(state.rng)
+
+
+def prompt_pool(run: ml_collections.ConfigDict, tokenizer):
+  """(pairs, encoded prompts) of the task's train split, as the SFT run read them."""
+  pool = pairs.load_pairs(run.data, "train")
+  style = run.data.get("prompt_style", "plain")
+  return pool, accuracy.encode_prompts(tokenizer, pool, style)
+
+
+def _optimizer_config(run):
+  """The run config with the schedule counted in optimiser updates (mu per RL step)."""
+  c = ml_collections.ConfigDict(run.to_dict())
+  mu = int(run.rl.inner_updates)
+  c.num_train_steps = int(run.num_train_steps) * mu
+  c.warmup_steps = int(run.warmup_steps) * mu
+  return c
+
+
+def make_functions(run, method: str, model, optimizer):
+  """Pure (score, ref_rows, update) functions of an RL run (jitted by the caller)."""
+  r = run.rl
+  temperature, beta, clip = float(r.temperature), float(r.kl_beta), float(r.clip_eps)
+
+  def score(params, rollout):
+    return scoring.token_logprobs(method, model, params, rollout, temperature=temperature)
+
+  def ref_rows(params, rollout):
+    return scoring.token_logits(method, model, params, rollout, temperature=temperature)
+
+  def loss_fn(params, rollout, adv, old_logp, ref):
+    rows = None
+    if beta > 0:
+      rows = scoring.token_logits(method, model, params, rollout, temperature=temperature)
+      logp = jnp.take_along_axis(rows, rollout.tokens[..., None].astype(jnp.int32), -1)[..., 0]
+      logp = jnp.where(rollout.generated, logp, 0.0)
+    else:
+      logp = score(params, rollout)
+    return objective.grpo_loss(logp, old_logp, adv, rollout.generated, clip_eps=clip, beta=beta,
+                               log_probs=rows, ref_log_probs=ref)
+
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+  def update(params, opt_state, rollout, adv, old_logp, ref):
+    (loss, m), grads = grad_fn(params, rollout, adv, old_logp, ref)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    params = optax.apply_updates(params, updates)
+    return params, opt_state, dict(m, loss=loss, grad_norm=optax.tree.norm(grads))
+
+  return score, ref_rows, update
+
+
+def train_rl(config: ml_collections.ConfigDict, workdir: str, *,
+             max_steps: Optional[int] = None) -> Dict[str, float]:
+  """Runs (or resumes) an RL run into WORKDIR; returns the last logged metrics and "step".
+
+  `max_steps`: run at most this many steps in this call (then save and return), e.g. a job
+  split over time slots; the result is the same as one uninterrupted call.
+  """
+  rl_config.validate(config)
+  sft = rl_config.load_sft_config(config.rl.init_from)
+  run = rl_config.run_config_for(config, sft)
+  run_config.validate_config(run, jax.device_count())
+  workdir = paths.resolve(workdir)
+  workdir_lock.check_new_workdir(run, workdir)
+  if jax.process_index() == 0:
+    paths.makedirs(workdir)
+  with workdir_lock.WorkdirLock(workdir, jax.process_index()):
+    workdir_lock.check_resume(run, workdir)
+    return _train_rl(run, workdir, max_steps)
+
+
+def _setup(run, workdir):
+  sft_dir = run.rl.init_from
+  tokenizer = run_config.build_tokenizer(run, sft_dir, allow_training=False, save=False)
+  model_cfg, obj_cfg = run_config.model_and_objective(run, tokenizer)
+  if obj_cfg.name not in SUPPORTED:
+    raise ValueError(f"invalid config: rl.init_from={sft_dir!r} trained objective="
+                     f"{obj_cfg.name!r}; exact trajectory scoring supports "
+                     f"{', '.join(SUPPORTED)}")
+  mesh = sharding.make_mesh(run.mesh)
+  rows = int(run.rl.prompts_per_step) * int(run.rl.group_size)
+  if rows % sharding.batch_divisor(mesh):
+    raise ValueError(f"invalid config: rl.prompts_per_step x rl.group_size = {rows} rows must be "
+                     f"divisible by the data x fsdp mesh size {sharding.batch_divisor(mesh)}")
+  pool, encoded = prompt_pool(run, tokenizer)
+  longest = max(len(p) for p in encoded)
+  n = int(run.rl.max_new_tokens) or int(run.seq_len) - longest
+  if n < 1 or longest + n > int(run.seq_len):
+    raise ValueError(f"invalid config: rl.max_new_tokens={run.rl.max_new_tokens}: the longest "
+                     f"train prompt has {longest} tokens and seq_len={run.seq_len}; N must be in "
+                     f"[1, {int(run.seq_len) - longest}] (0 = the most that fits)")
+  r = run.rl
+  sampler_cfg = decoding.sampler_config_for(
+      obj_cfg, tokenizer, int(run.seq_len), greedy=False, temperature=float(r.temperature),
+      top_p=1.0, repetition_penalty=1.0, policy=r.policy, policy_arg=r.policy_arg,
+      window=int(r.window) or None, num_steps=int(r.num_steps) or None, max_new_tokens=n)
+  return tokenizer, model_cfg, obj_cfg, mesh, pool, encoded, sampler_cfg
+
+
+def _train_rl(run, workdir: str, max_steps: Optional[int]) -> Dict[str, float]:
+  is_main = jax.process_index() == 0
+  tokenizer, model_cfg, obj_cfg, mesh, pool, encoded, sampler_cfg = _setup(run, workdir)
+  method = obj_cfg.name
+  model = workdir_lib.inference_model(model_cfg, dtype=None)  # the run's dtype; CPU-safe attention
+  opt_run = _optimizer_config(run)
+  optimizer = train.make_optimizer(opt_run)
+  schedule = train.learning_rate_schedule(opt_run)
+  r = run.rl
+  group, num_prompts, mu = int(r.group_size), int(r.prompts_per_step), int(r.inner_updates)
+
+  init, shardings = train.create_sharded_state(run, model_cfg, mesh)
+  key_data = jax.random.key_data(jax.random.key(int(run.seed)))
+  state = RLState(step=init.step, params=init.params, ema_params=init.params,
+                  opt_state=init.opt_state, rng=key_data)
+  del init
+  manager = checkpointing.make_manager(workdir, keep=run.keep_checkpoints, with_data=False)
+  try:
+    restored, _, damaged = fallback.restore_with_fallback(manager, state)
+    fallback.set_aside(manager, damaged)
+    ref_params = None
+    if restored is not None:
+      state = restored.replace(ema_params=restored.params)
+      logging.info("resumed RL from %s at step %d", manager.directory, int(state.step))
+    else:
+      params = workdir_lib.load_params(r.init_from, state.params)
+      state = state.replace(params=params, ema_params=params)
+      logging.info("initialised parameters from the SFT run %s", r.init_from)
+    if float(r.kl_beta) > 0:  # the frozen SFT reference (a copy: params are donated)
+      ref_params = workdir_lib.load_params(r.init_from, state.params)
+  except BaseException:
+    checkpointing.close(manager)
+    raise
+  if is_main:
+    if not tokenizers.saved_in(workdir):
+      tokenizers.save_in(tokenizer, workdir)
+    checkpointing.save_config(run, workdir)
+
+  rows_sharding = sharding.batch_sharding(mesh)
+  score, ref_fn, update = make_functions(run, method, model, optimizer)
+  score = jax.jit(score, in_shardings=(shardings.params, rows_sharding))
+  ref_fn = jax.jit(ref_fn, in_shardings=(shardings.params, rows_sharding))
+  update = jax.jit(update, in_shardings=(shardings.params, shardings.opt_state, rows_sharding,
+                                         rows_sharding, rows_sharding, rows_sharding),
+                   out_shardings=(shardings.params, shardings.opt_state, None),
+                   donate_argnums=(0, 1))
+  programs0 = compiles.compiled_programs()
+  writer = train.MetricWriter(workdir, is_main)
+  num_steps = int(run.num_train_steps)
+  start = int(state.step)
+  stop = num_steps if max_steps is None else min(num_steps, start + int(max_steps))
+  last: Dict[str, float] = {}
+  saved = None
+
+  def save(step_done: int):
+    nonlocal saved
+    checkpointing.save(manager, step_done, state.replace(ema_params=state.params))
+    saved = step_done
+
+  try:
+    for step in range(start, stop):
+      t0 = time.time()
+      rng, k_prompt, k_sample = jax.random.split(_rng(state), 3)
+      draw = np.random.default_rng(np.asarray(jax.random.key_data(k_prompt)).tolist())
+      chosen = draw.integers(0, len(pool), num_prompts)
+      rows = [int(i) for i in chosen for _ in range(group)]
+      out = methods.get(method).generate(model, state.params, [encoded[i] for i in rows],
+                                         sampler_cfg, k_sample)
+      t_sample = time.time() - t0
+      rollout = scoring.rollout_from_output(out, sampler_cfg)
+      texts = [tokenizer.decode(g) for g in out.generated]
+      refs = [pool[i].answer for i in rows]
+      reward = rewards.compute(r.reward, texts, refs, out.num_steps, float(r.step_cost))
+      correct = np.array([accuracy.exact_match(t, a, "hash") for t, a in zip(texts, refs)])
+      adv = objective.group_advantages(reward, group, float(r.adv_eps))
+      rollout = jax.device_put(rollout, rows_sharding)
+      adv = jax.device_put(adv, rows_sharding)
+      old_logp = score(state.params, rollout)
+      ref = ref_fn(ref_params, rollout) if ref_params is not None else None
+      params, opt_state, inner = state.params, state.opt_state, []
+      for _ in range(mu):
+        params, opt_state, m = update(params, opt_state, rollout, adv, old_logp, ref)
+        inner.append(m)
+      state = RLState(step=state.step + 1, params=params, ema_params=params, opt_state=opt_state,
+                      rng=jax.random.key_data(rng))
+      inner = {k: float(np.mean([float(m[k]) for m in inner])) for k in inner[0]}
+      kept = sum(len(g) for g in out.generated)
+      values = {
+          "rl/reward_mean": float(np.mean(reward)), "rl/reward_std": float(np.std(reward)),
+          "rl/accuracy": float(np.mean(correct)),
+          "rl/kept_tokens_per_call": kept / max(int(np.sum(out.forward_calls)), 1),
+          "rl/tokens_per_step": float(out.tokens_per_step),
+          "rl/steps_mean": float(np.mean(out.num_steps)),
+          "rl/zero_adv_fraction": float(np.mean(np.all(np.asarray(adv).reshape(-1, group) == 0,
+                                                       1))),
+          **{f"rl/{k}": v for k, v in inner.items()},
+          "rl/lr": float(schedule(step * mu)),
+          "rl/rollout_tokens_per_sec": kept / max(t_sample, 1e-9),
+          "rl/compiled_programs": float(compiles.compiled_programs() - programs0
+                                        + score._cache_size() + update._cache_size()
+                                        + ref_fn._cache_size()),
+          "rl/step_seconds": time.time() - t0}
+      bad = {k: v for k, v in values.items() if not np.isfinite(v)}
+      if bad:
+        raise FloatingPointError(f"non-finite RL metrics at step {step + 1}: {bad}; stopped, the "
+                                 f"last saved checkpoint is intact. Try a lower learning_rate")
+      done = step + 1
+      if done % int(run.log_every_steps) == 0 or done == stop:
+        writer.scalars(done, values)
+        last = dict(values)
+        logging.info("RL step %d/%d  reward %.3f  accuracy %.3f  kept tok/call %.2f  clip %.3f",
+                     done, num_steps, values["rl/reward_mean"], values["rl/accuracy"],
+                     values["rl/kept_tokens_per_call"], values["rl/clip_fraction"])
+      if done % int(run.checkpoint_every_steps) == 0 or done == stop:
+        save(done)
+  finally:
+    try:
+      writer.close()
+    except OSError as e:
+      logging.warning("closing the metric writer failed: %s", e)
+    checkpointing.close(manager)
+  last["step"] = int(state.step)
+  if saved is not None:
+    last["checkpoint"] = saved
+  return last
+
+
+__all__ = ["RLState", "train_rl", "make_functions", "prompt_pool", "TIMING_METRICS"]
