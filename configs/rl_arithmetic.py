@@ -7,7 +7,8 @@ Then: python launch/evaluate.py --workdir=/tmp/rl_arith --eval=accuracy
 
 Model, tokenizer and task come from the SFT workdir; every field here is documented in
 setdiff_jax/rl/config.py. 8 prompts x 8 completions per step, one update per batch, lr 1e-5,
-exact match reward, temperature 1, the margin commit policy (n_i largest top-2 margins per step);
+exact match reward, temperature 1, the pmax commit policy (the n_i highest max-probabilities per
+step, tau off);
 `--config.rl.step_cost=0.01 --config.rl.policy=entropy_bound` lets RL trade steps for reward.
 """
 from setdiff_jax.rl import config as rl_config
@@ -22,7 +23,7 @@ def get_config():
   c.rl.inner_updates = 1
   c.rl.reward = "exact_match"
   c.rl.temperature = 1.0
-  c.rl.policy = "margin"
+  c.rl.policy = "pmax"
   c.checkpoint_every_steps = 50
   c.log_every_steps = 1
   return c

@@ -69,7 +69,9 @@ def default_config() -> ml_collections.ConfigDict:
   r.temperature = 1.0
   r.top_p = 1.0                   # must stay 1 (nucleus filtering is refused in RL)
   r.repetition_penalty = 1.0      # must stay 1 (refused in RL)
-  r.policy = "margin"             # margin | entropy_bound | factor | topk | dilated | stable
+  # pmax (the n_i highest max-probabilities, + pmax >= tau with policy_arg: threshold's
+  # distribution-only counterpart) | margin | entropy_bound | factor | topk | dilated | stable
+  r.policy = "pmax"
   r.policy_arg = ml_collections.config_dict.placeholder(float)  # None = the policy's default
   r.window = 0                    # W of the set sampler (0 = the run's S)
   r.num_steps = 0                 # T, the step budget (0 = N: the schedule's floor is 1/step)
@@ -87,9 +89,9 @@ def validate(config: ml_collections.ConfigDict):
   run_config.check_field_ranges(config)
   r = config.rl
   rewards.get(r.reward)
-  policy = policies.get(r.policy, "--config.rl.policy")
-  if policy.token_dependent:
-    exact = ", ".join(n for n, p in policies.POLICIES.items() if not p.token_dependent)
+  policies.get(r.policy, "--config.rl.policy")
+  if policies.token_dependent(r.policy):
+    exact = ", ".join(n for n in policies.POLICIES if not policies.token_dependent(n))
     _fail(f"rl.policy={r.policy!r} ranks candidates by the probability of the sampled token, so "
           f"which positions commit depends on samples that are then discarded and the trajectory "
           f"likelihood is not exact; use a policy that reads the distributions only: {exact}")

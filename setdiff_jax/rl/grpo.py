@@ -50,7 +50,7 @@ from setdiff_jax.workdir import fallback
 from setdiff_jax.workdir import load as workdir_lib
 from setdiff_jax.workdir import lock as workdir_lock
 
-SUPPORTED = ("setdlm", "ar")  # methods the exact scorer handles (`rl.scoring`)
+SUPPORTED = (methods.SetDLM.name, methods.AR.name)  # what the exact scorer (`rl.scoring`) handles
 TIMING_METRICS = ("rl/rollout_tokens_per_sec", "rl/compiled_programs", "rl/step_seconds")
 
 
