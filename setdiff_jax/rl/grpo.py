@@ -63,7 +63,9 @@ class RLState(flax.struct.PyTreeNode):
 
 
 def _rng(state: RLState) -> jax.Array:
-  return jax.random.wrap_key_data(state.rng)
+  """The rollout key, uncommitted (a restored one sits on one device; the sampler runs on the
+  parameters' mesh)."""
+  return jax.random.wrap_key_data(jnp.asarray(np.asarray(state.rng)))
 
 
 def prompt_pool(run: ml_collections.ConfigDict, tokenizer):
