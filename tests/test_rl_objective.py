@@ -2,7 +2,8 @@
 
 Checked against hand-worked examples and independent NumPy recomputations: group advantages, the
 clipped surrogate and its clip fraction, the exact KL, that a group with equal rewards contributes
-exactly zero gradient, and the loss gradient through a tiny model against central differences.
+exactly zero gradient, and the loss gradient through the exact SetDLM scorer of a tiny model
+against central differences.
 """
 import jax
 import jax.numpy as jnp
@@ -10,9 +11,8 @@ import numpy as np
 import pytest
 
 from helpers import random_dit
-from setdiff_jax.diffusion import masks
 from setdiff_jax.models.dit import DiTConfig
-from setdiff_jax.rl import objective, rewards
+from setdiff_jax.rl import objective, rewards, scoring
 
 pytestmark = pytest.mark.usefixtures("fast_compile")
 
@@ -92,38 +92,57 @@ def test_exact_kl_matches_numpy_and_is_zero_for_the_same_policy():
 
 
 # ----------------------------------------------------------------------------- gradient check
-def _causal_rows(model, params, tokens):
-  """Log-softmax rows of a causal forward (a stand-in policy for the gradient check only)."""
-  n = tokens.shape[1]
-  pos = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), tokens.shape)
-  logits = model.apply({"params": params}, tokens, pos, jnp.asarray(masks.causal_mask(n))[None])
-  return jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), -1)
+M = 10  # the mask token of the gradient check's vocabulary of 11
 
 
+def _set_rollout(rng, b=4, length=8, prompt=2):
+  """A SetDLM trajectory by hand: a 2-token prompt, then the 6 generated positions committed in
+  sets at steps drawn per row (0, 0, 1, ...), cached after the prompt in (step, position) order."""
+  tokens = rng.integers(0, M, (b, length))
+  steps = np.sort(rng.integers(0, 4, (b, length - prompt)), 1)
+  steps = np.concatenate([np.full((b, prompt), -1), steps - steps[:, :1]], 1)
+  order = np.zeros((b, length), np.int64)
+  for i in range(b):
+    rank = np.lexsort((np.arange(length), steps[i]))  # context (-1) first, then by step
+    order[i, rank] = np.arange(length)
+  context = np.arange(length)[None] < prompt
+  return scoring.Rollout(tokens=jnp.asarray(tokens, jnp.int32),
+                         valid=jnp.ones((b, length), bool),
+                         context=jnp.asarray(np.broadcast_to(context, (b, length))),
+                         generated=jnp.asarray(np.broadcast_to(~context, (b, length))),
+                         commit_step=jnp.asarray(steps, jnp.int32),
+                         cache_order=jnp.asarray(order, jnp.int32))
+
+
+@pytest.mark.slow
 def test_loss_gradient_matches_central_differences():
+  """jax.grad of the GRPO loss (clipped surrogate + beta * exact KL) through the exact SetDLM
+  scorer against central differences on the 8 steepest coordinates of the 4 steepest leaves."""
   cfg = DiTConfig(vocab_size=11, hidden_size=32, num_layers=1, num_heads=2, dropout=0.0,
                   head_vocab_chunk=0)
   model, params = random_dit(cfg, 3)
   _, ref_params = random_dit(cfg, 4)
   rng = np.random.default_rng(2)
-  tokens = jnp.asarray(rng.integers(0, 11, (4, 7)), jnp.int32)
-  mask = jnp.asarray(rng.random((4, 6)) < 0.8)
+  rollout = _set_rollout(rng)
+  rows_of = lambda p: scoring.token_logits("setdlm", model, p, rollout, temperature=0.7,
+                                           mask_token_id=M)
+  take = lambda rows: jnp.take_along_axis(rows, rollout.tokens[..., None], -1)[..., 0]
+  mask = rollout.generated
   adv = objective.group_advantages(jnp.asarray([1.0, 0.0, 0.2, 0.9]), 2)
-  take = lambda rows: jnp.take_along_axis(rows, tokens[:, 1:, None], -1)[..., 0]
   # log-ratios of +-0.03 (inside the clip range of eps = 0.1) or +-0.3 (outside): every ratio
   # stays far from the kinks at 1 +- eps under the small moves of the differences.
-  shift = rng.choice([-0.3, -0.03, 0.03, 0.3], size=(4, 6))
-  old = take(_causal_rows(model, params, tokens)) + jnp.asarray(shift, jnp.float32)
-  ref_rows = _causal_rows(model, ref_params, tokens)
+  shift = rng.choice([-0.3, -0.03, 0.03, 0.3], size=mask.shape)
+  old = take(rows_of(params)) + jnp.asarray(shift, jnp.float32)
+  ref_rows = rows_of(ref_params)
 
   def loss_fn(p):
-    rows = _causal_rows(model, p, tokens)
+    rows = rows_of(p)
     return objective.grpo_loss(take(rows), old, adv, mask, clip_eps=0.1, beta=0.3,
                                log_probs=rows, ref_log_probs=ref_rows)[0]
 
   loss, grad = jax.jit(jax.value_and_grad(loss_fn))(params)
-  assert 0.0 < float(objective.clipped_objective(
-      take(_causal_rows(model, params, tokens)), old, adv, mask, 0.1)[1]["clip_fraction"]) < 1.0
+  clip = objective.clipped_objective(take(rows_of(params)), old, adv, mask, 0.1)[1]
+  assert 0.0 < float(clip["clip_fraction"]) < 1.0  # both branches of the min are exercised
   leaves, tree = jax.tree_util.tree_flatten(jax.tree_util.tree_map(np.asarray, params))
   gleaves = jax.tree_util.tree_leaves(grad)
   f = jax.jit(loss_fn)

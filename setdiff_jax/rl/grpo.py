@@ -22,8 +22,10 @@ Metrics (WORKDIR/metrics.jsonl, every log_every_steps, the values of that step):
 rl/reward_std, rl/accuracy (exact match of the sampled completions), rl/kept_tokens_per_call,
 rl/tokens_per_step, rl/steps_mean, rl/zero_adv_fraction (groups with equal rewards), rl/loss,
 rl/clip_fraction, rl/ratio_mean, rl/kl (means over the inner updates), rl/grad_norm, rl/lr, and
-the timing ones rl/rollout_tokens_per_sec, rl/compiled_programs (programs compiled by this process
-so far: the sampler loops, the scorer and the update).
+the timing ones rl/rollout_tokens_per_sec (kept tokens / sampling seconds, the first step's
+compile included), rl/compiled_programs (sampler programs compiled since this run started, plus
+the scorer's, the reference's and the update's) and rl/step_seconds.
+Methods: those with an exact scorer (`scoring.supported()`: setdlm, ar, bd3lm).
 """
 from __future__ import annotations
 
@@ -50,7 +52,6 @@ from setdiff_jax.workdir import fallback
 from setdiff_jax.workdir import load as workdir_lib
 from setdiff_jax.workdir import lock as workdir_lock
 
-SUPPORTED = (methods.SetDLM.name, methods.AR.name)  # what the exact scorer (`rl.scoring`) handles
 TIMING_METRICS = ("rl/rollout_tokens_per_sec", "rl/compiled_programs", "rl/step_seconds")
 
 
@@ -84,21 +85,24 @@ def _optimizer_config(run):
   return c
 
 
-def make_functions(run, method: str, model, optimizer):
-  """Pure (score, ref_rows, update) functions of an RL run (jitted by the caller)."""
+def make_functions(run, method: str, model, optimizer, sampler_cfg):
+  """Pure (score, ref_rows, update) functions of an RL run (jitted by the caller); the scorer
+  replays the distributions `sampler_cfg` drew from (temperature, M suppressed, BD3LM blocks)."""
   r = run.rl
-  temperature, beta, clip = float(r.temperature), float(r.kl_beta), float(r.clip_eps)
+  beta, clip = float(r.kl_beta), float(r.clip_eps)
+  kw = dict(temperature=float(sampler_cfg.temperature), mask_token_id=sampler_cfg.mask_token_id,
+            block_size=sampler_cfg.block_size, max_steps=sampler_cfg.max_new_tokens)
 
   def score(params, rollout):
-    return scoring.token_logprobs(method, model, params, rollout, temperature=temperature)
+    return scoring.token_logprobs(method, model, params, rollout, **kw)
 
   def ref_rows(params, rollout):
-    return scoring.token_logits(method, model, params, rollout, temperature=temperature)
+    return scoring.token_logits(method, model, params, rollout, **kw)
 
   def loss_fn(params, rollout, adv, old_logp, ref):
     rows = None
     if beta > 0:
-      rows = scoring.token_logits(method, model, params, rollout, temperature=temperature)
+      rows = scoring.token_logits(method, model, params, rollout, **kw)
       logp = jnp.take_along_axis(rows, rollout.tokens[..., None].astype(jnp.int32), -1)[..., 0]
       logp = jnp.where(rollout.generated, logp, 0.0)
     else:
@@ -141,10 +145,10 @@ def _setup(run, workdir):
   sft_dir = run.rl.init_from
   tokenizer = run_config.build_tokenizer(run, sft_dir, allow_training=False, save=False)
   model_cfg, obj_cfg = run_config.model_and_objective(run, tokenizer)
-  if obj_cfg.name not in SUPPORTED:
+  if obj_cfg.name not in scoring.supported():
     raise ValueError(f"invalid config: rl.init_from={sft_dir!r} trained objective="
                      f"{obj_cfg.name!r}; exact trajectory scoring supports "
-                     f"{', '.join(SUPPORTED)}")
+                     f"{', '.join(scoring.supported())}")
   mesh = sharding.make_mesh(run.mesh)
   rows = int(run.rl.prompts_per_step) * int(run.rl.group_size)
   if rows % sharding.batch_divisor(mesh):
@@ -162,6 +166,7 @@ def _setup(run, workdir):
       obj_cfg, tokenizer, int(run.seq_len), greedy=False, temperature=float(r.temperature),
       top_p=1.0, repetition_penalty=1.0, policy=r.policy, policy_arg=r.policy_arg,
       window=int(r.window) or None, num_steps=int(r.num_steps) or None, max_new_tokens=n)
+  scoring.check_exact(obj_cfg.name, sampler_cfg)  # the RL mode: the rollouts' likelihood is exact
   return tokenizer, model_cfg, obj_cfg, mesh, pool, encoded, sampler_cfg
 
 
@@ -204,7 +209,7 @@ def _train_rl(run, workdir: str, max_steps: Optional[int]) -> Dict[str, float]:
     checkpointing.save_config(run, workdir)
 
   rows_sharding = sharding.batch_sharding(mesh)
-  score, ref_fn, update = make_functions(run, method, model, optimizer)
+  score, ref_fn, update = make_functions(run, method, model, optimizer, sampler_cfg)
   score = jax.jit(score, in_shardings=(shardings.params, rows_sharding))
   ref_fn = jax.jit(ref_fn, in_shardings=(shardings.params, rows_sharding))
   update = jax.jit(update, in_shardings=(shardings.params, shardings.opt_state, rows_sharding,
@@ -234,7 +239,7 @@ def _train_rl(run, workdir: str, max_steps: Optional[int]) -> Dict[str, float]:
       out = methods.get(method).generate(model, state.params, [encoded[i] for i in rows],
                                          sampler_cfg, k_sample)
       t_sample = time.time() - t0
-      rollout = scoring.rollout_from_output(out, sampler_cfg)
+      rollout = scoring.rollout_from_output(out)
       texts = [tokenizer.decode(g) for g in out.generated]
       refs = [pool[i].answer for i in rows]
       reward = rewards.compute(r.reward, texts, refs, out.num_steps, float(r.step_cost))
