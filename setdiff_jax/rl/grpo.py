@@ -13,7 +13,7 @@ Each step t:
      parameters (never the sampler's own numbers), and with rl.kl_beta > 0 the frozen SFT
      reference's log-softmax rows;
   5. rl.inner_updates optimiser updates of the clipped objective (+ beta * exact KL) on that batch
-     (the optimiser chain of training, `train.make_optimizer`; its schedule counts updates).
+     (the optimiser chain of training, `train_step.make_optimizer`; its schedule counts updates).
 State and checkpoints: `RLState` (step, params, ema_params = params, Adam state, rollout RNG) in
 WORKDIR/checkpoints/<step> through `workdir.checkpoints` (checksums, fallback past damaged steps),
 so a resumed run repeats exactly the steps the uninterrupted one would have run (bitwise: the
@@ -40,7 +40,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from setdiff_jax import decoding, methods, paths, sharding, train
+from setdiff_jax import decoding, errors, methods, paths, sharding, train_step
 from setdiff_jax.data import pairs, tokenizers
 from setdiff_jax.evaluation import accuracy
 from setdiff_jax.rl import config as rl_config
@@ -51,6 +51,8 @@ from setdiff_jax.workdir import config as run_config
 from setdiff_jax.workdir import fallback
 from setdiff_jax.workdir import load as workdir_lib
 from setdiff_jax.workdir import lock as workdir_lock
+from setdiff_jax.workdir.metrics import MetricWriter
+from setdiff_jax.workdir.preemption import Preemption
 
 TIMING_METRICS = ("rl/rollout_tokens_per_sec", "rl/compiled_programs", "rl/step_seconds")
 
@@ -176,12 +178,12 @@ def _train_rl(run, workdir: str, max_steps: Optional[int]) -> Dict[str, float]:
   method = obj_cfg.name
   model = workdir_lib.inference_model(model_cfg, dtype=None)  # the run's dtype; CPU-safe attention
   opt_run = _optimizer_config(run)
-  optimizer = train.make_optimizer(opt_run)
-  schedule = train.learning_rate_schedule(opt_run)
+  optimizer = train_step.make_optimizer(opt_run)
+  schedule = train_step.learning_rate_schedule(opt_run)
   r = run.rl
   group, num_prompts, mu = int(r.group_size), int(r.prompts_per_step), int(r.inner_updates)
 
-  init, shardings = train.create_sharded_state(run, model_cfg, mesh)
+  init, shardings = train_step.create_sharded_state(run, model_cfg, mesh)
   key_data = jax.random.key_data(jax.random.key(int(run.seed)))
   state = RLState(step=init.step, params=init.params, ema_params=init.params,
                   opt_state=init.opt_state, rng=key_data)
@@ -217,7 +219,7 @@ def _train_rl(run, workdir: str, max_steps: Optional[int]) -> Dict[str, float]:
                    out_shardings=(shardings.params, shardings.opt_state, None),
                    donate_argnums=(0, 1))
   programs0 = compiles.compiled_programs()
-  writer = train.MetricWriter(workdir, is_main)
+  writer = MetricWriter(workdir, is_main)
   num_steps = int(run.num_train_steps)
   start = int(state.step)
   stop = num_steps if max_steps is None else min(num_steps, start + int(max_steps))
@@ -229,68 +231,78 @@ def _train_rl(run, workdir: str, max_steps: Optional[int]) -> Dict[str, float]:
     checkpointing.save(manager, step_done, state.replace(ema_params=state.params))
     saved = step_done
 
+  stopped = None
   try:
-    for step in range(start, stop):
-      t0 = time.time()
-      rng, k_prompt, k_sample = jax.random.split(_rng(state), 3)
-      draw = np.random.default_rng(np.asarray(jax.random.key_data(k_prompt)).tolist())
-      chosen = draw.integers(0, len(pool), num_prompts)
-      rows = [int(i) for i in chosen for _ in range(group)]
-      out = methods.get(method).generate(model, state.params, [encoded[i] for i in rows],
-                                         sampler_cfg, k_sample)
-      t_sample = time.time() - t0
-      rollout = scoring.rollout_from_output(out)
-      texts = [tokenizer.decode(g) for g in out.generated]
-      refs = [pool[i].answer for i in rows]
-      reward = rewards.compute(r.reward, texts, refs, out.num_steps, float(r.step_cost))
-      correct = np.array([accuracy.exact_match(t, a, "hash") for t, a in zip(texts, refs)])
-      adv = objective.group_advantages(reward, group, float(r.adv_eps))
-      rollout = jax.device_put(rollout, rows_sharding)
-      adv = jax.device_put(adv, rows_sharding)
-      old_logp = score(state.params, rollout)
-      ref = ref_fn(ref_params, rollout) if ref_params is not None else None
-      params, opt_state, inner = state.params, state.opt_state, []
-      for _ in range(mu):
-        params, opt_state, m = update(params, opt_state, rollout, adv, old_logp, ref)
-        inner.append(m)
-      state = RLState(step=state.step + 1, params=params, ema_params=params, opt_state=opt_state,
-                      rng=jax.random.key_data(rng))
-      inner = {k: float(np.mean([float(m[k]) for m in inner])) for k in inner[0]}
-      kept = sum(len(g) for g in out.generated)
-      values = {
-          "rl/reward_mean": float(np.mean(reward)), "rl/reward_std": float(np.std(reward)),
-          "rl/accuracy": float(np.mean(correct)),
-          "rl/kept_tokens_per_call": kept / max(int(np.sum(out.forward_calls)), 1),
-          "rl/tokens_per_step": float(out.tokens_per_step),
-          "rl/steps_mean": float(np.mean(out.num_steps)),
-          "rl/zero_adv_fraction": float(np.mean(np.all(np.asarray(adv).reshape(-1, group) == 0,
-                                                       1))),
-          **{f"rl/{k}": v for k, v in inner.items()},
-          "rl/lr": float(schedule(step * mu)),
-          "rl/rollout_tokens_per_sec": kept / max(t_sample, 1e-9),
-          "rl/compiled_programs": float(compiles.compiled_programs() - programs0
-                                        + score._cache_size() + update._cache_size()
-                                        + ref_fn._cache_size()),
-          "rl/step_seconds": time.time() - t0}
-      bad = {k: v for k, v in values.items() if not np.isfinite(v)}
-      if bad:
-        raise FloatingPointError(f"non-finite RL metrics at step {step + 1}: {bad}; stopped, the "
-                                 f"last saved checkpoint is intact. Try a lower learning_rate")
-      done = step + 1
-      if done % int(run.log_every_steps) == 0 or done == stop:
-        writer.scalars(done, values)
-        last = dict(values)
-        logging.info("RL step %d/%d  reward %.3f  accuracy %.3f  kept tok/call %.2f  clip %.3f",
-                     done, num_steps, values["rl/reward_mean"], values["rl/accuracy"],
-                     values["rl/kept_tokens_per_call"], values["rl/clip_fraction"])
-      if done % int(run.checkpoint_every_steps) == 0 or done == stop:
-        save(done)
+    with Preemption() as preemption:
+      for step in range(start, stop):
+        t0 = time.time()
+        rng, k_prompt, k_sample = jax.random.split(_rng(state), 3)
+        draw = np.random.default_rng(np.asarray(jax.random.key_data(k_prompt)).tolist())
+        chosen = draw.integers(0, len(pool), num_prompts)
+        rows = [int(i) for i in chosen for _ in range(group)]
+        out = methods.get(method).generate(model, state.params, [encoded[i] for i in rows],
+                                           sampler_cfg, k_sample)
+        t_sample = time.time() - t0
+        rollout = scoring.rollout_from_output(out)
+        texts = [tokenizer.decode(g) for g in out.generated]
+        refs = [pool[i].answer for i in rows]
+        reward = rewards.compute(r.reward, texts, refs, out.num_steps, float(r.step_cost))
+        correct = np.array([accuracy.exact_match(t, a, "hash") for t, a in zip(texts, refs)])
+        adv = objective.group_advantages(reward, group, float(r.adv_eps))
+        rollout = jax.device_put(rollout, rows_sharding)
+        adv = jax.device_put(adv, rows_sharding)
+        old_logp = score(state.params, rollout)
+        ref = ref_fn(ref_params, rollout) if ref_params is not None else None
+        params, opt_state, inner = state.params, state.opt_state, []
+        for _ in range(mu):
+          params, opt_state, m = update(params, opt_state, rollout, adv, old_logp, ref)
+          inner.append(m)
+        state = RLState(step=state.step + 1, params=params, ema_params=params, opt_state=opt_state,
+                        rng=jax.random.key_data(rng))
+        inner = {k: float(np.mean([float(m[k]) for m in inner])) for k in inner[0]}
+        kept = sum(len(g) for g in out.generated)
+        values = {
+            "rl/reward_mean": float(np.mean(reward)), "rl/reward_std": float(np.std(reward)),
+            "rl/accuracy": float(np.mean(correct)),
+            "rl/kept_tokens_per_call": kept / max(int(np.sum(out.forward_calls)), 1),
+            "rl/tokens_per_step": float(out.tokens_per_step),
+            "rl/steps_mean": float(np.mean(out.num_steps)),
+            "rl/zero_adv_fraction": float(np.mean(np.all(np.asarray(adv).reshape(-1, group) == 0,
+                                                         1))),
+            **{f"rl/{k}": v for k, v in inner.items()},
+            "rl/lr": float(schedule(step * mu)),
+            "rl/rollout_tokens_per_sec": kept / max(t_sample, 1e-9),
+            "rl/compiled_programs": float(compiles.compiled_programs() - programs0
+                                          + score._cache_size() + update._cache_size()
+                                          + ref_fn._cache_size()),
+            "rl/step_seconds": time.time() - t0}
+        bad = {k: v for k, v in values.items() if not np.isfinite(v)}
+        if bad:
+          raise FloatingPointError(f"non-finite RL metrics at step {step + 1}: {bad}; stopped, the "
+                                   f"last saved checkpoint is intact. Try a lower learning_rate")
+        done = step + 1
+        if done % int(run.log_every_steps) == 0 or done == stop:
+          writer.scalars(done, values)
+          last = dict(values)
+          logging.info("RL step %d/%d  reward %.3f  accuracy %.3f  kept tok/call %.2f  clip %.3f",
+                       done, num_steps, values["rl/reward_mean"], values["rl/accuracy"],
+                       values["rl/kept_tokens_per_call"], values["rl/clip_fraction"])
+        if done % int(run.checkpoint_every_steps) == 0 or done == stop or preemption.requested:
+          save(done)
+        if preemption.requested:  # SIGTERM / Ctrl-C: saved above, now stop
+          stopped = errors.StoppedBySignal(
+              f"{preemption.name} at RL step {done}/{num_steps}; checkpoint "
+              f"{manager.directory}/{done} saved. Run the same command again to resume",
+              preemption.signum)
+          break
   finally:
     try:
       writer.close()
     except OSError as e:
       logging.warning("closing the metric writer failed: %s", e)
     checkpointing.close(manager)
+  if stopped is not None:  # after the cleanup: one `stopped:` line, exit status 128 + signal
+    raise stopped
   last["step"] = int(state.step)
   if saved is not None:
     last["checkpoint"] = saved
