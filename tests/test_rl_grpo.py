@@ -108,6 +108,13 @@ def test_one_rl_step_through_the_launcher(sft, tmp_path):
 
 
 @pytest.mark.slow
+def test_rows_must_split_over_the_mesh(sft, tmp_path):
+  with pytest.raises(ValueError, match=r"= 6 rows must be divisible by the data x fsdp mesh size 8"):
+    grpo.train_rl(tiny_rl(sft, prompts_per_step=3, group_size=2), str(tmp_path / "rl"))
+  assert not os.path.exists(tmp_path / "rl")
+
+
+@pytest.mark.slow
 def test_resume_is_exact(sft, tmp_path):
   straight, split = str(tmp_path / "straight"), str(tmp_path / "split")
   a = grpo.train_rl(tiny_rl(sft, inner_updates=2, kl_beta=0.1), straight)

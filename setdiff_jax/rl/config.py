@@ -142,6 +142,8 @@ def run_config_for(config: ml_collections.ConfigDict,
     run.ema_decay = 0.0
     run.eval_params = "raw"
     run.grad_accum_steps = 1
+    # RL runs no likelihood eval; the SFT run's eval batch need not split over this mesh.
+    run.eval_batch_size = int(config.rl.prompts_per_step) * int(config.rl.group_size)
   return run
 
 

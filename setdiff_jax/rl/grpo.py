@@ -133,6 +133,11 @@ def train_rl(config: ml_collections.ConfigDict, workdir: str, *,
   rl_config.validate(config)
   sft = rl_config.load_sft_config(config.rl.init_from)
   run = rl_config.run_config_for(config, sft)
+  sizes = sharding.mesh_shape(run.mesh, jax.device_count())
+  rows = int(run.rl.prompts_per_step) * int(run.rl.group_size)
+  if rows % (sizes[0] * sizes[1]):
+    raise ValueError(f"invalid config: rl.prompts_per_step x rl.group_size = {rows} rows must be "
+                     f"divisible by the data x fsdp mesh size {sizes[0] * sizes[1]}")
   run_config.validate_config(run, jax.device_count())
   workdir = paths.resolve(workdir)
   workdir_lock.check_new_workdir(run, workdir)
@@ -152,10 +157,6 @@ def _setup(run, workdir):
                      f"{obj_cfg.name!r}; exact trajectory scoring supports "
                      f"{', '.join(scoring.supported())}")
   mesh = sharding.make_mesh(run.mesh)
-  rows = int(run.rl.prompts_per_step) * int(run.rl.group_size)
-  if rows % sharding.batch_divisor(mesh):
-    raise ValueError(f"invalid config: rl.prompts_per_step x rl.group_size = {rows} rows must be "
-                     f"divisible by the data x fsdp mesh size {sharding.batch_divisor(mesh)}")
   pool, encoded = prompt_pool(run, tokenizer)
   longest = max(len(p) for p in encoded)
   n = int(run.rl.max_new_tokens) or int(run.seq_len) - longest
