@@ -2,21 +2,23 @@
 
 Bad input gets one `error:` line each (unknown reward lists the valid ones, G < 2, a commit policy
 whose likelihood is not exact, nucleus / repetition penalty, no SFT checkpoint); one RL step runs
-end to end through the launcher; a run interrupted after 2 of 4 steps and resumed ends with
-parameters and metrics bitwise equal to the uninterrupted run's.
+end to end through the launcher; a run stopped after step 1 (max_steps), then by a SIGTERM after
+step 2, and resumed ends with parameters and metrics bitwise equal to the uninterrupted run's.
 """
 import json
 import os
+import signal
 
 import jax
 import numpy as np
 import pytest
 
 from configs import reasoning_common, rl_arithmetic
-from setdiff_jax import train
+from setdiff_jax import errors, train
 from setdiff_jax.rl import config as rl_config
 from setdiff_jax.rl import grpo
 from setdiff_jax.workdir import load as workdir_lib
+from setdiff_jax.workdir.metrics import MetricWriter
 from test_reliability import assert_one_error_line, harness, launch
 
 pytestmark = pytest.mark.usefixtures("fast_compile")
@@ -114,12 +116,26 @@ def test_rows_must_split_over_the_mesh(sft, tmp_path):
   assert not os.path.exists(tmp_path / "rl")
 
 
+class TermAfterStep2(MetricWriter):
+  """Sends this process a SIGTERM once step 2 is logged (what a scheduler's preemption does)."""
+
+  def scalars(self, step, values):
+    super().scalars(step, values)
+    if step == 2:
+      os.kill(os.getpid(), signal.SIGTERM)
+
+
 @pytest.mark.slow
-def test_resume_is_exact(sft, tmp_path):
+def test_resume_is_exact(sft, tmp_path, monkeypatch):
   straight, split = str(tmp_path / "straight"), str(tmp_path / "split")
   a = grpo.train_rl(tiny_rl(sft, inner_updates=2, kl_beta=0.1), straight)
-  first = grpo.train_rl(tiny_rl(sft, inner_updates=2, kl_beta=0.1), split, max_steps=2)
-  assert first["step"] == 2
+  first = grpo.train_rl(tiny_rl(sft, inner_updates=2, kl_beta=0.1), split, max_steps=1)
+  assert first["step"] == 1 and first["checkpoint"] == 1  # max_steps: stop and save
+  with monkeypatch.context() as m:
+    m.setattr(grpo, "MetricWriter", TermAfterStep2)
+    with pytest.raises(errors.StoppedBySignal, match="SIGTERM at RL step 2/4") as stop:
+      grpo.train_rl(tiny_rl(sft, inner_updates=2, kl_beta=0.1), split)
+  assert stop.value.exit_code == 143
   b = grpo.train_rl(tiny_rl(sft, inner_updates=2, kl_beta=0.1), split)  # a new call: restored
   assert a["step"] == b["step"] == 4
 
