@@ -15,6 +15,7 @@ import pytest
 
 from configs import reasoning_common, rl_arithmetic
 from setdiff_jax import errors, train
+from setdiff_jax.data import pairs
 from setdiff_jax.rl import config as rl_config
 from setdiff_jax.rl import grpo
 from setdiff_jax.workdir import load as workdir_lib
@@ -152,3 +153,33 @@ def test_resume_is_exact(sft, tmp_path, monkeypatch):
   sft_params = workdir_lib.load_inference_state(sft).params
   assert any(np.any(np.asarray(x) != np.asarray(y)) for x, y in zip(
       jax.tree_util.tree_leaves(pa), jax.tree_util.tree_leaves(sft_params)))
+
+
+def test_prompts_come_from_the_train_split(tok):
+  c = reasoning_common.get_config("setdlm")
+  c.data.task_train_examples, c.data.task_eval_examples = 400, 50
+  pool, encoded = grpo.prompt_pool(c, tok)
+  test = {p.prompt for p in pairs.load_pairs(c.data, "eval")}
+  assert len(pool) == 400 and not {p.prompt for p in pool} & test
+  assert encoded[0] == [tok.bos_id] + tok.encode(pool[0].prompt)  # the SFT context exactly
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("objective", ["ar", "bd3lm"])
+def test_one_rl_step_of_the_other_scored_methods(objective, tmp_path):
+  """AR (causal scorer) and BD3LM (block replay): one RL step from a 10-step SFT run; pi_old and
+  pi come from the same scorer, so the first update's ratio is 1."""
+  c = reasoning_common.get_config(objective)
+  c.model.hidden_size, c.model.num_layers, c.model.num_heads = 32, 1, 2
+  c.data.task_train_examples, c.data.task_eval_examples = 64, 8
+  c.batch_size, c.num_train_steps, c.warmup_steps, c.learning_rate = 8, 10, 1, 1e-2
+  c.eval_every_steps = c.checkpoint_every_steps = c.log_every_steps = 10
+  c.num_eval_steps, c.eval_batch_size = 1, 8
+  sft_dir = str(tmp_path / "sft")
+  train.train_and_evaluate(c, sft_dir)
+  rl = tiny_rl(sft_dir)
+  rl.num_train_steps = 1
+  out = grpo.train_rl(rl, str(tmp_path / "rl"))
+  assert out["step"] == 1 and out["checkpoint"] == 1
+  assert abs(out["rl/ratio_mean"] - 1.0) < 1e-5 and out["rl/clip_fraction"] == 0.0
+  assert np.isfinite(out["rl/loss"]) and out["rl/kept_tokens_per_call"] > 0
