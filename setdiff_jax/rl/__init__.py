@@ -2,5 +2,6 @@
 
 scoring: the exact log-likelihood of a sampler's rollout (its committed sets, in order);
 rewards: rewards chosen by name; objective: group advantages and the clipped policy-gradient loss;
+config: an RL run's config (defaults, checks, the run config built from the SFT run's);
 grpo: the training loop (launched by launch/rl.py, like training).
 """
