@@ -11,6 +11,7 @@ exact match reward, temperature 1, the pmax commit policy (the n_i highest max-p
 step, tau off);
 `--config.rl.step_cost=0.01 --config.rl.policy=entropy_bound` lets RL trade steps for reward.
 """
+
 from setdiff_jax.rl import config as rl_config
 
 

@@ -7,6 +7,7 @@ The SFT workdir is a launch/train.py run on a prompt/answer task (configs/reason
 reasoning_ar.py); its model, tokenizer and task come with it, the prompts from the task's train
 split. Re-running with the same workdir resumes exactly. The fields: setdiff_jax/rl/config.py.
 """
+
 import os
 import sys
 
@@ -20,8 +21,9 @@ from setdiff_jax import cli, paths, sharding  # noqa: E402
 from setdiff_jax.rl import grpo  # noqa: E402
 
 FLAGS = flags.FLAGS
-config_flags.DEFINE_config_file("config", None, "RL config file (configs/rl_*.py).",
-                                lock_config=True)
+config_flags.DEFINE_config_file(
+  "config", None, "RL config file (configs/rl_*.py).", lock_config=True
+)
 flags.DEFINE_string("workdir", None, "Directory for the RL run's checkpoints and metrics.")
 flags.mark_flags_as_required(["config", "workdir"])
 
@@ -30,9 +32,11 @@ def summary(result, workdir: str) -> str:
   workdir = paths.resolve(workdir)
   parts = [f"done: RL step {int(result.get('step', 0))}"]
   if "rl/reward_mean" in result:
-    parts.append(f"reward {result['rl/reward_mean']:.3f}, sampled accuracy "
-                 f"{result['rl/accuracy']:.3f}, kept tokens per call "
-                 f"{result['rl/kept_tokens_per_call']:.2f}")
+    parts.append(
+      f"reward {result['rl/reward_mean']:.3f}, sampled accuracy "
+      f"{result['rl/accuracy']:.3f}, kept tokens per call "
+      f"{result['rl/kept_tokens_per_call']:.2f}"
+    )
   if "checkpoint" in result:
     parts.append(f"checkpoint {paths.join(workdir, 'checkpoints', str(int(result['checkpoint'])))}")
   parts.append(f"evaluate with: python launch/evaluate.py --workdir={workdir} --eval=accuracy")

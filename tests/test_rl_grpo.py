@@ -5,6 +5,7 @@ whose likelihood is not exact, nucleus / repetition penalty, no SFT checkpoint);
 end to end through the launcher; a run stopped after step 1 (max_steps), then by a SIGTERM after
 step 2, and resumed ends with parameters and metrics bitwise equal to the uninterrupted run's.
 """
+
 import json
 import os
 import signal
@@ -59,13 +60,13 @@ def test_bad_input_one_error_line_each(tmp_path):
   base = ["--config=configs/rl_arithmetic.py", f"--workdir={tmp_path / 'rl'}"]
   some = f"--config.rl.init_from={empty}"
   cases = [
-      ([some, "--config.rl.reward=exact"], ["rl.reward='exact'", "exact_match, format"]),
-      ([some, "--config.rl.group_size=1"], ["rl.group_size=1", "[2, inf)"]),
-      ([some, "--config.rl.policy=threshold"], ["rl.policy='threshold'", "not exact", "pmax"]),
-      ([some, "--config.rl.top_p=0.9"], ["rl.top_p=0.9", "temperature only"]),
-      ([some, "--config.rl.repetition_penalty=1.2"], ["rl.repetition_penalty=1.2"]),
-      ([some], [f"rl.init_from={str(empty)!r} has no SFT checkpoint", "launch/train.py"]),
-      ([], ["rl.init_from is empty"]),
+    ([some, "--config.rl.reward=exact"], ["rl.reward='exact'", "exact_match, format"]),
+    ([some, "--config.rl.group_size=1"], ["rl.group_size=1", "[2, inf)"]),
+    ([some, "--config.rl.policy=threshold"], ["rl.policy='threshold'", "not exact", "pmax"]),
+    ([some, "--config.rl.top_p=0.9"], ["rl.top_p=0.9", "temperature only"]),
+    ([some, "--config.rl.repetition_penalty=1.2"], ["rl.repetition_penalty=1.2"]),
+    ([some], [f"rl.init_from={str(empty)!r} has no SFT checkpoint", "launch/train.py"]),
+    ([], ["rl.init_from is empty"]),
   ]
   for (args, expected), result in zip(cases, harness("rl.py", [base + a for a, _ in cases])):
     assert_one_error_line(result, expected, args)
@@ -74,6 +75,7 @@ def test_bad_input_one_error_line_each(tmp_path):
 
 def test_config_fields_have_ranges():
   from setdiff_jax.workdir import config as run_config
+
   c = rl_config.default_config()
   fields = {f"rl.{k}" for k in c.rl.keys()}
   assert fields == set(run_config.RL_FIELD_RANGES) | set(run_config.RL_FREE_FIELDS)
@@ -85,17 +87,34 @@ def test_config_fields_have_ranges():
 @pytest.mark.slow
 def test_one_rl_step_through_the_launcher(sft, tmp_path):
   workdir = str(tmp_path / "rl")
-  r = launch("rl.py", ["--config=configs/rl_arithmetic.py", f"--workdir={workdir}",
-                       f"--config.rl.init_from={sft}", "--config.num_train_steps=1",
-                       "--config.rl.prompts_per_step=2", "--config.rl.group_size=4",
-                       "--config.rl.max_new_tokens=12", "--config.rl.reward=exact_match+format",
-                       "--config.rl.step_cost=0.01"])
+  r = launch(
+    "rl.py",
+    [
+      "--config=configs/rl_arithmetic.py",
+      f"--workdir={workdir}",
+      f"--config.rl.init_from={sft}",
+      "--config.num_train_steps=1",
+      "--config.rl.prompts_per_step=2",
+      "--config.rl.group_size=4",
+      "--config.rl.max_new_tokens=12",
+      "--config.rl.reward=exact_match+format",
+      "--config.rl.step_cost=0.01",
+    ],
+  )
   assert r.returncode == 0, r.stderr[-3000:]
   last = r.stdout.strip().splitlines()[-1]
   assert last.startswith("done: RL step 1") and "checkpoints/1" in last, last
   [row] = [json.loads(l) for l in open(os.path.join(workdir, "metrics.jsonl"))]
-  for key in ("rl/reward_mean", "rl/reward_std", "rl/accuracy", "rl/kept_tokens_per_call",
-              "rl/clip_fraction", "rl/kl", "rl/rollout_tokens_per_sec", "rl/compiled_programs"):
+  for key in (
+    "rl/reward_mean",
+    "rl/reward_std",
+    "rl/accuracy",
+    "rl/kept_tokens_per_call",
+    "rl/clip_fraction",
+    "rl/kl",
+    "rl/rollout_tokens_per_sec",
+    "rl/compiled_programs",
+  ):
     assert key in row and np.isfinite(row[key]), key
   assert row["step"] == 1 and row["rl/clip_fraction"] == 0.0  # mu = 1: pi = pi_old exactly
   assert 0.0 <= row["rl/accuracy"] <= 1.0 and row["rl/compiled_programs"] >= 3
@@ -105,14 +124,20 @@ def test_one_rl_step_through_the_launcher(sft, tmp_path):
   # the RL workdir reads like any run (launch/sample.py, launch/evaluate.py)
   state = workdir_lib.load_inference_state(workdir)
   before = workdir_lib.load_inference_state(sft)
-  moved = [float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip(
-      jax.tree_util.tree_leaves(state.params), jax.tree_util.tree_leaves(before.params))]
+  moved = [
+    float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+    for a, b in zip(
+      jax.tree_util.tree_leaves(state.params), jax.tree_util.tree_leaves(before.params)
+    )
+  ]
   assert state.step == 1 and max(moved) > 0
 
 
 @pytest.mark.slow
 def test_rows_must_split_over_the_mesh(sft, tmp_path):
-  with pytest.raises(ValueError, match=r"= 6 rows must be divisible by the data x fsdp mesh size 8"):
+  with pytest.raises(
+    ValueError, match=r"= 6 rows must be divisible by the data x fsdp mesh size 8"
+  ):
     grpo.train_rl(tiny_rl(sft, prompts_per_step=3, group_size=2), str(tmp_path / "rl"))
   assert not os.path.exists(tmp_path / "rl")
 
@@ -151,8 +176,10 @@ def test_resume_is_exact(sft, tmp_path, monkeypatch):
   for x, y in zip(jax.tree_util.tree_leaves(pa), jax.tree_util.tree_leaves(pb)):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
   sft_params = workdir_lib.load_inference_state(sft).params
-  assert any(np.any(np.asarray(x) != np.asarray(y)) for x, y in zip(
-      jax.tree_util.tree_leaves(pa), jax.tree_util.tree_leaves(sft_params)))
+  assert any(
+    np.any(np.asarray(x) != np.asarray(y))
+    for x, y in zip(jax.tree_util.tree_leaves(pa), jax.tree_util.tree_leaves(sft_params))
+  )
 
 
 def test_prompts_come_from_the_train_split(tok):

@@ -5,6 +5,7 @@ clipped surrogate and its clip fraction, the exact KL, that a group with equal r
 exactly zero gradient, and the loss gradient through the exact SetDLM scorer of a tiny model
 against central differences.
 """
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -19,7 +20,7 @@ pytestmark = pytest.mark.usefixtures("fast_compile")
 
 # ----------------------------------------------------------------------------- advantages
 def test_group_advantages_zero_mean_unit_std_and_equal_groups_zero():
-  r = np.array([1.0, 0.0, 0.0, 1.0,   0.3, 0.3, 0.3, 0.3,   2.0, -1.0, 0.5, 0.5], np.float32)
+  r = np.array([1.0, 0.0, 0.0, 1.0, 0.3, 0.3, 0.3, 0.3, 2.0, -1.0, 0.5, 0.5], np.float32)
   adv = np.asarray(objective.group_advantages(r, 4, eps=1e-6))
   g = r.reshape(3, 4).astype(np.float64)
   want = (g - g.mean(1, keepdims=True)) / (g.std(1, keepdims=True) + 1e-6)
@@ -52,8 +53,9 @@ def test_clipped_objective_hand_worked():
   # terms: min(1.5, 1.2) = 1.2; min(0.5, 0.8) = 0.5; min(-0.5, -0.8) = -0.8; -1.1
   np.testing.assert_allclose(float(loss), -(1.2 + 0.5 - 0.8 - 1.1) / 4, rtol=1e-5)
   np.testing.assert_allclose(float(m["clip_fraction"]), 0.5, rtol=1e-6)  # tokens 1 and 3
-  grad = np.asarray(jax.grad(lambda lp: objective.clipped_objective(
-      lp, old, adv, mask, clip_eps=0.2)[0])(logp))
+  grad = np.asarray(
+    jax.grad(lambda lp: objective.clipped_objective(lp, old, adv, mask, clip_eps=0.2)[0])(logp)
+  )
   # d/dlogp of -term/4: clipped tokens 0; others -ratio * A / 4; not generated 0
   np.testing.assert_allclose(grad, [[0.0, -0.5 / 4, 0.0], [0.0, 1.1 / 4, 0.0]], atol=1e-6)
 
@@ -65,8 +67,9 @@ def test_equal_reward_group_contributes_exactly_zero_gradient():
   logp = jnp.asarray(rng.normal(size=(6, 5)) - 2.0, jnp.float32)
   old = logp + jnp.asarray(0.3 * rng.normal(size=(6, 5)), jnp.float32)
   mask = jnp.asarray(rng.random((6, 5)) < 0.8)
-  grad = np.asarray(jax.grad(lambda lp: objective.grpo_loss(lp, old, adv, mask,
-                                                             clip_eps=0.2)[0])(logp))
+  grad = np.asarray(
+    jax.grad(lambda lp: objective.grpo_loss(lp, old, adv, mask, clip_eps=0.2)[0])(logp)
+  )
   assert np.all(grad[3:] == 0.0)
   assert np.any(grad[:3] != 0.0)  # the other group does move the policy
 
@@ -85,8 +88,16 @@ def test_exact_kl_matches_numpy_and_is_zero_for_the_same_policy():
   want = per[np.asarray(mask)].mean()
   np.testing.assert_allclose(float(objective.exact_kl(lq, lr, mask)), want, rtol=1e-5)
   assert abs(float(objective.exact_kl(lq, lq, mask))) < 1e-7
-  loss, m = objective.grpo_loss(jnp.zeros((2, 3)), jnp.zeros((2, 3)), jnp.zeros(2), mask,
-                                clip_eps=0.2, beta=0.5, log_probs=lq, ref_log_probs=lr)
+  loss, m = objective.grpo_loss(
+    jnp.zeros((2, 3)),
+    jnp.zeros((2, 3)),
+    jnp.zeros(2),
+    mask,
+    clip_eps=0.2,
+    beta=0.5,
+    log_probs=lq,
+    ref_log_probs=lr,
+  )
   np.testing.assert_allclose(float(loss), 0.5 * want, rtol=1e-5)  # A = 0: only the KL remains
   np.testing.assert_allclose(float(m["kl"]), want, rtol=1e-5)
 
@@ -106,26 +117,30 @@ def _set_rollout(rng, b=4, length=8, prompt=2):
     rank = np.lexsort((np.arange(length), steps[i]))  # context (-1) first, then by step
     order[i, rank] = np.arange(length)
   context = np.arange(length)[None] < prompt
-  return scoring.Rollout(tokens=jnp.asarray(tokens, jnp.int32),
-                         valid=jnp.ones((b, length), bool),
-                         context=jnp.asarray(np.broadcast_to(context, (b, length))),
-                         generated=jnp.asarray(np.broadcast_to(~context, (b, length))),
-                         commit_step=jnp.asarray(steps, jnp.int32),
-                         cache_order=jnp.asarray(order, jnp.int32))
+  return scoring.Rollout(
+    tokens=jnp.asarray(tokens, jnp.int32),
+    valid=jnp.ones((b, length), bool),
+    context=jnp.asarray(np.broadcast_to(context, (b, length))),
+    generated=jnp.asarray(np.broadcast_to(~context, (b, length))),
+    commit_step=jnp.asarray(steps, jnp.int32),
+    cache_order=jnp.asarray(order, jnp.int32),
+  )
 
 
 @pytest.mark.slow
 def test_loss_gradient_matches_central_differences():
   """jax.grad of the GRPO loss (clipped surrogate + beta * exact KL) through the exact SetDLM
   scorer against central differences on the 8 steepest coordinates of the 4 steepest leaves."""
-  cfg = DiTConfig(vocab_size=11, hidden_size=32, num_layers=1, num_heads=2, dropout=0.0,
-                  head_vocab_chunk=0)
+  cfg = DiTConfig(
+    vocab_size=11, hidden_size=32, num_layers=1, num_heads=2, dropout=0.0, head_vocab_chunk=0
+  )
   model, params = random_dit(cfg, 3)
   _, ref_params = random_dit(cfg, 4)
   rng = np.random.default_rng(2)
   rollout = _set_rollout(rng)
-  rows_of = lambda p: scoring.token_logits("setdlm", model, p, rollout, temperature=0.7,
-                                           mask_token_id=M)
+  rows_of = lambda p: scoring.token_logits(
+    "setdlm", model, p, rollout, temperature=0.7, mask_token_id=M
+  )
   take = lambda rows: jnp.take_along_axis(rows, rollout.tokens[..., None], -1)[..., 0]
   mask = rollout.generated
   adv = objective.group_advantages(jnp.asarray([1.0, 0.0, 0.2, 0.9]), 2)
@@ -137,8 +152,9 @@ def test_loss_gradient_matches_central_differences():
 
   def loss_fn(p):
     rows = rows_of(p)
-    return objective.grpo_loss(take(rows), old, adv, mask, clip_eps=0.1, beta=0.3,
-                               log_probs=rows, ref_log_probs=ref_rows)[0]
+    return objective.grpo_loss(
+      take(rows), old, adv, mask, clip_eps=0.1, beta=0.3, log_probs=rows, ref_log_probs=ref_rows
+    )[0]
 
   loss, grad = jax.jit(jax.value_and_grad(loss_fn))(params)
   clip = objective.clipped_objective(take(rows_of(params)), old, adv, mask, 0.1)[1]
@@ -156,8 +172,9 @@ def test_loss_gradient_matches_central_differences():
         moved = leaves[li].copy().reshape(-1)
         moved[idx] += np.float32(sign * h)
         moved = moved.reshape(leaves[li].shape)
-        vals.append(float(f(jax.tree_util.tree_unflatten(
-            tree, leaves[:li] + [moved] + leaves[li + 1:]))))
+        vals.append(
+          float(f(jax.tree_util.tree_unflatten(tree, leaves[:li] + [moved] + leaves[li + 1 :])))
+        )
       fd = (vals[0] - vals[1]) / (2 * h)
       np.testing.assert_allclose(fd, g[idx], rtol=5e-2, atol=2e-4 * max(1.0, abs(float(loss))))
       checked += 1
@@ -167,15 +184,24 @@ def test_loss_gradient_matches_central_differences():
 # ----------------------------------------------------------------------------- rewards
 def test_rewards_by_name_step_cost_and_unknown_name():
   ref = "7+5=12\n12-3=9\n#### 9"
-  texts = ["7+5=12\n12-3=9\n#### 9", "7+5=12\n12-3=8\n#### 8", "no answer", "#### 9\n#### 9",
-           "#### nine"]
-  np.testing.assert_array_equal(rewards.compute("exact_match", texts, [ref] * 5, [0] * 5),
-                                [1, 0, 0, 1, 0])
-  np.testing.assert_array_equal(rewards.compute("format", texts, [ref] * 5, [0] * 5),
-                                [1, 1, 0, 0, 0])
+  texts = [
+    "7+5=12\n12-3=9\n#### 9",
+    "7+5=12\n12-3=8\n#### 8",
+    "no answer",
+    "#### 9\n#### 9",
+    "#### nine",
+  ]
+  np.testing.assert_array_equal(
+    rewards.compute("exact_match", texts, [ref] * 5, [0] * 5), [1, 0, 0, 1, 0]
+  )
+  np.testing.assert_array_equal(
+    rewards.compute("format", texts, [ref] * 5, [0] * 5), [1, 1, 0, 0, 0]
+  )
   np.testing.assert_allclose(
-      rewards.compute("exact_match+format", texts, [ref] * 5, [4, 2, 10, 1, 0], step_cost=0.1),
-      [2 - 0.4, 1 - 0.2, -1.0, 1 - 0.1, 0.0], rtol=1e-6)
+    rewards.compute("exact_match+format", texts, [ref] * 5, [4, 2, 10, 1, 0], step_cost=0.1),
+    [2 - 0.4, 1 - 0.2, -1.0, 1 - 0.1, 0.0],
+    rtol=1e-6,
+  )
   with pytest.raises(ValueError) as e:
     rewards.get("exact")
   assert "rl.reward='exact'" in str(e.value) and "exact_match, format" in str(e.value)

@@ -11,6 +11,7 @@ train split gives the prompts) come from the SFT workdir's config.json; the merg
 RL workdir's config.json, so launch/sample.py and launch/evaluate.py read an RL workdir as any
 other run (its checkpoints hold `params`, and `ema_params` = the same parameters).
 """
+
 from __future__ import annotations
 
 import copy
@@ -25,26 +26,40 @@ from setdiff_jax.workdir import config as run_config
 
 # Top-level fields of the launcher config copied over the SFT run's (everything else is the SFT
 # run's own: model, objective, tokenizer, data, loss).
-OWN_FIELDS = ("seed", "num_train_steps", "learning_rate", "warmup_steps", "lr_schedule",
-              "cosine_alpha", "weight_decay", "adam_b1", "adam_b2", "adam_eps", "grad_clip_norm",
-              "log_every_steps", "checkpoint_every_steps", "keep_checkpoints", "mesh",
-              "sharding_rules")
+OWN_FIELDS = (
+  "seed",
+  "num_train_steps",
+  "learning_rate",
+  "warmup_steps",
+  "lr_schedule",
+  "cosine_alpha",
+  "weight_decay",
+  "adam_b1",
+  "adam_b2",
+  "adam_eps",
+  "grad_clip_norm",
+  "log_every_steps",
+  "checkpoint_every_steps",
+  "keep_checkpoints",
+  "mesh",
+  "sharding_rules",
+)
 
 
 def default_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
-  c.seed = 0                      # rollout RNG (saved in every checkpoint) and prompt draws
-  c.num_train_steps = 200         # RL steps (each: sample, score, rl.inner_updates updates)
+  c.seed = 0  # rollout RNG (saved in every checkpoint) and prompt draws
+  c.num_train_steps = 200  # RL steps (each: sample, score, rl.inner_updates updates)
   # ---- optimiser (the same chain as training: clip -> Adam -> decay -> lr; a fresh state)
   c.learning_rate = 1e-5
   c.warmup_steps = 0
-  c.lr_schedule = "constant"      # constant | cosine (after warm-up)
+  c.lr_schedule = "constant"  # constant | cosine (after warm-up)
   c.cosine_alpha = 0.0
   c.weight_decay = 0.0
   c.adam_b1 = 0.9
   c.adam_b2 = 0.999
   c.adam_eps = 1e-8
-  c.grad_clip_norm = 1.0          # 0 disables
+  c.grad_clip_norm = 1.0  # 0 disables
   # ---- logging and checkpoints (WORKDIR/metrics.jsonl, WORKDIR/checkpoints/<step>)
   c.log_every_steps = 1
   c.checkpoint_every_steps = 50
@@ -53,29 +68,29 @@ def default_config() -> ml_collections.ConfigDict:
   c.sharding_rules = ()
 
   r = c.rl = ml_collections.ConfigDict()
-  r.init_from = ""                # the SFT workdir (launch/train.py on a prompt/answer task)
+  r.init_from = ""  # the SFT workdir (launch/train.py on a prompt/answer task)
   # Reward by name (setdiff_jax/rl/rewards.py): exact_match | format | a sum 'exact_match+format'.
   r.reward = "exact_match"
-  r.step_cost = 0.0               # lambda: reward -= lambda * decoding steps of the completion
-  r.group_size = 8                # G completions per prompt (>= 2: advantages are per group)
-  r.prompts_per_step = 4          # P prompts per step (rows = P * G, split over data x fsdp)
-  r.inner_updates = 1             # mu: optimiser updates per batch of rollouts
-  r.clip_eps = 0.2                # PPO clip range of the ratio pi / pi_old
-  r.kl_beta = 0.0                 # beta: exact KL to the frozen SFT parameters (0 = none)
-  r.adv_eps = 1e-6                # advantages (r - mean) / (std + adv_eps) per group
+  r.step_cost = 0.0  # lambda: reward -= lambda * decoding steps of the completion
+  r.group_size = 8  # G completions per prompt (>= 2: advantages are per group)
+  r.prompts_per_step = 4  # P prompts per step (rows = P * G, split over data x fsdp)
+  r.inner_updates = 1  # mu: optimiser updates per batch of rollouts
+  r.clip_eps = 0.2  # PPO clip range of the ratio pi / pi_old
+  r.kl_beta = 0.0  # beta: exact KL to the frozen SFT parameters (0 = none)
+  r.adv_eps = 1e-6  # advantages (r - mean) / (std + adv_eps) per group
   # ---- the sampler in RL mode: temperature only, a commit policy whose decision reads the
   # step's distributions, never the sampled tokens (policies.POLICIES[...].token_dependent False),
   # so that the scorer's trajectory likelihood is exact.
   r.temperature = 1.0
-  r.top_p = 1.0                   # must stay 1 (nucleus filtering is refused in RL)
-  r.repetition_penalty = 1.0      # must stay 1 (refused in RL)
+  r.top_p = 1.0  # must stay 1 (nucleus filtering is refused in RL)
+  r.repetition_penalty = 1.0  # must stay 1 (refused in RL)
   # pmax (the n_i highest max-probabilities, + pmax >= tau with policy_arg: threshold's
   # distribution-only counterpart) | margin | entropy_bound | factor | topk | dilated | stable
   r.policy = "pmax"
   r.policy_arg = ml_collections.config_dict.placeholder(float)  # None = the policy's default
-  r.window = 0                    # W of the set sampler (0 = the run's S)
-  r.num_steps = 0                 # T, the step budget (0 = N: the schedule's floor is 1/step)
-  r.max_new_tokens = 0            # N (0 = seq_len - the longest prompt of the train split)
+  r.window = 0  # W of the set sampler (0 = the run's S)
+  r.num_steps = 0  # T, the step budget (0 = N: the schedule's floor is 1/step)
+  r.max_new_tokens = 0  # N (0 = seq_len - the longest prompt of the train split)
   return c
 
 
@@ -86,51 +101,71 @@ def _fail(msg: str):
 def validate(config: ml_collections.ConfigDict):
   """The launcher config's own checks (ranges, reward, sampler mode), before any file is read."""
   from setdiff_jax.rl import rewards  # the reward registry (same package)
+
   run_config.check_field_ranges(config)
   r = config.rl
   rewards.get(r.reward)
   policies.get(r.policy, "--config.rl.policy")
   if policies.token_dependent(r.policy):
     exact = ", ".join(n for n in policies.POLICIES if not policies.token_dependent(n))
-    _fail(f"rl.policy={r.policy!r} ranks candidates by the probability of the sampled token, so "
-          f"which positions commit depends on samples that are then discarded and the trajectory "
-          f"likelihood is not exact; use a policy that reads the distributions only: {exact}")
+    _fail(
+      f"rl.policy={r.policy!r} ranks candidates by the probability of the sampled token, so "
+      f"which positions commit depends on samples that are then discarded and the trajectory "
+      f"likelihood is not exact; use a policy that reads the distributions only: {exact}"
+    )
   policies.check_arg(r.policy, r.policy_arg, "--config.rl.policy_arg")
   if float(r.top_p) != 1.0:
-    _fail(f"rl.top_p={r.top_p}: RL samples with temperature only (the scorer's likelihood is "
-          f"that of softmax(z / temperature)); set --config.rl.top_p=1.0")
+    _fail(
+      f"rl.top_p={r.top_p}: RL samples with temperature only (the scorer's likelihood is "
+      f"that of softmax(z / temperature)); set --config.rl.top_p=1.0"
+    )
   if float(r.repetition_penalty) != 1.0:
-    _fail(f"rl.repetition_penalty={r.repetition_penalty}: RL samples with temperature only (no "
-          f"logits processors); set --config.rl.repetition_penalty=1.0")
+    _fail(
+      f"rl.repetition_penalty={r.repetition_penalty}: RL samples with temperature only (no "
+      f"logits processors); set --config.rl.repetition_penalty=1.0"
+    )
   if not r.init_from:
-    _fail("rl.init_from is empty: set --config.rl.init_from=SFT_WORKDIR (a launch/train.py run on "
-          "a prompt/answer task)")
+    _fail(
+      "rl.init_from is empty: set --config.rl.init_from=SFT_WORKDIR (a launch/train.py run on "
+      "a prompt/answer task)"
+    )
 
 
 def load_sft_config(init_from: str) -> ml_collections.ConfigDict:
   """The SFT workdir's config.json, after checking it has a checkpoint (one error line else)."""
   workdir = paths.resolve(init_from)
-  steps = [s for s in (paths.listdir(checkpointing.checkpoint_dir(workdir))
-                       if paths.isdir(checkpointing.checkpoint_dir(workdir)) else [])
-           if s.isdigit()]
+  steps = [
+    s
+    for s in (
+      paths.listdir(checkpointing.checkpoint_dir(workdir))
+      if paths.isdir(checkpointing.checkpoint_dir(workdir))
+      else []
+    )
+    if s.isdigit()
+  ]
   if not steps:
-    raise FileNotFoundError(f"rl.init_from={init_from!r} has no SFT checkpoint (no "
-                            f"{checkpointing.CHECKPOINT_DIR}/<step> folder): train one first with "
-                            f"python launch/train.py --config=configs/reasoning_sw.py "
-                            f"--workdir={init_from}")
+    raise FileNotFoundError(
+      f"rl.init_from={init_from!r} has no SFT checkpoint (no "
+      f"{checkpointing.CHECKPOINT_DIR}/<step> folder): train one first with "
+      f"python launch/train.py --config=configs/reasoning_sw.py "
+      f"--workdir={init_from}"
+    )
   return checkpointing.load_config(workdir)
 
 
-def run_config_for(config: ml_collections.ConfigDict,
-                   sft: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+def run_config_for(
+  config: ml_collections.ConfigDict, sft: ml_collections.ConfigDict
+) -> ml_collections.ConfigDict:
   """The RL run's config: the SFT run's, with this run's `OWN_FIELDS` and `rl` section, raw
   parameters evaluated (`ema_decay` 0, `eval_params` raw), `init_from` = the SFT workdir."""
   run = copy.deepcopy(sft)
   source = str(run.data.get("source", ""))
   if source not in pairs.PAIR_SOURCES:
-    _fail(f"rl.init_from={config.rl.init_from!r} trained on data.source={source!r}; RL needs a "
-          f"prompt/answer run (data.source in {pairs.PAIR_SOURCES}) whose train split gives "
-          f"the prompts")
+    _fail(
+      f"rl.init_from={config.rl.init_from!r} trained on data.source={source!r}; RL needs a "
+      f"prompt/answer run (data.source in {pairs.PAIR_SOURCES}) whose train split gives "
+      f"the prompts"
+    )
   methods.get(run.objective)
   with run.unlocked():
     for name in OWN_FIELDS:

@@ -27,6 +27,7 @@ compile included), rl/compiled_programs (sampler programs compiled since this ru
 the scorer's, the reference's and the update's) and rl/step_seconds.
 Methods: those with an exact scorer (`scoring.supported()`: setdlm, ar, bd3lm).
 """
+
 from __future__ import annotations
 
 import time
@@ -58,11 +59,11 @@ TIMING_METRICS = ("rl/rollout_tokens_per_sec", "rl/compiled_programs", "rl/step_
 
 
 class RLState(flax.struct.PyTreeNode):
-  step: jax.Array       # int32 []: RL steps done
+  step: jax.Array  # int32 []: RL steps done
   params: Any
-  ema_params: Any       # the same arrays as params (what launch/sample.py reads by default)
+  ema_params: Any  # the same arrays as params (what launch/sample.py reads by default)
   opt_state: Any
-  rng: jax.Array        # uint32 key data of the rollout RNG (split once per step)
+  rng: jax.Array  # uint32 key data of the rollout RNG (split once per step)
 
 
 def _rng(state: RLState) -> jax.Array:
@@ -92,8 +93,12 @@ def make_functions(run, method: str, model, optimizer, sampler_cfg):
   replays the distributions `sampler_cfg` drew from (temperature, M suppressed, BD3LM blocks)."""
   r = run.rl
   beta, clip = float(r.kl_beta), float(r.clip_eps)
-  kw = dict(temperature=float(sampler_cfg.temperature), mask_token_id=sampler_cfg.mask_token_id,
-            block_size=sampler_cfg.block_size, max_steps=sampler_cfg.max_new_tokens)
+  kw = dict(
+    temperature=float(sampler_cfg.temperature),
+    mask_token_id=sampler_cfg.mask_token_id,
+    block_size=sampler_cfg.block_size,
+    max_steps=sampler_cfg.max_new_tokens,
+  )
 
   def score(params, rollout):
     return scoring.token_logprobs(method, model, params, rollout, **kw)
@@ -109,8 +114,16 @@ def make_functions(run, method: str, model, optimizer, sampler_cfg):
       logp = jnp.where(rollout.generated, logp, 0.0)
     else:
       logp = score(params, rollout)
-    return objective.grpo_loss(logp, old_logp, adv, rollout.generated, clip_eps=clip, beta=beta,
-                               log_probs=rows, ref_log_probs=ref)
+    return objective.grpo_loss(
+      logp,
+      old_logp,
+      adv,
+      rollout.generated,
+      clip_eps=clip,
+      beta=beta,
+      log_probs=rows,
+      ref_log_probs=ref,
+    )
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
@@ -123,8 +136,9 @@ def make_functions(run, method: str, model, optimizer, sampler_cfg):
   return score, ref_rows, update
 
 
-def train_rl(config: ml_collections.ConfigDict, workdir: str, *,
-             max_steps: Optional[int] = None) -> Dict[str, float]:
+def train_rl(
+  config: ml_collections.ConfigDict, workdir: str, *, max_steps: Optional[int] = None
+) -> Dict[str, float]:
   """Runs (or resumes) an RL run into WORKDIR; returns the last logged metrics and "step".
 
   `max_steps`: run at most this many steps in this call (then save and return), e.g. a job
@@ -136,8 +150,10 @@ def train_rl(config: ml_collections.ConfigDict, workdir: str, *,
   sizes = sharding.mesh_shape(run.mesh, jax.device_count())
   rows = int(run.rl.prompts_per_step) * int(run.rl.group_size)
   if rows % (sizes[0] * sizes[1]):
-    raise ValueError(f"invalid config: rl.prompts_per_step x rl.group_size = {rows} rows must be "
-                     f"divisible by the data x fsdp mesh size {sizes[0] * sizes[1]}")
+    raise ValueError(
+      f"invalid config: rl.prompts_per_step x rl.group_size = {rows} rows must be "
+      f"divisible by the data x fsdp mesh size {sizes[0] * sizes[1]}"
+    )
   run_config.validate_config(run, jax.device_count())
   workdir = paths.resolve(workdir)
   workdir_lock.check_new_workdir(run, workdir)
@@ -153,22 +169,36 @@ def _setup(run, workdir):
   tokenizer = run_config.build_tokenizer(run, sft_dir, allow_training=False, save=False)
   model_cfg, obj_cfg = run_config.model_and_objective(run, tokenizer)
   if obj_cfg.name not in scoring.supported():
-    raise ValueError(f"invalid config: rl.init_from={sft_dir!r} trained objective="
-                     f"{obj_cfg.name!r}; exact trajectory scoring supports "
-                     f"{', '.join(scoring.supported())}")
+    raise ValueError(
+      f"invalid config: rl.init_from={sft_dir!r} trained objective="
+      f"{obj_cfg.name!r}; exact trajectory scoring supports "
+      f"{', '.join(scoring.supported())}"
+    )
   mesh = sharding.make_mesh(run.mesh)
   pool, encoded = prompt_pool(run, tokenizer)
   longest = max(len(p) for p in encoded)
   n = int(run.rl.max_new_tokens) or int(run.seq_len) - longest
   if n < 1 or longest + n > int(run.seq_len):
-    raise ValueError(f"invalid config: rl.max_new_tokens={run.rl.max_new_tokens}: the longest "
-                     f"train prompt has {longest} tokens and seq_len={run.seq_len}; N must be in "
-                     f"[1, {int(run.seq_len) - longest}] (0 = the most that fits)")
+    raise ValueError(
+      f"invalid config: rl.max_new_tokens={run.rl.max_new_tokens}: the longest "
+      f"train prompt has {longest} tokens and seq_len={run.seq_len}; N must be in "
+      f"[1, {int(run.seq_len) - longest}] (0 = the most that fits)"
+    )
   r = run.rl
   sampler_cfg = decoding.sampler_config_for(
-      obj_cfg, tokenizer, int(run.seq_len), greedy=False, temperature=float(r.temperature),
-      top_p=1.0, repetition_penalty=1.0, policy=r.policy, policy_arg=r.policy_arg,
-      window=int(r.window) or None, num_steps=int(r.num_steps) or None, max_new_tokens=n)
+    obj_cfg,
+    tokenizer,
+    int(run.seq_len),
+    greedy=False,
+    temperature=float(r.temperature),
+    top_p=1.0,
+    repetition_penalty=1.0,
+    policy=r.policy,
+    policy_arg=r.policy_arg,
+    window=int(r.window) or None,
+    num_steps=int(r.num_steps) or None,
+    max_new_tokens=n,
+  )
   scoring.check_exact(obj_cfg.name, sampler_cfg)  # the RL mode: the rollouts' likelihood is exact
   return tokenizer, model_cfg, obj_cfg, mesh, pool, encoded, sampler_cfg
 
@@ -186,8 +216,13 @@ def _train_rl(run, workdir: str, max_steps: Optional[int]) -> Dict[str, float]:
 
   init, shardings = train_step.create_sharded_state(run, model_cfg, mesh)
   key_data = jax.random.key_data(jax.random.key(int(run.seed)))
-  state = RLState(step=init.step, params=init.params, ema_params=init.params,
-                  opt_state=init.opt_state, rng=key_data)
+  state = RLState(
+    step=init.step,
+    params=init.params,
+    ema_params=init.params,
+    opt_state=init.opt_state,
+    rng=key_data,
+  )
   del init
   manager = checkpointing.make_manager(workdir, keep=run.keep_checkpoints, with_data=False)
   try:
@@ -215,10 +250,19 @@ def _train_rl(run, workdir: str, max_steps: Optional[int]) -> Dict[str, float]:
   score, ref_fn, update = make_functions(run, method, model, optimizer, sampler_cfg)
   score = jax.jit(score, in_shardings=(shardings.params, rows_sharding))
   ref_fn = jax.jit(ref_fn, in_shardings=(shardings.params, rows_sharding))
-  update = jax.jit(update, in_shardings=(shardings.params, shardings.opt_state, rows_sharding,
-                                         rows_sharding, rows_sharding, rows_sharding),
-                   out_shardings=(shardings.params, shardings.opt_state, None),
-                   donate_argnums=(0, 1))
+  update = jax.jit(
+    update,
+    in_shardings=(
+      shardings.params,
+      shardings.opt_state,
+      rows_sharding,
+      rows_sharding,
+      rows_sharding,
+      rows_sharding,
+    ),
+    out_shardings=(shardings.params, shardings.opt_state, None),
+    donate_argnums=(0, 1),
+  )
   programs0 = compiles.compiled_programs()
   writer = MetricWriter(workdir, is_main)
   num_steps = int(run.num_train_steps)
@@ -241,8 +285,9 @@ def _train_rl(run, workdir: str, max_steps: Optional[int]) -> Dict[str, float]:
         draw = np.random.default_rng(np.asarray(jax.random.key_data(k_prompt)).tolist())
         chosen = draw.integers(0, len(pool), num_prompts)
         rows = [int(i) for i in chosen for _ in range(group)]
-        out = methods.get(method).generate(model, state.params, [encoded[i] for i in rows],
-                                           sampler_cfg, k_sample)
+        out = methods.get(method).generate(
+          model, state.params, [encoded[i] for i in rows], sampler_cfg, k_sample
+        )
         t_sample = time.time() - t0
         rollout = scoring.rollout_from_output(out)
         texts = [tokenizer.decode(g) for g in out.generated]
@@ -258,43 +303,64 @@ def _train_rl(run, workdir: str, max_steps: Optional[int]) -> Dict[str, float]:
         for _ in range(mu):
           params, opt_state, m = update(params, opt_state, rollout, adv, old_logp, ref)
           inner.append(m)
-        state = RLState(step=state.step + 1, params=params, ema_params=params, opt_state=opt_state,
-                        rng=jax.random.key_data(rng))
+        state = RLState(
+          step=state.step + 1,
+          params=params,
+          ema_params=params,
+          opt_state=opt_state,
+          rng=jax.random.key_data(rng),
+        )
         inner = {k: float(np.mean([float(m[k]) for m in inner])) for k in inner[0]}
         kept = sum(len(g) for g in out.generated)
         values = {
-            "rl/reward_mean": float(np.mean(reward)), "rl/reward_std": float(np.std(reward)),
-            "rl/accuracy": float(np.mean(correct)),
-            "rl/kept_tokens_per_call": kept / max(int(np.sum(out.forward_calls)), 1),
-            "rl/tokens_per_step": float(out.tokens_per_step),
-            "rl/steps_mean": float(np.mean(out.num_steps)),
-            "rl/zero_adv_fraction": float(np.mean(np.all(np.asarray(adv).reshape(-1, group) == 0,
-                                                         1))),
-            **{f"rl/{k}": v for k, v in inner.items()},
-            "rl/lr": float(schedule(step * mu)),
-            "rl/rollout_tokens_per_sec": kept / max(t_sample, 1e-9),
-            "rl/compiled_programs": float(compiles.compiled_programs() - programs0
-                                          + score._cache_size() + update._cache_size()
-                                          + ref_fn._cache_size()),
-            "rl/step_seconds": time.time() - t0}
+          "rl/reward_mean": float(np.mean(reward)),
+          "rl/reward_std": float(np.std(reward)),
+          "rl/accuracy": float(np.mean(correct)),
+          "rl/kept_tokens_per_call": kept / max(int(np.sum(out.forward_calls)), 1),
+          "rl/tokens_per_step": float(out.tokens_per_step),
+          "rl/steps_mean": float(np.mean(out.num_steps)),
+          "rl/zero_adv_fraction": float(
+            np.mean(np.all(np.asarray(adv).reshape(-1, group) == 0, 1))
+          ),
+          **{f"rl/{k}": v for k, v in inner.items()},
+          "rl/lr": float(schedule(step * mu)),
+          "rl/rollout_tokens_per_sec": kept / max(t_sample, 1e-9),
+          "rl/compiled_programs": float(
+            compiles.compiled_programs()
+            - programs0
+            + score._cache_size()
+            + update._cache_size()
+            + ref_fn._cache_size()
+          ),
+          "rl/step_seconds": time.time() - t0,
+        }
         bad = {k: v for k, v in values.items() if not np.isfinite(v)}
         if bad:
-          raise FloatingPointError(f"non-finite RL metrics at step {step + 1}: {bad}; stopped, the "
-                                   f"last saved checkpoint is intact. Try a lower learning_rate")
+          raise FloatingPointError(
+            f"non-finite RL metrics at step {step + 1}: {bad}; stopped, the "
+            f"last saved checkpoint is intact. Try a lower learning_rate"
+          )
         done = step + 1
         if done % int(run.log_every_steps) == 0 or done == stop:
           writer.scalars(done, values)
           last = dict(values)
-          logging.info("RL step %d/%d  reward %.3f  accuracy %.3f  kept tok/call %.2f  clip %.3f",
-                       done, num_steps, values["rl/reward_mean"], values["rl/accuracy"],
-                       values["rl/kept_tokens_per_call"], values["rl/clip_fraction"])
+          logging.info(
+            "RL step %d/%d  reward %.3f  accuracy %.3f  kept tok/call %.2f  clip %.3f",
+            done,
+            num_steps,
+            values["rl/reward_mean"],
+            values["rl/accuracy"],
+            values["rl/kept_tokens_per_call"],
+            values["rl/clip_fraction"],
+          )
         if done % int(run.checkpoint_every_steps) == 0 or done == stop or preemption.requested:
           save(done)
         if preemption.requested:  # SIGTERM / Ctrl-C: saved above, now stop
           stopped = errors.StoppedBySignal(
-              f"{preemption.name} at RL step {done}/{num_steps}; checkpoint "
-              f"{manager.directory}/{done} saved. Run the same command again to resume",
-              preemption.signum)
+            f"{preemption.name} at RL step {done}/{num_steps}; checkpoint "
+            f"{manager.directory}/{done} saved. Run the same command again to resume",
+            preemption.signum,
+          )
           break
   finally:
     try:

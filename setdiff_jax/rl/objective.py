@@ -11,6 +11,7 @@ held fixed: never the sampler's own numbers, so a sampler in another dtype canno
 differ from 1 on the first update. Everything here is jittable and differentiable in `logp` /
 `log_probs`.
 """
+
 from __future__ import annotations
 
 from typing import Dict, Optional, Tuple
@@ -42,8 +43,9 @@ def token_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
   return jnp.sum(x * m) / jnp.maximum(jnp.sum(m), 1.0)
 
 
-def clipped_objective(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array,
-                      mask: jax.Array, clip_eps: float) -> Tuple[jax.Array, Dict[str, jax.Array]]:
+def clipped_objective(
+  logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, mask: jax.Array, clip_eps: float
+) -> Tuple[jax.Array, Dict[str, jax.Array]]:
   """The PPO / GRPO clipped surrogate as a loss to minimise, with token-level averaging.
 
   Per generated token (mask [B, L]) of row b: ratio = exp(logp - old_logp) and
@@ -59,8 +61,10 @@ def clipped_objective(logp: jax.Array, old_logp: jax.Array, advantages: jax.Arra
   clipped = jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * a
   term = jnp.minimum(unclipped, clipped)
   loss = -token_mean(term, mask)
-  metrics = {"clip_fraction": token_mean((clipped < unclipped).astype(jnp.float32), mask),
-             "ratio_mean": token_mean(ratio, mask)}
+  metrics = {
+    "clip_fraction": token_mean((clipped < unclipped).astype(jnp.float32), mask),
+    "ratio_mean": token_mean(ratio, mask),
+  }
   return loss, metrics
 
 
@@ -73,9 +77,17 @@ def exact_kl(log_probs: jax.Array, ref_log_probs: jax.Array, mask: jax.Array) ->
   return token_mean(jnp.sum(p * diff, -1), mask)
 
 
-def grpo_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, mask: jax.Array, *,
-              clip_eps: float, beta: float = 0.0, log_probs: Optional[jax.Array] = None,
-              ref_log_probs: Optional[jax.Array] = None) -> Tuple[jax.Array, Dict[str, jax.Array]]:
+def grpo_loss(
+  logp: jax.Array,
+  old_logp: jax.Array,
+  advantages: jax.Array,
+  mask: jax.Array,
+  *,
+  clip_eps: float,
+  beta: float = 0.0,
+  log_probs: Optional[jax.Array] = None,
+  ref_log_probs: Optional[jax.Array] = None,
+) -> Tuple[jax.Array, Dict[str, jax.Array]]:
   """clipped_objective + beta * exact_kl (the KL needs the rows `log_probs` / `ref_log_probs`
   [B, L, V] of the same positions as logp). Returns (loss, metrics: policy_loss, clip_fraction,
   ratio_mean, kl)."""

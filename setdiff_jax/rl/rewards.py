@@ -13,6 +13,7 @@ A name may join several with '+' (their sum), e.g. 'exact_match+format'. The opt
 cost lambda (`rl.step_cost`) subtracts lambda * (decoding steps of the row) from any reward, so a
 policy that finishes in fewer forward calls earns more.
 """
+
 from __future__ import annotations
 
 import re
@@ -38,8 +39,7 @@ def format_ok(completion: str, reference: str) -> float:
   return float(answer is not None and _NUMBER.match(answer) is not None)
 
 
-REWARDS: Dict[str, Callable[[str, str], float]] = {"exact_match": exact_match,
-                                                   "format": format_ok}
+REWARDS: Dict[str, Callable[[str, str], float]] = {"exact_match": exact_match, "format": format_ok}
 
 
 def get(name: str) -> Callable[[str, str], float]:
@@ -47,18 +47,27 @@ def get(name: str) -> Callable[[str, str], float]:
   parts = [p.strip() for p in str(name).split("+")]
   bad = [p for p in parts if p not in REWARDS]
   if bad or not parts:
-    raise ValueError(f"{FIELD}={name!r}: {', '.join(repr(b) for b in bad)} is not a reward; valid: "
-                     f"{', '.join(REWARDS)} (or a sum of them, e.g. 'exact_match+format')")
+    raise ValueError(
+      f"{FIELD}={name!r}: {', '.join(repr(b) for b in bad)} is not a reward; valid: "
+      f"{', '.join(REWARDS)} (or a sum of them, e.g. 'exact_match+format')"
+    )
   fns = [REWARDS[p] for p in parts]
   return lambda completion, reference: float(sum(f(completion, reference) for f in fns))
 
 
-def compute(name: str, completions: Sequence[str], references: Sequence[str],
-            steps: Sequence[int], step_cost: float = 0.0) -> np.ndarray:
+def compute(
+  name: str,
+  completions: Sequence[str],
+  references: Sequence[str],
+  steps: Sequence[int],
+  step_cost: float = 0.0,
+) -> np.ndarray:
   """fp32 [N]: reward `name` of each completion minus step_cost * its decoding steps."""
   if len(completions) != len(references) or len(completions) != len(steps):
-    raise ValueError(f"{len(completions)} completions, {len(references)} references and "
-                     f"{len(steps)} step counts: one of each per row")
+    raise ValueError(
+      f"{len(completions)} completions, {len(references)} references and "
+      f"{len(steps)} step counts: one of each per row"
+    )
   fn = get(name)
   base = np.array([fn(c, r) for c, r in zip(completions, references)], np.float64)
   return (base - float(step_cost) * np.asarray(steps, np.float64)).astype(np.float32)
