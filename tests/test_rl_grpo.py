@@ -117,6 +117,7 @@ def test_one_rl_step_through_the_launcher(sft, tmp_path):
   ):
     assert key in row and np.isfinite(row[key]), key
   assert row["step"] == 1 and row["rl/clip_fraction"] == 0.0  # mu = 1: pi = pi_old exactly
+  assert row["rl/sampler_logprob_gap"] < 1e-4  # fp32: the scorer replays the sampler exactly
   assert 0.0 <= row["rl/accuracy"] <= 1.0 and row["rl/compiled_programs"] >= 3
   assert row["rl/zero_adv_fraction"] < 1.0 and row["rl/grad_norm"] > 0  # rewards vary (steps: EOS)
   saved = json.load(open(os.path.join(workdir, "config.json")))
@@ -210,3 +211,4 @@ def test_one_rl_step_of_the_other_scored_methods(objective, tmp_path):
   assert out["step"] == 1 and out["checkpoint"] == 1
   assert abs(out["rl/ratio_mean"] - 1.0) < 1e-5 and out["rl/clip_fraction"] == 0.0
   assert np.isfinite(out["rl/loss"]) and out["rl/kept_tokens_per_call"] > 0
+  assert out["rl/sampler_logprob_gap"] < 1e-4  # the scorer replays this sampler (fp32)

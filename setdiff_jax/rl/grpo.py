@@ -21,7 +21,9 @@ prompts and samples come from the saved RNG, the updates from the saved optimize
 Metrics (WORKDIR/metrics.jsonl, every log_every_steps, the values of that step): rl/reward_mean,
 rl/reward_std, rl/accuracy (exact match of the sampled completions), rl/kept_tokens_per_call,
 rl/tokens_per_step, rl/steps_mean, rl/zero_adv_fraction (groups with equal rewards), rl/loss,
-rl/clip_fraction, rl/ratio_mean, rl/kl (means over the inner updates), rl/grad_norm, rl/lr, and
+rl/clip_fraction, rl/ratio_mean, rl/kl (means over the inner updates), rl/grad_norm, rl/lr,
+rl/sampler_logprob_gap (max |sampler's log-prob - scorer's| over the committed tokens: the
+sampler's dtype drift, never used by the update), and
 the timing ones rl/rollout_tokens_per_sec (kept tokens / sampling seconds, the first step's
 compile included), rl/compiled_programs (sampler programs compiled since this run started, plus
 the scorer's, the reference's and the update's) and rl/step_seconds.
@@ -289,7 +291,7 @@ def _train_rl(run, workdir: str, max_steps: Optional[int]) -> Dict[str, float]:
           model, state.params, [encoded[i] for i in rows], sampler_cfg, k_sample
         )
         t_sample = time.time() - t0
-        rollout = scoring.rollout_from_output(out)
+        rollout = host = scoring.rollout_from_output(out)
         texts = [tokenizer.decode(g) for g in out.generated]
         refs = [pool[i].answer for i in rows]
         reward = rewards.compute(r.reward, texts, refs, out.num_steps, float(r.step_cost))
@@ -312,6 +314,10 @@ def _train_rl(run, workdir: str, max_steps: Optional[int]) -> Dict[str, float]:
         )
         inner = {k: float(np.mean([float(m[k]) for m in inner])) for k in inner[0]}
         kept = sum(len(g) for g in out.generated)
+        gap = 0.0  # the sampler's own log-probs vs the scorer's (informative: updates use pi_old)
+        if out.token_logprob is not None:
+          diff = np.abs(np.asarray(out.token_logprob) - np.asarray(old_logp))
+          gap = float(np.max(diff[np.asarray(host.generated)], initial=0.0))
         values = {
           "rl/reward_mean": float(np.mean(reward)),
           "rl/reward_std": float(np.std(reward)),
@@ -324,6 +330,7 @@ def _train_rl(run, workdir: str, max_steps: Optional[int]) -> Dict[str, float]:
           ),
           **{f"rl/{k}": v for k, v in inner.items()},
           "rl/lr": float(schedule(step * mu)),
+          "rl/sampler_logprob_gap": gap,
           "rl/rollout_tokens_per_sec": kept / max(t_sample, 1e-9),
           "rl/compiled_programs": float(
             compiles.compiled_programs()
