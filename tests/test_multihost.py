@@ -449,7 +449,7 @@ def test_checkpoint_fallback_decided_on_one_process_is_taken_by_all(tmp_path):
 def test_kill_9_during_a_save_stops_the_survivor(tmp_path, victim):
   """A process SIGKILLed in the middle of saving step 4: the survivor ends within a bounded time
   (one `error:` line, or JAX's own abort when the coordinator is gone), step 2 stays loadable,
-  and a restart resumes from it, repeating steps 3-4 exactly."""
+  and a restart resumes from it, repeating steps 3-4 exactly (after losing the coordinator)."""
   from setdiff_jax.workdir import lock
   workdir = str(tmp_path / "w")
   args = ["--config.checkpoint_every_steps=2", "--config.num_train_steps=6"]
@@ -470,6 +470,8 @@ def test_kill_9_during_a_save_stops_the_survivor(tmp_path, victim):
   else:
     assert codes[survivor] == -signal.SIGABRT, pair.text(survivor)
   assert lock.saved_steps(workdir) == [2]
+  if victim == 1:
+    return  # the restart is the same as after losing process 0 (and see the kill -9 test above)
   import json
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     before = {r["step"]: r for r in map(json.loads, f)}
