@@ -383,21 +383,23 @@ def long_run(workdir, extra=()):
 
 
 @pytest.mark.slow
-def test_sigterm_to_one_process_stops_all_at_the_same_step(tmp_path):
-  """SIGTERM to process 1 only: both processes save the same step and stop with one `stopped:`
-  line each (status 143); the checkpoint loads."""
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signal_to_one_process_stops_all_at_the_same_step(tmp_path, signum):
+  """SIGTERM (or a first SIGINT) to process 1 only: both processes save the same step and stop
+  with one `stopped:` line each (status 128 + signal); the checkpoint loads."""
   from setdiff_jax.workdir import load, lock
   workdir = str(tmp_path / "w")
   pair = Pair(long_run(workdir))
   pair.wait_for(0, "step 3/2000")
-  pair.procs[1].send_signal(signal.SIGTERM)
+  pair.procs[1].send_signal(signum)
   codes = pair.wait()
   stopped = [pair.marked(i, "stopped:") for i in range(2)]
   print(codes, stopped)
-  assert codes == [143, 143], (pair.text(0), pair.text(1))
+  assert codes == [128 + signum] * 2, (pair.text(0), pair.text(1))
   assert all(len(s) == 1 for s in stopped), stopped
   steps = [int(re.search(r"at step (\d+)/2000", s[0]).group(1)) for s in stopped]
-  assert steps[0] == steps[1] and "SIGTERM (to process 1)" in stopped[0][0], stopped
+  name = signal.Signals(signum).name
+  assert steps[0] == steps[1] and f"{name} (to process 1)" in stopped[0][0], stopped
   assert not any(l.startswith("error:") for i in range(2) for l in pair.lines[i])
   assert lock.saved_steps(workdir) == [steps[0]]
   assert load.load_inference_state(workdir).step == steps[0]
