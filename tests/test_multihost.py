@@ -383,7 +383,7 @@ def long_run(workdir, extra=()):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_signal_to_one_process_stops_all_at_the_same_step(tmp_path, signum):
   """SIGTERM (or a first SIGINT) to process 1 only: both processes save the same step and stop
   with one `stopped:` line each (status 128 + signal); the checkpoint loads."""
