@@ -169,7 +169,20 @@ def verify_checksums(where: str, step: int, with_data: bool = True):
 
 
 def check_saved(manager, step: int):
-  """The integrity check of a step just saved: its `state/` files and metadata read back."""
+  """The integrity check of a step just saved: its `state/` files and metadata read back. On
+  several processes process 0 checks (it finalises the step: on an object store another process
+  can read the metadata before process 0 has marked the items complete) and every process gets
+  its verdict."""
+  error = None
+  if jax.process_index() == 0:
+    try:
+      _check_saved(manager, step)
+    except errors.DamagedCheckpointError as e:
+      error = e
+  _agreed(step, error)
+
+
+def _check_saved(manager, step: int):
   where = paths.join(str(manager.directory), str(step))
   if not paths.isdir(paths.join(where, "state")):
     raise errors.DamagedCheckpointError(f"step {step}: {where}/state is missing after the save")
