@@ -6,8 +6,11 @@
 # the batches do not depend on the host count); orbax saves the sharded state from all hosts;
 # process 0 writes config.json, tokenizer/ (trained once), metrics.jsonl and the iterator state,
 # all through etils.epath, so WORKDIR on gs:// holds the whole run and a fresh slice (of any
-# size) resumes from it. A host that dies stops the others (one error line, or JAX's own abort
-# after SETDIFF_HEARTBEAT_TIMEOUT_S when the coordinator is gone); rerun this script to resume.
+# size) resumes from it. Stop decisions are agreed by all hosts: a SIGTERM (preemption) that
+# reaches one host, a NaN / divergence stop seen by one, a checkpoint one finds damaged at resume
+# make every host save / stop / fall back alike. A host that dies, in a step or in a save, stops
+# the others (one error line, or JAX's own abort within seconds when the coordinator is gone, at
+# most SETDIFF_HEARTBEAT_TIMEOUT_S for a silent host); rerun this script to resume.
 # Tested on one machine with launch/local_cluster.py (CPU processes + gloo), not on a real pod.
 #
 # Usage:

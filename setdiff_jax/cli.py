@@ -26,6 +26,7 @@ import logging as std_logging
 import os
 import re
 import sys
+import time
 import traceback
 from typing import Callable, List, Optional, Sequence
 
@@ -96,6 +97,26 @@ def _missing_processes(count: int) -> str:
   if not lost:
     return ""
   return ("process " if len(lost) == 1 else "processes ") + ", ".join(map(str, lost))
+
+
+EXIT_WAIT_S = 30  # how long the processes of a run stopped by an error wait for each other
+
+
+def _leave_together():
+  """After an error line of a multi-process run (e.g. an error agreed by all processes): wait
+  (bounded) until every process has printed its own, then process 0 leaves last. Process 0 runs
+  the coordination service; a process that finds it gone is aborted by JAX at once, before it
+  could print its line."""
+  cluster = _cluster()
+  if cluster is None:
+    return
+  try:
+    from jax._src import distributed  # pylint: disable=g-import-not-at-top
+    distributed.global_state.client.wait_at_barrier("setdiff_jax/exit", EXIT_WAIT_S * 1000)
+  except Exception:  # noqa: BLE001 - another process did not stop this way: leave now
+    return
+  if cluster[0] == 0:
+    time.sleep(1.0)  # the others are in os._exit by now
 
 
 def lost_process(exc: BaseException) -> bool:
@@ -298,6 +319,8 @@ def run(main: Callable[[List[str]], Optional[int]]):
         raise  # a bug: keep its traceback
       code = report(e)
       sys.stdout.flush()
+      if not lost_process(e):
+        _leave_together()
       # No interpreter shutdown: library threads cannot print after the line, and a
       # multi-process run does not wait at the shutdown barrier for a process that is gone.
       os._exit(code)

@@ -65,6 +65,10 @@ def read_text(path) -> str:
   return _p(path).read_text(encoding="utf-8")
 
 
+def read_bytes(path) -> bytes:
+  return _p(path).read_bytes()
+
+
 def write_text(path, text: str):
   """Writes a whole file: locally to a temporary file renamed into place, remotely as one
   object (uploads are atomic)."""

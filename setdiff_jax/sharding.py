@@ -126,6 +126,28 @@ DEFAULT_BARRIER_TIMEOUT_S = 3600
 _barriers = {}
 
 
+def _timeout_ms(timeout_s: Optional[float]) -> tuple:
+  if timeout_s is None:
+    timeout_s = _int_setting(os.environ.get(BARRIER_TIMEOUT_ENV), BARRIER_TIMEOUT_ENV,
+                             1) or DEFAULT_BARRIER_TIMEOUT_S
+  return timeout_s, int(timeout_s * 1000)
+
+
+def _client():
+  from jax._src import distributed  # pylint: disable=g-import-not-at-top
+  return distributed.global_state.client
+
+
+def _wait(client, name: str, key: str, timeout_s: float, timeout_ms: int):
+  try:
+    client.wait_at_barrier(key, timeout_ms)
+  except Exception as e:  # noqa: BLE001 - the runtime raises its own error type
+    raise TimeoutError(f"process {jax.process_index()} waited for the other processes at "
+                       f"{name!r} and they did not all arrive within {timeout_s:g}s (a process "
+                       f"died or hangs; ${BARRIER_TIMEOUT_ENV} sets the limit): "
+                       f"{' '.join(str(e).split())[:300]}") from e
+
+
 def barrier(name: str, timeout_s: Optional[float] = None) -> None:
   """Waits until every process reaches `barrier(name)`; a no-op on one process.
 
@@ -134,23 +156,52 @@ def barrier(name: str, timeout_s: Optional[float] = None) -> None:
   """
   if jax.process_count() == 1:
     return
-  if timeout_s is None:
-    timeout_s = _int_setting(os.environ.get(BARRIER_TIMEOUT_ENV), BARRIER_TIMEOUT_ENV,
-                             1) or DEFAULT_BARRIER_TIMEOUT_S
-  from jax._src import distributed  # pylint: disable=g-import-not-at-top
-  client = distributed.global_state.client
+  timeout_s, timeout_ms = _timeout_ms(timeout_s)
+  client = _client()
   if client is None:  # a cluster JAX joined without its coordination service: a collective
     from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
     multihost_utils.sync_global_devices(name)
     return
   _barriers[name] = _barriers.get(name, 0) + 1  # every process calls them in the same order
-  try:
-    client.wait_at_barrier(f"setdiff_jax/{name}/{_barriers[name]}", int(timeout_s * 1000))
-  except Exception as e:  # noqa: BLE001 - the runtime raises its own error type
-    raise TimeoutError(f"process {jax.process_index()} waited for the other processes at "
-                       f"{name!r} and they did not all arrive within {timeout_s:g}s (a process "
-                       f"died or hangs; ${BARRIER_TIMEOUT_ENV} sets the limit): "
-                       f"{' '.join(str(e).split())[:300]}") from e
+  _wait(client, name, f"setdiff_jax/{name}/{_barriers[name]}", timeout_s, timeout_ms)
+
+
+AGREE_BYTES = 4096  # the longest value `agree` exchanges without a coordination service
+
+
+def agree(name: str, value: str, timeout_s: Optional[float] = None) -> list:
+  """Every process's `value` (a short string) for the decision `name`, in process order, so
+  all processes decide alike from the same list; [value] on one process.
+
+  Every process calls it at the same points (the n-th call of `name` meets the n-th); bounded
+  like `barrier` (TimeoutError). Exchanged through the coordination service's key-value store
+  (a set, a barrier, one directory read; no device collective, nothing to compile); the key of
+  the previous round is deleted, so a long run does not grow the store.
+  """
+  if jax.process_count() == 1:
+    return [value]
+  timeout_s, timeout_ms = _timeout_ms(timeout_s)
+  count, me = jax.process_count(), jax.process_index()
+  client = _client()
+  if client is None:  # a fixed-size byte array through a collective
+    import numpy as np  # pylint: disable=g-import-not-at-top
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    raw = value.encode("utf-8")[:AGREE_BYTES]
+    local = np.zeros((AGREE_BYTES + 4,), np.uint8)
+    local[:4] = np.frombuffer(np.uint32(len(raw)).tobytes(), np.uint8)
+    local[4:4 + len(raw)] = np.frombuffer(raw, np.uint8)
+    rows = np.asarray(multihost_utils.process_allgather(local))
+    return [bytes(r[4:4 + int(np.frombuffer(r[:4].tobytes(), np.uint32)[0])]).decode("utf-8")
+            for r in rows]
+  n = _barriers[f"agree/{name}"] = _barriers.get(f"agree/{name}", 0) + 1
+  prefix = f"setdiff_jax/agree/{name}/{n}/"
+  client.key_value_set(prefix + str(me), value)
+  _wait(client, name, prefix.rstrip("/"), timeout_s, timeout_ms)
+  # Every process has read round n-1 before it reached this round's barrier.
+  if n > 1:
+    client.key_value_delete(f"setdiff_jax/agree/{name}/{n - 1}/{me}")
+  values = {key.rsplit("/", 1)[-1]: v for key, v in client.key_value_dir_get(prefix)}
+  return [values[str(i)] for i in range(count)]
 
 
 def mesh_shape(mesh_cfg: Mapping[str, int], num_devices: int) -> tuple:

@@ -19,7 +19,7 @@ import numpy as np
 
 from setdiff_jax import decoding, errors, models, paths, sharding
 from setdiff_jax.train_step import create_sharded_state, jit_train_step, make_optimizer
-from setdiff_jax.workdir import fallback
+from setdiff_jax.workdir import fallback, stopping
 from setdiff_jax.workdir.divergence import DivergenceGuard, logged_losses
 from setdiff_jax.workdir.metrics import MetricWriter
 from setdiff_jax.workdir.preemption import Preemption
@@ -142,10 +142,11 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict
   saved = {"steps": [start_step] if start_step else [], "healthy": start_step or None}
 
   def diverged() -> str:
-    """Sets the saved steps after the newest healthy one aside; says what is kept."""
+    """Says what is kept; the saved steps after the newest healthy one are set aside once the
+    stop is agreed (`stop.on_error`, on every process)."""
     suspect = [s for s in saved["steps"] if saved["healthy"] is None or s > saved["healthy"]]
-    fallback.set_aside(manager, [(s, "diverged") for s in suspect], suffix=".diverged",
-                       log=False)  # the error line says so
+    stop.on_error = lambda: fallback.set_aside(  # the error line says so
+        manager, [(s, "diverged") for s in suspect], suffix=".diverged", log=False, sync=True)
     kept = (f"checkpoint step {saved['healthy']} (the newest whose loss was seen healthy) is "
             f"intact" if saved["healthy"] else "no healthy checkpoint was saved")
     moved = (f"; step(s) {suspect}, saved before their loss was seen, were moved to "
@@ -204,6 +205,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict
   stopped: Optional[errors.StoppedBySignal] = None
   try:
     with Preemption() as preemption:
+      # Every stop decision is agreed across processes (stopping.py): the loop acts on `agree`.
+      stop = stopping.StopAgreement(preemption)
       for step in range(start_step, num_steps):
         local = next(train_iter)
         batch = sharding.global_batch(local, mesh)
@@ -215,21 +218,23 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict
           window["t0"] += compile_time  # steps/s (and the ETA) without compilation
           logging.info("first step (compile + run) took %.1fs", compile_time)
         if pending is not None:
-          flush(*pending)
+          stop.check(flush, *pending)
         pending = (step + 1, metrics)
         step_done = step + 1
         need_save = step_done % config.checkpoint_every_steps == 0 or step_done == num_steps
         need_eval = step_done % config.eval_every_steps == 0 or step_done == num_steps
-        if need_save or need_eval or preemption.requested:
-          flush(*pending)  # never save or evaluate a state whose loss was not checked
+        signalled = stop.agree()
+        if need_save or need_eval or signalled:
+          stop.check(flush, *pending)  # never save or evaluate a state whose loss was not checked
           pending = None
-        if preemption.requested:  # save first: the grace period after SIGTERM is short
+          stop.agree()
+        if signalled:  # save first: the grace period after SIGTERM is short
           save(step_done)
           kept = (f"checkpoint {manager.directory}/{step_done} saved" if saved["steps"] and
                   saved["steps"][-1] == step_done else
                   f"no checkpoint saved at this step (last: {saved['steps'][-1:] or 'none'})")
           stopped = errors.StoppedBySignal(
-              f"{preemption.name} at step {step_done}/{num_steps}; {kept}. Run the same "
+              f"{signalled} at step {step_done}/{num_steps}; {kept}. Run the same "
               "command again to resume", preemption.signum)
           break
         for kind, needed, fn in (("eval", need_eval, run_eval), ("save", need_save, save)):
@@ -239,7 +244,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict
             pauses[kind].append(time.time() - t_pause)
             window["t0"] += pauses[kind][-1]  # the next steps/s excludes the pause
       if pending is not None:
-        flush(*pending)
+        stop.check(flush, *pending)
+        stop.agree()
     if start_step >= num_steps and num_steps > 0:
       logging.info("nothing to do: checkpoint step %d >= num_train_steps %d", start_step,
                    num_steps)

@@ -94,3 +94,51 @@ def test_tokenizer_trained_once_then_read_from_gs(bucket):
   again = tokenizers.get_tokenizer(cfg, GS, train_texts=no_training)
   assert again.encode("It is a truth") == tok.encode("It is a truth")
   assert again.special_ids() == tok.special_ids()
+
+
+def test_export_to_gs(bucket, monkeypatch):
+  """launch/export.py's export_workdir with --out on the bucket: the files land there (written
+  locally, uploaded when complete), a second export needs --overwrite, a training workdir on the
+  bucket is refused, and the export imports back bit for bit."""
+  import numpy as np
+  from setdiff_jax.interop import export_workdir, import_checkpoint
+  from setdiff_jax.workdir import load as workdir_lib
+  from setdiff_jax.workdir.config import default_config
+  from setdiff_jax import models
+  from setdiff_jax.interop import name_map
+  config = default_config()
+  config.seq_len, config.model.vocab_size, config.model.hidden_size = 12, 64, 32
+  config.model.num_layers, config.model.num_heads, config.model.cond_dim = 1, 4, 16
+  config.loss.desired_set_size = 2
+  rng = np.random.default_rng(0)
+  shapes = name_map.flatten(models.param_shapes(models.backbone_config(config.model.to_dict(),
+                                                                        64)))
+  params = name_map.unflatten({k: rng.standard_normal(s.shape).astype(np.float32)
+                               for k, s in shapes.items()})
+
+  class Tok:
+    bos_id, eos_id, pad_id, mask_id, vocab_size = 2, 3, 0, 4, 64
+
+    def save(self, d):
+      os.makedirs(d, exist_ok=True)
+      with open(os.path.join(d, "tokenizer.json"), "w") as f:
+        f.write("{}")
+
+  monkeypatch.setattr(workdir_lib, "load_inference_state", lambda workdir, step=None, use_ema=True:
+                      workdir_lib.InferenceState(config, None, None, params, Tok(), 5))
+  out = "gs://bucket/exports/e1"
+  assert export_workdir(GS, out)[0] == out
+  files = sorted(os.listdir(bucket / "exports/e1"))
+  assert "model.safetensors" in files and "config.json" in files and "tokenizer.json" in files
+  assert json.loads((bucket / "exports/e1/config.json").read_text())["setdiff_jax"]["step"] == 5
+  _, back = import_checkpoint(str(bucket / "exports/e1"))
+  for k, v in name_map.flatten(params).items():
+    assert np.array_equal(np.asarray(name_map.flatten(back)[k]), v), k
+  with pytest.raises(ValueError, match="not empty"):
+    export_workdir(GS, out)
+  export_workdir(GS, out, overwrite=True)
+  (bucket / "runs/r1/checkpoints").mkdir(parents=True)
+  with pytest.raises(ValueError, match="training workdir"):
+    export_workdir("/tmp/elsewhere", GS, overwrite=True)
+  with pytest.raises(ValueError, match="training workdir"):
+    export_workdir(GS, GS + "/export", overwrite=True)

@@ -387,6 +387,19 @@ def saved_in(workdir) -> bool:
                                                          _SPECIALS_FILE))
 
 
+def fingerprint(workdir) -> str:
+  """SHA-256 of the files of `<workdir>/tokenizer/` (names and bytes), '' when none is saved:
+  what the processes of a run compare to know they read the same tokenizer."""
+  if not saved_in(workdir):
+    return ""
+  import hashlib  # pylint: disable=g-import-not-at-top
+  tok_dir = paths.join(workdir, TOKENIZER_SUBDIR)
+  digest = hashlib.sha256()
+  for name in paths.listdir(tok_dir):
+    digest.update(name.encode("utf-8") + b"\0" + paths.read_bytes(paths.join(tok_dir, name)))
+  return digest.hexdigest()
+
+
 def save_in(tok: Tokenizer, workdir):
   """Writes `tok` to `<workdir>/tokenizer/` (staged: the folder appears complete or not at all)."""
   with paths.staged_dir(paths.join(workdir, TOKENIZER_SUBDIR)) as local:

@@ -21,7 +21,7 @@ import numpy as np
 
 import jax
 
-from setdiff_jax import errors, methods
+from setdiff_jax import errors, methods, paths
 from setdiff_jax import layer_names
 from setdiff_jax.workdir import load as workdir_lib
 from setdiff_jax.interop import pretrained
@@ -230,6 +230,8 @@ def check_export_dir(out: str, workdir: str, *, overwrite: bool = False):
   A training workdir (the source itself, or any directory with checkpoints/) is always refused:
   the export's config.json would replace the run's. A non-empty directory needs `overwrite`.
   """
+  if paths.is_remote(out) or paths.is_remote(workdir):  # an object store: no realpath, no files
+    return _check_remote_export_dir(out, workdir, overwrite)
   target, source = os.path.realpath(out), os.path.realpath(workdir)
   inside = target.startswith(source + os.sep) and os.path.exists(target)  # e.g. its tokenizer/
   if target == source or inside or os.path.isdir(os.path.join(target, "checkpoints")):
@@ -239,6 +241,20 @@ def check_export_dir(out: str, workdir: str, *, overwrite: bool = False):
     raise ValueError(f"--out={out} is not empty; choose a new directory or pass --overwrite to "
                      "replace the files there")
   if os.path.exists(target) and not os.path.isdir(target):
+    raise ValueError(f"--out={out} is a file, not a directory")
+
+
+def _check_remote_export_dir(out: str, workdir: str, overwrite: bool):
+  """`check_export_dir` for an object-store --out (or workdir), through `setdiff_jax.paths`."""
+  target, source = out.rstrip("/"), paths.resolve(workdir).rstrip("/")
+  if target == source or target.startswith(source + "/") or paths.isdir(
+      paths.join(target, "checkpoints")):
+    raise ValueError(f"--out={out} is a training workdir (or inside one); exporting there would "
+                     "replace its config.json. Choose a new directory for --out")
+  if paths.isdir(target) and paths.listdir(target) and not overwrite:
+    raise ValueError(f"--out={out} is not empty; choose a new directory or pass --overwrite to "
+                     "replace the files there")
+  if paths.isfile(target):
     raise ValueError(f"--out={out} is a file, not a directory")
 
 
@@ -261,19 +277,25 @@ def export_workdir(workdir: str, out: str, *, use_ema: bool = True, step: Option
     raise ValueError(f"checkpoint of {workdir} has no {'EMA ' if use_ema else ''}parameters")
   if verify and str(state.config.model.get("backbone", "dit")) == "qwen3":
     errors.require_extra("transformers", "torch", "--verify of a Qwen3 export (the HF Qwen3)")
+  qwen3 = str(state.config.model.get("backbone", "dit")) == "qwen3"
+  if qwen3 and paths.is_remote(out):  # its config.json points at its template folder by path
+    raise ValueError(f"--out={out}: a Qwen3 export is written to a local directory (its "
+                     "config.json names its template folder by path); export locally, then copy")
   params = _to_numpy_tree(state.params)
   report = None
   if jax.process_index() == 0:
-    export_checkpoint(state.config, params, out, tokenizer=state.tokenizer, fmt=fmt,
-                      step=state.step, ema=use_ema)
+    # An object-store --out: written to a local folder, uploaded when complete (paths.staged_dir).
+    with paths.staged_dir(out) as local:
+      export_checkpoint(state.config, params, local, tokenizer=state.tokenizer, fmt=fmt,
+                        step=state.step, ema=use_ema)
+      if verify and qwen3:
+        from setdiff_jax.interop import qwen3_parity  # torch + transformers: optional extras
+        report = qwen3_parity.parity_report(state.config, params, local)
+      elif verify:
+        from setdiff_jax.interop import parity  # torch: an optional extra
+        report = parity.parity_report(state.config, params, local)
     log.info("exported step %d (%s params) of %s to %s", state.step,
              "EMA" if use_ema else "raw", workdir, out)
-    if verify and str(state.config.model.get("backbone", "dit")) == "qwen3":
-      from setdiff_jax.interop import qwen3_parity  # torch + transformers: optional extras
-      report = qwen3_parity.parity_report(state.config, params, out)
-    elif verify:
-      from setdiff_jax.interop import parity  # torch: an optional extra
-      report = parity.parity_report(state.config, params, out)
   return out, report
 
 

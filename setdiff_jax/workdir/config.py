@@ -15,7 +15,7 @@ from typing import NamedTuple, Optional, Tuple
 import jax
 import ml_collections
 
-from setdiff_jax import methods, models, sharding
+from setdiff_jax import methods, models, paths, sharding
 from setdiff_jax.models import attention, layer_stack
 from setdiff_jax.diffusion import losses
 from setdiff_jax.data import pipeline, sources, tokenizers
@@ -369,11 +369,34 @@ def build_tokenizer(config, workdir: Optional[str], *, allow_training: bool = Tr
                                     save=save)
   # Several processes share the workdir: process 0 trains (or loads) and saves it at once (the
   # others read it from there; `save` cannot defer it), the others wait for it (bounded:
-  # `sharding.barrier`) and read it; never trained twice.
-  tok = None
-  if jax.process_index() == 0:
-    tok = tokenizers.get_tokenizer(config.tokenizer, workdir, train_texts=train_texts)
-  sharding.barrier("tokenizer saved")
+  # `sharding.agree`), check that they see the very files process 0 has (a workdir that is not
+  # shared by every host, or a stale copy, would give another vocabulary) and read it; never
+  # trained twice. Every process ends with the same error when one of them does not.
+  me = jax.process_index()
+  tok, failed = None, None
+  if me == 0:
+    try:
+      tok = tokenizers.get_tokenizer(config.tokenizer, workdir, train_texts=train_texts)
+    except Exception as e:  # noqa: BLE001 - the others must not wait for a tokenizer in vain
+      failed = e
+  saved = sharding.agree("tokenizer saved", "!" + str(failed) if failed else
+                         tokenizers.fingerprint(workdir) if me == 0 else "")[0]
+  if failed is not None:
+    raise failed
+  if saved.startswith("!"):
+    raise ValueError(f"process 0 could not build the tokenizer: {saved[1:]}")
+  problem = ""
+  if me != 0:
+    seen = tokenizers.fingerprint(workdir)
+    if seen != saved:
+      where = paths.join(workdir, tokenizers.TOKENIZER_SUBDIR)
+      problem = (f"process {me} of {jax.process_count()} does not see the tokenizer process 0 "
+                 f"saved in {where} ({'nothing there' if not seen else 'other files there'}): "
+                 "every process of a run needs the same --workdir on storage they all share "
+                 "(e.g. gs://bucket/run or a shared file system)")
+  problems = [p for p in sharding.agree("tokenizer read", problem) if p]
+  if problems:
+    raise ValueError(problems[0])
   if tok is None:
     tok = tokenizers.get_tokenizer(config.tokenizer, workdir, train_texts=None)
   return tok

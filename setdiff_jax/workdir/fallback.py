@@ -12,6 +12,8 @@ loads. Every step is checked in three stages, so the cause is named:
 A failure in stage 1 or 3, or an unreadable metadata file, is damage: the step is named in a
 warning and the next older step is tried. With an explicit `step` there is no fallback. Used by
 the train loop (`checkpoints.restore`) and by inference loading (sample, evaluate, export).
+On several processes each step's verdict is agreed (`_agreed`): a step one process finds
+damaged is skipped by all, so they restore the same step.
 """
 from __future__ import annotations
 
@@ -167,7 +169,20 @@ def verify_checksums(where: str, step: int, with_data: bool = True):
 
 
 def check_saved(manager, step: int):
-  """The integrity check of a step just saved: its `state/` files and metadata read back."""
+  """The integrity check of a step just saved: its `state/` files and metadata read back. On
+  several processes process 0 checks (it finalises the step: on an object store another process
+  can read the metadata before process 0 has marked the items complete) and every process gets
+  its verdict."""
+  error = None
+  if jax.process_index() == 0:
+    try:
+      _check_saved(manager, step)
+    except errors.DamagedCheckpointError as e:
+      error = e
+  _agreed(step, error)
+
+
+def _check_saved(manager, step: int):
   where = paths.join(str(manager.directory), str(step))
   if not paths.isdir(paths.join(where, "state")):
     raise errors.DamagedCheckpointError(f"step {step}: {where}/state is missing after the save")
@@ -181,6 +196,32 @@ def check_saved(manager, step: int):
     raise errors.DamagedCheckpointError(f"step {step}: no array metadata after the save")
 
 
+_CHECKPOINT_ERRORS = {c.__name__: c for c in (errors.CheckpointStructureError,
+                                                 errors.MissingIteratorStateError,
+                                                 errors.DamagedCheckpointError)}
+
+
+def _agreed(step: int, error: Optional[errors.CheckpointError]):
+  """Raises, on every process, the error of the first process that found one in this step's
+  checks (none: every process goes on), so all of them restore, or fall back from, the same
+  step: a process that fell back alone would wait in orbax's restore for the others. A no-op
+  exchange on one process."""
+  if jax.process_count() == 1:
+    if error is not None:
+      raise error
+    return
+  mine = {"kind": type(error).__name__, "error": str(error)} if error is not None else {}
+  seen = [json.loads(v) for v in sharding.agree(f"checkpoint step {step}", json.dumps(mine))]
+  failed = [i for i, x in enumerate(seen) if x]
+  if not failed:
+    return
+  i = failed[0]
+  if i == jax.process_index() and error is not None:
+    raise error
+  raise _CHECKPOINT_ERRORS[seen[i]["kind"]](
+      f"{seen[i]['error']} (found by process {i} of {len(seen)})")
+
+
 def restore_step(manager, step: int, abstract_state, data_iterator=None, *,
                  restore_fn: Optional[Callable[[int], Any]] = None, partial: bool = False):
   """Restores one step (stages of the module doc); returns the restored state.
@@ -192,6 +233,29 @@ def restore_step(manager, step: int, abstract_state, data_iterator=None, *,
   import orbax.checkpoint as ocp
   from setdiff_jax.data import iterator_state  # pylint: disable=g-import-not-at-top
 
+  try:
+    _check_step(manager, step, abstract_state, data_iterator, partial)
+  except errors.CheckpointError as e:
+    _agreed(step, e)
+  _agreed(step, None)
+  if restore_fn is None:
+    args = {"state": ocp.args.StandardRestore(abstract_state)}
+    if data_iterator is not None:
+      args["data"] = iterator_state.checkpoint_args_restore(data_iterator)
+    restore_fn = lambda s: manager.restore(s, args=ocp.args.Composite(**args))["state"]  # noqa
+  restored, error = None, None
+  try:
+    with _silent_orbax():
+      restored = restore_fn(step)
+  except Exception as e:  # noqa: BLE001 - the structure matched, so the files are damaged
+    error = errors.DamagedCheckpointError(f"step {step}: {short(e)}")
+    error.__cause__ = e
+  _agreed(step, error)
+  return restored
+
+
+def _check_step(manager, step: int, abstract_state, data_iterator, partial: bool):
+  """Stages 1 and 2 of the module doc (files, metadata) of one step on this process."""
   where = paths.join(str(manager.directory), str(step))
   if not paths.isdir(paths.join(where, "state")):
     raise errors.DamagedCheckpointError(f"step {step}: {where}/state is missing")
@@ -216,16 +280,6 @@ def restore_step(manager, step: int, abstract_state, data_iterator=None, *,
         f"checkpoint {where} holds a different model/optimizer structure than this config ("
         + "; ".join(structure_diff(stored, wanted)) + "). Its files are intact: use the config "
         "it was trained with (the workdir's config.json), or train into another --workdir")
-  if restore_fn is None:
-    args = {"state": ocp.args.StandardRestore(abstract_state)}
-    if data_iterator is not None:
-      args["data"] = iterator_state.checkpoint_args_restore(data_iterator)
-    restore_fn = lambda s: manager.restore(s, args=ocp.args.Composite(**args))["state"]  # noqa
-  try:
-    with _silent_orbax():
-      return restore_fn(step)
-  except Exception as e:  # noqa: BLE001 - the structure matched, so the files are damaged
-    raise errors.DamagedCheckpointError(f"step {step}: {short(e)}") from e
 
 
 def restore_with_fallback(manager, abstract_state, data_iterator=None,
@@ -275,10 +329,11 @@ def restore_with_fallback(manager, abstract_state, data_iterator=None,
 
 
 def set_aside(manager, damaged: List[Tuple[int, str]], suffix: str = DAMAGED_SUFFIX,
-              log: bool = True):
+              log: bool = True, sync: bool = False):
   """Renames damaged steps to checkpoints/<step>.damaged (or another `suffix`; process 0), so
   training can save those steps again; orbax ignores the renamed folders. Every process then
-  re-reads the step list."""
+  re-reads the step list. The processes meet at a barrier when there is something to move, or
+  always with `sync` (when they may disagree on the list, e.g. an agreed stop)."""
   if damaged and jax.process_index() == 0:
     for s, _ in damaged:
       src = paths.join(str(manager.directory), str(s))
@@ -293,7 +348,7 @@ def set_aside(manager, damaged: List[Tuple[int, str]], suffix: str = DAMAGED_SUF
       if log:
         logging.warning("moved %s checkpoint %s to %s (delete it when no longer needed)",
                         suffix.strip("."), src, dst)
-  if damaged and jax.process_count() > 1:
+  if (damaged or sync) and jax.process_count() > 1:
     sharding.barrier("damaged checkpoints set aside")
   if damaged:
     manager.reload()

@@ -1,7 +1,8 @@
 """Preemption of a run: `Preemption` turns SIGTERM / Ctrl-C into a request to save and stop.
 
-The train loop polls `requested` after every step, saves a checkpoint, then raises
-`errors.StoppedBySignal` (exit status 128 + signal).
+The train loop polls `requested` after every step (through `stopping.StopAgreement`, so a signal
+to one process stops them all), saves a checkpoint, then raises `errors.StoppedBySignal` (exit
+status 128 + signal).
 """
 from __future__ import annotations
 
