@@ -35,8 +35,8 @@ setup(
         # gcp-storage-emulator + gcsfs: tests/test_gcs_chain.py (a whole run on an emulated
         # gs:// bucket; skipped without them).
         "test": ["pytest>=8", "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6",
-                 "lm_eval>=0.4.9,<0.5", "ruff==0.17.6", "gcp-storage-emulator>=2024",
-                 "gcsfs>=2024"],
+                 "lm_eval>=0.4.9,<0.5", "ruff==0.17.6", "gcp-storage-emulator>=2024.8,<2027",
+                 "gcsfs>=2025.3,<2027"],
         # The lm-evaluation-harness adapter (setdiff_jax/evaluation/lm_eval_model.py); 0.4.13
         # tested. It needs no torch; install it beside the CPU torch pin, never an unpinned one.
         # Extra names are written in their normalised form (lowercase, no "_"): pip 23.2 (a fresh
