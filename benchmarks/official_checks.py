@@ -21,7 +21,6 @@ its official worker (transformers 4.52.4 venv) and import only torch, numpy and 
 """
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
