@@ -112,6 +112,8 @@ def parse_args(argv=None):
             f"are drawn from [{MASK_ID + 1}, V))")
   if args.rounds < 1 or args.steps < 1 or args.warmup < 0:
     p.error("--rounds and --steps must be >= 1, --warmup >= 0")
+  if args.export_steps < 1:
+    p.error(f"--export_steps={args.export_steps}: the runs need at least one step to export")
   args.threads = args.threads or len(os.sched_getaffinity(0))
   args.official_dir = check_official_dir(args.official_dir)
   return args

@@ -95,6 +95,8 @@ def test_check_flag(bench, tmp_path):
   assert (args.check, args.export_steps) == ("exports", 3)
   with pytest.raises(SystemExit):
     bench.parse_args([f"--official_dir={root}", "--check=logits"])
+  with pytest.raises(SystemExit):  # argparse error: nothing to export
+    bench.parse_args([f"--official_dir={root}", "--check=exports", "--export_steps=0"])
 
 
 def test_restore_targets_is_the_official_eval_loaders_rule(checks):
