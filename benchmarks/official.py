@@ -3,6 +3,10 @@ r"""Side by side with the official PyTorch code (kuleshov-group/setdlms), one pr
   python benchmarks/official.py --official_dir=/tmp/setdlms                    # V = 30522
   python benchmarks/official.py --official_dir=/tmp/setdlms --vocab_size=4096
   python benchmarks/official.py --official_dir=/tmp/setdlms --quick            # tiny harness check
+  python benchmarks/official.py --official_dir=/tmp/setdlms --check=align      # block alignment
+  python benchmarks/official.py --official_dir=/tmp/setdlms --check=exports    # exports, offline
+
+--check=align|exports are correctness checks, not timings: see benchmarks/official_checks.py.
 
 The official code is never part of this repository: fetch kuleshov-group/setdlms, extract it
 outside the repo and point --official_dir at it (benchmarks/README.md, "Side by side with the
@@ -84,6 +88,14 @@ def parse_args(argv=None):
   p.add_argument("--official_python", default=sys.executable,
                  help="python that runs the official side (transformers 4.x; default: this one)")
   p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--check", default="speed", choices=("speed", "align", "exports"),
+                 help="speed: the timed works (default); align: block-alignment parity of the "
+                      "BD3LM / MDLM samplers; exports: our exports in the official classes "
+                      "(benchmarks/official_checks.py)")
+  p.add_argument("--export_steps", type=int, default=20,
+                 help="--check=exports: training steps of the two tiny runs before exporting")
+  p.add_argument("--keep_tmp", action="store_true",
+                 help="keep the temporary directory (exports, runs, logs) and print its path")
   p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # internal
   args = p.parse_args(argv)
   args.train = _split(args.train, TRAIN_METHODS, "--train")
@@ -100,6 +112,8 @@ def parse_args(argv=None):
             f"are drawn from [{MASK_ID + 1}, V))")
   if args.rounds < 1 or args.steps < 1 or args.warmup < 0:
     p.error("--rounds and --steps must be >= 1, --warmup >= 0")
+  if args.export_steps < 1:
+    p.error(f"--export_steps={args.export_steps}: the runs need at least one step to export")
   args.threads = args.threads or len(os.sched_getaffinity(0))
   args.official_dir = check_official_dir(args.official_dir)
   return args
@@ -386,6 +400,9 @@ def worker_main(args):
         t0 = time.perf_counter()
         n = decode[req["name"]]()
         out = {"tokens": n, "seconds": time.perf_counter() - t0}
+      elif cmd in ("align", "exports"):
+        import official_checks  # benchmarks/official_checks.py (numpy, torch, official code)
+        out = getattr(official_checks, f"worker_{cmd}")(mods, req)
       elif cmd == "quit":
         break
       else:
@@ -400,8 +417,10 @@ class OfficialWorker:
 
   def __init__(self, args, argv):
     cmd = [args.official_python, os.path.abspath(__file__), "--worker"] + list(argv)
+    # Offline: nothing on the official side may reach a hub (its loaders would try).
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                 bufsize=1)
+                                 bufsize=1, env=env)
 
   def __call__(self, cmd: str, **kw) -> dict:
     self.proc.stdin.write(json.dumps({"cmd": cmd, **kw}) + "\n")
@@ -456,6 +475,8 @@ def main(argv=None):
   try:
     info = official("info")
     check_official_env(info, args.official_python)
+    if args.check != "speed":
+      return run_check(args, official, tmp, info)
     print(f"sizes {sizes}; rounds {args.rounds}, {args.warmup} warm-up + {args.steps} timed "
           f"train steps; load average before {load_before[0]:.2f}", flush=True)
     works = []  # (kind, name, official times, ours state)
@@ -500,7 +521,10 @@ def main(argv=None):
         print(f"round {r}: {kind} {name}: {msg}  (load {os.getloadavg()[0]:.2f})", flush=True)
   finally:
     official.close()
-    shutil.rmtree(tmp, ignore_errors=True)
+    if args.keep_tmp:
+      print(f"kept {tmp}")
+    else:
+      shutil.rmtree(tmp, ignore_errors=True)
 
   rows = []
   for kind, name, off, ours in works:
@@ -537,6 +561,19 @@ def main(argv=None):
         f"transformers {info['transformers']}, {info['python']}, code {args.official_dir}")
   print(f"ours: jax {jax.__version__} ({jax.default_backend()}, {jax.device_count()} device(s), "
         f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r})")
+
+
+def run_check(args, official, tmp, info):
+  """--check=align|exports: run it, print its table and the versions."""
+  import jax
+  import official_checks
+  if args.check == "align":
+    print(official_checks.align_table(official_checks.run_align(args, official, tmp)))
+  else:
+    print(official_checks.exports_table(official_checks.run_exports(args, official, tmp)))
+  print(f"official: torch {info['torch']}, transformers {info['transformers']}, "
+        f"{info['python']}, code {args.official_dir} (HF_HUB_OFFLINE=1, TRANSFORMERS_OFFLINE=1)")
+  print(f"ours: jax {jax.__version__} ({jax.default_backend()})")
 
 
 if __name__ == "__main__":

@@ -77,3 +77,57 @@ def test_markdown_table(bench):
       "| AR train step | 1,310 | 978 | 0.75 |",
       "| set W=4 decoding, batch 8 | 72 † | 418 | 5.81 |",
       "| no official | – | 5 | – |"]
+
+
+@pytest.fixture(scope="module")
+def checks():
+  spec = importlib.util.spec_from_file_location(
+      "official_checks", os.path.join(REPO, "benchmarks", "official_checks.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_check_flag(bench, tmp_path):
+  root = _fake_checkout(bench, tmp_path / "setdlms")
+  assert bench.parse_args([f"--official_dir={root}"]).check == "speed"
+  args = bench.parse_args([f"--official_dir={root}", "--check=exports", "--export_steps=3"])
+  assert (args.check, args.export_steps) == ("exports", 3)
+  with pytest.raises(SystemExit):
+    bench.parse_args([f"--official_dir={root}", "--check=logits"])
+  with pytest.raises(SystemExit):  # argparse error: nothing to export
+    bench.parse_args([f"--official_dir={root}", "--check=exports", "--export_steps=0"])
+
+
+def test_restore_targets_is_the_official_eval_loaders_rule(checks):
+  assert checks.restore_targets({"_target_": "backbone_dit.DIT"}) == {
+      "_target_": "src.backbone.dit.DIT"}
+  assert checks.restore_targets({"_target_": "backbone_automodel.AutoModelFromPreTrained"}) == {
+      "_target_": "src.backbone.automodel.AutoModelFromPreTrained"}
+  assert checks.restore_targets(
+      {"_target_": "noise_schedule_noise_schedules.StaggeredNoise", "eps": 1e-3}) == {
+      "_target_": "src.noise_schedule.noise_schedules.StaggeredNoise", "eps": 1e-3}
+  assert checks.restore_targets({"_target_": "src.backbone.dit.DIT"}) == {
+      "_target_": "src.backbone.dit.DIT"}  # already restored: unchanged
+
+
+def test_compare_rows_counts_position_by_position_over_the_longer_row(checks):
+  official = [[5, 6, 7], [1, 2, 3, 4], [9]]
+  ours = [[5, 6, 7], [1, 2, 0], [9, 9]]
+  # rows equal: the first only; tokens: 3 + 2 + 1 equal of 3 + 4 + 2 positions.
+  assert checks.compare_rows(official, ours) == (1, 3, 6, 9)
+
+
+def test_check_tables(checks):
+  table = checks.align_table([dict(method="bd3lm", g=4, n=10, align="on", group="P % G != 0",
+                                   lengths=[1, 2], cmp=(3, 4, 30, 32), gen=(9.5, 9.0))])
+  assert table.splitlines()[-1] == ("| bd3lm | 4 | 10 | on | P % G != 0 | 1,2 | 3/4 | 30/32 | "
+                                    "9.5 / 9.0 |")
+  table = checks.exports_table([dict(kind="dit", cls="x", shape=(3, 64, 2048), err=1.5e-6,
+                                     scale=3.0, missing_keys=["a"], unexpected_keys=[],
+                                     static_mask_intact=True,
+                                     backbone="src.backbone.dit.DIT",
+                                     **{"class": "src.denoiser.setdlm.SetDLM"})])
+  assert table.splitlines()[-1] == ("| dit | src.denoiser.setdlm.SetDLM (src.backbone.dit.DIT) | "
+                                    "a / 0 (static mask intact) | 3 x 64 x 2048 | 1.50e-06 | 3.00 | "
+                                    "5.00e-07 |")

@@ -287,6 +287,9 @@ def test_qwen3_export_carries_its_template_offline(hf, tmp_path, monkeypatch):
   assert "Qwen/" not in text
   bb = json.loads(text)["backbone_config"]
   assert bb["pretrained_model_name_or_path"] == os.path.join(out, "qwen3_config")
+  # No sliding window (transformers 4.x would default it to 4096 and warn on every layer).
+  template = json.loads((tmp_path / "a" / "official" / "qwen3_config" / "config.json").read_text())
+  assert template["sliding_window"] is None and template["use_sliding_window"] is False
   tokens, positions, allowed = two_stream()
   ours = jax_logits(config, params, tokens, positions, allowed)
   assert rel_err(torch_logits(_official_style_backbone(out), tokens, positions, allowed),

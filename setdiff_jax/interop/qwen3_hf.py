@@ -36,9 +36,11 @@ TEMPLATE_DIR = "qwen3_config"
 
 
 def template_config(m: Mapping) -> dict:
-  """The `config.json` of a plain HF Qwen3 with the run's architecture (no weights)."""
+  """The `config.json` of a plain HF Qwen3 with the run's architecture (no weights).
+  `sliding_window: null` as the released Qwen3 configs: transformers 4.x (the official code's)
+  defaults it to 4096 and then warns "Sliding Window Attention is enabled" on every layer."""
   return {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"],
-          **pretrained.to_hf_fields(m), "torch_dtype": "float32",
+          **pretrained.to_hf_fields(m), "sliding_window": None, "torch_dtype": "float32",
           "max_position_embeddings": 40960}
 
 

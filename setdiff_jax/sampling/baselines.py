@@ -17,7 +17,8 @@ MDLM    no cache: every step feeds the whole canvas (prompt + N masks, right-pad
         `max_length` when `mdlm_pad_to_max_length`) with full bidirectional attention and reads the
         logits of the current sub-block of G = `block_size` (default N) positions. Calls = steps
         (N for T = G). (The reference's `use_cache=true` quirk of re-encoding the prompt is not
-        reproduced.)
+        reproduced, nor is its last sub-block running past N into the M padding when the span
+        does not end on a sub-block boundary: ours never decodes more than N tokens.)
 The EOS stop of BD3LM / MDLM (`stop_at_eos`) is checked when a sub-block finishes, with the rule of
 the set sampler (EOS at a generated position with no mask before it).
 
