@@ -124,6 +124,14 @@ def parse_args(argv=None):
   p.add_argument("--num_val", type=int, default=None,
                  help="policy mode: validation problems (100; quick 6)")
   p.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples for the CIs")
+  p.add_argument("--policy_grid", default=None,
+                 help="policy mode: replace policies' grids, NAME:V1/V2,... e.g. "
+                      "'entropy_bound:0.1/1,topk:2/4' ('off' = no parameter; tau off is always "
+                      "in the threshold grid)")
+  p.add_argument("--chain_operands", type=int, default=CHAIN["task_operands"],
+                 help="policy mode, chain task: operands per problem (data.task_operands)")
+  p.add_argument("--chain_max_operand", type=int, default=CHAIN["task_max_operand"],
+                 help="policy mode, chain task: operands in 1..this (data.task_max_operand)")
   return p.parse_args(argv)
 
 
@@ -372,6 +380,27 @@ def write_report(out_dir: str, record) -> str:
 
 
 # ----------------------------------------------------------------------------- policy mode
+def parse_grid(text) -> Dict[str, tuple]:
+  """'--policy_grid=entropy_bound:0.1/0.3,topk:2/3' -> {name: (args...)}; 'off' = None."""
+  out: Dict[str, tuple] = {}
+  for part in (text or "").split(","):
+    if not part.strip():
+      continue
+    name, _, vals = part.partition(":")
+    name = name.strip()
+    if name not in POLICY_GRID or not vals.strip():
+      raise ValueError(f"--policy_grid={text!r}: {part!r} must be NAME:V1/V2/... with NAME one of "
+                       f"{sorted(POLICY_GRID)}")
+    args = []
+    for v in vals.split("/"):
+      v = v.strip()
+      a = None if v in ("off", "none") else float(v)
+      policies_lib.check_arg(name, a)  # the policy's own range (one error naming the flag)
+      args.append(a)
+    out[name] = tuple(args)
+  return out
+
+
 def policy_plan(args) -> Dict[str, Any]:
   p = plan(args)
   names = [x.strip() for x in args.policies.split(",") if x.strip()]
@@ -391,19 +420,38 @@ def policy_plan(args) -> Dict[str, Any]:
     grid[policies_lib.DEFAULT] = (None,)
     if args.decode_batch is None:
       p["decode_batch"] = 8  # one compiled program per split (no batch-1 timing here)
+  grid.update({k: v for k, v in parse_grid(args.policy_grid).items() if k in grid})
+  if None not in grid[policies_lib.DEFAULT]:  # tau off: the reference of every comparison
+    grid[policies_lib.DEFAULT] = (None,) + tuple(grid[policies_lib.DEFAULT])
+  if args.chain_operands < 2 or args.chain_max_operand < 1:
+    raise ValueError(f"--chain_operands={args.chain_operands} must be >= 2 and "
+                     f"--chain_max_operand={args.chain_max_operand} >= 1")
   p.update(policies=names, tasks=tasks, seeds=seeds, grid=grid,
+           chain={"task_operands": args.chain_operands,
+                  "task_max_operand": args.chain_max_operand},
            num_val=args.num_val or (4 if args.quick else 100),
            num_test=args.num_test or (8 if args.quick else 1000))
   return p
 
 
-def task_config(c, task: str):
-  """The method's recipe on `task` (chain: 4 two-digit operands, L = 48)."""
+def chain_seq_len(num_operands: int, max_operand: int) -> int:
+  """A context that holds every chain row, rounded up to 8 (S_max of the recipe): one token
+  per character at most (a byte-level BPE only merges) plus BOS and EOS."""
+  d, big = len(str(max_operand)), len(str(num_operands * max_operand))
+  prompt = num_operands * d + (num_operands - 1) + 1          # operands, signs, newline
+  answer = (num_operands - 1) * (big + 1) + len(tasks_lib.ANSWER_PREFIX) + big
+  return -(-(prompt + answer + 2) // 8) * 8
+
+
+def task_config(c, task: str, chain=None):
+  """The method's recipe on `task` (chain: `chain` = data.task_operands / task_max_operand,
+  default CHAIN; L from `chain_seq_len`)."""
   c.data.source = task
   if task == "chain":
-    for k, v in CHAIN.items():
+    chain = chain or CHAIN
+    for k, v in chain.items():
       c.data[k] = v
-    c.seq_len = 48  # the longest chain row is 35 tokens with the digit-level BPE
+    c.seq_len = chain_seq_len(chain["task_operands"], chain["task_max_operand"])
   return c
 
 
@@ -423,6 +471,13 @@ def choose(rows: List[Dict[str, Any]], base_acc: float) -> Dict[str, Any]:
   if ok:
     return max(ok, key=lambda r: (r["kept_tokens_per_call"], r["accuracy"]))
   return max(rows, key=lambda r: (r["accuracy"], r["kept_tokens_per_call"]))
+
+
+def matched(rows: List[Dict[str, Any]], kept_per_call: float) -> Dict[str, Any]:
+  """The threshold rule's validation point whose kept tokens per call is nearest (ties: the
+  faster one): the tau a policy is compared with at matched speed."""
+  return min(rows, key=lambda r: (abs(r["kept_tokens_per_call"] - kept_per_call),
+                                  -r["kept_tokens_per_call"]))
 
 
 def paired_ci(a: Dict[str, list], b: Dict[str, list], n_boot: int, seed: int = 0):
@@ -447,7 +502,9 @@ def _merge(per: List[Dict[str, list]]) -> Dict[str, list]:
 
 
 def policy_eval(method: str, workdir: str, task: str, p, seed: int, log) -> List[Dict[str, Any]]:
-  """Validation sweep + one test measurement per policy for one trained run."""
+  """Validation sweep + test measurement per policy for one trained run. The threshold rule is
+  measured on test at every grid tau (its curve; matched-speed comparisons pick tau on
+  validation), every other policy at its validation choice only."""
   state = workdir_lib.load_inference_state(workdir, use_ema=False)
   name, s = compare.parse_method(method)
   data = state.config.data
@@ -468,33 +525,36 @@ def policy_eval(method: str, workdir: str, task: str, p, seed: int, log) -> List
       settings=settings, batch_size=p["decode_batch"], speed_examples=0, extractor="hash",
       seed=seed, per_example=True)
   out = []
-  policies_run = p["policies"] if name != "ar" else [policies_lib.DEFAULT]
-  base_test: Dict[Any, Dict[str, Any]] = {}
-  for policy in policies_run:
-    grid = p["grid"][policy] if name != "ar" else (None,)
-    val_rows = ev(val, policy_settings(name, s, p, policy, grid))
+  if name == "ar":  # the reference: one greedy decode of the test problems
+    row = ev(test, [{"window": None, "threshold": None}])[0]
+    log(f"[{task} {method} seed {seed}] test acc {row['accuracy']:.3f}")
+    return [{"task": task, "method": method, "seed": seed, "window": None,
+             "policy": policies_lib.DEFAULT, "chosen_arg": None, "val": [], "test": _slim(row),
+             "per_example": row["per_example"], "val_ref": None, "ref_test": _slim(row),
+             "ref_per_example": row["per_example"], "grid_test": []}]
+  for policy in p["policies"]:
+    val_rows = ev(val, policy_settings(name, s, p, policy, p["grid"][policy]))
     by_window: Dict[Any, list] = {}
     for r in val_rows:
       by_window.setdefault(r["window"], []).append(r)
     for w, rows in by_window.items():
-      base_val = [r for r in rows if r["policy_arg"] is None] if policy == policies_lib.DEFAULT \
-          else None
-      ref_acc = (base_val[0] if base_val else out_ref(out, w, "val"))["accuracy"]
-      pick = choose(rows, ref_acc)
-      setting = {"window": w, "threshold": None, "policy": policy, "policy_arg": pick["policy_arg"]}
-      if name == "ar":
-        setting = {"window": None, "threshold": None}
-      test_row = ev(test, [setting])[0]
+      thr = policy == policies_lib.DEFAULT
+      ref_val = ([r for r in rows if r["policy_arg"] is None][0] if thr
+                 else out_ref(out, w, "val"))
+      pick = choose(rows, ref_val["accuracy"])
+      setting = {"window": w, "threshold": None, "policy": policy}
+      args = [r["policy_arg"] for r in rows] if thr else [pick["policy_arg"]]
+      tests = {a: t for a, t in zip(args, ev(test, [dict(setting, policy_arg=a) for a in args]))}
+      test_row = tests[pick["policy_arg"]]
       rec = {"task": task, "method": method, "seed": seed, "window": w, "policy": policy,
              "chosen_arg": pick["policy_arg"], "val": [_slim(r) for r in rows],
-             "test": _slim(test_row), "per_example": test_row["per_example"]}
-      if policy == policies_lib.DEFAULT:
-        ref = test_row if pick["policy_arg"] is None else ev(test, [dict(setting,
-                                                                          policy_arg=None)])[0]
-        base_test[w] = ref
-        rec["val_ref"] = _slim(base_val[0]) if base_val else None
-        rec["ref_test"] = _slim(ref)
-        rec["ref_per_example"] = ref["per_example"]
+             "val_pick": _slim(pick), "test": _slim(test_row),
+             "per_example": test_row["per_example"], "grid_test": []}
+      if thr:
+        rec.update(val_ref=_slim(ref_val), ref_test=_slim(tests[None]),
+                   ref_per_example=tests[None]["per_example"],
+                   grid_test=[{"arg": a, "test": _slim(t), "per_example": t["per_example"]}
+                              for a, t in tests.items()])
       out.append(rec)
       log(f"[{task} {method} seed {seed}] W={w} {policy}: val pick {pick['policy_arg']} -> test "
           f"acc {test_row['accuracy']:.3f} kept/call {test_row['kept_tokens_per_call']:.2f}")
@@ -515,46 +575,165 @@ def _slim(r: Dict[str, Any]) -> Dict[str, Any]:
   return {k: r.get(k) for k in keys}
 
 
+def _ms(xs) -> List[float]:
+  xs = np.asarray(xs, float)
+  return [float(xs.mean()), float(xs.std(ddof=1)) if len(xs) > 1 else 0.0]
+
+
 def summarize(records: List[Dict[str, Any]], n_boot: int) -> List[Dict[str, Any]]:
-  """One row per (task, method, window, policy): test numbers pooled over seeds + paired CIs."""
+  """One row per (task, method, window, policy): test numbers over seeds (pooled, and mean ± std
+  of the per-seed values) + paired CIs against tau off, against the threshold rule's own
+  validation choice ('thr') and against the threshold rule at the tau whose validation kept
+  tokens per call is nearest ('match', tau per seed)."""
   groups: Dict[Any, list] = {}
   for r in records:
     groups.setdefault((r["task"], r["method"], r["window"], r["policy"]), []).append(r)
   rows = []
   for (task, method, w, policy), recs in groups.items():
-    refs = {x["seed"]: x for x in records if x["task"] == task and x["method"] == method and
-            x["window"] == w and x["policy"] == policies_lib.DEFAULT}
+    thr = {x["seed"]: x for x in records if x["task"] == task and x["method"] == method and
+           x["window"] == w and x["policy"] == policies_lib.DEFAULT}
+    recs = [x for x in recs if x["seed"] in thr]
+    if not recs:
+      continue
     a = _merge([x["per_example"] for x in recs])
-    b = _merge([refs[x["seed"]]["ref_per_example"] for x in recs])
-    ci = paired_ci(a, b, n_boot)
     t = [x["test"] for x in recs]
-    rows.append({"task": task, "method": method, "window": w, "policy": policy,
-                 "chosen_args": [x["chosen_arg"] for x in recs], "seeds": [x["seed"] for x in recs],
-                 "accuracy": float(np.mean(a["correct"])),
-                 "seed_accuracies": [x["accuracy"] for x in t],
-                 "kept_tokens_per_call": float(np.sum(a["kept"]) / np.sum(a["calls"])),
-                 "forward_calls": float(np.mean(a["calls"])),
-                 "tokens_per_second": float(np.mean([x["tokens_per_second"] for x in t])),
-                 "copy_fraction": float(np.mean([x["copy_fraction"] for x in t])),
-                 "num_test": len(a["correct"]), **ci})
+    row = {"task": task, "method": method, "window": w, "policy": policy,
+           "chosen_args": [x["chosen_arg"] for x in recs], "seeds": [x["seed"] for x in recs],
+           "accuracy": float(np.mean(a["correct"])),
+           "seed_accuracies": [x["accuracy"] for x in t],
+           "accuracy_ms": _ms([x["accuracy"] for x in t]),
+           "kept_tokens_per_call": float(np.sum(a["kept"]) / np.sum(a["calls"])),
+           "kept_tokens_per_call_ms": _ms([x["kept_tokens_per_call"] for x in t]),
+           "forward_calls": float(np.mean(a["calls"])),
+           "tokens_per_second": float(np.mean([x["tokens_per_second"] for x in t])),
+           "copy_fraction": float(np.mean([x["copy_fraction"] for x in t])),
+           "num_test": len(a["correct"]), "num_test_per_seed": len(recs[0]["per_example"]
+                                                                   ["correct"])}
+    row.update(paired_ci(a, _merge([thr[x["seed"]]["ref_per_example"] for x in recs]), n_boot))
+    if method.startswith("ar") or policy == policies_lib.DEFAULT:
+      row["ref_seed_accuracies"] = [x["ref_test"]["accuracy"] for x in recs]  # seed agreement
+      rows.append(row)
+      continue
+    chosen = _merge([thr[x["seed"]]["per_example"] for x in recs])
+    row["vs_thr"] = paired_ci(a, chosen, n_boot)
+    row["thr_args"] = [thr[x["seed"]]["chosen_arg"] for x in recs]
+    taus, per = [], []
+    for x in recs:
+      m = matched(thr[x["seed"]]["val"], x["val_pick"]["kept_tokens_per_call"])
+      taus.append(m["policy_arg"])
+      per.append([g for g in thr[x["seed"]]["grid_test"] if g["arg"] == m["policy_arg"]][0]
+                 ["per_example"])
+    row["match_args"] = taus
+    row["vs_match"] = paired_ci(a, _merge(per), n_boot)
+    rows.append(row)
   return rows
 
 
+def threshold_curve(records) -> List[Dict[str, Any]]:
+  """The threshold rule on test at every grid tau: accuracy and kept tokens per call (pooled
+  over seeds) per (task, method, window, tau): the curve the policies are plotted against."""
+  groups: Dict[Any, list] = {}
+  for r in records:
+    for g in r.get("grid_test", []):
+      groups.setdefault((r["task"], r["method"], r["window"], g["arg"]), []).append(g)
+  return [{"task": k[0], "method": k[1], "window": k[2], "tau": k[3],
+           "accuracy": float(np.mean(sum((g["per_example"]["correct"] for g in gs), []))),
+           "accuracy_ms": _ms([g["test"]["accuracy"] for g in gs]),
+           "kept_tokens_per_call": float(sum(sum(g["per_example"]["kept"]) for g in gs) /
+                                         sum(sum(g["per_example"]["calls"]) for g in gs)),
+           "num_seeds": len(gs)} for k, gs in groups.items()]
+
+
+def _ci(c, key, scale=100.0, fmt="{:+.1f}") -> str:
+  lo, hi = c[key + "_ci"]
+  return f"{fmt.format(scale * c[key])} [{fmt.format(scale * lo)}, {fmt.format(scale * hi)}]"
+
+
+def _args(xs) -> str:
+  return "/".join("off" if a is None else f"{a:g}" for a in xs)
+
+
 def policy_table(rows) -> str:
-  header = ["task", "method", "W", "policy", "chosen (per seed)", "accuracy", "seed acc",
-            "d acc vs tau off [95% CI]", "kept/call", "x vs tau off [95% CI]", "fwd calls",
-            "copies", "tok/s", "n"]
+  header = ["task", "method", "W", "policy", "chosen (per seed)", "accuracy % (mean ± std)",
+            "kept/call (mean ± std)", "fwd calls", "d acc vs tau off [95% CI]",
+            "x vs tau off [95% CI]", "d acc vs threshold's choice", "x vs threshold's choice",
+            "copies", "n"]
   body = []
   for r in rows:
-    fmt_arg = lambda a: "off" if a is None else f"{a:g}"
-    body.append([r["task"], r["method"], r["window"], r["policy"],
-                 "/".join(fmt_arg(a) for a in r["chosen_args"]), r["accuracy"],
-                 "/".join(f"{x:.2f}" for x in r["seed_accuracies"]),
-                 f"{100 * r['acc_diff']:+.1f} [{100 * r['acc_diff_ci'][0]:+.1f}, "
-                 f"{100 * r['acc_diff_ci'][1]:+.1f}]", r["kept_tokens_per_call"],
-                 f"{r['speedup']:.2f} [{r['speedup_ci'][0]:.2f}, {r['speedup_ci'][1]:.2f}]",
-                 r["forward_calls"], r["copy_fraction"], r["tokens_per_second"], r["num_test"]])
+    v = r.get("vs_thr")
+    body.append([r["task"], r["method"], r["window"] or "-", r["policy"], _args(r["chosen_args"]),
+                 f"{100 * r['accuracy_ms'][0]:.1f} ± {100 * r['accuracy_ms'][1]:.1f}",
+                 f"{r['kept_tokens_per_call_ms'][0]:.2f} ± {r['kept_tokens_per_call_ms'][1]:.2f}",
+                 r["forward_calls"], _ci(r, "acc_diff"), _ci(r, "speedup", 1.0, "{:.2f}"),
+                 _ci(v, "acc_diff") if v else "-",
+                 _ci(v, "speedup", 1.0, "{:.2f}") if v else "-", r["copy_fraction"],
+                 f"{r['num_test']} ({len(r['seeds'])} x {r['num_test_per_seed']})"])
   return markdown_table(header, body)
+
+
+def matched_table(rows) -> str:
+  header = ["task", "method", "W", "policy", "chosen", "matched tau (per seed)",
+            "d acc vs threshold at matched speed [95% CI]", "x kept/call [95% CI]", "n"]
+  body = [[r["task"], r["method"], r["window"] or "-", r["policy"], _args(r["chosen_args"]),
+           _args(r["match_args"]), _ci(r["vs_match"], "acc_diff"),
+           _ci(r["vs_match"], "speedup", 1.0, "{:.2f}"), r["num_test"]]
+          for r in rows if "vs_match" in r]
+  return markdown_table(header, body)
+
+
+def seed_table(rows) -> str:
+  """Seed agreement: tau-off (threshold rule, no tau) test accuracy per seed and its spread."""
+  header = ["task", "method", "W", "seeds", "tau-off accuracy per seed (%)", "spread (points)"]
+  body = []
+  for r in rows:
+    if r["policy"] == policies_lib.DEFAULT:
+      accs = [100 * a for a in r["ref_seed_accuracies"]]
+      body.append([r["task"], r["method"], r["window"] or "-", "/".join(map(str, r["seeds"])),
+                   " / ".join(f"{a:.1f}" for a in accs), f"{max(accs) - min(accs):.1f}"])
+  return markdown_table(header, body)
+
+
+def plot_policies(rows, curve, path: str):
+  """Accuracy vs kept tokens per forward call on test, one panel per (task, method, W): the
+  threshold rule's curve over tau and each policy's validation choice."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  panels = sorted({(r["task"], r["method"], r["window"] or 0) for r in rows
+                   if not r["method"].startswith("ar")})
+  if not panels:
+    return
+  fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.4), squeeze=False)
+  for ax, (task, method, w) in zip(axes[0], panels):
+    pts = sorted((c for c in curve if (c["task"], c["method"], c["window"] or 0) ==
+                  (task, method, w)), key=lambda c: c["kept_tokens_per_call"])
+    ax.plot([c["kept_tokens_per_call"] for c in pts], [100 * c["accuracy"] for c in pts], "k-o",
+            ms=3, label="threshold (tau curve)")
+    for c in pts:
+      ax.annotate(_args([c["tau"]]), (c["kept_tokens_per_call"], 100 * c["accuracy"]), fontsize=6,
+                  xytext=(3, 2), textcoords="offset points")
+    for i, r in enumerate(x for x in rows if (x["task"], x["method"], x["window"] or 0) ==
+                          (task, method, w) and x["policy"] != policies_lib.DEFAULT):
+      ax.plot([r["kept_tokens_per_call"]], [100 * r["accuracy"]], "osD^v*P"[i % 7],
+              color=f"C{i}", label=f"{r['policy']} ({_args(r['chosen_args'])})")
+    ar = [x for x in rows if x["task"] == task and x["method"].startswith("ar")]
+    if ar:
+      ax.axhline(100 * ar[0]["accuracy"], color="grey", ls=":", label="AR")
+    ax.set_title(f"{task}: {method}" + (f" W={w}" if w else ""))
+    ax.set_xlabel("kept tokens per forward call (test)")
+    ax.set_ylabel("exact match (%), pooled over seeds")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def _plan_key(p, task: str, method: str) -> Dict[str, Any]:
+  keys = ("policies", "grid", "num_val", "num_test", "decode_batch", "chain", "steps",
+          "batch_size", "hidden_size", "num_layers", "lr")
+  return json.loads(json.dumps({"task": task, "method": method, **{k: p.get(k) for k in keys}},
+                               default=str))
 
 
 def policy_main(args, argv, log) -> Dict[str, Any]:
@@ -567,9 +746,11 @@ def policy_main(args, argv, log) -> Dict[str, Any]:
     methods = list(QUICK_POLICY_METHODS if args.quick else POLICY_METHODS)
   for m in methods:
     compare.parse_method(m)
+  command = "python benchmarks/speed_accuracy.py " + " ".join(
+      argv if argv is not None else sys.argv[1:])
   load_start = _uptime()
   t_start = time.perf_counter()
-  records, train_seconds = [], 0.0
+  records, train_seconds, done = [], 0.0, []
   with _jax_settings({"jax_disable_most_optimizations": True} if args.quick else {}):
     for task in p["tasks"]:
       pt = p
@@ -579,43 +760,82 @@ def policy_main(args, argv, log) -> Dict[str, Any]:
       p.setdefault("per_task", {})[task] = {"num_val": pt["num_val"], "num_test": pt["num_test"]}
       for seed in p["seeds"]:
         sub = os.path.join(out_dir, task, f"seed{seed}")
-        configs = {m: task_config(method_config(m, pt, seed, args.quick), task) for m in methods}
+        configs = {m: task_config(method_config(m, pt, seed, args.quick), task, p["chain"])
+                   for m in methods}
         tok_dir = shared_tokenizer(sub, configs[methods[0]])
-        t0 = time.perf_counter()
-        infos = {m: train_method(m, configs[m], sub, tok_dir, log) for m in methods}
-        train_seconds += time.perf_counter() - t0
         for m in methods:
-          records += policy_eval(m, infos[m]["workdir"], task, pt, seed, log)
-  rows = summarize(records, args.bootstrap)
-  record = {"command": "python benchmarks/speed_accuracy.py " + " ".join(
-                argv if argv is not None else sys.argv[1:]),
-            "quick": bool(args.quick), "methods": methods, "plan": p,
-            "hardware": hardware(), "load_start": load_start, "load_end": _uptime(),
-            "train_seconds": train_seconds, "total_seconds": time.perf_counter() - t_start,
-            "summary": rows, "records": records}
-  name = f"{NAME}_policies"
-  with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
-    json.dump(record, f, indent=2, default=float)
-  md = "\n".join([
-      f"## Commit policies: speed (kept tokens per forward call) vs accuracy "
-      f"({'quick' if args.quick else 'full'} run)", "", f"Command: `{record['command']}`", "",
-      f"Machine load at start: {load_start}; at end: {record['load_end']}. Total "
-      f"{record['total_seconds'] / 60:.1f} min (training {train_seconds / 60:.1f}).", "",
-      f"Seeds {p['seeds']}; validation / test problems per task (per seed): "
-      + ", ".join(f"{t} {v['num_val']} / {v['num_test']}" for t, v in p["per_task"].items())
-      + f"; the validation split chooses each policy's parameter (grid {p['grid']}); n below is "
-      "pooled over seeds. CIs: "
-      f"paired bootstrap ({args.bootstrap} resamples) against tau off on the same checkpoints "
-      "and problems.", "", policy_table(rows), ""])
-  with open(os.path.join(out_dir, f"{name}.md"), "w") as f:
-    f.write(md)
+          t0 = time.perf_counter()
+          info = train_method(m, configs[m], sub, tok_dir, log)
+          train_seconds += time.perf_counter() - t0
+          cache = os.path.join(sub, f"policy_records_{m}.json")  # a re-run skips finished evals
+          key = _plan_key(pt, task, m)
+          if os.path.isfile(cache):
+            with open(cache) as f:
+              saved = json.load(f)
+            if saved.get("key") == key:
+              log(f"[{task} {m} seed {seed}] evaluated before: {cache}")
+              records += saved["records"]
+              done.append(f"{task} {m} seed {seed}")
+              continue
+          recs = policy_eval(m, info["workdir"], task, pt, seed, log)
+          with open(cache, "w") as f:
+            json.dump({"key": key, "train_seconds": info["train_seconds"], "records": recs}, f,
+                      default=float)
+          records += recs
+          done.append(f"{task} {m} seed {seed}")
+        # a report after every seed: an interrupted run leaves what finished, labelled
+        record = write_policy_report(out_dir, args, p, command, methods, load_start, t_start,
+                                     train_seconds, records, done, log)
   results_dir = args.results_dir or (None if args.quick else RESULTS_DIR)
+  name = f"{NAME}_policies"
   if results_dir and results_dir != "none":
     os.makedirs(results_dir, exist_ok=True)
-    for ext in ("md", "json"):
-      shutil.copy(os.path.join(out_dir, f"{name}.{ext}"), results_dir)
-  log(md)
-  log(f"\nwrote {out_dir}/{name}.md, .json ({record['total_seconds'] / 60:.1f} min)")
+    for ext in ("md", "json", "png"):
+      if os.path.isfile(os.path.join(out_dir, f"{name}.{ext}")):
+        shutil.copy(os.path.join(out_dir, f"{name}.{ext}"), results_dir)
+  log(record["markdown"])
+  log(f"\nwrote {out_dir}/{name}.md, .json, .png ({record['total_seconds'] / 60:.1f} min)")
+  return record
+
+
+def write_policy_report(out_dir, args, p, command, methods, load_start, t_start, train_seconds,
+                        records, done, log) -> Dict[str, Any]:
+  rows = summarize(records, args.bootstrap)
+  curve = threshold_curve(records)
+  name = f"{NAME}_policies"
+  record = {"command": command, "commit": _commit(), "quick": bool(args.quick),
+            "methods": methods, "plan": p, "hardware": hardware(), "load_start": load_start,
+            "load_end": _uptime(), "train_seconds": train_seconds,
+            "total_seconds": time.perf_counter() - t_start, "finished": done,
+            "summary": rows, "threshold_curve": curve, "records": records}
+  plot_policies(rows, curve, os.path.join(out_dir, f"{name}.png"))
+  chain = p["chain"]
+  md = "\n".join([
+      f"## Commit policies: speed (kept tokens per forward call) vs accuracy "
+      f"({'quick' if args.quick else 'full'} run)", "",
+      f"Command: `{command}` at commit {record['commit']}", "",
+      f"Finished (task, method, seed): {', '.join(done)}.", "",
+      f"Machine load (`uptime`) at start: {load_start}; now: {record['load_end']}. Total "
+      f"{record['total_seconds'] / 60:.1f} min (training {train_seconds / 60:.1f}).", "",
+      f"Chain task: {chain['task_operands']} operands in 1..{chain['task_max_operand']}. "
+      f"Seeds {p['seeds']}; validation / test problems per task and seed: "
+      + ", ".join(f"{t} {v['num_val']} / {v['num_test']}" for t, v in p["per_task"].items())
+      + f". The validation split chooses each policy's parameter (grid {p['grid']}; the most "
+      "kept tokens per call within 1 point of tau off, else the most accurate); the test split "
+      "measures the choice once (and the threshold rule at every grid tau, for its curve). "
+      f"CIs: paired bootstrap ({args.bootstrap} resamples) over the pooled (seed, problem) "
+      "pairs, same checkpoints and problems; accuracy differences in points, speed as the ratio "
+      "of kept tokens per forward call. tok/s is not reported here (a shared, loaded machine).",
+      "", policy_table(rows), "",
+      "At matched speed: each policy against the threshold rule at the tau whose VALIDATION "
+      "kept tokens per call is nearest to the policy's (per seed):", "", matched_table(rows), "",
+      "Seed agreement (tau off, test):", "", seed_table(rows), "",
+      f"![accuracy vs kept tokens per call]({name}.png)", ""])
+  record["markdown"] = md
+  with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
+    json.dump(record, f, indent=2, default=float)
+  with open(os.path.join(out_dir, f"{name}.md"), "w") as f:
+    f.write(md)
   return record
 
 

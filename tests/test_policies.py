@@ -311,3 +311,44 @@ def test_benchmark_choice_rule_and_paired_bootstrap():
   assert 0.0 <= ci["acc_diff_ci"][0] <= 0.25 <= ci["acc_diff_ci"][1] <= 1.0  # per-problem 0 or 1
   same = bench.paired_ci(a, a, 50)
   assert same["acc_diff_ci"] == [0.0, 0.0] and same["speedup"] == 1.0
+
+
+def test_benchmark_matched_speed_pairing_and_grid_flag():
+  """summarize pairs a policy with the threshold rule's own choice and with the tau whose
+  validation kept/call is nearest (per seed); --policy_grid parses and checks ranges."""
+  import importlib.util
+  import os
+  path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
+                      "speed_accuracy.py")
+  spec = importlib.util.spec_from_file_location("speed_accuracy_unit2", path)
+  bench = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(bench)
+  assert bench.parse_grid("factor:1/2,threshold:off/0.9") == {"factor": (1.0, 2.0),
+                                                               "threshold": (None, 0.9)}
+  for bad in ("factor:0", "nope:1", "topk:"):
+    with pytest.raises(ValueError):
+      bench.parse_grid(bad)
+  assert bench.chain_seq_len(4, 99) == 40  # 12 prompt + 12 + 8 answer + BOS/EOS = 34 -> 40
+  pe = lambda c, k, f: {"correct": c, "kept": k, "calls": f}
+  off, t9, t5 = pe([1, 1, 0, 0], [4] * 4, [4] * 4), pe([1, 0, 0, 0], [4] * 4, [2] * 4), \
+      pe([0, 0, 0, 0], [4] * 4, [1] * 4)
+  val = lambda a, k: {"policy_arg": a, "kept_tokens_per_call": k, "accuracy": 0.5}
+  thr = {"task": "chain", "method": "setdlm4", "seed": 0, "window": 4, "policy": "threshold",
+         "chosen_arg": 0.9, "val": [val(None, 1.0), val(0.9, 2.0), val(0.5, 4.0)],
+         "test": {"accuracy": 0.25}, "per_example": t9, "ref_test": {"accuracy": 0.5},
+         "ref_per_example": off, "grid_test": [{"arg": None, "per_example": off},
+                                              {"arg": 0.9, "per_example": t9},
+                                              {"arg": 0.5, "per_example": t5}]}
+  pol = {"task": "chain", "method": "setdlm4", "seed": 0, "window": 4, "policy": "factor",
+         "chosen_arg": 2.0, "val_pick": val(2.0, 3.5),
+         "test": {"accuracy": 0.5, "kept_tokens_per_call": 4 / 1.0, "tokens_per_second": 1.0,
+                  "copy_fraction": 0.0}, "per_example": pe([1, 1, 0, 0], [4] * 4, [1] * 4)}
+  thr["test"].update(kept_tokens_per_call=2.0, tokens_per_second=1.0, copy_fraction=0.0)
+  rows = {r["policy"]: r for r in bench.summarize([thr, pol], 50)}
+  f = rows["factor"]
+  assert f["speedup"] == 4.0 and f["acc_diff"] == 0.0            # vs tau off
+  assert f["vs_thr"]["speedup"] == 2.0 and f["vs_thr"]["acc_diff"] == 0.25  # vs tau = 0.9
+  assert f["match_args"] == [0.5]                                 # val 3.5 is nearest to 4.0
+  assert f["vs_match"]["speedup"] == 1.0 and f["vs_match"]["acc_diff"] == 0.5
+  assert rows["threshold"]["ref_seed_accuracies"] == [0.5]
+  assert "| chain | setdlm4 | 4 | factor | 2 | 0.5 |" in bench.matched_table(list(rows.values()))
