@@ -35,17 +35,26 @@ Commit policies (issue 27; `setdiff_jax/sampling/policies.py`):
       --output_dir=/tmp/sa_policies_quick        # pipeline check: chain task, BD3LM + SetDLM
 
 With --policies the benchmark trains --methods (default ar, bd3lm4, setdlm4) once per task
-(arithmetic: the recipe's 3 x 1..9 chains; chain: 4 operands in 1..99, running values only, see
-data/tasks.py) and seed, then for SetDLM (W = S and W = 2S) and BD3LM sweeps each policy's
-parameter (POLICY_GRID) on the task's VALIDATION split, picks per policy the parameter with the
-most kept tokens per forward call whose validation accuracy is at most 1 point below the
-threshold rule with tau off (else the most accurate one), and measures that choice once on the
-TEST split next to tau off, on the same checkpoints and problems. Speed = kept tokens per forward
-call (generated tokens that come back, nothing after the answer's EOS; the prompt-encoding call
-counts), forward calls per example beside it, tok/s (batched, noisy) last. Paired comparisons
-against tau off: accuracy difference and kept-tokens-per-call ratio with 95 % bootstrap confidence
-intervals over (seed, problem) pairs; copy fraction per task (`accuracy.copy_stats`). Writes
-speed_accuracy_policies.{json,md}.
+(arithmetic: the recipe's 3 x 1..9 chains; chain: --chain_operands numbers in
+1..--chain_max_operand, default configs/reasoning_chain.py's calibrated 5 x 1..9, running values
+only, see data/tasks.py) and seed, then for SetDLM (W = S and W = 2S) and BD3LM sweeps each
+policy's parameter (POLICY_GRID, or --policy_grid=NAME:V1/V2,...) on the task's VALIDATION split,
+picks per policy the parameter with the most kept tokens per forward call whose validation
+accuracy is at most 1 point below the threshold rule with tau off (else the most accurate one),
+and measures that choice once on the TEST split; the threshold rule is measured on test at every
+grid tau (its curve). Speed = kept tokens per forward call (generated tokens that come back,
+nothing after the answer's EOS; the prompt-encoding call counts), forward calls per example
+beside it. Paired comparisons (same checkpoints and problems; 95 % bootstrap confidence intervals
+over the pooled (seed, problem) pairs; accuracy difference and kept-tokens-per-call ratio) of each
+policy against (1) tau off, (2) the threshold rule's own validation choice, (3) the threshold rule
+at matched speed: the tau whose validation kept tokens per call is nearest to the policy's (per
+seed). Also: mean +- std over seeds, tau-off accuracy per seed (seed agreement), copy fraction per
+task (`accuracy.copy_stats`). Writes speed_accuracy_policies.{json,md,png} (the plot: accuracy
+vs kept tokens per call on test, the threshold curve and each policy's choice, per method and W)
+after every seed; per (task, seed, method) the evaluation is cached in
+<output_dir>/<task>/seed<k>/policy_records_<method>.json, so a re-run (e.g. --seeds=0,1,2 after
+three one-seed runs in parallel on the same --output_dir) skips finished training and
+evaluation and reports them together.
 """
 from __future__ import annotations
 
@@ -64,7 +73,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks.compare_methods import _jax_settings, shared_tokenizer, train_method  # noqa: E402
-from configs import compare, reasoning_common  # noqa: E402
+from configs import compare, reasoning_chain, reasoning_common  # noqa: E402
 from setdiff_jax.workdir import load as workdir_lib  # noqa: E402
 from setdiff_jax.data import pairs as pairs_lib  # noqa: E402
 from setdiff_jax.data import tasks as tasks_lib  # noqa: E402
@@ -82,7 +91,8 @@ TASKS = ("arithmetic", "chain")
 POLICY_GRID = {"threshold": (None, 0.9, 0.8, 0.7, 0.5), "entropy_bound": (0.01, 0.1, 0.3, 1.0),
                "factor": (0.5, 1.0, 2.0, 4.0), "margin": (None, 0.9, 0.7, 0.5),
                "topk": (2, 3, 4), "dilated": (2, 4), "stable": (2, 3)}
-CHAIN = {"task_operands": 4, "task_max_operand": 99}
+CHAIN = {"task_operands": reasoning_chain.OPERANDS,  # the calibrated difficulty
+         "task_max_operand": reasoning_chain.MAX_OPERAND}
 ARITH_HELD_OUT, ARITH_MIN_VAL = 207, 57  # arithmetic: held-out problems in all; kept for val
 THRESHOLDS = (None, 0.99, 0.95, 0.9, 0.85, 0.8, 0.7, 0.6)
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
