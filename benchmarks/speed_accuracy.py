@@ -138,6 +138,9 @@ def parse_args(argv=None):
                  help="policy mode: replace policies' grids, NAME:V1/V2,... e.g. "
                       "'entropy_bound:0.1/1,topk:2/4' ('off' = no parameter; tau off is always "
                       "in the threshold grid)")
+  p.add_argument("--report_only", action="store_true",
+                 help="policy mode: no training or decoding; report what the --output_dir's "
+                      "caches hold (finished and partly finished evaluations, labelled)")
   p.add_argument("--chain_operands", type=int, default=CHAIN["task_operands"],
                  help="policy mode, chain task: operands per problem (data.task_operands)")
   p.add_argument("--chain_max_operand", type=int, default=CHAIN["task_max_operand"],
@@ -511,10 +514,12 @@ def _merge(per: List[Dict[str, list]]) -> Dict[str, list]:
   return {k: sum((x[k] for x in per), []) for k in per[0]}
 
 
-def policy_eval(method: str, workdir: str, task: str, p, seed: int, log) -> List[Dict[str, Any]]:
+def policy_eval(method: str, workdir: str, task: str, p, seed: int, log, prior=(),
+                save=None) -> List[Dict[str, Any]]:
   """Validation sweep + test measurement per policy for one trained run. The threshold rule is
   measured on test at every grid tau (its curve; matched-speed comparisons pick tau on
-  validation), every other policy at its validation choice only."""
+  validation), every other policy at its validation choice only. `prior`: records of policies
+  already evaluated (skipped); `save(records)` is called after every policy."""
   state = workdir_lib.load_inference_state(workdir, use_ema=False)
   name, s = compare.parse_method(method)
   data = state.config.data
@@ -534,7 +539,7 @@ def policy_eval(method: str, workdir: str, task: str, p, seed: int, log) -> List
       model, state.params, state.tokenizer, state.objective_config, seq_len, pairs,
       settings=settings, batch_size=p["decode_batch"], speed_examples=0, extractor="hash",
       seed=seed, per_example=True)
-  out = []
+  out = list(prior)
   if name == "ar":  # the reference: one greedy decode of the test problems
     row = ev(test, [{"window": None, "threshold": None}])[0]
     log(f"[{task} {method} seed {seed}] test acc {row['accuracy']:.3f}")
@@ -543,6 +548,8 @@ def policy_eval(method: str, workdir: str, task: str, p, seed: int, log) -> List
              "per_example": row["per_example"], "val_ref": None, "ref_test": _slim(row),
              "ref_per_example": row["per_example"], "grid_test": []}]
   for policy in p["policies"]:
+    if any(r["policy"] == policy for r in out):
+      continue
     val_rows = ev(val, policy_settings(name, s, p, policy, p["grid"][policy]))
     by_window: Dict[Any, list] = {}
     for r in val_rows:
@@ -568,6 +575,8 @@ def policy_eval(method: str, workdir: str, task: str, p, seed: int, log) -> List
       out.append(rec)
       log(f"[{task} {method} seed {seed}] W={w} {policy}: val pick {pick['policy_arg']} -> test "
           f"acc {test_row['accuracy']:.3f} kept/call {test_row['kept_tokens_per_call']:.2f}")
+    if save:
+      save(out)
   return out
 
 
@@ -739,6 +748,14 @@ def plot_policies(rows, curve, path: str):
   plt.close(fig)
 
 
+def _dump(path: str, obj) -> None:
+  """Writes json atomically (a killed run leaves the previous file, never half of one)."""
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path + ".tmp", "w") as f:
+    json.dump(obj, f, default=float)
+  os.replace(path + ".tmp", path)
+
+
 def _plan_key(p, task: str, method: str) -> Dict[str, Any]:
   keys = ("policies", "grid", "num_val", "num_test", "decode_batch", "chain", "steps",
           "batch_size", "hidden_size", "num_layers", "lr")
@@ -772,27 +789,35 @@ def policy_main(args, argv, log) -> Dict[str, Any]:
         sub = os.path.join(out_dir, task, f"seed{seed}")
         configs = {m: task_config(method_config(m, pt, seed, args.quick), task, p["chain"])
                    for m in methods}
-        tok_dir = shared_tokenizer(sub, configs[methods[0]])
+        tok_dir = None if args.report_only else shared_tokenizer(sub, configs[methods[0]])
         for m in methods:
-          t0 = time.perf_counter()
-          info = train_method(m, configs[m], sub, tok_dir, log)
-          train_seconds += time.perf_counter() - t0
           cache = os.path.join(sub, f"policy_records_{m}.json")  # a re-run skips finished evals
           key = _plan_key(pt, task, m)
+          saved = {}
           if os.path.isfile(cache):
             with open(cache) as f:
               saved = json.load(f)
-            if saved.get("key") == key:
-              log(f"[{task} {m} seed {seed}] evaluated before: {cache}")
-              records += saved["records"]
-              done.append(f"{task} {m} seed {seed}")
-              continue
-          recs = policy_eval(m, info["workdir"], task, pt, seed, log)
-          with open(cache, "w") as f:
-            json.dump({"key": key, "train_seconds": info["train_seconds"], "records": recs}, f,
-                      default=float)
+            saved = saved if saved.get("key") == key else {}
+          prior = saved.get("records", [])
+          label = f"{task} {m} seed {seed}"
+          if args.report_only or saved.get("complete"):
+            if prior:
+              log(f"[{label}] evaluated before: {cache}")
+              records += prior
+              done.append(label if saved.get("complete") else label + " (policies " + "/".join(
+                  dict.fromkeys(r["policy"] for r in prior)) + " only)")
+            continue
+          t0 = time.perf_counter()
+          info = train_method(m, configs[m], sub, tok_dir, log)
+          train_seconds += time.perf_counter() - t0
+          dump = lambda recs, complete, info=info, key=key, cache=cache: _dump(
+              cache, {"key": key, "train_seconds": info["train_seconds"], "records": recs,
+                      "complete": complete})
+          recs = policy_eval(m, info["workdir"], task, pt, seed, log, prior,
+                             save=lambda recs, dump=dump: dump(recs, False))
+          dump(recs, True)
           records += recs
-          done.append(f"{task} {m} seed {seed}")
+          done.append(label)
         # a report after every seed: an interrupted run leaves what finished, labelled
         record = write_policy_report(out_dir, args, p, command, methods, load_start, t_start,
                                      train_seconds, records, done, log)

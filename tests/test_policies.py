@@ -352,3 +352,52 @@ def test_benchmark_matched_speed_pairing_and_grid_flag():
   assert f["vs_match"]["speedup"] == 1.0 and f["vs_match"]["acc_diff"] == 0.5
   assert rows["threshold"]["ref_seed_accuracies"] == [0.5]
   assert "| chain | setdlm4 | 4 | factor | 2 | 0.5 |" in bench.matched_table(list(rows.values()))
+
+
+def test_benchmark_resumes_per_policy_and_reports_partial_runs(tmp_path, monkeypatch):
+  """An interrupted policy evaluation keeps the policies it finished (cache per seed/method), a
+  re-run evaluates only the rest, and --report_only reports what is there, labelled."""
+  import importlib.util
+  import os
+  path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
+                      "speed_accuracy.py")
+  spec = importlib.util.spec_from_file_location("speed_accuracy_unit3", path)
+  bench = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(bench)
+  pe = {"correct": [1, 0], "kept": [2, 2], "calls": [1, 2]}
+  slim = {"accuracy": 0.5, "kept_tokens_per_call": 4 / 3, "tokens_per_second": 1.0,
+          "copy_fraction": 0.0, "policy_arg": None}
+  calls, kill = [], [True]
+
+  def fake_eval(method, workdir, task, p, seed, log, prior=(), save=None):
+    out = list(prior)
+    for policy in p["policies"]:
+      if any(r["policy"] == policy for r in out):
+        continue
+      calls.append(policy)
+      if policy == "factor" and kill[0]:
+        raise KeyboardInterrupt  # killed after the threshold rule
+      out.append({"task": task, "method": method, "seed": seed, "window": 4, "policy": policy,
+                  "chosen_arg": None, "val": [dict(slim)], "val_pick": dict(slim),
+                  "test": dict(slim), "per_example": pe, "ref_test": dict(slim),
+                  "ref_per_example": pe,
+                  "grid_test": [{"arg": None, "test": dict(slim), "per_example": pe}]})
+      save(out)
+    return out
+
+  monkeypatch.setattr(bench, "policy_eval", fake_eval)
+  monkeypatch.setattr(bench, "shared_tokenizer", lambda sub, c: "tok")
+  monkeypatch.setattr(bench, "train_method", lambda m, c, sub, tok, log: {
+      "workdir": sub, "train_seconds": 1.0})
+  argv = ["--policies=threshold,factor", "--methods=setdlm4", "--tasks=chain", "--seeds=0",
+          f"--output_dir={tmp_path}", "--results_dir=none", "--bootstrap=10"]
+  with pytest.raises(KeyboardInterrupt):
+    bench.main(argv, log=lambda *a: None)
+  rec = bench.main(argv + ["--report_only"], log=lambda *a: None)
+  assert rec["finished"] == ["chain setdlm4 seed 0 (policies threshold only)"]
+  assert {r["policy"] for r in rec["summary"]} == {"threshold"}
+  calls.clear()
+  kill[0] = False
+  rec = bench.main(argv, log=lambda *a: None)
+  assert calls == ["factor"] and rec["finished"] == ["chain setdlm4 seed 0"]
+  assert {r["policy"] for r in rec["summary"]} == {"threshold", "factor"}
