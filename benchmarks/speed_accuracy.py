@@ -90,7 +90,8 @@ TASKS = ("arithmetic", "chain")
 # Parameters swept per policy on the validation split (None = the policy's 'off' / default).
 POLICY_GRID = {"threshold": (None, 0.9, 0.8, 0.7, 0.5), "entropy_bound": (0.01, 0.1, 0.3, 1.0),
                "factor": (0.5, 1.0, 2.0, 4.0), "margin": (None, 0.9, 0.7, 0.5),
-               "topk": (2, 3, 4), "dilated": (2, 4), "stable": (2, 3)}
+               "topk": (2, 3, 4), "dilated": (2, 4), "stable": (2, 3),
+               "pmax": (None, 0.9, 0.7, 0.5)}
 CHAIN = {"task_operands": reasoning_chain.OPERANDS,  # the calibrated difficulty
          "task_max_operand": reasoning_chain.MAX_OPERAND}
 ARITH_HELD_OUT, ARITH_MIN_VAL = 207, 57  # arithmetic: held-out problems in all; kept for val
