@@ -365,7 +365,12 @@ def _uptime() -> str:
 def write_report(out_dir: str, record) -> str:
   hw, p = record["hardware"], record["plan"]
   md = [f"## Speed-accuracy trade-off on the arithmetic task ({'quick' if record['quick'] else 'full'} run)",
-        "", f"Command: `{record['command']}` at commit {record.get('commit', 'unknown')}", "",
+        "", f"Command: `{record['command']}` at commit {record.get('commit', 'unknown')}", ""]
+  done, wanted = record.get("seeds_done"), record.get("seeds")
+  if done is not None and wanted is not None and list(done) != list(wanted):
+    md += [f"**Partial**: seeds {', '.join(map(str, done))} of {', '.join(map(str, wanted))} "
+           "done when this was written.", ""]
+  md += [
         f"Hardware: {hw['cpu']} ({hw['cpu_count']} cores visible), jax {hw['jax']} on "
         f"{hw['backend']}. Machine load (`uptime`) at start: {record['load_start']}; at end: "
         f"{record['load_end']}. Total {record['total_seconds'] / 60:.1f} min (training "
@@ -875,6 +880,20 @@ def write_policy_report(out_dir, args, p, command, methods, load_start, t_start,
   return record
 
 
+def _recipe(c0) -> str:
+  return (f"configs/reasoning_common.py: {c0.model.num_layers} x {c0.model.hidden_size} DiT, "
+          f"L={c0.seq_len}, vocab {c0.tokenizer.vocab_size}, lr {c0.learning_rate} "
+          f"{c0.lr_schedule}")
+
+
+def _save(out_dir: str, record) -> str:
+  """Writes speed_accuracy.{json,png,md} for the seeds done so far; returns the markdown."""
+  with open(os.path.join(out_dir, f"{NAME}.json"), "w") as f:
+    json.dump(record, f, indent=2, default=float)
+  plot(record["summary"] or record["runs"][0]["results"], os.path.join(out_dir, f"{NAME}.png"))
+  return write_report(out_dir, record)
+
+
 def main(argv=None, log=print) -> Dict[str, Any]:
   args = parse_args(argv)
   if args.policies is not None:
@@ -886,7 +905,7 @@ def main(argv=None, log=print) -> Dict[str, Any]:
   for m in methods:
     parse_spec(m)
   seeds = ([int(x) for x in args.seeds.split(",") if x.strip()] if args.seeds else [args.seed])
-  load_start = _uptime()
+  load_start, commit = _uptime(), _commit()
   t_start = time.perf_counter()
   train_seconds = eval_seconds = 0.0
   runs = []
@@ -906,25 +925,19 @@ def main(argv=None, log=print) -> Dict[str, Any]:
         results.append(res)
       eval_seconds += time.perf_counter() - t0
       runs.append({"seed": seed, "results": results})
-  c0 = configs[methods[0]]
-  summary = summarize_seeds(runs) if len(runs) > 1 else None
-  record = {
-      "command": "python benchmarks/speed_accuracy.py " + " ".join(
-          argv if argv is not None else sys.argv[1:]),
-      "commit": _commit(), "quick": bool(args.quick), "seed": seeds[0], "seeds": seeds, "methods": methods,
-      "plan": p, "align_to_blocks": args.align_to_blocks,
-      "recipe": (f"configs/reasoning_common.py: {c0.model.num_layers} x {c0.model.hidden_size} "
-                 f"DiT, L={c0.seq_len}, vocab {c0.tokenizer.vocab_size}, lr {c0.learning_rate} "
-                 f"{c0.lr_schedule}"),
-      "hardware": hardware(), "load_start": load_start, "load_end": _uptime(),
-      "train_seconds": train_seconds, "eval_seconds": eval_seconds,
-      "total_seconds": time.perf_counter() - t_start,
-      "results": runs[0]["results"],  # the first seed's (as a single-seed run)
-      "runs": runs, "summary": summary}
-  with open(os.path.join(out_dir, f"{NAME}.json"), "w") as f:
-    json.dump(record, f, indent=2, default=float)
-  plot(summary or runs[0]["results"], os.path.join(out_dir, f"{NAME}.png"))
-  text = write_report(out_dir, record)
+      # every finished seed is on disk (a run cut short keeps its complete seeds)
+      record = {
+          "command": "python benchmarks/speed_accuracy.py " + " ".join(
+              argv if argv is not None else sys.argv[1:]),
+          "commit": commit, "quick": bool(args.quick), "seed": seeds[0], "seeds": seeds,
+          "seeds_done": [r["seed"] for r in runs], "methods": methods, "plan": p,
+          "align_to_blocks": args.align_to_blocks, "recipe": _recipe(configs[methods[0]]),
+          "hardware": hardware(), "load_start": load_start, "load_end": _uptime(),
+          "train_seconds": train_seconds, "eval_seconds": eval_seconds,
+          "total_seconds": time.perf_counter() - t_start,
+          "results": runs[0]["results"],  # the first seed's (as a single-seed run)
+          "runs": runs, "summary": summarize_seeds(runs) if len(runs) > 1 else None}
+      text = _save(out_dir, record)
   results_dir = args.results_dir or (None if args.quick else RESULTS_DIR)
   if results_dir and results_dir != "none":
     os.makedirs(results_dir, exist_ok=True)

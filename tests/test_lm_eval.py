@@ -231,3 +231,59 @@ def test_registered_and_cli_launcher(monkeypatch, capsys):
   names = runpy.run_path(os.path.join(REPO, "launch", "lm_eval_harness.py"), run_name="launcher")
   assert names["lm_eval_model"] is lem
   assert not os.path.exists(os.path.join(REPO, "launch", "lm_eval.py"))
+
+
+def _bd3lm_state(tok, block_size=4):
+  cfg = DiTConfig(vocab_size=tok.vocab_size, hidden_size=32, num_layers=1, num_heads=2,
+                  cond_dim=16, dropout=0.0, adaln=False)
+  oc = losses.ObjectiveConfig(name="bd3lm", mask_token_id=tok.mask_id, pad_token_id=tok.pad_id,
+                              eos_token_id=tok.eos_id, block_size=block_size)
+  config = ml_collections.ConfigDict({"seq_len": 32})
+  return workdir_lib.InferenceState(config, cfg, oc, random_params(cfg, seed=2), tok, 0)
+
+
+def test_align_to_blocks_model_arg_is_the_samplers_field(tok, run):
+  """model_args align_to_blocks (default true, as the official GSM8K harness script for every
+  non-SetDLM model) parsed from lm_eval's model_args string and from from_state knobs, is the
+  SamplerConfig field that generate_until (and is_greedy) hand the sampler."""
+  state = _bd3lm_state(tok)
+  for arg, want in ((None, True), ("true", True), ("false", False), (False, False)):
+    lm = lem.SetDiffLM.from_state(state, batch_size=1,
+                                  **({} if arg is None else {"align_to_blocks": arg}))
+    seen = []
+
+    class Out:  # the part of SampleOutput the adapter reads
+      generated = [[tok.encode("7")[0], tok.eos_id]]
+    lm.sampler = lambda model, params, prompts, cfg, rng, _seen=seen: (_seen.append(cfg), Out)[1]
+    assert lm.generate_until([Req("abcde", {"until": [], "max_gen_toks": 8})]) == ["7"]
+    assert [c.align_to_blocks for c in seen] == [want] and seen[0].block_size == 4
+    assert lm.get_model_info()["align_to_blocks"] is want
+  with pytest.raises(ValueError, match=r"model_args align_to_blocks='maybe': expected true or "
+                                       r"false"):
+    lem.SetDiffLM.from_state(state, align_to_blocks="maybe")
+  on = lem.SetDiffLM.create_from_arg_string(f"workdir={run}")
+  off = lem.SetDiffLM.create_from_arg_string(f"workdir={run},align_to_blocks=false")
+  assert on._sampler_config(8).align_to_blocks is True
+  assert off._sampler_config(8).align_to_blocks is False
+
+
+@pytest.mark.slow
+def test_align_to_blocks_decodes_on_the_grid(tok):
+  """BD3LM through generate_until with a prompt of P = 6 (P % 4 != 0): the text is the sampler's
+  own tokens with that setting; aligned, the grid blocks [4, 8), [8, 12) cover the 8 new tokens'
+  span [6, 14) only up to 12 (the official block count), unaligned all 8 are decoded."""
+  state = _bd3lm_state(tok)
+  text = "abcde"
+  prompt = [tok.bos_id] + tok.encode(text)
+  assert len(prompt) % 4 != 0
+  for arg, want in (("true", True), ("false", False)):
+    lm = lem.SetDiffLM.from_state(state, batch_size=1, align_to_blocks=arg)
+    [got] = lm.generate_until([Req(text, {"until": [], "max_gen_toks": 8})])
+    direct = methods.get("bd3lm").generate(
+        lm.decode_model, state.params, [prompt],
+        decoding.sampler_config_for(state.objective_config, tok, 32, max_new_tokens=8,
+                                    greedy=True, stop_at_eos=False, align_to_blocks=want),
+        jax.random.PRNGKey(0))
+    ids = [int(t) for t in direct.generated[0]]
+    assert len(ids) == (8 - len(prompt) % 4 if want else 8)
+    assert got == tok.decode(ids[:ids.index(tok.eos_id)] if tok.eos_id in ids else ids)

@@ -31,7 +31,8 @@ def row(acc, align, kept=1.5):
   return {"window": None, "threshold": "off", "align_to_blocks": align, "accuracy": acc,
           "tokens_per_step": 2.0, "kept_tokens_per_step": kept, "forward_calls": 10.0,
           "mean_generated_tokens": 15.0, "tokens_per_second_batch1": 100.0,
-          "tokens_per_second": 300.0, "num_examples": 200, "setting": "tau=off"}
+          "tokens_per_second": 300.0, "num_examples": 200, "setting": "tau=off",
+          "batch1_matches_batched": True}
 
 
 def test_summary_over_seeds(bench):
@@ -47,3 +48,21 @@ def test_summary_over_seeds(bench):
   md = bench.summary_table([rec])
   assert "| bd3lm4 | - | off | grid | 3 | 200 | 30.0 ± 10.0 |" in md
   assert "| bd3lm4 | - | off | prompt end | 3 | 200 | 10.0 ± 5.0 |" in md
+
+
+def test_report_of_a_run_cut_short_says_partial(bench, tmp_path):
+  runs = [{"seed": 0, "results": [{"method": "bd3lm4", "objective": "bd3lm", "num_test": 200,
+                                   "num_params": 1e5, "train_seconds": 60.0,
+                                   "rows": [row(0.3, True)]}]}]
+  record = {"command": "python benchmarks/speed_accuracy.py --seeds=0,1,2", "commit": "abc1234",
+            "quick": False, "hardware": {"cpu": "cpu", "cpu_count": 2, "jax": "x",
+                                         "backend": "cpu"},
+            "plan": {"steps": 1200, "batch_size": 32, "decode_batch": 50, "speed_examples": 16},
+            "load_start": "l0", "load_end": "l1", "total_seconds": 60.0, "train_seconds": 50.0,
+            "eval_seconds": 10.0, "recipe": "r", "results": runs[0]["results"], "runs": runs,
+            "summary": None, "seeds": [0, 1, 2], "seeds_done": [0]}
+  md = bench.write_report(str(tmp_path), record)
+  assert "**Partial**: seeds 0 of 0, 1, 2 done" in md
+  assert "at commit abc1234" in md
+  record["seeds"] = record["seeds_done"] = [0]
+  assert "Partial" not in bench.write_report(str(tmp_path), record)

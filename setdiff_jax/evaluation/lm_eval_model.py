@@ -23,6 +23,11 @@ model_args (all optional except workdir):
   batch_size       rows per decoding / scoring call (default 8; `--batch_size` works too)
   seed             decoding seed (sampled generation, 'fht' reveal times) and likelihood seed
   cache_order      l2r (default) or fht (SPEC §4.3)
+  align_to_blocks  true (default) / false: BD3LM and block-wise MDLM decode on the block grid
+                   (`SamplerConfig.align_to_blocks`, the official `align_inputs_to_blocks`,
+                   which the official GSM8K harness script sets for every non-SetDLM model);
+                   false decodes from each prompt's end. No effect on SetDLM, AR, or MDLM
+                   without a sub-block size
   num_orders       K draws per loglikelihood request (default 1: the one-order / one-draw bound)
   greedy_check     true (default): is_greedy is computed by decoding; false: always False
   overflow         error (default) or truncate_prompt: a context that leaves no room in the
@@ -105,14 +110,14 @@ class SetDiffLM(LM):
                policy: str = "threshold", policy_arg=None,
                max_new_tokens: Optional[int] = None, batch_size=8, seed: int = 0,
                cache_order: str = "l2r", num_orders: int = 1, greedy_check=True,
-               overflow: str = "error", mesh: Optional[str] = None, max_batch_size=None,
-               device=None, **unknown):
+               overflow: str = "error", mesh: Optional[str] = None, align_to_blocks=True,
+               max_batch_size=None, device=None, **unknown):
     super().__init__()
     if unknown:
       raise ValueError(f"unknown model_args {sorted(unknown)} for --model {NAME}; known: workdir, "
                        "step, ema, window (W), threshold (tau), policy, policy_arg, "
                        "max_new_tokens, batch_size, seed, "
-                       "cache_order, num_orders, greedy_check, overflow, mesh")
+                       "cache_order, num_orders, greedy_check, overflow, mesh, align_to_blocks")
     if not workdir:
       raise ValueError(f"--model {NAME} needs model_args workdir=DIR (a training run written by "
                        "launch/train.py)")
@@ -138,7 +143,7 @@ class SetDiffLM(LM):
                 policy=policy, policy_arg=policy_arg,
                 max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed,
                 cache_order=cache_order, num_orders=num_orders, greedy_check=greedy_check,
-                overflow=overflow)
+                overflow=overflow, align_to_blocks=align_to_blocks)
 
   @classmethod
   def from_state(cls, state: workdir_lib.InferenceState, name: str = "<in memory>",
@@ -153,7 +158,7 @@ class SetDiffLM(LM):
   def _setup(self, state, name: str, use_ema: bool, *, window=None, threshold=None,
              policy="threshold", policy_arg=None,
              max_new_tokens=None, batch_size=8, seed=0, cache_order="l2r", num_orders=1,
-             greedy_check=True, overflow="error"):
+             greedy_check=True, overflow="error", align_to_blocks=True):
     if overflow not in OVERFLOW_RULES:
       raise ValueError(f"model_args overflow={overflow!r}; expected one of {OVERFLOW_RULES}")
     self.workdir, self.state, self.use_ema = name, state, use_ema
@@ -174,7 +179,8 @@ class SetDiffLM(LM):
     self.sampler_overrides = {"window": None if window is None else int(window),
                               "threshold": _threshold(threshold), "cache_order": cache_order,
                               "seed": self.seed, "policy": str(policy),
-                              "policy_arg": policies.parse_arg(policy_arg, "model_args policy_arg")}
+                              "policy_arg": policies.parse_arg(policy_arg, "model_args policy_arg"),
+                              "align_to_blocks": parse_bool("align_to_blocks", align_to_blocks)}
     policies.check_arg(str(policy), self.sampler_overrides["policy_arg"], "model_args policy_arg")
     self.sampler = decoding.sampler_for(self.obj_cfg.name)
     self._truncated = 0
