@@ -74,6 +74,16 @@ def test_bad_input_one_error_line_each(tmp_path):
   assert not os.path.exists(tmp_path / "rl")  # nothing written for bad input
 
 
+def test_several_processes_are_refused(tmp_path, monkeypatch):
+  # Each process would sample the whole batch on its host: rows duplicated, never a silent result.
+  from setdiff_jax.rl import grpo
+
+  monkeypatch.setattr(grpo.jax, "process_count", lambda: 2)
+  with pytest.raises(ValueError, match=r"RL runs in one process \(this is process 0 of 2\)"):
+    grpo.train_rl(tiny_rl(str(tmp_path)), str(tmp_path / "rl"))
+  assert not os.path.exists(tmp_path / "rl")
+
+
 def test_config_fields_have_ranges():
   from setdiff_jax.workdir import config as run_config
 

@@ -147,6 +147,13 @@ def train_rl(
   split over time slots; the result is the same as one uninterrupted call.
   """
   rl_config.validate(config)
+  if jax.process_count() > 1:
+    # Every process would sample the whole batch and device_put it: rows would be duplicated.
+    raise ValueError(
+      f"RL runs in one process (this is process {jax.process_index()} of "
+      f"{jax.process_count()}): launch/rl.py samples every row on the host before putting it "
+      "on the mesh; run it as one process over the host's devices"
+    )
   sft = rl_config.load_sft_config(config.rl.init_from)
   run = rl_config.run_config_for(config, sft)
   sizes = sharding.mesh_shape(run.mesh, jax.device_count())
