@@ -11,9 +11,10 @@ compile-only devices, and `jit(...).lower(abstract inputs).compile()` runs XLA's
 (SPMD partitioning, fusion, buffer assignment) on them. A sharding mistake, a kernel that does
 not lower for TPU, or a program that does not fit the chip's HBM fails here as it would on the
 slice. Nothing is materialised: parameters, optimizer state and batches are
-`jax.ShapeDtypeStruct`s with the library's own shardings (`train.create_train_state` under
-`jax.eval_shape`, `sharding.state_shardings` with the config's rules, `sharding.make_mesh` with
-the config's mesh on the topology's devices, `train.jit_train_step`).
+`jax.ShapeDtypeStruct`s with the library's own shardings (`train_step.abstract_sharded_state`:
+the TrainState under `jax.eval_shape` with `sharding.state_shardings` and the config's rules;
+`sharding.make_mesh` with the config's mesh on the topology's devices;
+`train_step.jit_train_step`).
 
 Programs:
   lm1b_sw_train          configs/lm1b_sw.py: the SetDLM training step, 12 x 768 DiT, L=128,
@@ -36,7 +37,6 @@ wall clock of lower + compile on this host.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import sys
@@ -118,21 +118,11 @@ def run_config(program: str, tiny: bool):
   return config, model_cfg, obj_cfg
 
 
-def abstract_state(config, model_cfg, mesh):
-  """The TrainState as ShapeDtypeStructs carrying their shardings (never materialised)."""
-  from setdiff_jax import sharding, train
-  init = functools.partial(train.create_train_state, config, model_cfg)
-  shapes = jax.eval_shape(init, jax.random.key(config.seed))
-  shardings = sharding.state_shardings(shapes, mesh, sharding.rules_from_config(config))
-  return jax.tree_util.tree_map(
-      lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings), shardings
-
-
 # ----------------------------------------------------------------------------- programs
 def lower_train(config, model_cfg, obj_cfg, mesh):
-  from setdiff_jax import models, sharding, train
-  state, shardings = abstract_state(config, model_cfg, mesh)
-  step = train.jit_train_step(config, models.build(model_cfg), obj_cfg, mesh, shardings)
+  from setdiff_jax import models, sharding, train_step
+  state, shardings = train_step.abstract_sharded_state(config, model_cfg, mesh)
+  step = train_step.jit_train_step(config, models.build(model_cfg), obj_cfg, mesh, shardings)
   rows = sharding.batch_sharding(mesh)
   shape = (config.batch_size, config.seq_len)
   batch = {k: jax.ShapeDtypeStruct(shape, np.int32, sharding=rows)
@@ -143,9 +133,9 @@ def lower_train(config, model_cfg, obj_cfg, mesh):
 
 
 def lower_decode(config, model_cfg, obj_cfg, mesh, args):
-  from setdiff_jax import decoding, models
+  from setdiff_jax import decoding, models, train_step
   from setdiff_jax.sampling import cache, placement, set_sampler
-  state, _ = abstract_state(config, model_cfg, mesh)
+  state, _ = train_step.abstract_sharded_state(config, model_cfg, mesh)
   params = state.params
   b, plen, n = args.decode_batch, args.decode_prompt, args.decode_new_tokens
   if args.tiny:
