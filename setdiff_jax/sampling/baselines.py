@@ -19,6 +19,11 @@ MDLM    no cache: every step feeds the whole canvas (prompt + N masks, right-pad
         (N for T = G). (The reference's `use_cache=true` quirk of re-encoding the prompt is not
         reproduced, nor is its last sub-block running past N into the M padding when the span
         does not end on a sub-block boundary: ours never decodes more than N tokens.)
+Every loop takes N as an argument: AR / BD3LM pad their canvas to P + N bucketed by
+`cfg.length_buckets` (never attended nor generated; the output is cut back to P + N), so
+generation lengths in one bucket share a compiled program with unchanged tokens; MDLM attends its
+padding, so only its N argument is shared (one program across N with a `block_size` and the
+default padding to `max_length`).
 The EOS stop of BD3LM / MDLM (`stop_at_eos`) is checked when a sub-block finishes, with the rule of
 the set sampler (EOS at a generated position with no mask before it).
 
