@@ -114,16 +114,27 @@ def make_train_step(config, model: Backbone, obj_cfg: losses.ObjectiveConfig,
   return step
 
 
+def abstract_sharded_state(config, model_cfg: BackboneConfig, mesh) -> Tuple[TrainState, Any]:
+  """The initial TrainState as `jax.ShapeDtypeStruct`s carrying their shardings, nothing
+  allocated (ahead-of-time lowering: `jit_train_step(...).lower(state, batch, rng)`).
+
+  Returns (abstract state, state_shardings); shardings follow the config's logical-axis rules.
+  """
+  shapes = jax.eval_shape(functools.partial(create_train_state, config, model_cfg),
+                          jax.random.key(config.seed))
+  shardings = sharding.state_shardings(shapes, mesh, sharding.rules_from_config(config))
+  return jax.tree_util.tree_map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                                shapes, shardings), shardings
+
+
 def create_sharded_state(config, model_cfg: BackboneConfig, mesh) -> Tuple[TrainState, Any]:
   """The initial TrainState created directly in its shardings (never whole on one device).
 
   Returns (state, state_shardings); shardings follow the config's logical-axis rules.
   """
-  init_rng = jax.random.key(config.seed)
+  _, shardings = abstract_sharded_state(config, model_cfg, mesh)
   init_fn = functools.partial(create_train_state, config, model_cfg)
-  shardings = sharding.state_shardings(jax.eval_shape(init_fn, init_rng), mesh,
-                                       sharding.rules_from_config(config))
-  return jax.jit(init_fn, out_shardings=shardings)(init_rng), shardings
+  return jax.jit(init_fn, out_shardings=shardings)(jax.random.key(config.seed)), shardings
 
 
 def jit_train_step(config, model: Backbone, obj_cfg: losses.ObjectiveConfig, mesh,

@@ -6,7 +6,8 @@ from helpers import random_dit
 
 from setdiff_jax.evaluation.accuracy import decode_all
 from setdiff_jax.models.dit import DiTConfig
-from setdiff_jax.sampling import SamplerConfig, ar_generate, bd3lm_generate, set_generate
+from setdiff_jax.sampling import (SamplerConfig, ar_generate, bd3lm_generate, mdlm_generate,
+                                  set_generate)
 from setdiff_jax.sampling import compiles
 from setdiff_jax.sampling.config import bucket_length
 
@@ -84,3 +85,58 @@ def test_bucketed_equals_unbucketed(tiny, name):
   np.testing.assert_array_equal(padded.num_steps, exact.num_steps)
   np.testing.assert_array_equal(padded.stopped, exact.stopped)
   assert exact.stopped[0]
+
+
+def _programs_over(sampler, model, params, prompts, cfgs):
+  before = compiles.compiled_programs()
+  outs = [sampler(model, params, prompts, c) for c in cfgs]
+  return outs, compiles.compiled_programs() - before
+
+
+@pytest.mark.parametrize("name", ["ar", pytest.param("bd3lm", marks=pytest.mark.slow)])
+def test_generation_lengths_share_one_program(tiny, name):
+  """AR / BD3LM take N as a loop argument and pad the canvas to the bucketed N: N = 5, 7
+  (bucket 8) compile one program, and each gives exactly the unbucketed output (tokens, steps,
+  calls, commit steps, the canvas cut to P + N): with sampling on, the per-step keys are the
+  same, and the slots past P + N are never attended nor generated."""
+  model, params = tiny
+  sampler, kw = {"ar": (ar_generate, {}), "bd3lm": (bd3lm_generate, dict(block_size=2))}[name]
+  prompts = mixed_prompts([5, 11, 3, 7])
+  base = SamplerConfig(**IDS, max_length=40, stop_at_eos=False, greedy=False, temperature=1.0,
+                       length_buckets=(16, 32), **kw)
+  cfgs = [base.replace(max_new_tokens=n, seed=n) for n in (5, 7)]
+  exact, n_exact = _programs_over(sampler, model, params, prompts,
+                                  [c.replace(length_buckets=None) for c in cfgs])
+  padded, n_padded = _programs_over(sampler, model, params, prompts,
+                                    [c.replace(length_buckets="pow2") for c in cfgs])
+  assert (n_exact, n_padded) == (2, 1)  # one per N (canvas P + N) vs one for the bucket 8
+  for e, p, c in zip(exact, padded, cfgs):
+    assert [len(g) for g in p.generated] == [c.max_new_tokens] * len(prompts)
+    assert p.generated == e.generated and p.sequences == e.sequences
+    for field in ("num_steps", "forward_calls", "num_committed"):
+      np.testing.assert_array_equal(getattr(p, field), getattr(e, field))
+    # the canvas is cut to (the bucketed prompt width 16) + N, not to the bucket of N
+    assert p.canvas.shape == p.target.shape == (len(prompts), 16 + c.max_new_tokens)
+    for b in range(len(prompts)):
+      np.testing.assert_array_equal(p.canvas[b][p.target[b]], e.canvas[b][e.target[b]])
+      np.testing.assert_array_equal(p.commit_step[b][p.target[b]], e.commit_step[b][e.target[b]])
+      if e.token_logprob is not None:
+        np.testing.assert_allclose(p.token_logprob[b][p.target[b]],
+                                   e.token_logprob[b][e.target[b]], rtol=1e-5, atol=1e-6)
+  assert padded[0].generated != padded[1].generated
+
+
+def test_mdlm_generation_lengths_share_one_program(tiny):
+  """MDLM with a canvas padded to max_length and a block size: N is a loop argument, so N = 4, 6
+  share one program (N only bounds the blocks). Greedy, with the same canvas (prompt + M up to
+  max_length) and blocks of 2, N = 6 writes N = 4's tokens first, then two more."""
+  model, params = tiny
+  base = SamplerConfig(**IDS, max_length=24, stop_at_eos=False, block_size=2,
+                       mdlm_pad_to_max_length=True)
+  outs, programs = _programs_over(mdlm_generate, model, params, mixed_prompts([5, 9]),
+                                  [base.replace(max_new_tokens=n) for n in (4, 6)])
+  assert programs <= 1  # 0 if an earlier test of this process compiled the same loop
+  assert [len(g) for g in outs[0].generated] == [4, 4]
+  assert [len(g) for g in outs[1].generated] == [6, 6]
+  assert [g[:4] for g in outs[1].generated] == outs[0].generated
+  assert all(o.canvas.shape[1] == 24 for o in outs)

@@ -19,6 +19,11 @@ MDLM    no cache: every step feeds the whole canvas (prompt + N masks, right-pad
         (N for T = G). (The reference's `use_cache=true` quirk of re-encoding the prompt is not
         reproduced, nor is its last sub-block running past N into the M padding when the span
         does not end on a sub-block boundary: ours never decodes more than N tokens.)
+Every loop takes N as an argument: AR / BD3LM pad their canvas to P + N bucketed by
+`cfg.length_buckets` (never attended nor generated; the output is cut back to P + N), so
+generation lengths in one bucket share a compiled program with unchanged tokens; MDLM attends its
+padding, so only its N argument is shared (one program across N with a `block_size` and the
+default padding to `max_length`).
 The EOS stop of BD3LM / MDLM (`stop_at_eos`) is checked when a sub-block finishes, with the rule of
 the set sampler (EOS at a generated position with no mask before it).
 
@@ -46,7 +51,7 @@ from setdiff_jax.diffusion import masks
 from setdiff_jax.models.layers import suppress_mask_logit
 from setdiff_jax.sampling import placement, policies, processors
 from setdiff_jax.sampling.cache import KVCache, append, as_forward, bind, prefill
-from setdiff_jax.sampling.config import SampleOutput, SamplerConfig, step_counts
+from setdiff_jax.sampling.config import SampleOutput, SamplerConfig, bucket_length, step_counts
 from setdiff_jax.sampling.set_inputs import _as_rows, check_prompts, prompt_width
 from setdiff_jax.sampling.set_sampler import _key, finalize
 
@@ -72,7 +77,29 @@ def _prompt_arrays(prompts, cfg: SamplerConfig, n: int, total: int | None = None
   return prompt, plen, canvas, target
 
 
-def _out(res, target, cfg: SamplerConfig) -> SampleOutput:
+def _gen_width(prompts, cfg: SamplerConfig, n: int) -> int:
+  """AR / BD3LM canvas width: the bucketed prompt width + N bucketed by `cfg.length_buckets`
+  (within `cfg.max_length`), so that several generation lengths share one compiled loop; the
+  slots past P + N are never attended nor generated and `_out` cuts them off."""
+  rows = _as_rows(prompts, "prompts")
+  pmax = prompt_width(rows, cfg)
+  room = bucket_length(n, cfg.length_buckets)
+  if cfg.max_length is not None:
+    room = min(room, int(cfg.max_length) - pmax)
+  return pmax + max(room, n)
+
+
+def _loop_cfg(cfg: SamplerConfig) -> SamplerConfig:
+  """The static config of a loop that takes N as an argument (N and L stay host-side)."""
+  return cfg.static().replace(max_new_tokens=1, max_length=None)
+
+
+def _out(res, target, cfg: SamplerConfig, width: int | None = None) -> SampleOutput:
+  """The SampleOutput of a loop's results; `width` cuts the canvas to the unbucketed P + N."""
+  if width is not None:
+    target = target[:, :width]
+    res = dict(res, **{k: res[k][:, :width] for k in ("canvas", "commit_step", "token_logprob")
+                       if res.get(k) is not None})
   valid = np.zeros_like(target)
   plen = np.asarray(res.pop("plen"))
   for b in range(target.shape[0]):
@@ -108,11 +135,11 @@ def _ar_choose(logits, canvas, seen_upto, key, cfg: SamplerConfig):
 
 
 @functools.partial(jax.jit, static_argnames=("apply", "cfg", "stop_eos"))
-def _ar_core(apply, params, prompt, plen, canvas, key, *, cfg: SamplerConfig, stop_eos: bool):
+def _ar_core(apply, params, prompt, plen, canvas, n, key, *, cfg: SamplerConfig, stop_eos: bool):
+  """n: int32 [] new tokens (an argument: the canvas [B, Lc] may be wider, `_gen_width`)."""
   fwd = bind(apply, params)
   b, pmax = prompt.shape
   lc = canvas.shape[1]
-  n = cfg.max_new_tokens
   rows = jnp.arange(b)
   pos = jnp.broadcast_to(jnp.arange(pmax, dtype=jnp.int32), (b, pmax))
   cache, logits = prefill(fwd, prompt, pos, pos < plen[:, None], lc, want_logits=True)
@@ -154,17 +181,20 @@ def _ar_core(apply, params, prompt, plen, canvas, key, *, cfg: SamplerConfig, st
 
 def ar_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> SampleOutput:
   """Autoregressive decoding with a KV cache (SPEC §4.8, DiT path): N calls for N tokens."""
-  prompt, plen, canvas, target = _prompt_arrays(prompts, cfg, cfg.max_new_tokens)
+  n = cfg.max_new_tokens
+  prompt, plen, canvas, target = _prompt_arrays(prompts, cfg, n, _gen_width(prompts, cfg, n))
   fwd = as_forward(model, params)
   stop = cfg.stops_at_eos
   mesh = placement.mesh_of(fwd.params)  # the params' mesh: rows split over (data, fsdp)
   with placement.on(mesh):
     res = _ar_core(fwd.apply, fwd.params, *placement.place_rows(mesh, (prompt, plen, canvas)),
-                   _key(rng, cfg), cfg=cfg.static(), stop_eos=stop)
-  out = _out(dict(res), target, cfg)
+                   placement.place_rows(mesh, np.int32(n)), _key(rng, cfg), cfg=_loop_cfg(cfg),
+                   stop_eos=stop)
+  out = _out(jax.device_get(res), target, cfg, prompt.shape[1] + n)
   # The cache holds the prompt, then each generated token in turn: its position is its rank.
-  known = (np.arange(target.shape[1])[None] < plen[:, None]) | (out.commit_step >= 0)
-  out.cache_order = np.where(known, np.arange(target.shape[1])[None], -1).astype(np.int32)
+  lc = out.target.shape[1]
+  known = (np.arange(lc)[None] < plen[:, None]) | (out.commit_step >= 0)
+  out.cache_order = np.where(known, np.arange(lc)[None], -1).astype(np.int32)
   return out
 
 
@@ -237,12 +267,12 @@ def _first_slots(kv, n: int, axis: int):
 
 
 @functools.partial(jax.jit, static_argnames=("apply", "cfg", "g", "stop_eos"))
-def _bd3lm_core(apply, params, prompt, plen, canvas, target, counts, key, *, cfg: SamplerConfig,
-                g: int, stop_eos: bool):
+def _bd3lm_core(apply, params, prompt, plen, canvas, target, counts, n, key, *,
+                cfg: SamplerConfig, g: int, stop_eos: bool):
+  """n: int32 [] new tokens (an argument: the canvas [B, Lc] may be wider, `_gen_width`)."""
   fwd = bind(apply, params)
   b, pmax = prompt.shape
   lc = canvas.shape[1]
-  n = cfg.max_new_tokens
   nblk_steps = counts.shape[1]
   start = _block_start(plen, g, cfg.align_to_blocks)  # positions < start are cached up front
   pos = jnp.broadcast_to(jnp.arange(pmax, dtype=jnp.int32), (b, pmax))
@@ -311,7 +341,8 @@ def bd3lm_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> Samp
   if cfg.block_size is None:
     raise ValueError("bd3lm_generate needs cfg.block_size (the trained block size S)")
   g = int(cfg.block_size)
-  prompt, plen, canvas, target = _prompt_arrays(prompts, cfg, cfg.max_new_tokens)
+  n = cfg.max_new_tokens
+  prompt, plen, canvas, target = _prompt_arrays(prompts, cfg, n, _gen_width(prompts, cfg, n))
   counts = step_counts(g, cfg.num_steps)[None].astype(np.int32)
   fwd = as_forward(model, params)
   stop = cfg.stops_at_eos
@@ -319,9 +350,10 @@ def bd3lm_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> Samp
   with placement.on(mesh):
     res = _bd3lm_core(fwd.apply, fwd.params,
                       *placement.place_rows(mesh, (prompt, plen, canvas, target)), counts,
-                      _key(rng, cfg), cfg=cfg.static(), g=g, stop_eos=stop)
-  out = _out(dict(res), target, cfg)
-  out.cache_order = block_cache_calls(plen, target, out.commit_step, g, cfg.align_to_blocks)
+                      placement.place_rows(mesh, np.int32(n)), _key(rng, cfg),
+                      cfg=_loop_cfg(cfg), g=g, stop_eos=stop)
+  out = _out(jax.device_get(res), target, cfg, prompt.shape[1] + n)
+  out.cache_order = block_cache_calls(plen, out.target, out.commit_step, g, cfg.align_to_blocks)
   return out
 
 
@@ -339,11 +371,12 @@ def block_cache_calls(plen, target, commit_step, g: int, align: bool) -> np.ndar
 
 
 @functools.partial(jax.jit, static_argnames=("apply", "cfg", "g", "stop_eos"))
-def _mdlm_core(apply, params, plen, canvas, target, counts, key, *, cfg: SamplerConfig, g: int,
-               stop_eos: bool):
+def _mdlm_core(apply, params, plen, canvas, target, counts, n, key, *, cfg: SamplerConfig,
+               g: int, stop_eos: bool):
+  """n: int32 [] new tokens (an argument: with `mdlm_pad_to_max_length` and a `block_size`
+  neither the canvas nor G depends on N, so generation lengths share one loop)."""
   fwd = bind(apply, params)
   b, lm = canvas.shape
-  n = cfg.max_new_tokens
   nblk_steps = counts.shape[1]
   positions = jnp.broadcast_to(jnp.arange(lm, dtype=jnp.int32), (b, lm))
   full = jnp.ones((b, lm, lm), bool)  # bidirectional; the M padding is attended, as the reference
@@ -384,7 +417,8 @@ def mdlm_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> Sampl
   mesh = placement.mesh_of(fwd.params)
   with placement.on(mesh):
     res = _mdlm_core(fwd.apply, fwd.params, *placement.place_rows(mesh, (plen, canvas, target)),
-                     counts, _key(rng, cfg), cfg=cfg.static(), g=g, stop_eos=stop)
+                     counts, placement.place_rows(mesh, np.int32(n)), _key(rng, cfg),
+                     cfg=_loop_cfg(cfg), g=g, stop_eos=stop)
   return _out(dict(res), target, cfg)
 
 

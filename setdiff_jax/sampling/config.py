@@ -106,7 +106,9 @@ class SamplerConfig:
       `setdiff_jax.decoding` use "pow2"), so a data set compiles a bounded number of programs.
       The padding slots are invalid (never attended, never generated): the tokens do not change.
       The set sampler's compiled loop also ignores `max_new_tokens` / `max_length` (host-side
-      only), so generation lengths share programs within a canvas bucket.
+      only), so generation lengths share programs within a canvas bucket; AR / BD3LM pad their
+      canvas to P + the bucketed N (N is a loop argument) and cut it back to P + N, MDLM's
+      loop takes N as an argument (its width is never bucketed: it attends its padding).
   The jitted loops take the config as a static argument (seed excluded): changing any other field
   compiles a new loop; params, prompts of the same shapes and keys do not.
   """
