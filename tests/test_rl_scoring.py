@@ -11,10 +11,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import random_dit
+from helpers import random_dit, random_params
 from setdiff_jax import cli
 from setdiff_jax.diffusion import masks
 from setdiff_jax.models.dit import DiTConfig
+from setdiff_jax.models.qwen3 import Qwen3, Qwen3Config
 from setdiff_jax.models.layers import suppress_mask_logit
 from setdiff_jax.rl import objective, scoring
 from setdiff_jax.sampling import (SampleOutput, SamplerConfig, ar_generate, bd3lm_generate,
@@ -369,13 +370,21 @@ def chunked_scores(method, model, params, ref_params, r, temperature, chunk):
                              chunk=chunk, ref_params=ref_params, ref_feats=ref_feats)
 
 
+def tiny_qwen3(seed: int):
+  cfg = Qwen3Config(vocab_size=16, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2,
+                    head_dim=8, intermediate_size=48, dropout=0.0)
+  return Qwen3(cfg), random_params(cfg, seed)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["setdlm", "ar", "bd3lm"])
-def test_chunked_logprobs_kl_and_gradients_equal_the_full_rows(method):
+@pytest.mark.parametrize("method,backbone", [("setdlm", "dit"), ("ar", "dit"), ("bd3lm", "dit"),
+                                             ("setdlm", "qwen3")])
+def test_chunked_logprobs_kl_and_gradients_equal_the_full_rows(method, backbone):
   """head_scores at chunk 5 (does not divide L = 12) and chunk None against the full fp32
   [B, L, V] rows of the logits path: values, and jax.grad of a weighted sum of both."""
-  model, params = tiny(16)
-  _, ref_params = tiny(16, seed=1)
+  build = tiny if backbone == "dit" else lambda v, seed=0: tiny_qwen3(seed)
+  model, params = build(16)
+  _, ref_params = build(16, seed=1)
   rng = np.random.default_rng(0)
   r = hand_rollout(method, rng)
   w = jnp.asarray(rng.normal(size=r.tokens.shape), jnp.float32)
