@@ -42,7 +42,7 @@ MDLM has none (not supported: its every step is a full bidirectional pass over t
 
 Memory: the scorers run the backbone up to its last hidden states only (`return_hidden`; a
 `Forward` or logits function has no hidden states, its logits are the features), then
-`head_scores` scans over chunks of `chunk` positions (`rl.score_chunk`, default 128), each
+`head_scores` scans over chunks of `chunk` positions (`rl.score_chunk`, default 32), each
 `jax.checkpoint`ed, so neither the forward nor the backward pass holds more than one chunk's
 fp32 [B, chunk, V] logits (two with a reference): at Qwen3's V = 151,936 a [B, L, V] fp32 copy is
 ~10 GB at B = 64, L = 256.
