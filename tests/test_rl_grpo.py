@@ -47,6 +47,7 @@ def tiny_rl(init_from, **rl):
   c.rl.init_from = init_from
   c.rl.prompts_per_step, c.rl.group_size, c.rl.max_new_tokens = 2, 4, 12  # 8 rows: 8 devices
   c.rl.reward, c.rl.step_cost = "exact_match+format", 0.01
+  c.rl.score_chunk = 7  # the scorer's head in chunks that do not divide the 32 positions
   c.num_train_steps, c.learning_rate, c.checkpoint_every_steps = 4, 1e-2, 2
   for k, v in rl.items():
     c.rl[k] = v

@@ -95,8 +95,7 @@ def test_exact_kl_matches_numpy_and_is_zero_for_the_same_policy():
     mask,
     clip_eps=0.2,
     beta=0.5,
-    log_probs=lq,
-    ref_log_probs=lr,
+    kl=objective.kl_per_token(lq, lr),
   )
   np.testing.assert_allclose(float(loss), 0.5 * want, rtol=1e-5)  # A = 0: only the KL remains
   np.testing.assert_allclose(float(m["kl"]), want, rtol=1e-5)
@@ -150,11 +149,26 @@ def test_loss_gradient_matches_central_differences():
   old = take(rows_of(params)) + jnp.asarray(shift, jnp.float32)
   ref_rows = rows_of(ref_params)
 
-  def loss_fn(p):
-    rows = rows_of(p)
-    return objective.grpo_loss(
-      take(rows), old, adv, mask, clip_eps=0.1, beta=0.3, log_probs=rows, ref_log_probs=ref_rows
-    )[0]
+  kw = dict(mask_token_id=M)
+  ref_feats = scoring.token_features("setdlm", model, ref_params, rollout, **kw)
+  np.testing.assert_allclose(  # the chunked reference head == the full rows
+    np.asarray(
+      scoring.head_scores(
+        model, params, scoring.token_features("setdlm", model, params, rollout, **kw), rollout,
+        temperature=0.7, chunk=3, ref_params=ref_params, ref_feats=ref_feats, **kw
+      )[1]
+    ),
+    np.asarray(jnp.where(mask, objective.kl_per_token(rows_of(params), ref_rows), 0.0)),
+    atol=1e-6,
+  )
+
+  def loss_fn(p):  # the RL update's path: the head 3 positions at a time (3 does not divide 8)
+    feats = scoring.token_features("setdlm", model, p, rollout, **kw)
+    logp, kl = scoring.head_scores(
+      model, p, feats, rollout, temperature=0.7, chunk=3, ref_params=ref_params,
+      ref_feats=ref_feats, **kw
+    )
+    return objective.grpo_loss(logp, old, adv, mask, clip_eps=0.1, beta=0.3, kl=kl)[0]
 
   loss, grad = jax.jit(jax.value_and_grad(loss_fn))(params)
   clip = objective.clipped_objective(take(rows_of(params)), old, adv, mask, 0.1)[1]

@@ -11,15 +11,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import random_dit
+from helpers import random_dit, random_params
 from setdiff_jax import cli
 from setdiff_jax.diffusion import masks
 from setdiff_jax.models.dit import DiTConfig
+from setdiff_jax.models.qwen3 import Qwen3, Qwen3Config
 from setdiff_jax.models.layers import suppress_mask_logit
-from setdiff_jax.rl import scoring
+from setdiff_jax.rl import objective, scoring
 from setdiff_jax.sampling import (SampleOutput, SamplerConfig, ar_generate, bd3lm_generate,
                                   policies, set_generate, set_infill)
-from setdiff_jax.sampling.cache import backbone_apply_fn
+from setdiff_jax.sampling.cache import Forward, backbone_apply_fn
 from setdiff_jax.sampling.policies import StepStats
 
 M = 3
@@ -45,7 +46,9 @@ def rl_cfg(**kw):
 
 
 def score(method, out, cfg, model, params, rows=False):
-  fn = scoring.token_logits if rows else scoring.token_logprobs
+  """The scorer's rows, or its log-probs with the head 3 positions at a time (the RL path)."""
+  fn = (scoring.token_logits if rows else
+        functools.partial(scoring.token_logprobs, chunk=3))
   jitted = jax.jit(fn, static_argnums=(0, 1),
                    static_argnames=("temperature", "mask_token_id", "block_size", "max_steps"))
   return np.asarray(jitted(method, model, params, scoring.rollout_from_output(out),
@@ -284,3 +287,155 @@ def test_exact_settings_pass_and_mdlm_output_is_refused():
                      num_steps=np.zeros(1), forward_calls=np.zeros(1),
                      num_committed=np.zeros(1), stopped=np.zeros(1, bool))
   assert "MDLM has no cache" in error_line(lambda: scoring.rollout_from_output(out))
+
+
+# ------------------------------------------------------------------- chunked head == full rows
+def test_head_scores_chunks_against_numpy():
+  """head_scores on given logits (a logits function's features: the head is the identity), at
+  chunks 1, 5 (does not divide L = 12), 12 and None, against float64 NumPy: log-probs of the
+  tokens and the exact KL at temperature 0.7 with M suppressed; zeros where not generated; and
+  the gradient in the features equal across chunkings."""
+  rng = np.random.default_rng(4)
+  b, length, v, temp = 2, 12, 9, 0.7
+  z, zr = rng.normal(size=(2, b, length, v)).astype(np.float32) * 3
+  tokens = rng.integers(4, v, (b, length)).astype(np.int32)
+  gen = rng.random((b, length)) < 0.7
+  r = scoring.Rollout(tokens=tokens, valid=np.ones_like(gen), context=~gen, generated=gen,
+                      commit_step=np.where(gen, 0, -1), cache_order=np.zeros_like(tokens))
+  logits_fn = lambda *a: None  # never run: only its head (the identity) is used
+
+  def lsm(x):
+    x = np.where(np.arange(v) == M, -np.inf, x.astype(np.float64) / temp)
+    return x - np.log(np.sum(np.exp(x - x.max(-1, keepdims=True)), -1, keepdims=True)) - x.max(
+        -1, keepdims=True)
+
+  lq, lr = lsm(z), lsm(zr)
+  want_lp = np.where(gen, np.take_along_axis(lq, tokens[..., None], -1)[..., 0], 0.0)
+  keep = np.arange(v) != M  # the suppressed token: probability 0 under both
+  q = np.exp(lq[..., keep])
+  want_kl = np.where(gen, np.sum(q * (lq[..., keep] - lr[..., keep]), -1), 0.0)
+  grads = []
+  for chunk in (1, 5, None):
+    def f(feats, chunk=chunk):
+      return scoring.head_scores(logits_fn, None, feats, r, temperature=temp, mask_token_id=M,
+                                 chunk=chunk, ref_params=(), ref_feats=jnp.asarray(zr))
+    lp, kl = jax.jit(f)(jnp.asarray(z))
+    np.testing.assert_allclose(np.asarray(lp), want_lp, atol=1e-5, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(kl), want_kl, atol=1e-5, rtol=1e-5)
+    grad = jax.jit(jax.grad(lambda x, f=f: sum(jnp.sum(s) for s in f(x))))
+    grads.append(np.asarray(grad(jnp.asarray(z))))
+  assert np.abs(grads[0]).max() > 1e-2
+  for g in grads[1:]:
+    np.testing.assert_allclose(g, grads[0], atol=1e-6)
+
+
+def hand_rollout(method: str, rng, b=2, length=12, prompt=4, vocab=16):
+  """A trajectory by hand (no sampler): AR one token per step in position order; SetDLM sets at
+  drawn steps, cached in (step, position) order; BD3LM two blocks of 4 after a 4-token prompt,
+  each decoded in two steps (steps continue across blocks)."""
+  tokens = rng.integers(4, vocab, (b, length)).astype(np.int32)  # never M = 3
+  pos = np.arange(length)
+  context = np.broadcast_to(pos < prompt, (b, length))
+  if method == "ar":
+    steps = np.broadcast_to(np.where(context[0], -1, pos - prompt), (b, length))
+    order = np.broadcast_to(pos, (b, length))
+  elif method == "setdlm":
+    steps = np.sort(rng.integers(0, 4, (b, length - prompt)), 1)
+    steps = np.concatenate([np.full((b, prompt), -1), steps - steps[:, :1]], 1)
+    order = np.stack([np.argsort(np.lexsort((pos, s))) for s in steps])
+  else:
+    steps = np.broadcast_to([-1] * 4 + [0, 1, 0, 1] + [3, 2, 2, 3], (b, length))
+    order = np.broadcast_to(pos // 4, (b, length))
+  return scoring.Rollout(tokens=tokens, valid=np.ones((b, length), bool), context=context,
+                         generated=~context, commit_step=np.asarray(steps, np.int32),
+                         cache_order=np.asarray(order, np.int32))
+
+
+def full_scores(method, model, params, ref_params, r, temperature):
+  """The unchunked reference through the logits path (a `Forward`: no hidden states): fp32
+  [B, L] log-probs and KL from the full [B, L, V] rows."""
+  fwd = Forward(backbone_apply_fn(model.config))
+  kw = dict(temperature=temperature, mask_token_id=M, block_size=4)
+  rows = scoring.token_logits(method, fwd, params, r, **kw)
+  ref = scoring.token_logits(method, fwd, ref_params, r, **kw)
+  lp = jnp.take_along_axis(rows, jnp.asarray(r.tokens)[..., None], -1)[..., 0]
+  return lp, jnp.where(jnp.asarray(r.generated), objective.kl_per_token(rows, ref), 0.0)
+
+
+def chunked_scores(method, model, params, ref_params, r, temperature, chunk):
+  kw = dict(mask_token_id=M, block_size=4)
+  feats = scoring.token_features(method, model, params, r, **kw)
+  ref_feats = scoring.token_features(method, model, ref_params, r, **kw)
+  return scoring.head_scores(model, params, feats, r, temperature=temperature, mask_token_id=M,
+                             chunk=chunk, ref_params=ref_params, ref_feats=ref_feats)
+
+
+def tiny_qwen3(seed: int):
+  cfg = Qwen3Config(vocab_size=16, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2,
+                    head_dim=8, intermediate_size=48, dropout=0.0)
+  return Qwen3(cfg), random_params(cfg, seed)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method,backbone", [("setdlm", "dit"), ("ar", "dit"), ("bd3lm", "dit"),
+                                             ("setdlm", "qwen3")])
+def test_chunked_logprobs_kl_and_gradients_equal_the_full_rows(method, backbone):
+  """head_scores at chunk 5 (does not divide L = 12) and chunk None against the full fp32
+  [B, L, V] rows of the logits path: values, and jax.grad of a weighted sum of both."""
+  build = tiny if backbone == "dit" else lambda v, seed=0: tiny_qwen3(seed)
+  model, params = build(16)
+  _, ref_params = build(16, seed=1)
+  rng = np.random.default_rng(0)
+  r = hand_rollout(method, rng)
+  w = jnp.asarray(rng.normal(size=r.tokens.shape), jnp.float32)
+
+  def full(p):
+    return full_scores(method, model, p, ref_params, r, 0.7)
+
+  def chunked(p, chunk=5):
+    return chunked_scores(method, model, p, ref_params, r, 0.7, chunk)
+
+  def weighted(scores):
+    return lambda p: sum(jnp.sum(w * s) for s in scores(p))
+
+  lp_full, kl_full = jax.jit(full)(params)
+  assert np.all(np.asarray(lp_full)[r.generated] < 0)  # not a comparison between zeros
+  assert np.all(np.asarray(kl_full)[r.generated] > 0)
+  # <= 1e-6 (1 + |x|): a few fp32 ulps of values up to ~7 (hidden states + head vs logits)
+  for lp, kl in (jax.jit(chunked)(params), chunked(params, None)):
+    np.testing.assert_allclose(np.asarray(lp), np.asarray(lp_full), atol=1e-6, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(kl), np.asarray(kl_full), atol=1e-6, rtol=1e-6)
+  g_full = jax.tree_util.tree_leaves(jax.jit(jax.grad(weighted(full)))(params))
+  g_chunk = jax.tree_util.tree_leaves(jax.jit(jax.grad(weighted(chunked)))(params))
+  scale = max(float(jnp.max(jnp.abs(a))) for a in g_full)
+  assert scale > 1e-3
+  err = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(g_full, g_chunk))
+  assert err <= 1e-6 * scale, (err, scale)  # fp32 summation-order noise only
+
+
+def _temp_bytes(fn, *args):
+  analysis = jax.jit(fn).lower(*args).compile().memory_analysis()
+  if analysis is None:
+    pytest.skip("this backend reports no compiled memory analysis")
+  return int(analysis.temp_size_in_bytes)
+
+
+@pytest.mark.slow
+def test_chunked_scorer_needs_less_memory_at_a_large_vocabulary(capsys):
+  """The compiled temp memory of value-and-grad of (log-probs + KL) at V = 32,768: the head in
+  chunks of 8 positions against the full [B, L, V] rows (B = 2, L = 64, D = 32)."""
+  cfg = DiTConfig(vocab_size=32768, hidden_size=32, num_layers=1, num_heads=2, dropout=0.0)
+  model, params = random_dit(cfg, 0)
+  _, ref_params = random_dit(cfg, 1)
+  r = hand_rollout("setdlm", np.random.default_rng(0), length=64, prompt=8, vocab=32768)
+
+  def loss(scores):
+    return jax.value_and_grad(lambda p: sum(jnp.sum(s) for s in scores(p)))
+
+  full = _temp_bytes(loss(lambda p: full_scores("setdlm", model, p, ref_params, r, 0.7)), params)
+  chunked = _temp_bytes(loss(
+      lambda p: chunked_scores("setdlm", model, p, ref_params, r, 0.7, 8)), params)
+  with capsys.disabled():
+    print(f"\nRL scorer temp memory, V=32768 B=2 L=64: full {full / 2**20:.1f} MiB, "
+          f"chunk 8 {chunked / 2**20:.1f} MiB")
+  assert chunked < full

@@ -37,8 +37,9 @@ import jax.numpy as jnp
 from setdiff_jax.models.layers import NEG_INF_LOGIT, suppress_mask_logit
 
 
-def _logits(h, kernel, bias, dtype):
-  """fp32 [n, V] logits exactly as `dit.Linear` + `.astype(float32)` computes them."""
+def head_logits(h, kernel, bias, dtype):
+  """fp32 [..., V] logits exactly as `dit.Linear` + `.astype(float32)` computes them (also the
+  RL scorer's chunked head, `rl.scoring.head_scores`)."""
   z = jnp.dot(h.astype(dtype), kernel.astype(dtype))
   if bias is not None:
     z = z + bias.astype(dtype)
@@ -53,7 +54,7 @@ def _suppress(z, suppress_id):
 
 
 def _chunk_forward(h, t, kernel, bias, dtype, suppress_id):
-  z = _suppress(_logits(h, kernel, bias, dtype), suppress_id)
+  z = _suppress(head_logits(h, kernel, bias, dtype), suppress_id)
   mx = jnp.max(z, axis=-1, keepdims=True)
   lse = (mx + jnp.log(jnp.sum(jnp.exp(z - mx), axis=-1, keepdims=True)))[:, 0]
   zt = jnp.take_along_axis(z, t[:, None], axis=-1)[:, 0]
@@ -99,7 +100,7 @@ def _nll_bwd(dtype, suppress_id, chunk, recompute, res, g):
 
   def grads(hc, tc, lc, gc, zc):
     if zc is None:
-      zc = _suppress(_logits(hc, kernel, bias, dtype), suppress_id)
+      zc = _suppress(head_logits(hc, kernel, bias, dtype), suppress_id)
     dz = _chunk_dz(zc, lc, tc, gc, suppress_id).astype(dtype)
     dh = jnp.dot(dz, k.T).astype(h.dtype)
     dk = jnp.dot(hc.astype(dtype).T, dz, preferred_element_type=jnp.float32)
@@ -181,7 +182,7 @@ def _vocab_chunks(kernel, bias, chunk: int):
 def _chunk_logits(h, i, kc, bc, dtype, vocab: int, suppress_id):
   """fp32 logits [n, chunk] of vocabulary chunk i, with padding and the suppressed id at -1e12,
   and the global column index of each entry."""
-  z = _logits(h, kc, bc, dtype)
+  z = head_logits(h, kc, bc, dtype)
   col = jax.lax.broadcasted_iota(jnp.int32, z.shape, 1) + i * kc.shape[-1]
   dead = col >= vocab
   if suppress_id is not None:
@@ -286,4 +287,5 @@ def token_nll(forward: Callable[..., jax.Array], model, params, targets: jax.Arr
                    vocab_chunk=getattr(cfg, "head_vocab_chunk", 0) or None)
 
 
-__all__ = ["fused_nll", "reference_nll", "supports_fused", "token_nll", "check_head_fields"]
+__all__ = ["fused_nll", "reference_nll", "head_logits", "supports_fused", "token_nll",
+           "check_head_fields"]

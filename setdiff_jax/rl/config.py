@@ -78,6 +78,10 @@ def default_config() -> ml_collections.ConfigDict:
   r.clip_eps = 0.2  # PPO clip range of the ratio pi / pi_old
   r.kl_beta = 0.0  # beta: exact KL to the frozen SFT parameters (0 = none)
   r.adv_eps = 1e-6  # advantages (r - mean) / (std + adv_eps) per group
+  # Positions per chunk of the scorer's output head (rl/scoring.head_scores): log-probs and KL
+  # are computed from the hidden states chunk by chunk, so memory holds [B, score_chunk, V]
+  # logits, never [B, L, V] (~10 GB fp32 per copy at Qwen3's V = 151,936); 0 = all at once.
+  r.score_chunk = 32
   # ---- the sampler in RL mode: temperature only, a commit policy whose decision reads the
   # step's distributions, never the sampled tokens (policies.POLICIES[...].token_dependent False),
   # so that the scorer's trajectory likelihood is exact.

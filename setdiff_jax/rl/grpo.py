@@ -11,7 +11,8 @@ Each step t:
   3. rewards by name (`rl.rewards`), group advantages (`rl.objective`);
   4. pi_old = the exact scorer's per-token log-probabilities (`rl.scoring`) under the sampling
      parameters (never the sampler's own numbers), and with rl.kl_beta > 0 the frozen SFT
-     reference's log-softmax rows;
+     reference's hidden states [B, L, D] (its head and the KL run rl.score_chunk positions at a
+     time inside the update: no [B, L, V] array);
   5. rl.inner_updates optimiser updates of the clipped objective (+ beta * exact KL) on that batch
      (the optimiser chain of training, `train_step.make_optimizer`; its schedule counts updates).
 State and checkpoints: `RLState` (step, params, ema_params = params, Adam state, rollout RNG) in
@@ -91,51 +92,49 @@ def _optimizer_config(run):
 
 
 def make_functions(run, method: str, model, optimizer, sampler_cfg):
-  """Pure (score, ref_rows, update) functions of an RL run (jitted by the caller); the scorer
-  replays the distributions `sampler_cfg` drew from (temperature, M suppressed, BD3LM blocks)."""
+  """Pure (score, ref_features, update) functions of an RL run (jitted by the caller); the
+  scorer replays the distributions `sampler_cfg` drew from (temperature, M suppressed, BD3LM
+  blocks) and applies the head rl.score_chunk positions at a time (`scoring.head_scores`)."""
   r = run.rl
   beta, clip = float(r.kl_beta), float(r.clip_eps)
+  chunk = int(r.get("score_chunk", 0)) or None
   kw = dict(
-    temperature=float(sampler_cfg.temperature),
     mask_token_id=sampler_cfg.mask_token_id,
     block_size=sampler_cfg.block_size,
     max_steps=sampler_cfg.max_new_tokens,
   )
+  head_kw = dict(
+    temperature=float(sampler_cfg.temperature),
+    mask_token_id=sampler_cfg.mask_token_id,
+    chunk=chunk,
+  )
 
   def score(params, rollout):
-    return scoring.token_logprobs(method, model, params, rollout, **kw)
+    return scoring.token_logprobs(
+      method, model, params, rollout, temperature=head_kw["temperature"], chunk=chunk, **kw
+    )
 
-  def ref_rows(params, rollout):
-    return scoring.token_logits(method, model, params, rollout, **kw)
+  def ref_features(params, rollout):
+    return scoring.token_features(method, model, params, rollout, **kw)
 
-  def loss_fn(params, rollout, adv, old_logp, ref):
-    rows = None
-    if beta > 0:
-      rows = scoring.token_logits(method, model, params, rollout, **kw)
-      logp = jnp.take_along_axis(rows, rollout.tokens[..., None].astype(jnp.int32), -1)[..., 0]
-      logp = jnp.where(rollout.generated, logp, 0.0)
-    else:
-      logp = score(params, rollout)
+  def loss_fn(params, rollout, adv, old_logp, ref_feats, ref_params):
+    feats = scoring.token_features(method, model, params, rollout, **kw)
+    logp, kl = scoring.head_scores(
+      model, params, feats, rollout, ref_params=ref_params, ref_feats=ref_feats, **head_kw
+    )
     return objective.grpo_loss(
-      logp,
-      old_logp,
-      adv,
-      rollout.generated,
-      clip_eps=clip,
-      beta=beta,
-      log_probs=rows,
-      ref_log_probs=ref,
+      logp, old_logp, adv, rollout.generated, clip_eps=clip, beta=beta, kl=kl
     )
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
-  def update(params, opt_state, rollout, adv, old_logp, ref):
-    (loss, m), grads = grad_fn(params, rollout, adv, old_logp, ref)
+  def update(params, opt_state, rollout, adv, old_logp, ref_feats, ref_params):
+    (loss, m), grads = grad_fn(params, rollout, adv, old_logp, ref_feats, ref_params)
     updates, opt_state = optimizer.update(grads, opt_state, params)
     params = optax.apply_updates(params, updates)
     return params, opt_state, dict(m, loss=loss, grad_norm=optax.tree.norm(grads))
 
-  return score, ref_rows, update
+  return score, ref_features, update
 
 
 def train_rl(
@@ -268,6 +267,7 @@ def _train_rl(run, workdir: str, max_steps: Optional[int]) -> Dict[str, float]:
       rows_sharding,
       rows_sharding,
       rows_sharding,
+      shardings.params if ref_params is not None else None,
     ),
     out_shardings=(shardings.params, shardings.opt_state, None),
     donate_argnums=(0, 1),
@@ -310,7 +310,7 @@ def _train_rl(run, workdir: str, max_steps: Optional[int]) -> Dict[str, float]:
         ref = ref_fn(ref_params, rollout) if ref_params is not None else None
         params, opt_state, inner = state.params, state.opt_state, []
         for _ in range(mu):
-          params, opt_state, m = update(params, opt_state, rollout, adv, old_logp, ref)
+          params, opt_state, m = update(params, opt_state, rollout, adv, old_logp, ref, ref_params)
           inner.append(m)
         state = RLState(
           step=state.step + 1,

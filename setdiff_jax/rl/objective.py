@@ -3,7 +3,8 @@ the exact KL to a reference, on the scorer's per-token log-probabilities (`rl.sc
 
   adv = group_advantages(rewards, group_size)                       # fp32 [B], B = P * G
   loss, m = grpo_loss(logp, old_logp, adv, mask, clip_eps=0.2)      # logp: fp32 [B, L]
-  loss, m = grpo_loss(..., beta=0.04, log_probs=rows, ref_log_probs=ref_rows)   # + beta * KL
+  loss, m = grpo_loss(..., beta=0.04, kl=kl)       # + beta * KL; kl fp32 [B, L] per position
+                                                   # (`scoring.head_scores`, chunked)
 
 Rows are P groups of G consecutive completions of one prompt. `old_logp` (pi_old) is the scorer's
 value under the parameters that sampled the rollouts, computed once before the inner updates and
@@ -68,13 +69,18 @@ def clipped_objective(
   return loss, metrics
 
 
-def exact_kl(log_probs: jax.Array, ref_log_probs: jax.Array, mask: jax.Array) -> jax.Array:
-  """Mean over generated positions of KL(pi || pi_ref) = sum_v pi_v (log pi_v - log ref_v), from
-  the full log-softmax rows [B, L, V] of the policy and the reference (fp32). Entries with
-  pi_v = 0 (e.g. the suppressed mask token) contribute 0."""
+def kl_per_token(log_probs: jax.Array, ref_log_probs: jax.Array) -> jax.Array:
+  """KL(pi || pi_ref) = sum_v pi_v (log pi_v - log ref_v) over the last axis of log-softmax rows
+  [..., V] (fp32) -> [...]. Entries with pi_v = 0 (e.g. the suppressed mask token) contribute 0.
+  The scorer applies it chunk by chunk (`scoring.head_scores`)."""
   p = jnp.exp(log_probs)
   diff = jnp.where(p > 0, log_probs - ref_log_probs, 0.0)
-  return token_mean(jnp.sum(p * diff, -1), mask)
+  return jnp.sum(p * diff, -1)
+
+
+def exact_kl(log_probs: jax.Array, ref_log_probs: jax.Array, mask: jax.Array) -> jax.Array:
+  """Mean over generated positions (mask [B, L]) of `kl_per_token` of full rows [B, L, V]."""
+  return token_mean(kl_per_token(log_probs, ref_log_probs), mask)
 
 
 def grpo_loss(
@@ -85,19 +91,25 @@ def grpo_loss(
   *,
   clip_eps: float,
   beta: float = 0.0,
-  log_probs: Optional[jax.Array] = None,
-  ref_log_probs: Optional[jax.Array] = None,
+  kl: Optional[jax.Array] = None,
 ) -> Tuple[jax.Array, Dict[str, jax.Array]]:
-  """clipped_objective + beta * exact_kl (the KL needs the rows `log_probs` / `ref_log_probs`
-  [B, L, V] of the same positions as logp). Returns (loss, metrics: policy_loss, clip_fraction,
-  ratio_mean, kl)."""
+  """clipped_objective + beta * (the mean over generated positions of `kl`: fp32 [B, L], the
+  exact per-position KL(pi || pi_ref) of the same positions as logp, `scoring.head_scores` or
+  `kl_per_token`). Returns (loss, metrics: policy_loss, clip_fraction, ratio_mean, kl)."""
   policy, metrics = clipped_objective(logp, old_logp, advantages, mask, clip_eps)
-  kl = jnp.zeros((), jnp.float32)
-  if log_probs is not None and ref_log_probs is not None:
-    kl = exact_kl(log_probs, ref_log_probs, mask)
+  mean_kl = jnp.zeros((), jnp.float32)
+  if kl is not None:
+    mean_kl = token_mean(kl, mask)
   elif beta:
-    raise ValueError("beta > 0 needs the policy's and the reference's log-softmax rows")
-  return policy + beta * kl, dict(metrics, policy_loss=policy, kl=kl)
+    raise ValueError("beta > 0 needs the per-position KL to the reference (kl=)")
+  return policy + beta * mean_kl, dict(metrics, policy_loss=policy, kl=mean_kl)
 
 
-__all__ = ["group_advantages", "token_mean", "clipped_objective", "exact_kl", "grpo_loss"]
+__all__ = [
+  "group_advantages",
+  "token_mean",
+  "clipped_objective",
+  "kl_per_token",
+  "exact_kl",
+  "grpo_loss",
+]

@@ -16,7 +16,11 @@ the formula says .54).
 
   Rollout                   the arrays a scorer needs (host -> `rollout_from_output`)
   token_logprobs(...)       fp32 [B, L]: log pi(y_i | x, y_{C<t}) at generated positions, else 0
-  token_logits(...)         fp32 [B, L, V]: the log-softmax rows behind them (exact KL)
+  token_features(...)       [B, L, D]: the hidden states the head turns into those distributions
+  head_scores(...)          fp32 [B, L] log-probs (+ the exact KL to a reference) from features,
+                            the head applied `chunk` positions at a time: memory O(B chunk V),
+                            never [B, L, V] (the RL path; `token_logprobs` uses it)
+  token_logits(...)         fp32 [B, L, V]: the full log-softmax rows (the tests' reference)
   check_exact(method, cfg)  ValueError (one `error:` line) for a setting that is not exact
 
 Per method (its registry entry's `rollout_scoring`; all pure, jittable with method / model /
@@ -36,6 +40,13 @@ temperature / mask_token_id / block_size / max_steps static, differentiable in p
           [steps, B, G] log-probabilities ([steps, B, G, V] rows for `token_logits`).
 MDLM has none (not supported: its every step is a full bidirectional pass over the canvas).
 
+Memory: the scorers run the backbone up to its last hidden states only (`return_hidden`; a
+`Forward` or logits function has no hidden states, its logits are the features), then
+`head_scores` scans over chunks of `chunk` positions (`rl.score_chunk`, default 32), each
+`jax.checkpoint`ed, so neither the forward nor the backward pass holds more than one chunk's
+fp32 [B, chunk, V] logits (two with a reference): at Qwen3's V = 151,936 a [B, L, V] fp32 copy is
+~10 GB at B = 64, L = 256.
+
 Rows are laid out as the samplers lay them out (left-aligned, absolute positions = column index,
 padding after each row), so mixed prompt lengths need nothing special.
 """
@@ -49,7 +60,9 @@ import numpy as np
 
 from setdiff_jax import methods, models
 from setdiff_jax.diffusion import masks
+from setdiff_jax.models import fused_head
 from setdiff_jax.models.layers import suppress_mask_logit
+from setdiff_jax.rl import objective
 from setdiff_jax.sampling import policies
 from setdiff_jax.sampling.cache import Forward, backbone_apply_fn, logits_fn_apply
 from setdiff_jax.sampling.config import SampleOutput, SamplerConfig
@@ -138,6 +151,27 @@ def _apply(model):
   raise TypeError(f"expected a backbone, a Forward or a logits function, got {type(model)}")
 
 
+def _features(model):
+  """(apply, head) of the feature path: apply(params, tokens, positions, mask, kv, head_start) ->
+  (features [B, S, F], kv) and head(params, features) -> fp32 logits [..., V]. A backbone hands
+  over its last hidden states and head (exactly its logits: `fused_head.head_logits`); anything
+  else (a `Forward`, a logits function) returns logits, and its head is the identity."""
+  if models.is_backbone(model) and hasattr(model, "output_head"):
+    dt = jnp.dtype(getattr(model.config, "dtype", "float32"))
+
+    def apply(params, tokens, positions, mask, kv_cache, head_start=0):
+      return model.apply({"params": params}, tokens, positions, mask, kv_cache=kv_cache,
+                         head_start=head_start, return_kv=True, return_hidden=True,
+                         deterministic=True, kv_layout="bhsd")
+
+    def head(params, h):
+      kernel, bias = model.output_head(params)
+      return fused_head.head_logits(h, kernel, bias, dt)
+
+    return apply, head
+  return _apply(model), lambda params, z: z.astype(jnp.float32)
+
+
 def _log_softmax(logits: jax.Array, temperature: float, mask_token_id: int) -> jax.Array:
   """As the samplers: M suppressed, then / temperature, then log-softmax; fp32."""
   z = suppress_mask_logit(logits.astype(jnp.float32), mask_token_id)
@@ -149,20 +183,19 @@ def _positions(r: Rollout) -> jax.Array:
   return jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (b, length))
 
 
-def _set_rows(apply, params, r: Rollout, temperature, mask_token_id) -> jax.Array:
+def _set_feats(apply, params, r: Rollout, mask_token_id) -> jax.Array:
   length = r.tokens.shape[1]
   pos = _positions(r)
   tokens = jnp.concatenate([r.tokens, jnp.full_like(r.tokens, mask_token_id)], -1)
   mask = masks.rollout_set_mask(r.valid, r.commit_step, r.cache_order)
-  logits, _ = apply(params, tokens, jnp.concatenate([pos, pos], -1), mask, None, length)
-  return _log_softmax(logits, temperature, mask_token_id)
+  feats, _ = apply(params, tokens, jnp.concatenate([pos, pos], -1), mask, None, length)
+  return feats  # the mask stream: row i predicts token i
 
 
-def _ar_rows(apply, params, r: Rollout, temperature, mask_token_id) -> jax.Array:
+def _ar_feats(apply, params, r: Rollout) -> jax.Array:
   mask = masks.causal_valid_mask(jnp.asarray(r.valid, bool))
-  logits, _ = apply(params, r.tokens, _positions(r), mask, None, 0)
-  rows = _log_softmax(logits, temperature, mask_token_id)
-  return jnp.concatenate([jnp.zeros_like(rows[:, :1]), rows[:, :-1]], 1)  # row i scores token i
+  feats, _ = apply(params, r.tokens, _positions(r), mask, None, 0)
+  return jnp.concatenate([jnp.zeros_like(feats[:, :1]), feats[:, :-1]], 1)  # row i scores token i
 
 
 def _block_size(method: str, block_size) -> int:
@@ -172,10 +205,9 @@ def _block_size(method: str, block_size) -> int:
   return int(block_size)
 
 
-def _block_steps(apply, params, r: Rollout, temperature, mask_token_id, g: int,
-                 max_steps: Optional[int], rows: bool):
-  """Per step t (scan): the block's G slots (positions int32 [B, G], slot validity) and either
-  their tokens' log-probs fp32 [B, G] or the rows [B, G, V]; stacked over steps."""
+def _block_steps(apply, params, r: Rollout, mask_token_id, g: int, max_steps: Optional[int]):
+  """Per step t (scan): the block's G slots (positions int32 [B, G], scored bool [B, G]) and
+  their features [B, G, F]; stacked over steps."""
   b, length = r.tokens.shape
   pos = _positions(r)
   valid = jnp.asarray(r.valid, bool)
@@ -185,8 +217,8 @@ def _block_steps(apply, params, r: Rollout, temperature, mask_token_id, g: int,
   _, kv = apply(params, r.tokens, pos, clean, None, length)  # head skipped
   last = jnp.max(step)
   n_steps = length if max_steps is None else int(max_steps)
-  vocab = jax.eval_shape(lambda: apply(params, r.tokens[:, :1], pos[:, :1],
-                                       jnp.ones((b, 1, 1), bool), None, 0))[0].shape[-1]
+  feat = jax.eval_shape(lambda: apply(params, r.tokens[:, :1], pos[:, :1],
+                                      jnp.ones((b, 1, 1), bool), None, 0))[0]
 
   def one(t):
     here = step == t  # the positions committed at step t: all in one block
@@ -199,77 +231,127 @@ def _block_steps(apply, params, r: Rollout, temperature, mask_token_id, g: int,
     revealed = jnp.take_along_axis(r.context, order, -1) | ((q_step >= 0) & (q_step < t))
     q_tok = jnp.where(revealed, jnp.take_along_axis(r.tokens, order, -1), mask_token_id)
     mask = masks.rollout_block_step_mask(q_pos, q_valid, pos, valid, seg, segment, g)
-    logits, _ = apply(params, q_tok, q_pos, mask, kv, 0)
-    lsm = _log_softmax(logits, temperature, mask_token_id)
-    if rows:
-      return q_pos, q_valid & (q_step == t), lsm
-    tok = jnp.take_along_axis(r.tokens, order, -1)
-    return q_pos, q_valid & (q_step == t), jnp.take_along_axis(lsm, tok[..., None], -1)[..., 0]
+    feats, _ = apply(params, q_tok, q_pos, mask, kv, 0)
+    return q_pos, q_valid & (q_step == t), feats.astype(feat.dtype)
 
   def skip(t):
-    shape = (b, g, vocab) if rows else (b, g)
-    return (jnp.zeros((b, g), jnp.int32), jnp.zeros((b, g), bool), jnp.zeros(shape, jnp.float32))
+    return (jnp.zeros((b, g), jnp.int32), jnp.zeros((b, g), bool),
+            jnp.zeros((b, g, feat.shape[-1]), feat.dtype))
 
   def body(carry, t):
     return carry, jax.lax.cond(t <= last, one, skip, t)
 
   _, out = jax.lax.scan(body, None, jnp.arange(n_steps, dtype=jnp.int32))
-  return out  # q_pos [T, B, G], scored [T, B, G], values [T, B, G(, V)]
+  return out  # q_pos [T, B, G], scored [T, B, G], features [T, B, G, F]
 
 
 def _block_scatter(out, b: int, length: int):
-  """Steps' slot values -> per position [B, L(, V)] (each generated position is scored once)."""
+  """Steps' slot values -> per position [B, L, F] (each generated position is scored once)."""
   q_pos, scored, vals = out
   t, _, g = q_pos.shape
   rows_idx = jnp.broadcast_to(jnp.arange(b)[None, :, None], q_pos.shape)
   where = jnp.where(scored, q_pos, length)  # unscored slots dropped
-  buf = jnp.zeros((b, length) + vals.shape[3:], jnp.float32)
+  buf = jnp.zeros((b, length) + vals.shape[3:], vals.dtype)
   return buf.at[rows_idx.reshape(-1), where.reshape(-1)].set(
       vals.reshape((t * b * g,) + vals.shape[3:]), mode="drop")
+
+
+def token_features(method: str, model, params, rollout: Rollout, *, mask_token_id: int,
+                   block_size: Optional[int] = None, max_steps: Optional[int] = None) -> jax.Array:
+  """[B, L, F]: at every position the features the head turns into the distribution its token
+  was drawn from (a backbone's last hidden states, F = D; a logits function's logits, F = V); 0
+  at unscored positions of block_replay. Arguments as `token_logits`."""
+  r = Rollout(*[jnp.asarray(x) for x in rollout])
+  apply, _ = _features(model)
+  kind = scorer(method)
+  if kind == "two_stream":
+    return _set_feats(apply, params, r, mask_token_id)
+  if kind == "causal":
+    return _ar_feats(apply, params, r)
+  out = _block_steps(apply, params, r, mask_token_id, _block_size(method, block_size), max_steps)
+  return _block_scatter(out, *r.tokens.shape)
+
+
+def _to_chunks(x: jax.Array, chunk: int) -> jax.Array:
+  """[B, L, ...] -> [L' / chunk, B, chunk, ...], L zero-padded to L' (a multiple of chunk)."""
+  b, length = x.shape[:2]
+  n = -(-length // chunk)
+  x = jnp.pad(x, [(0, 0), (0, n * chunk - length)] + [(0, 0)] * (x.ndim - 2))
+  return jnp.moveaxis(x.reshape((b, n, chunk) + x.shape[2:]), 1, 0)
+
+
+def _from_chunks(y: jax.Array, length: int) -> jax.Array:
+  """[n, B, chunk] -> [B, L]."""
+  return jnp.moveaxis(y, 0, 1).reshape(y.shape[1], -1)[:, :length]
+
+
+def head_scores(model, params, feats: jax.Array, rollout: Rollout, *, temperature: float,
+                mask_token_id: int, chunk: Optional[int] = None, ref_params=None,
+                ref_feats: Optional[jax.Array] = None):
+  """(logp fp32 [B, L], kl fp32 [B, L] or None) from features [B, L, F] (`token_features`).
+
+  logp: log pi(y_i | ...) of the rollout's token at every generated position (0 elsewhere);
+  kl: with `ref_params` / `ref_feats` (the reference's features of the same rollout), the exact
+  KL(pi || pi_ref) = sum_v pi_v log(pi_v / ref_v) of both temperature-scaled distributions per
+  generated position (`objective.kl_per_token`). The head runs over `chunk` positions at a time
+  (None / 0 / >= L: one chunk) in a `lax.scan` of `jax.checkpoint`ed steps, so at most one
+  chunk's [B, chunk, V] logits (policy and reference) are live, forward or backward; the numbers
+  are those of the full computation. Differentiable in params (and ref_params).
+  """
+  tokens = jnp.asarray(rollout.tokens, jnp.int32)
+  gen = jnp.asarray(rollout.generated, bool)
+  length = tokens.shape[1]
+  _, head = _features(model)
+  with_ref = ref_params is not None and ref_feats is not None
+  c = length if not chunk or int(chunk) >= length else int(chunk)
+
+  @jax.checkpoint
+  def one(p, rp, f, t, rf):
+    lsm = _log_softmax(head(p, f), temperature, mask_token_id)
+    lp = jnp.take_along_axis(lsm, t[..., None], -1)[..., 0]
+    if not with_ref:
+      return lp, jnp.zeros_like(lp)
+    ref = _log_softmax(head(rp, rf), temperature, mask_token_id)
+    return lp, objective.kl_per_token(lsm, ref)
+
+  xs = (_to_chunks(feats, c), _to_chunks(tokens, c),
+        _to_chunks(ref_feats, c) if with_ref else jnp.zeros((-(-length // c),)))
+  _, (lp, kl) = jax.lax.scan(lambda _, x: (None, one(params, ref_params, *x)), None, xs)
+  lp = jnp.where(gen, _from_chunks(lp, length), 0.0)
+  return lp, (jnp.where(gen, _from_chunks(kl, length), 0.0) if with_ref else None)
 
 
 def token_logits(method: str, model, params, rollout: Rollout, *, temperature: float,
                  mask_token_id: int, block_size: Optional[int] = None,
                  max_steps: Optional[int] = None) -> jax.Array:
-  """fp32 [B, L, V]: at every generated position the log-softmax row of the distribution its
-  token was drawn from (M suppressed, logits / temperature), zeros elsewhere.
+  """fp32 [B, L, V]: at every generated position the full log-softmax row of the distribution
+  its token was drawn from (M suppressed, logits / temperature), zeros elsewhere. The reference
+  `head_scores` is tested against (it holds [B, L, V]: not for real vocabularies).
 
   method: a registry name with a scorer, `supported()` (static); model: a backbone module, a
   `Forward` or a logits function (static); params: the backbone's params (differentiable);
   rollout: `Rollout` (arrays or NumPy); block_size: G, block_replay only; max_steps: the replayed
   steps of block_replay (default L; pass the sampler's N to scan fewer).
   """
-  r = Rollout(*[jnp.asarray(x) for x in rollout])
-  apply = _apply(model)
-  kind = scorer(method)
-  if kind == "two_stream":
-    rows = _set_rows(apply, params, r, temperature, mask_token_id)
-  elif kind == "causal":
-    rows = _ar_rows(apply, params, r, temperature, mask_token_id)
-  else:
-    out = _block_steps(apply, params, r, temperature, mask_token_id,
-                       _block_size(method, block_size), max_steps, rows=True)
-    rows = _block_scatter(out, *r.tokens.shape)
-  return jnp.where(jnp.asarray(r.generated, bool)[..., None], rows, 0.0)
+  feats = token_features(method, model, params, rollout, mask_token_id=mask_token_id,
+                         block_size=block_size, max_steps=max_steps)
+  rows = _log_softmax(_features(model)[1](params, feats), temperature, mask_token_id)
+  return jnp.where(jnp.asarray(rollout.generated, bool)[..., None], rows, 0.0)
 
 
 def token_logprobs(method: str, model, params, rollout: Rollout, *, temperature: float,
                    mask_token_id: int, block_size: Optional[int] = None,
-                   max_steps: Optional[int] = None) -> jax.Array:
+                   max_steps: Optional[int] = None, chunk: Optional[int] = None) -> jax.Array:
   """fp32 [B, L]: log pi(y_i | x, y_{C<t}) at every generated position (0 elsewhere), under the
   temperature-scaled distribution the sampler drew from; the trajectory's log-likelihood is the
-  row sum. Arguments as `token_logits`."""
-  r = Rollout(*[jnp.asarray(x) for x in rollout])
-  gen = jnp.asarray(r.generated, bool)
-  if scorer(method) == "block_replay":
-    out = _block_steps(_apply(model), params, r, temperature, mask_token_id,
-                       _block_size(method, block_size), max_steps, rows=False)
-    return jnp.where(gen, _block_scatter(out, *r.tokens.shape), 0.0)
-  rows = token_logits(method, model, params, r, temperature=temperature,
-                      mask_token_id=mask_token_id)
-  lp = jnp.take_along_axis(rows, jnp.asarray(r.tokens, jnp.int32)[..., None], -1)[..., 0]
-  return jnp.where(gen, lp, 0.0)
+  row sum. The head runs `chunk` positions at a time (`head_scores`; None: all at once).
+  Arguments as `token_logits`."""
+  feats = token_features(method, model, params, rollout, mask_token_id=mask_token_id,
+                         block_size=block_size, max_steps=max_steps)
+  return head_scores(model, params, feats, rollout, temperature=temperature,
+                     mask_token_id=mask_token_id, chunk=chunk)[0]
 
 
 __all__ = ["Rollout", "rollout_from_output", "check_exact", "token_logprobs", "token_logits",
+           "token_features", "head_scores",
            "supported", "scorer", "SCORERS"]

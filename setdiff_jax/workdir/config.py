@@ -274,6 +274,7 @@ RL_FIELD_RANGES = {
     "rl.clip_eps": _POSITIVE,
     "rl.kl_beta": _num(0),
     "rl.adv_eps": _POSITIVE,
+    "rl.score_chunk": _int(0),
     "rl.temperature": _POSITIVE,
     "rl.top_p": _num(0, 1, lo_open=True),
     "rl.repetition_penalty": _POSITIVE,
