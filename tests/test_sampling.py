@@ -461,8 +461,8 @@ class CharTokenizer:
 
 
 def test_sampler_dispatch_and_config(monkeypatch):
-  from setdiff_jax.sampling import baselines, set_sampler
-  for module, fn in ((set_sampler, "set_generate"), (baselines, "ar_generate"),
+  from setdiff_jax.sampling import ar_sampler, baselines, set_sampler
+  for module, fn in ((set_sampler, "set_generate"), (ar_sampler, "ar_generate"),
                      (baselines, "mdlm_generate"), (baselines, "bd3lm_generate")):
     monkeypatch.setattr(module, fn, lambda *a, _fn=fn: _fn)  # each sampler answers its name
   for name, fn in (("setdlm", "set_generate"), ("ar", "ar_generate"), ("mdlm", "mdlm_generate"),

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from setdiff_jax.diffusion import losses
 from setdiff_jax.methods.base import ExportFormat, Method
-from setdiff_jax.sampling import baselines
+from setdiff_jax.sampling import ar_sampler
 
 
 class ARExport(ExportFormat):
@@ -42,4 +42,4 @@ class AR(Method):
                         "(the infill evaluation scores it on the prefix only)")
 
   def generate(self, model, params, prompts, sampler_cfg, rng=None):
-    return baselines.ar_generate(model, params, prompts, sampler_cfg, rng)
+    return ar_sampler.ar_generate(model, params, prompts, sampler_cfg, rng)

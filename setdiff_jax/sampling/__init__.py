@@ -17,7 +17,8 @@ Which sampler a trained run uses, text-level generation and the CLI body are in
 or a toy `logits_fn(tokens, positions, mask, kv_cache) -> (logits, kv)` (params ignored); see
 `cache.py`.
 """
-from setdiff_jax.sampling.baselines import ar_generate, bd3lm_generate, mdlm_generate
+from setdiff_jax.sampling.ar_sampler import ar_generate
+from setdiff_jax.sampling.baselines import bd3lm_generate, mdlm_generate
 from setdiff_jax.sampling.cache import (Forward, KVCache, append, as_forward, dit_apply_fn,
                                         empty_cache, prefill)
 from setdiff_jax.sampling.config import SampleOutput, SamplerConfig, count_table, step_counts

@@ -1,11 +1,9 @@
-"""Baseline samplers on the same cache machinery: AR, BD3LM, MDLM (SPEC §4.8).
+"""Block baseline samplers on the same cache machinery: BD3LM, MDLM (SPEC §4.8); the row
+helpers the AR sampler (`ar_sampler.py`) shares with them.
 
 Each is one jitted pure function with a `jax.lax.while_loop` over fixed shapes and per-row state,
 and returns a `SampleOutput` like the set sampler (compaction of leftover masks, EOS stop).
 
-AR      causal; the prompt pass gives the first token, then one call per token feeding the last
-        token against the KV cache: N new tokens = N forward calls. Processors see prompt +
-        generated. A row stops after generating EOS (kept; nothing after it).
 BD3LM   the prompt is encoded first (1 call) with the grid rule; blocks of S positions start at
         the end of each row's prompt; each block runs min(T, S) predict-and-noise steps over its
         own positions; attention is always floor(k/S) <= floor(q/S) on absolute positions (cache
@@ -19,7 +17,7 @@ MDLM    no cache: every step feeds the whole canvas (prompt + N masks, right-pad
         (N for T = G). (The reference's `use_cache=true` quirk of re-encoding the prompt is not
         reproduced, nor is its last sub-block running past N into the M padding when the span
         does not end on a sub-block boundary: ours never decodes more than N tokens.)
-Every loop takes N as an argument: AR / BD3LM pad their canvas to P + N bucketed by
+Every loop takes N as an argument (AR too): AR / BD3LM pad their canvas to P + N bucketed by
 `cfg.length_buckets` (never attended nor generated; the output is cut back to P + N), so
 generation lengths in one bucket share a compiled program with unchanged tokens; MDLM attends its
 padding, so only its N argument is shared (one program across N with a `block_size` and the
@@ -48,7 +46,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from setdiff_jax.diffusion import masks
-from setdiff_jax.models.layers import suppress_mask_logit
 from setdiff_jax.sampling import placement, policies, processors
 from setdiff_jax.sampling.cache import KVCache, append, as_forward, bind, prefill
 from setdiff_jax.sampling.config import SampleOutput, SamplerConfig, bucket_length, step_counts
@@ -56,7 +53,7 @@ from setdiff_jax.sampling.set_inputs import _as_rows, check_prompts, prompt_widt
 from setdiff_jax.sampling.set_sampler import _key, finalize
 
 
-def _prompt_arrays(prompts, cfg: SamplerConfig, n: int, total: int | None = None,
+def prompt_arrays(prompts, cfg: SamplerConfig, n: int, total: int | None = None,
                    bucket: bool = True):
   """Left-aligned prompts: prompt int32 [B, Pmax] (pad), plen int32 [B]; canvas int32 [B, Lc]
   (prompt ++ M*N, M after), target bool [B, Lc]; Lc = max(Pmax + N, total). With `bucket`,
@@ -77,7 +74,7 @@ def _prompt_arrays(prompts, cfg: SamplerConfig, n: int, total: int | None = None
   return prompt, plen, canvas, target
 
 
-def _gen_width(prompts, cfg: SamplerConfig, n: int) -> int:
+def gen_width(prompts, cfg: SamplerConfig, n: int) -> int:
   """AR / BD3LM canvas width: the bucketed prompt width + N bucketed by `cfg.length_buckets`
   (within `cfg.max_length`), so that several generation lengths share one compiled loop; the
   slots past P + N are never attended nor generated and `_out` cuts them off."""
@@ -89,12 +86,12 @@ def _gen_width(prompts, cfg: SamplerConfig, n: int) -> int:
   return pmax + max(room, n)
 
 
-def _loop_cfg(cfg: SamplerConfig) -> SamplerConfig:
+def loop_cfg(cfg: SamplerConfig) -> SamplerConfig:
   """The static config of a loop that takes N as an argument (N and L stay host-side)."""
   return cfg.static().replace(max_new_tokens=1, max_length=None)
 
 
-def _out(res, target, cfg: SamplerConfig, width: int | None = None) -> SampleOutput:
+def sample_output(res, target, cfg: SamplerConfig, width: int | None = None) -> SampleOutput:
   """The SampleOutput of a loop's results; `width` cuts the canvas to the unbucketed P + N."""
   if width is not None:
     target = target[:, :width]
@@ -106,96 +103,6 @@ def _out(res, target, cfg: SamplerConfig, width: int | None = None) -> SampleOut
     valid[b, :plen[b]] = True
   valid |= target
   return finalize(res, target, valid, cfg)
-
-
-# ----------------------------------------------------------------------------- AR
-@flax.struct.dataclass
-class _ARState:
-  canvas: jax.Array
-  cache: KVCache
-  n_gen: jax.Array
-  done: jax.Array
-  calls: jax.Array
-  stopped: jax.Array
-  key: jax.Array
-  logprob: jax.Array  # fp32 [B, Lc]: log-probability of each generated token
-
-
-def _ar_choose(logits, canvas, seen_upto, key, cfg: SamplerConfig):
-  """(next token int32 [B], its log-probability fp32 [B]) from logits [B, V]; history = canvas
-  positions < seen_upto [B]."""
-  z = logits
-  if cfg.repetition_penalty != 1.0:
-    hist = jnp.arange(canvas.shape[1])[None] < seen_upto[:, None]
-    z = processors.repetition_penalty(z, processors.seen_tokens(canvas, hist, z.shape[-1]),
-                                      cfg.repetition_penalty)
-  z = suppress_mask_logit(z, cfg.mask_token_id)
-  cand, _, logp = processors.choose(z, key, cfg)
-  return cand, logp
-
-
-@functools.partial(jax.jit, static_argnames=("apply", "cfg", "stop_eos"))
-def _ar_core(apply, params, prompt, plen, canvas, n, key, *, cfg: SamplerConfig, stop_eos: bool):
-  """n: int32 [] new tokens (an argument: the canvas [B, Lc] may be wider, `_gen_width`)."""
-  fwd = bind(apply, params)
-  b, pmax = prompt.shape
-  lc = canvas.shape[1]
-  rows = jnp.arange(b)
-  pos = jnp.broadcast_to(jnp.arange(pmax, dtype=jnp.int32), (b, pmax))
-  cache, logits = prefill(fwd, prompt, pos, pos < plen[:, None], lc, want_logits=True)
-  last = jnp.take_along_axis(logits, (plen - 1)[:, None, None], 1)[:, 0]
-  key, sub = jax.random.split(key)
-  tok, lp = _ar_choose(last, canvas, plen, sub, cfg)
-  canvas = canvas.at[rows, plen].set(tok)
-  logprob = jnp.zeros(canvas.shape, jnp.float32).at[rows, plen].set(lp)
-  n_gen = jnp.ones((b,), jnp.int32)
-  stopped = (tok == cfg.eos_token_id) if stop_eos else jnp.zeros((b,), bool)
-  state = _ARState(canvas=canvas, cache=cache, n_gen=n_gen, done=(n_gen >= n) | stopped,
-                   calls=jnp.ones((b,), jnp.int32), stopped=stopped, key=key, logprob=logprob)
-
-  def body(s: _ARState):
-    live = ~s.done
-    cur = plen + s.n_gen - 1  # position of the last token
-    tokens = jnp.take_along_axis(s.canvas, cur[:, None], -1)
-    mask = jnp.concatenate([s.cache.valid, jnp.ones((b, 1), bool)], -1)[:, None, :]
-    logits, kv = fwd.apply(fwd.params, tokens, cur[:, None], mask, s.cache.kv, 0)
-    cache = append(s.cache, kv, cur[:, None], live.astype(jnp.int32))
-    key, sub = jax.random.split(s.key)
-    tok, lp = _ar_choose(logits[:, 0], s.canvas, cur + 1, sub, cfg)
-    nxt = jnp.where(live, cur + 1, lc)  # dropped when not live
-    canvas = s.canvas.at[rows, nxt].set(tok, mode="drop")
-    logprob = s.logprob.at[rows, nxt].set(lp, mode="drop")
-    n_gen = s.n_gen + live.astype(jnp.int32)
-    stopped = s.stopped | (live & (tok == cfg.eos_token_id)) if stop_eos else s.stopped
-    return _ARState(canvas=canvas, cache=cache, n_gen=n_gen, done=s.done | (n_gen >= n) | stopped,
-                    calls=s.calls + live.astype(jnp.int32), stopped=stopped, key=key,
-                    logprob=logprob)
-
-  state = jax.lax.while_loop(lambda s: jnp.any(~s.done), body, state)
-  idx = jnp.arange(lc)[None] - plen[:, None]
-  commit_step = jnp.where((idx >= 0) & (idx < state.n_gen[:, None]), idx, -1)
-  return dict(canvas=state.canvas, commit_step=commit_step, num_steps=state.n_gen,
-              forward_calls=state.calls, num_committed=state.n_gen, stopped=state.stopped,
-              plen=plen, token_logprob=state.logprob)
-
-
-def ar_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> SampleOutput:
-  """Autoregressive decoding with a KV cache (SPEC §4.8, DiT path): N calls for N tokens."""
-  n = cfg.max_new_tokens
-  prompt, plen, canvas, target = _prompt_arrays(prompts, cfg, n, _gen_width(prompts, cfg, n))
-  fwd = as_forward(model, params)
-  stop = cfg.stops_at_eos
-  mesh = placement.mesh_of(fwd.params)  # the params' mesh: rows split over (data, fsdp)
-  with placement.on(mesh):
-    res = _ar_core(fwd.apply, fwd.params, *placement.place_rows(mesh, (prompt, plen, canvas)),
-                   placement.place_rows(mesh, np.int32(n)), _key(rng, cfg), cfg=_loop_cfg(cfg),
-                   stop_eos=stop)
-  out = _out(jax.device_get(res), target, cfg, prompt.shape[1] + n)
-  # The cache holds the prompt, then each generated token in turn: its position is its rank.
-  lc = out.target.shape[1]
-  known = (np.arange(lc)[None] < plen[:, None]) | (out.commit_step >= 0)
-  out.cache_order = np.where(known, np.arange(lc)[None], -1).astype(np.int32)
-  return out
 
 
 # ----------------------------------------------------------------------------- BD3LM / MDLM
@@ -269,7 +176,7 @@ def _first_slots(kv, n: int, axis: int):
 @functools.partial(jax.jit, static_argnames=("apply", "cfg", "g", "stop_eos"))
 def _bd3lm_core(apply, params, prompt, plen, canvas, target, counts, n, key, *,
                 cfg: SamplerConfig, g: int, stop_eos: bool):
-  """n: int32 [] new tokens (an argument: the canvas [B, Lc] may be wider, `_gen_width`)."""
+  """n: int32 [] new tokens (an argument: the canvas [B, Lc] may be wider, `gen_width`)."""
   fwd = bind(apply, params)
   b, pmax = prompt.shape
   lc = canvas.shape[1]
@@ -342,7 +249,7 @@ def bd3lm_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> Samp
     raise ValueError("bd3lm_generate needs cfg.block_size (the trained block size S)")
   g = int(cfg.block_size)
   n = cfg.max_new_tokens
-  prompt, plen, canvas, target = _prompt_arrays(prompts, cfg, n, _gen_width(prompts, cfg, n))
+  prompt, plen, canvas, target = prompt_arrays(prompts, cfg, n, gen_width(prompts, cfg, n))
   counts = step_counts(g, cfg.num_steps)[None].astype(np.int32)
   fwd = as_forward(model, params)
   stop = cfg.stops_at_eos
@@ -351,8 +258,8 @@ def bd3lm_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> Samp
     res = _bd3lm_core(fwd.apply, fwd.params,
                       *placement.place_rows(mesh, (prompt, plen, canvas, target)), counts,
                       placement.place_rows(mesh, np.int32(n)), _key(rng, cfg),
-                      cfg=_loop_cfg(cfg), g=g, stop_eos=stop)
-  out = _out(jax.device_get(res), target, cfg, prompt.shape[1] + n)
+                      cfg=loop_cfg(cfg), g=g, stop_eos=stop)
+  out = sample_output(jax.device_get(res), target, cfg, prompt.shape[1] + n)
   out.cache_order = block_cache_calls(plen, out.target, out.commit_step, g, cfg.align_to_blocks)
   return out
 
@@ -410,7 +317,7 @@ def mdlm_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> Sampl
   total = cfg.max_length if (cfg.mdlm_pad_to_max_length and cfg.max_length) else None
   # No bucketing: MDLM attends the M padding after the prompts, so its width is part of the
   # result (padded to max_length by default, which compiles one program anyway).
-  _, plen, canvas, target = _prompt_arrays(prompts, cfg, n, total, bucket=False)
+  _, plen, canvas, target = prompt_arrays(prompts, cfg, n, total, bucket=False)
   counts = step_counts(g, cfg.num_steps)[None].astype(np.int32)
   fwd = as_forward(model, params)
   stop = cfg.stops_at_eos
@@ -418,8 +325,8 @@ def mdlm_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> Sampl
   with placement.on(mesh):
     res = _mdlm_core(fwd.apply, fwd.params, *placement.place_rows(mesh, (plen, canvas, target)),
                      counts, placement.place_rows(mesh, np.int32(n)), _key(rng, cfg),
-                     cfg=_loop_cfg(cfg), g=g, stop_eos=stop)
-  return _out(dict(res), target, cfg)
+                     cfg=loop_cfg(cfg), g=g, stop_eos=stop)
+  return sample_output(dict(res), target, cfg)
 
 
-__all__ = ["ar_generate", "bd3lm_generate", "mdlm_generate"]
+__all__ = ["bd3lm_generate", "mdlm_generate"]

@@ -1,0 +1,112 @@
+"""The AR baseline sampler on the cache machinery (SPEC §4.8, DiT path).
+
+Causal: the prompt pass gives the first token, then one call per token feeding the last token
+against the KV cache: N new tokens = N forward calls. Processors see prompt + generated. A row
+stops after generating EOS (kept; nothing after it). N is a loop argument and the canvas is padded
+to P + N bucketed by `cfg.length_buckets` (`baselines.gen_width`), so generation lengths in one
+bucket share a compiled program with unchanged tokens.
+"""
+from __future__ import annotations
+
+import functools
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from setdiff_jax.models.layers import suppress_mask_logit
+from setdiff_jax.sampling import placement, processors
+from setdiff_jax.sampling.baselines import gen_width, loop_cfg, prompt_arrays, sample_output
+from setdiff_jax.sampling.cache import KVCache, append, as_forward, bind, prefill
+from setdiff_jax.sampling.config import SampleOutput, SamplerConfig
+from setdiff_jax.sampling.set_sampler import _key
+
+
+@flax.struct.dataclass
+class _ARState:
+  canvas: jax.Array
+  cache: KVCache
+  n_gen: jax.Array
+  done: jax.Array
+  calls: jax.Array
+  stopped: jax.Array
+  key: jax.Array
+  logprob: jax.Array  # fp32 [B, Lc]: log-probability of each generated token
+
+
+def _ar_choose(logits, canvas, seen_upto, key, cfg: SamplerConfig):
+  """(next token int32 [B], its log-probability fp32 [B]) from logits [B, V]; history = canvas
+  positions < seen_upto [B]."""
+  z = logits
+  if cfg.repetition_penalty != 1.0:
+    hist = jnp.arange(canvas.shape[1])[None] < seen_upto[:, None]
+    z = processors.repetition_penalty(z, processors.seen_tokens(canvas, hist, z.shape[-1]),
+                                      cfg.repetition_penalty)
+  z = suppress_mask_logit(z, cfg.mask_token_id)
+  cand, _, logp = processors.choose(z, key, cfg)
+  return cand, logp
+
+
+@functools.partial(jax.jit, static_argnames=("apply", "cfg", "stop_eos"))
+def _ar_core(apply, params, prompt, plen, canvas, n, key, *, cfg: SamplerConfig, stop_eos: bool):
+  """n: int32 [] new tokens (an argument: the canvas [B, Lc] may be wider, `gen_width`)."""
+  fwd = bind(apply, params)
+  b, pmax = prompt.shape
+  lc = canvas.shape[1]
+  rows = jnp.arange(b)
+  pos = jnp.broadcast_to(jnp.arange(pmax, dtype=jnp.int32), (b, pmax))
+  cache, logits = prefill(fwd, prompt, pos, pos < plen[:, None], lc, want_logits=True)
+  last = jnp.take_along_axis(logits, (plen - 1)[:, None, None], 1)[:, 0]
+  key, sub = jax.random.split(key)
+  tok, lp = _ar_choose(last, canvas, plen, sub, cfg)
+  canvas = canvas.at[rows, plen].set(tok)
+  logprob = jnp.zeros(canvas.shape, jnp.float32).at[rows, plen].set(lp)
+  n_gen = jnp.ones((b,), jnp.int32)
+  stopped = (tok == cfg.eos_token_id) if stop_eos else jnp.zeros((b,), bool)
+  state = _ARState(canvas=canvas, cache=cache, n_gen=n_gen, done=(n_gen >= n) | stopped,
+                   calls=jnp.ones((b,), jnp.int32), stopped=stopped, key=key, logprob=logprob)
+
+  def body(s: _ARState):
+    live = ~s.done
+    cur = plen + s.n_gen - 1  # position of the last token
+    tokens = jnp.take_along_axis(s.canvas, cur[:, None], -1)
+    mask = jnp.concatenate([s.cache.valid, jnp.ones((b, 1), bool)], -1)[:, None, :]
+    logits, kv = fwd.apply(fwd.params, tokens, cur[:, None], mask, s.cache.kv, 0)
+    cache = append(s.cache, kv, cur[:, None], live.astype(jnp.int32))
+    key, sub = jax.random.split(s.key)
+    tok, lp = _ar_choose(logits[:, 0], s.canvas, cur + 1, sub, cfg)
+    nxt = jnp.where(live, cur + 1, lc)  # dropped when not live
+    canvas = s.canvas.at[rows, nxt].set(tok, mode="drop")
+    logprob = s.logprob.at[rows, nxt].set(lp, mode="drop")
+    n_gen = s.n_gen + live.astype(jnp.int32)
+    stopped = s.stopped | (live & (tok == cfg.eos_token_id)) if stop_eos else s.stopped
+    return _ARState(canvas=canvas, cache=cache, n_gen=n_gen, done=s.done | (n_gen >= n) | stopped,
+                    calls=s.calls + live.astype(jnp.int32), stopped=stopped, key=key,
+                    logprob=logprob)
+
+  state = jax.lax.while_loop(lambda s: jnp.any(~s.done), body, state)
+  idx = jnp.arange(lc)[None] - plen[:, None]
+  commit_step = jnp.where((idx >= 0) & (idx < state.n_gen[:, None]), idx, -1)
+  return dict(canvas=state.canvas, commit_step=commit_step, num_steps=state.n_gen,
+              forward_calls=state.calls, num_committed=state.n_gen, stopped=state.stopped,
+              plen=plen, token_logprob=state.logprob)
+
+
+def ar_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> SampleOutput:
+  """Autoregressive decoding with a KV cache (SPEC §4.8, DiT path): N calls for N tokens."""
+  n = cfg.max_new_tokens
+  prompt, plen, canvas, target = prompt_arrays(prompts, cfg, n, gen_width(prompts, cfg, n))
+  fwd = as_forward(model, params)
+  stop = cfg.stops_at_eos
+  mesh = placement.mesh_of(fwd.params)  # the params' mesh: rows split over (data, fsdp)
+  with placement.on(mesh):
+    res = _ar_core(fwd.apply, fwd.params, *placement.place_rows(mesh, (prompt, plen, canvas)),
+                   placement.place_rows(mesh, np.int32(n)), _key(rng, cfg), cfg=loop_cfg(cfg),
+                   stop_eos=stop)
+  out = sample_output(jax.device_get(res), target, cfg, prompt.shape[1] + n)
+  # The cache holds the prompt, then each generated token in turn: its position is its rank.
+  lc = out.target.shape[1]
+  known = (np.arange(lc)[None] < plen[:, None]) | (out.commit_step >= 0)
+  out.cache_order = np.where(known, np.arange(lc)[None], -1).astype(np.int32)
+  return out
