@@ -34,6 +34,7 @@ reports; at the end OUT.json holds them all and OUT.md the table, which is also 
 --tiny shrinks every shape (CPU, under a minute or two); --sections picks sections; --budget_s
 skips the sections that would start after that many seconds (recorded as skipped).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,9 +54,20 @@ import numpy as np  # noqa: E402
 
 SECTIONS = ("device", "attention", "train", "decode", "stack")
 # Published dense bf16 peaks per chip, TFLOP/s (vendor data sheets; matched on device_kind).
-PEAKS = (("H200", 989.0), ("H100", 989.0), ("A100", 312.0), ("L40S", 362.0), ("L4", 121.0),
-         ("A10G", 125.0), ("TPU v6", 918.0), ("TPU v5p", 459.0), ("TPU v5 lite", 197.0),
-         ("TPU v5e", 197.0), ("TPU v4", 275.0), ("TPU v3", 123.0))
+PEAKS = (
+  ("H200", 989.0),
+  ("H100", 989.0),
+  ("A100", 312.0),
+  ("L40S", 362.0),
+  ("L4", 121.0),
+  ("A10G", 125.0),
+  ("TPU v6", 918.0),
+  ("TPU v5p", 459.0),
+  ("TPU v5 lite", 197.0),
+  ("TPU v5e", 197.0),
+  ("TPU v4", 275.0),
+  ("TPU v3", 123.0),
+)
 
 
 def peak_tflops(kind: str):
@@ -89,40 +101,50 @@ def _median_ms(fn, *args, repeats: int = 3) -> float:
 # ----------------------------------------------------------------------------- sections
 def section_device(args):
   dev = jax.devices()[0]
-  return {"device_kind": dev.device_kind, "device_count": jax.device_count(),
-          "backend": jax.default_backend(), "jax": jax.__version__,
-          "peak_bf16_tflops": peak_tflops(dev.device_kind)}
+  return {
+    "device_kind": dev.device_kind,
+    "device_count": jax.device_count(),
+    "backend": jax.default_backend(),
+    "jax": jax.__version__,
+    "peak_bf16_tflops": peak_tflops(dev.device_kind),
+  }
 
 
 def section_attention(args):
   from setdiff_jax.diffusion import masks
   from setdiff_jax.models import attention
+
   lengths, heads, dh = ((16,), 2, 8) if args.tiny else ((128, 1024), 8, 64)
   rows = []
   for length in lengths:
     b, s = (2 if args.tiny else (16 if length <= 128 else 2)), 2 * length
     for kind in ("set", "block"):
-      static = (masks.set_causal_mask(length) if kind == "set"
-                else masks.block_causal_mask(length, 4))
-      q, k, v, w = [jax.random.normal(x, (b, s, heads, dh)) for x in
-                    jax.random.split(jax.random.key(0), 4)]
+      static = (
+        masks.set_causal_mask(length) if kind == "set" else masks.block_causal_mask(length, 4)
+      )
+      q, k, v, w = [
+        jax.random.normal(x, (b, s, heads, dh)) for x in jax.random.split(jax.random.key(0), 4)
+      ]
       dense = jnp.asarray(static)[None] & masks.two_stream_padding(jnp.ones((b, length), bool))
       ref = None
       for impl in attention.IMPLEMENTATIONS:
         row = {"L": length, "mask": kind, "batch": b, "impl": impl}
         try:
           m = attention.with_tiles(dense, static, impl)
+
           def fwd_bwd(q, k, v, m, impl=impl):
             """The output and the gradients of sum(w * out) wrt q, k, v: one program."""
             out, vjp = jax.vjp(lambda q, k, v: attention.attend(q, k, v, m, impl), q, k, v)
             return out, vjp(w)
+
           fwd_bwd = jax.jit(fwd_bwd)
           out, grads = fwd_bwd(q, k, v, m)
           if ref is None:
             ref = (out, grads)
           row["max_abs_diff_out"] = float(jnp.max(jnp.abs(out - ref[0])))
-          row["max_abs_diff_grad"] = max(float(jnp.max(jnp.abs(a - r)))
-                                         for a, r in zip(grads, ref[1]))
+          row["max_abs_diff_grad"] = max(
+            float(jnp.max(jnp.abs(a - r))) for a, r in zip(grads, ref[1])
+          )
           row["fwd_bwd_ms"] = _median_ms(fwd_bwd, q, k, v, m, repeats=args.repeats)
         except Exception as e:  # an implementation this backend lacks: say which and why
           row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
@@ -136,6 +158,7 @@ def section_train(args):
   from setdiff_jax import models, sharding, train_step
   from setdiff_jax.diffusion import masks
   from setdiff_jax.workdir import config as run_config
+
   config = lm1b_sw.get_config()
   config.model.vocab_size = 30522
   config.batch_size = args.train_batch
@@ -146,8 +169,9 @@ def section_train(args):
   config.warmup_steps = 0
   config.model.dropout = 0.0
   run_config.validate_config(config, jax.device_count())
-  model_cfg, obj_cfg = run_config.model_and_objective(config,
-                                                      tb.fake_tokenizer(config.model.vocab_size))
+  model_cfg, obj_cfg = run_config.model_and_objective(
+    config, tb.fake_tokenizer(config.model.vocab_size)
+  )
   mesh = sharding.make_mesh(config.mesh)
   state, shardings = train_step.create_sharded_state(config, model_cfg, mesh)
   step = train_step.jit_train_step(config, models.build(model_cfg), obj_cfg, mesh, shardings)
@@ -166,31 +190,57 @@ def section_train(args):
   jax.block_until_ready((state, metrics))
   step_s = (time.perf_counter() - t0) / n
   # model FLOPs (module doc): matmul parameters = every parameter of rank >= 2 but the table
-  p_matmul = sum(int(np.prod(x.shape)) for path, x in
-                 jax.tree_util.tree_flatten_with_path(state.params)[0]
-                 if x.ndim >= 2 and "embedding" not in jax.tree_util.keystr(path))
+  p_matmul = sum(
+    int(np.prod(x.shape))
+    for path, x in jax.tree_util.tree_flatten_with_path(state.params)[0]
+    if x.ndim >= 2 and "embedding" not in jax.tree_util.keystr(path)
+  )
   b, length, d = config.batch_size, config.seq_len, config.model.hidden_size
   slots = 2 * length
   frac = float(np.mean(masks.set_causal_mask(length)))
-  flops = 6 * p_matmul * b * slots + 12 * config.model.num_layers * d * b * slots ** 2 * frac
+  flops = 6 * p_matmul * b * slots + 12 * config.model.num_layers * d * b * slots**2 * frac
   peak = peak_tflops(jax.devices()[0].device_kind)
   achieved = flops / step_s
-  return {"layers": config.model.num_layers, "hidden": d, "L": length, "batch": b,
-          "dtype": config.model.dtype, "compile_s": compile_s, "step_ms": 1e3 * step_s,
-          "tokens_per_s": b * length / step_s, "model_tflops_per_step": flops / 1e12,
-          "mask_fraction": frac, "achieved_tflops": achieved / 1e12,
-          "mfu": achieved / (peak * 1e12 * jax.device_count()) if peak else None,
-          "loss": float(metrics["loss"])}
+  return {
+    "layers": config.model.num_layers,
+    "hidden": d,
+    "L": length,
+    "batch": b,
+    "dtype": config.model.dtype,
+    "compile_s": compile_s,
+    "step_ms": 1e3 * step_s,
+    "tokens_per_s": b * length / step_s,
+    "model_tflops_per_step": flops / 1e12,
+    "mask_fraction": frac,
+    "achieved_tflops": achieved / 1e12,
+    "mfu": achieved / (peak * 1e12 * jax.device_count()) if peak else None,
+    "loss": float(metrics["loss"]),
+  }
 
 
 def _qwen3(tiny: bool, **shape):
   from setdiff_jax.models.qwen3 import Qwen3Config
+
   if tiny:
-    base = dict(vocab_size=512, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
-                head_dim=16, intermediate_size=128)
+    base = dict(
+      vocab_size=512,
+      hidden_size=64,
+      num_layers=2,
+      num_heads=4,
+      num_kv_heads=2,
+      head_dim=16,
+      intermediate_size=128,
+    )
   else:
-    base = dict(vocab_size=151936, hidden_size=1024, num_layers=28, num_heads=16, num_kv_heads=8,
-                head_dim=128, intermediate_size=3072)
+    base = dict(
+      vocab_size=151936,
+      hidden_size=1024,
+      num_layers=28,
+      num_heads=16,
+      num_kv_heads=8,
+      head_dim=128,
+      intermediate_size=3072,
+    )
   base.update(shape)
   return Qwen3Config(dtype="bfloat16", **base)
 
@@ -198,6 +248,7 @@ def _qwen3(tiny: bool, **shape):
 def _random_params(cfg, seed: int = 0):
   """Random-init parameters drawn on the device (norm scales 1, matrices N(0, 0.02))."""
   from setdiff_jax import models
+
   shapes = models.param_shapes(cfg)
   leaves, tree = jax.tree_util.tree_flatten_with_path(shapes)
   keys = jax.random.split(jax.random.key(seed), len(leaves))
@@ -211,6 +262,7 @@ def _random_params(cfg, seed: int = 0):
       else:
         out.append(0.02 * jax.random.normal(key, leaf.shape, jnp.float32))
     return out
+
   return jax.tree_util.tree_unflatten(tree, draw(keys))
 
 
@@ -218,16 +270,23 @@ def section_decode(args):
   from setdiff_jax import models
   from setdiff_jax.sampling import SamplerConfig, ar_generate, set_generate
   from setdiff_jax.sampling import compiles
+
   cfg = _qwen3(args.tiny)
   model = models.build(cfg)
   params = _random_params(cfg)
   n, plen, window = (16, 8, 4) if args.tiny else (128, 32, 8)
   mask_id = cfg.vocab_size - 1
-  base = SamplerConfig(mask_token_id=mask_id, eos_token_id=None, pad_token_id=0,
-                       max_new_tokens=n, max_length=plen + n, stop_at_eos=False,
-                       length_buckets="pow2", window=window)
-  runs = [("ar", ar_generate, base), ("setdlm T=N/4", set_generate,
-                                      base.replace(num_steps=n // 4))]
+  base = SamplerConfig(
+    mask_token_id=mask_id,
+    eos_token_id=None,
+    pad_token_id=0,
+    max_new_tokens=n,
+    max_length=plen + n,
+    stop_at_eos=False,
+    length_buckets="pow2",
+    window=window,
+  )
+  runs = [("ar", ar_generate, base), ("setdlm T=N/4", set_generate, base.replace(num_steps=n // 4))]
   rows = []
   rng = np.random.default_rng(0)
   for batch in (1, 64 if not args.tiny else 8):
@@ -244,32 +303,42 @@ def section_decode(args):
         times.append(time.perf_counter() - t0)
       sec = statistics.median(times)
       calls = float(np.mean(out.forward_calls))
-      rows.append({"sampler": name, "batch": batch, "new_tokens": n,
-                   "kept_tokens_per_call": float(np.sum(out.num_committed)) / float(
-                       np.sum(out.forward_calls)),
-                   "tokens_per_s": out.num_generated / sec, "ms_per_step": 1e3 * sec / calls,
-                   "forward_calls": calls,
-                   "compiled_programs": compiles.compiled_programs() - before,
-                   "seconds_with_compile": cold})
-  return {"model": "qwen3-0.6B-shaped random init" if not args.tiny else "qwen3 tiny",
-          "rows": rows}
+      rows.append(
+        {
+          "sampler": name,
+          "batch": batch,
+          "new_tokens": n,
+          "kept_tokens_per_call": float(np.sum(out.num_committed))
+          / float(np.sum(out.forward_calls)),
+          "tokens_per_s": out.num_generated / sec,
+          "ms_per_step": 1e3 * sec / calls,
+          "forward_calls": calls,
+          "compiled_programs": compiles.compiled_programs() - before,
+          "seconds_with_compile": cold,
+        }
+      )
+  return {"model": "qwen3-0.6B-shaped random init" if not args.tiny else "qwen3 tiny", "rows": rows}
 
 
 def section_stack(args):
   from setdiff_jax import models
-  cfg = _qwen3(args.tiny, vocab_size=1024 if not args.tiny else 512,
-               **({} if args.tiny else dict(hidden_size=2048, intermediate_size=6144)))
+
+  cfg = _qwen3(
+    args.tiny,
+    vocab_size=1024 if not args.tiny else 512,
+    **({} if args.tiny else dict(hidden_size=2048, intermediate_size=6144)),
+  )
   length = 64 if args.tiny else 1024
   model = models.build(cfg)
   params = _random_params(cfg)
-  tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (1, length)),
-                       jnp.int32)
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (1, length)), jnp.int32)
   positions = jnp.arange(length, dtype=jnp.int32)[None]
   mask = jnp.tril(jnp.ones((1, length, length), bool))
 
   def loss(p):
     logits = model.apply({"params": p}, tokens, positions, mask)
     return jnp.mean(jnp.square(logits.astype(jnp.float32)))
+
   step = jax.jit(jax.value_and_grad(loss))
   t0 = time.perf_counter()
   compiled = step.lower(params).compile()
@@ -277,15 +346,28 @@ def section_stack(args):
   mem = compiled.memory_analysis()
   total = None
   if mem is not None:
-    total = sum(int(getattr(mem, f, 0) or 0) for f in
-                ("argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes"))
-  return {"layers": cfg.num_layers, "hidden": cfg.hidden_size, "L": length, "batch": 1,
-          "compile_s": compile_s, "step_ms": _median_ms(compiled, params, repeats=args.repeats),
-          "compiled_memory_gib": None if total is None else total / 2 ** 30}
+    total = sum(
+      int(getattr(mem, f, 0) or 0)
+      for f in ("argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes")
+    )
+  return {
+    "layers": cfg.num_layers,
+    "hidden": cfg.hidden_size,
+    "L": length,
+    "batch": 1,
+    "compile_s": compile_s,
+    "step_ms": _median_ms(compiled, params, repeats=args.repeats),
+    "compiled_memory_gib": None if total is None else total / 2**30,
+  }
 
 
-RUNNERS = {"device": section_device, "attention": section_attention, "train": section_train,
-           "decode": section_decode, "stack": section_stack}
+RUNNERS = {
+  "device": section_device,
+  "attention": section_attention,
+  "train": section_train,
+  "decode": section_decode,
+  "stack": section_stack,
+}
 
 
 # ----------------------------------------------------------------------------- report
@@ -297,9 +379,11 @@ def markdown(results: dict) -> str:
   lines = []
   dev = results.get("device", {})
   if "device_kind" in dev:
-    lines.append(f"device: {dev['device_count']} x {dev['device_kind']} ({dev['backend']}), "
-                 f"jax {dev['jax']}, published bf16 peak {_f(dev['peak_bf16_tflops'], '.0f')} "
-                 "TFLOP/s per chip")
+    lines.append(
+      f"device: {dev['device_count']} x {dev['device_kind']} ({dev['backend']}), "
+      f"jax {dev['jax']}, published bf16 peak {_f(dev['peak_bf16_tflops'], '.0f')} "
+      "TFLOP/s per chip"
+    )
   for name in SECTIONS[1:]:
     r = results.get(name)
     if r is None:
@@ -309,35 +393,47 @@ def markdown(results: dict) -> str:
       lines.append(f"  {r.get('error') or r.get('skipped')}")
       continue
     if name == "attention":
-      lines += ["| L | mask | batch | impl | fwd+bwd ms | max diff out | max diff grad | error |",
-                "| ---: | --- | ---: | --- | ---: | ---: | ---: | --- |"]
-      lines += [f"| {x['L']} | {x['mask']} | {x['batch']} | {x['impl']} | "
-                f"{_f(x.get('fwd_bwd_ms'))} | {_f(x.get('max_abs_diff_out'), '.1e')} | "
-                f"{_f(x.get('max_abs_diff_grad'), '.1e')} | {x.get('error', '')} |"
-                for x in r["rows"]]
+      lines += [
+        "| L | mask | batch | impl | fwd+bwd ms | max diff out | max diff grad | error |",
+        "| ---: | --- | ---: | --- | ---: | ---: | ---: | --- |",
+      ]
+      lines += [
+        f"| {x['L']} | {x['mask']} | {x['batch']} | {x['impl']} | "
+        f"{_f(x.get('fwd_bwd_ms'))} | {_f(x.get('max_abs_diff_out'), '.1e')} | "
+        f"{_f(x.get('max_abs_diff_grad'), '.1e')} | {x.get('error', '')} |"
+        for x in r["rows"]
+      ]
     elif name == "train":
-      lines += ["| layers x d | L | batch | dtype | ms/step | tok/s | model TFLOP/step | "
-                "TFLOP/s | MFU | compile s |",
-                "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
-                f"| {r['layers']} x {r['hidden']} | {r['L']} | {r['batch']} | {r['dtype']} | "
-                f"{_f(r['step_ms'], '.1f')} | {_f(r['tokens_per_s'], ',.0f')} | "
-                f"{_f(r['model_tflops_per_step'], '.3f')} | {_f(r['achieved_tflops'])} | "
-                f"{_f(r['mfu'], '.1%')} | {_f(r['compile_s'], '.1f')} |"]
+      lines += [
+        "| layers x d | L | batch | dtype | ms/step | tok/s | model TFLOP/step | "
+        "TFLOP/s | MFU | compile s |",
+        "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        f"| {r['layers']} x {r['hidden']} | {r['L']} | {r['batch']} | {r['dtype']} | "
+        f"{_f(r['step_ms'], '.1f')} | {_f(r['tokens_per_s'], ',.0f')} | "
+        f"{_f(r['model_tflops_per_step'], '.3f')} | {_f(r['achieved_tflops'])} | "
+        f"{_f(r['mfu'], '.1%')} | {_f(r['compile_s'], '.1f')} |",
+      ]
     elif name == "decode":
-      lines += [f"model: {r['model']}",
-                "| sampler | batch | kept tok/call | tok/s | ms/step | calls | programs | "
-                "s with compile |",
-                "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-      lines += [f"| {x['sampler']} | {x['batch']} | {_f(x['kept_tokens_per_call'])} | "
-                f"{_f(x['tokens_per_s'], ',.1f')} | {_f(x['ms_per_step'])} | "
-                f"{_f(x['forward_calls'], '.0f')} | {x['compiled_programs']} | "
-                f"{_f(x['seconds_with_compile'], '.1f')} |" for x in r["rows"]]
+      lines += [
+        f"model: {r['model']}",
+        "| sampler | batch | kept tok/call | tok/s | ms/step | calls | programs | s with compile |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+      ]
+      lines += [
+        f"| {x['sampler']} | {x['batch']} | {_f(x['kept_tokens_per_call'])} | "
+        f"{_f(x['tokens_per_s'], ',.1f')} | {_f(x['ms_per_step'])} | "
+        f"{_f(x['forward_calls'], '.0f')} | {x['compiled_programs']} | "
+        f"{_f(x['seconds_with_compile'], '.1f')} |"
+        for x in r["rows"]
+      ]
     elif name == "stack":
-      lines += ["| layers x d | L | batch | fwd+bwd ms | compiled memory GiB | compile s |",
-                "| --- | ---: | ---: | ---: | ---: | ---: |",
-                f"| {r['layers']} x {r['hidden']} | {r['L']} | {r['batch']} | "
-                f"{_f(r['step_ms'], '.1f')} | {_f(r['compiled_memory_gib'])} | "
-                f"{_f(r['compile_s'], '.1f')} |"]
+      lines += [
+        "| layers x d | L | batch | fwd+bwd ms | compiled memory GiB | compile s |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        f"| {r['layers']} x {r['hidden']} | {r['L']} | {r['batch']} | "
+        f"{_f(r['step_ms'], '.1f')} | {_f(r['compiled_memory_gib'])} | "
+        f"{_f(r['compile_s'], '.1f')} |",
+      ]
   return "\n".join(lines)
 
 
@@ -361,14 +457,19 @@ def main(argv=None) -> dict:
         try:
           result = RUNNERS[name](args)
         except Exception as e:  # one broken section never loses the others
-          result = {"error": f"{type(e).__name__}: {e}"[:500],
-                    "traceback": traceback.format_exc()[-2000:]}
+          result = {
+            "error": f"{type(e).__name__}: {e}"[:500],
+            "traceback": traceback.format_exc()[-2000:],
+          }
       result["section_seconds"] = time.perf_counter() - t0
       results[name] = result
       log.write(json.dumps({"section": name, "tiny": args.tiny, **result}) + "\n")
       log.flush()
-      print(f"[{time.perf_counter() - start:6.1f} s] {name} done"
-            f"{' (' + result['error'] + ')' if 'error' in result else ''}", flush=True)
+      print(
+        f"[{time.perf_counter() - start:6.1f} s] {name} done"
+        f"{' (' + result['error'] + ')' if 'error' in result else ''}",
+        flush=True,
+      )
   table = markdown(results)
   with open(args.out + ".json", "w") as f:
     json.dump(results, f, indent=1)

@@ -9,6 +9,7 @@ interleaved repeats, median (and min) wall time and the process CPU time (robust
 machine). `splash` runs the Pallas kernel on TPU and falls back to blocksparse elsewhere. Prints
 a markdown table with the fraction of needed tiles.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,8 +48,11 @@ def main(argv=None):
     b = args.batch_size or (16 if length <= 128 else 2)
     s = 2 * length
     for kind in args.masks.split(","):
-      static = (masks.set_causal_mask(length) if kind == "set"
-                else masks.block_causal_mask(length, args.block_size))
+      static = (
+        masks.set_causal_mask(length)
+        if kind == "set"
+        else masks.block_causal_mask(length, args.block_size)
+      )
       ks = jax.random.split(jax.random.key(0), 4)
       q, k, v, w = [jax.random.normal(x, (b, s, args.num_heads, args.head_dim)) for x in ks]
       dense = jnp.asarray(static)[None] & masks.two_stream_padding(jnp.ones((b, length), bool))
@@ -71,17 +75,35 @@ def main(argv=None):
       base = statistics.median(times[impls[0]][0])
       for impl in impls:
         wall, cpu = times[impl]
-        rows.append((length, kind, b, impl, tile, frac, statistics.median(wall), min(wall),
-                     statistics.median(cpu), base / statistics.median(wall)))
+        rows.append(
+          (
+            length,
+            kind,
+            b,
+            impl,
+            tile,
+            frac,
+            statistics.median(wall),
+            min(wall),
+            statistics.median(cpu),
+            base / statistics.median(wall),
+          )
+        )
         print(rows[-1], flush=True)
-  print(f"\n{jax.devices()[0].device_kind} ({jax.default_backend()}), jax {jax.__version__}, "
-        f"load {os.getloadavg()[0]:.2f}; {args.num_heads} heads x {args.head_dim}, fp32, fwd+bwd")
-  print("| L (2L slots) | mask | batch | impl | tile | tiles needed | median ms | min ms | "
-        f"cpu ms | speed vs {impls[0]} |")
+  print(
+    f"\n{jax.devices()[0].device_kind} ({jax.default_backend()}), jax {jax.__version__}, "
+    f"load {os.getloadavg()[0]:.2f}; {args.num_heads} heads x {args.head_dim}, fp32, fwd+bwd"
+  )
+  print(
+    "| L (2L slots) | mask | batch | impl | tile | tiles needed | median ms | min ms | "
+    f"cpu ms | speed vs {impls[0]} |"
+  )
   print("| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
   for r in rows:
-    print(f"| {r[0]} ({2 * r[0]}) | {r[1]} | {r[2]} | {r[3]} | {r[4]} | {r[5]:.1%} | "
-          f"{1e3 * r[6]:.1f} | {1e3 * r[7]:.1f} | {1e3 * r[8]:.1f} | {r[9]:.2f}x |")
+    print(
+      f"| {r[0]} ({2 * r[0]}) | {r[1]} | {r[2]} | {r[3]} | {r[4]} | {r[5]:.1%} | "
+      f"{1e3 * r[6]:.1f} | {1e3 * r[7]:.1f} | {1e3 * r[8]:.1f} | {r[9]:.2f}x |"
+    )
 
 
 if __name__ == "__main__":

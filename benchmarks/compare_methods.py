@@ -21,6 +21,7 @@ Writes to --output_dir: results.json (everything), results.md (tables, command, 
 speed_quality.png (tokens/s vs generative PPL, and infill tokens/s vs ROUGE-L), runs/<method>/ (the
 training workdirs; re-running resumes / skips finished training) and tokenizer/.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,8 +46,13 @@ from setdiff_jax.evaluation import generation, run  # noqa: E402
 from setdiff_jax.evaluation.results import hardware  # noqa: E402
 from setdiff_jax.evaluation.tables import markdown_table  # noqa: E402
 
-DEFAULT_CLOZE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..",
-                             "shared", "data", "rocstories-cloze-val-2016.csv")
+DEFAULT_CLOZE = os.path.join(
+  os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+  "..",
+  "shared",
+  "data",
+  "rocstories-cloze-val-2016.csv",
+)
 SPEED_THRESHOLDS = (None, 0.9, 0.7, 0.5)  # the table reports off and 0.9; the plot the sweep
 INFILL_THRESHOLDS = (None, 0.9, 0.7)
 INFILL_REPETITION_PENALTY = 1.2  # the paper's ROCStories runs (SPEC §4.6), history = visible
@@ -55,24 +61,42 @@ INFILL_REPETITION_PENALTY = 1.2  # the paper's ROCStories runs (SPEC §4.6), his
 def parse_args(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--output_dir", default="/tmp/setdiff_compare")
-  p.add_argument("--quick", action="store_true",
-                 help="tiny models, a few steps and examples: checks the pipeline, not the methods")
-  p.add_argument("--methods", default=",".join(compare.METHODS),
-                 help="comma-separated: ar, mdlm, bd3lm<S>, setdlm<S> (ar first: it is the judge)")
+  p.add_argument(
+    "--quick",
+    action="store_true",
+    help="tiny models, a few steps and examples: checks the pipeline, not the methods",
+  )
+  p.add_argument(
+    "--methods",
+    default=",".join(compare.METHODS),
+    help="comma-separated: ar, mdlm, bd3lm<S>, setdlm<S> (ar first: it is the judge)",
+  )
   p.add_argument("--steps", type=int, default=None, help="training steps (default 700; quick 3)")
   p.add_argument("--batch_size", type=int, default=None, help="training batch (default 16)")
   p.add_argument("--seed", type=int, default=0, help="init / data / sampling seed of every run")
   p.add_argument("--num_orders", type=int, default=None, help="K of the K-order estimate (4)")
-  p.add_argument("--max_rows", type=int, default=None,
-                 help="validation rows for the likelihood (default: all; quick 16)")
+  p.add_argument(
+    "--max_rows",
+    type=int,
+    default=None,
+    help="validation rows for the likelihood (default: all; quick 16)",
+  )
   p.add_argument("--num_infill", type=int, default=None, help="examples per infill set (48)")
-  p.add_argument("--num_samples", type=int, default=None,
-                 help="samples per setting for generative PPL (16; drawn at batch 8)")
+  p.add_argument(
+    "--num_samples",
+    type=int,
+    default=None,
+    help="samples per setting for generative PPL (16; drawn at batch 8)",
+  )
   p.add_argument("--repeats", type=int, default=None, help="timed batch-1 calls per setting (3)")
-  p.add_argument("--top_p", type=float, default=1.0,
-                 help="nucleus mass for the speed / sample runs (1 = plain sampling; a nucleus "
-                      "sorts the vocabulary at every masked position, which on CPU dominates "
-                      "MDLM's steps)")
+  p.add_argument(
+    "--top_p",
+    type=float,
+    default=1.0,
+    help="nucleus mass for the speed / sample runs (1 = plain sampling; a nucleus "
+    "sorts the vocabulary at every masked position, which on CPU dominates "
+    "MDLM's steps)",
+  )
   p.add_argument("--cloze_path", default=DEFAULT_CLOZE)
   return p.parse_args(argv)
 
@@ -81,6 +105,7 @@ def parse_args(argv=None):
 def _jax_settings(settings: Dict[str, Any]):
   """Temporarily changes jax config values (restored afterwards)."""
   from jax.experimental.compilation_cache import compilation_cache
+
   previous = {k: jax.config.values[k] for k in settings}
   for k, v in settings.items():
     jax.config.update(k, v)
@@ -95,17 +120,46 @@ def _jax_settings(settings: Dict[str, Any]):
 
 def plan(args) -> Dict[str, Any]:
   """Sizes of this run (full or quick), after the command-line overrides."""
-  p = dict(steps=700, batch_size=16, num_orders=4, max_rows=None, num_infill=48, num_samples=16,
-           repeats=3, speed_batch_sizes=(1, 8), infill_batch_size=8, max_new_tokens=None,
-           infill_sets=("1sent", "3sent", "corpus"), infill_thresholds=INFILL_THRESHOLDS,
-           speed_thresholds=SPEED_THRESHOLDS)
+  p = dict(
+    steps=700,
+    batch_size=16,
+    num_orders=4,
+    max_rows=None,
+    num_infill=48,
+    num_samples=16,
+    repeats=3,
+    speed_batch_sizes=(1, 8),
+    infill_batch_size=8,
+    max_new_tokens=None,
+    infill_sets=("1sent", "3sent", "corpus"),
+    infill_thresholds=INFILL_THRESHOLDS,
+    speed_thresholds=SPEED_THRESHOLDS,
+  )
   if args.quick:  # one compile per decoder and setting: compilation dominates at this size
-    p.update(steps=3, batch_size=8, num_orders=2, max_rows=16, num_infill=3, num_samples=2,
-             repeats=1, speed_batch_sizes=(2,), infill_batch_size=3, infill_sets=("1sent",),
-             max_new_tokens=16, speed_thresholds=(None, 0.9),
-             infill_thresholds=(None,))
-  for k in ("steps", "batch_size", "num_orders", "max_rows", "num_infill", "num_samples",
-            "repeats"):
+    p.update(
+      steps=3,
+      batch_size=8,
+      num_orders=2,
+      max_rows=16,
+      num_infill=3,
+      num_samples=2,
+      repeats=1,
+      speed_batch_sizes=(2,),
+      infill_batch_size=3,
+      infill_sets=("1sent",),
+      max_new_tokens=16,
+      speed_thresholds=(None, 0.9),
+      infill_thresholds=(None,),
+    )
+  for k in (
+    "steps",
+    "batch_size",
+    "num_orders",
+    "max_rows",
+    "num_infill",
+    "num_samples",
+    "repeats",
+  ):
     if getattr(args, k) is not None:
       p[k] = getattr(args, k)
   return p
@@ -156,13 +210,18 @@ def train_method(method: str, config, out_dir: str, tok_dir: str, log) -> Dict[s
       return info
   t0 = time.perf_counter()
   metrics = train.train_and_evaluate(config, workdir)
-  info = {"workdir": workdir, "steps": int(config.num_train_steps),
-          "train_seconds": time.perf_counter() - t0,
-          "final": {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}}
+  info = {
+    "workdir": workdir,
+    "steps": int(config.num_train_steps),
+    "train_seconds": time.perf_counter() - t0,
+    "final": {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))},
+  }
   with open(info_path, "w") as f:
     json.dump(info, f, indent=2)
-  log(f"[{method}] trained in {info['train_seconds']:.0f}s: "
-      f"{ {k: round(v, 3) for k, v in info['final'].items()} }")
+  log(
+    f"[{method}] trained in {info['train_seconds']:.0f}s: "
+    f"{ {k: round(v, 3) for k, v in info['final'].items()} }"
+  )
   return info
 
 
@@ -171,21 +230,30 @@ def evaluate_method(method: str, workdir: str, judge, args, p: Dict[str, Any], l
   state = workdir_lib.load_inference_state(workdir, use_ema=False)
   oc = state.objective_config
   lik_model, gen_model = run._models(state)
-  res: Dict[str, Any] = {"method": method, "objective": oc.name,
-                         "num_params": int(sum(np.prod(x.shape) for x in
-                                               jax.tree_util.tree_leaves(state.params)))}
-  opts = run.EvalOptions(num_orders=p["num_orders"], max_rows=p["max_rows"],
-                         cloze_path=args.cloze_path, num_infill=p["num_infill"],
-                         infill_batch_size=p["infill_batch_size"],
-                         infill_settings=p["infill_sets"],
-                         infill_thresholds=p["infill_thresholds"],
-                         repetition_penalty=INFILL_REPETITION_PENALTY, penalty_history="visible",
-                         sampling_seed=args.seed)
+  res: Dict[str, Any] = {
+    "method": method,
+    "objective": oc.name,
+    "num_params": int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(state.params))),
+  }
+  opts = run.EvalOptions(
+    num_orders=p["num_orders"],
+    max_rows=p["max_rows"],
+    cloze_path=args.cloze_path,
+    num_infill=p["num_infill"],
+    infill_batch_size=p["infill_batch_size"],
+    infill_settings=p["infill_sets"],
+    infill_thresholds=p["infill_thresholds"],
+    repetition_penalty=INFILL_REPETITION_PENALTY,
+    penalty_history="visible",
+    sampling_seed=args.seed,
+  )
   t0 = time.perf_counter()
   res["likelihood"] = run.run_likelihood(state, opts, lik_model)
-  log(f"[{method}] likelihood: nll {res['likelihood']['nll']:.4f} "
-      f"(K={res['likelihood']['num_draws']}: {res['likelihood']['K_nll']:.4f}) "
-      f"in {time.perf_counter() - t0:.0f}s")
+  log(
+    f"[{method}] likelihood: nll {res['likelihood']['nll']:.4f} "
+    f"(K={res['likelihood']['num_draws']}: {res['likelihood']['K_nll']:.4f}) "
+    f"in {time.perf_counter() - t0:.0f}s"
+  )
 
   t0 = time.perf_counter()
   speed = []
@@ -195,13 +263,22 @@ def evaluate_method(method: str, workdir: str, judge, args, p: Dict[str, Any], l
     for bs in sizes:  # the largest batch also draws the samples that are scored
       big = bs == max(sizes)
       repeats = max(p["repeats"], -(-p["num_samples"] // bs)) if big else p["repeats"]
-      row = generation.measure(gen_model, state.params, state.tokenizer, oc, seq_len, setting,
-                               batch_size=bs, repeats=repeats, seed=args.seed, top_p=args.top_p,
-                               max_new_tokens=p["max_new_tokens"])
-      samples = row.pop("samples")[:p["num_samples"]]
+      row = generation.measure(
+        gen_model,
+        state.params,
+        state.tokenizer,
+        oc,
+        seq_len,
+        setting,
+        batch_size=bs,
+        repeats=repeats,
+        seed=args.seed,
+        top_p=args.top_p,
+        max_new_tokens=p["max_new_tokens"],
+      )
+      samples = row.pop("samples")[: p["num_samples"]]
       if big:
-        row["quality"] = generation.sample_stats(samples, state.tokenizer, judge=judge,
-                                                 num_shown=2)
+        row["quality"] = generation.sample_stats(samples, state.tokenizer, judge=judge, num_shown=2)
       speed.append(row)
   res["speed"] = speed
   log(f"[{method}] speed + samples in {time.perf_counter() - t0:.0f}s")
@@ -222,10 +299,22 @@ def _get(rows, **match):
 
 def main_table(results: List[Dict[str, Any]], p) -> str:
   b1, b8 = min(p["speed_batch_sizes"]), max(p["speed_batch_sizes"])
-  header = ["method", "params", "train min", "val NLL", "val PPL (1 order)",
-            f"PPL (K={p['num_orders']})", f"tok/s b={b1} tau off", f"tok/s b={b1} tau 0.9",
-            "tok/step tau 0.9", "gen PPL tau off", "gen PPL tau 0.9", "R-L cloze-1",
-            "R-L cloze-3", "R-L corpus"]
+  header = [
+    "method",
+    "params",
+    "train min",
+    "val NLL",
+    "val PPL (1 order)",
+    f"PPL (K={p['num_orders']})",
+    f"tok/s b={b1} tau off",
+    f"tok/s b={b1} tau 0.9",
+    "tok/step tau 0.9",
+    "gen PPL tau off",
+    "gen PPL tau 0.9",
+    "R-L cloze-1",
+    "R-L cloze-3",
+    "R-L corpus",
+  ]
   rows = []
   for r in results:
     sp, inf = r["speed"], r["infill"]
@@ -235,11 +324,24 @@ def main_table(results: List[Dict[str, Any]], p) -> str:
     hi8 = _get(sp, batch_size=b8, threshold="0.9") or off8
     rl = lambda d: (_get(inf, dataset=d, threshold="off") or {}).get("rougeL")
     lik = r["likelihood"]
-    rows.append([r["method"], f"{r['num_params'] / 1e6:.2f}M", r["train_seconds"] / 60,
-                 lik["nll"], lik["ppl"], lik["K_ppl"], off1["tokens_per_second"],
-                 hi1["tokens_per_second"], hi1["tokens_per_step"],
-                 off8["quality"].get("gen_ppl"), hi8["quality"].get("gen_ppl"),
-                 rl("1sent"), rl("3sent"), rl("corpus")])
+    rows.append(
+      [
+        r["method"],
+        f"{r['num_params'] / 1e6:.2f}M",
+        r["train_seconds"] / 60,
+        lik["nll"],
+        lik["ppl"],
+        lik["K_ppl"],
+        off1["tokens_per_second"],
+        hi1["tokens_per_second"],
+        hi1["tokens_per_step"],
+        off8["quality"].get("gen_ppl"),
+        hi8["quality"].get("gen_ppl"),
+        rl("1sent"),
+        rl("3sent"),
+        rl("corpus"),
+      ]
+    )
   return markdown_table(header, rows)
 
 
@@ -248,28 +350,67 @@ def detail_tables(results: List[Dict[str, Any]]) -> str:
   for r in results:
     for s in r["speed"]:
       q = s.get("quality", {})
-      speed_rows.append([r["method"], s["setting"], s["batch_size"], s["tokens_per_second"],
-                         s["tokens_per_step"], s["forward_calls"], q.get("gen_ppl"),
-                         q.get("unigram_entropy"), q.get("distinct_2"), s["compile_seconds"]])
+      speed_rows.append(
+        [
+          r["method"],
+          s["setting"],
+          s["batch_size"],
+          s["tokens_per_second"],
+          s["tokens_per_step"],
+          s["forward_calls"],
+          q.get("gen_ppl"),
+          q.get("unigram_entropy"),
+          q.get("distinct_2"),
+          s["compile_seconds"],
+        ]
+      )
     for i in r["infill"]:
-      infill_rows.append([r["method"], i["dataset"], i.get("threshold"), i["num_examples"],
-                          i["skipped"], i.get("rouge1"), i.get("rouge2"), i.get("rougeL"),
-                          i.get("tokens_per_second"), i.get("tokens_per_step")])
+      infill_rows.append(
+        [
+          r["method"],
+          i["dataset"],
+          i.get("threshold"),
+          i["num_examples"],
+          i["skipped"],
+          i.get("rouge1"),
+          i.get("rouge2"),
+          i.get("rougeL"),
+          i.get("tokens_per_second"),
+          i.get("tokens_per_step"),
+        ]
+      )
   speed = markdown_table(
-      ["method", "setting", "batch", "tok/s", "tok/step", "fwd calls", "gen PPL", "entropy",
-       "distinct-2", "compile s"], speed_rows)
+    [
+      "method",
+      "setting",
+      "batch",
+      "tok/s",
+      "tok/step",
+      "fwd calls",
+      "gen PPL",
+      "entropy",
+      "distinct-2",
+      "compile s",
+    ],
+    speed_rows,
+  )
   infill = markdown_table(
-      ["method", "dataset", "tau", "n", "skipped", "R-1", "R-2", "R-L", "tok/s", "tok/step"],
-      infill_rows)
-  return ("### Decoding speed and sample quality (gen PPL under the AR run; only the larger "
-          "batch draws samples)\n\n" + speed + "\n\n### Infilling (ROUGE F x 100)\n\n" + infill)
+    ["method", "dataset", "tau", "n", "skipped", "R-1", "R-2", "R-L", "tok/s", "tok/step"],
+    infill_rows,
+  )
+  return (
+    "### Decoding speed and sample quality (gen PPL under the AR run; only the larger "
+    "batch draws samples)\n\n" + speed + "\n\n### Infilling (ROUGE F x 100)\n\n" + infill
+  )
 
 
 def plot(results: List[Dict[str, Any]], p, path: str):
   """Two panels; one colour per method, filled marker tau off, open marker tau = 0.9."""
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+
   b1, b8 = min(p["speed_batch_sizes"]), max(p["speed_batch_sizes"])
   fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
   markers = "osD^vP*X"
@@ -281,12 +422,17 @@ def plot(results: List[Dict[str, Any]], p, path: str):
     mk = markers[i % len(markers)]
     ax.plot([x for x, _, _ in pts], [y for _, y, _ in pts], color=color, alpha=0.6)
     for x, y, tau in pts:
-      ax.plot([x], [y], marker=mk, color=color, markersize=8,
-              markerfacecolor=color if tau == "off" else "none",
-              label=label if tau == "off" else None)
+      ax.plot(
+        [x],
+        [y],
+        marker=mk,
+        color=color,
+        markersize=8,
+        markerfacecolor=color if tau == "off" else "none",
+        label=label if tau == "off" else None,
+      )
       if tau != "off":
-        ax.annotate(tau, (x, y), fontsize=6, color=color, xytext=(4, 2),
-                    textcoords="offset points")
+        ax.annotate(tau, (x, y), fontsize=6, color=color, xytext=(4, 2), textcoords="offset points")
 
   for i, r in enumerate(results):
     pts = []
@@ -322,22 +468,33 @@ def plot(results: List[Dict[str, Any]], p, path: str):
 def write_report(out_dir: str, record: Dict[str, Any]):
   results, p = record["results"], record["plan"]
   hw = record["hardware"]
-  md = [f"## Method comparison ({'quick' if record['quick'] else 'full'} run)", "",
-        f"Command: `{record['command']}`", "",
-        f"Hardware: {hw['cpu']} ({hw['cpu_count']} cores visible), jax {hw['jax']} on "
-        f"{hw['backend']}; total time {record['total_seconds'] / 60:.1f} min (training "
-        f"{record['train_seconds'] / 60:.1f} min, evaluation {record['eval_seconds'] / 60:.1f} "
-        f"min).", "",
-        f"Recipe: configs/compare.py ({record['recipe']}); {p['steps']} steps x batch "
-        f"{p['batch_size']}, seed {record['seed']}.", "",
-        main_table(results, p), "",
-        "val NLL / PPL: one-order bound (AR exact, MDLM/BD3LM 1/t NELBO) on "
-        f"{results[0]['likelihood']['num_sequences']} validation rows; PPL (K): log-mean-exp over "
-        "K orders (SetDLM), mean of K NELBO draws (MDLM/BD3LM). tok/s: unconditional decoding, "
-        f"N = {p['max_new_tokens'] or 'L - 1'}, W = S, top_p {record['top_p']}. gen PPL: samples at the larger batch scored by the AR run. R-L: infill "
-        "ROUGE-L (tau off, greedy, oracle length, repetition penalty "
-        f"{INFILL_REPETITION_PENALTY} over the visible tokens).", "",
-        detail_tables(results), "", "![speed vs quality](speed_quality.png)", ""]
+  md = [
+    f"## Method comparison ({'quick' if record['quick'] else 'full'} run)",
+    "",
+    f"Command: `{record['command']}`",
+    "",
+    f"Hardware: {hw['cpu']} ({hw['cpu_count']} cores visible), jax {hw['jax']} on "
+    f"{hw['backend']}; total time {record['total_seconds'] / 60:.1f} min (training "
+    f"{record['train_seconds'] / 60:.1f} min, evaluation {record['eval_seconds'] / 60:.1f} "
+    f"min).",
+    "",
+    f"Recipe: configs/compare.py ({record['recipe']}); {p['steps']} steps x batch "
+    f"{p['batch_size']}, seed {record['seed']}.",
+    "",
+    main_table(results, p),
+    "",
+    "val NLL / PPL: one-order bound (AR exact, MDLM/BD3LM 1/t NELBO) on "
+    f"{results[0]['likelihood']['num_sequences']} validation rows; PPL (K): log-mean-exp over "
+    "K orders (SetDLM), mean of K NELBO draws (MDLM/BD3LM). tok/s: unconditional decoding, "
+    f"N = {p['max_new_tokens'] or 'L - 1'}, W = S, top_p {record['top_p']}. gen PPL: samples at the larger batch scored by the AR run. R-L: infill "
+    "ROUGE-L (tau off, greedy, oracle length, repetition penalty "
+    f"{INFILL_REPETITION_PENALTY} over the visible tokens).",
+    "",
+    detail_tables(results),
+    "",
+    "![speed vs quality](speed_quality.png)",
+    "",
+  ]
   with open(os.path.join(out_dir, "results.md"), "w") as f:
     f.write("\n".join(md))
   return "\n".join(md)
@@ -361,8 +518,11 @@ def main(argv=None, log=print) -> Dict[str, Any]:
     infos = {m: train_method(m, configs[m], out_dir, tok_dir, log) for m in methods}
     train_seconds = time.perf_counter() - t0
     t0 = time.perf_counter()
-    judge = (workdir_lib.load_inference_state(infos["ar"]["workdir"], use_ema=False)
-             if "ar" in infos else None)
+    judge = (
+      workdir_lib.load_inference_state(infos["ar"]["workdir"], use_ema=False)
+      if "ar" in infos
+      else None
+    )
     results = []
     for m in methods:
       res = evaluate_method(m, infos[m]["workdir"], judge, args, p, log)
@@ -371,22 +531,33 @@ def main(argv=None, log=print) -> Dict[str, Any]:
     eval_seconds = time.perf_counter() - t0
   cfg0 = configs[methods[0]]
   record = {
-      "command": "python benchmarks/compare_methods.py " + " ".join(argv if argv is not None
-                                                                   else sys.argv[1:]),
-      "quick": bool(args.quick), "seed": args.seed, "methods": methods, "top_p": args.top_p,
-      "plan": {k: list(v) if isinstance(v, tuple) else v for k, v in p.items()},
-      "recipe": (f"{cfg0.model.num_layers} x {cfg0.model.hidden_size}, {cfg0.model.num_heads} "
-                 f"heads, L={cfg0.seq_len}, vocab {cfg0.tokenizer.vocab_size}, lr "
-                 f"{cfg0.learning_rate} {cfg0.lr_schedule}"),
-      "hardware": hardware(), "train_seconds": train_seconds, "eval_seconds": eval_seconds,
-      "total_seconds": time.perf_counter() - t_start, "results": results}
+    "command": "python benchmarks/compare_methods.py "
+    + " ".join(argv if argv is not None else sys.argv[1:]),
+    "quick": bool(args.quick),
+    "seed": args.seed,
+    "methods": methods,
+    "top_p": args.top_p,
+    "plan": {k: list(v) if isinstance(v, tuple) else v for k, v in p.items()},
+    "recipe": (
+      f"{cfg0.model.num_layers} x {cfg0.model.hidden_size}, {cfg0.model.num_heads} "
+      f"heads, L={cfg0.seq_len}, vocab {cfg0.tokenizer.vocab_size}, lr "
+      f"{cfg0.learning_rate} {cfg0.lr_schedule}"
+    ),
+    "hardware": hardware(),
+    "train_seconds": train_seconds,
+    "eval_seconds": eval_seconds,
+    "total_seconds": time.perf_counter() - t_start,
+    "results": results,
+  }
   with open(os.path.join(out_dir, "results.json"), "w") as f:
     json.dump(record, f, indent=2, default=float)
   plot(results, p, os.path.join(out_dir, "speed_quality.png"))
   text = write_report(out_dir, record)
   log(text)
-  log(f"\nwrote {out_dir}/results.md, results.json, speed_quality.png "
-      f"({record['total_seconds'] / 60:.1f} min)")
+  log(
+    f"\nwrote {out_dir}/results.md, results.json, speed_quality.png "
+    f"({record['total_seconds'] / 60:.1f} min)"
+  )
   return record
 
 

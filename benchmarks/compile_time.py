@@ -14,6 +14,7 @@ arguments + outputs - aliased + temporaries of XLA's buffer assignment (per devi
 compiler does not schedule for memory, so the remat columns are indicative only: measure on the
 target accelerator with the same command).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,8 +42,9 @@ def parse_args(argv=None):
   p.add_argument("--vocab_size", type=int, default=2048)
   p.add_argument("--dtype", default="float32")
   p.add_argument("--objective", default="setdlm")
-  p.add_argument("--remat_layers", type=int, default=12,
-                 help="depth of the remat-policy table (0: skip it)")
+  p.add_argument(
+    "--remat_layers", type=int, default=12, help="depth of the remat-policy table (0: skip it)"
+  )
   p.add_argument("--remat_policies", default=",".join(layer_stack.REMAT_POLICIES))
   p.add_argument("--remat_scan", type=int, default=1, help="remat table with scan_layers (1/0)")
   p.add_argument("--rounds", type=int, default=3)
@@ -53,19 +55,35 @@ def parse_args(argv=None):
 
 
 def base_config(args):
-  ns = types.SimpleNamespace(config=None, num_layers=None, hidden_size=args.hidden_size,
-                             num_heads=args.num_heads, seq_len=args.seq_len,
-                             vocab_size=args.vocab_size, batch_size=args.batch_size,
-                             dtype=args.dtype, attention=None, dropout=None,
-                             grad_accum_steps=None, remat=None, scan_layers=None)
+  ns = types.SimpleNamespace(
+    config=None,
+    num_layers=None,
+    hidden_size=args.hidden_size,
+    num_heads=args.num_heads,
+    seq_len=args.seq_len,
+    vocab_size=args.vocab_size,
+    batch_size=args.batch_size,
+    dtype=args.dtype,
+    attention=None,
+    dropout=None,
+    grad_accum_steps=None,
+    remat=None,
+    scan_layers=None,
+  )
   return training.load_config(ns)
 
 
 def step_args(args):
   """What `training.benchmark` / `time_steps` read from their argparse namespace."""
-  return types.SimpleNamespace(fused_head=1, head_chunk_rows=0, head_recompute=False,
-                               head_vocab_chunk=None,
-                               seed=args.seed, warmup=args.warmup, steps=args.steps)
+  return types.SimpleNamespace(
+    fused_head=1,
+    head_chunk_rows=0,
+    head_recompute=False,
+    head_vocab_chunk=None,
+    seed=args.seed,
+    warmup=args.warmup,
+    steps=args.steps,
+  )
 
 
 def measure(config, args) -> dict:
@@ -74,14 +92,23 @@ def measure(config, args) -> dict:
   prep = training.benchmark(config, args.objective, bargs)
   mem = prep["compiled"].memory_analysis()
   get = lambda name: int(getattr(mem, name, 0) or 0) if mem is not None else 0
-  peak = (get("argument_size_in_bytes") + get("output_size_in_bytes")
-          - get("alias_size_in_bytes") + get("temp_size_in_bytes"))
+  peak = (
+    get("argument_size_in_bytes")
+    + get("output_size_in_bytes")
+    - get("alias_size_in_bytes")
+    + get("temp_size_in_bytes")
+  )
   training.time_steps(prep, bargs)
-  return {"compile_s": prep["compile_s"], "compile_cpu_s": prep["compile_cpu_s"],
-          "step_s": prep["times"][-1] / args.steps,
-          "step_cpu_s": prep["cpu_times"][-1] / args.steps,
-          "params": prep["params"], "temp": get("temp_size_in_bytes"), "peak": peak,
-          "loss": prep["loss"]}
+  return {
+    "compile_s": prep["compile_s"],
+    "compile_cpu_s": prep["compile_cpu_s"],
+    "step_s": prep["times"][-1] / args.steps,
+    "step_cpu_s": prep["cpu_times"][-1] / args.steps,
+    "params": prep["params"],
+    "temp": get("temp_size_in_bytes"),
+    "peak": peak,
+    "loss": prep["loss"],
+  }
 
 
 def with_fields(config, **model):
@@ -100,52 +127,78 @@ def main(argv=None):
   base = base_config(args)
   depths = [int(x) for x in args.layers.split(",") if x.strip()]
   policies = [layer_stack.normalize_remat(x) for x in args.remat_policies.split(",") if x.strip()]
-  depth_cfgs = [((n, scan), with_fields(base, num_layers=n, scan_layers=scan))
-                for n in depths for scan in (False, True)]
+  depth_cfgs = [
+    ((n, scan), with_fields(base, num_layers=n, scan_layers=scan))
+    for n in depths
+    for scan in (False, True)
+  ]
   remat_cfgs = []
   if args.remat_layers:
-    remat_cfgs = [(r, with_fields(base, num_layers=args.remat_layers,
-                                  scan_layers=bool(args.remat_scan), remat=r)) for r in policies]
+    remat_cfgs = [
+      (
+        r,
+        with_fields(base, num_layers=args.remat_layers, scan_layers=bool(args.remat_scan), remat=r),
+      )
+      for r in policies
+    ]
   results = {key: [] for key, _ in depth_cfgs + [(("remat", r), None) for r, _ in remat_cfgs]}
   for rnd in range(args.rounds):
     for key, cfg in depth_cfgs:
       results[key].append(m := measure(cfg, args))
-      print(f"round {rnd}: layers={key[0]} scan={key[1]}: compile {m['compile_s']:.1f} s "
-            f"(CPU {m['compile_cpu_s']:.1f}), step {1e3 * m['step_s']:.0f} ms (CPU "
-            f"{1e3 * m['step_cpu_s']:.0f}), loss {m['loss']:.3f}", flush=True)
+      print(
+        f"round {rnd}: layers={key[0]} scan={key[1]}: compile {m['compile_s']:.1f} s "
+        f"(CPU {m['compile_cpu_s']:.1f}), step {1e3 * m['step_s']:.0f} ms (CPU "
+        f"{1e3 * m['step_cpu_s']:.0f}), loss {m['loss']:.3f}",
+        flush=True,
+      )
     for r, cfg in remat_cfgs:
       results[("remat", r)].append(m := measure(cfg, args))
-      print(f"round {rnd}: remat={r}: compile {m['compile_s']:.1f} s (CPU "
-            f"{m['compile_cpu_s']:.1f}), step {1e3 * m['step_s']:.0f} ms (CPU "
-            f"{1e3 * m['step_cpu_s']:.0f}), peak {m['peak'] / 2**20:.1f} MiB", flush=True)
+      print(
+        f"round {rnd}: remat={r}: compile {m['compile_s']:.1f} s (CPU "
+        f"{m['compile_cpu_s']:.1f}), step {1e3 * m['step_s']:.0f} ms (CPU "
+        f"{1e3 * m['step_cpu_s']:.0f}), peak {m['peak'] / 2**20:.1f} MiB",
+        flush=True,
+      )
 
   m = base.model
-  print(f"\n{args.objective}, width {m.hidden_size}, {m.num_heads} heads, L={base.seq_len}, "
-        f"V={m.vocab_size}, batch {base.batch_size}, {m.dtype}, dropout {m.dropout}; "
-        f"{jax.device_count()} x {jax.devices()[0].device_kind} ({jax.default_backend()}); "
-        f"jax {jax.__version__}; medians of {args.rounds} interleaved rounds, {args.warmup} "
-        f"warm-up + {args.steps} timed steps; load average {os.getloadavg()[0]:.2f}\n")
+  print(
+    f"\n{args.objective}, width {m.hidden_size}, {m.num_heads} heads, L={base.seq_len}, "
+    f"V={m.vocab_size}, batch {base.batch_size}, {m.dtype}, dropout {m.dropout}; "
+    f"{jax.device_count()} x {jax.devices()[0].device_kind} ({jax.default_backend()}); "
+    f"jax {jax.__version__}; medians of {args.rounds} interleaved rounds, {args.warmup} "
+    f"warm-up + {args.steps} timed steps; load average {os.getloadavg()[0]:.2f}\n"
+  )
   print("Process CPU seconds (wall in brackets; on a loaded machine only CPU time is stable).\n")
-  print("| layers | params | compile unrolled (s) | compile scan (s) | unrolled / scan | "
-        "ms / step unrolled | ms / step scan |")
+  print(
+    "| layers | params | compile unrolled (s) | compile scan (s) | unrolled / scan | "
+    "ms / step unrolled | ms / step scan |"
+  )
   print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
   for n in depths:
     u, s = results[(n, False)], results[(n, True)]
     cu, cs = median(u, "compile_cpu_s"), median(s, "compile_cpu_s")
-    print(f"| {n} | {u[0]['params'] / 1e6:.2f}M | {cu:.1f} ({median(u, 'compile_s'):.1f}) | "
-          f"{cs:.1f} ({median(s, 'compile_s'):.1f}) | {cu / cs:.1f}x | "
-          f"{1e3 * median(u, 'step_cpu_s'):.0f} ({1e3 * median(u, 'step_s'):.0f}) | "
-          f"{1e3 * median(s, 'step_cpu_s'):.0f} ({1e3 * median(s, 'step_s'):.0f}) |")
+    print(
+      f"| {n} | {u[0]['params'] / 1e6:.2f}M | {cu:.1f} ({median(u, 'compile_s'):.1f}) | "
+      f"{cs:.1f} ({median(s, 'compile_s'):.1f}) | {cu / cs:.1f}x | "
+      f"{1e3 * median(u, 'step_cpu_s'):.0f} ({1e3 * median(u, 'step_s'):.0f}) | "
+      f"{1e3 * median(s, 'step_cpu_s'):.0f} ({1e3 * median(s, 'step_s'):.0f}) |"
+    )
   if remat_cfgs:
-    print(f"\nremat policies at {args.remat_layers} layers, scan_layers={bool(args.remat_scan)} "
-          "(peak / temporaries per device from compiled.memory_analysis())\n")
-    print("| remat | peak (MiB) | temporaries (MiB) | compile CPU s (wall) | ms / step CPU (wall) |")
+    print(
+      f"\nremat policies at {args.remat_layers} layers, scan_layers={bool(args.remat_scan)} "
+      "(peak / temporaries per device from compiled.memory_analysis())\n"
+    )
+    print(
+      "| remat | peak (MiB) | temporaries (MiB) | compile CPU s (wall) | ms / step CPU (wall) |"
+    )
     print("| --- | ---: | ---: | ---: | ---: |")
     for r in policies:
       rows = results[("remat", r)]
-      print(f"| {r} | {rows[0]['peak'] / 2**20:.1f} | {rows[0]['temp'] / 2**20:.1f} | "
-            f"{median(rows, 'compile_cpu_s'):.1f} ({median(rows, 'compile_s'):.1f}) | "
-            f"{1e3 * median(rows, 'step_cpu_s'):.0f} ({1e3 * median(rows, 'step_s'):.0f}) |")
+      print(
+        f"| {r} | {rows[0]['peak'] / 2**20:.1f} | {rows[0]['temp'] / 2**20:.1f} | "
+        f"{median(rows, 'compile_cpu_s'):.1f} ({median(rows, 'compile_s'):.1f}) | "
+        f"{1e3 * median(rows, 'step_cpu_s'):.0f} ({1e3 * median(rows, 'step_s'):.0f}) |"
+      )
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ On one CPU the emulated devices share the same cores: tok/s across device counts
 partitioning overhead, not a speed-up; on a TPU slice or a multi-GPU host the same command
 measures the scaling.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,8 +27,9 @@ import os
 import sys
 
 if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                             " --xla_force_host_platform_device_count=8")
+  os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+  )
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
@@ -76,14 +78,20 @@ def gsm8k_like_lengths(args, seed: int = 0) -> np.ndarray:
 
 
 def model_and_params(args):
-  cfg = DiTConfig(vocab_size=args.vocab_size, hidden_size=args.hidden_size,
-                  num_layers=args.num_layers, num_heads=args.num_heads, dropout=0.0)
+  cfg = DiTConfig(
+    vocab_size=args.vocab_size,
+    hidden_size=args.hidden_size,
+    num_layers=args.num_layers,
+    num_heads=args.num_heads,
+    dropout=0.0,
+  )
   rng = np.random.default_rng(0)
 
   def leaf(path, shape):
     if "scale" in jax.tree_util.keystr(path):
       return np.ones(shape.shape, np.float32)
     return (rng.standard_normal(shape.shape) / np.sqrt(shape.shape[0])).astype(np.float32)
+
   return DiT(cfg), jax.tree_util.tree_map_with_path(leaf, param_shapes(cfg))
 
 
@@ -96,15 +104,21 @@ def main(argv=None):
   lengths = gsm8k_like_lengths(args)
   rng = np.random.default_rng(1)
   prompts = [[1] + list(rng.integers(4, args.vocab_size, int(n) - 1)) for n in lengths]
-  longest = [max(lengths[i:i + args.batch_size]) for i in range(0, len(lengths), args.batch_size)]
+  longest = [max(lengths[i : i + args.batch_size]) for i in range(0, len(lengths), args.batch_size)]
   unbucketed = len(set(longest))
   buckets = len({bucket_length(n, "pow2") for n in longest})
   max_length = int(args.prompt_max) + args.max_new_tokens
   rows = []
   for name in args.samplers.split(","):
-    cfg = SamplerConfig(**IDS, max_new_tokens=args.max_new_tokens, max_length=max_length,
-                        stop_at_eos=False, window=args.window, threshold=args.threshold,
-                        length_buckets="pow2")
+    cfg = SamplerConfig(
+      **IDS,
+      max_new_tokens=args.max_new_tokens,
+      max_length=max_length,
+      stop_at_eos=False,
+      window=args.window,
+      threshold=args.threshold,
+      length_buckets="pow2",
+    )
     reference = None
     for n in counts:
       mesh = sharding.make_mesh({"data": n}, jax.devices()[:n])
@@ -113,19 +127,33 @@ def main(argv=None):
       tokens = sum(len(g) for g in res["generated"])
       if reference is None:
         reference = res["generated"]
-      rows.append((name, n, tokens / res["seconds"], tokens / res["wall_seconds"],
-                   res["compiled_programs"], res["generated"] == reference))
+      rows.append(
+        (
+          name,
+          n,
+          tokens / res["seconds"],
+          tokens / res["wall_seconds"],
+          res["compiled_programs"],
+          res["generated"] == reference,
+        )
+      )
       print(rows[-1], flush=True)
-  print(f"\nDiT {args.num_layers} x {args.hidden_size}, {args.num_heads} heads, V="
-        f"{args.vocab_size}; {args.num_prompts} prompts of {lengths.min()}..{lengths.max()} "
-        f"tokens (median {int(np.median(lengths))}), batch {args.batch_size}, N="
-        f"{args.max_new_tokens}, W={args.window}, tau={args.threshold}; "
-        f"{jax.devices()[0].device_kind} x {jax.device_count()} ({jax.default_backend()}), "
-        f"jax {jax.__version__}, load {os.getloadavg()[0]:.1f}")
-  print(f"power-of-two buckets of the batches' longest prompts: {buckets}; distinct longest "
-        f"lengths (programs without buckets): {unbucketed}\n")
-  print("| sampler | devices (data=n) | tok/s | tok/s with compile | compiled programs | "
-        "same tokens as 1 device |")
+  print(
+    f"\nDiT {args.num_layers} x {args.hidden_size}, {args.num_heads} heads, V="
+    f"{args.vocab_size}; {args.num_prompts} prompts of {lengths.min()}..{lengths.max()} "
+    f"tokens (median {int(np.median(lengths))}), batch {args.batch_size}, N="
+    f"{args.max_new_tokens}, W={args.window}, tau={args.threshold}; "
+    f"{jax.devices()[0].device_kind} x {jax.device_count()} ({jax.default_backend()}), "
+    f"jax {jax.__version__}, load {os.getloadavg()[0]:.1f}"
+  )
+  print(
+    f"power-of-two buckets of the batches' longest prompts: {buckets}; distinct longest "
+    f"lengths (programs without buckets): {unbucketed}\n"
+  )
+  print(
+    "| sampler | devices (data=n) | tok/s | tok/s with compile | compiled programs | "
+    "same tokens as 1 device |"
+  )
   print("| --- | ---: | ---: | ---: | ---: | --- |")
   for r in rows:
     print(f"| {r[0]} | {r[1]} | {r[2]:,.0f} | {r[3]:,.0f} | {r[4]} | {'yes' if r[5] else 'NO'} |")

@@ -10,6 +10,7 @@ runs on one compute thread (launch/local_cluster.py), so on a shared machine the
 mostly compilation; what matters is that every repeat gives the same numbers (no flaky gloo
 collective, no order that changes from run to run).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,24 +24,44 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                             + " --xla_force_host_platform_device_count=8")
+  os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+  )
 
-ARGS = ["--config=configs/tiny_sw.py", "--config.log_every_steps=1",
-        "--config.num_eval_steps=1", "--config.num_eval_samples=0",
-        "--config.model.hidden_size=32", "--config.model.num_layers=1",
-        "--config.tokenizer.vocab_size=384"]
+ARGS = [
+  "--config=configs/tiny_sw.py",
+  "--config.log_every_steps=1",
+  "--config.num_eval_steps=1",
+  "--config.num_eval_samples=0",
+  "--config.model.hidden_size=32",
+  "--config.model.num_layers=1",
+  "--config.tokenizer.vocab_size=384",
+]
 
 
 def run(workdir: str, processes: int, devices: int, extra) -> float:
   t0 = time.time()
-  cmd = [sys.executable, os.path.join(REPO, "launch", "local_cluster.py"),
-         f"--num_processes={processes}", f"--devices_per_process={devices}", "--timeout=900",
-         "--", sys.executable, "launch/train.py", f"--workdir={workdir}"] + ARGS + extra
+  cmd = (
+    [
+      sys.executable,
+      os.path.join(REPO, "launch", "local_cluster.py"),
+      f"--num_processes={processes}",
+      f"--devices_per_process={devices}",
+      "--timeout=900",
+      "--",
+      sys.executable,
+      "launch/train.py",
+      f"--workdir={workdir}",
+    ]
+    + ARGS
+    + extra
+  )
   r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1000)
   if r.returncode != 0:
-    sys.exit(f"error: {processes} x {devices} failed (status {r.returncode}):\n"
-             f"{(r.stdout + r.stderr)[-3000:]}")
+    sys.exit(
+      f"error: {processes} x {devices} failed (status {r.returncode}):\n"
+      f"{(r.stdout + r.stderr)[-3000:]}"
+    )
   return time.time() - t0
 
 
@@ -57,6 +78,7 @@ def param_distance(a_dir: str, b_dir: str) -> float:
   import jax
   import numpy as np
   from setdiff_jax.workdir import load
+
   a = jax.tree_util.tree_leaves(load.load_inference_state(a_dir, use_ema=False).params)
   b = jax.tree_util.tree_leaves(load.load_inference_state(b_dir, use_ema=False).params)
   num = sum(float(np.sum((np.float64(x) - np.float64(y)) ** 2)) for x, y in zip(a, b))
@@ -76,23 +98,30 @@ def main():
   a = p.parse_args()
   mesh = dict(kv.split("=") for kv in a.mesh.split(","))
   extra = [f"--config.mesh.{k}={v}" for k, v in mesh.items()] + [
-      f"--config.objective={a.objective}", f"--config.num_train_steps={a.steps}",
-      f"--config.checkpoint_every_steps={a.steps}", f"--config.eval_every_steps={a.steps}"]
+    f"--config.objective={a.objective}",
+    f"--config.num_train_steps={a.steps}",
+    f"--config.checkpoint_every_steps={a.steps}",
+    f"--config.eval_every_steps={a.steps}",
+  ]
   with tempfile.TemporaryDirectory() as tmp:
     one = os.path.join(tmp, "one")
     t_one = run(one, 1, 8, extra)
     want = metrics(one)
     print(f"mesh {a.mesh}, {a.objective}, {a.steps} steps; 1 x 8 reference: {t_one:.0f}s\n")
-    print("| repeat | 2 x 4 wall s | worst loss rel | worst grad-norm rel | eval NLL rel | "
-          "params rel |")
+    print(
+      "| repeat | 2 x 4 wall s | worst loss rel | worst grad-norm rel | eval NLL rel | params rel |"
+    )
     print("| --- | --- | --- | --- | --- | --- |")
     for i in range(a.repeats):
       two = os.path.join(tmp, f"two{i}")
       t = run(two, 2, 4, extra)
       got = metrics(two)
-      print(f"| {i + 1} | {t:.0f} | {worst(got, want, 'train/loss'):.1e} | "
-            f"{worst(got, want, 'train/grad_norm'):.1e} | {worst(got, want, 'eval/nll'):.1e} | "
-            f"{param_distance(two, one):.1e} |", flush=True)
+      print(
+        f"| {i + 1} | {t:.0f} | {worst(got, want, 'train/loss'):.1e} | "
+        f"{worst(got, want, 'train/grad_norm'):.1e} | {worst(got, want, 'eval/nll'):.1e} | "
+        f"{param_distance(two, one):.1e} |",
+        flush=True,
+      )
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ PAD 0, BOS/CLS 101, EOS/SEP 102, MASK 103), no padding. Works, timed interleaved
 Prints a markdown table work | official | ours | ours/official, the load average before and
 after, versions and thread counts.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,9 +62,16 @@ import types
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # Files of the official checkout this script drives (relative to --official_dir).
-REQUIRED_FILES = ("src/backbone/dit.py", "src/denoiser/setdlm.py", "src/denoiser/bd3lm.py",
-                  "src/denoiser/mdlm.py", "src/denoiser/ar.py", "src/denoiser/diffusion.py",
-                  "src/noise_schedule/noise_schedules.py", "src/datasets/collator.py")
+REQUIRED_FILES = (
+  "src/backbone/dit.py",
+  "src/denoiser/setdlm.py",
+  "src/denoiser/bd3lm.py",
+  "src/denoiser/mdlm.py",
+  "src/denoiser/ar.py",
+  "src/denoiser/diffusion.py",
+  "src/noise_schedule/noise_schedules.py",
+  "src/datasets/collator.py",
+)
 TRAIN_METHODS = ("setdlm", "ar", "bd3lm", "mdlm")
 DECODE_WORKS = ("set4", "set8", "bd3lm", "ar", "set4_b8")
 PAD_ID, BOS_ID, EOS_ID, MASK_ID = 0, 101, 102, 103  # bert-base-uncased (training.py's ids)
@@ -73,8 +81,11 @@ LR, BETAS, EPS, CLIP, EMA = 3e-4, (0.9, 0.999), 1e-8, 1.0, 0.9999
 
 def parse_args(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-  p.add_argument("--official_dir", required=True,
-                 help="extracted kuleshov-group/setdlms checkout (outside this repository)")
+  p.add_argument(
+    "--official_dir",
+    required=True,
+    help="extracted kuleshov-group/setdlms checkout (outside this repository)",
+  )
   p.add_argument("--vocab_size", type=int, default=30522)
   p.add_argument("--rounds", type=int, default=2, help="interleaved rounds (medians reported)")
   p.add_argument("--steps", type=int, default=5, help="timed training steps per round")
@@ -82,34 +93,60 @@ def parse_args(argv=None):
   p.add_argument("--threads", type=int, default=0, help="torch threads (0: the usable cores)")
   p.add_argument("--train", default=",".join(TRAIN_METHODS), help="training works ('' = none)")
   p.add_argument("--decode", default=",".join(DECODE_WORKS), help="decoding works ('' = none)")
-  p.add_argument("--quick", action="store_true",
-                 help="tiny shapes (2 x 64, 2 heads, L=16, V=512, B=4), 1 round, 1 step: "
-                      "checks the harness, not the speed")
-  p.add_argument("--official_python", default=sys.executable,
-                 help="python that runs the official side (transformers 4.x; default: this one)")
+  p.add_argument(
+    "--quick",
+    action="store_true",
+    help="tiny shapes (2 x 64, 2 heads, L=16, V=512, B=4), 1 round, 1 step: "
+    "checks the harness, not the speed",
+  )
+  p.add_argument(
+    "--official_python",
+    default=sys.executable,
+    help="python that runs the official side (transformers 4.x; default: this one)",
+  )
   p.add_argument("--seed", type=int, default=0)
-  p.add_argument("--check", default="speed", choices=("speed", "align", "exports"),
-                 help="speed: the timed works (default); align: block-alignment parity of the "
-                      "BD3LM / MDLM samplers; exports: our exports in the official classes "
-                      "(benchmarks/official_checks.py)")
-  p.add_argument("--export_steps", type=int, default=20,
-                 help="--check=exports: training steps of the two tiny runs before exporting")
-  p.add_argument("--keep_tmp", action="store_true",
-                 help="keep the temporary directory (exports, runs, logs) and print its path")
+  p.add_argument(
+    "--check",
+    default="speed",
+    choices=("speed", "align", "exports"),
+    help="speed: the timed works (default); align: block-alignment parity of the "
+    "BD3LM / MDLM samplers; exports: our exports in the official classes "
+    "(benchmarks/official_checks.py)",
+  )
+  p.add_argument(
+    "--export_steps",
+    type=int,
+    default=20,
+    help="--check=exports: training steps of the two tiny runs before exporting",
+  )
+  p.add_argument(
+    "--keep_tmp",
+    action="store_true",
+    help="keep the temporary directory (exports, runs, logs) and print its path",
+  )
   p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # internal
   args = p.parse_args(argv)
   args.train = _split(args.train, TRAIN_METHODS, "--train")
   args.decode = _split(args.decode, DECODE_WORKS, "--decode")
   if args.quick:
     args.rounds, args.steps, args.warmup = 1, 1, 1
-    args.sizes = dict(num_layers=2, hidden_size=64, num_heads=2, seq_len=16, batch_size=4,
-                      vocab_size=512)
+    args.sizes = dict(
+      num_layers=2, hidden_size=64, num_heads=2, seq_len=16, batch_size=4, vocab_size=512
+    )
   else:
-    args.sizes = dict(num_layers=4, hidden_size=256, num_heads=4, seq_len=128, batch_size=16,
-                      vocab_size=args.vocab_size)
+    args.sizes = dict(
+      num_layers=4,
+      hidden_size=256,
+      num_heads=4,
+      seq_len=128,
+      batch_size=16,
+      vocab_size=args.vocab_size,
+    )
   if args.sizes["vocab_size"] <= MASK_ID + 1:
-    p.error(f"--vocab_size={args.sizes['vocab_size']} must exceed {MASK_ID + 1} (random tokens "
-            f"are drawn from [{MASK_ID + 1}, V))")
+    p.error(
+      f"--vocab_size={args.sizes['vocab_size']} must exceed {MASK_ID + 1} (random tokens "
+      f"are drawn from [{MASK_ID + 1}, V))"
+    )
   if args.rounds < 1 or args.steps < 1 or args.warmup < 0:
     p.error("--rounds and --steps must be >= 1, --warmup >= 0")
   if args.export_steps < 1:
@@ -129,32 +166,43 @@ def _split(value: str, allowed, flag: str):
 
 def check_official_dir(path: str) -> str:
   """The absolute path of an official checkout, or SystemExit naming what is missing and the fix."""
-  fix = ("fetch kuleshov-group/setdlms and extract it outside this repository, e.g. "
-         "`git -C <mirror> archive HEAD | tar -x -C /tmp/setdlms`, then pass "
-         "--official_dir=/tmp/setdlms (benchmarks/README.md, 'Side by side with the official code')")
+  fix = (
+    "fetch kuleshov-group/setdlms and extract it outside this repository, e.g. "
+    "`git -C <mirror> archive HEAD | tar -x -C /tmp/setdlms`, then pass "
+    "--official_dir=/tmp/setdlms (benchmarks/README.md, 'Side by side with the official code')"
+  )
   path = os.path.abspath(os.path.expanduser(path))
   if not os.path.isdir(path):
     raise SystemExit(f"--official_dir={path}: no such directory; {fix}")
   repo = os.path.dirname(HERE)
   if os.path.commonpath([path, repo]) == repo:
-    raise SystemExit(f"--official_dir={path} is inside this repository ({repo}); extract the "
-                     "official code elsewhere (it must never be committed here)")
+    raise SystemExit(
+      f"--official_dir={path} is inside this repository ({repo}); extract the "
+      "official code elsewhere (it must never be committed here)"
+    )
   missing = [f for f in REQUIRED_FILES if not os.path.isfile(os.path.join(path, f))]
   if missing:
-    raise SystemExit(f"--official_dir={path} lacks {', '.join(missing)}: not a setdlms checkout; "
-                     f"{fix}")
+    raise SystemExit(
+      f"--official_dir={path} lacks {', '.join(missing)}: not a setdlms checkout; {fix}"
+    )
   return path
 
 
 def work_label(kind: str, name: str) -> str:
   if kind == "train":
-    return {"setdlm": f"SetDLM train step (S={SET_SIZE}, S_max={2 * SET_SIZE})",
-            "ar": "AR train step", "bd3lm": f"BD3LM-{BLOCK_SIZE} train step",
-            "mdlm": "MDLM train step"}[name] + " (clean tok/s)"
-  return {"set4": "set W=4 decoding, batch 1, tau off (tok/s)",
-          "set8": "set W=8 decoding, batch 1", "bd3lm": f"BD3LM-{BLOCK_SIZE} decoding, batch 1",
-          "ar": "AR decoding (KV cache), batch 1",
-          "set4_b8": "set W=4 decoding, batch 8"}[name]
+    return {
+      "setdlm": f"SetDLM train step (S={SET_SIZE}, S_max={2 * SET_SIZE})",
+      "ar": "AR train step",
+      "bd3lm": f"BD3LM-{BLOCK_SIZE} train step",
+      "mdlm": "MDLM train step",
+    }[name] + " (clean tok/s)"
+  return {
+    "set4": "set W=4 decoding, batch 1, tau off (tok/s)",
+    "set8": "set W=8 decoding, batch 1",
+    "bd3lm": f"BD3LM-{BLOCK_SIZE} decoding, batch 1",
+    "ar": "AR decoding (KV cache), batch 1",
+    "set4_b8": "set W=4 decoding, batch 8",
+  }[name]
 
 
 def markdown(rows) -> str:
@@ -171,53 +219,98 @@ def markdown(rows) -> str:
 
 # ----------------------------------------------------------------------------- official side
 
+
 def import_official(path: str):
   """Import the official `src` package from `path` (appended to sys.path: ours wins any clash)."""
   if path not in sys.path:
     sys.path.append(path)
   import src  # noqa: F401  (the official package)
+
   src_dir = os.path.dirname(os.path.abspath(src.__file__))
   if os.path.commonpath([src_dir, path]) != path:
-    raise SystemExit(f"`import src` resolved to {src_dir}, not {path}/src: another `src` package "
-                     "shadows the official one; run from a clean environment")
+    raise SystemExit(
+      f"`import src` resolved to {src_dir}, not {path}/src: another `src` package "
+      "shadows the official one; run from a clean environment"
+    )
   from src.denoiser import ar, diffusion  # noqa: F401
+
   return types.SimpleNamespace(ar=ar, diffusion=diffusion)
 
 
 def official_tokenizer():
   """What the denoisers, their generate and the collator read from a tokenizer."""
-  return types.SimpleNamespace(mask_token_id=MASK_ID, bos_token_id=BOS_ID, pad_token_id=PAD_ID,
-                               eos_token_id=EOS_ID, cls_token_id=BOS_ID, padding_side="right")
+  return types.SimpleNamespace(
+    mask_token_id=MASK_ID,
+    bos_token_id=BOS_ID,
+    pad_token_id=PAD_ID,
+    eos_token_id=EOS_ID,
+    cls_token_id=BOS_ID,
+    padding_side="right",
+  )
 
 
 def official_model(mods, method: str, sizes: dict):
   """The denoiser the official Hydra config builds for `method` (LM1B scripts' overrides)."""
   L, V = sizes["seq_len"], sizes["vocab_size"]
   block = BLOCK_SIZE if method == "bd3lm" else L  # Hydra `block_size` (backbone + collator)
-  backbone = {"_target_": "src.backbone.dit.DIT", "length": L,
-              "causal_attention": method == "ar", "adaln": method in ("mdlm", "bd3lm"),
-              "hidden_size": sizes["hidden_size"], "cond_dim": 128,
-              "n_heads": sizes["num_heads"], "num_layers": sizes["num_layers"], "dropout": 0.1,
-              "tie_word_embeddings": True, "attn_backend": "sdpa", "vocab_size": V,
-              "block_size": block, "pretrained_model_name_or_path": None}
-  tok_cfg = {"vocab_size": V, "mask_token_id": MASK_ID, "bos_token_id": BOS_ID,
-             "pad_token_id": PAD_ID, "eos_token_id": EOS_ID, "pad_vocab_size_multiple": 1}
-  common = dict(length=L, backbone_config=backbone, tokenization_config=tok_cfg,
-                tokenizer_name="bert-base-uncased", attn_backend="sdpa", train_on_context=False)
+  backbone = {
+    "_target_": "src.backbone.dit.DIT",
+    "length": L,
+    "causal_attention": method == "ar",
+    "adaln": method in ("mdlm", "bd3lm"),
+    "hidden_size": sizes["hidden_size"],
+    "cond_dim": 128,
+    "n_heads": sizes["num_heads"],
+    "num_layers": sizes["num_layers"],
+    "dropout": 0.1,
+    "tie_word_embeddings": True,
+    "attn_backend": "sdpa",
+    "vocab_size": V,
+    "block_size": block,
+    "pretrained_model_name_or_path": None,
+  }
+  tok_cfg = {
+    "vocab_size": V,
+    "mask_token_id": MASK_ID,
+    "bos_token_id": BOS_ID,
+    "pad_token_id": PAD_ID,
+    "eos_token_id": EOS_ID,
+    "pad_vocab_size_multiple": 1,
+  }
+  common = dict(
+    length=L,
+    backbone_config=backbone,
+    tokenization_config=tok_cfg,
+    tokenizer_name="bert-base-uncased",
+    attn_backend="sdpa",
+    train_on_context=False,
+  )
   d = mods.diffusion
   if method == "ar":
     return mods.ar.AR(mods.ar.ARConfig(**common), tokenizer=official_tokenizer()), block
   if method == "setdlm":
-    noise = {"_target_": "src.noise_schedule.noise_schedules.StaggeredNoise", "eps": 1e-3,
-             "block_size": L, "desired_block_size": SET_SIZE, "max_block_size": 2 * SET_SIZE,
-             "length": L}
-    cfg = d.BD3LMConfig(block_size=L, eval_block_size=L, keep_clean_bos=True,
-                        setdlm_eos_last_in_target_order=False, noise_config=noise, **common)
+    noise = {
+      "_target_": "src.noise_schedule.noise_schedules.StaggeredNoise",
+      "eps": 1e-3,
+      "block_size": L,
+      "desired_block_size": SET_SIZE,
+      "max_block_size": 2 * SET_SIZE,
+      "length": L,
+    }
+    cfg = d.BD3LMConfig(
+      block_size=L,
+      eval_block_size=L,
+      keep_clean_bos=True,
+      setdlm_eos_last_in_target_order=False,
+      noise_config=noise,
+      **common,
+    )
     return d.SetDLM(cfg, tokenizer=official_tokenizer()), block
   noise = {"_target_": "src.noise_schedule.noise_schedules.LinearNoise"}
   if method == "bd3lm":
-    cfg = d.BD3LMConfig(block_size=block, eval_block_size=block, keep_clean_bos=True,
-                        noise_config=noise, **common)
+    cfg = d.BD3LMConfig(
+      block_size=block, eval_block_size=block, keep_clean_bos=True, noise_config=noise, **common
+    )
     return d.BD3LM(cfg, tokenizer=official_tokenizer()), block
   cfg = d.MDLMConfig(keep_clean_bos=True, noise_config=noise, **common)
   return d.MDLM(cfg, tokenizer=official_tokenizer()), block
@@ -227,6 +320,7 @@ def official_train(mods, method: str, sizes: dict, host_batches, args) -> dict:
   """Model, optimizer, EMA copy and collated batches of one official training work."""
   import torch
   from src.datasets.collator import DenoisingCollator
+
   torch.manual_seed(args.seed)
   model, block = official_model(mods, method, sizes)
   model.train()
@@ -234,20 +328,34 @@ def official_train(mods, method: str, sizes: dict, host_batches, args) -> dict:
   opt = torch.optim.AdamW(params, lr=LR, betas=BETAS, eps=EPS, weight_decay=0.0)
   ema = [p.detach().clone() for p in params]
   collator = DenoisingCollator(
-      tokenizer=official_tokenizer(), global_batch_size=sizes["batch_size"],
-      max_length=sizes["seq_len"], sampling_eps=1e-3,
-      antithetic_sampling=method == "bd3lm",  # run_train_bd3lm_lm1b.sh; false elsewhere
-      block_size=block,
-      base_collator=lambda feats: {k: torch.stack([f[k] for f in feats]) for k in feats[0]})
+    tokenizer=official_tokenizer(),
+    global_batch_size=sizes["batch_size"],
+    max_length=sizes["seq_len"],
+    sampling_eps=1e-3,
+    antithetic_sampling=method == "bd3lm",  # run_train_bd3lm_lm1b.sh; false elsewhere
+    block_size=block,
+    base_collator=lambda feats: {k: torch.stack([f[k] for f in feats]) for k in feats[0]},
+  )
   batches = []
   for hb in host_batches:
-    feats = [{"input_ids": torch.as_tensor(t, dtype=torch.long),
-              "attention_mask": torch.as_tensor(a, dtype=torch.long)}
-             for t, a in zip(hb["tokens"], hb["attention_mask"])]
+    feats = [
+      {
+        "input_ids": torch.as_tensor(t, dtype=torch.long),
+        "attention_mask": torch.as_tensor(a, dtype=torch.long),
+      }
+      for t, a in zip(hb["tokens"], hb["attention_mask"])
+    ]
     batches.append(collator(feats))
-  prep = {"model": model, "params": params, "opt": opt, "ema": ema, "batches": batches,
-          "times": [], "i": 0, "clean": float(sum(int(b["attention_mask"].sum()) for b in
-                                                  batches[:1]))}
+  prep = {
+    "model": model,
+    "params": params,
+    "opt": opt,
+    "ema": ema,
+    "batches": batches,
+    "times": [],
+    "i": 0,
+    "clean": float(sum(int(b["attention_mask"].sum()) for b in batches[:1])),
+  }
   for _ in range(args.warmup):
     official_step(prep)
   return prep
@@ -255,6 +363,7 @@ def official_train(mods, method: str, sizes: dict, host_batches, args) -> dict:
 
 def official_step(prep) -> float:
   import torch
+
   batch = prep["batches"][prep["i"] % len(prep["batches"])]
   prep["i"] += 1
   loss = prep["model"](**batch).loss  # composer HuggingFaceModel: outputs = model(**batch)
@@ -282,6 +391,7 @@ def official_decoder(mods, work: str, sizes: dict):
   """(generate thunk returning the number of new tokens) for one decoding work, batch 1."""
   import torch
   from transformers import GenerationConfig
+
   L = sizes["seq_len"]
   n = L - 1
   method = {"set4": "setdlm", "set8": "setdlm", "bd3lm": "bd3lm", "ar": "ar"}[work]
@@ -290,38 +400,67 @@ def official_decoder(mods, work: str, sizes: dict):
   model.eval()
   tok = official_tokenizer()
   prompt = torch.tensor([[BOS_ID]])
-  common = dict(num_steps=L, first_hitting=False, sampling_strategy="predict_and_noise",
-                noise_removal=False, confidence_based_noising=False, confidence_threshold=1e6,
-                align_inputs_to_blocks=False, nucleus_p=1.0, do_sample=False, use_cache=True,
-                pad_token_id=MASK_ID)
+  common = dict(
+    num_steps=L,
+    first_hitting=False,
+    sampling_strategy="predict_and_noise",
+    noise_removal=False,
+    confidence_based_noising=False,
+    confidence_threshold=1e6,
+    align_inputs_to_blocks=False,
+    nucleus_p=1.0,
+    do_sample=False,
+    use_cache=True,
+    pad_token_id=MASK_ID,
+  )
   if method == "setdlm":
     gc = mods.diffusion.SetDiffusionGenerationConfig(
-        max_window_size=int(work[3:]), block_size=L, fused_block_cache=None, **common)
+      max_window_size=int(work[3:]), block_size=L, fused_block_cache=None, **common
+    )
   elif method == "bd3lm":
     gc = mods.diffusion.DiffusionGenerationConfig(
-        block_size=BLOCK_SIZE, fused_block_cache=None, **{**common, "num_steps": BLOCK_SIZE})
+      block_size=BLOCK_SIZE, fused_block_cache=None, **{**common, "num_steps": BLOCK_SIZE}
+    )
   else:
     gc = GenerationConfig(do_sample=False, use_cache=True)
 
   def run() -> int:
     with torch.no_grad():
-      out = model.generate(inputs=prompt, generation_config=gc, logits_processor=None,
-                           stopping_criteria=None, max_new_tokens=n,
-                           return_dict_in_generate=True, device="cpu", tokenizer=tok,
-                           disable_pbar=True)
+      out = model.generate(
+        inputs=prompt,
+        generation_config=gc,
+        logits_processor=None,
+        stopping_criteria=None,
+        max_new_tokens=n,
+        return_dict_in_generate=True,
+        device="cpu",
+        tokenizer=tok,
+        disable_pbar=True,
+      )
     seqs = getattr(out, "sequences", out)
     return int(seqs.shape[-1]) - 1
+
   return run
 
 
 # ----------------------------------------------------------------------------- our side
 
+
 def ours_train(train_bench, method: str, sizes: dict, args):
-  argv = [f"--num_layers={sizes['num_layers']}", f"--hidden_size={sizes['hidden_size']}",
-          f"--num_heads={sizes['num_heads']}", f"--seq_len={sizes['seq_len']}",
-          f"--vocab_size={sizes['vocab_size']}", f"--batch_size={sizes['batch_size']}",
-          "--dtype=float32", "--dropout=0.1", f"--warmup={args.warmup}",
-          f"--steps={args.steps}", f"--seed={args.seed}", f"--objectives={method}"]
+  argv = [
+    f"--num_layers={sizes['num_layers']}",
+    f"--hidden_size={sizes['hidden_size']}",
+    f"--num_heads={sizes['num_heads']}",
+    f"--seq_len={sizes['seq_len']}",
+    f"--vocab_size={sizes['vocab_size']}",
+    f"--batch_size={sizes['batch_size']}",
+    "--dtype=float32",
+    "--dropout=0.1",
+    f"--warmup={args.warmup}",
+    f"--steps={args.steps}",
+    f"--seed={args.seed}",
+    f"--objectives={method}",
+  ]
   bargs = train_bench.parse_args(argv)
   config = train_bench.load_config(bargs)
   config.loss.desired_set_size, config.loss.block_size = SET_SIZE, BLOCK_SIZE
@@ -335,9 +474,11 @@ def ours_train(train_bench, method: str, sizes: dict, args):
 
 def ours_decoder(sampling_bench, work: str, sizes: dict):
   from setdiff_jax.sampling import SamplerConfig, ar_generate, bd3lm_generate, set_generate
+
   model, params, seq_len, ids, _ = sampling_bench._model()
-  base = SamplerConfig(**ids, max_new_tokens=seq_len - 1, max_length=seq_len,
-                       stop_at_eos=False, greedy=True, seed=0)
+  base = SamplerConfig(
+    **ids, max_new_tokens=seq_len - 1, max_length=seq_len, stop_at_eos=False, greedy=True, seed=0
+  )
   batch = 8 if work.endswith("_b8") else 1
   prompts = [[ids["bos_token_id"]]] * batch
   if work.startswith("set"):
@@ -349,6 +490,7 @@ def ours_decoder(sampling_bench, work: str, sizes: dict):
 
   def run() -> int:
     return int(fn(model, params, prompts, cfg).num_generated)
+
   return run
 
 
@@ -364,28 +506,37 @@ def rate(times) -> float:
 
 # ----------------------------------------------------------------------------- worker process
 
+
 def worker_main(args):
   """The official side: JSON requests on stdin, one JSON reply per line on the original stdout."""
   proto = os.fdopen(os.dup(1), "w", buffering=1)
   os.dup2(2, 1)  # anything the official code prints goes to stderr, never into the protocol
   import numpy as np
   import torch
+
   torch.set_num_threads(args.threads)
   mods = import_official(args.official_dir)
   import transformers
+
   train, decode = {}, {}
   for line in sys.stdin:
     req = json.loads(line)
     try:
       cmd = req["cmd"]
       if cmd == "info":
-        out = {"torch": torch.__version__, "transformers": transformers.__version__,
-               "threads": torch.get_num_threads(), "interop": torch.get_num_interop_threads(),
-               "python": sys.executable}
+        out = {
+          "torch": torch.__version__,
+          "transformers": transformers.__version__,
+          "threads": torch.get_num_threads(),
+          "interop": torch.get_num_interop_threads(),
+          "python": sys.executable,
+        }
       elif cmd == "prepare_train":
         data = np.load(req["batches"])
-        host = [{"tokens": data[f"tokens{i}"], "attention_mask": data[f"mask{i}"]}
-                for i in range(int(data["n"]))]
+        host = [
+          {"tokens": data[f"tokens{i}"], "attention_mask": data[f"mask{i}"]}
+          for i in range(int(data["n"]))
+        ]
         train[req["name"]] = official_train(mods, req["name"], args.sizes, host, args)
         out = {"clean": train[req["name"]]["clean"]}
       elif cmd == "time_train":
@@ -402,6 +553,7 @@ def worker_main(args):
         out = {"tokens": n, "seconds": time.perf_counter() - t0}
       elif cmd in ("align", "exports"):
         import official_checks  # benchmarks/official_checks.py (numpy, torch, official code)
+
         out = getattr(official_checks, f"worker_{cmd}")(mods, req)
       elif cmd == "quit":
         break
@@ -419,16 +571,19 @@ class OfficialWorker:
     cmd = [args.official_python, os.path.abspath(__file__), "--worker"] + list(argv)
     # Offline: nothing on the official side may reach a hub (its loaders would try).
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                 bufsize=1, env=env)
+    self.proc = subprocess.Popen(
+      cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1, env=env
+    )
 
   def __call__(self, cmd: str, **kw) -> dict:
     self.proc.stdin.write(json.dumps({"cmd": cmd, **kw}) + "\n")
     self.proc.stdin.flush()
     line = self.proc.stdout.readline()
     if not line:
-      raise SystemExit(f"the official worker ({self.proc.args[0]}) exited (rc "
-                       f"{self.proc.wait()}); its stderr is above")
+      raise SystemExit(
+        f"the official worker ({self.proc.args[0]}) exited (rc "
+        f"{self.proc.wait()}); its stderr is above"
+      )
     out = json.loads(line)
     if "error" in out:
       raise SystemExit(f"official side failed on {cmd} {kw}:\n{out['error']}")
@@ -444,15 +599,17 @@ class OfficialWorker:
 def check_official_env(info: dict, python: str):
   if not info["transformers"].startswith("4."):
     raise SystemExit(
-        f"--official_python={python} has transformers {info['transformers']}; the official code "
-        "needs 4.x (its requirements.txt pins 4.52.4; 5.x renames `past_key_values` in model "
-        "outputs and changes DynamicCache). Make a venv that reuses the system torch: "
-        "`python -m venv --system-site-packages /tmp/setdlms_venv && /tmp/setdlms_venv/bin/pip "
-        "install hydra-core transformers==4.52.4 torch==2.13.0`, then pass "
-        "--official_python=/tmp/setdlms_venv/bin/python")
+      f"--official_python={python} has transformers {info['transformers']}; the official code "
+      "needs 4.x (its requirements.txt pins 4.52.4; 5.x renames `past_key_values` in model "
+      "outputs and changes DynamicCache). Make a venv that reuses the system torch: "
+      "`python -m venv --system-site-packages /tmp/setdlms_venv && /tmp/setdlms_venv/bin/pip "
+      "install hydra-core transformers==4.52.4 torch==2.13.0`, then pass "
+      "--official_python=/tmp/setdlms_venv/bin/python"
+    )
 
 
 # ----------------------------------------------------------------------------- driver
+
 
 def main(argv=None):
   argv = sys.argv[1:] if argv is None else list(argv)
@@ -465,11 +622,19 @@ def main(argv=None):
   import training as train_bench  # benchmarks/training.py (puts the repo root on sys.path)
   import sampling as sampling_bench  # benchmarks/sampling.py
   import jax
+
   sizes = args.sizes
-  sampling_bench.FLAGS([
-      "official", f"--num_layers={sizes['num_layers']}", f"--hidden_size={sizes['hidden_size']}",
-      f"--num_heads={sizes['num_heads']}", f"--seq_len={sizes['seq_len']}",
-      f"--vocab_size={sizes['vocab_size']}", f"--seed={args.seed}"])
+  sampling_bench.FLAGS(
+    [
+      "official",
+      f"--num_layers={sizes['num_layers']}",
+      f"--hidden_size={sizes['hidden_size']}",
+      f"--num_heads={sizes['num_heads']}",
+      f"--seq_len={sizes['seq_len']}",
+      f"--vocab_size={sizes['vocab_size']}",
+      f"--seed={args.seed}",
+    ]
+  )
   official = OfficialWorker(args, argv)
   tmp = tempfile.mkdtemp(prefix="setdiff_official_")
   try:
@@ -477,8 +642,11 @@ def main(argv=None):
     check_official_env(info, args.official_python)
     if args.check != "speed":
       return run_check(args, official, tmp, info)
-    print(f"sizes {sizes}; rounds {args.rounds}, {args.warmup} warm-up + {args.steps} timed "
-          f"train steps; load average before {load_before[0]:.2f}", flush=True)
+    print(
+      f"sizes {sizes}; rounds {args.rounds}, {args.warmup} warm-up + {args.steps} timed "
+      f"train steps; load average before {load_before[0]:.2f}",
+      flush=True,
+    )
     works = []  # (kind, name, official times, ours state)
     for m in args.train:
       ours, config = ours_train(train_bench, m, sizes, args)
@@ -507,9 +675,11 @@ def main(argv=None):
           res = official("time_train", name=name)
           off["times"].append(res["seconds"])
           train_bench.time_steps(ours, ours["bargs"])
-          msg = (f"official {off['clean'] * args.steps / res['seconds']:,.0f} "
-                 f"(loss {res['loss']:.3f}), ours {ours['clean'] / ours['times'][-1]:,.0f} "
-                 f"(loss {ours['loss']:.3f}) clean tok/s")
+          msg = (
+            f"official {off['clean'] * args.steps / res['seconds']:,.0f} "
+            f"(loss {res['loss']:.3f}), ours {ours['clean'] / ours['times'][-1]:,.0f} "
+            f"(loss {ours['loss']:.3f}) clean tok/s"
+          )
         else:
           msg = ""
           if off:
@@ -549,30 +719,43 @@ def main(argv=None):
   if b1 and b8:
     print(f"ours set W=4: batch 8 / batch 1 tok/s = {rate(b8['times']) / rate(b1['times']):.2f}x")
   if b8:
-    print("† the official sampler is batch-1 only (asserted in SetDLM.generate): its batch-8 "
-          "figure is its batch-1 rate (8 sequential calls), not timed separately.")
-  print(f"{'QUICK (tiny shapes: a harness check, not a speed claim); ' if args.quick else ''}"
-        f"sizes {sizes}; fp32; medians of {args.rounds} interleaved round(s) ({args.steps} timed "
-        f"train steps per round after {args.warmup} warm-up; one decode call per round)")
-  print(f"load average (1/5/15 min) before {'/'.join(f'{x:.2f}' for x in load_before)}, after "
-        f"{'/'.join(f'{x:.2f}' for x in load_after)}; {os.cpu_count()} CPUs "
-        f"({len(os.sched_getaffinity(0))} usable)")
-  print(f"official: torch {info['torch']} (threads {info['threads']}, interop {info['interop']}), "
-        f"transformers {info['transformers']}, {info['python']}, code {args.official_dir}")
-  print(f"ours: jax {jax.__version__} ({jax.default_backend()}, {jax.device_count()} device(s), "
-        f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r})")
+    print(
+      "† the official sampler is batch-1 only (asserted in SetDLM.generate): its batch-8 "
+      "figure is its batch-1 rate (8 sequential calls), not timed separately."
+    )
+  print(
+    f"{'QUICK (tiny shapes: a harness check, not a speed claim); ' if args.quick else ''}"
+    f"sizes {sizes}; fp32; medians of {args.rounds} interleaved round(s) ({args.steps} timed "
+    f"train steps per round after {args.warmup} warm-up; one decode call per round)"
+  )
+  print(
+    f"load average (1/5/15 min) before {'/'.join(f'{x:.2f}' for x in load_before)}, after "
+    f"{'/'.join(f'{x:.2f}' for x in load_after)}; {os.cpu_count()} CPUs "
+    f"({len(os.sched_getaffinity(0))} usable)"
+  )
+  print(
+    f"official: torch {info['torch']} (threads {info['threads']}, interop {info['interop']}), "
+    f"transformers {info['transformers']}, {info['python']}, code {args.official_dir}"
+  )
+  print(
+    f"ours: jax {jax.__version__} ({jax.default_backend()}, {jax.device_count()} device(s), "
+    f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r})"
+  )
 
 
 def run_check(args, official, tmp, info):
   """--check=align|exports: run it, print its table and the versions."""
   import jax
   import official_checks
+
   if args.check == "align":
     print(official_checks.align_table(official_checks.run_align(args, official, tmp)))
   else:
     print(official_checks.exports_table(official_checks.run_exports(args, official, tmp)))
-  print(f"official: torch {info['torch']}, transformers {info['transformers']}, "
-        f"{info['python']}, code {args.official_dir} (HF_HUB_OFFLINE=1, TRANSFORMERS_OFFLINE=1)")
+  print(
+    f"official: torch {info['torch']}, transformers {info['transformers']}, "
+    f"{info['python']}, code {args.official_dir} (HF_HUB_OFFLINE=1, TRANSFORMERS_OFFLINE=1)"
+  )
   print(f"ours: jax {jax.__version__} ({jax.default_backend()})")
 
 

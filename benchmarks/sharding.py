@@ -31,14 +31,16 @@ on the real slice for absolute numbers.
 configs/tiny_sw.py; lm1b sizes take minutes per step on CPU). On emulated CPU devices, which share
 the host's cores, the step time shows the collectives' overhead, not real-hardware speed-up.
 """
+
 from __future__ import annotations
 
 import os
 
 # Before jax is imported anywhere: 8 emulated host devices (harmless on GPU/TPU hosts).
 if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                             " --xla_force_host_platform_device_count=8").strip()
+  os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+  ).strip()
 
 import argparse  # noqa: E402
 import importlib.util  # noqa: E402
@@ -60,12 +62,30 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_LAYOUTS = "data=8;fsdp=8;fsdp=4,tensor=2;data=2,fsdp=2,tensor=2"
 # Architectures for --preset (the public config.json values).
 PRESETS = {
-    "qwen3-1.7b": dict(backbone="qwen3", vocab_size=151936, hidden_size=2048, num_layers=28,
-                       num_heads=16, num_kv_heads=8, head_dim=128, intermediate_size=6144,
-                       rope_base=1e6, tie_embeddings=True),
-    "qwen3-0.6b": dict(backbone="qwen3", vocab_size=151936, hidden_size=1024, num_layers=28,
-                       num_heads=16, num_kv_heads=8, head_dim=128, intermediate_size=3072,
-                       rope_base=1e6, tie_embeddings=True),
+  "qwen3-1.7b": dict(
+    backbone="qwen3",
+    vocab_size=151936,
+    hidden_size=2048,
+    num_layers=28,
+    num_heads=16,
+    num_kv_heads=8,
+    head_dim=128,
+    intermediate_size=6144,
+    rope_base=1e6,
+    tie_embeddings=True,
+  ),
+  "qwen3-0.6b": dict(
+    backbone="qwen3",
+    vocab_size=151936,
+    hidden_size=1024,
+    num_layers=28,
+    num_heads=16,
+    num_kv_heads=8,
+    head_dim=128,
+    intermediate_size=3072,
+    rope_base=1e6,
+    tie_embeddings=True,
+  ),
 }
 # bert-base-uncased special ids (the LM1B vocabulary): [PAD] [CLS] [SEP] [MASK].
 PAD_ID, BOS_ID, EOS_ID, MASK_ID = 0, 101, 102, 103
@@ -73,11 +93,17 @@ PAD_ID, BOS_ID, EOS_ID, MASK_ID = 0, 101, 102, 103
 
 def parse_args(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-  p.add_argument("--config", default=os.path.join(REPO, "configs", "lm1b_sw.py"),
-                 help="config file with get_config() (default: configs/lm1b_sw.py)")
-  p.add_argument("--layouts", default=DEFAULT_LAYOUTS,
-                 help="';'-separated meshes, each 'axis=size,...' (missing axes = 1; one may be "
-                      f"-1). Default: {DEFAULT_LAYOUTS!r}")
+  p.add_argument(
+    "--config",
+    default=os.path.join(REPO, "configs", "lm1b_sw.py"),
+    help="config file with get_config() (default: configs/lm1b_sw.py)",
+  )
+  p.add_argument(
+    "--layouts",
+    default=DEFAULT_LAYOUTS,
+    help="';'-separated meshes, each 'axis=size,...' (missing axes = 1; one may be "
+    f"-1). Default: {DEFAULT_LAYOUTS!r}",
+  )
   p.add_argument("--backend", default="cpu", help="cpu (default: 8 emulated devices) | gpu | tpu")
   p.add_argument("--objective", default=None, help="override config.objective")
   p.add_argument("--batch_size", type=int, default=None, help="global batch (default: config's)")
@@ -85,24 +111,44 @@ def parse_args(argv=None):
   p.add_argument("--num_layers", type=int, default=None)
   p.add_argument("--hidden_size", type=int, default=None)
   p.add_argument("--num_heads", type=int, default=None)
-  p.add_argument("--vocab_size", type=int, default=None,
-                 help="default: config.model.vocab_size, else 30522 (bert-base-uncased) for "
-                      "wordpiece configs, else config.tokenizer.vocab_size")
+  p.add_argument(
+    "--vocab_size",
+    type=int,
+    default=None,
+    help="default: config.model.vocab_size, else 30522 (bert-base-uncased) for "
+    "wordpiece configs, else config.tokenizer.vocab_size",
+  )
   p.add_argument("--dtype", default=None, help="compute dtype: float32 | bfloat16")
   p.add_argument("--grad_accum_steps", type=int, default=None)
-  p.add_argument("--remat", nargs="?", const="full", default=None,
-                 help="model.remat policy: none | full (bare --remat) | dots_saveable | "
-                      "dots_with_no_batch_dims_saveable | save_attention_out")
-  p.add_argument("--time_steps", type=int, default=0,
-                 help="also time this many steps per layout on --time_config (0: compile only)")
+  p.add_argument(
+    "--remat",
+    nargs="?",
+    const="full",
+    default=None,
+    help="model.remat policy: none | full (bare --remat) | dots_saveable | "
+    "dots_with_no_batch_dims_saveable | save_attention_out",
+  )
+  p.add_argument(
+    "--time_steps",
+    type=int,
+    default=0,
+    help="also time this many steps per layout on --time_config (0: compile only)",
+  )
   p.add_argument("--time_config", default=os.path.join(REPO, "configs", "tiny_sw.py"))
   p.add_argument("--time_batch_size", type=int, default=None)
   p.add_argument("--seed", type=int, default=0)
-  p.add_argument("--preset", default=None, choices=sorted(PRESETS),
-                 help="fill config.model with a known architecture (e.g. a Qwen3 config whose "
-                      "fields come from init_from_hf at training time)")
-  p.add_argument("--state_only", action="store_true",
-                 help="report the exact params / EMA / optimizer shards only (no compile)")
+  p.add_argument(
+    "--preset",
+    default=None,
+    choices=sorted(PRESETS),
+    help="fill config.model with a known architecture (e.g. a Qwen3 config whose "
+    "fields come from init_from_hf at training time)",
+  )
+  p.add_argument(
+    "--state_only",
+    action="store_true",
+    help="report the exact params / EMA / optimizer shards only (no compile)",
+  )
   return p.parse_args(argv)
 
 
@@ -117,8 +163,10 @@ def parse_layouts(text: str):
       axis, _, size = part.partition("=")
       axis = axis.strip()
       if axis not in sharding.MESH_AXES or not size.strip().lstrip("-").isdigit():
-        raise SystemExit(f"--layouts: bad entry {part!r} in {item!r}; expected e.g. "
-                         f"'fsdp=4,tensor=2' with axes {sharding.MESH_AXES}")
+        raise SystemExit(
+          f"--layouts: bad entry {part!r} in {item!r}; expected e.g. "
+          f"'fsdp=4,tensor=2' with axes {sharding.MESH_AXES}"
+        )
       mesh[axis] = int(size)
     layouts.append(mesh)
   return layouts
@@ -146,11 +194,18 @@ def load_config(path, args, *, timing=False):
   if timing:
     overrides = {"batch_size": args.time_batch_size}
   else:
-    overrides = {"batch_size": args.batch_size, "seq_len": args.seq_len,
-                 "model.num_layers": args.num_layers, "model.hidden_size": args.hidden_size,
-                 "model.num_heads": args.num_heads, "model.vocab_size": args.vocab_size,
-                 "model.dtype": args.dtype, "grad_accum_steps": args.grad_accum_steps,
-                 "model.remat": args.remat, "objective": args.objective}
+    overrides = {
+      "batch_size": args.batch_size,
+      "seq_len": args.seq_len,
+      "model.num_layers": args.num_layers,
+      "model.hidden_size": args.hidden_size,
+      "model.num_heads": args.num_heads,
+      "model.vocab_size": args.vocab_size,
+      "model.dtype": args.dtype,
+      "grad_accum_steps": args.grad_accum_steps,
+      "model.remat": args.remat,
+      "objective": args.objective,
+    }
   for key, value in overrides.items():
     if value is None:
       continue
@@ -172,8 +227,9 @@ def load_config(path, args, *, timing=False):
 
 def fake_tokenizer(vocab_size: int):
   """What `run_config.model_and_objective` reads from a tokenizer: the size and the special ids."""
-  return types.SimpleNamespace(vocab_size=vocab_size, pad_id=PAD_ID, bos_id=BOS_ID,
-                               eos_id=EOS_ID, mask_id=MASK_ID)
+  return types.SimpleNamespace(
+    vocab_size=vocab_size, pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, mask_id=MASK_ID
+  )
 
 
 def shard_bytes(tree, shardings) -> int:
@@ -187,7 +243,9 @@ def shard_bytes(tree, shardings) -> int:
 def build(config, mesh_cfg, devices):
   """Jitted step, abstract (sharded) inputs and the state's shardings, as the train loop does."""
   run_config.validate_config(config, len(devices))
-  model_cfg, obj_cfg = run_config.model_and_objective(config, fake_tokenizer(config.model.vocab_size))
+  model_cfg, obj_cfg = run_config.model_and_objective(
+    config, fake_tokenizer(config.model.vocab_size)
+  )
   mesh = sharding.make_mesh(mesh_cfg, devices)
   init = lambda rng: train_step.create_train_state(config, model_cfg, rng)
   abstract = jax.eval_shape(init, jax.random.key(config.seed))
@@ -195,10 +253,12 @@ def build(config, mesh_cfg, devices):
   data = sharding.batch_sharding(mesh)
   step = train_step.jit_train_step(config, models.build(model_cfg), obj_cfg, mesh, shardings)
   shape = (config.batch_size, config.seq_len)
-  batch = {k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=data)
-           for k in ("tokens", "attention_mask")}
+  batch = {
+    k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=data) for k in ("tokens", "attention_mask")
+  }
   state = jax.tree_util.tree_map(
-      lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
+    lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
+  )
   return mesh, init, step, state, batch, shardings, abstract
 
 
@@ -212,14 +272,18 @@ def memory_row(config, mesh_cfg, devices, state_only: bool = False) -> dict:
   args_b, out_b = get("argument_size_in_bytes"), get("output_size_in_bytes")
   alias_b, temp_b = get("alias_size_in_bytes"), get("temp_size_in_bytes")
   return {
-      "layout": layout_name(dict(zip(sharding.MESH_AXES, mesh.devices.shape))),
-      "params": shard_bytes(abstract.params, shardings.params),
-      "ema": shard_bytes(abstract.ema_params, shardings.ema_params),
-      "opt": shard_bytes(abstract.opt_state, shardings.opt_state),
-      "num_params": sum(math.prod(x.shape) for x in jax.tree_util.tree_leaves(abstract.params)),
-      "args": args_b, "out": out_b, "alias": alias_b, "temp": temp_b,
-      "peak": args_b + out_b - alias_b + temp_b if mem is not None else 0,
-      "has_memory": mem is not None, "compile_s": compile_s,
+    "layout": layout_name(dict(zip(sharding.MESH_AXES, mesh.devices.shape))),
+    "params": shard_bytes(abstract.params, shardings.params),
+    "ema": shard_bytes(abstract.ema_params, shardings.ema_params),
+    "opt": shard_bytes(abstract.opt_state, shardings.opt_state),
+    "num_params": sum(math.prod(x.shape) for x in jax.tree_util.tree_leaves(abstract.params)),
+    "args": args_b,
+    "out": out_b,
+    "alias": alias_b,
+    "temp": temp_b,
+    "peak": args_b + out_b - alias_b + temp_b if mem is not None else 0,
+    "has_memory": mem is not None,
+    "compile_s": compile_s,
   }
 
 
@@ -230,8 +294,9 @@ def time_row(config, mesh_cfg, devices, steps: int, seed: int) -> dict:
   shape = (config.batch_size, config.seq_len)
   tokens = rng.integers(MASK_ID + 1, config.model.vocab_size, shape).astype(np.int32)
   tokens[:, 0] = BOS_ID
-  batch = sharding.global_batch({"tokens": tokens, "attention_mask": np.ones(shape, np.int32)},
-                                mesh)
+  batch = sharding.global_batch(
+    {"tokens": tokens, "attention_mask": np.ones(shape, np.int32)}, mesh
+  )
   key = jax.random.key(seed)
   t0 = time.perf_counter()
   compiled = step.lower(state, batch, key).compile()
@@ -256,36 +321,59 @@ def mib(b: int) -> str:
 def describe(config) -> str:
   m = config.model
   if m.get("backbone", "dit") == "qwen3":
-    arch = (f"Qwen3 {m.num_layers} layers × {m.hidden_size}, {m.num_heads} / {m.num_kv_heads} "
-            f"heads × {m.head_dim}, MLP {m.intermediate_size}")
+    arch = (
+      f"Qwen3 {m.num_layers} layers × {m.hidden_size}, {m.num_heads} / {m.num_kv_heads} "
+      f"heads × {m.head_dim}, MLP {m.intermediate_size}"
+    )
   else:
     arch = f"DiT {m.num_layers} layers × {m.hidden_size}, {m.num_heads} heads, MLP ×{m.mlp_ratio}"
-  return (f"{config.objective}, {arch}, V={m.vocab_size}, L={config.seq_len}, global batch "
-          f"{config.batch_size} (accum {config.grad_accum_steps}), {m.dtype} compute / fp32 "
-          f"params, remat={m.remat}")
+  return (
+    f"{config.objective}, {arch}, V={m.vocab_size}, L={config.seq_len}, global batch "
+    f"{config.batch_size} (accum {config.grad_accum_steps}), {m.dtype} compute / fp32 "
+    f"params, remat={m.remat}"
+  )
 
 
 def markdown(rows, config, time_config, devices, args) -> str:
-  head = (f"{describe(config)}; {rows[0]['num_params'] / 1e6:.1f}M parameters. "
-          f"{len(devices)} × {devices[0].device_kind} ({devices[0].platform}), jax "
-          f"{jax.__version__}. MiB per device.")
-  cols = ["layout", "params", "EMA", "optimizer", "arguments", "outputs", "temp", "peak (est.)",
-          "compile (s)"]
+  head = (
+    f"{describe(config)}; {rows[0]['num_params'] / 1e6:.1f}M parameters. "
+    f"{len(devices)} × {devices[0].device_kind} ({devices[0].platform}), jax "
+    f"{jax.__version__}. MiB per device."
+  )
+  cols = [
+    "layout",
+    "params",
+    "EMA",
+    "optimizer",
+    "arguments",
+    "outputs",
+    "temp",
+    "peak (est.)",
+    "compile (s)",
+  ]
   timed = any("step_ms" in r for r in rows)
   if timed:
     cols.append("ms / step*")
-  lines = [head, "", "| " + " | ".join(cols) + " |",
-           "| --- |" + " ---: |" * (len(cols) - 1)]
+  lines = [head, "", "| " + " | ".join(cols) + " |", "| --- |" + " ---: |" * (len(cols) - 1)]
   for r in rows:
     mem = [mib(r[k]) if r["has_memory"] else "n/a" for k in ("args", "out", "temp", "peak")]
-    cells = [r["layout"], mib(r["params"]), mib(r["ema"]), mib(r["opt"]), *mem,
-             f"{r['compile_s']:.0f}"]
+    cells = [
+      r["layout"],
+      mib(r["params"]),
+      mib(r["ema"]),
+      mib(r["opt"]),
+      *mem,
+      f"{r['compile_s']:.0f}",
+    ]
     if timed:
       cells.append(f"{r['step_ms']:.0f}" if "step_ms" in r else "")
     lines.append("| " + " | ".join(cells) + " |")
   if timed:
-    lines += ["", f"*step time of {describe(time_config)}, {args.time_steps} steps after one "
-              f"warm-up step, on the same devices."]
+    lines += [
+      "",
+      f"*step time of {describe(time_config)}, {args.time_steps} steps after one "
+      f"warm-up step, on the same devices.",
+    ]
   return "\n".join(lines)
 
 
@@ -299,9 +387,12 @@ def main(argv=None):
   rows = []
   for mesh_cfg in layouts:
     row = memory_row(config, mesh_cfg, devices, args.state_only)
-    print(f"{row['layout']}: compiled in {row['compile_s']:.0f}s; per device: params "
-          f"{mib(row['params'])} MiB, optimizer {mib(row['opt'])} MiB, temp {mib(row['temp'])} "
-          f"MiB, peak {mib(row['peak'])} MiB", flush=True)
+    print(
+      f"{row['layout']}: compiled in {row['compile_s']:.0f}s; per device: params "
+      f"{mib(row['params'])} MiB, optimizer {mib(row['opt'])} MiB, temp {mib(row['temp'])} "
+      f"MiB, peak {mib(row['peak'])} MiB",
+      flush=True,
+    )
     if time_config is not None:
       row.update(time_row(time_config, mesh_cfg, devices, args.time_steps, args.seed))
       print(f"  {row['step_ms']:.0f} ms/step on the timing config", flush=True)

@@ -56,6 +56,7 @@ after every seed; per (task, seed, method) the evaluation is cached in
 three one-seed runs in parallel on the same --output_dir) skips finished training and
 evaluation and reports them together.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -88,12 +89,20 @@ POLICY_METHODS = ("ar", "bd3lm4", "setdlm4")
 QUICK_POLICY_METHODS = ("bd3lm4", "setdlm4")
 TASKS = ("arithmetic", "chain")
 # Parameters swept per policy on the validation split (None = the policy's 'off' / default).
-POLICY_GRID = {"threshold": (None, 0.9, 0.8, 0.7, 0.5), "entropy_bound": (0.01, 0.1, 0.3, 1.0),
-               "factor": (0.5, 1.0, 2.0, 4.0), "margin": (None, 0.9, 0.7, 0.5),
-               "topk": (2, 3, 4), "dilated": (2, 4), "stable": (2, 3),
-               "pmax": (None, 0.9, 0.7, 0.5)}
-CHAIN = {"task_operands": reasoning_chain.OPERANDS,  # the calibrated difficulty
-         "task_max_operand": reasoning_chain.MAX_OPERAND}
+POLICY_GRID = {
+  "threshold": (None, 0.9, 0.8, 0.7, 0.5),
+  "entropy_bound": (0.01, 0.1, 0.3, 1.0),
+  "factor": (0.5, 1.0, 2.0, 4.0),
+  "margin": (None, 0.9, 0.7, 0.5),
+  "topk": (2, 3, 4),
+  "dilated": (2, 4),
+  "stable": (2, 3),
+  "pmax": (None, 0.9, 0.7, 0.5),
+}
+CHAIN = {
+  "task_operands": reasoning_chain.OPERANDS,  # the calibrated difficulty
+  "task_max_operand": reasoning_chain.MAX_OPERAND,
+}
 ARITH_HELD_OUT, ARITH_MIN_VAL = 207, 57  # arithmetic: held-out problems in all; kept for val
 THRESHOLDS = (None, 0.99, 0.95, 0.9, 0.85, 0.8, 0.7, 0.6)
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
@@ -103,64 +112,126 @@ NAME = "speed_accuracy"
 def parse_args(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--output_dir", default="/tmp/setdiff_speed_accuracy")
-  p.add_argument("--results_dir", default=None,
-                 help="copy the table/plot/json here (default: benchmarks/results for a full "
-                      "run, none for --quick; 'none' disables)")
+  p.add_argument(
+    "--results_dir",
+    default=None,
+    help="copy the table/plot/json here (default: benchmarks/results for a full "
+    "run, none for --quick; 'none' disables)",
+  )
   p.add_argument("--quick", action="store_true", help="tiny models and few steps / problems")
-  p.add_argument("--methods", default=",".join(METHODS),
-                 help="comma-separated: ar, mdlm, bd3lm<S>, setdlm<S> (S_max = 2S)")
+  p.add_argument(
+    "--methods",
+    default=",".join(METHODS),
+    help="comma-separated: ar, mdlm, bd3lm<S>, setdlm<S> (S_max = 2S)",
+  )
   p.add_argument("--steps", type=int, default=None, help="training steps (recipe: 1200)")
   p.add_argument("--batch_size", type=int, default=None, help="training batch (recipe: 32)")
   p.add_argument("--hidden_size", type=int, default=None)
   p.add_argument("--num_layers", type=int, default=None)
   p.add_argument("--lr", type=float, default=None)
   p.add_argument("--seed", type=int, default=0)
-  p.add_argument("--seeds", default=None,
-                 help="comma-separated seeds (overrides --seed): one training per method and "
-                      "seed, plus a mean +- std table (policy mode: the training seeds)")
-  p.add_argument("--align_to_blocks", default="on", choices=("on", "off", "both"),
-                 help="BD3LM decode blocks on the block grid (on, the official harness), from "
-                      "each prompt's end (off), or both")
+  p.add_argument(
+    "--seeds",
+    default=None,
+    help="comma-separated seeds (overrides --seed): one training per method and "
+    "seed, plus a mean +- std table (policy mode: the training seeds)",
+  )
+  p.add_argument(
+    "--align_to_blocks",
+    default="on",
+    choices=("on", "off", "both"),
+    help="BD3LM decode blocks on the block grid (on, the official harness), from "
+    "each prompt's end (off), or both",
+  )
   p.add_argument("--thresholds", default=",".join(threshold_label(t) for t in THRESHOLDS))
   p.add_argument("--windows", default="4,8", help="SetDLM windows W (the run's S is the default)")
   p.add_argument("--num_test", type=int, default=None, help="test problems (200; quick 8)")
   p.add_argument("--decode_batch", type=int, default=None, help="rows per decoding call (50)")
-  p.add_argument("--speed_examples", type=int, default=None,
-                 help="prompts timed one per call at batch 1 (16; quick 2)")
-  p.add_argument("--policies", default=None,
-                 help="commit policies to compare (sampling/policies.py); turns on the policy "
-                      "mode (see the module docstring)")
-  p.add_argument("--tasks", default=None,
-                 help="policy mode: arithmetic, chain (default both; quick: chain)")
-  p.add_argument("--num_val", type=int, default=None,
-                 help="policy mode: validation problems (100; quick 6)")
+  p.add_argument(
+    "--speed_examples",
+    type=int,
+    default=None,
+    help="prompts timed one per call at batch 1 (16; quick 2)",
+  )
+  p.add_argument(
+    "--policies",
+    default=None,
+    help="commit policies to compare (sampling/policies.py); turns on the policy "
+    "mode (see the module docstring)",
+  )
+  p.add_argument(
+    "--tasks", default=None, help="policy mode: arithmetic, chain (default both; quick: chain)"
+  )
+  p.add_argument(
+    "--num_val", type=int, default=None, help="policy mode: validation problems (100; quick 6)"
+  )
   p.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples for the CIs")
-  p.add_argument("--policy_grid", default=None,
-                 help="policy mode: replace policies' grids, NAME:V1/V2,... e.g. "
-                      "'entropy_bound:0.1/1,topk:2/4' ('off' = no parameter; tau off is always "
-                      "in the threshold grid)")
-  p.add_argument("--report_only", action="store_true",
-                 help="policy mode: no training or decoding; report what the --output_dir's "
-                      "caches hold (finished and partly finished evaluations, labelled)")
-  p.add_argument("--chain_operands", type=int, default=CHAIN["task_operands"],
-                 help="policy mode, chain task: operands per problem (data.task_operands)")
-  p.add_argument("--chain_max_operand", type=int, default=CHAIN["task_max_operand"],
-                 help="policy mode, chain task: operands in 1..this (data.task_max_operand)")
+  p.add_argument(
+    "--policy_grid",
+    default=None,
+    help="policy mode: replace policies' grids, NAME:V1/V2,... e.g. "
+    "'entropy_bound:0.1/1,topk:2/4' ('off' = no parameter; tau off is always "
+    "in the threshold grid)",
+  )
+  p.add_argument(
+    "--report_only",
+    action="store_true",
+    help="policy mode: no training or decoding; report what the --output_dir's "
+    "caches hold (finished and partly finished evaluations, labelled)",
+  )
+  p.add_argument(
+    "--chain_operands",
+    type=int,
+    default=CHAIN["task_operands"],
+    help="policy mode, chain task: operands per problem (data.task_operands)",
+  )
+  p.add_argument(
+    "--chain_max_operand",
+    type=int,
+    default=CHAIN["task_max_operand"],
+    help="policy mode, chain task: operands in 1..this (data.task_max_operand)",
+  )
   return p.parse_args(argv)
 
 
 def plan(args) -> Dict[str, Any]:
-  p = dict(steps=1200, batch_size=32, hidden_size=None, num_layers=None, lr=None, num_test=200,
-           decode_batch=50, speed_examples=16,
-           thresholds=[None if t in ("off", "none") else float(t)
-                       for t in args.thresholds.split(",") if t.strip()],
-           windows=[int(w) for w in args.windows.split(",") if w.strip()])
+  p = dict(
+    steps=1200,
+    batch_size=32,
+    hidden_size=None,
+    num_layers=None,
+    lr=None,
+    num_test=200,
+    decode_batch=50,
+    speed_examples=16,
+    thresholds=[
+      None if t in ("off", "none") else float(t) for t in args.thresholds.split(",") if t.strip()
+    ],
+    windows=[int(w) for w in args.windows.split(",") if w.strip()],
+  )
   if args.quick:
     # decode_batch = 1: the batch-1 timing reuses the decoding compile (one per setting)
-    p.update(steps=4, batch_size=8, hidden_size=32, num_layers=1, num_test=8, decode_batch=1,
-             speed_examples=2, thresholds=[None, 0.9], windows=[4])
-  for k in ("steps", "batch_size", "hidden_size", "num_layers", "lr", "num_test", "decode_batch",
-            "speed_examples"):
+    p.update(
+      steps=4,
+      batch_size=8,
+      hidden_size=32,
+      num_layers=1,
+      num_test=8,
+      decode_batch=1,
+      speed_examples=2,
+      thresholds=[None, 0.9],
+      windows=[4],
+    )
+  for k in (
+    "steps",
+    "batch_size",
+    "hidden_size",
+    "num_layers",
+    "lr",
+    "num_test",
+    "decode_batch",
+    "speed_examples",
+  ):
     if getattr(args, k) is not None:
       p[k] = getattr(args, k)
   return p
@@ -170,8 +241,10 @@ def parse_spec(method: str):
   """'mdlm+eos' -> ('mdlm', None, 'eos'); 'bd3lm4' -> ('bd3lm', 4, 'none')."""
   base, plus, tail = method.partition("+")
   if plus and tail != "eos":
-    raise ValueError(f"--methods: {method!r}; the only suffix is '+eos' (trains with "
-                     "data.pad_targets=eos), e.g. mdlm+eos")
+    raise ValueError(
+      f"--methods: {method!r}; the only suffix is '+eos' (trains with "
+      "data.pad_targets=eos), e.g. mdlm+eos"
+    )
   name, s = compare.parse_method(base)
   return name, s, "eos" if plus else "none"
 
@@ -217,8 +290,9 @@ def settings_for(name: str, s, p) -> List[Dict[str, Any]]:
 ALIGN = {"on": [True], "off": [False], "both": [True, False]}
 
 
-def evaluate_method(method: str, workdir: str, p, seed: int, log,
-                    align: str = "on") -> Dict[str, Any]:
+def evaluate_method(
+  method: str, workdir: str, p, seed: int, log, align: str = "on"
+) -> Dict[str, Any]:
   state = workdir_lib.load_inference_state(workdir, use_ema=False)
   name, s, _ = parse_spec(method)
   test = pairs_lib.load_pairs(state.config.data, "eval")
@@ -226,22 +300,38 @@ def evaluate_method(method: str, workdir: str, p, seed: int, log,
   t0 = time.perf_counter()
   rows = []
   for aligned in ALIGN[align] if name == "bd3lm" else ALIGN[align][:1]:  # no-op for the others
-    rows += accuracy.accuracy_eval(gen_model, state.params, state.tokenizer,
-                                   state.objective_config, int(state.config.seq_len), test,
-                                   settings=settings_for(name, s, p), batch_size=p["decode_batch"],
-                                   speed_examples=p["speed_examples"], extractor="hash",
-                                   seed=seed, align_to_blocks=aligned)
+    rows += accuracy.accuracy_eval(
+      gen_model,
+      state.params,
+      state.tokenizer,
+      state.objective_config,
+      int(state.config.seq_len),
+      test,
+      settings=settings_for(name, s, p),
+      batch_size=p["decode_batch"],
+      speed_examples=p["speed_examples"],
+      extractor="hash",
+      seed=seed,
+      align_to_blocks=aligned,
+    )
   for r in rows:
     r["method"] = method
     if name != "bd3lm":  # the setting has no effect on the others (MDLM: one sub-block of N)
       r["align_to_blocks"] = None
-    log(f"[{method}] {r['setting']} align {r['align_to_blocks']}: acc {r['accuracy']:.3f}  "
-        f"tok/step {r['tokens_per_step']:.2f} (kept {r['kept_tokens_per_step']:.2f})  tok/s "
-        f"b{r['batch_size']} {r['tokens_per_second']:.0f}  b1 "
-        f"{r['tokens_per_second_batch1'] or 0:.0f}")
-  return {"method": method, "objective": name, "num_test": len(test),
-          "num_params": int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(state.params))),
-          "eval_seconds": time.perf_counter() - t0, "rows": rows}
+    log(
+      f"[{method}] {r['setting']} align {r['align_to_blocks']}: acc {r['accuracy']:.3f}  "
+      f"tok/step {r['tokens_per_step']:.2f} (kept {r['kept_tokens_per_step']:.2f})  tok/s "
+      f"b{r['batch_size']} {r['tokens_per_second']:.0f}  b1 "
+      f"{r['tokens_per_second_batch1'] or 0:.0f}"
+    )
+  return {
+    "method": method,
+    "objective": name,
+    "num_test": len(test),
+    "num_params": int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(state.params))),
+    "eval_seconds": time.perf_counter() - t0,
+    "rows": rows,
+  }
 
 
 # ----------------------------------------------------------------------------- report
@@ -251,20 +341,51 @@ def _align_label(x) -> str:
 
 
 def table(results) -> str:
-  header = ["method", "W", "tau", "blocks", "accuracy", "tok/step", "kept tok/step", "fwd calls",
-            "gen tokens", "tok/s b=1", "tok/s batch", "b1 = batched"]
+  header = [
+    "method",
+    "W",
+    "tau",
+    "blocks",
+    "accuracy",
+    "tok/step",
+    "kept tok/step",
+    "fwd calls",
+    "gen tokens",
+    "tok/s b=1",
+    "tok/s batch",
+    "b1 = batched",
+  ]
   body = []
   for r in results:
     for x in r["rows"]:
-      body.append([r["method"], x["window"], x["threshold"], _align_label(x), x["accuracy"],
-                   x["tokens_per_step"], x.get("kept_tokens_per_step"), x["forward_calls"],
-                   x["mean_generated_tokens"], x["tokens_per_second_batch1"],
-                   x["tokens_per_second"], x["batch1_matches_batched"]])
+      body.append(
+        [
+          r["method"],
+          x["window"],
+          x["threshold"],
+          _align_label(x),
+          x["accuracy"],
+          x["tokens_per_step"],
+          x.get("kept_tokens_per_step"),
+          x["forward_calls"],
+          x["mean_generated_tokens"],
+          x["tokens_per_second_batch1"],
+          x["tokens_per_second"],
+          x["batch1_matches_batched"],
+        ]
+      )
   return markdown_table(header, body)
 
 
-MEAN_FIELDS = ("accuracy", "tokens_per_step", "kept_tokens_per_step", "forward_calls",
-               "mean_generated_tokens", "tokens_per_second_batch1", "tokens_per_second")
+MEAN_FIELDS = (
+  "accuracy",
+  "tokens_per_step",
+  "kept_tokens_per_step",
+  "forward_calls",
+  "mean_generated_tokens",
+  "tokens_per_second_batch1",
+  "tokens_per_second",
+)
 
 
 def summarize_seeds(runs) -> List[Dict[str, Any]]:
@@ -273,8 +394,15 @@ def summarize_seeds(runs) -> List[Dict[str, Any]]:
   out: Dict[str, Dict[str, Any]] = {}
   for seed_run in runs:
     for r in seed_run["results"]:
-      rec = out.setdefault(r["method"], {"method": r["method"], "objective": r["objective"],
-                                         "num_test": r["num_test"], "groups": {}})
+      rec = out.setdefault(
+        r["method"],
+        {
+          "method": r["method"],
+          "objective": r["objective"],
+          "num_test": r["num_test"],
+          "groups": {},
+        },
+      )
       for x in r["rows"]:
         key = (x["window"], x["threshold"], x.get("align_to_blocks"))
         rec["groups"].setdefault(key, []).append(x)
@@ -282,44 +410,81 @@ def summarize_seeds(runs) -> List[Dict[str, Any]]:
   for rec in out.values():
     rows = []
     for (w, tau, align), xs in rec.pop("groups").items():
-      row = {"window": w, "threshold": tau, "align_to_blocks": align, "num_seeds": len(xs),
-             "num_examples": xs[0]["num_examples"], "setting": xs[0]["setting"]}
+      row = {
+        "window": w,
+        "threshold": tau,
+        "align_to_blocks": align,
+        "num_seeds": len(xs),
+        "num_examples": xs[0]["num_examples"],
+        "setting": xs[0]["setting"],
+      }
       for f in MEAN_FIELDS:
         vals = np.array([x.get(f) or 0.0 for x in xs], np.float64)
-        row[f], row[f + "_std"] = float(vals.mean()), float(vals.std(ddof=1) if len(vals) > 1
-                                                            else 0.0)
+        row[f], row[f + "_std"] = (
+          float(vals.mean()),
+          float(vals.std(ddof=1) if len(vals) > 1 else 0.0),
+        )
       rows.append(row)
     summary.append({**rec, "rows": rows})
   return summary
 
 
 def summary_table(summary) -> str:
-  header = ["method", "W", "tau", "blocks", "seeds", "n test", "accuracy % (mean ± std)",
-            "kept tok/step", "tok/step", "fwd calls", "gen tokens", "tok/s b=1"]
+  header = [
+    "method",
+    "W",
+    "tau",
+    "blocks",
+    "seeds",
+    "n test",
+    "accuracy % (mean ± std)",
+    "kept tok/step",
+    "tok/step",
+    "fwd calls",
+    "gen tokens",
+    "tok/s b=1",
+  ]
   body = []
   for r in summary:
     for x in r["rows"]:
-      body.append([r["method"], x["window"], x["threshold"], _align_label(x), x["num_seeds"],
-                   x["num_examples"],
-                   f"{100 * x['accuracy']:.1f} ± {100 * x['accuracy_std']:.1f}",
-                   x["kept_tokens_per_step"], x["tokens_per_step"], x["forward_calls"],
-                   x["mean_generated_tokens"], x["tokens_per_second_batch1"]])
+      body.append(
+        [
+          r["method"],
+          x["window"],
+          x["threshold"],
+          _align_label(x),
+          x["num_seeds"],
+          x["num_examples"],
+          f"{100 * x['accuracy']:.1f} ± {100 * x['accuracy_std']:.1f}",
+          x["kept_tokens_per_step"],
+          x["tokens_per_step"],
+          x["forward_calls"],
+          x["mean_generated_tokens"],
+          x["tokens_per_second_batch1"],
+        ]
+      )
   return markdown_table(header, body)
 
 
 def plot(results, path: str):
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+
   fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
   for i, r in enumerate(results):
     groups: Dict[Any, list] = {}
     for x in r["rows"]:
       groups.setdefault((x["window"], str(x.get("align_to_blocks"))), []).append(x)
-    for j, ((w, _), rows) in enumerate(sorted(groups.items(),
-                                               key=lambda kv: (kv[0][0] or 0, kv[0][1]))):
-      label = r["method"] + (f" W={w}" if r["objective"] == "setdlm" else "") + (
-          f" ({_align_label(rows[0])})" if rows[0].get("align_to_blocks") is not None else "")
+    for j, ((w, _), rows) in enumerate(
+      sorted(groups.items(), key=lambda kv: (kv[0][0] or 0, kv[0][1]))
+    ):
+      label = (
+        r["method"]
+        + (f" W={w}" if r["objective"] == "setdlm" else "")
+        + (f" ({_align_label(rows[0])})" if rows[0].get("align_to_blocks") is not None else "")
+      )
       style = dict(color=f"C{i}", marker="osD^v"[j % 5], linestyle="-" if j == 0 else "--")
       for ax, key in ((axes[0], "tokens_per_second_batch1"), (axes[1], "tokens_per_step")):
         xs = [x[key] or 0.0 for x in rows]
@@ -327,8 +492,14 @@ def plot(results, path: str):
         ax.plot(xs, ys, label=label, **style)
         for x, y, row in zip(xs, ys, rows):
           if row["threshold"] != "off":
-            ax.annotate(row["threshold"], (x, y), fontsize=6, color=f"C{i}", xytext=(3, 2),
-                        textcoords="offset points")
+            ax.annotate(
+              row["threshold"],
+              (x, y),
+              fontsize=6,
+              color=f"C{i}",
+              xytext=(3, 2),
+              textcoords="offset points",
+            )
   axes[0].set_xlabel("tokens/s at batch 1 (CPU)")
   axes[1].set_xlabel("tokens per step (parallelism factor)")
   for ax in axes:
@@ -346,10 +517,16 @@ def _commit() -> str:
   """The checkout's commit (with '+dirty' for uncommitted changes), or 'unknown'."""
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   try:
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                          timeout=10, cwd=repo).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True, timeout=10, cwd=repo).stdout.strip()
+    head = subprocess.run(
+      ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10, cwd=repo
+    ).stdout.strip()
+    dirty = subprocess.run(
+      ["git", "status", "--porcelain", "--untracked-files=no"],
+      capture_output=True,
+      text=True,
+      timeout=10,
+      cwd=repo,
+    ).stdout.strip()
   except (OSError, subprocess.SubprocessError):
     return "unknown"
   return (head + ("+dirty" if dirty else "")) if head else "unknown"
@@ -364,33 +541,54 @@ def _uptime() -> str:
 
 def write_report(out_dir: str, record) -> str:
   hw, p = record["hardware"], record["plan"]
-  md = [f"## Speed-accuracy trade-off on the arithmetic task ({'quick' if record['quick'] else 'full'} run)",
-        "", f"Command: `{record['command']}` at commit {record.get('commit', 'unknown')}", ""]
+  md = [
+    f"## Speed-accuracy trade-off on the arithmetic task ({'quick' if record['quick'] else 'full'} run)",
+    "",
+    f"Command: `{record['command']}` at commit {record.get('commit', 'unknown')}",
+    "",
+  ]
   done, wanted = record.get("seeds_done"), record.get("seeds")
   if done is not None and wanted is not None and list(done) != list(wanted):
-    md += [f"**Partial**: seeds {', '.join(map(str, done))} of {', '.join(map(str, wanted))} "
-           "done when this was written.", ""]
+    md += [
+      f"**Partial**: seeds {', '.join(map(str, done))} of {', '.join(map(str, wanted))} "
+      "done when this was written.",
+      "",
+    ]
   md += [
-        f"Hardware: {hw['cpu']} ({hw['cpu_count']} cores visible), jax {hw['jax']} on "
-        f"{hw['backend']}. Machine load (`uptime`) at start: {record['load_start']}; at end: "
-        f"{record['load_end']}. Total {record['total_seconds'] / 60:.1f} min (training "
-        f"{record['train_seconds'] / 60:.1f}, evaluation {record['eval_seconds'] / 60:.1f}).", "",
-        f"Recipe: {record['recipe']}; {p['steps']} steps x batch {p['batch_size']}, seed(s) "
-        f"{', '.join(str(r['seed']) for r in record['runs'])}; "
-        f"{record['results'][0]['num_test']} distinct test problems, greedy, "
-        f"decoding batch {p['decode_batch']}, batch-1 speed over the first {p['speed_examples']}.",
-        "BD3LM blocks: grid = on the block grid (--align_to_blocks on, the official harness's "
-        "align_inputs_to_blocks, as the paper ran it); prompt end = from each prompt's end. "
-        "`+eos`: trained with data.pad_targets=eos. kept tok/step: tokens that come back "
-        "(nothing committed after the first EOS) per decoding step; tok/s counts kept tokens.", ""]
+    f"Hardware: {hw['cpu']} ({hw['cpu_count']} cores visible), jax {hw['jax']} on "
+    f"{hw['backend']}. Machine load (`uptime`) at start: {record['load_start']}; at end: "
+    f"{record['load_end']}. Total {record['total_seconds'] / 60:.1f} min (training "
+    f"{record['train_seconds'] / 60:.1f}, evaluation {record['eval_seconds'] / 60:.1f}).",
+    "",
+    f"Recipe: {record['recipe']}; {p['steps']} steps x batch {p['batch_size']}, seed(s) "
+    f"{', '.join(str(r['seed']) for r in record['runs'])}; "
+    f"{record['results'][0]['num_test']} distinct test problems, greedy, "
+    f"decoding batch {p['decode_batch']}, batch-1 speed over the first {p['speed_examples']}.",
+    "BD3LM blocks: grid = on the block grid (--align_to_blocks on, the official harness's "
+    "align_inputs_to_blocks, as the paper ran it); prompt end = from each prompt's end. "
+    "`+eos`: trained with data.pad_targets=eos. kept tok/step: tokens that come back "
+    "(nothing committed after the first EOS) per decoding step; tok/s counts kept tokens.",
+    "",
+  ]
   if len(record["runs"]) > 1:
-    md += [f"Mean ± std over seeds {', '.join(str(r['seed']) for r in record['runs'])} "
-           "(accuracy in %, the other columns are means):", "",
-           summary_table(record["summary"]), ""]
+    md += [
+      f"Mean ± std over seeds {', '.join(str(r['seed']) for r in record['runs'])} "
+      "(accuracy in %, the other columns are means):",
+      "",
+      summary_table(record["summary"]),
+      "",
+    ]
   for seed_run in record["runs"]:
-    md += [f"Seed {seed_run['seed']}. Trained: " + ", ".join(
+    md += [
+      f"Seed {seed_run['seed']}. Trained: "
+      + ", ".join(
         f"{r['method']} {r['num_params'] / 1e6:.2f}M params {r['train_seconds'] / 60:.1f} min"
-        for r in seed_run["results"]), "", table(seed_run["results"]), ""]
+        for r in seed_run["results"]
+      ),
+      "",
+      table(seed_run["results"]),
+      "",
+    ]
   md += [f"![accuracy vs speed]({NAME}.png)", ""]
   text = "\n".join(md)
   with open(os.path.join(out_dir, f"{NAME}.md"), "w") as f:
@@ -408,8 +606,10 @@ def parse_grid(text) -> Dict[str, tuple]:
     name, _, vals = part.partition(":")
     name = name.strip()
     if name not in POLICY_GRID or not vals.strip():
-      raise ValueError(f"--policy_grid={text!r}: {part!r} must be NAME:V1/V2/... with NAME one of "
-                       f"{sorted(POLICY_GRID)}")
+      raise ValueError(
+        f"--policy_grid={text!r}: {part!r} must be NAME:V1/V2/... with NAME one of "
+        f"{sorted(POLICY_GRID)}"
+      )
     args = []
     for v in vals.split("/"):
       v = v.strip()
@@ -427,14 +627,18 @@ def policy_plan(args) -> Dict[str, Any]:
     policies_lib.get(name)
   if policies_lib.DEFAULT not in names:
     names.insert(0, policies_lib.DEFAULT)  # the reference every comparison is paired with
-  tasks = [t.strip() for t in (args.tasks or ("chain" if args.quick else ",".join(TASKS)))
-           .split(",") if t.strip()]
+  tasks = [
+    t.strip()
+    for t in (args.tasks or ("chain" if args.quick else ",".join(TASKS))).split(",")
+    if t.strip()
+  ]
   for t in tasks:
     if t not in TASKS:
       raise ValueError(f"--tasks={args.tasks!r}: {t!r} is not one of {TASKS}")
   seeds = [int(x) for x in (args.seeds or str(args.seed)).split(",") if x.strip()]
-  grid = {n: (POLICY_GRID[n] if not args.quick else (policies_lib.get(n).param.default,))
-          for n in names}
+  grid = {
+    n: (POLICY_GRID[n] if not args.quick else (policies_lib.get(n).param.default,)) for n in names
+  }
   if args.quick:
     grid[policies_lib.DEFAULT] = (None,)
     if args.decode_batch is None:
@@ -443,13 +647,19 @@ def policy_plan(args) -> Dict[str, Any]:
   if None not in grid[policies_lib.DEFAULT]:  # tau off: the reference of every comparison
     grid[policies_lib.DEFAULT] = (None,) + tuple(grid[policies_lib.DEFAULT])
   if args.chain_operands < 2 or args.chain_max_operand < 1:
-    raise ValueError(f"--chain_operands={args.chain_operands} must be >= 2 and "
-                     f"--chain_max_operand={args.chain_max_operand} >= 1")
-  p.update(policies=names, tasks=tasks, seeds=seeds, grid=grid,
-           chain={"task_operands": args.chain_operands,
-                  "task_max_operand": args.chain_max_operand},
-           num_val=args.num_val or (4 if args.quick else 100),
-           num_test=args.num_test or (8 if args.quick else 1000))
+    raise ValueError(
+      f"--chain_operands={args.chain_operands} must be >= 2 and "
+      f"--chain_max_operand={args.chain_max_operand} >= 1"
+    )
+  p.update(
+    policies=names,
+    tasks=tasks,
+    seeds=seeds,
+    grid=grid,
+    chain={"task_operands": args.chain_operands, "task_max_operand": args.chain_max_operand},
+    num_val=args.num_val or (4 if args.quick else 100),
+    num_test=args.num_test or (8 if args.quick else 1000),
+  )
   return p
 
 
@@ -457,7 +667,7 @@ def chain_seq_len(num_operands: int, max_operand: int) -> int:
   """A context that holds every chain row, rounded up to 8 (S_max of the recipe): one token
   per character at most (a byte-level BPE only merges) plus BOS and EOS."""
   d, big = len(str(max_operand)), len(str(num_operands * max_operand))
-  prompt = num_operands * d + (num_operands - 1) + 1          # operands, signs, newline
+  prompt = num_operands * d + (num_operands - 1) + 1  # operands, signs, newline
   answer = (num_operands - 1) * (big + 1) + len(tasks_lib.ANSWER_PREFIX) + big
   return -(-(prompt + answer + 2) // 8) * 8
 
@@ -479,8 +689,16 @@ def policy_settings(name: str, s: int, p, policy: str, args) -> List[Dict[str, A
   if name == "ar":
     return [{"window": None, "threshold": None}]
   windows = [s] if name != "setdlm" else ([s] if p["quick"] else [s, 2 * s])
-  return [{"window": w if name == "setdlm" else None, "threshold": None, "policy": policy,
-           "policy_arg": a} for w in windows for a in args]
+  return [
+    {
+      "window": w if name == "setdlm" else None,
+      "threshold": None,
+      "policy": policy,
+      "policy_arg": a,
+    }
+    for w in windows
+    for a in args
+  ]
 
 
 def choose(rows: List[Dict[str, Any]], base_acc: float) -> Dict[str, Any]:
@@ -495,8 +713,9 @@ def choose(rows: List[Dict[str, Any]], base_acc: float) -> Dict[str, Any]:
 def matched(rows: List[Dict[str, Any]], kept_per_call: float) -> Dict[str, Any]:
   """The threshold rule's validation point whose kept tokens per call is nearest (ties: the
   faster one): the tau a policy is compared with at matched speed."""
-  return min(rows, key=lambda r: (abs(r["kept_tokens_per_call"] - kept_per_call),
-                                  -r["kept_tokens_per_call"]))
+  return min(
+    rows, key=lambda r: (abs(r["kept_tokens_per_call"] - kept_per_call), -r["kept_tokens_per_call"])
+  )
 
 
 def paired_ci(a: Dict[str, list], b: Dict[str, list], n_boot: int, seed: int = 0):
@@ -505,23 +724,30 @@ def paired_ci(a: Dict[str, list], b: Dict[str, list], n_boot: int, seed: int = 0
   ca, cb = np.asarray(a["correct"], float), np.asarray(b["correct"], float)
   ka, kb = np.asarray(a["kept"], float), np.asarray(b["kept"], float)
   fa, fb = np.asarray(a["calls"], float), np.asarray(b["calls"], float)
-  stat = lambda i: (ca[i].mean() - cb[i].mean(),
-                    (ka[i].sum() / fa[i].sum()) / (kb[i].sum() / fb[i].sum()))
+  stat = lambda i: (
+    ca[i].mean() - cb[i].mean(),
+    (ka[i].sum() / fa[i].sum()) / (kb[i].sum() / fb[i].sum()),
+  )
   rng = np.random.default_rng(seed)
   n = len(ca)
   boots = np.array([stat(rng.integers(0, n, n)) for _ in range(n_boot)])
   point = stat(np.arange(n))
   lo, hi = np.percentile(boots, [2.5, 97.5], axis=0)
-  return {"acc_diff": point[0], "acc_diff_ci": [lo[0], hi[0]], "speedup": point[1],
-          "speedup_ci": [lo[1], hi[1]]}
+  return {
+    "acc_diff": point[0],
+    "acc_diff_ci": [lo[0], hi[0]],
+    "speedup": point[1],
+    "speedup_ci": [lo[1], hi[1]],
+  }
 
 
 def _merge(per: List[Dict[str, list]]) -> Dict[str, list]:
   return {k: sum((x[k] for x in per), []) for k in per[0]}
 
 
-def policy_eval(method: str, workdir: str, task: str, p, seed: int, log, prior=(),
-                save=None) -> List[Dict[str, Any]]:
+def policy_eval(
+  method: str, workdir: str, task: str, p, seed: int, log, prior=(), save=None
+) -> List[Dict[str, Any]]:
   """Validation sweep + test measurement per policy for one trained run. The threshold rule is
   measured on test at every grid tau (its curve; matched-speed comparisons pick tau on
   validation), every other policy at its validation choice only. `prior`: records of policies
@@ -534,25 +760,52 @@ def policy_eval(method: str, workdir: str, task: str, p, seed: int, log, prior=(
     val_cfg.task_eval_examples = p["num_val"]
     val = pairs_lib.load_pairs(val_cfg, "validation")
   else:  # the held-out problems after the test ones (data/tasks.py)
-    val = tasks_lib.arithmetic_pairs("validation", p["num_val"], int(data.get("task_seed", 0)),
-                                     num_operands=int(data.task_operands),
-                                     max_operand=int(data.task_max_operand),
-                                     num_test=p["num_test"])
+    val = tasks_lib.arithmetic_pairs(
+      "validation",
+      p["num_val"],
+      int(data.get("task_seed", 0)),
+      num_operands=int(data.task_operands),
+      max_operand=int(data.task_max_operand),
+      num_test=p["num_test"],
+    )
   test = pairs_lib.load_pairs(state.config.data, "eval")
   _, model = run._models(state)  # pylint: disable=protected-access
   seq_len = int(state.config.seq_len)
   ev = lambda pairs, settings: accuracy.accuracy_eval(
-      model, state.params, state.tokenizer, state.objective_config, seq_len, pairs,
-      settings=settings, batch_size=p["decode_batch"], speed_examples=0, extractor="hash",
-      seed=seed, per_example=True)
+    model,
+    state.params,
+    state.tokenizer,
+    state.objective_config,
+    seq_len,
+    pairs,
+    settings=settings,
+    batch_size=p["decode_batch"],
+    speed_examples=0,
+    extractor="hash",
+    seed=seed,
+    per_example=True,
+  )
   out = list(prior)
   if name == "ar":  # the reference: one greedy decode of the test problems
     row = ev(test, [{"window": None, "threshold": None}])[0]
     log(f"[{task} {method} seed {seed}] test acc {row['accuracy']:.3f}")
-    return [{"task": task, "method": method, "seed": seed, "window": None,
-             "policy": policies_lib.DEFAULT, "chosen_arg": None, "val": [], "test": _slim(row),
-             "per_example": row["per_example"], "val_ref": None, "ref_test": _slim(row),
-             "ref_per_example": row["per_example"], "grid_test": []}]
+    return [
+      {
+        "task": task,
+        "method": method,
+        "seed": seed,
+        "window": None,
+        "policy": policies_lib.DEFAULT,
+        "chosen_arg": None,
+        "val": [],
+        "test": _slim(row),
+        "per_example": row["per_example"],
+        "val_ref": None,
+        "ref_test": _slim(row),
+        "ref_per_example": row["per_example"],
+        "grid_test": [],
+      }
+    ]
   for policy in p["policies"]:
     if any(r["policy"] == policy for r in out):
       continue
@@ -562,25 +815,39 @@ def policy_eval(method: str, workdir: str, task: str, p, seed: int, log, prior=(
       by_window.setdefault(r["window"], []).append(r)
     for w, rows in by_window.items():
       thr = policy == policies_lib.DEFAULT
-      ref_val = ([r for r in rows if r["policy_arg"] is None][0] if thr
-                 else out_ref(out, w, "val"))
+      ref_val = [r for r in rows if r["policy_arg"] is None][0] if thr else out_ref(out, w, "val")
       pick = choose(rows, ref_val["accuracy"])
       setting = {"window": w, "threshold": None, "policy": policy}
       args = [r["policy_arg"] for r in rows] if thr else [pick["policy_arg"]]
       tests = {a: t for a, t in zip(args, ev(test, [dict(setting, policy_arg=a) for a in args]))}
       test_row = tests[pick["policy_arg"]]
-      rec = {"task": task, "method": method, "seed": seed, "window": w, "policy": policy,
-             "chosen_arg": pick["policy_arg"], "val": [_slim(r) for r in rows],
-             "val_pick": _slim(pick), "test": _slim(test_row),
-             "per_example": test_row["per_example"], "grid_test": []}
+      rec = {
+        "task": task,
+        "method": method,
+        "seed": seed,
+        "window": w,
+        "policy": policy,
+        "chosen_arg": pick["policy_arg"],
+        "val": [_slim(r) for r in rows],
+        "val_pick": _slim(pick),
+        "test": _slim(test_row),
+        "per_example": test_row["per_example"],
+        "grid_test": [],
+      }
       if thr:
-        rec.update(val_ref=_slim(ref_val), ref_test=_slim(tests[None]),
-                   ref_per_example=tests[None]["per_example"],
-                   grid_test=[{"arg": a, "test": _slim(t), "per_example": t["per_example"]}
-                              for a, t in tests.items()])
+        rec.update(
+          val_ref=_slim(ref_val),
+          ref_test=_slim(tests[None]),
+          ref_per_example=tests[None]["per_example"],
+          grid_test=[
+            {"arg": a, "test": _slim(t), "per_example": t["per_example"]} for a, t in tests.items()
+          ],
+        )
       out.append(rec)
-      log(f"[{task} {method} seed {seed}] W={w} {policy}: val pick {pick['policy_arg']} -> test "
-          f"acc {test_row['accuracy']:.3f} kept/call {test_row['kept_tokens_per_call']:.2f}")
+      log(
+        f"[{task} {method} seed {seed}] W={w} {policy}: val pick {pick['policy_arg']} -> test "
+        f"acc {test_row['accuracy']:.3f} kept/call {test_row['kept_tokens_per_call']:.2f}"
+      )
     if save:
       save(out)
   return out
@@ -594,9 +861,21 @@ def out_ref(out, window, split: str):
 
 
 def _slim(r: Dict[str, Any]) -> Dict[str, Any]:
-  keys = ("setting", "policy", "policy_arg", "accuracy", "num_examples", "kept_tokens_per_call",
-          "forward_calls", "mean_generated_tokens", "tokens_per_step", "tokens_per_second",
-          "copy_fraction", "parallel_fraction", "parallel_copy_fraction")
+  keys = (
+    "setting",
+    "policy",
+    "policy_arg",
+    "accuracy",
+    "num_examples",
+    "kept_tokens_per_call",
+    "forward_calls",
+    "mean_generated_tokens",
+    "tokens_per_step",
+    "tokens_per_second",
+    "copy_fraction",
+    "parallel_fraction",
+    "parallel_copy_fraction",
+  )
   return {k: r.get(k) for k in keys}
 
 
@@ -615,25 +894,37 @@ def summarize(records: List[Dict[str, Any]], n_boot: int) -> List[Dict[str, Any]
     groups.setdefault((r["task"], r["method"], r["window"], r["policy"]), []).append(r)
   rows = []
   for (task, method, w, policy), recs in groups.items():
-    thr = {x["seed"]: x for x in records if x["task"] == task and x["method"] == method and
-           x["window"] == w and x["policy"] == policies_lib.DEFAULT}
+    thr = {
+      x["seed"]: x
+      for x in records
+      if x["task"] == task
+      and x["method"] == method
+      and x["window"] == w
+      and x["policy"] == policies_lib.DEFAULT
+    }
     recs = [x for x in recs if x["seed"] in thr]
     if not recs:
       continue
     a = _merge([x["per_example"] for x in recs])
     t = [x["test"] for x in recs]
-    row = {"task": task, "method": method, "window": w, "policy": policy,
-           "chosen_args": [x["chosen_arg"] for x in recs], "seeds": [x["seed"] for x in recs],
-           "accuracy": float(np.mean(a["correct"])),
-           "seed_accuracies": [x["accuracy"] for x in t],
-           "accuracy_ms": _ms([x["accuracy"] for x in t]),
-           "kept_tokens_per_call": float(np.sum(a["kept"]) / np.sum(a["calls"])),
-           "kept_tokens_per_call_ms": _ms([x["kept_tokens_per_call"] for x in t]),
-           "forward_calls": float(np.mean(a["calls"])),
-           "tokens_per_second": float(np.mean([x["tokens_per_second"] for x in t])),
-           "copy_fraction": float(np.mean([x["copy_fraction"] for x in t])),
-           "num_test": len(a["correct"]), "num_test_per_seed": len(recs[0]["per_example"]
-                                                                   ["correct"])}
+    row = {
+      "task": task,
+      "method": method,
+      "window": w,
+      "policy": policy,
+      "chosen_args": [x["chosen_arg"] for x in recs],
+      "seeds": [x["seed"] for x in recs],
+      "accuracy": float(np.mean(a["correct"])),
+      "seed_accuracies": [x["accuracy"] for x in t],
+      "accuracy_ms": _ms([x["accuracy"] for x in t]),
+      "kept_tokens_per_call": float(np.sum(a["kept"]) / np.sum(a["calls"])),
+      "kept_tokens_per_call_ms": _ms([x["kept_tokens_per_call"] for x in t]),
+      "forward_calls": float(np.mean(a["calls"])),
+      "tokens_per_second": float(np.mean([x["tokens_per_second"] for x in t])),
+      "copy_fraction": float(np.mean([x["copy_fraction"] for x in t])),
+      "num_test": len(a["correct"]),
+      "num_test_per_seed": len(recs[0]["per_example"]["correct"]),
+    }
     row.update(paired_ci(a, _merge([thr[x["seed"]]["ref_per_example"] for x in recs]), n_boot))
     if method.startswith("ar") or policy == policies_lib.DEFAULT:
       row["ref_seed_accuracies"] = [x["ref_test"]["accuracy"] for x in recs]  # seed agreement
@@ -646,8 +937,9 @@ def summarize(records: List[Dict[str, Any]], n_boot: int) -> List[Dict[str, Any]
     for x in recs:
       m = matched(thr[x["seed"]]["val"], x["val_pick"]["kept_tokens_per_call"])
       taus.append(m["policy_arg"])
-      per.append([g for g in thr[x["seed"]]["grid_test"] if g["arg"] == m["policy_arg"]][0]
-                 ["per_example"])
+      per.append(
+        [g for g in thr[x["seed"]]["grid_test"] if g["arg"] == m["policy_arg"]][0]["per_example"]
+      )
     row["match_args"] = taus
     row["vs_match"] = paired_ci(a, _merge(per), n_boot)
     rows.append(row)
@@ -661,12 +953,22 @@ def threshold_curve(records) -> List[Dict[str, Any]]:
   for r in records:
     for g in r.get("grid_test", []):
       groups.setdefault((r["task"], r["method"], r["window"], g["arg"]), []).append(g)
-  return [{"task": k[0], "method": k[1], "window": k[2], "tau": k[3],
-           "accuracy": float(np.mean(sum((g["per_example"]["correct"] for g in gs), []))),
-           "accuracy_ms": _ms([g["test"]["accuracy"] for g in gs]),
-           "kept_tokens_per_call": float(sum(sum(g["per_example"]["kept"]) for g in gs) /
-                                         sum(sum(g["per_example"]["calls"]) for g in gs)),
-           "num_seeds": len(gs)} for k, gs in groups.items()]
+  return [
+    {
+      "task": k[0],
+      "method": k[1],
+      "window": k[2],
+      "tau": k[3],
+      "accuracy": float(np.mean(sum((g["per_example"]["correct"] for g in gs), []))),
+      "accuracy_ms": _ms([g["test"]["accuracy"] for g in gs]),
+      "kept_tokens_per_call": float(
+        sum(sum(g["per_example"]["kept"]) for g in gs)
+        / sum(sum(g["per_example"]["calls"]) for g in gs)
+      ),
+      "num_seeds": len(gs),
+    }
+    for k, gs in groups.items()
+  ]
 
 
 def _ci(c, key, scale=100.0, fmt="{:+.1f}") -> str:
@@ -679,30 +981,73 @@ def _args(xs) -> str:
 
 
 def policy_table(rows) -> str:
-  header = ["task", "method", "W", "policy", "chosen (per seed)", "accuracy % (mean ± std)",
-            "kept/call (mean ± std)", "fwd calls", "d acc vs tau off [95% CI]",
-            "x vs tau off [95% CI]", "d acc vs threshold's choice", "x vs threshold's choice",
-            "copies", "n"]
+  header = [
+    "task",
+    "method",
+    "W",
+    "policy",
+    "chosen (per seed)",
+    "accuracy % (mean ± std)",
+    "kept/call (mean ± std)",
+    "fwd calls",
+    "d acc vs tau off [95% CI]",
+    "x vs tau off [95% CI]",
+    "d acc vs threshold's choice",
+    "x vs threshold's choice",
+    "copies",
+    "n",
+  ]
   body = []
   for r in rows:
     v = r.get("vs_thr")
-    body.append([r["task"], r["method"], r["window"] or "-", r["policy"], _args(r["chosen_args"]),
-                 f"{100 * r['accuracy_ms'][0]:.1f} ± {100 * r['accuracy_ms'][1]:.1f}",
-                 f"{r['kept_tokens_per_call_ms'][0]:.2f} ± {r['kept_tokens_per_call_ms'][1]:.2f}",
-                 r["forward_calls"], _ci(r, "acc_diff"), _ci(r, "speedup", 1.0, "{:.2f}"),
-                 _ci(v, "acc_diff") if v else "-",
-                 _ci(v, "speedup", 1.0, "{:.2f}") if v else "-", r["copy_fraction"],
-                 f"{r['num_test']} ({len(r['seeds'])} x {r['num_test_per_seed']})"])
+    body.append(
+      [
+        r["task"],
+        r["method"],
+        r["window"] or "-",
+        r["policy"],
+        _args(r["chosen_args"]),
+        f"{100 * r['accuracy_ms'][0]:.1f} ± {100 * r['accuracy_ms'][1]:.1f}",
+        f"{r['kept_tokens_per_call_ms'][0]:.2f} ± {r['kept_tokens_per_call_ms'][1]:.2f}",
+        r["forward_calls"],
+        _ci(r, "acc_diff"),
+        _ci(r, "speedup", 1.0, "{:.2f}"),
+        _ci(v, "acc_diff") if v else "-",
+        _ci(v, "speedup", 1.0, "{:.2f}") if v else "-",
+        r["copy_fraction"],
+        f"{r['num_test']} ({len(r['seeds'])} x {r['num_test_per_seed']})",
+      ]
+    )
   return markdown_table(header, body)
 
 
 def matched_table(rows) -> str:
-  header = ["task", "method", "W", "policy", "chosen", "matched tau (per seed)",
-            "d acc vs threshold at matched speed [95% CI]", "x kept/call [95% CI]", "n"]
-  body = [[r["task"], r["method"], r["window"] or "-", r["policy"], _args(r["chosen_args"]),
-           _args(r["match_args"]), _ci(r["vs_match"], "acc_diff"),
-           _ci(r["vs_match"], "speedup", 1.0, "{:.2f}"), r["num_test"]]
-          for r in rows if "vs_match" in r]
+  header = [
+    "task",
+    "method",
+    "W",
+    "policy",
+    "chosen",
+    "matched tau (per seed)",
+    "d acc vs threshold at matched speed [95% CI]",
+    "x kept/call [95% CI]",
+    "n",
+  ]
+  body = [
+    [
+      r["task"],
+      r["method"],
+      r["window"] or "-",
+      r["policy"],
+      _args(r["chosen_args"]),
+      _args(r["match_args"]),
+      _ci(r["vs_match"], "acc_diff"),
+      _ci(r["vs_match"], "speedup", 1.0, "{:.2f}"),
+      r["num_test"],
+    ]
+    for r in rows
+    if "vs_match" in r
+  ]
   return markdown_table(header, body)
 
 
@@ -713,8 +1058,16 @@ def seed_table(rows) -> str:
   for r in rows:
     if r["policy"] == policies_lib.DEFAULT:
       accs = [100 * a for a in r["ref_seed_accuracies"]]
-      body.append([r["task"], r["method"], r["window"] or "-", "/".join(map(str, r["seeds"])),
-                   " / ".join(f"{a:.1f}" for a in accs), f"{max(accs) - min(accs):.1f}"])
+      body.append(
+        [
+          r["task"],
+          r["method"],
+          r["window"] or "-",
+          "/".join(map(str, r["seeds"])),
+          " / ".join(f"{a:.1f}" for a in accs),
+          f"{max(accs) - min(accs):.1f}",
+        ]
+      )
   return markdown_table(header, body)
 
 
@@ -722,25 +1075,49 @@ def plot_policies(rows, curve, path: str):
   """Accuracy vs kept tokens per forward call on test, one panel per (task, method, W): the
   threshold rule's curve over tau and each policy's validation choice."""
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  panels = sorted({(r["task"], r["method"], r["window"] or 0) for r in rows
-                   if not r["method"].startswith("ar")})
+
+  panels = sorted(
+    {(r["task"], r["method"], r["window"] or 0) for r in rows if not r["method"].startswith("ar")}
+  )
   if not panels:
     return
   fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.4), squeeze=False)
   for ax, (task, method, w) in zip(axes[0], panels):
-    pts = sorted((c for c in curve if (c["task"], c["method"], c["window"] or 0) ==
-                  (task, method, w)), key=lambda c: c["kept_tokens_per_call"])
-    ax.plot([c["kept_tokens_per_call"] for c in pts], [100 * c["accuracy"] for c in pts], "k-o",
-            ms=3, label="threshold (tau curve)")
+    pts = sorted(
+      (c for c in curve if (c["task"], c["method"], c["window"] or 0) == (task, method, w)),
+      key=lambda c: c["kept_tokens_per_call"],
+    )
+    ax.plot(
+      [c["kept_tokens_per_call"] for c in pts],
+      [100 * c["accuracy"] for c in pts],
+      "k-o",
+      ms=3,
+      label="threshold (tau curve)",
+    )
     for c in pts:
-      ax.annotate(_args([c["tau"]]), (c["kept_tokens_per_call"], 100 * c["accuracy"]), fontsize=6,
-                  xytext=(3, 2), textcoords="offset points")
-    for i, r in enumerate(x for x in rows if (x["task"], x["method"], x["window"] or 0) ==
-                          (task, method, w) and x["policy"] != policies_lib.DEFAULT):
-      ax.plot([r["kept_tokens_per_call"]], [100 * r["accuracy"]], "osD^v*P"[i % 7],
-              color=f"C{i}", label=f"{r['policy']} ({_args(r['chosen_args'])})")
+      ax.annotate(
+        _args([c["tau"]]),
+        (c["kept_tokens_per_call"], 100 * c["accuracy"]),
+        fontsize=6,
+        xytext=(3, 2),
+        textcoords="offset points",
+      )
+    for i, r in enumerate(
+      x
+      for x in rows
+      if (x["task"], x["method"], x["window"] or 0) == (task, method, w)
+      and x["policy"] != policies_lib.DEFAULT
+    ):
+      ax.plot(
+        [r["kept_tokens_per_call"]],
+        [100 * r["accuracy"]],
+        "osD^v*P"[i % 7],
+        color=f"C{i}",
+        label=f"{r['policy']} ({_args(r['chosen_args'])})",
+      )
     ar = [x for x in rows if x["task"] == task and x["method"].startswith("ar")]
     if ar:
       ax.axhline(100 * ar[0]["accuracy"], color="grey", ls=":", label="AR")
@@ -763,10 +1140,22 @@ def _dump(path: str, obj) -> None:
 
 
 def _plan_key(p, task: str, method: str) -> Dict[str, Any]:
-  keys = ("policies", "grid", "num_val", "num_test", "decode_batch", "chain", "steps",
-          "batch_size", "hidden_size", "num_layers", "lr")
-  return json.loads(json.dumps({"task": task, "method": method, **{k: p.get(k) for k in keys}},
-                               default=str))
+  keys = (
+    "policies",
+    "grid",
+    "num_val",
+    "num_test",
+    "decode_batch",
+    "chain",
+    "steps",
+    "batch_size",
+    "hidden_size",
+    "num_layers",
+    "lr",
+  )
+  return json.loads(
+    json.dumps({"task": task, "method": method, **{k: p.get(k) for k in keys}}, default=str)
+  )
 
 
 def policy_main(args, argv, log) -> Dict[str, Any]:
@@ -780,7 +1169,8 @@ def policy_main(args, argv, log) -> Dict[str, Any]:
   for m in methods:
     compare.parse_method(m)
   command = "python benchmarks/speed_accuracy.py " + " ".join(
-      argv if argv is not None else sys.argv[1:])
+    argv if argv is not None else sys.argv[1:]
+  )
   load_start = _uptime()
   t_start = time.perf_counter()
   records, train_seconds, done = [], 0.0, []
@@ -793,8 +1183,9 @@ def policy_main(args, argv, log) -> Dict[str, Any]:
       p.setdefault("per_task", {})[task] = {"num_val": pt["num_val"], "num_test": pt["num_test"]}
       for seed in p["seeds"]:
         sub = os.path.join(out_dir, task, f"seed{seed}")
-        configs = {m: task_config(method_config(m, pt, seed, args.quick), task, p["chain"])
-                   for m in methods}
+        configs = {
+          m: task_config(method_config(m, pt, seed, args.quick), task, p["chain"]) for m in methods
+        }
         tok_dir = None if args.report_only else shared_tokenizer(sub, configs[methods[0]])
         for m in methods:
           cache = os.path.join(sub, f"policy_records_{m}.json")  # a re-run skips finished evals
@@ -810,23 +1201,44 @@ def policy_main(args, argv, log) -> Dict[str, Any]:
             if prior:
               log(f"[{label}] evaluated before: {cache}")
               records += prior
-              done.append(label if saved.get("complete") else label + " (policies " + "/".join(
-                  dict.fromkeys(r["policy"] for r in prior)) + " only)")
+              done.append(
+                label
+                if saved.get("complete")
+                else label
+                + " (policies "
+                + "/".join(dict.fromkeys(r["policy"] for r in prior))
+                + " only)"
+              )
             continue
           t0 = time.perf_counter()
           info = train_method(m, configs[m], sub, tok_dir, log)
           train_seconds += time.perf_counter() - t0
           dump = lambda recs, complete, info=info, key=key, cache=cache: _dump(
-              cache, {"key": key, "train_seconds": info["train_seconds"], "records": recs,
-                      "complete": complete})
-          recs = policy_eval(m, info["workdir"], task, pt, seed, log, prior,
-                             save=lambda recs, dump=dump: dump(recs, False))
+            cache,
+            {
+              "key": key,
+              "train_seconds": info["train_seconds"],
+              "records": recs,
+              "complete": complete,
+            },
+          )
+          recs = policy_eval(
+            m,
+            info["workdir"],
+            task,
+            pt,
+            seed,
+            log,
+            prior,
+            save=lambda recs, dump=dump: dump(recs, False),
+          )
           dump(recs, True)
           records += recs
           done.append(label)
         # a report after every seed: an interrupted run leaves what finished, labelled
-        record = write_policy_report(out_dir, args, p, command, methods, load_start, t_start,
-                                     train_seconds, records, done, log)
+        record = write_policy_report(
+          out_dir, args, p, command, methods, load_start, t_start, train_seconds, records, done, log
+        )
   results_dir = args.results_dir or (None if args.quick else RESULTS_DIR)
   name = f"{NAME}_policies"
   if results_dir and results_dir != "none":
@@ -839,25 +1251,42 @@ def policy_main(args, argv, log) -> Dict[str, Any]:
   return record
 
 
-def write_policy_report(out_dir, args, p, command, methods, load_start, t_start, train_seconds,
-                        records, done, log) -> Dict[str, Any]:
+def write_policy_report(
+  out_dir, args, p, command, methods, load_start, t_start, train_seconds, records, done, log
+) -> Dict[str, Any]:
   rows = summarize(records, args.bootstrap)
   curve = threshold_curve(records)
   name = f"{NAME}_policies"
-  record = {"command": command, "commit": _commit(), "quick": bool(args.quick),
-            "methods": methods, "plan": p, "hardware": hardware(), "load_start": load_start,
-            "load_end": _uptime(), "train_seconds": train_seconds,
-            "total_seconds": time.perf_counter() - t_start, "finished": done,
-            "summary": rows, "threshold_curve": curve, "records": records}
+  record = {
+    "command": command,
+    "commit": _commit(),
+    "quick": bool(args.quick),
+    "methods": methods,
+    "plan": p,
+    "hardware": hardware(),
+    "load_start": load_start,
+    "load_end": _uptime(),
+    "train_seconds": train_seconds,
+    "total_seconds": time.perf_counter() - t_start,
+    "finished": done,
+    "summary": rows,
+    "threshold_curve": curve,
+    "records": records,
+  }
   plot_policies(rows, curve, os.path.join(out_dir, f"{name}.png"))
   chain = p["chain"]
-  md = "\n".join([
+  md = "\n".join(
+    [
       f"## Commit policies: speed (kept tokens per forward call) vs accuracy "
-      f"({'quick' if args.quick else 'full'} run)", "",
-      f"Command: `{command}` at commit {record['commit']}", "",
-      f"Finished (task, method, seed): {', '.join(done)}.", "",
+      f"({'quick' if args.quick else 'full'} run)",
+      "",
+      f"Command: `{command}` at commit {record['commit']}",
+      "",
+      f"Finished (task, method, seed): {', '.join(done)}.",
+      "",
       f"Machine load (`uptime`) at start: {load_start}; now: {record['load_end']}. Total "
-      f"{record['total_seconds'] / 60:.1f} min (training {train_seconds / 60:.1f}).", "",
+      f"{record['total_seconds'] / 60:.1f} min (training {train_seconds / 60:.1f}).",
+      "",
       f"Chain task: {chain['task_operands']} operands in 1..{chain['task_max_operand']}. "
       f"Seeds {p['seeds']}; validation / test problems per task and seed: "
       + ", ".join(f"{t} {v['num_val']} / {v['num_test']}" for t, v in p["per_task"].items())
@@ -867,11 +1296,22 @@ def write_policy_report(out_dir, args, p, command, methods, load_start, t_start,
       f"CIs: paired bootstrap ({args.bootstrap} resamples) over the pooled (seed, problem) "
       "pairs, same checkpoints and problems; accuracy differences in points, speed as the ratio "
       "of kept tokens per forward call. tok/s is not reported here (a shared, loaded machine).",
-      "", policy_table(rows), "",
+      "",
+      policy_table(rows),
+      "",
       "At matched speed: each policy against the threshold rule at the tau whose VALIDATION "
-      "kept tokens per call is nearest to the policy's (per seed):", "", matched_table(rows), "",
-      "Seed agreement (tau off, test):", "", seed_table(rows), "",
-      f"![accuracy vs kept tokens per call]({name}.png)", ""])
+      "kept tokens per call is nearest to the policy's (per seed):",
+      "",
+      matched_table(rows),
+      "",
+      "Seed agreement (tau off, test):",
+      "",
+      seed_table(rows),
+      "",
+      f"![accuracy vs kept tokens per call]({name}.png)",
+      "",
+    ]
+  )
   record["markdown"] = md
   with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
     json.dump(record, f, indent=2, default=float)
@@ -881,9 +1321,11 @@ def write_policy_report(out_dir, args, p, command, methods, load_start, t_start,
 
 
 def _recipe(c0) -> str:
-  return (f"configs/reasoning_common.py: {c0.model.num_layers} x {c0.model.hidden_size} DiT, "
-          f"L={c0.seq_len}, vocab {c0.tokenizer.vocab_size}, lr {c0.learning_rate} "
-          f"{c0.lr_schedule}")
+  return (
+    f"configs/reasoning_common.py: {c0.model.num_layers} x {c0.model.hidden_size} DiT, "
+    f"L={c0.seq_len}, vocab {c0.tokenizer.vocab_size}, lr {c0.learning_rate} "
+    f"{c0.lr_schedule}"
+  )
 
 
 def _save(out_dir: str, record) -> str:
@@ -904,7 +1346,7 @@ def main(argv=None, log=print) -> Dict[str, Any]:
   methods = [m.strip() for m in args.methods.split(",") if m.strip()]
   for m in methods:
     parse_spec(m)
-  seeds = ([int(x) for x in args.seeds.split(",") if x.strip()] if args.seeds else [args.seed])
+  seeds = [int(x) for x in args.seeds.split(",") if x.strip()] if args.seeds else [args.seed]
   load_start, commit = _uptime(), _commit()
   t_start = time.perf_counter()
   train_seconds = eval_seconds = 0.0
@@ -927,16 +1369,27 @@ def main(argv=None, log=print) -> Dict[str, Any]:
       runs.append({"seed": seed, "results": results})
       # every finished seed is on disk (a run cut short keeps its complete seeds)
       record = {
-          "command": "python benchmarks/speed_accuracy.py " + " ".join(
-              argv if argv is not None else sys.argv[1:]),
-          "commit": commit, "quick": bool(args.quick), "seed": seeds[0], "seeds": seeds,
-          "seeds_done": [r["seed"] for r in runs], "methods": methods, "plan": p,
-          "align_to_blocks": args.align_to_blocks, "recipe": _recipe(configs[methods[0]]),
-          "hardware": hardware(), "load_start": load_start, "load_end": _uptime(),
-          "train_seconds": train_seconds, "eval_seconds": eval_seconds,
-          "total_seconds": time.perf_counter() - t_start,
-          "results": runs[0]["results"],  # the first seed's (as a single-seed run)
-          "runs": runs, "summary": summarize_seeds(runs) if len(runs) > 1 else None}
+        "command": "python benchmarks/speed_accuracy.py "
+        + " ".join(argv if argv is not None else sys.argv[1:]),
+        "commit": commit,
+        "quick": bool(args.quick),
+        "seed": seeds[0],
+        "seeds": seeds,
+        "seeds_done": [r["seed"] for r in runs],
+        "methods": methods,
+        "plan": p,
+        "align_to_blocks": args.align_to_blocks,
+        "recipe": _recipe(configs[methods[0]]),
+        "hardware": hardware(),
+        "load_start": load_start,
+        "load_end": _uptime(),
+        "train_seconds": train_seconds,
+        "eval_seconds": eval_seconds,
+        "total_seconds": time.perf_counter() - t_start,
+        "results": runs[0]["results"],  # the first seed's (as a single-seed run)
+        "runs": runs,
+        "summary": summarize_seeds(runs) if len(runs) > 1 else None,
+      }
       text = _save(out_dir, record)
   results_dir = args.results_dir or (None if args.quick else RESULTS_DIR)
   if results_dir and results_dir != "none":

@@ -27,6 +27,7 @@ cache work. The set sampler at window W runs M = W + 1 rows per sequence through
 
 Prints markdown tables. Use `--peak_gflops` or the printed 2048^3 probe to read GFLOP/s.
 """
+
 from __future__ import annotations
 
 import collections
@@ -48,17 +49,32 @@ import numpy as np  # noqa: E402
 import training  # noqa: E402  (the training benchmark's config, step and timing)
 
 CATEGORIES = ("dense matmul", "batched matmul", "rotary", "RNG", "layout copies", "other")
-_LAYOUT_OPS = {"parameter", "bitcast", "transpose", "copy", "slice", "dynamic-slice",
-               "concatenate", "pad", "broadcast", "reshape", "constant", "tuple",
-               "get-tuple-element", "dynamic-update-slice"}
+_LAYOUT_OPS = {
+  "parameter",
+  "bitcast",
+  "transpose",
+  "copy",
+  "slice",
+  "dynamic-slice",
+  "concatenate",
+  "pad",
+  "broadcast",
+  "reshape",
+  "constant",
+  "tuple",
+  "get-tuple-element",
+  "dynamic-update-slice",
+}
 _CONTAINERS = ("while", "conditional", "cond", "call")
 
 
 def hlo_ops(compiled_text: str) -> dict:
   """{instruction name: [opcodes it computes, with its fused computation's ops]} of an HLO text,
   and for dots whether they have batch dimensions ('dot' or 'batched-dot')."""
-  computations = {m.group(1): m.group(2) for m in
-                  re.finditer(r"\n%([\w.\-]+) [^\n]*\{\n(.*?)\n\}\n", compiled_text, re.S)}
+  computations = {
+    m.group(1): m.group(2)
+    for m in re.finditer(r"\n%([\w.\-]+) [^\n]*\{\n(.*?)\n\}\n", compiled_text, re.S)
+  }
   ops = {}
   for name, line in re.findall(r"\n  (?:ROOT )?%([\w.\-]+) = ([^\n]*)", compiled_text):
     called = re.search(r"calls=%([\w.\-]+)", line)
@@ -122,13 +138,22 @@ def profile_training(objective: str, args) -> dict:
   return {"objective": objective, "step_ms": step_ms, "flops": prep["flops"], **by_cat}
 
 
-def decode_floor_ms(rows: int, hidden: int, layers: int, vocab: int, head_rows: int,
-                    iters: int = 100, repeats: int = 5) -> float:
+def decode_floor_ms(
+  rows: int,
+  hidden: int,
+  layers: int,
+  vocab: int,
+  head_rows: int,
+  iters: int = 100,
+  repeats: int = 5,
+) -> float:
   """ms per step of the weight matmuls of a `rows`-row cached step (head over `head_rows`)."""
   key = jax.random.PRNGKey(0)
   shapes = [(hidden, 3 * hidden), (hidden, hidden), (hidden, 4 * hidden), (4 * hidden, hidden)]
-  weights = [[jax.random.normal(jax.random.fold_in(key, 4 * i + j), s) * 0.02
-              for j, s in enumerate(shapes)] for i in range(layers)]
+  weights = [
+    [jax.random.normal(jax.random.fold_in(key, 4 * i + j), s) * 0.02 for j, s in enumerate(shapes)]
+    for i in range(layers)
+  ]
   head = jax.random.normal(key, (hidden, vocab)) * 0.02
 
   def step(i, carry, weights, head):
@@ -141,8 +166,9 @@ def decode_floor_ms(rows: int, hidden: int, layers: int, vocab: int, head_rows: 
     logits = x[:head_rows] @ head
     return x, acc + jnp.max(logits)
 
-  loop = jax.jit(lambda x, w, h: jax.lax.fori_loop(
-      0, iters, lambda i, c: step(i, c, w, h), (x, 0.0)))
+  loop = jax.jit(
+    lambda x, w, h: jax.lax.fori_loop(0, iters, lambda i, c: step(i, c, w, h), (x, 0.0))
+  )
   x = jnp.ones((rows, hidden), jnp.float32)
   jax.block_until_ready(loop(x, weights, head))
   times = []
@@ -154,45 +180,65 @@ def decode_floor_ms(rows: int, hidden: int, layers: int, vocab: int, head_rows: 
 
 
 def main(argv=None):
-  p = training.argparse.ArgumentParser(description=__doc__,
-                                       formatter_class=training.argparse.RawTextHelpFormatter)
-  p.add_argument("--decode_rows", default="",
-                 help="comma list of M for the decoding floor (e.g. 1,5,9,40); '' = none")
-  p.add_argument("--decode_head_rows", default="",
-                 help="head rows per M (default M - 1, at least 1; e.g. 1,4,8,32)")
+  p = training.argparse.ArgumentParser(
+    description=__doc__, formatter_class=training.argparse.RawTextHelpFormatter
+  )
+  p.add_argument(
+    "--decode_rows",
+    default="",
+    help="comma list of M for the decoding floor (e.g. 1,5,9,40); '' = none",
+  )
+  p.add_argument(
+    "--decode_head_rows",
+    default="",
+    help="head rows per M (default M - 1, at least 1; e.g. 1,4,8,32)",
+  )
   own, rest = p.parse_known_args(argv)
   args = training.parse_args(["--steps=2", "--warmup=1"] + rest)  # later flags win
   config = training.load_config(args)
   m = config.model
-  print(f"{m.num_layers} x {m.hidden_size}, {m.num_heads} heads, L={config.seq_len}, "
-        f"V={m.vocab_size}, batch {config.batch_size}; jax {jax.__version__}; "
-        f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}; load {os.getloadavg()[0]:.2f}\n")
+  print(
+    f"{m.num_layers} x {m.hidden_size}, {m.num_heads} heads, L={config.seq_len}, "
+    f"V={m.vocab_size}, batch {config.batch_size}; jax {jax.__version__}; "
+    f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}; load {os.getloadavg()[0]:.2f}\n"
+  )
   objectives = [o for o in args.objectives.split(",") if o]
   if objectives:
-    print("| objective | step ms | " + " | ".join(CATEGORIES) + " | matmul-only ms | "
-          "matmul GFLOP/s |")
+    print(
+      "| objective | step ms | " + " | ".join(CATEGORIES) + " | matmul-only ms | matmul GFLOP/s |"
+    )
     print("| --- | ---: | " + " | ".join("---:" for _ in CATEGORIES) + " | ---: | ---: |")
     for obj in objectives:
       r = profile_training(obj, args)
       mm = r.get("dense matmul", 0.0) + r.get("batched matmul", 0.0)
       cells = " | ".join(f"{r.get(c, 0.0):.0f}" for c in CATEGORIES)
-      print(f"| {obj} | {r['step_ms']:.0f} | {cells} | {mm:.0f} | "
-            f"{r['flops'] / (mm / 1e3) / 1e9 if mm else 0:.0f} |", flush=True)
-    print("\nms per step by what each executed thunk computes (profiled step; loop thunks not "
-          "counted). matmul GFLOP/s = the step's model FLOPs / matmul-only time (an upper bound: "
-          "the FLOPs include the few outside matmuls).\n")
+      print(
+        f"| {obj} | {r['step_ms']:.0f} | {cells} | {mm:.0f} | "
+        f"{r['flops'] / (mm / 1e3) / 1e9 if mm else 0:.0f} |",
+        flush=True,
+      )
+    print(
+      "\nms per step by what each executed thunk computes (profiled step; loop thunks not "
+      "counted). matmul GFLOP/s = the step's model FLOPs / matmul-only time (an upper bound: "
+      "the FLOPs include the few outside matmuls).\n"
+    )
   rows = [int(x) for x in own.decode_rows.split(",") if x]
   if rows:
-    heads = ([int(x) for x in own.decode_head_rows.split(",")] if own.decode_head_rows
-             else [max(1, r - 1) for r in rows])
+    heads = (
+      [int(x) for x in own.decode_head_rows.split(",")]
+      if own.decode_head_rows
+      else [max(1, r - 1) for r in rows]
+    )
     print("| rows M (head rows) | matmul-only ms / step | weight MB read | GB/s |")
     print("| --- | ---: | ---: | ---: |")
-    mb = 4 * (12 * m.hidden_size ** 2 * m.num_layers + m.hidden_size * m.vocab_size) / 2 ** 20
+    mb = 4 * (12 * m.hidden_size**2 * m.num_layers + m.hidden_size * m.vocab_size) / 2**20
     for r, hr in zip(rows, heads):
       ms = decode_floor_ms(r, m.hidden_size, m.num_layers, m.vocab_size, hr)
       print(f"| {r} ({hr}) | {ms:.2f} | {mb:.1f} | {mb / 1024 / (ms / 1e3):.1f} |", flush=True)
-    print("\nThe weight matmuls of one cached decoding step alone (fori_loop of 100 steps, "
-          "median of 5).")
+    print(
+      "\nThe weight matmuls of one cached decoding step alone (fori_loop of 100 steps, "
+      "median of 5)."
+    )
 
 
 if __name__ == "__main__":

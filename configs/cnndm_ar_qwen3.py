@@ -4,6 +4,7 @@
       --config.tokenizer.vocab_path=/data/Qwen3-0.6B-Base/tokenizer.json \
       --config.data.paths=/data/cnndm_train.jsonl --config.data.eval_paths=/data/cnndm_val.jsonl
 """
+
 from configs import cnndm_sw_qwen3
 
 

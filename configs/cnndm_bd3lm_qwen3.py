@@ -5,10 +5,11 @@
       --config.data.paths=/data/cnndm_train.jsonl --config.data.eval_paths=/data/cnndm_val.jsonl \
       [--config.loss.block_size=8]
 """
+
 from configs import cnndm_sw_qwen3
 
 
 def get_config():
   c = cnndm_sw_qwen3.cnndm_base("bd3lm")
-  c.loss.block_size = 4           # must divide seq_len = 768
+  c.loss.block_size = 4  # must divide seq_len = 768
   return c

@@ -10,6 +10,7 @@ tokenizer; L=768, S=4 (S_max=8), global batch 128, lr 3e-4 with 1000 warm-up ste
 AdamW b2=0.98, wd 1e-5, EMA 0.9999, bf16, 500k steps max. Each jsonl `text` is
 BOS + article + EOS + "Summary: " + highlights (one example per row, right-padded).
 """
+
 from configs import default
 
 
@@ -18,22 +19,22 @@ def cnndm_base(objective: str):
   c.objective = objective
   c.seq_len = 768
   c.model.backbone = "qwen3"
-  c.model.vocab_size = 151936     # Qwen3 embedding rows (the tokenizer has 151669)
+  c.model.vocab_size = 151936  # Qwen3 embedding rows (the tokenizer has 151669)
   c.model.hidden_size = 256
   c.model.num_layers = 28
   c.model.num_heads = 16
   c.model.num_kv_heads = 8
-  c.model.head_dim = 128          # Qwen3-0.6B's, independent of hidden_size
+  c.model.head_dim = 128  # Qwen3-0.6B's, independent of hidden_size
   c.model.intermediate_size = 768
   c.model.rope_base = 1_000_000.0
   c.model.rms_norm_eps = 1e-6
   c.model.tie_embeddings = True
   c.model.dropout = 0.0
   c.model.dtype = "bfloat16"
-  c.model.attention = "xla"       # TPU; "cudnn" on GPU, "dense" on CPU
+  c.model.attention = "xla"  # TPU; "cudnn" on GPU, "dense" on CPU
   c.model.remat = "none"
   c.tokenizer.kind = "qwen3"
-  c.tokenizer.vocab_path = ""     # REQUIRED: Qwen3-0.6B-Base tokenizer.json (or its directory)
+  c.tokenizer.vocab_path = ""  # REQUIRED: Qwen3-0.6B-Base tokenizer.json (or its directory)
   c.data.source = "jsonl"
   c.data.jsonl_field = "text"
   c.data.preprocess = "pad"

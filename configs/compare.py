@@ -11,6 +11,7 @@ batch, steps, optimizer and seed; only the objective (and the constant-sigma ada
 MDLM/BD3LM baselines use, SPEC §1.6, kept small with cond_dim = 32) differs. On 2 CPU cores one
 run takes 3-7 minutes (two-stream SetDLM/BD3LM steps cost about twice an AR step).
 """
+
 import re
 
 from configs import default

@@ -5,6 +5,7 @@ Run:  python launch/train.py --config=configs/default.py --workdir=/tmp/setdiff_
 
 Any field can be overridden on the command line, e.g. `--config.loss.desired_set_size=8`.
 """
+
 from setdiff_jax.workdir import config as run_config
 
 

@@ -6,6 +6,7 @@
 
 The same recipe as configs/gsm8k_sw_qwen3.py with the shifted next-token loss and causal mask.
 """
+
 from configs import gsm8k_sw_qwen3
 
 

@@ -7,11 +7,12 @@
 The same recipe as configs/gsm8k_sw_qwen3.py with block diffusion (block S=4, no adaLN: the
 Qwen3 backbone has no time conditioning, as in the reference).
 """
+
 from configs import gsm8k_sw_qwen3
 
 
 def get_config():
   c = gsm8k_sw_qwen3.qwen3_base("bd3lm")
-  c.loss.block_size = 4           # must divide seq_len = 1024
+  c.loss.block_size = 4  # must divide seq_len = 1024
   c.loss.antithetic = False
   return c

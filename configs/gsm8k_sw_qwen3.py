@@ -15,6 +15,7 @@ pair {"question", "answer"} (the reference trains on Qwen3-32B-distilled answers
 wrapped in the reference prompt and the chat template, is clean context (context_mask = 1) and only
 the answer is diffused, one example per row, right-padded.
 """
+
 from configs import default
 
 
@@ -24,30 +25,38 @@ def qwen3_base(objective: str):
   c.objective = objective
   c.seq_len = 1024
   c.model.backbone = "qwen3"
-  for field in ("vocab_size", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
-                "intermediate_size", "rope_base", "num_layers"):
-    c.model[field] = 0            # 0 = the init_from_hf checkpoint's value (num_layers: all)
-  c.model.dropout = 0.0           # Qwen3 has no residual dropout
-  c.model.dtype = "bfloat16"      # amp_bf16: fp32 params, bf16 matmuls, fp32 norms/softmax
-  c.model.attention = "xla"       # TPU; "cudnn" on GPU, "dense" on CPU
-  c.model.remat = "full"          # 28 x 2048 at L=2048 tokens (two streams) per row
-  c.init_from_hf = ""             # REQUIRED: local Qwen3-1.7B-Base directory
-  c.tokenizer.kind = "qwen3"      # its tokenizer.json (vocab_path defaults to init_from_hf)
-  c.data.source = "pairs_jsonl"   # GSM8K JSONL rows {"question", "answer"} (data/pairs.py)
+  for field in (
+    "vocab_size",
+    "hidden_size",
+    "num_heads",
+    "num_kv_heads",
+    "head_dim",
+    "intermediate_size",
+    "rope_base",
+    "num_layers",
+  ):
+    c.model[field] = 0  # 0 = the init_from_hf checkpoint's value (num_layers: all)
+  c.model.dropout = 0.0  # Qwen3 has no residual dropout
+  c.model.dtype = "bfloat16"  # amp_bf16: fp32 params, bf16 matmuls, fp32 norms/softmax
+  c.model.attention = "xla"  # TPU; "cudnn" on GPU, "dense" on CPU
+  c.model.remat = "full"  # 28 x 2048 at L=2048 tokens (two streams) per row
+  c.init_from_hf = ""  # REQUIRED: local Qwen3-1.7B-Base directory
+  c.tokenizer.kind = "qwen3"  # its tokenizer.json (vocab_path defaults to init_from_hf)
+  c.data.source = "pairs_jsonl"  # GSM8K JSONL rows {"question", "answer"} (data/pairs.py)
   c.data.prompt_field = "question"
   c.data.answer_field = "answer"
   c.data.prompt_style = "gsm8k_chat"  # reference prompt in the chat template; context = prompt
-  c.data.preprocess = "pad"       # one example per row, right-padded to L
-  c.loss.keep_clean_bos = False   # SPEC §5: GSM8K rows start with the prompt, not a BOS
-  c.loss.desired_set_size = 4     # S (released smax8); 8 / 16 for smax16 / smax32
-  c.loss.max_set_size = 0         # 0 = 2S
-  c.batch_size = 16               # the reference script's global batch (released names: 1)
+  c.data.preprocess = "pad"  # one example per row, right-padded to L
+  c.loss.keep_clean_bos = False  # SPEC §5: GSM8K rows start with the prompt, not a BOS
+  c.loss.desired_set_size = 4  # S (released smax8); 8 / 16 for smax16 / smax32
+  c.loss.max_set_size = 0  # 0 = 2S
+  c.batch_size = 16  # the reference script's global batch (released names: 1)
   c.eval_batch_size = 8
   c.num_train_steps = 75_000
-  c.learning_rate = 1e-5          # the released run names' peak (the script says 1e-6)
+  c.learning_rate = 1e-5  # the released run names' peak (the script says 1e-6)
   c.warmup_steps = 100
   c.lr_schedule = "cosine"
-  c.cosine_alpha = 0.5            # Composer alpha_f: decay to 0.5 x peak
+  c.cosine_alpha = 0.5  # Composer alpha_f: decay to 0.5 x peak
   c.adam_b1 = 0.9
   c.adam_b2 = 0.98
   c.adam_eps = 1e-8
@@ -61,7 +70,7 @@ def qwen3_base(objective: str):
   c.log_every_steps = 50
   c.num_eval_samples = 2
   c.mesh.data = 1
-  c.mesh.fsdp = -1                # FSDP over every chip (8 on a v5e-8 / v4-8)
+  c.mesh.fsdp = -1  # FSDP over every chip (8 on a v5e-8 / v4-8)
   c.mesh.tensor = 1
   return c
 

@@ -3,6 +3,7 @@
   python launch/train.py --config=configs/lm1b_ar.py --workdir=$WORKDIR \
       --config.data.tfds_data_dir=$TFDS_DIR
 """
+
 from configs import lm1b_sw
 
 

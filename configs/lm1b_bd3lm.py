@@ -5,6 +5,7 @@
 
 One t per block, block-causal two-stream mask, empty blocks re-masked in training, antithetic t.
 """
+
 from configs import lm1b_sw
 
 
@@ -12,5 +13,5 @@ def get_config():
   c = lm1b_sw.lm1b_base("bd3lm")
   c.model.adaln = True
   c.loss.block_size = 4
-  c.loss.antithetic = True        # the only baseline run with antithetic t (SPEC §5)
+  c.loss.antithetic = True  # the only baseline run with antithetic t (SPEC §5)
   return c

@@ -5,11 +5,12 @@
 
 Training loss: unweighted CE over masked tokens; eval: the 1/t NELBO per real token.
 """
+
 from configs import lm1b_sw
 
 
 def get_config():
   c = lm1b_sw.lm1b_base("mdlm")
   c.model.adaln = True
-  c.loss.antithetic = False       # off in the reference run despite its "antithetic" tag
+  c.loss.antithetic = False  # off in the reference run despite its "antithetic" tag
   return c

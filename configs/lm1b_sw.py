@@ -10,6 +10,7 @@ Run (every host of a pod runs the same command):
 global batch 512, AdamW 3e-4 with 2500 warm-up steps then constant, EMA 0.9999, bf16 compute,
 1M steps; eval (likelihood bound on lm1b test) and checkpoints every 10k steps.
 """
+
 from configs import default
 from setdiff_jax.data import tokenizers
 
@@ -23,8 +24,8 @@ def lm1b_base(objective: str):
   c.model.num_layers = 12
   c.model.num_heads = 12
   c.model.dropout = 0.1
-  c.model.dtype = "bfloat16"      # amp_bf16: fp32 params, bf16 matmuls, fp32 LayerNorm/softmax
-  c.model.attention = "dense"     # on GPU: "cudnn"; on TPU: "xla"
+  c.model.dtype = "bfloat16"  # amp_bf16: fp32 params, bf16 matmuls, fp32 LayerNorm/softmax
+  c.model.attention = "dense"  # on GPU: "cudnn"; on TPU: "xla"
   c.tokenizer.kind = "wordpiece"
   # bert-base-uncased, shipped with the package (override: --config.tokenizer.vocab_path=...)
   c.tokenizer.vocab_path = tokenizers.packaged_vocab("bert-base-uncased/vocab.txt")
@@ -33,7 +34,7 @@ def lm1b_base(objective: str):
   c.data.tfds_name = "lm1b"
   c.data.train_split = "train"
   c.data.eval_split = "test"
-  c.data.preprocess = "wrap"      # the reference's lm1b_*_bs128_wrapped data
+  c.data.preprocess = "wrap"  # the reference's lm1b_*_bs128_wrapped data
   c.loss.keep_clean_bos = True
   c.batch_size = 512
   c.eval_batch_size = 16
@@ -46,7 +47,7 @@ def lm1b_base(objective: str):
   c.ema_decay = 0.9999
   c.eval_params = "ema"
   c.eval_every_steps = 10_000
-  c.num_eval_steps = -1           # the whole test split
+  c.num_eval_steps = -1  # the whole test split
   c.checkpoint_every_steps = 10_000
   c.log_every_steps = 100
   c.keep_checkpoints = 3
@@ -55,6 +56,6 @@ def lm1b_base(objective: str):
 
 def get_config():
   c = lm1b_base("setdlm")
-  c.loss.desired_set_size = 4     # S; released as smax8 (S_max = 2S)
-  c.loss.max_set_size = 0         # 0 = 2S
+  c.loss.desired_set_size = 4  # S; released as smax8 (S_max = 2S)
+  c.loss.max_set_size = 0  # 0 = 2S
   return c

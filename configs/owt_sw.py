@@ -10,6 +10,7 @@ for up to 1M steps and released the 300k-step checkpoints. Documents are concate
 between them and cut into 1024-token rows; the first token of each row is treated as the clean
 BOS (keep_clean_bos), and since pad = EOS for GPT-2, EOS targets do not count in eval (SPEC §8.9).
 """
+
 from configs import lm1b_sw
 from setdiff_jax.data import tokenizers
 
@@ -23,11 +24,11 @@ def get_config():
   c.tokenizer.merges_path = tokenizers.packaged_vocab("gpt2/merges.txt")
   c.data.source = "jsonl"
   c.data.jsonl_field = "text"
-  c.data.paths = ""               # required: training JSONL file(s), comma separated
-  c.data.eval_paths = ""          # required: validation JSONL file(s)
+  c.data.paths = ""  # required: training JSONL file(s), comma separated
+  c.data.eval_paths = ""  # required: validation JSONL file(s)
   c.data.preprocess = "wrap"
   c.loss.desired_set_size = 4
-  c.model.remat = "full"          # L=1024 two-stream activations are large
+  c.model.remat = "full"  # L=1024 two-stream activations are large
   c.eval_batch_size = 16
   c.num_eval_steps = 100
   return c

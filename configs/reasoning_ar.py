@@ -6,6 +6,7 @@ Then: python launch/evaluate.py --workdir=/tmp/reasoning_ar --eval=accuracy
 The shared recipe is configs/reasoning_common.py (2 x 128 DiT, L = 32, batch 32, 1200 steps, lr 2e-3);
 a few minutes on 2 CPU cores. benchmarks/speed_accuracy.py trains all four and sweeps tau.
 """
+
 from configs import reasoning_common
 
 

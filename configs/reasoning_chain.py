@@ -15,6 +15,7 @@ and 1.23 at step 400 with 4 x 1..99 (the old default), against 0.22 and 0.42 at 
 here (final 0.054); those two runs were stopped there (CPU time), no accuracy was measured.
 benchmarks/speed_accuracy.py --policies --tasks=chain uses these values by default.
 """
+
 from configs import reasoning_common
 
 OPERANDS = 5
@@ -28,5 +29,5 @@ def get_config(objective: str = "setdlm"):
   c.data.task_operands = OPERANDS
   c.data.task_max_operand = MAX_OPERAND
   c.seq_len = SEQ_LEN
-  c.data.task_eval_examples = 1000   # distinct test problems (hash bucket 0 of data/tasks.py)
+  c.data.task_eval_examples = 1000  # distinct test problems (hash bucket 0 of data/tasks.py)
   return c

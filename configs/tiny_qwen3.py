@@ -13,6 +13,7 @@ The architecture and tokenizer come from the directory (model fields = 0); L=32,
 lr 1e-4 cosine to 0.5x, fp32, one text file line per row (right-padded; a longer line follows
 data.overlong: cut by default, --config.data.overlong=wrap continues it on further rows).
 """
+
 from configs import gsm8k_sw_qwen3
 
 

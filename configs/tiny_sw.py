@@ -6,6 +6,7 @@ Then: python launch/sample.py --workdir=/tmp/setdiff_tiny
 Trains a ~1M-parameter model (2 layers x 128, L=64, a 2k BPE vocabulary trained at first run) for
 a few minutes on 2 CPU cores; the validation NLL falls clearly. Re-running resumes.
 """
+
 from configs import default
 
 

@@ -29,6 +29,7 @@ r"""Evaluates a trained run.
 Results are merged into DIR/eval_results.json (or --output) and printed as markdown tables.
 All logic lives in `setdiff_jax.evaluation` (`evaluate_workdir`, `format_results`).
 """
+
 import os
 import sys
 
@@ -40,8 +41,9 @@ from setdiff_jax import cli  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "Run directory written by launch/train.py.", required=True)
-flags.DEFINE_list("eval", ["likelihood"], "Evaluations: likelihood, infill, speed, samples, "
-                  "accuracy.")
+flags.DEFINE_list(
+  "eval", ["likelihood"], "Evaluations: likelihood, infill, speed, samples, accuracy."
+)
 flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
 flags.DEFINE_bool("use_ema", True, "Evaluate the EMA parameters.")
 flags.DEFINE_string("output", None, "JSON results file (default: WORKDIR/eval_results.json).")
@@ -51,24 +53,37 @@ flags.DEFINE_integer("num_orders", 4, "K of the K-order (K-draw) estimate.")
 flags.DEFINE_integer("batch_size", 32, "Likelihood rows per call (results do not depend on it).")
 flags.DEFINE_integer("max_rows", None, "Evaluate the first rows of the eval split only.")
 # infill
-flags.DEFINE_string("cloze_path", os.path.join("..", "shared", "data",
-                                               "rocstories-cloze-val-2016.csv"),
-                    "Story Cloze validation CSV.")
+flags.DEFINE_string(
+  "cloze_path",
+  os.path.join("..", "shared", "data", "rocstories-cloze-val-2016.csv"),
+  "Story Cloze validation CSV.",
+)
 flags.DEFINE_list("infill_settings", ["1sent", "3sent", "corpus"], "Infill example sets.")
 flags.DEFINE_integer("num_infill", 100, "Examples per infill set (-1: all that fit).")
 flags.DEFINE_integer("infill_batch_size", 8, "Infill examples decoded together.")
 flags.DEFINE_list("infill_thresholds", ["off"], "Confidence thresholds for infilling.")
 flags.DEFINE_float("repetition_penalty", 1.0, "Repetition penalty of the infill decoders.")
-flags.DEFINE_string("penalty_history", "auto", "Set-sampler infill penalty history: auto "
-                    "(cached tokens) | visible (prefix, suffix and commits; the paper's runs).")
+flags.DEFINE_string(
+  "penalty_history",
+  "auto",
+  "Set-sampler infill penalty history: auto "
+  "(cached tokens) | visible (prefix, suffix and commits; the paper's runs).",
+)
 # speed / samples
 flags.DEFINE_integer("window", None, "Set-sampler window W (default: the run's S).")
 flags.DEFINE_list("thresholds", ["off", "0.9"], "Confidence thresholds tau ('off' = none).")
-flags.DEFINE_string("policy", "threshold", "Commit policy of speed/samples/accuracy "
-                    "(setdiff_jax/sampling/policies.py): threshold (tau = --thresholds), "
-                    "entropy_bound, factor, margin, topk, dilated, stable.")
-flags.DEFINE_list("policy_args", ["default"], "Parameters of --policy to sweep (gamma, f, tau, "
-                  "k or d; 'default' = the policy's own).")
+flags.DEFINE_string(
+  "policy",
+  "threshold",
+  "Commit policy of speed/samples/accuracy "
+  "(setdiff_jax/sampling/policies.py): threshold (tau = --thresholds), "
+  "entropy_bound, factor, margin, topk, dilated, stable.",
+)
+flags.DEFINE_list(
+  "policy_args",
+  ["default"],
+  "Parameters of --policy to sweep (gamma, f, tau, k or d; 'default' = the policy's own).",
+)
 flags.DEFINE_list("batch_sizes", ["1", "8"], "Batch sizes for the speed eval.")
 flags.DEFINE_integer("repeats", 2, "Timed calls per speed setting (after a compiling one).")
 flags.DEFINE_integer("max_new_tokens", None, "Tokens to generate (default: seq_len - 1).")
@@ -80,20 +95,31 @@ flags.DEFINE_integer("sampling_seed", 0, "Seed of the samplers.")
 flags.DEFINE_list("eval_paths", None, "Replace the run's data.eval_paths (text/jsonl runs).")
 flags.DEFINE_string("tfds_data_dir", None, "Replace the run's data.tfds_data_dir (TFDS runs).")
 # accuracy
-flags.DEFINE_string("accuracy_data", None, "JSONL of prompt/answer pairs (default: the run's "
-                    "eval split of its pair source).")
+flags.DEFINE_string(
+  "accuracy_data",
+  None,
+  "JSONL of prompt/answer pairs (default: the run's eval split of its pair source).",
+)
 flags.DEFINE_integer("num_examples", None, "Evaluate the first test pairs only.")
 flags.DEFINE_integer("accuracy_batch_size", 32, "Prompts decoded per call.")
 flags.DEFINE_integer("speed_examples", 16, "Prompts timed one per call (batch 1).")
 flags.DEFINE_enum("extractor", "auto", ["hash", "boxed", "auto"], "Final-answer extractor.")
 flags.DEFINE_enum("preset", None, ["gsm8k_shell", "gsm8k_repro"], "GSM8K decode setting.")
-flags.DEFINE_string("mesh", None, "Decoding mesh: AXIS=SIZE,... over data, fsdp, tensor (one "
-                    "may be -1), e.g. "
-                    "data=2,tensor=4; parameters placed by the training sharding rules, the batch "
-                    "over data x fsdp, the KV cache over batch and heads (default: data=-1).")
-flags.DEFINE_bool("align_to_blocks", True, "Accuracy: BD3LM / block-wise MDLM decode blocks on the "
-                  "block grid (the official harness's align_inputs_to_blocks); "
-                  "--noalign_to_blocks starts them at each prompt's end.")
+flags.DEFINE_string(
+  "mesh",
+  None,
+  "Decoding mesh: AXIS=SIZE,... over data, fsdp, tensor (one "
+  "may be -1), e.g. "
+  "data=2,tensor=4; parameters placed by the training sharding rules, the batch "
+  "over data x fsdp, the KV cache over batch and heads (default: data=-1).",
+)
+flags.DEFINE_bool(
+  "align_to_blocks",
+  True,
+  "Accuracy: BD3LM / block-wise MDLM decode blocks on the "
+  "block grid (the official harness's align_inputs_to_blocks); "
+  "--noalign_to_blocks starts them at each prompt's end.",
+)
 
 
 def main(argv):
@@ -101,34 +127,56 @@ def main(argv):
   from setdiff_jax import sharding
   from setdiff_jax.evaluation import generation, run
   from setdiff_jax.sampling import policies
+
   sharding.initialize_distributed()
   thresholds = FLAGS.thresholds
   if FLAGS.policy != policies.DEFAULT and not FLAGS["thresholds"].present:
     thresholds = ["off"]  # tau belongs to --policy=threshold
   policy_args = tuple(policies.parse_arg(a) for a in FLAGS.policy_args)
   opts = run.EvalOptions(
-      seed=FLAGS.seed, num_orders=FLAGS.num_orders, batch_size=FLAGS.batch_size,
-      max_rows=FLAGS.max_rows, cloze_path=FLAGS.cloze_path,
-      infill_settings=tuple(FLAGS.infill_settings),
-      num_infill=None if FLAGS.num_infill < 0 else FLAGS.num_infill,
-      infill_batch_size=FLAGS.infill_batch_size,
-      infill_thresholds=tuple(generation.parse_thresholds(FLAGS.infill_thresholds,
-                                                          "--infill_thresholds")),
-      repetition_penalty=FLAGS.repetition_penalty, penalty_history=FLAGS.penalty_history,
-      window=FLAGS.window,
-      thresholds=tuple(generation.parse_thresholds(thresholds)), policy=FLAGS.policy,
-      policy_args=policy_args,
-      batch_sizes=tuple(int(b) for b in FLAGS.batch_sizes), repeats=FLAGS.repeats,
-      max_new_tokens=FLAGS.max_new_tokens, top_p=FLAGS.top_p, num_samples=FLAGS.num_samples,
-      judge_workdir=FLAGS.judge_workdir, sampling_seed=FLAGS.sampling_seed,
-      accuracy_data=FLAGS.accuracy_data, num_examples=FLAGS.num_examples,
-      accuracy_batch_size=FLAGS.accuracy_batch_size, speed_examples=FLAGS.speed_examples,
-      extractor=FLAGS.extractor, preset=FLAGS.preset, align_to_blocks=FLAGS.align_to_blocks)
-  record = run.evaluate_workdir(FLAGS.workdir, FLAGS.eval, opts, step=FLAGS.step,
-                                use_ema=FLAGS.use_ema, output=FLAGS.output,
-                                data_overrides=data_overrides(),
-                                show=lambda text: print(text, flush=True),  # before the write
-                                mesh=sharding.parse_mesh(FLAGS.mesh))
+    seed=FLAGS.seed,
+    num_orders=FLAGS.num_orders,
+    batch_size=FLAGS.batch_size,
+    max_rows=FLAGS.max_rows,
+    cloze_path=FLAGS.cloze_path,
+    infill_settings=tuple(FLAGS.infill_settings),
+    num_infill=None if FLAGS.num_infill < 0 else FLAGS.num_infill,
+    infill_batch_size=FLAGS.infill_batch_size,
+    infill_thresholds=tuple(
+      generation.parse_thresholds(FLAGS.infill_thresholds, "--infill_thresholds")
+    ),
+    repetition_penalty=FLAGS.repetition_penalty,
+    penalty_history=FLAGS.penalty_history,
+    window=FLAGS.window,
+    thresholds=tuple(generation.parse_thresholds(thresholds)),
+    policy=FLAGS.policy,
+    policy_args=policy_args,
+    batch_sizes=tuple(int(b) for b in FLAGS.batch_sizes),
+    repeats=FLAGS.repeats,
+    max_new_tokens=FLAGS.max_new_tokens,
+    top_p=FLAGS.top_p,
+    num_samples=FLAGS.num_samples,
+    judge_workdir=FLAGS.judge_workdir,
+    sampling_seed=FLAGS.sampling_seed,
+    accuracy_data=FLAGS.accuracy_data,
+    num_examples=FLAGS.num_examples,
+    accuracy_batch_size=FLAGS.accuracy_batch_size,
+    speed_examples=FLAGS.speed_examples,
+    extractor=FLAGS.extractor,
+    preset=FLAGS.preset,
+    align_to_blocks=FLAGS.align_to_blocks,
+  )
+  record = run.evaluate_workdir(
+    FLAGS.workdir,
+    FLAGS.eval,
+    opts,
+    step=FLAGS.step,
+    use_ema=FLAGS.use_ema,
+    output=FLAGS.output,
+    data_overrides=data_overrides(),
+    show=lambda text: print(text, flush=True),  # before the write
+    mesh=sharding.parse_mesh(FLAGS.mesh),
+  )
   print(f"\nresults written to {record['path']}")
 
 

@@ -14,6 +14,7 @@ decoding step, the likelihood-bound difference, and whether importing it back is
 before anything is written). --out must be a new or empty directory (--overwrite: a non-empty
 one), never a training workdir. Load it back with `setdiff_jax.interop.import_checkpoint(OUT)`.
 """
+
 import json
 import os
 import sys
@@ -29,29 +30,53 @@ flags.DEFINE_string("workdir", None, "Training workdir (holds checkpoints/ and c
 flags.DEFINE_string("out", None, "Output directory for the exported checkpoint.")
 flags.DEFINE_bool("ema", True, "Export the EMA parameters (--noema: the raw training parameters).")
 flags.DEFINE_integer("step", None, "Checkpoint step to export (default: the latest).")
-flags.DEFINE_enum("format", "safetensors", ["safetensors", "bin"],
-                  "Weight file: model.safetensors (numpy only) or pytorch_model.bin (needs torch).")
-flags.DEFINE_bool("overwrite", False, "Allow --out to be a non-empty directory (files there are "
-                  "replaced; a training workdir is always refused).")
-flags.DEFINE_bool("verify", False, "Check the export against the PyTorch reference (needs the "
-                  "torch extra: pip install -e \".[torch]\").")
+flags.DEFINE_enum(
+  "format",
+  "safetensors",
+  ["safetensors", "bin"],
+  "Weight file: model.safetensors (numpy only) or pytorch_model.bin (needs torch).",
+)
+flags.DEFINE_bool(
+  "overwrite",
+  False,
+  "Allow --out to be a non-empty directory (files there are "
+  "replaced; a training workdir is always refused).",
+)
+flags.DEFINE_bool(
+  "verify",
+  False,
+  "Check the export against the PyTorch reference (needs the "
+  'torch extra: pip install -e ".[torch]").',
+)
 flags.mark_flags_as_required(["workdir", "out"])
 
 
 def main(argv):
   del argv
   from setdiff_jax import errors
+
   if FLAGS.verify or FLAGS.format == "bin":  # before jax loads: the line comes at once
-    errors.require_extra("torch", "torch", "--verify (the PyTorch reference)" if FLAGS.verify
-                         else "--format=bin (--format=safetensors needs only numpy)")
+    errors.require_extra(
+      "torch",
+      "torch",
+      "--verify (the PyTorch reference)"
+      if FLAGS.verify
+      else "--format=bin (--format=safetensors needs only numpy)",
+    )
   from setdiff_jax import sharding
   from setdiff_jax.interop.export import export_workdir
 
   sharding.initialize_distributed()  # every host of a multi-host run exports together
 
-  _, report = export_workdir(FLAGS.workdir, FLAGS.out, use_ema=FLAGS.ema, step=FLAGS.step,
-                             fmt=FLAGS.format, verify=FLAGS.verify,
-                             overwrite=FLAGS.overwrite)
+  _, report = export_workdir(
+    FLAGS.workdir,
+    FLAGS.out,
+    use_ema=FLAGS.ema,
+    step=FLAGS.step,
+    fmt=FLAGS.format,
+    verify=FLAGS.verify,
+    overwrite=FLAGS.overwrite,
+  )
   if report is not None:
     print(json.dumps(report, indent=2))
 

@@ -10,6 +10,7 @@ unchanged. `python -m setdiff_jax.evaluation.lm_eval_model ...` is the same with
 (Not named lm_eval.py: as the script's folder is on sys.path, it would hide the lm_eval package.)
 model_args and what each request type computes: `setdiff_jax/evaluation/lm_eval_model.py`.
 """
+
 import os
 import sys
 

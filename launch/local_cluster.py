@@ -16,6 +16,7 @@ one `error:` line naming the process. Every wait is bounded: --timeout (the whol
 peer inside JAX before it stops with an error). SIGTERM / SIGINT to this launcher are forwarded
 to every process (a preemption of the whole "pod").
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,29 +54,55 @@ def parse_args(argv: Sequence[str]):
   """Flags before `--`, the command after it."""
   argv = list(argv)
   if "--" not in argv:
-    raise _Usage("the command to run goes after `--`, e.g. local_cluster.py --num_processes=2 "
-                 "-- python launch/train.py --config=configs/tiny_sw.py --workdir=DIR")
+    raise _Usage(
+      "the command to run goes after `--`, e.g. local_cluster.py --num_processes=2 "
+      "-- python launch/train.py --config=configs/tiny_sw.py --workdir=DIR"
+    )
   cut = argv.index("--")
   parser = _Parser(prog="local_cluster.py", add_help=True)
   parser.add_argument("--num_processes", type=int, default=2)
   parser.add_argument("--devices_per_process", type=int, default=1)
   parser.add_argument("--port", type=int, default=0, help="coordinator port (0: a free one)")
-  parser.add_argument("--timeout", type=float, default=3600.0,
-                      help="seconds the whole run may take; then every process is killed")
-  parser.add_argument("--grace_s", type=float, default=20.0,
-                      help="seconds between SIGTERM and SIGKILL when stopping the processes")
-  parser.add_argument("--init_timeout_s", type=int, default=120,
-                      help="seconds the processes wait for each other to join")
-  parser.add_argument("--heartbeat_s", type=int, default=30,
-                      help="seconds after which a silent (lost) process counts as dead")
-  parser.add_argument("--threads", type=int, default=1,
-                      help="compute threads per process (XLA CPU / OpenMP)")
+  parser.add_argument(
+    "--timeout",
+    type=float,
+    default=3600.0,
+    help="seconds the whole run may take; then every process is killed",
+  )
+  parser.add_argument(
+    "--grace_s",
+    type=float,
+    default=20.0,
+    help="seconds between SIGTERM and SIGKILL when stopping the processes",
+  )
+  parser.add_argument(
+    "--init_timeout_s",
+    type=int,
+    default=120,
+    help="seconds the processes wait for each other to join",
+  )
+  parser.add_argument(
+    "--heartbeat_s",
+    type=int,
+    default=30,
+    help="seconds after which a silent (lost) process counts as dead",
+  )
+  parser.add_argument(
+    "--threads", type=int, default=1, help="compute threads per process (XLA CPU / OpenMP)"
+  )
   args = parser.parse_args(argv[:cut])
-  command = argv[cut + 1:]
+  command = argv[cut + 1 :]
   if not command:
     raise _Usage("no command after `--`")
-  for name in ("num_processes", "devices_per_process", "timeout", "grace_s", "init_timeout_s",
-               "heartbeat_s", "threads"):
+  for name in (
+    "num_processes",
+    "devices_per_process",
+    "timeout",
+    "grace_s",
+    "init_timeout_s",
+    "heartbeat_s",
+    "threads",
+  ):
     if getattr(args, name) <= 0:
       raise _Usage(f"--{name}={getattr(args, name)} must be > 0")
   if not 0 <= args.port < 65536:
@@ -96,7 +123,8 @@ def process_env(base: dict, i: int, args, port: int) -> dict:
   xla = re.sub(r"--xla_force_host_platform_device_count=\S+", "", env.get("XLA_FLAGS", ""))
   if args.threads == 1 and "xla_cpu_multi_thread_eigen" not in xla:
     xla += " --xla_cpu_multi_thread_eigen=false"
-  env.update({
+  env.update(
+    {
       "XLA_FLAGS": " ".join(xla.split()),
       "JAX_PLATFORMS": "cpu",
       "JAX_NUM_CPU_DEVICES": str(args.devices_per_process),
@@ -110,7 +138,8 @@ def process_env(base: dict, i: int, args, port: int) -> dict:
       PROCESS_ID_ENV: str(i),
       INIT_TIMEOUT_ENV: str(args.init_timeout_s),
       HEARTBEAT_TIMEOUT_ENV: str(args.heartbeat_s),
-  })
+    }
+  )
   return env
 
 
@@ -166,9 +195,14 @@ def run(args, command: List[str], env: Optional[dict] = None) -> int:
   status, failed = 0, None
   try:
     for i in range(args.num_processes):
-      p = subprocess.Popen(command, env=process_env(base, i, args, port), stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                           start_new_session=True)  # its own group: stopping it stops children
+      p = subprocess.Popen(
+        command,
+        env=process_env(base, i, args, port),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+      )  # its own group: stopping it stops children
       procs.append(p)
       t = threading.Thread(target=_pump, args=(i, p.stdout, lock), daemon=True)
       t.start()
@@ -193,15 +227,26 @@ def run(args, command: List[str], env: Optional[dict] = None) -> int:
     for s, handler in previous.items():
       signal.signal(s, handler)
   if status == 124 and failed is None:
-    print(f"error: the cluster did not finish within --timeout={args.timeout:g}s; all "
-          f"{args.num_processes} processes were killed", file=sys.stderr, flush=True)
+    print(
+      f"error: the cluster did not finish within --timeout={args.timeout:g}s; all "
+      f"{args.num_processes} processes were killed",
+      file=sys.stderr,
+      flush=True,
+    )
     return status
   if failed is not None:
-    how = (f"was killed by signal {-status}" if status < 0 else f"exited with status {status}")
-    sig = "" if forwarded["signal"] is None else (
-        f" after signal {signal.Signals(forwarded['signal']).name} was forwarded")
-    print(f"error: process {failed} of {args.num_processes} {how}{sig}; the others were "
-          f"stopped (command: {shlex.join(command)})", file=sys.stderr, flush=True)
+    how = f"was killed by signal {-status}" if status < 0 else f"exited with status {status}"
+    sig = (
+      ""
+      if forwarded["signal"] is None
+      else (f" after signal {signal.Signals(forwarded['signal']).name} was forwarded")
+    )
+    print(
+      f"error: process {failed} of {args.num_processes} {how}{sig}; the others were "
+      f"stopped (command: {shlex.join(command)})",
+      file=sys.stderr,
+      flush=True,
+    )
     return status if status > 0 else 128 - status
   return 0
 

@@ -16,6 +16,7 @@ samples on every call; --seed=-1 draws a random seed (printed in that first line
   --infill="The cat [GAP:4] on the mat." ; the text around the gaps is printed unchanged.
 All logic lives in `setdiff_jax.decoding` (`sample_from_workdir`, `run_sampling`).
 """
+
 import os
 import sys
 
@@ -36,24 +37,37 @@ flags.DEFINE_integer("batch_size", 4, "Samples decoded together.")
 flags.DEFINE_integer("max_new_tokens", None, "Tokens to generate (default: seq_len - prompt).")
 flags.DEFINE_integer("window", None, "Set-sampler window W (default: the run's set size S).")
 flags.DEFINE_float("threshold", None, "Confidence threshold tau (default: off).")
-flags.DEFINE_string("policy", "threshold", "Commit policy (setdiff_jax/sampling/policies.py): "
-                    "threshold (tau = --threshold), entropy_bound, factor, margin, topk, dilated, "
-                    "stable.")
-flags.DEFINE_string("policy_arg", None, "The policy's parameter (gamma, f, tau, k or d; default: "
-                    "the policy's own).")
+flags.DEFINE_string(
+  "policy",
+  "threshold",
+  "Commit policy (setdiff_jax/sampling/policies.py): "
+  "threshold (tau = --threshold), entropy_bound, factor, margin, topk, dilated, "
+  "stable.",
+)
+flags.DEFINE_string(
+  "policy_arg", None, "The policy's parameter (gamma, f, tau, k or d; default: the policy's own)."
+)
 flags.DEFINE_integer("seed", 0, "PRNG seed (the same seed gives the same samples); -1: random.")
 flags.DEFINE_bool("greedy", False, "Argmax instead of sampling.")
 flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass (1 = off).")
 flags.DEFINE_float("temperature", 1.0, "Sampling temperature.")
 flags.DEFINE_float("repetition_penalty", 1.0, "HF-style repetition penalty (1 = off).")
 flags.DEFINE_string("dtype", "float32", "Compute dtype for sampling (the reference uses fp32).")
-flags.DEFINE_string("mesh", None, "Decoding mesh: AXIS=SIZE,... over data, fsdp, tensor (one "
-                    "may be -1), e.g. "
-                    "data=2,tensor=4; parameters placed by the training sharding rules, the batch "
-                    "over data x fsdp, the KV cache over batch and heads (default: data=-1).")
-flags.DEFINE_bool("align_to_blocks", False, "BD3LM / block-wise MDLM: decode blocks on the block "
-                  "grid (the official align_inputs_to_blocks; launch/evaluate.py's accuracy "
-                  "default) instead of starting at the prompt's end.")
+flags.DEFINE_string(
+  "mesh",
+  None,
+  "Decoding mesh: AXIS=SIZE,... over data, fsdp, tensor (one "
+  "may be -1), e.g. "
+  "data=2,tensor=4; parameters placed by the training sharding rules, the batch "
+  "over data x fsdp, the KV cache over batch and heads (default: data=-1).",
+)
+flags.DEFINE_bool(
+  "align_to_blocks",
+  False,
+  "BD3LM / block-wise MDLM: decode blocks on the block "
+  "grid (the official align_inputs_to_blocks; launch/evaluate.py's accuracy "
+  "default) instead of starting at the prompt's end.",
+)
 
 
 def main(argv):
@@ -61,18 +75,34 @@ def main(argv):
   from setdiff_jax import sharding
   from setdiff_jax.decoding import sample_from_workdir
   from setdiff_jax.sampling import policies
+
   sharding.initialize_distributed()
   import jax  # pylint: disable=g-import-not-at-top
+
   quiet = lambda text: None  # noqa: E731  every process samples the same texts; process 0 prints
   sample_from_workdir(
-      FLAGS.workdir, write=print if jax.process_index() == 0 else quiet, step=FLAGS.step, use_ema=FLAGS.use_ema, dtype=FLAGS.dtype,
-      prompt=FLAGS.prompt, infill=FLAGS.infill, num_samples=FLAGS.num_samples,
-      batch_size=FLAGS.batch_size, max_new_tokens=FLAGS.max_new_tokens, window=FLAGS.window,
-      threshold=FLAGS.threshold, policy=FLAGS.policy,
-      policy_arg=policies.parse_arg(FLAGS.policy_arg), seed=FLAGS.seed, greedy=FLAGS.greedy,
-      top_p=FLAGS.top_p, temperature=FLAGS.temperature,
-      repetition_penalty=FLAGS.repetition_penalty, mesh=sharding.parse_mesh(FLAGS.mesh),
-      align_to_blocks=FLAGS.align_to_blocks)
+    FLAGS.workdir,
+    write=print if jax.process_index() == 0 else quiet,
+    step=FLAGS.step,
+    use_ema=FLAGS.use_ema,
+    dtype=FLAGS.dtype,
+    prompt=FLAGS.prompt,
+    infill=FLAGS.infill,
+    num_samples=FLAGS.num_samples,
+    batch_size=FLAGS.batch_size,
+    max_new_tokens=FLAGS.max_new_tokens,
+    window=FLAGS.window,
+    threshold=FLAGS.threshold,
+    policy=FLAGS.policy,
+    policy_arg=policies.parse_arg(FLAGS.policy_arg),
+    seed=FLAGS.seed,
+    greedy=FLAGS.greedy,
+    top_p=FLAGS.top_p,
+    temperature=FLAGS.temperature,
+    repetition_penalty=FLAGS.repetition_penalty,
+    mesh=sharding.parse_mesh(FLAGS.mesh),
+    align_to_blocks=FLAGS.align_to_blocks,
+  )
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ Re-running with the same workdir resumes from its latest checkpoint. On a multi-
 GPU cluster run the same command on every host; `jax.distributed.initialize()` picks up the
 cluster from the environment (and is skipped on a single host).
 """
+
 import os
 import sys
 
@@ -37,9 +38,11 @@ def summary(result, workdir: str, config) -> str:
   # Sample (and evaluate) with the parameters training evaluated.
   raw = " --nouse_ema" if str(config.get("eval_params", "ema")) == "raw" else ""
   if str(config.data.get("source", "")) in pairs.PAIR_SOURCES:  # a conditional (prompt) run
-    parts.append(f"evaluate with: python launch/evaluate.py --workdir={workdir} --eval=accuracy; "
-                 f"sample a prompt with: python launch/sample.py --workdir={workdir}{raw} "
-                 "--prompt='<a prompt like the training prompts>'")
+    parts.append(
+      f"evaluate with: python launch/evaluate.py --workdir={workdir} --eval=accuracy; "
+      f"sample a prompt with: python launch/sample.py --workdir={workdir}{raw} "
+      "--prompt='<a prompt like the training prompts>'"
+    )
   else:
     parts.append(f"sample with: python launch/sample.py --workdir={workdir}{raw}")
   return "; ".join(parts)
@@ -48,8 +51,9 @@ def summary(result, workdir: str, config) -> str:
 def main(argv):
   del argv  # cli.run rejects positional arguments
   sharding.initialize_distributed()
-  logging.debug("JAX devices: %s (process %d of %d)", jax.devices(), jax.process_index(),
-                jax.process_count())
+  logging.debug(
+    "JAX devices: %s (process %d of %d)", jax.devices(), jax.process_index(), jax.process_count()
+  )
   result = train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
   if jax.process_index() == 0:
     print(summary(result, FLAGS.workdir, FLAGS.config), flush=True)

@@ -18,6 +18,7 @@
 
 `call(main, argv)` does the same in-process and returns the exit status (for tests).
 """
+
 from __future__ import annotations
 
 import difflib
@@ -40,17 +41,24 @@ EXPECTED = (errors.SetdiffError, ValueError, OSError, FloatingPointError, app.Us
 
 FLAGS = flags.FLAGS
 if "verbose" not in FLAGS:
-  flags.DEFINE_bool("verbose", False, "Full tracebacks and library INFO logs on errors (or set "
-                    f"{VERBOSE_ENV}=1).")
+  flags.DEFINE_bool(
+    "verbose", False, f"Full tracebacks and library INFO logs on errors (or set {VERBOSE_ENV}=1)."
+  )
 # A multi-process run (read by `sharding.initialize_distributed`; default: the environment,
 # e.g. what launch/local_cluster.py sets, or the TPU / GPU cluster's auto-detection).
 if "coordinator_address" not in FLAGS:
-  flags.DEFINE_string("coordinator_address", None, "HOST:PORT of process 0 of a multi-process "
-                      "run (or $SETDIFF_COORDINATOR_ADDRESS); default: auto-detect.")
-  flags.DEFINE_integer("num_processes", None, "Processes of a multi-process run (or "
-                       "$SETDIFF_NUM_PROCESSES).")
-  flags.DEFINE_integer("process_id", None, "This process's index in a multi-process run (or "
-                       "$SETDIFF_PROCESS_ID).")
+  flags.DEFINE_string(
+    "coordinator_address",
+    None,
+    "HOST:PORT of process 0 of a multi-process "
+    "run (or $SETDIFF_COORDINATOR_ADDRESS); default: auto-detect.",
+  )
+  flags.DEFINE_integer(
+    "num_processes", None, "Processes of a multi-process run (or $SETDIFF_NUM_PROCESSES)."
+  )
+  flags.DEFINE_integer(
+    "process_id", None, "This process's index in a multi-process run (or $SETDIFF_PROCESS_ID)."
+  )
 
 
 class UsageError(errors.SetdiffError):
@@ -70,9 +78,11 @@ def one_line(text: str) -> str:
 
 
 # How a collective or the coordination service reports a process of the run that is gone.
-_LOST_PROCESS = re.compile(r"gloo [\w-]+ failed|connection reset by peer|connection refused|"
-                           r"heartbeat timeout|stopped sending heartbeats|coordination service",
-                           re.IGNORECASE)
+_LOST_PROCESS = re.compile(
+  r"gloo [\w-]+ failed|connection reset by peer|connection refused|"
+  r"heartbeat timeout|stopped sending heartbeats|coordination service",
+  re.IGNORECASE,
+)
 
 
 def _cluster():
@@ -90,6 +100,7 @@ def _missing_processes(count: int) -> str:
   """'process 1', 'processes 0, 2' (those the coordination service no longer sees), or ''."""
   try:
     from jax._src import distributed  # pylint: disable=g-import-not-at-top
+
     live = distributed.global_state.client.get_live_nodes(list(range(count)))
     lost = [i for i in range(count) if i not in live]
   except Exception:  # noqa: BLE001 - e.g. the coordinator (process 0) is the one gone
@@ -112,6 +123,7 @@ def _leave_together():
     return
   try:
     from jax._src import distributed  # pylint: disable=g-import-not-at-top
+
     distributed.global_state.client.wait_at_barrier("setdiff_jax/exit", EXIT_WAIT_S * 1000)
   except Exception:  # noqa: BLE001 - another process did not stop this way: leave now
     return
@@ -129,9 +141,11 @@ def _describe_lost_process(exc: BaseException) -> str:
   index, count = _cluster()
   who = _missing_processes(count) or "another process (or the coordinator, process 0)"
   cause = one_line(str(exc))[:200]
-  return (f"process {index} of {count} stopped: {who} of this run is gone ({cause}). The last "
-          "saved checkpoint is intact; restart every process with the same command to resume "
-          "($SETDIFF_HEARTBEAT_TIMEOUT_S bounds how long a silent process is waited for)")
+  return (
+    f"process {index} of {count} stopped: {who} of this run is gone ({cause}). The last "
+    "saved checkpoint is intact; restart every process with the same command to resume "
+    "($SETDIFF_HEARTBEAT_TIMEOUT_S bounds how long a silent process is waited for)"
+  )
 
 
 def describe(exc: BaseException) -> str:
@@ -140,8 +154,9 @@ def describe(exc: BaseException) -> str:
     return _describe_lost_process(exc)
   if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
     where = f" writing {exc.filename}" if exc.filename else ""
-    return one_line(f"disk full{where} ({exc}); free space (or use a larger disk) and run the "
-                    "same command again")
+    return one_line(
+      f"disk full{where} ({exc}); free space (or use a larger disk) and run the same command again"
+    )
   return one_line(str(exc) or type(exc).__name__)
 
 
@@ -179,8 +194,11 @@ def unknown_config_fields(argv: Sequence[str], config, flag: str = "config") -> 
     if not m or m.group(1) in names:
       continue
     close = closest_fields(m.group(1), names)
-    hint = f"closest: {', '.join('--' + flag + '.' + c for c in close)}" if close else (
-        f"the fields are: {', '.join(n for n in names if '.' not in n)}")
+    hint = (
+      f"closest: {', '.join('--' + flag + '.' + c for c in close)}"
+      if close
+      else (f"the fields are: {', '.join(n for n in names if '.' not in n)}")
+    )
     problems.append(f"--{flag}.{m.group(1)} is not a config field ({hint})")
   return problems
 
@@ -217,6 +235,7 @@ def _config_of(argv: Sequence[str]):
     m = re.match(r"^--?config=(.+\.py)$", arg)
     if m and os.path.isfile(m.group(1)):
       import importlib.util
+
       try:
         spec = importlib.util.spec_from_file_location("_setdiff_cli_config", m.group(1))
         module = importlib.util.module_from_spec(spec)
@@ -229,8 +248,10 @@ def _config_of(argv: Sequence[str]):
 
 def check_no_positional(args: Sequence[str]):
   if len(args) > 1:
-    raise UsageError(f"unexpected argument(s) {' '.join(args[1:])!r}: every option is a "
-                     "--flag=value (see --helpshort)")
+    raise UsageError(
+      f"unexpected argument(s) {' '.join(args[1:])!r}: every option is a "
+      "--flag=value (see --helpshort)"
+    )
 
 
 # ----------------------------------------------------------------------------- logs
@@ -303,6 +324,7 @@ def call(main: Callable[[List[str]], Optional[int]], argv: Sequence[str], stream
 
 def run(main: Callable[[List[str]], Optional[int]]):
   """`absl.app.run(main)` with the behaviour of the module doc."""
+
   def parser(argv):
     try:
       return parse_flags(argv)
@@ -328,6 +350,17 @@ def run(main: Callable[[List[str]], Optional[int]]):
   app.run(guarded, flags_parser=parser)
 
 
-__all__ = ["EXPECTED", "UsageError", "verbose", "describe", "closest_fields",
-           "unknown_config_fields", "parse_flags", "check_no_positional", "quiet_library_logs",
-           "report", "call", "run"]
+__all__ = [
+  "EXPECTED",
+  "UsageError",
+  "verbose",
+  "describe",
+  "closest_fields",
+  "unknown_config_fields",
+  "parse_flags",
+  "check_no_positional",
+  "quiet_library_logs",
+  "report",
+  "call",
+  "run",
+]

@@ -9,6 +9,7 @@ Tokenizer protocol (as `setdiff_jax.data.tokenizers.Tokenizer`): `encode(text) -
 special tokens), `decode(ids) -> str` (drops specials), `bos_id`, `eos_id`, `pad_id`, `mask_id`,
 `vocab_size`. Infill syntax (`[GAP:n]`): see `sampling/text.py`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,10 +33,15 @@ def sampler_config_for(objective_config, tokenizer, seq_len: int, **overrides) -
   of compiled programs; the tokens do not depend on them). `overrides` replace any field (None
   ignored)."""
   oc = objective_config
-  fields = dict(mask_token_id=int(oc.mask_token_id), eos_token_id=int(oc.eos_token_id),
-                pad_token_id=int(oc.pad_token_id),
-                bos_token_id=getattr(tokenizer, "bos_id", None), max_length=int(seq_len),
-                max_new_tokens=max(1, int(seq_len) - 1), length_buckets="pow2")
+  fields = dict(
+    mask_token_id=int(oc.mask_token_id),
+    eos_token_id=int(oc.eos_token_id),
+    pad_token_id=int(oc.pad_token_id),
+    bos_token_id=getattr(tokenizer, "bos_id", None),
+    max_length=int(seq_len),
+    max_new_tokens=max(1, int(seq_len) - 1),
+    length_buckets="pow2",
+  )
   fields.update(methods.get(oc.name).sampler_fields(oc))
   fields.update({k: v for k, v in overrides.items() if v is not None})
   return SamplerConfig(**fields)
@@ -46,9 +52,21 @@ def sampler_for(objective: str) -> Callable[..., SampleOutput]:
   return methods.get(objective).generate
 
 
-def generate_text(model, params, tokenizer, objective_config, seq_len: int, num_samples: int,
-                  rng, prompt: Optional[str] = None, *, max_new_tokens: Optional[int] = None,
-                  greedy: bool = False, top_p: float = 0.9, **overrides) -> List[str]:
+def generate_text(
+  model,
+  params,
+  tokenizer,
+  objective_config,
+  seq_len: int,
+  num_samples: int,
+  rng,
+  prompt: Optional[str] = None,
+  *,
+  max_new_tokens: Optional[int] = None,
+  greedy: bool = False,
+  top_p: float = 0.9,
+  **overrides,
+) -> List[str]:
   """Decodes `num_samples` texts from params with the sampler matching the objective.
 
   For the train loop's eval: unconditional (BOS) or from `prompt`, N = seq_len - len(prompt) by
@@ -59,8 +77,9 @@ def generate_text(model, params, tokenizer, objective_config, seq_len: int, num_
   n = max_new_tokens or seq_len - len(ids)
   if n < 1:
     raise ValueError(f"prompt of {len(ids)} tokens leaves no room in seq_len={seq_len}")
-  cfg = sampler_config_for(objective_config, tokenizer, seq_len, max_new_tokens=n, greedy=greedy,
-                           top_p=top_p, **overrides)
+  cfg = sampler_config_for(
+    objective_config, tokenizer, seq_len, max_new_tokens=n, greedy=greedy, top_p=top_p, **overrides
+  )
   out = sampler_for(objective_config.name)(model, params, [ids] * num_samples, cfg, rng)
   return [tokenizer.decode(seq) for seq in out.sequences]
 
@@ -86,16 +105,32 @@ class SamplingReport:
     return self.num_committed / self.num_steps if self.num_steps else 0.0
 
 
-def run_sampling(model, params, tokenizer, objective_config, seq_len: int, *,
-                 prompt: Optional[str] = None, infill: Optional[str] = None,
-                 num_samples: int = 1, batch_size: int = 1,
-                 max_new_tokens: Optional[int] = None, window: Optional[int] = None,
-                 threshold: Optional[float] = None, policy: Optional[str] = None,
-                 policy_arg: Optional[float] = None, seed: int = 0, greedy: bool = False,
-                 top_p: float = 1.0, temperature: float = 1.0, repetition_penalty: float = 1.0,
-                 align_to_blocks: bool = False, warmup: bool = True,
-                 write: Callable[[str], Any] = print,
-                 header: Optional[str] = None) -> SamplingReport:
+def run_sampling(
+  model,
+  params,
+  tokenizer,
+  objective_config,
+  seq_len: int,
+  *,
+  prompt: Optional[str] = None,
+  infill: Optional[str] = None,
+  num_samples: int = 1,
+  batch_size: int = 1,
+  max_new_tokens: Optional[int] = None,
+  window: Optional[int] = None,
+  threshold: Optional[float] = None,
+  policy: Optional[str] = None,
+  policy_arg: Optional[float] = None,
+  seed: int = 0,
+  greedy: bool = False,
+  top_p: float = 1.0,
+  temperature: float = 1.0,
+  repetition_penalty: float = 1.0,
+  align_to_blocks: bool = False,
+  warmup: bool = True,
+  write: Callable[[str], Any] = print,
+  header: Optional[str] = None,
+) -> SamplingReport:
   """Samples `num_samples` texts in batches of `batch_size` and prints them (the CLI body).
 
   Prints `header` followed by the sampler settings (if a header is given), each sample as its own
@@ -112,30 +147,49 @@ def run_sampling(model, params, tokenizer, objective_config, seq_len: int, *,
   if seed < 0:  # -1: a fresh seed per call, printed in the header
     seed = secrets.randbelow(2**31)
   method = methods.get(objective_config.name)
-  cfg = sampler_config_for(objective_config, tokenizer, seq_len, window=window,
-                           threshold=threshold, policy=policy, policy_arg=policy_arg,
-                           seed=seed, greedy=greedy, top_p=top_p,
-                           temperature=temperature, repetition_penalty=repetition_penalty,
-                           align_to_blocks=align_to_blocks)
+  cfg = sampler_config_for(
+    objective_config,
+    tokenizer,
+    seq_len,
+    window=window,
+    threshold=threshold,
+    policy=policy,
+    policy_arg=policy_arg,
+    seed=seed,
+    greedy=greedy,
+    top_p=top_p,
+    temperature=temperature,
+    repetition_penalty=repetition_penalty,
+    align_to_blocks=align_to_blocks,
+  )
   if infill is not None:
     if not method.infills_canvas:
-      raise ValueError(f"this run's objective {method.name!r} cannot infill: "
-                       f"{method.infill_unsupported}")
+      raise ValueError(
+        f"this run's objective {method.name!r} cannot infill: {method.infill_unsupported}"
+      )
     template = parse_infill(infill)
     ids, spans = template.canvas(tokenizer, cfg.mask_token_id)
     cfg = cfg.replace(max_new_tokens=sum(template.gaps))
     run = lambda rows, key: method.canvas_infill(model, params, rows, cfg, key)
-    decode = lambda out, b: template.fill([tokenizer.decode(out["canvas"][b][s:e])
-                                           for s, e in spans])
-    counts = lambda out: (out["num_steps"], out["num_committed"], out["forward_calls"],
-                          int(np.sum(out["num_committed"])))
+    decode = lambda out, b: template.fill(
+      [tokenizer.decode(out["canvas"][b][s:e]) for s, e in spans]
+    )
+    counts = lambda out: (
+      out["num_steps"],
+      out["num_committed"],
+      out["forward_calls"],
+      int(np.sum(out["num_committed"])),
+    )
   else:
     ids = prompt_ids(tokenizer, prompt)
     if len(ids) >= seq_len:  # before N = L - prompt is derived (it would be <= 0)
-      raise ValueError(f"the prompt is {len(ids)} tokens (BOS included) but the run's context is "
-                       f"seq_len={seq_len}; shorten --prompt to at most {seq_len - 2} tokens")
-    cfg = cfg.replace(max_new_tokens=seq_len - len(ids) if max_new_tokens is None
-                      else max_new_tokens)
+      raise ValueError(
+        f"the prompt is {len(ids)} tokens (BOS included) but the run's context is "
+        f"seq_len={seq_len}; shorten --prompt to at most {seq_len - 2} tokens"
+      )
+    cfg = cfg.replace(
+      max_new_tokens=seq_len - len(ids) if max_new_tokens is None else max_new_tokens
+    )
     run = lambda rows, key: method.generate(model, params, rows, cfg, key)
     decode = lambda out, b: tokenizer.decode(out.sequences[b])
     counts = lambda out: (out.num_steps, out.num_committed, out.forward_calls, out.num_generated)
@@ -146,8 +200,10 @@ def run_sampling(model, params, tokenizer, objective_config, seq_len: int, *,
   batches = [min(batch_size, num_samples - i) for i in range(0, num_samples, batch_size)]
   programs = compiles.compiled_programs()
   outs, seconds, warm = time_calls(
-      run, [([ids] * nb, jax.random.fold_in(key, i)) for i, nb in enumerate(batches)],
-      warmup=([ids] * batches[0], key) if warmup else None)
+    run,
+    [([ids] * nb, jax.random.fold_in(key, i)) for i, nb in enumerate(batches)],
+    warmup=([ids] * batches[0], key) if warmup else None,
+  )
   texts, generated, steps, committed, calls = [], 0, 0, 0, []
   for out, nb in zip(outs, batches):
     num_steps, num_committed, forward_calls, num_generated = counts(out)
@@ -158,39 +214,58 @@ def run_sampling(model, params, tokenizer, objective_config, seq_len: int, *,
     for b in range(nb):
       texts.append(decode(out, b))
       write(f"=== sample {len(texts)} ===\n{texts[-1]}\n")
-  report = SamplingReport(texts=texts, num_generated=generated, seconds=float(sum(seconds)),
-                          num_steps=steps, num_committed=committed, forward_calls=calls,
-                          compiled_programs=compiles.compiled_programs() - programs,
-                          warmup_seconds=float(warm))
-  write(f"tokens/s: {report.tokens_per_second:.1f}  tokens/step: {report.tokens_per_step:.2f}  "
-        f"compiled programs: {report.compiled_programs}  wall s with compile: "
-        f"{report.seconds + report.warmup_seconds:.2f}")
+  report = SamplingReport(
+    texts=texts,
+    num_generated=generated,
+    seconds=float(sum(seconds)),
+    num_steps=steps,
+    num_committed=committed,
+    forward_calls=calls,
+    compiled_programs=compiles.compiled_programs() - programs,
+    warmup_seconds=float(warm),
+  )
+  write(
+    f"tokens/s: {report.tokens_per_second:.1f}  tokens/step: {report.tokens_per_step:.2f}  "
+    f"compiled programs: {report.compiled_programs}  wall s with compile: "
+    f"{report.seconds + report.warmup_seconds:.2f}"
+  )
   return report
 
 
-def check_sampling_flags(seq_len: int, *, window: Optional[int] = None,
-                         max_new_tokens: Optional[int] = None):
+def check_sampling_flags(
+  seq_len: int, *, window: Optional[int] = None, max_new_tokens: Optional[int] = None
+):
   """None means "the run's default"; an explicit value is checked, never replaced."""
   if window is not None and not 1 <= window <= seq_len:
-    raise ValueError(f"--window={window} must be in [1, seq_len={seq_len}] (W <= L; leave it "
-                     "unset for the run's set size S)")
+    raise ValueError(
+      f"--window={window} must be in [1, seq_len={seq_len}] (W <= L; leave it "
+      "unset for the run's set size S)"
+    )
   if max_new_tokens is not None and not 1 <= max_new_tokens < seq_len:
-    raise ValueError(f"--max_new_tokens={max_new_tokens} must be in [1, seq_len - 1 = "
-                     f"{seq_len - 1}] (leave it unset to fill the context)")
+    raise ValueError(
+      f"--max_new_tokens={max_new_tokens} must be in [1, seq_len - 1 = "
+      f"{seq_len - 1}] (leave it unset to fill the context)"
+    )
 
 
 def sampler_settings(method, objective_config, cfg: SamplerConfig, infill: bool = False) -> str:
   """One line: the method's sampler and its settings (the header of `launch/sample.py`)."""
   parts = [f"sampler: {method.name}{' (infill)' if infill else ''}"]
-  parts += [f"{k}={getattr(cfg, k)}" for k in method.sampler_fields(objective_config)
-            if k == "block_size" or method.uses_window]
+  parts += [
+    f"{k}={getattr(cfg, k)}"
+    for k in method.sampler_fields(objective_config)
+    if k == "block_size" or method.uses_window
+  ]
   if method.uses_threshold and cfg.policy != policies.DEFAULT:
     parts.append(f"policy={policies.label(cfg.policy, cfg.policy_arg)}")
   elif method.uses_threshold:
     parts.append(f"tau={'off' if cfg.threshold is None else cfg.threshold}")
   parts.append("greedy" if cfg.greedy else f"top_p={cfg.top_p} temperature={cfg.temperature}")
-  parts += [f"repetition_penalty={cfg.repetition_penalty}", f"max_new_tokens={cfg.max_new_tokens}",
-            f"seed={cfg.seed}"]
+  parts += [
+    f"repetition_penalty={cfg.repetition_penalty}",
+    f"max_new_tokens={cfg.max_new_tokens}",
+    f"seed={cfg.seed}",
+  ]
   if cfg.align_to_blocks:
     parts.append("align_to_blocks")
   return "  ".join(parts)
@@ -208,19 +283,42 @@ def params_label(config, use_ema: bool) -> str:
   return "EMA"
 
 
-def sample_from_workdir(workdir: str, *, step: Optional[int] = None, use_ema: bool = True,
-                        dtype: Optional[str] = "float32", mesh: Optional[dict] = None,
-                        **kwargs) -> SamplingReport:
+def sample_from_workdir(
+  workdir: str,
+  *,
+  step: Optional[int] = None,
+  use_ema: bool = True,
+  dtype: Optional[str] = "float32",
+  mesh: Optional[dict] = None,
+  **kwargs,
+) -> SamplingReport:
   """Loads a trained run (parameters only, `workdir.load_inference_state`, placed on `mesh`: a
   {"data", "fsdp", "tensor"} size dict, default all devices on data); `run_sampling`."""
   state = workdir_lib.load_inference_state(workdir, step=step, use_ema=use_ema, mesh_config=mesh)
   model = workdir_lib.inference_model(state.model_config, dtype)
-  kwargs.setdefault("header", f"workdir: {paths.resolve(workdir)}  step: {state.step}  "
-                    f"params: {params_label(state.config, use_ema)}  ")
-  return run_sampling(model, state.params, state.tokenizer, state.objective_config,
-                      int(state.config.seq_len), **kwargs)
+  kwargs.setdefault(
+    "header",
+    f"workdir: {paths.resolve(workdir)}  step: {state.step}  "
+    f"params: {params_label(state.config, use_ema)}  ",
+  )
+  return run_sampling(
+    model,
+    state.params,
+    state.tokenizer,
+    state.objective_config,
+    int(state.config.seq_len),
+    **kwargs,
+  )
 
 
-__all__ = ["sampler_config_for", "sampler_for", "generate_text", "SamplingReport",
-           "run_sampling", "check_sampling_flags", "sampler_settings", "sample_from_workdir",
-           "params_label"]
+__all__ = [
+  "sampler_config_for",
+  "sampler_for",
+  "generate_text",
+  "SamplingReport",
+  "run_sampling",
+  "check_sampling_flags",
+  "sampler_settings",
+  "sample_from_workdir",
+  "params_label",
+]

@@ -5,6 +5,7 @@ Besides `SetdiffError`, the launchers treat ValueError (config and input checks 
 package raise it), OSError (missing files, disk full, permissions) and FloatingPointError (the NaN
 guard) as expected: see `cli.EXPECTED`.
 """
+
 from __future__ import annotations
 
 
@@ -73,6 +74,7 @@ def require_extra(module: str, extra: str, needed_by: str):
   package keeps its traceback (a broken install is not a missing extra).
   """
   import importlib
+
   try:
     return importlib.import_module(module)
   except ModuleNotFoundError as e:
@@ -85,11 +87,24 @@ def missing_extra(e: ModuleNotFoundError, module: str, extra: str, needed_by: st
   returns otherwise (the caller re-raises `e`)."""
   top = module.split(".")[0]
   if e.name is not None and e.name.split(".")[0] == top:
-    raise MissingExtraError(f"{needed_by} needs the Python package {top!r}, which is not "
-                            f"installed: {install_line(extra)}") from e
+    raise MissingExtraError(
+      f"{needed_by} needs the Python package {top!r}, which is not installed: {install_line(extra)}"
+    ) from e
 
 
-__all__ = ["SetdiffError", "WorkdirInUseError", "ConfigMismatchError", "CheckpointError",
-           "CheckpointStructureError", "DamagedCheckpointError", "MissingIteratorStateError",
-           "DivergenceError", "StoppedBySignal", "DiskFullError", "MissingExtraError",
-           "require_extra", "missing_extra", "install_line"]
+__all__ = [
+  "SetdiffError",
+  "WorkdirInUseError",
+  "ConfigMismatchError",
+  "CheckpointError",
+  "CheckpointStructureError",
+  "DamagedCheckpointError",
+  "MissingIteratorStateError",
+  "DivergenceError",
+  "StoppedBySignal",
+  "DiskFullError",
+  "MissingExtraError",
+  "require_extra",
+  "missing_extra",
+  "install_line",
+]

@@ -17,6 +17,7 @@ reshape parameters, abstract parameter trees and sharding specs.
 
 numpy only (the PyTorch reference imports the name maps, which import this module).
 """
+
 from __future__ import annotations
 
 import re
@@ -62,8 +63,10 @@ def _map(fn, *trees):
   if isinstance(first, Mapping):
     for t in trees[1:]:
       if not isinstance(t, Mapping) or set(t) != set(first):
-        raise ValueError(f"layers differ in structure: {sorted(first)} vs "
-                         f"{sorted(t) if isinstance(t, Mapping) else type(t).__name__}")
+        raise ValueError(
+          f"layers differ in structure: {sorted(first)} vs "
+          f"{sorted(t) if isinstance(t, Mapping) else type(t).__name__}"
+        )
     return {k: _map(fn, *(t[k] for t in trees)) for k in first}
   return fn(*trees)
 
@@ -94,8 +97,10 @@ def stack_layers(params: Mapping) -> Dict[str, Any]:
       out[k] = v
   for prefix, layers in groups.items():
     if prefix in out:
-      raise ValueError(f"parameters hold both {prefix!r} (scanned) and {prefix}_<i> (per-layer) "
-                       "subtrees; a tree has one layout")
+      raise ValueError(
+        f"parameters hold both {prefix!r} (scanned) and {prefix}_<i> (per-layer) "
+        "subtrees; a tree has one layout"
+      )
     if sorted(layers) != list(range(len(layers))):
       raise ValueError(f"{prefix}_<i>: layer indices {sorted(layers)} are not 0..{len(layers) - 1}")
     out[prefix] = _map(lambda *xs: _stack(xs), *(layers[i] for i in range(len(layers))))

@@ -7,6 +7,7 @@ bucket instead of creating a local folder named `gs:`. Local paths are made abso
 are kept as given. Writes are whole-file (write then rename locally; one object upload remotely),
 so a reader never sees half a file.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -78,8 +79,9 @@ def write_text(path, text: str):
     _p(path).write_text(text, encoding="utf-8")
     return
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)),
-                             prefix=os.path.basename(path) + ".tmp")
+  fd, tmp = tempfile.mkstemp(
+    dir=os.path.dirname(os.path.abspath(path)), prefix=os.path.basename(path) + ".tmp"
+  )
   with os.fdopen(fd, "w", encoding="utf-8") as f:
     f.write(text)
   os.replace(tmp, path)
@@ -169,6 +171,20 @@ class AppendFile:
       self._f = None
 
 
-__all__ = ["is_remote", "resolve", "join", "exists", "isdir", "isfile", "makedirs", "listdir",
-           "read_text", "write_text", "rename", "remove", "local_copy", "staged_dir",
-           "AppendFile"]
+__all__ = [
+  "is_remote",
+  "resolve",
+  "join",
+  "exists",
+  "isdir",
+  "isfile",
+  "makedirs",
+  "listdir",
+  "read_text",
+  "write_text",
+  "rename",
+  "remove",
+  "local_copy",
+  "staged_dir",
+  "AppendFile",
+]

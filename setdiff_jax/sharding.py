@@ -7,6 +7,7 @@ heads / MLP / vocabulary), which replicate them on a data-only mesh; the same ji
 1 CPU, 8 emulated CPU devices, a GPU or a TPU slice. Global batches are assembled from each process's local rows with
 `jax.make_array_from_process_local_data`, so no host ever reads the global batch.
 """
+
 from __future__ import annotations
 
 import math
@@ -40,6 +41,7 @@ DEFAULT_HEARTBEAT_TIMEOUT_S = 100
 def _from_flag_or_env(flag: str, env: str):
   """The absl flag `flag` if set (launchers define it through `setdiff_jax.cli`), else $env."""
   from absl import flags  # pylint: disable=g-import-not-at-top
+
   try:
     value = flags.FLAGS[flag].value if flag in flags.FLAGS else None
   except flags.UnparsedFlagAccessError:
@@ -61,45 +63,61 @@ def _int_setting(value, what: str, minimum: int):
   return number
 
 
-def cluster_settings(coordinator_address: Optional[str] = None,
-                     num_processes: Optional[int] = None,
-                     process_id: Optional[int] = None) -> Optional[dict]:
+def cluster_settings(
+  coordinator_address: Optional[str] = None,
+  num_processes: Optional[int] = None,
+  process_id: Optional[int] = None,
+) -> Optional[dict]:
   """The explicit cluster (arguments > flags > environment), or None to auto-detect.
 
   Raises ValueError naming the flag / variable when the description is incomplete.
   """
   coordinator = coordinator_address or _from_flag_or_env("coordinator_address", COORDINATOR_ENV)
-  num = num_processes if num_processes is not None else _from_flag_or_env(
-      "num_processes", NUM_PROCESSES_ENV)
+  num = (
+    num_processes
+    if num_processes is not None
+    else _from_flag_or_env("num_processes", NUM_PROCESSES_ENV)
+  )
   pid = process_id if process_id is not None else _from_flag_or_env("process_id", PROCESS_ID_ENV)
   if coordinator is None and num is None and pid is None:
     return None
   if coordinator is None or num is None or pid is None:
     raise ValueError(
-        "a multi-process run needs all three of --coordinator_address (or $" + COORDINATOR_ENV
-        + "), --num_processes (or $" + NUM_PROCESSES_ENV + ") and --process_id (or $"
-        + PROCESS_ID_ENV + f"); got coordinator_address={coordinator!r}, num_processes={num!r}, "
-        f"process_id={pid!r}")
+      "a multi-process run needs all three of --coordinator_address (or $"
+      + COORDINATOR_ENV
+      + "), --num_processes (or $"
+      + NUM_PROCESSES_ENV
+      + ") and --process_id (or $"
+      + PROCESS_ID_ENV
+      + f"); got coordinator_address={coordinator!r}, num_processes={num!r}, "
+      f"process_id={pid!r}"
+    )
   num = _int_setting(num, "--num_processes", 1)
   pid = _int_setting(pid, "--process_id", 0)
   if pid >= num:
     raise ValueError(f"--process_id={pid} must be < --num_processes={num}")
   if ":" not in str(coordinator):
-    raise ValueError(f"--coordinator_address={coordinator!r} must be HOST:PORT, e.g. "
-                     "127.0.0.1:12355")
+    raise ValueError(
+      f"--coordinator_address={coordinator!r} must be HOST:PORT, e.g. 127.0.0.1:12355"
+    )
   return {
-      "coordinator_address": str(coordinator), "num_processes": num, "process_id": pid,
-      "initialization_timeout": _int_setting(os.environ.get(INIT_TIMEOUT_ENV), INIT_TIMEOUT_ENV,
-                                             1) or DEFAULT_INIT_TIMEOUT_S,
-      "heartbeat_timeout_seconds": _int_setting(os.environ.get(HEARTBEAT_TIMEOUT_ENV),
-                                                HEARTBEAT_TIMEOUT_ENV, 1)
-                                   or DEFAULT_HEARTBEAT_TIMEOUT_S,
+    "coordinator_address": str(coordinator),
+    "num_processes": num,
+    "process_id": pid,
+    "initialization_timeout": _int_setting(os.environ.get(INIT_TIMEOUT_ENV), INIT_TIMEOUT_ENV, 1)
+    or DEFAULT_INIT_TIMEOUT_S,
+    "heartbeat_timeout_seconds": _int_setting(
+      os.environ.get(HEARTBEAT_TIMEOUT_ENV), HEARTBEAT_TIMEOUT_ENV, 1
+    )
+    or DEFAULT_HEARTBEAT_TIMEOUT_S,
   }
 
 
-def initialize_distributed(coordinator_address: Optional[str] = None,
-                           num_processes: Optional[int] = None,
-                           process_id: Optional[int] = None) -> None:
+def initialize_distributed(
+  coordinator_address: Optional[str] = None,
+  num_processes: Optional[int] = None,
+  process_id: Optional[int] = None,
+) -> None:
   """Joins a multi-process cluster; a no-op on one host.
 
   The cluster comes from the arguments, else the `--coordinator_address / --num_processes /
@@ -111,8 +129,12 @@ def initialize_distributed(coordinator_address: Optional[str] = None,
   if settings is not None:
     if jax.distributed.is_initialized():
       return
-    logging.info("joining cluster %s as process %d of %d", settings["coordinator_address"],
-                 settings["process_id"], settings["num_processes"])
+    logging.info(
+      "joining cluster %s as process %d of %d",
+      settings["coordinator_address"],
+      settings["process_id"],
+      settings["num_processes"],
+    )
     jax.distributed.initialize(**settings)
     return
   try:
@@ -128,13 +150,16 @@ _barriers = {}
 
 def _timeout_ms(timeout_s: Optional[float]) -> tuple:
   if timeout_s is None:
-    timeout_s = _int_setting(os.environ.get(BARRIER_TIMEOUT_ENV), BARRIER_TIMEOUT_ENV,
-                             1) or DEFAULT_BARRIER_TIMEOUT_S
+    timeout_s = (
+      _int_setting(os.environ.get(BARRIER_TIMEOUT_ENV), BARRIER_TIMEOUT_ENV, 1)
+      or DEFAULT_BARRIER_TIMEOUT_S
+    )
   return timeout_s, int(timeout_s * 1000)
 
 
 def _client():
   from jax._src import distributed  # pylint: disable=g-import-not-at-top
+
   return distributed.global_state.client
 
 
@@ -142,10 +167,12 @@ def _wait(client, name: str, key: str, timeout_s: float, timeout_ms: int):
   try:
     client.wait_at_barrier(key, timeout_ms)
   except Exception as e:  # noqa: BLE001 - the runtime raises its own error type
-    raise TimeoutError(f"process {jax.process_index()} waited for the other processes at "
-                       f"{name!r} and they did not all arrive within {timeout_s:g}s (a process "
-                       f"died or hangs; ${BARRIER_TIMEOUT_ENV} sets the limit): "
-                       f"{' '.join(str(e).split())[:300]}") from e
+    raise TimeoutError(
+      f"process {jax.process_index()} waited for the other processes at "
+      f"{name!r} and they did not all arrive within {timeout_s:g}s (a process "
+      f"died or hangs; ${BARRIER_TIMEOUT_ENV} sets the limit): "
+      f"{' '.join(str(e).split())[:300]}"
+    ) from e
 
 
 def barrier(name: str, timeout_s: Optional[float] = None) -> None:
@@ -160,6 +187,7 @@ def barrier(name: str, timeout_s: Optional[float] = None) -> None:
   client = _client()
   if client is None:  # a cluster JAX joined without its coordination service: a collective
     from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+
     multihost_utils.sync_global_devices(name)
     return
   _barriers[name] = _barriers.get(name, 0) + 1  # every process calls them in the same order
@@ -186,13 +214,16 @@ def agree(name: str, value: str, timeout_s: Optional[float] = None) -> list:
   if client is None:  # a fixed-size byte array through a collective
     import numpy as np  # pylint: disable=g-import-not-at-top
     from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+
     raw = value.encode("utf-8")[:AGREE_BYTES]
     local = np.zeros((AGREE_BYTES + 4,), np.uint8)
     local[:4] = np.frombuffer(np.uint32(len(raw)).tobytes(), np.uint8)
-    local[4:4 + len(raw)] = np.frombuffer(raw, np.uint8)
+    local[4 : 4 + len(raw)] = np.frombuffer(raw, np.uint8)
     rows = np.asarray(multihost_utils.process_allgather(local))
-    return [bytes(r[4:4 + int(np.frombuffer(r[:4].tobytes(), np.uint32)[0])]).decode("utf-8")
-            for r in rows]
+    return [
+      bytes(r[4 : 4 + int(np.frombuffer(r[:4].tobytes(), np.uint32)[0])]).decode("utf-8")
+      for r in rows
+    ]
   n = _barriers[f"agree/{name}"] = _barriers.get(f"agree/{name}", 0) + 1
   prefix = f"setdiff_jax/agree/{name}/{n}/"
   client.key_value_set(prefix + str(me), value)
@@ -215,12 +246,16 @@ def mesh_shape(mesh_cfg: Mapping[str, int], num_devices: int) -> tuple:
   fixed = math.prod(s for s in sizes if s != -1)
   if free:
     if num_devices % fixed:
-      raise ValueError(f"config.mesh {dict(zip(MESH_AXES, sizes))}: {num_devices} devices are not "
-                       f"divisible by the fixed axes' product {fixed}")
+      raise ValueError(
+        f"config.mesh {dict(zip(MESH_AXES, sizes))}: {num_devices} devices are not "
+        f"divisible by the fixed axes' product {fixed}"
+      )
     sizes[free[0]] = num_devices // fixed
   if math.prod(sizes) != num_devices:
-    raise ValueError(f"config.mesh {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices "
-                     f"but {num_devices} are available; set one axis to -1 or change the sizes")
+    raise ValueError(
+      f"config.mesh {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices "
+      f"but {num_devices} are available; set one axis to -1 or change the sizes"
+    )
   return tuple(sizes)
 
 
@@ -238,8 +273,10 @@ def parse_mesh(text: str | None, what: str = "--mesh") -> dict | None:
     except ValueError:
       size = None
     if not sep or name not in MESH_AXES or size is None or name in out:
-      raise ValueError(f"{what}={text!r}: expected comma-separated AXIS=SIZE with AXIS one of "
-                       f"{MESH_AXES} (each once) and SIZE an integer or -1, e.g. data=2,tensor=4")
+      raise ValueError(
+        f"{what}={text!r}: expected comma-separated AXIS=SIZE with AXIS one of "
+        f"{MESH_AXES} (each once) and SIZE an integer or -1, e.g. data=2,tensor=4"
+      )
     out[name] = size
   return out
 
@@ -268,38 +305,40 @@ def batch_divisor(mesh: Mesh) -> int:
 def global_batch(local_batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict:
   """Process-local rows -> global jax arrays sharded over the batch axes."""
   sharding = batch_sharding(mesh)
-  return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
-          for k, v in local_batch.items()}
+  return {
+    k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
+    for k, v in local_batch.items()
+  }
 
 
 # ------------------------------------------------------------------ parameter sharding (FSDP / TP)
 # Logical axis names of each parameter, keyed by the last two path components (layer, name).
 # The layer names are those of model.py (SPEC §3.9); anything not listed is replicated.
 PARAM_LOGICAL_AXES = {
-    # The lookup table's model dimension has its own name: sharded over `fsdp` like the other
-    # matrices, it would make the looked-up activations sharded over the model dimension instead
-    # of the batch, i.e. every device would hold the whole batch's activations (XLA propagates the
-    # table's sharding through the gather). See DEFAULT_RULES.
-    ("embed", "embedding"): ("vocab", "embed_lookup"),
-    ("attn_qkv", "kernel"): ("embed", "qkv"),
-    ("attn_out", "kernel"): ("heads", "embed"),
-    ("mlp_in", "kernel"): ("embed", "mlp"),
-    ("mlp_in", "bias"): ("mlp",),
-    ("mlp_out", "kernel"): ("mlp", "embed"),
-    ("mlp_out", "bias"): ("embed",),
-    ("head", "kernel"): ("embed", "vocab"),
-    ("head", "bias"): ("vocab",),
-    ("adaln", "kernel"): ("cond", "modulation"),
-    ("final_adaln", "kernel"): ("cond", "modulation"),
-    # Qwen3 (setdiff_jax/models/qwen3.py): query heads and KV heads split over `tensor`.
-    ("q_proj", "kernel"): ("embed", "heads"),
-    ("k_proj", "kernel"): ("embed", "kv_heads"),
-    ("v_proj", "kernel"): ("embed", "kv_heads"),
-    ("o_proj", "kernel"): ("heads", "embed"),
-    ("gate_proj", "kernel"): ("embed", "mlp"),
-    ("up_proj", "kernel"): ("embed", "mlp"),
-    ("down_proj", "kernel"): ("mlp", "embed"),
-    ("lm_head", "kernel"): ("embed", "vocab"),
+  # The lookup table's model dimension has its own name: sharded over `fsdp` like the other
+  # matrices, it would make the looked-up activations sharded over the model dimension instead
+  # of the batch, i.e. every device would hold the whole batch's activations (XLA propagates the
+  # table's sharding through the gather). See DEFAULT_RULES.
+  ("embed", "embedding"): ("vocab", "embed_lookup"),
+  ("attn_qkv", "kernel"): ("embed", "qkv"),
+  ("attn_out", "kernel"): ("heads", "embed"),
+  ("mlp_in", "kernel"): ("embed", "mlp"),
+  ("mlp_in", "bias"): ("mlp",),
+  ("mlp_out", "kernel"): ("mlp", "embed"),
+  ("mlp_out", "bias"): ("embed",),
+  ("head", "kernel"): ("embed", "vocab"),
+  ("head", "bias"): ("vocab",),
+  ("adaln", "kernel"): ("cond", "modulation"),
+  ("final_adaln", "kernel"): ("cond", "modulation"),
+  # Qwen3 (setdiff_jax/models/qwen3.py): query heads and KV heads split over `tensor`.
+  ("q_proj", "kernel"): ("embed", "heads"),
+  ("k_proj", "kernel"): ("embed", "kv_heads"),
+  ("v_proj", "kernel"): ("embed", "kv_heads"),
+  ("o_proj", "kernel"): ("heads", "embed"),
+  ("gate_proj", "kernel"): ("embed", "mlp"),
+  ("up_proj", "kernel"): ("embed", "mlp"),
+  ("down_proj", "kernel"): ("mlp", "embed"),
+  ("lm_head", "kernel"): ("embed", "vocab"),
 }
 
 # A scanned backbone (`model.scan_layers`) stacks each layer parameter along a leading axis,
@@ -312,16 +351,16 @@ STACKED_SUBTREES = layer_names.LAYER_PREFIXES  # ("blocks", "layers"): DiT, Qwen
 # splits heads / MLP / vocabulary over `tensor`. Norm scales, biases of the model dimension and
 # the small adaLN matrices follow the same names. Config: `config.sharding_rules`.
 DEFAULT_RULES = (
-    ("embed", "fsdp"),
-    ("embed_lookup", None),  # the embedding table stays whole over fsdp (split by vocab only)
-    ("vocab", "tensor"),
-    ("qkv", "tensor"),
-    ("heads", "tensor"),
-    ("kv_heads", "tensor"),
-    ("mlp", "tensor"),
-    ("cond", None),
-    ("modulation", "fsdp"),
-    (LAYER_AXIS, None),
+  ("embed", "fsdp"),
+  ("embed_lookup", None),  # the embedding table stays whole over fsdp (split by vocab only)
+  ("vocab", "tensor"),
+  ("qkv", "tensor"),
+  ("heads", "tensor"),
+  ("kv_heads", "tensor"),
+  ("mlp", "tensor"),
+  ("cond", None),
+  ("modulation", "fsdp"),
+  (LAYER_AXIS, None),
 )
 
 
@@ -375,6 +414,7 @@ def state_shardings(abstract_state, mesh: Mesh, rules=DEFAULT_RULES):
   rules; scalars and unknown leaves are replicated. Raises ValueError when a sharded dimension is
   not divisible by its mesh axis, naming the parameter and the fix.
   """
+
   def one(path, leaf):
     logical = logical_axes(path, len(leaf.shape))
     if logical is None:
@@ -383,10 +423,12 @@ def state_shardings(abstract_state, mesh: Mesh, rules=DEFAULT_RULES):
     for dim, axis in zip(leaf.shape, spec):
       if axis is not None and dim % mesh.shape[axis]:
         raise ValueError(
-            f"parameter {jax.tree_util.keystr(path)} of shape {leaf.shape} cannot be sharded: "
-            f"dimension {dim} is not divisible by mesh axis {axis!r} of size {mesh.shape[axis]}. "
-            f"Change config.mesh, the model size, or config.sharding_rules.")
+          f"parameter {jax.tree_util.keystr(path)} of shape {leaf.shape} cannot be sharded: "
+          f"dimension {dim} is not divisible by mesh axis {axis!r} of size {mesh.shape[axis]}. "
+          f"Change config.mesh, the model size, or config.sharding_rules."
+        )
     return NamedSharding(mesh, spec)
+
   return jax.tree_util.tree_map_with_path(one, abstract_state)
 
 

@@ -6,6 +6,7 @@ evaluates with `evaluation.likelihood.evaluate` (the same bound and rows as `lau
 --eval=likelihood`), writes metrics with `workdir.metrics.MetricWriter`, saves checkpoints, and
 saves then stops on SIGTERM / Ctrl-C (`workdir.preemption`).
 """
+
 from __future__ import annotations
 
 import time
@@ -37,10 +38,10 @@ def _check_finite(step: int, metrics: Dict[str, float]):
   bad = {k: v for k, v in metrics.items() if not np.isfinite(v)}
   if bad:
     raise FloatingPointError(
-        f"non-finite training metrics at step {step}: {bad}. Training stopped; the last saved "
-        f"checkpoint is intact. Try a lower learning_rate, grad_clip_norm > 0, or model.dtype="
-        f"float32.")
-
+      f"non-finite training metrics at step {step}: {bad}. Training stopped; the last saved "
+      f"checkpoint is intact. Try a lower learning_rate, grad_clip_norm > 0, or model.dtype="
+      f"float32."
+    )
 
 
 def _pauses_ahead(config, step_done: int, num_steps: int, pauses) -> float:
@@ -85,10 +86,21 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict
   mesh = sharding.make_mesh(config.mesh)
   logging.info("mesh %s; model %s; objective %s", dict(mesh.shape), model_cfg, obj_cfg)
 
-  train_iter = iter(pipeline.make_dataset(
-      config.data, tokenizer, split="train", seq_len=config.seq_len,
-      global_batch_size=config.batch_size, seed=config.seed, process_index=jax.process_index(),
-      process_count=jax.process_count(), shuffle=True, num_epochs=None, drop_remainder=True))
+  train_iter = iter(
+    pipeline.make_dataset(
+      config.data,
+      tokenizer,
+      split="train",
+      seq_len=config.seq_len,
+      global_batch_size=config.batch_size,
+      seed=config.seed,
+      process_index=jax.process_index(),
+      process_count=jax.process_count(),
+      shuffle=True,
+      num_epochs=None,
+      drop_remainder=True,
+    )
+  )
 
   # The eval rows, built once per run.
   eval_tokens, eval_attention, eval_context = likelihood.eval_rows_for(config, tokenizer)
@@ -108,17 +120,21 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict
       state = state.replace(params=params, ema_params=jax.tree_util.tree_map(jnp.copy, params))
       logging.info("initialised parameters from %s", config.init_from)
     elif config.get("init_from_hf"):  # tensor by tensor, straight into the state's shardings
-      params = pretrained.load_params_sharded(config.init_from_hf, model_cfg,
-                                              state_shardings.params)
+      params = pretrained.load_params_sharded(
+        config.init_from_hf, model_cfg, state_shardings.params
+      )
       ema = jax.device_put(jax.tree_util.tree_map(jnp.copy, params), state_shardings.ema_params)
       state = state.replace(params=params, ema_params=ema)
-      logging.info("initialised %d layers from the Hugging Face checkpoint %s",
-                   model_cfg.num_layers, config.init_from_hf)
+      logging.info(
+        "initialised %d layers from the Hugging Face checkpoint %s",
+        model_cfg.num_layers,
+        config.init_from_hf,
+      )
   except BaseException:
     checkpointing.close(manager)  # before the error propagates: no orbax noise at exit
     raise
   if new_tokenizer and not tokenizers.saved_in(workdir):  # the data are validated (datasets
-    tokenizers.save_in(tokenizer, workdir)               # and eval rows built); 1 process
+    tokenizers.save_in(tokenizer, workdir)  # and eval rows built); 1 process
   if is_main:  # only now: a failed restore must leave the config of the checkpoints in place
     checkpointing.save_config(config, workdir)
 
@@ -146,11 +162,19 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict
     stop is agreed (`stop.on_error`, on every process)."""
     suspect = [s for s in saved["steps"] if saved["healthy"] is None or s > saved["healthy"]]
     stop.on_error = lambda: fallback.set_aside(  # the error line says so
-        manager, [(s, "diverged") for s in suspect], suffix=".diverged", log=False, sync=True)
-    kept = (f"checkpoint step {saved['healthy']} (the newest whose loss was seen healthy) is "
-            f"intact" if saved["healthy"] else "no healthy checkpoint was saved")
-    moved = (f"; step(s) {suspect}, saved before their loss was seen, were moved to "
-             f"checkpoints/<step>.diverged" if suspect else "")
+      manager, [(s, "diverged") for s in suspect], suffix=".diverged", log=False, sync=True
+    )
+    kept = (
+      f"checkpoint step {saved['healthy']} (the newest whose loss was seen healthy) is intact"
+      if saved["healthy"]
+      else "no healthy checkpoint was saved"
+    )
+    moved = (
+      f"; step(s) {suspect}, saved before their loss was seen, were moved to "
+      f"checkpoints/<step>.diverged"
+      if suspect
+      else ""
+    )
     return kept + moved
 
   def flush(step_done: int, metrics):
@@ -165,32 +189,61 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict
     if step_done % config.log_every_steps == 0 or step_done == num_steps:
       elapsed = max(time.time() - window["t0"], 1e-9)
       steps_per_s = window["steps"] / elapsed
-      values = {"train/loss": float(np.mean(window["loss"])), "train/grad_norm": host["grad_norm"],
-                "train/lr": host["lr"], "train/steps_per_sec": steps_per_s,
-                "train/tokens_per_sec": window["tokens"] / elapsed}
+      values = {
+        "train/loss": float(np.mean(window["loss"])),
+        "train/grad_norm": host["grad_norm"],
+        "train/lr": host["lr"],
+        "train/steps_per_sec": steps_per_s,
+        "train/tokens_per_sec": window["tokens"] / elapsed,
+      }
       writer.scalars(step_done, values)
       eta = (num_steps - step_done) / max(steps_per_s, 1e-9) + _pauses_ahead(
-          config, step_done, num_steps, pauses)
-      logging.info("step %d/%d  loss %.4f  %.2f steps/s  %.0f tokens/s  ETA %s", step_done,
-                   num_steps, values["train/loss"], steps_per_s, values["train/tokens_per_sec"],
-                   time.strftime("%H:%M:%S", time.gmtime(eta)))
+        config, step_done, num_steps, pauses
+      )
+      logging.info(
+        "step %d/%d  loss %.4f  %.2f steps/s  %.0f tokens/s  ETA %s",
+        step_done,
+        num_steps,
+        values["train/loss"],
+        steps_per_s,
+        values["train/tokens_per_sec"],
+        time.strftime("%H:%M:%S", time.gmtime(eta)),
+      )
       last.update(values)
       window.update(loss=[], tokens=0.0, t0=time.time(), steps=0)
 
   def run_eval(step_done: int):
     params = state.ema_params if config.eval_params == "ema" else state.params
-    values = likelihood.evaluate(model, params, obj_cfg, eval_tokens, eval_attention,
-                                 batch_size=config.eval_batch_size, batch_sharding=batch_sharding,
-                                 context_mask=eval_context)
+    values = likelihood.evaluate(
+      model,
+      params,
+      obj_cfg,
+      eval_tokens,
+      eval_attention,
+      batch_size=config.eval_batch_size,
+      batch_sharding=batch_sharding,
+      context_mask=eval_context,
+    )
     writer.scalars(step_done, values)
-    logging.info("eval at step %d: nll %.4f  ppl %.2f  bpd %.4f", step_done, values["eval/nll"],
-                 values["eval/ppl"], values["eval/bpd"])
+    logging.info(
+      "eval at step %d: nll %.4f  ppl %.2f  bpd %.4f",
+      step_done,
+      values["eval/nll"],
+      values["eval/ppl"],
+      values["eval/bpd"],
+    )
     last.update(values)
     if config.num_eval_samples <= 0:
       return
-    samples = decoding.generate_text(model, params, tokenizer, obj_cfg, config.seq_len,
-                                     config.num_eval_samples,
-                                     jax.random.fold_in(jax.random.key(config.seed), step_done))
+    samples = decoding.generate_text(
+      model,
+      params,
+      tokenizer,
+      obj_cfg,
+      config.seq_len,
+      config.num_eval_samples,
+      jax.random.fold_in(jax.random.key(config.seed), step_done),
+    )
     for i, text in enumerate(samples):
       logging.info("sample %d at step %d: %s", i, step_done, text)
     writer.texts(step_done, "samples", samples)
@@ -230,12 +283,16 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict
           stop.agree()
         if signalled:  # save first: the grace period after SIGTERM is short
           save(step_done)
-          kept = (f"checkpoint {manager.directory}/{step_done} saved" if saved["steps"] and
-                  saved["steps"][-1] == step_done else
-                  f"no checkpoint saved at this step (last: {saved['steps'][-1:] or 'none'})")
+          kept = (
+            f"checkpoint {manager.directory}/{step_done} saved"
+            if saved["steps"] and saved["steps"][-1] == step_done
+            else f"no checkpoint saved at this step (last: {saved['steps'][-1:] or 'none'})"
+          )
           stopped = errors.StoppedBySignal(
-              f"{signalled} at step {step_done}/{num_steps}; {kept}. Run the same "
-              "command again to resume", preemption.signum)
+            f"{signalled} at step {step_done}/{num_steps}; {kept}. Run the same "
+            "command again to resume",
+            preemption.signum,
+          )
           break
         for kind, needed, fn in (("eval", need_eval, run_eval), ("save", need_save, save)):
           if needed:
@@ -247,8 +304,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict
         stop.check(flush, *pending)
         stop.agree()
     if start_step >= num_steps and num_steps > 0:
-      logging.info("nothing to do: checkpoint step %d >= num_train_steps %d", start_step,
-                   num_steps)
+      logging.info("nothing to do: checkpoint step %d >= num_train_steps %d", start_step, num_steps)
     logging.info("training finished in %.1fs", time.time() - t_start)
   finally:
     try:

@@ -10,6 +10,7 @@ over the model dimension, tensor parallelism over heads / MLP / vocabulary; repl
 data-only mesh), the batch over data x fsdp, so the same code runs on 1 CPU, 8 emulated devices,
 a GPU or a TPU slice. The loss is the method's (`setdiff_jax.methods`).
 """
+
 from __future__ import annotations
 
 import functools
@@ -40,8 +41,9 @@ def learning_rate_schedule(config) -> optax.Schedule:
   if config.lr_schedule == "constant":
     after = optax.constant_schedule(peak)
   else:
-    after = optax.cosine_decay_schedule(peak, max(config.num_train_steps - warmup, 1),
-                                        alpha=config.cosine_alpha)
+    after = optax.cosine_decay_schedule(
+      peak, max(config.num_train_steps - warmup, 1), alpha=config.cosine_alpha
+    )
   return optax.join_schedules([warm, after], [warmup])
 
 
@@ -61,12 +63,17 @@ def make_optimizer(config) -> optax.GradientTransformation:
 def create_train_state(config, model_cfg: BackboneConfig, rng) -> TrainState:
   params = models.init_params(model_cfg, rng)
   opt_state = make_optimizer(config).init(params)
-  return TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                    ema_params=jax.tree_util.tree_map(jnp.copy, params), opt_state=opt_state)
+  return TrainState(
+    step=jnp.zeros((), jnp.int32),
+    params=params,
+    ema_params=jax.tree_util.tree_map(jnp.copy, params),
+    opt_state=opt_state,
+  )
 
 
-def make_train_step(config, model: Backbone, obj_cfg: losses.ObjectiveConfig,
-                    optimizer: optax.GradientTransformation) -> Callable:
+def make_train_step(
+  config, model: Backbone, obj_cfg: losses.ObjectiveConfig, optimizer: optax.GradientTransformation
+) -> Callable:
   """Pure step(state, batch, base_rng) -> (state, metrics); rng = fold_in(base_rng, step)."""
   accum = int(config.grad_accum_steps)
   ema_decay = float(config.ema_decay)
@@ -86,7 +93,8 @@ def make_train_step(config, model: Backbone, obj_cfg: losses.ObjectiveConfig,
     else:
       # Micro-batch a takes rows a, a + accum, ... so every device keeps an equal share.
       micro = jax.tree_util.tree_map(
-          lambda x: x.reshape((x.shape[0] // accum, accum) + x.shape[1:]).swapaxes(0, 1), batch)
+        lambda x: x.reshape((x.shape[0] // accum, accum) + x.shape[1:]).swapaxes(0, 1), batch
+      )
 
       def body(carry, xs):
         mb, i = xs
@@ -95,21 +103,31 @@ def make_train_step(config, model: Backbone, obj_cfg: losses.ObjectiveConfig,
 
       zeros = jax.tree_util.tree_map(jnp.zeros_like, state.params)
       zero_metrics = jax.tree_util.tree_map(
-          jnp.zeros_like, jax.eval_shape(lambda: loss_fn(state.params, jax.tree_util.tree_map(
-              lambda x: x[0], micro), rng)[1]))
-      (grads, metrics), micro_losses = jax.lax.scan(body, (zeros, zero_metrics),
-                                              (micro, jnp.arange(accum)))
+        jnp.zeros_like,
+        jax.eval_shape(
+          lambda: loss_fn(state.params, jax.tree_util.tree_map(lambda x: x[0], micro), rng)[1]
+        ),
+      )
+      (grads, metrics), micro_losses = jax.lax.scan(
+        body, (zeros, zero_metrics), (micro, jnp.arange(accum))
+      )
       grads = jax.tree_util.tree_map(lambda g: g / accum, grads)
       loss = jnp.mean(micro_losses)
       metrics = dict(metrics, loss=loss)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    ema = jax.tree_util.tree_map(lambda e, p: ema_decay * e + (1.0 - ema_decay) * p,
-                                 state.ema_params, params)
-    metrics = dict(metrics, grad_norm=optax.tree.norm(grads), lr=schedule(state.step),
-                   clean_tokens=jnp.sum(batch["attention_mask"]).astype(jnp.float32))
-    return TrainState(step=state.step + 1, params=params, ema_params=ema,
-                      opt_state=opt_state), metrics
+    ema = jax.tree_util.tree_map(
+      lambda e, p: ema_decay * e + (1.0 - ema_decay) * p, state.ema_params, params
+    )
+    metrics = dict(
+      metrics,
+      grad_norm=optax.tree.norm(grads),
+      lr=schedule(state.step),
+      clean_tokens=jnp.sum(batch["attention_mask"]).astype(jnp.float32),
+    )
+    return TrainState(
+      step=state.step + 1, params=params, ema_params=ema, opt_state=opt_state
+    ), metrics
 
   return step
 
@@ -120,11 +138,13 @@ def abstract_sharded_state(config, model_cfg: BackboneConfig, mesh) -> Tuple[Tra
 
   Returns (abstract state, state_shardings); shardings follow the config's logical-axis rules.
   """
-  shapes = jax.eval_shape(functools.partial(create_train_state, config, model_cfg),
-                          jax.random.key(config.seed))
+  shapes = jax.eval_shape(
+    functools.partial(create_train_state, config, model_cfg), jax.random.key(config.seed)
+  )
   shardings = sharding.state_shardings(shapes, mesh, sharding.rules_from_config(config))
-  return jax.tree_util.tree_map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                                shapes, shardings), shardings
+  return jax.tree_util.tree_map(
+    lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings
+  ), shardings
 
 
 def create_sharded_state(config, model_cfg: BackboneConfig, mesh) -> Tuple[TrainState, Any]:
@@ -137,12 +157,22 @@ def create_sharded_state(config, model_cfg: BackboneConfig, mesh) -> Tuple[Train
   return jax.jit(init_fn, out_shardings=shardings)(jax.random.key(config.seed)), shardings
 
 
-def jit_train_step(config, model: Backbone, obj_cfg: losses.ObjectiveConfig, mesh,
-                   state_shardings, optimizer: Optional[optax.GradientTransformation] = None):
+def jit_train_step(
+  config,
+  model: Backbone,
+  obj_cfg: losses.ObjectiveConfig,
+  mesh,
+  state_shardings,
+  optimizer: Optional[optax.GradientTransformation] = None,
+):
   """`make_train_step` jitted with the state's and the batch's shardings, state donated.
 
   Call as step(state, batch, base_rng) -> (state, metrics); batches from `sharding.global_batch`.
   """
   step = make_train_step(config, model, obj_cfg, optimizer or make_optimizer(config))
-  return jax.jit(step, in_shardings=(state_shardings, sharding.batch_sharding(mesh), None),
-                 out_shardings=(state_shardings, None), donate_argnums=(0,))
+  return jax.jit(
+    step,
+    in_shardings=(state_shardings, sharding.batch_sharding(mesh), None),
+    out_shardings=(state_shardings, None),
+    donate_argnums=(0,),
+  )

@@ -8,6 +8,7 @@ cases.json is a list of argument lists (without the program name). Each is run w
 Prints a JSON list of {"rc", "stdout", "stderr"}. One process per launcher: absl flags are global,
 so two launchers cannot be imported together.
 """
+
 import importlib.util
 import json
 import os
@@ -50,6 +51,7 @@ def main():
   from absl import logging
 
   from setdiff_jax import cli
+
   logging.use_absl_handler()
   cases = json.load(sys.stdin)
   results = []

@@ -7,6 +7,7 @@ programs uses the `full_optimizations` fixture. One persistent compilation cache
 (a temporary folder, removed at exit) lets the many launcher subprocesses and tests that build the
 same tiny programs compile each of them once.
 """
+
 import atexit
 import os
 import shutil
@@ -20,8 +21,11 @@ os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   _cache = tempfile.mkdtemp(prefix="setdiff_jax_test_cache_")
   atexit.register(shutil.rmtree, _cache, ignore_errors=True)
-  os.environ.update(JAX_COMPILATION_CACHE_DIR=_cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-                    JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+  os.environ.update(
+    JAX_COMPILATION_CACHE_DIR=_cache,
+    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+    JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+  )
 
 import pathlib  # noqa: E402
 
@@ -46,6 +50,7 @@ def fast_compile():
   Use with `pytestmark = pytest.mark.usefixtures("fast_compile")`; restored after the module.
   """
   import jax
+
   old = jax.config.values.get("jax_disable_most_optimizations", False)
   jax.config.update("jax_disable_most_optimizations", True)
   yield
@@ -56,6 +61,7 @@ def fast_compile():
 def full_optimizations():
   """The optimised XLA pipeline for one test (e.g. one that checks compiled-program numbers)."""
   import jax
+
   old = jax.config.values["jax_disable_most_optimizations"]
   jax.config.update("jax_disable_most_optimizations", False)
   yield
@@ -72,10 +78,13 @@ def compile_cache(tmp_path_factory):
   """
   import jax
   from jax.experimental.compilation_cache import compilation_cache
-  settings = {"jax_disable_most_optimizations": True,
-              "jax_compilation_cache_dir": str(tmp_path_factory.mktemp("jax_cache")),
-              "jax_persistent_cache_min_compile_time_secs": 0.0,
-              "jax_persistent_cache_min_entry_size_bytes": 0}
+
+  settings = {
+    "jax_disable_most_optimizations": True,
+    "jax_compilation_cache_dir": str(tmp_path_factory.mktemp("jax_cache")),
+    "jax_persistent_cache_min_compile_time_secs": 0.0,
+    "jax_persistent_cache_min_entry_size_bytes": 0,
+  }
   previous = {k: jax.config.values[k] for k in settings}
   for k, v in settings.items():
     jax.config.update(k, v)
@@ -91,6 +100,7 @@ def tokenizer_dir(tmp_path_factory):
   """A 384-token BPE of the embedded validation split, trained once and copied into workdirs."""
   from helpers import TINY_VOCAB
   from setdiff_jax.data import sources, tokenizers
+
   cfg = tokenizers.default_tokenizer_config()
   cfg.vocab_size = TINY_VOCAB
   tok = tokenizers.get_tokenizer(cfg, train_texts=sources.embedded_corpus("validation"))
@@ -102,4 +112,5 @@ def tokenizer_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tok(tokenizer_dir):
   from setdiff_jax.data import tokenizers
+
   return tokenizers.Tokenizer.load(tokenizer_dir)

@@ -1,4 +1,5 @@
 """Shared test utilities (importable as `helpers` from tests; tests/ is on sys.path)."""
+
 import functools
 import os
 import shutil
@@ -60,14 +61,16 @@ def assert_trees_close(a, b, atol, rtol=0.0):
   leaves = jax.tree_util.tree_flatten_with_path(a)[0]
   assert jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)
   for (path, x), y in zip(leaves, jax.tree_util.tree_leaves(b)):
-    np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=atol, rtol=rtol,
-                               err_msg=jax.tree_util.keystr(path))
+    np.testing.assert_allclose(
+      np.asarray(x), np.asarray(y), atol=atol, rtol=rtol, err_msg=jax.tree_util.keystr(path)
+    )
 
 
 def random_dit(cfg, seed: int):
   """(DiT, params): a random DiT with a strong head (0.5-scaled normal), drawn in NumPy leaf by
   leaf in tree order, so that greedy decoding varies across rows and positions."""
   from setdiff_jax.models.dit import DiT
+
   rng = np.random.default_rng(seed)
 
   def leaf(path, shape):

@@ -1,6 +1,7 @@
 """Run by tests/test_multihost.py on a 2-process local cluster: the agreement primitives
 (`sharding.agree`, `stopping.StopAgreement`, the checkpoint verdict of `fallback`) with one
 process seeing something the other does not. Prints one `ok ...` line per check."""
+
 import os
 import signal
 import sys

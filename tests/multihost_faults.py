@@ -7,6 +7,7 @@ KIND (only process PROCESS is affected; STEP is a training step):
   damaged  its checks find the newest checkpoint damaged at start (STEP unused)
   kill     it kills itself (SIGKILL) in the middle of saving step STEP (orbax has begun writing)
 """
+
 import os
 import re
 import signal

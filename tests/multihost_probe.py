@@ -3,6 +3,7 @@
 Each process contributes its local devices' values 100 * process + local device; prints the
 global sum, computed by one jitted reduction over all devices of all processes.
 """
+
 import os
 import sys
 import time
@@ -22,5 +23,8 @@ mesh = jax.make_mesh((jax.device_count(),), ("d",), devices=jax.devices())
 local = np.arange(jax.local_device_count(), dtype=np.float32) + 100 * jax.process_index()
 x = jax.make_array_from_process_local_data(NamedSharding(mesh, P("d")), local)
 total = jax.jit(lambda a: a.sum(), out_shardings=NamedSharding(mesh, P()))(x)
-print(f"process {jax.process_index()} of {jax.process_count()}: devices {jax.device_count()} "
-      f"local {jax.local_device_count()} sum {float(total):g} init_s {t_init:.2f}", flush=True)
+print(
+  f"process {jax.process_index()} of {jax.process_count()}: devices {jax.device_count()} "
+  f"local {jax.local_device_count()} sum {float(total):g} init_s {t_init:.2f}",
+  flush=True,
+)

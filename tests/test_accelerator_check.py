@@ -1,19 +1,22 @@
 """benchmarks/accelerator_check.py --tiny: every section runs on CPU at tiny shapes and reports
 (per-section JSON lines, the final JSON and table); the attention implementations agree with
 dense. Slow tier (a whole benchmark run)."""
+
 import json
 import os
 import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "benchmarks"))
+sys.path.insert(
+  0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+)
 
 
 @pytest.mark.slow
 def test_accelerator_check_tiny(tmp_path, capsys):
   import accelerator_check
+
   out = str(tmp_path / "check")
   results = accelerator_check.main(["--tiny", f"--out={out}", "--repeats=1"])
   lines = [json.loads(l) for l in open(out + ".jsonl")]
@@ -35,5 +38,6 @@ def test_accelerator_check_tiny(tmp_path, capsys):
 
 def test_unknown_section_is_one_error_line(tmp_path):
   import accelerator_check
+
   with pytest.raises(SystemExit, match="error: --sections='bogus'"):
     accelerator_check.main(["--tiny", "--sections=bogus", f"--out={tmp_path / 'x'}"])

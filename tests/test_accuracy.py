@@ -1,6 +1,7 @@
 """Answer extraction and exact match on hand-written examples, the GSM8K protocol, and
 conditional decoding: a prompt decoded in a batch of mixed prompt lengths gives what it gives
 alone, for every method's sampler."""
+
 import jax
 import numpy as np
 import pytest
@@ -15,7 +16,9 @@ from setdiff_jax.models.dit import DiT, DiTConfig
 pytestmark = pytest.mark.usefixtures("fast_compile")
 
 
-@pytest.mark.parametrize("text,hashed,boxed", [
+@pytest.mark.parametrize(
+  "text,hashed,boxed",
+  [
     ("8+6=14\n14+5=19\n#### 19", "19", None),
     ("so she has 3.\n#### 1,234\n", "1,234", None),
     ("#### 5\nthen again\n#### 7", "7", None),  # the last answer line counts
@@ -24,7 +27,8 @@ pytestmark = pytest.mark.usefixtures("fast_compile")
     ("\\boxed{\\frac{1}{2}}", None, "\\frac{1}{2}"),
     ("unfinished \\boxed{12", None, None),
     ("no answer here", None, None),
-])
+  ],
+)
 def test_extractors(text, hashed, boxed):
   assert accuracy.extract_hash(text) == hashed
   assert accuracy.extract_boxed(text) == boxed
@@ -34,7 +38,12 @@ def test_extractors(text, hashed, boxed):
 def test_normalize_and_exact_match():
   norm = accuracy.normalize_answer
   assert [norm(" 1,234. "), norm("$5"), norm("3.50"), norm("-7"), norm("  a  b ")] == [
-      "1234", "5", "3.5", "-7", "a b"]
+    "1234",
+    "5",
+    "3.5",
+    "-7",
+    "a b",
+  ]
   assert accuracy.exact_match("9+5=14\n#### 14", "9+5=14\n#### 14")
   assert accuracy.exact_match("wrong steps\n#### 14", "#### 14")  # only the final answer counts
   assert not accuracy.exact_match("#### 15", "#### 14")
@@ -48,13 +57,15 @@ def test_normalize_and_exact_match():
 def test_gsm8k_protocol():
   q = "Natalia sold 48 clips in April and half as many in May. How many in total?"
   plain = gsm8k.gsm8k_prompt(q, chat=False)
-  assert plain == ("Please reason step by step, and put your final answer within $\\boxed{}$. "
-                   + q)
+  assert plain == ("Please reason step by step, and put your final answer within $\\boxed{}$. " + q)
   chat = gsm8k.gsm8k_prompt(q)
   assert chat.startswith("<|im_start|>user\nPlease reason") and chat.endswith(
-      q + "<|im_end|>\n<|im_start|>assistant\n")
+    q + "<|im_end|>\n<|im_start|>assistant\n"
+  )
   ref = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n48+24 = <<48+24=72>>72\n#### 72"
-  out = "In May she sold 24, so 48 + 24 = 72.\nThe answer is $\\boxed{72}$.<|im_end|>junk \\boxed{5}"
+  out = (
+    "In May she sold 24, so 48 + 24 = 72.\nThe answer is $\\boxed{72}$.<|im_end|>junk \\boxed{5}"
+  )
   assert gsm8k.boxed_to_hash("so \\boxed{72}.").endswith("\n#### 72")
   assert gsm8k.boxed_to_hash("no box") == "no box"
   assert not gsm8k.gsm8k_exact_match(out, ref)  # without the stop the last box (5) is read
@@ -80,17 +91,35 @@ class _Tok:
 
 # The threshold and BD3LM cases (~20 s) run in the slow tier (`.ci/run` runs it) to keep the default
 # tier near 12 minutes.
-@pytest.mark.parametrize("name,setting", [
+@pytest.mark.parametrize(
+  "name,setting",
+  [
     ("setdlm", {"window": 4, "threshold": None}),
     pytest.param("setdlm", {"window": 2, "threshold": 0.05}, marks=pytest.mark.slow),
-    ("ar", {}), ("mdlm", {"threshold": None}),
-    pytest.param("bd3lm", {"threshold": None}, marks=pytest.mark.slow)])
+    ("ar", {}),
+    ("mdlm", {"threshold": None}),
+    pytest.param("bd3lm", {"threshold": None}, marks=pytest.mark.slow),
+  ],
+)
 def test_batch_of_mixed_prompts_equals_each_alone(name, setting):
-  cfg = DiTConfig(vocab_size=V, hidden_size=32, num_layers=1, num_heads=2, cond_dim=16,
-                  dropout=0.0, adaln=name in ("mdlm", "bd3lm"))
+  cfg = DiTConfig(
+    vocab_size=V,
+    hidden_size=32,
+    num_layers=1,
+    num_heads=2,
+    cond_dim=16,
+    dropout=0.0,
+    adaln=name in ("mdlm", "bd3lm"),
+  )
   model, params = DiT(cfg), random_params(cfg, seed=3)
-  oc = losses.ObjectiveConfig(name=name, mask_token_id=MASK, pad_token_id=PAD,
-                                  eos_token_id=EOS, desired_set_size=4, block_size=4)
+  oc = losses.ObjectiveConfig(
+    name=name,
+    mask_token_id=MASK,
+    pad_token_id=PAD,
+    eos_token_id=EOS,
+    desired_set_size=4,
+    block_size=4,
+  )
   rng = np.random.default_rng(0)
   prompts = [[BOS] + rng.integers(4, V, n).tolist() for n in (2, 6, 4)]
   scfg = accuracy._sampler_config(oc, _Tok(), 16, setting, 8, "l2r", 0)
@@ -123,13 +152,21 @@ def test_accuracy_eval_counts_a_known_model():
     want = jax.numpy.asarray(target)[jax.numpy.clip(positions - 2, 0, 20)]
     return jax.nn.one_hot(want, V) * 50.0, (tokens.astype(np.float32)[..., None],)
 
-  oc = losses.ObjectiveConfig(name="setdlm", mask_token_id=MASK, pad_token_id=PAD,
-                                  eos_token_id=EOS, desired_set_size=4)
+  oc = losses.ObjectiveConfig(
+    name="setdlm", mask_token_id=MASK, pad_token_id=PAD, eos_token_id=EOS, desired_set_size=4
+  )
   test = [pairs.Pair("a", "#### 7"), pairs.Pair("b", "#### 7"), pairs.Pair("c", "#### 8")]
-  rows = accuracy.accuracy_eval(logits_fn, None, Tok(), oc, 12, test,
-                                settings=[{"window": 4, "threshold": None},
-                                          {"window": 4, "threshold": 0.9}],
-                                batch_size=2, speed_examples=2)
+  rows = accuracy.accuracy_eval(
+    logits_fn,
+    None,
+    Tok(),
+    oc,
+    12,
+    test,
+    settings=[{"window": 4, "threshold": None}, {"window": 4, "threshold": 0.9}],
+    batch_size=2,
+    speed_examples=2,
+  )
   off, tau = rows
   assert off["num_correct"] == tau["num_correct"] == 2 and off["accuracy"] == pytest.approx(2 / 3)
   assert off["mean_generated_tokens"] == 4  # 3 answer tokens + EOS

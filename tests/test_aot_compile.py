@@ -6,6 +6,7 @@ benchmark's `lower_train`) runs on the real state and batch with the loss of the
 and the benchmark's cached set-decoding lowering compiles with the batch split over the mesh. With
 libtpu importable (a separate venv; CI has none) the slow test compiles for a v5e-8 topology.
 """
+
 import os
 import sys
 
@@ -13,8 +14,9 @@ import jax
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "benchmarks"))
+sys.path.insert(
+  0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+)
 import aot_compile  # noqa: E402
 
 from setdiff_jax import models, sharding, train_step  # noqa: E402
@@ -55,8 +57,11 @@ def test_step_lowered_from_abstract_inputs_runs_on_the_real_state(tiny):
   assert aot_compile.memory_row(compiled).get("peak_gib", 1.0) > 0
   rng = np.random.default_rng(0)
   shp = (config.batch_size, config.seq_len)
-  host = {"tokens": rng.integers(4, 500, shp).astype(np.int32),
-          "attention_mask": np.ones(shp, np.int32), "context_mask": np.zeros(shp, np.int32)}
+  host = {
+    "tokens": rng.integers(4, 500, shp).astype(np.int32),
+    "attention_mask": np.ones(shp, np.int32),
+    "context_mask": np.zeros(shp, np.int32),
+  }
   host["context_mask"][:, :8] = 1
   batch = sharding.global_batch(host, mesh)
   key = jax.random.key(3)
@@ -82,8 +87,7 @@ def test_cached_set_decoding_lowers_split_over_the_mesh(tiny):
 @pytest.mark.slow
 def test_aot_compile_for_a_v5e_8_topology():
   pytest.importorskip("libtpu")
-  [row] = aot_compile.main(["--tiny", "--topologies=v5e-8",
-                            "--programs=gsm8k_sw_qwen3_decode"])
+  [row] = aot_compile.main(["--tiny", "--topologies=v5e-8", "--programs=gsm8k_sw_qwen3_decode"])
   assert "error" not in row, row["error"]
   assert (row["chips"], row["mesh"], row["fits"]) == (8, "fsdp=8", True)
   assert 0 < row["peak_gib"] < 1

@@ -1,13 +1,14 @@
 """The architecture's promises, checked on the source (DESIGN §1, §3; issue 10).
 
-  * The method registry is the only place that tells methods apart: no method-name literal in the
-    library outside `setdiff_jax/methods/` (configs/ are not the library).
-  * The import graph of `setdiff_jax` has no cycle, and no function-level import exists to dodge
-    one (an internal import inside a function whose module-level version would close a cycle).
-  * Inference never imports the training layer: sampling, evaluation, interop, decoding and
-    workdir reach neither `setdiff_jax.train` / `train_step` nor optax; train/checkpointing import
-    nothing from sampling/, evaluation/ or interop/.
+* The method registry is the only place that tells methods apart: no method-name literal in the
+  library outside `setdiff_jax/methods/` (configs/ are not the library).
+* The import graph of `setdiff_jax` has no cycle, and no function-level import exists to dodge
+  one (an internal import inside a function whose module-level version would close a cycle).
+* Inference never imports the training layer: sampling, evaluation, interop, decoding and
+  workdir reach neither `setdiff_jax.train` / `train_step` nor optax; train/checkpointing import
+  nothing from sampling/, evaluation/ or interop/.
 """
+
 import ast
 import pathlib
 import shutil
@@ -21,8 +22,8 @@ from setdiff_jax import methods
 PKG = pathlib.Path(__file__).resolve().parents[1] / "setdiff_jax"
 # (module, literal): data defaults, not dispatch. Each must say why.
 ALLOWED_LITERALS = {
-    # ObjectiveConfig's default method (a dataclass default; the registry validates the name).
-    ("setdiff_jax.diffusion.losses", "setdlm"),
+  # ObjectiveConfig's default method (a dataclass default; the registry validates the name).
+  ("setdiff_jax.diffusion.losses", "setdlm"),
 }
 
 
@@ -61,7 +62,7 @@ def resolve(module: str, node, modules=None) -> list:
     base = node.module or ""
     if node.level:
       pkg = module.split(".")
-      pkg = pkg[:len(pkg) - node.level + (1 if modules[module].name == "__init__.py" else 0)]
+      pkg = pkg[: len(pkg) - node.level + (1 if modules[module].name == "__init__.py" else 0)]
       base = ".".join(pkg + ([base] if base else []))
     targets = [base] + [f"{base}.{a.name}" for a in node.names]
   out = []
@@ -78,6 +79,7 @@ def imports(module: str, modules=None):
   modules = MODULES if modules is None else modules
   tree = ast.parse(modules[module].read_text())
   top, nested, external = set(), [], set()
+
   def visit(node, in_function):
     for child in ast.iter_child_nodes(node):
       if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
@@ -86,17 +88,24 @@ def imports(module: str, modules=None):
         names = resolve(module, child, modules)
         if not in_function:
           top.update(names)
-          roots = ([a.name for a in child.names] if isinstance(child, ast.Import)
-                   else [child.module or ""] if not child.level else [])
+          roots = (
+            [a.name for a in child.names]
+            if isinstance(child, ast.Import)
+            else [child.module or ""]
+            if not child.level
+            else []
+          )
           external.update(r.split(".")[0] for r in roots if not r.startswith("setdiff_jax"))
         else:
           nested.extend((n, child.lineno) for n in names)
       else:
         visit(child, in_function)
+
   visit(tree, False)
   # Importing a.b.c runs a, a.b and a.b.c: the packages above a target are edges too, except the
   # importing module's own packages (already initialising when it runs).
   own = {module.rsplit(".", k)[0] for k in range(1, module.count(".") + 1)} | {module}
+
   def with_parents(names):
     out = set()
     for n in names:
@@ -104,6 +113,7 @@ def imports(module: str, modules=None):
         out.add(n)
         n = n.rpartition(".")[0]
     return out - own
+
   return with_parents(top), [(n, l) for n, l in nested if n not in own], external
 
 
@@ -139,41 +149,49 @@ def method_literals(modules: dict) -> list:
     tree = ast.parse(path.read_text())
     docs = docstring_nodes(tree)
     for node in ast.walk(tree):
-      if (isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names
-          and id(node) not in docs and (module, node.value) not in ALLOWED_LITERALS):
+      if (
+        isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and node.value in names
+        and id(node) not in docs
+        and (module, node.value) not in ALLOWED_LITERALS
+      ):
         found.append(f"{path.name}:{node.lineno}: {node.value!r}")
   return found
 
 
 def test_method_names_appear_only_in_the_registry():
   found = method_literals(MODULES)
-  assert not found, "method names outside setdiff_jax/methods/ (ask the registry):\n" + "\n".join(found)
+  assert not found, "method names outside setdiff_jax/methods/ (ask the registry):\n" + "\n".join(
+    found
+  )
 
 
 def test_literal_check_can_fail(tmp_path):
   """The check above, run on a planted module, finds the comparison (and not the docstring)."""
   pkg = tmp_path / "setdiff_jax"
   pkg.mkdir()
-  (pkg / "planted.py").write_text('"""bd3lm in a docstring is fine."""\n'
-                                  'def f(objective):\n  return objective == "bd3lm"\n')
+  (pkg / "planted.py").write_text(
+    '"""bd3lm in a docstring is fine."""\ndef f(objective):\n  return objective == "bd3lm"\n'
+  )
   assert method_literals(find_modules(pkg)) == ["planted.py:3: 'bd3lm'"]
 
 
 # The layers of DESIGN §1, bottom to top. A module may import its own layer and the ones below;
 # function-level imports count (a lazy import is still a dependency).
 LAYERS = [
-    ("base", ("setdiff_jax.errors", "setdiff_jax.paths", "setdiff_jax.layer_names")),
-    ("cli", ("setdiff_jax.cli",)),
-    ("data", ("setdiff_jax.data",)),
-    ("models", ("setdiff_jax.models",)),
-    ("diffusion", ("setdiff_jax.diffusion",)),
-    ("sharding", ("setdiff_jax.sharding",)),
-    ("sampling", ("setdiff_jax.sampling",)),
-    ("methods", ("setdiff_jax.methods",)),
-    ("workdir", ("setdiff_jax.workdir",)),
-    ("decoding", ("setdiff_jax.decoding",)),
-    ("uses", ("setdiff_jax.evaluation", "setdiff_jax.interop")),
-    ("train", ("setdiff_jax.train", "setdiff_jax.train_step", "setdiff_jax.rl")),
+  ("base", ("setdiff_jax.errors", "setdiff_jax.paths", "setdiff_jax.layer_names")),
+  ("cli", ("setdiff_jax.cli",)),
+  ("data", ("setdiff_jax.data",)),
+  ("models", ("setdiff_jax.models",)),
+  ("diffusion", ("setdiff_jax.diffusion",)),
+  ("sharding", ("setdiff_jax.sharding",)),
+  ("sampling", ("setdiff_jax.sampling",)),
+  ("methods", ("setdiff_jax.methods",)),
+  ("workdir", ("setdiff_jax.workdir",)),
+  ("decoding", ("setdiff_jax.decoding",)),
+  ("uses", ("setdiff_jax.evaluation", "setdiff_jax.interop")),
+  ("train", ("setdiff_jax.train", "setdiff_jax.train_step", "setdiff_jax.rl")),
 ]
 
 
@@ -194,8 +212,9 @@ def upward_imports(graph: dict) -> list:
   for module in graph:
     for target in sorted(reachable(module, graph, include_nested=True)):
       if layer_of(target) is not None and layer_of(target) > layer_of(module):
-        bad.append(f"{module} ({LAYERS[layer_of(module)][0]}) -> {target} "
-                   f"({LAYERS[layer_of(target)][0]})")
+        bad.append(
+          f"{module} ({LAYERS[layer_of(module)][0]}) -> {target} ({LAYERS[layer_of(target)][0]})"
+        )
   return bad
 
 
@@ -212,12 +231,15 @@ def test_layer_check_finds_a_planted_transitive_upward_import(tmp_path):
   """A copy of the package with one function-level import planted in a base-layer module: the
   check names it and the modules of other layers that reach the plant through it."""
   pkg = tmp_path / "setdiff_jax"
-  shutil.copytree(PKG, pkg, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.xz", "*.txt",
-                                                         "*.json"))
+  shutil.copytree(
+    PKG, pkg, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.xz", "*.txt", "*.json")
+  )
   assert not upward_imports(import_graph(find_modules(pkg)))
   target = pkg / "layer_names.py"
-  target.write_text(target.read_text() + "\n\ndef _planted():\n"
-                    "  from setdiff_jax.sampling import cache  # noqa: F401\n")
+  target.write_text(
+    target.read_text() + "\n\ndef _planted():\n"
+    "  from setdiff_jax.sampling import cache  # noqa: F401\n"
+  )
   bad = upward_imports(import_graph(find_modules(pkg)))
   assert "setdiff_jax.layer_names (base) -> setdiff_jax.sampling.cache (sampling)" in bad
   # sharding imports layer_names at module level: it now reaches the sampling layer through it
@@ -234,15 +256,24 @@ def test_no_function_level_import_dodges_a_cycle():
   for module in MODULES:
     for target, line in GRAPH[module][1]:
       if module in reachable(target) | {target}:
-        dodges.append(f"{module}:{line} imports {target} inside a function: at module level it "
-                      f"would close a cycle")
+        dodges.append(
+          f"{module}:{line} imports {target} inside a function: at module level it "
+          f"would close a cycle"
+        )
   assert not dodges, "\n".join(dodges)
 
 
-INFERENCE = [m for m in MODULES if m.startswith(("setdiff_jax.sampling", "setdiff_jax.evaluation",
-                                                 "setdiff_jax.interop"))]
-INFERENCE += ["setdiff_jax.decoding", "setdiff_jax.workdir.load", "setdiff_jax.evaluation.likelihood",
-              "setdiff_jax.methods"]
+INFERENCE = [
+  m
+  for m in MODULES
+  if m.startswith(("setdiff_jax.sampling", "setdiff_jax.evaluation", "setdiff_jax.interop"))
+]
+INFERENCE += [
+  "setdiff_jax.decoding",
+  "setdiff_jax.workdir.load",
+  "setdiff_jax.evaluation.likelihood",
+  "setdiff_jax.methods",
+]
 
 
 @pytest.mark.parametrize("module", INFERENCE)
@@ -253,26 +284,41 @@ def test_inference_never_reaches_the_training_layer(module):
   assert "optax" not in externals, f"{module} reaches optax"
 
 
-@pytest.mark.parametrize("module", ["setdiff_jax.workdir.checkpoints",
-                                    "setdiff_jax.workdir.fallback", "setdiff_jax.workdir.lock"])
+@pytest.mark.parametrize(
+  "module",
+  ["setdiff_jax.workdir.checkpoints", "setdiff_jax.workdir.fallback", "setdiff_jax.workdir.lock"],
+)
 def test_checkpoint_code_reaches_no_method_or_inference_code(module):
   """Saving and guarding a run is plumbing: it reaches no method, sampler, evaluator or exporter,
   even through another module."""
   reach = reachable(module, include_nested=True)
-  bad = sorted(m for m in reach if m.startswith(("setdiff_jax.sampling", "setdiff_jax.evaluation",
-                                                 "setdiff_jax.interop", "setdiff_jax.methods")))
+  bad = sorted(
+    m
+    for m in reach
+    if m.startswith(
+      (
+        "setdiff_jax.sampling",
+        "setdiff_jax.evaluation",
+        "setdiff_jax.interop",
+        "setdiff_jax.methods",
+      )
+    )
+  )
   assert not bad, f"{module} reaches {bad}"
 
 
 def test_inference_imports_load_neither_optax_nor_train():
   """The same promise, at run time: importing the inference stack loads no training code."""
-  code = ("import sys; import setdiff_jax.decoding, setdiff_jax.evaluation, "
-          "setdiff_jax.interop.export, setdiff_jax.workdir.load; "
-          "bad = [m for m in ('optax', 'setdiff_jax.train', 'setdiff_jax.train_step') "
-          "if m in sys.modules]; "
-          "sys.exit(f'loaded {bad}' if bad else 0)")
-  res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       cwd=str(PKG.parent))
+  code = (
+    "import sys; import setdiff_jax.decoding, setdiff_jax.evaluation, "
+    "setdiff_jax.interop.export, setdiff_jax.workdir.load; "
+    "bad = [m for m in ('optax', 'setdiff_jax.train', 'setdiff_jax.train_step') "
+    "if m in sys.modules]; "
+    "sys.exit(f'loaded {bad}' if bad else 0)"
+  )
+  res = subprocess.run(
+    [sys.executable, "-c", code], capture_output=True, text=True, cwd=str(PKG.parent)
+  )
   assert res.returncode == 0, res.stderr[-2000:] + res.stdout[-500:]
 
 
@@ -281,9 +327,13 @@ def configs_imports(modules: dict) -> list:
   found = []
   for module, path in modules.items():
     for node in ast.walk(ast.parse(path.read_text())):
-      roots = ([a.name for a in node.names] if isinstance(node, ast.Import)
-               else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
-               else [])
+      roots = (
+        [a.name for a in node.names]
+        if isinstance(node, ast.Import)
+        else [node.module or ""]
+        if isinstance(node, ast.ImportFrom) and not node.level
+        else []
+      )
       if any(r.split(".")[0] == "configs" for r in roots):
         found.append(f"{module}:{node.lineno}")
   return found
@@ -297,8 +347,9 @@ def test_no_library_module_imports_configs():
 def test_configs_check_can_fail(tmp_path):
   pkg = tmp_path / "setdiff_jax"
   pkg.mkdir()
-  (pkg / "planted.py").write_text("import os\n\ndef f():\n  from configs import default\n"
-                                  "  import configs.tiny_sw\n")
+  (pkg / "planted.py").write_text(
+    "import os\n\ndef f():\n  from configs import default\n  import configs.tiny_sw\n"
+  )
   assert configs_imports(find_modules(pkg)) == ["setdiff_jax.planted:4", "setdiff_jax.planted:5"]
 
 

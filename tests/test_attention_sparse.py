@@ -3,6 +3,7 @@
 Static masks are the two-stream set-causal and block masks with padding, as the objectives build
 them; outputs and gradients must match dense, including fully masked (padded) query rows.
 """
+
 import dataclasses
 
 import jax
@@ -32,8 +33,7 @@ def _two_stream(static, length, valid):
 @pytest.mark.parametrize("which", ["set", "block"])
 def test_blocksparse_equals_dense(which):
   length = 16
-  static = (masks.set_causal_mask(length) if which == "set"
-            else masks.block_causal_mask(length, 4))
+  static = masks.set_causal_mask(length) if which == "set" else masks.block_causal_mask(length, 4)
   valid = np.ones((2, length), bool)
   valid[1, 11:] = False  # padded rows: fully masked queries in the noisy stream
   dense_mask = _two_stream(static, length, valid)
@@ -42,15 +42,19 @@ def test_blocksparse_equals_dense(which):
   assert attention.StaticPattern(static).tiles(8).mean() < 1.0  # something is skipped
   want = attention.dense_attention(q, k, v, dense_mask)
   got = jax.jit(lambda q, k, v, m: attention.blocksparse_attention(q, k, v, m, tile=8))(
-      q, k, v, tiled)
+    q, k, v, tiled
+  )
   np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
   w = jax.random.normal(jax.random.key(9), want.shape)
   loss = lambda f: lambda q, k, v: jnp.sum(w * f(q, k, v))
-  g_d = jax.jit(jax.grad(loss(lambda q, k, v: attention.dense_attention(q, k, v, dense_mask)),
-                         (0, 1, 2)))(q, k, v)
-  g_s = jax.jit(jax.grad(
-      loss(lambda q, k, v: attention.blocksparse_attention(q, k, v, tiled, tile=8)),
-      (0, 1, 2)))(q, k, v)
+  g_d = jax.jit(
+    jax.grad(loss(lambda q, k, v: attention.dense_attention(q, k, v, dense_mask)), (0, 1, 2))
+  )(q, k, v)
+  g_s = jax.jit(
+    jax.grad(
+      loss(lambda q, k, v: attention.blocksparse_attention(q, k, v, tiled, tile=8)), (0, 1, 2)
+    )
+  )(q, k, v)
   for a, b in zip(g_s, g_d):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
@@ -75,8 +79,11 @@ def test_splash_interpret_equals_dense_on_valid_rows():
   dense_mask = _two_stream(static, length, valid)
   q, k, v = _qkv(2, 2, 2 * length, h=2, d=64)
   want = np.asarray(attention.dense_attention(q, k, v, dense_mask))
-  got = np.asarray(attention.splash_attention(
-      q, k, v, attention.with_tiles(dense_mask, static, "splash"), interpret=True))
+  got = np.asarray(
+    attention.splash_attention(
+      q, k, v, attention.with_tiles(dense_mask, static, "splash"), interpret=True
+    )
+  )
   rows = np.concatenate([valid, valid], -1)  # [B, 2L] valid queries
   np.testing.assert_allclose(got[rows], want[rows], rtol=1e-5, atol=1e-5)
 
@@ -84,8 +91,9 @@ def test_splash_interpret_equals_dense_on_valid_rows():
 @pytest.mark.parametrize("name,adaln", [("setdlm", False), ("bd3lm", True)])
 def test_objective_blocksparse_equals_dense(name, adaln):
   """Loss and gradients of a training step are the same with `attention=blocksparse`."""
-  cfg = DiTConfig(vocab_size=32, hidden_size=32, num_layers=1, num_heads=2, cond_dim=16,
-                  dropout=0.0, adaln=adaln)
+  cfg = DiTConfig(
+    vocab_size=32, hidden_size=32, num_layers=1, num_heads=2, cond_dim=16, dropout=0.0, adaln=adaln
+  )
   obj = losses.ObjectiveConfig(name=name, mask_token_id=3, desired_set_size=2, block_size=4)
   rng = np.random.default_rng(0)
   tokens = rng.integers(4, 32, (2, 32)).astype(np.int32)
@@ -96,22 +104,26 @@ def test_objective_blocksparse_equals_dense(name, adaln):
   out = {}
   for impl in ("dense", "blocksparse"):
     c = dataclasses.replace(cfg, attention=impl)
-    fn = jax.jit(jax.value_and_grad(lambda p: methods.compute_loss(
-        obj, DiT(c), p, batch, jax.random.key(4), train=True)[0]))
+    fn = jax.jit(
+      jax.value_and_grad(
+        lambda p: methods.compute_loss(obj, DiT(c), p, batch, jax.random.key(4), train=True)[0]
+      )
+    )
     out[impl] = fn(params)
   np.testing.assert_allclose(out["blocksparse"][0], out["dense"][0], rtol=1e-6)
-  for a, b in zip(jax.tree_util.tree_leaves(out["blocksparse"][1]),
-                  jax.tree_util.tree_leaves(out["dense"][1])):
+  for a, b in zip(
+    jax.tree_util.tree_leaves(out["blocksparse"][1]), jax.tree_util.tree_leaves(out["dense"][1])
+  ):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("impl", ["blocksparse",
-                                  pytest.param("splash", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("impl", ["blocksparse", pytest.param("splash", marks=pytest.mark.slow)])
 def test_tiled_attention_under_shard_map_equals_dense(impl):
   """On 8 emulated devices (data=2 x tensor=4 context mesh), the tiled paths run per shard under
   shard_map (splash: the kernel in interpret mode) and give dense attention on every valid row."""
   from jax.sharding import NamedSharding, PartitionSpec as P
   from setdiff_jax import sharding
+
   length = 64
   static = masks.set_causal_mask(length)
   valid = np.ones((2, length), bool)
@@ -125,7 +137,8 @@ def test_tiled_attention_under_shard_map_equals_dense(impl):
   tiled = attention.with_tiles(dense_mask, static, impl)
   if impl == "splash":
     fn = lambda q, k, v, m: attention.per_shard(
-        lambda *a: attention.splash_attention(*a, interpret=True), q, k, v, m)
+      lambda *a: attention.splash_attention(*a, interpret=True), q, k, v, m
+    )
   else:
     fn = lambda q, k, v, m: attention.attend(q, k, v, m, impl)
   with jax.set_mesh(mesh):

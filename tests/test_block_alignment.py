@@ -7,6 +7,7 @@ with q, so greedy decoding commits the block's last mask first, and each committ
 how many clean keys the query saw (which shows what the cache held: a prompt token cached *and*
 fed in the block would be counted twice, a finished block left out of the cache not at all).
 """
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -32,8 +33,16 @@ def toy(tokens, positions, mask, kv_cache):
 
 
 def cfg(**kw):
-  base = dict(mask_token_id=M, eos_token_id=EOS, pad_token_id=PAD, bos_token_id=BOS,
-              max_new_tokens=6, block_size=4, stop_at_eos=False, mdlm_pad_to_max_length=False)
+  base = dict(
+    mask_token_id=M,
+    eos_token_id=EOS,
+    pad_token_id=PAD,
+    bos_token_id=BOS,
+    max_new_tokens=6,
+    block_size=4,
+    stop_at_eos=False,
+    mdlm_pad_to_max_length=False,
+  )
   base.update(kw)
   return SamplerConfig(**base)
 
@@ -80,7 +89,7 @@ def test_bd3lm_aligned_batch_of_mixed_phases_equals_rows_alone():
   # P % G == 0: aligned and unaligned decoding are the same.
   same = bd3lm_generate(toy, None, [[BOS, 7, 8, 9]], cfg(align_to_blocks=False))
   assert same.generated[0] == both.generated[2]
-  np.testing.assert_array_equal(same.commit_step[0], both.commit_step[2, :same.canvas.shape[1]])
+  np.testing.assert_array_equal(same.commit_step[0], both.commit_step[2, : same.canvas.shape[1]])
 
 
 def test_bd3lm_aligned_block_count_is_the_officials():

@@ -6,6 +6,7 @@ equals a sum worked out by hand; the eval rows carry the context mask (issue 22)
 row's position (AR: the position of the label it predicts), so each position's NLL is known
 without running a network, whatever the order or the mask draw.
 """
+
 import dataclasses
 
 import jax
@@ -21,18 +22,19 @@ from setdiff_jax.evaluation import likelihood
 pytestmark = pytest.mark.usefixtures("fast_compile")
 
 V, PAD, BOS, EOS, MASK = 24, 0, 1, 2, 3
-L, PROMPT, ANSWER = 16, 5, 6      # [BOS] 5 prompt tokens, 6 answer tokens, [EOS], 3 pads
+L, PROMPT, ANSWER = 16, 5, 6  # [BOS] 5 prompt tokens, 6 answer tokens, [EOS], 3 pads
 NAMES = ("setdlm", "ar", "mdlm", "bd3lm")
 
 
 @dataclasses.dataclass
 class PosTable:
   shift: int = 0
-  config: object = None     # read (and ignored) by likelihood.sequence_nlls
+  config: object = None  # read (and ignored) by likelihood.sequence_nlls
   calls: list = dataclasses.field(default_factory=list)
 
-  def apply(self, variables, tokens, positions, mask, deterministic=True, rngs=None,
-            head_start=None):
+  def apply(
+    self, variables, tokens, positions, mask, deterministic=True, rngs=None, head_start=None
+  ):
     if not isinstance(tokens, jax.core.Tracer):
       self.calls.append(np.asarray(tokens))
     pos = positions[:, head_start:] if head_start else positions
@@ -42,15 +44,23 @@ class PosTable:
 def rows(n=3, seed=0):
   """n prompt/answer rows in the `data/pairs.py` layout (different prompts and answers)."""
   rng = np.random.default_rng(seed)
-  encoded = [([BOS] + list(rng.integers(4, V, PROMPT)), list(rng.integers(4, V, ANSWER)) + [EOS])
-             for _ in range(n)]
+  encoded = [
+    ([BOS] + list(rng.integers(4, V, PROMPT)), list(rng.integers(4, V, ANSWER)) + [EOS])
+    for _ in range(n)
+  ]
   return pairs.pair_rows(encoded, L, PAD)
 
 
 def cfg_for(name):
-  return losses.ObjectiveConfig(name=name, mask_token_id=MASK, pad_token_id=PAD,
-                                eos_token_id=EOS, keep_clean_bos=True, desired_set_size=2,
-                                block_size=4)
+  return losses.ObjectiveConfig(
+    name=name,
+    mask_token_id=MASK,
+    pad_token_id=PAD,
+    eos_token_id=EOS,
+    keep_clean_bos=True,
+    desired_set_size=2,
+    block_size=4,
+  )
 
 
 def position_nll(table, tokens, suppress):
@@ -58,8 +68,11 @@ def position_nll(table, tokens, suppress):
   z = np.asarray(table, np.float64)[:L].copy()
   if suppress:
     z[:, MASK] = -np.inf
-  logp = z - np.log(np.sum(np.exp(z - z.max(-1, keepdims=True)), -1, keepdims=True)) - z.max(
-      -1, keepdims=True)
+  logp = (
+    z
+    - np.log(np.sum(np.exp(z - z.max(-1, keepdims=True)), -1, keepdims=True))
+    - z.max(-1, keepdims=True)
+  )
   return -logp[np.arange(L)[None], tokens]
 
 
@@ -72,10 +85,11 @@ def test_bound_counts_answer_tokens_only_and_equals_hand_sum(name, monkeypatch):
   model = PosTable(shift=1 if name == "ar" else 0)
   params = {"table": jnp.asarray(table)}
   fn = likelihood.make_row_nll_fn(model, cfg)
-  nll, count = likelihood.sequence_nlls(model, params, cfg, tokens, att, context_mask=ctx, seed=1,
-                                        batch_size=2, fn=fn)
+  nll, count = likelihood.sequence_nlls(
+    model, params, cfg, tokens, att, context_mask=ctx, seed=1, batch_size=2, fn=fn
+  )
   answer = np.zeros(L, bool)
-  answer[1 + PROMPT:2 + PROMPT + ANSWER] = True  # the answer and its EOS
+  answer[1 + PROMPT : 2 + PROMPT + ANSWER] = True  # the answer and its EOS
   per_pos = position_nll(table, tokens, suppress=name != "ar")
   hand = []
   for i in range(len(tokens)):
@@ -91,8 +105,14 @@ def test_bound_counts_answer_tokens_only_and_equals_hand_sum(name, monkeypatch):
       # 1/t NELBO of the row's draw: the masked positions as the model saw them, t of that draw.
       key = likelihood.row_keys(1, np.array([i]), 0)[0]
       model.calls.clear()
-      methods.compute_loss(cfg, model, params, {k: jnp.asarray(v[i:i + 1]) for k, v in
-                                                batch.items()}, key, train=False)
+      methods.compute_loss(
+        cfg,
+        model,
+        params,
+        {k: jnp.asarray(v[i : i + 1]) for k, v in batch.items()},
+        key,
+        train=False,
+      )
       xt = model.calls[-1][0, -L:]
       masked = xt == MASK
       assert not np.any(masked & ~answer), "a prompt or pad position was masked"
@@ -118,6 +138,7 @@ def arith_tok():
 
 def arith_config(pad_targets="none"):
   from configs import reasoning_common
+
   c = reasoning_common.get_config("setdlm")
   c.data.task_eval_examples = 12
   c.data.pad_targets = pad_targets
@@ -142,6 +163,7 @@ def test_eval_rows_carry_the_context_mask(arith_tok, pad_targets):
 
 def test_text_eval_rows_have_an_empty_context_mask(tok):
   from configs import default
+
   c = default.get_config()
   c.seq_len = 32
   c.data.train_split = "validation"

@@ -5,6 +5,7 @@ them with one compile per decoder and setting; it checks the pipeline and its ou
 methods. The test runs it in-process for AR, MDLM, BD3LM-4 and SetDLM-2 (every objective and
 sampler; SetDLM-4/8 differ from SetDLM-2 only in S).
 """
+
 import importlib.util
 import json
 import os
@@ -21,7 +22,8 @@ METHODS = ["ar", "mdlm", "bd3lm4", "setdlm2"]
 
 def _load_benchmark():
   spec = importlib.util.spec_from_file_location(
-      "compare_methods", os.path.join(REPO, "benchmarks", "compare_methods.py"))
+    "compare_methods", os.path.join(REPO, "benchmarks", "compare_methods.py")
+  )
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
@@ -31,9 +33,15 @@ def _load_benchmark():
 def quick_run(tmp_path_factory, shared_data):
   out = tmp_path_factory.mktemp("compare")
   bench = _load_benchmark()
-  record = bench.main(["--quick", f"--output_dir={out}", f"--methods={','.join(METHODS)}",
-                       f"--cloze_path={shared_data / 'rocstories-cloze-val-2016.csv'}"],
-                      log=lambda *a: None)
+  record = bench.main(
+    [
+      "--quick",
+      f"--output_dir={out}",
+      f"--methods={','.join(METHODS)}",
+      f"--cloze_path={shared_data / 'rocstories-cloze-val-2016.csv'}",
+    ],
+    log=lambda *a: None,
+  )
   return out, record
 
 
@@ -70,8 +78,9 @@ def test_quick_results_are_consistent(quick_run):
       assert 0.0 <= i["rougeL"] <= 100.0
   # Forward calls per row for N new tokens, tau off: AR N; set sampler N + 1 (context encoding);
   # BD3LM N + 1 (prompt encoding, fused block cache); MDLM N (no cache).
-  calls = {m: [s for s in by[m]["speed"] if s["threshold"] == "off"][0]["forward_calls"]
-           for m in by}
+  calls = {
+    m: [s for s in by[m]["speed"] if s["threshold"] == "off"][0]["forward_calls"] for m in by
+  }
   assert calls == {"ar": n, "mdlm": n, "bd3lm4": n + 1, "setdlm2": n + 1}
   assert by["ar"]["likelihood"]["num_draws"] == 1 and by["setdlm2"]["likelihood"]["num_draws"] == 2
 
@@ -83,11 +92,25 @@ def test_launch_evaluate_on_a_run(quick_run, tmp_path):
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   env.pop("XLA_FLAGS", None)
   proc = subprocess.run(
-      [sys.executable, os.path.join(REPO, "launch", "evaluate.py"), f"--workdir={workdir}",
-       "--eval=likelihood,samples", "--max_rows=8", "--num_samples=2", "--batch_sizes=2",
-       "--max_new_tokens=8", "--thresholds=off", f"--judge_workdir={workdir}",
-       f"--output={result_file}"], cwd=REPO, env=env, capture_output=True, text=True,
-      timeout=300)
+    [
+      sys.executable,
+      os.path.join(REPO, "launch", "evaluate.py"),
+      f"--workdir={workdir}",
+      "--eval=likelihood,samples",
+      "--max_rows=8",
+      "--num_samples=2",
+      "--batch_sizes=2",
+      "--max_new_tokens=8",
+      "--thresholds=off",
+      f"--judge_workdir={workdir}",
+      f"--output={result_file}",
+    ],
+    cwd=REPO,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "Likelihood" in proc.stdout and "gen PPL" in proc.stdout
   with open(result_file) as f:

@@ -7,6 +7,7 @@ the row's *position* (AR: the position of the label it predicts), and every call
 input tokens. So d loss / d table[p] != 0 exactly when position p carries loss, and the recorded
 noisy inputs show what was masked.
 """
+
 import dataclasses
 
 import jax
@@ -27,11 +28,12 @@ NAMES = ("setdlm", "ar", "mdlm", "bd3lm")
 
 @dataclasses.dataclass
 class TableModel:
-  shift: int = 0            # AR: output row j predicts position j + 1
+  shift: int = 0  # AR: output row j predicts position j + 1
   calls: list = dataclasses.field(default_factory=list)
 
-  def apply(self, variables, tokens, positions, mask, deterministic=True, rngs=None,
-            head_start=None):
+  def apply(
+    self, variables, tokens, positions, mask, deterministic=True, rngs=None, head_start=None
+  ):
     self.calls.append(np.asarray(tokens))
     pos = positions[:, head_start:] if head_start else positions
     return variables["params"]["table"][pos + self.shift]
@@ -42,20 +44,28 @@ def pair_rows(prompt_len, answer_len, seq_len, batch=1, seed=0):
   rng = np.random.default_rng(seed)
   n = 1 + prompt_len + answer_len + 1
   tokens = np.full((batch, seq_len), PAD, np.int32)
-  row = np.concatenate([[BOS], rng.integers(4, V, prompt_len), rng.integers(4, V, answer_len),
-                        [EOS]])
+  row = np.concatenate(
+    [[BOS], rng.integers(4, V, prompt_len), rng.integers(4, V, answer_len), [EOS]]
+  )
   tokens[:, :n] = row
   attn = np.zeros((batch, seq_len), np.int32)
   attn[:, :n] = 1
   ctx = np.zeros((batch, seq_len), np.int32)
-  ctx[:, :1 + prompt_len] = 1
+  ctx[:, : 1 + prompt_len] = 1
   return {"tokens": tokens, "attention_mask": attn, "context_mask": ctx}
 
 
 def cfg_for(name, **kw):
-  return losses.ObjectiveConfig(name=name, mask_token_id=MASK, pad_token_id=PAD,
-                                    eos_token_id=EOS, keep_clean_bos=False, desired_set_size=2,
-                                    block_size=4, **kw)
+  return losses.ObjectiveConfig(
+    name=name,
+    mask_token_id=MASK,
+    pad_token_id=PAD,
+    eos_token_id=EOS,
+    keep_clean_bos=False,
+    desired_set_size=2,
+    block_size=4,
+    **kw,
+  )
 
 
 def table_loss(name, batch, seed=0, train=True, table=None, **cfg_kw):
@@ -64,8 +74,9 @@ def table_loss(name, batch, seed=0, train=True, table=None, **cfg_kw):
   if table is None:
     table = jnp.asarray(np.random.default_rng(1).normal(size=(length + 1, V)), jnp.float32)
   jb = {k: jnp.asarray(v) for k, v in batch.items()}
-  fn = lambda t: methods.compute_loss(cfg_for(name, **cfg_kw), model, {"table": t}, jb,
-                                         jax.random.key(seed), train=train)[0]
+  fn = lambda t: methods.compute_loss(
+    cfg_for(name, **cfg_kw), model, {"table": t}, jb, jax.random.key(seed), train=train
+  )[0]
   loss, grad = jax.value_and_grad(fn)(table)
   return float(loss), np.abs(np.asarray(grad)).sum(-1), model.calls
 
@@ -118,7 +129,7 @@ def test_padding_and_prompt_length_do_not_change_answer_loss(name):
     batch = pair_rows(prompt_len, answer_len=4, seq_len=seq_len, batch=8)
     answer = np.full(4, 9)  # equal costs: every MDLM/BD3LM masked subset gives one value, and a
     # counted context or pad token (other ids) would change it
-    batch["tokens"][:, 1 + prompt_len:5 + prompt_len] = answer
+    batch["tokens"][:, 1 + prompt_len : 5 + prompt_len] = answer
     table = jnp.asarray(np.tile(table_row, (seq_len + 1, 1)), jnp.float32)
     loss, _, calls = table_loss(name, batch, seed=3, table=table)
     # MDLM/BD3LM: a row whose draw masked nothing has loss 0 (SPEC §1.6)
@@ -132,9 +143,12 @@ def test_padding_and_prompt_length_do_not_change_answer_loss(name):
 def test_setdlm_loss_with_real_dit_ignores_padding():
   cfg = DiTConfig(vocab_size=V, hidden_size=32, num_layers=1, num_heads=2, dropout=0.0)
   model, params = DiT(cfg), random_params(cfg)
-  loss = jax.jit(lambda p, b, train: methods.compute_loss(cfg_for("setdlm"), model, p, b,
-                                                         jax.random.key(0), train=train)[0],
-                 static_argnums=2)
+  loss = jax.jit(
+    lambda p, b, train: methods.compute_loss(
+      cfg_for("setdlm"), model, p, b, jax.random.key(0), train=train
+    )[0],
+    static_argnums=2,
+  )
   values = []
   for seq_len in (14, 20):
     batch = pair_rows(prompt_len=4, answer_len=5, seq_len=seq_len, batch=1, seed=5)
@@ -155,8 +169,14 @@ def test_bd3lm_never_remasks_a_block_with_context():
   batch = pair_rows(prompt_len=5, answer_len=5, seq_len=12, batch=n)  # 1+5 | 5 | EOS at 11
   model = TableModel()
   rng = jax.random.key(0)
-  methods.compute_loss(cfg_for("bd3lm"), model, {"table": jnp.zeros((13, V))},
-                          {k: jnp.asarray(v) for k, v in batch.items()}, rng, train=True)
+  methods.compute_loss(
+    cfg_for("bd3lm"),
+    model,
+    {"table": jnp.zeros((13, V))},
+    {k: jnp.asarray(v) for k, v in batch.items()},
+    rng,
+    train=True,
+  )
   xt = model.calls[-1][:, 12:]
   t_rng, mask_rng, _, _ = jax.random.split(rng, 4)
   t = np.repeat(0.999 * np.asarray(jax.random.uniform(t_rng, (n, 3))) + 1e-3, 4, -1)

@@ -1,4 +1,5 @@
 """Data layer: sources, wrap/pad rows, grain pipelines, sharding, iterator state."""
+
 import json
 import os
 
@@ -61,15 +62,13 @@ def test_embedded_corpus_split_sizes_disjoint_deterministic():
   assert S.embedded_corpus("train") == train  # deterministic
   # Whole chapters are held out: c % 20 == 10.
   chapters = S._embedded_chapters()
-  held = [c for c in range(len(chapters))
-          if S.embedded_split_of_chapter(c) == "validation"]
+  held = [c for c in range(len(chapters)) if S.embedded_split_of_chapter(c) == "validation"]
   assert held == list(range(10, 269, 20))
   assert val == [p for c in held for p in chapters[c]]
   # Disjoint (a few short paragraphs such as '"Yes."' recur in the novels).
   repeated = set(train) & set(val)
   assert all(len(p) < 40 for p in repeated), repeated
-  assert not any(p.upper().startswith("CHAPTER ") and len(p) < 15
-                 for p in train + val)
+  assert not any(p.upper().startswith("CHAPTER ") and len(p) < 15 for p in train + val)
   assert val[0].startswith("Mr. Elton must now be left to himself.")
   with pytest.raises(ValueError, match="split"):
     S.embedded_corpus("test")
@@ -79,8 +78,7 @@ def test_text_and_jsonl_sources(tmp_path):
   p = tmp_path / "a.txt"
   p.write_text("first line\nwrapped here\n\n  \nsecond para\n")
   assert S.text_file_texts(str(p)) == ["first line wrapped here", "second para"]
-  assert S.text_file_texts([str(p)], unit="line") == [
-      "first line", "wrapped here", "second para"]
+  assert S.text_file_texts([str(p)], unit="line") == ["first line", "wrapped here", "second para"]
   j = tmp_path / "b.jsonl"
   j.write_text('{"body": "one"}\n\n{"body": "two", "x": 1}\n')
   assert S.jsonl_texts(f"{j},{j}", text_field="body") == ["one", "two"] * 2
@@ -92,8 +90,7 @@ def test_missing_files_raise_clear_errors(tmp_path, tok):
   missing = str(tmp_path / "missing.txt")
   with pytest.raises(FileNotFoundError, match="missing.txt.*data.paths"):
     S.text_file_texts(missing)
-  cfg = _data_cfg(source="jsonl", paths=str(tmp_path / "x.jsonl"),
-                  eval_paths=missing)
+  cfg = _data_cfg(source="jsonl", paths=str(tmp_path / "x.jsonl"), eval_paths=missing)
   with pytest.raises(FileNotFoundError, match="missing.txt.*data.eval_paths"):
     P.make_dataset(cfg, tok, split="eval", seq_len=8, global_batch_size=2, seed=0)
   cfg = _data_cfg(source="text", paths=missing)
@@ -106,13 +103,15 @@ def test_missing_files_raise_clear_errors(tmp_path, tok):
 
 def test_validate_data_config():
   P.validate_data_config(P.default_data_config())
-  for kw, msg in [(dict(source="hf"), "data.source"),
-                  (dict(preprocess="pack"), "data.preprocess"),
-                  (dict(wrap_style="x"), "data.wrap_style"),
-                  (dict(eval_split="test"), "embedded corpus has splits"),
-                  (dict(source="text"), "needs data.paths"),
-                  (dict(source="tfds", tfds_name=""), "needs data.tfds_name"),
-                  (dict(source="text", paths="a", text_unit="word"), "text_unit")]:
+  for kw, msg in [
+    (dict(source="hf"), "data.source"),
+    (dict(preprocess="pack"), "data.preprocess"),
+    (dict(wrap_style="x"), "data.wrap_style"),
+    (dict(eval_split="test"), "embedded corpus has splits"),
+    (dict(source="text"), "needs data.paths"),
+    (dict(source="tfds", tfds_name=""), "needs data.tfds_name"),
+    (dict(source="text", paths="a", text_unit="word"), "text_unit"),
+  ]:
     with pytest.raises(ValueError, match=msg):
       P.validate_data_config(_data_cfg(**kw))
 
@@ -125,21 +124,20 @@ def test_wrap_rows_exact():
   ids = [[10, 11, 12], [20], [30, 31, 32, 33]]
   # 'row': stream 10 11 12 E 20 E 30 31 32 33 E; each row BOS + 3 + EOS.
   np.testing.assert_array_equal(
-      P.wrap_rows(ids, 5, bos_id=1, eos_id=2, style="row"),
-      [[1, 10, 11, 12, 2], [1, 2, 20, 2, 2], [1, 30, 31, 32, 2]])
+    P.wrap_rows(ids, 5, bos_id=1, eos_id=2, style="row"),
+    [[1, 10, 11, 12, 2], [1, 2, 20, 2, 2], [1, 30, 31, 32, 2]],
+  )
   # 'doc': stream B 10 11 12 E B 20 E B 30 31 32 33 E cut into 5s.
   np.testing.assert_array_equal(
-      P.wrap_rows(ids, 5, 1, 2, "doc"),
-      [[1, 10, 11, 12, 2], [1, 20, 2, 1, 30]])
+    P.wrap_rows(ids, 5, 1, 2, "doc"), [[1, 10, 11, 12, 2], [1, 20, 2, 1, 30]]
+  )
   assert P.wrap_rows(ids, 5, 1, 2).dtype == np.int32
 
 
 def test_pad_rows_exact():
   out = P.pad_rows([[5, 6], [7, 8, 9, 10, 11]], 5, bos_id=1, eos_id=2, pad_id=0)
-  np.testing.assert_array_equal(out["tokens"], [[1, 5, 6, 2, 0],
-                                                [1, 7, 8, 9, 10]])  # no EOS: cut
-  np.testing.assert_array_equal(out["attention_mask"], [[1, 1, 1, 1, 0],
-                                                        [1, 1, 1, 1, 1]])
+  np.testing.assert_array_equal(out["tokens"], [[1, 5, 6, 2, 0], [1, 7, 8, 9, 10]])  # no EOS: cut
+  np.testing.assert_array_equal(out["attention_mask"], [[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]])
   assert out["tokens"].dtype == out["attention_mask"].dtype == np.int32
 
 
@@ -148,8 +146,7 @@ def test_pad_rows_exact():
 
 
 def test_wrap_embedded_shapes_and_specials(tok):
-  ds = P.make_dataset(_data_cfg(), tok, split="train", seq_len=32,
-                      global_batch_size=8, seed=0)
+  ds = P.make_dataset(_data_cfg(), tok, split="train", seq_len=32, global_batch_size=8, seed=0)
   for b in _take(iter(ds), 5):
     assert set(b) == {"tokens", "attention_mask"}
     assert b["tokens"].shape == b["attention_mask"].shape == (8, 32)
@@ -158,8 +155,15 @@ def test_wrap_embedded_shapes_and_specials(tok):
     assert (b["tokens"][:, 0] == BOS).all() and (b["tokens"][:, -1] == EOS).all()
     assert not (b["tokens"][:, 1:-1] == BOS).any()
   # 'doc' style: BOS only right after an EOS (or at a row start).
-  ds = P.make_dataset(_data_cfg(wrap_style="doc"), tok, split="eval",
-                      seq_len=32, global_batch_size=8, seed=0, shuffle=False)
+  ds = P.make_dataset(
+    _data_cfg(wrap_style="doc"),
+    tok,
+    split="eval",
+    seq_len=32,
+    global_batch_size=8,
+    seed=0,
+    shuffle=False,
+  )
   t = next(iter(ds))["tokens"]
   flat = t.reshape(-1)
   assert flat[0] == BOS
@@ -175,8 +179,9 @@ def test_wrap_embedded_shapes_and_specials(tok):
 def test_pad_mode_rows(tok, numbered_text):
   path, docs = numbered_text
   cfg = _data_cfg(source="text", paths=path, eval_paths=path, preprocess="pad")
-  ds = P.make_dataset(cfg, tok, split="eval", seq_len=12, global_batch_size=8,
-                      seed=0, shuffle=False, num_epochs=1)
+  ds = P.make_dataset(
+    cfg, tok, split="eval", seq_len=12, global_batch_size=8, seed=0, shuffle=False, num_epochs=1
+  )
   batches = list(ds)
   assert len(batches) == 5
   for b in batches:
@@ -192,50 +197,52 @@ def test_pad_mode_rows(tok, numbered_text):
       text = tok.decode(row)
       assert any(d.startswith(text) for d in docs)
   first = [tok.decode(r) for r in batches[0]["tokens"][:3]]
-  assert first[0] == docs[0][:len(first[0])] and first[0].startswith("doc 0 ")
+  assert first[0] == docs[0][: len(first[0])] and first[0].startswith("doc 0 ")
 
 
 def test_eval_last_batch_filled_with_empty_rows(tok, numbered_text):
   path, _ = numbered_text
   for pre in ("pad", "wrap"):
     cfg = _data_cfg(source="text", paths=path, eval_paths=path, preprocess=pre)
-    batches = list(P.make_dataset(cfg, tok, split="eval", seq_len=8,
-                                  global_batch_size=12, seed=0, num_epochs=1))
+    batches = list(
+      P.make_dataset(cfg, tok, split="eval", seq_len=8, global_batch_size=12, seed=0, num_epochs=1)
+    )
     last = batches[-1]
     assert last["tokens"].shape == (12, 8)
     empty = last["attention_mask"].sum(1) == 0
     assert empty.any() and (last["tokens"][empty] == PAD).all()
     assert not empty[0]
     # Train drops the remainder instead.
-    train = list(P.make_dataset(cfg, tok, split="train", seq_len=8,
-                                global_batch_size=12, seed=0, num_epochs=1))
+    train = list(
+      P.make_dataset(cfg, tok, split="train", seq_len=8, global_batch_size=12, seed=0, num_epochs=1)
+    )
     assert len(train) == len(batches) - 1
     assert all(b["attention_mask"][:, 0].all() for b in train)
 
 
 def test_seeded_shuffle(tok):
   def first(seed):
-    ds = P.make_dataset(_data_cfg(), tok, split="eval", seq_len=16,
-                        global_batch_size=4, seed=seed)
+    ds = P.make_dataset(_data_cfg(), tok, split="eval", seq_len=16, global_batch_size=4, seed=seed)
     return next(iter(ds))["tokens"]
+
   np.testing.assert_array_equal(first(1), first(1))
   assert not np.array_equal(first(1), first(2))
 
 
 def _tfds_cfg(**kw):
-  return _data_cfg(source="tfds", tfds_name="lm1b", train_split="train",
-                   eval_split="test", **kw)
+  return _data_cfg(source="tfds", tfds_name="lm1b", train_split="train", eval_split="test", **kw)
 
 
 @pytest.mark.parametrize("kind", ["wrap_embedded", "pad_text", "wrap_tfds"])
 def test_iterator_state_round_trip(tok, numbered_text, kind):
   path, _ = numbered_text
-  cfg = {"wrap_embedded": _data_cfg(),
-         "pad_text": _data_cfg(source="text", paths=path, preprocess="pad"),
-         "wrap_tfds": _tfds_cfg()}[kind]
+  cfg = {
+    "wrap_embedded": _data_cfg(),
+    "pad_text": _data_cfg(source="text", paths=path, preprocess="pad"),
+    "wrap_tfds": _tfds_cfg(),
+  }[kind]
   with tfds.testing.mock_data(num_examples=300):
-    ds = P.make_dataset(cfg, tok, split="train", seq_len=16,
-                        global_batch_size=4, seed=3)
+    ds = P.make_dataset(cfg, tok, split="train", seq_len=16, global_batch_size=4, seed=3)
     it = iter(ds)
     _take(it, 7)
     state = iterator_state.iterator_state_json(it)
@@ -250,8 +257,7 @@ def test_iterator_state_round_trip(tok, numbered_text, kind):
 
 def test_orbax_checkpoint_of_iterator(tok, tmp_path):
   ocp = pytest.importorskip("orbax.checkpoint")
-  ds = P.make_dataset(_data_cfg(), tok, split="train", seq_len=16,
-                      global_batch_size=4, seed=0)
+  ds = P.make_dataset(_data_cfg(), tok, split="train", seq_len=16, global_batch_size=4, seed=0)
   it = iter(ds)
   _take(it, 3)
   with ocp.CheckpointManager(tmp_path) as mngr:
@@ -267,6 +273,7 @@ def test_orbax_checkpoint_of_iterator(tok, tmp_path):
   assert data_files(tmp_path / "3" / "data") == [iterator_state.ITERATOR_FILE]  # one global state
   # A checkpoint written before the global order (grain's per-process file) still restores.
   import grain.checkpoint  # pylint: disable=g-import-not-at-top
+
   with ocp.CheckpointManager(tmp_path / "old") as mngr:
     mngr.save(3, args=ocp.args.Composite(data=grain.checkpoint.CheckpointSave(iter(ds))))
     mngr.wait_until_finished()
@@ -274,10 +281,12 @@ def test_orbax_checkpoint_of_iterator(tok, tmp_path):
   it3 = iter(ds)
   _take(it3, 3)
   (tmp_path / "old" / "3" / "data" / "process_0-of-1.json").write_text(
-      iterator_state.iterator_state_json(it3))
+    iterator_state.iterator_state_json(it3)
+  )
   it4 = iter(ds)
-  with ocp.CheckpointManager(tmp_path / "old", item_handlers={
-      "data": iterator_state.global_iterator_handler()}) as mngr:
+  with ocp.CheckpointManager(
+    tmp_path / "old", item_handlers={"data": iterator_state.global_iterator_handler()}
+  ) as mngr:
     mngr.restore(3, args=ocp.args.Composite(data=iterator_state.checkpoint_args_restore(it4)))
   for e, g in zip(expected, _take(it4, 4)):
     np.testing.assert_array_equal(e["tokens"], g["tokens"])
@@ -288,22 +297,42 @@ def test_sharding_pad_disjoint_documents(tok, numbered_text):
   cfg = _data_cfg(source="text", paths=path, eval_paths=path, preprocess="pad")
   seen = []
   for p in range(2):
-    ds = P.make_dataset(cfg, tok, split="eval", seq_len=64, global_batch_size=8,
-                        seed=0, process_index=p, process_count=2, num_epochs=1)
+    ds = P.make_dataset(
+      cfg,
+      tok,
+      split="eval",
+      seq_len=64,
+      global_batch_size=8,
+      seed=0,
+      process_index=p,
+      process_count=2,
+      num_epochs=1,
+    )
     batches = list(ds)
     assert all(b["tokens"].shape == (4, 64) for b in batches)  # local batch
-    seen.append({tok.decode(r) for b in batches for r, m in
-                 zip(b["tokens"], b["attention_mask"]) if m.any()})
+    seen.append(
+      {tok.decode(r) for b in batches for r, m in zip(b["tokens"], b["attention_mask"]) if m.any()}
+    )
   assert not seen[0] & seen[1]
   assert seen[0] | seen[1] == set(docs)
 
 
 def test_sharding_wrap_disjoint_rows(tok):
   def rows(p, n):
-    ds = P.make_dataset(_data_cfg(), tok, split="eval", seq_len=32,
-                        global_batch_size=4, seed=0, process_index=p,
-                        process_count=n, num_epochs=1, drop_remainder=True)
+    ds = P.make_dataset(
+      _data_cfg(),
+      tok,
+      split="eval",
+      seq_len=32,
+      global_batch_size=4,
+      seed=0,
+      process_index=p,
+      process_count=n,
+      num_epochs=1,
+      drop_remainder=True,
+    )
     return _rows(list(ds))
+
   r0, r1, everything = rows(0, 2), rows(1, 2), rows(0, 1)
   assert not set(r0) & set(r1)
   assert len(r0) + len(r1) >= len(everything) - 4  # minus dropped remainders
@@ -314,32 +343,39 @@ def test_tfds_lm1b_mock(tok):
   with tfds.testing.mock_data(num_examples=50):
     texts = S.tfds_texts("lm1b", "train")
     assert len(texts) == 50 and isinstance(texts[0], str)
-    shards = [S.tfds_texts("lm1b", "train", process_index=p, process_count=2)
-              for p in range(2)]
+    shards = [S.tfds_texts("lm1b", "train", process_index=p, process_count=2) for p in range(2)]
     assert [len(s) for s in shards] == [25, 25]
     assert list(shards[1]) == [texts[i] for i in range(1, 50, 2)]
     for pre in ("wrap", "pad"):
-      ds = P.make_dataset(_tfds_cfg(preprocess=pre), tok, split="eval",
-                          seq_len=16, global_batch_size=4, seed=0,
-                          process_index=1, process_count=2, num_epochs=1)
+      ds = P.make_dataset(
+        _tfds_cfg(preprocess=pre),
+        tok,
+        split="eval",
+        seq_len=16,
+        global_batch_size=4,
+        seed=0,
+        process_index=1,
+        process_count=2,
+        num_epochs=1,
+      )
       batches = list(ds)
       assert batches and all(b["tokens"].shape == (2, 16) for b in batches)
-      assert all((b["tokens"][:, 0][b["attention_mask"][:, 0] == 1] == BOS).all()
-                 for b in batches)
+      assert all((b["tokens"][:, 0][b["attention_mask"][:, 0] == 1] == BOS).all() for b in batches)
 
 
 class SetdiffTinyText(tfds.core.GeneratorBasedBuilder):
   """A tiny real TFDS text dataset (registered as 'setdiff_tiny_text')."""
+
   VERSION = tfds.core.Version("1.0.0")
 
   def _info(self):
-    return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict(
-        {"text": tfds.features.Text()}))
+    return tfds.core.DatasetInfo(
+      builder=self, features=tfds.features.FeaturesDict({"text": tfds.features.Text()})
+    )
 
   def _split_generators(self, dl_manager):
     del dl_manager
-    return {"train": self._generate_examples(10),
-            "test": self._generate_examples(3)}
+    return {"train": self._generate_examples(10), "test": self._generate_examples(3)}
 
   def _generate_examples(self, n):
     for i in range(n):
@@ -348,20 +384,24 @@ class SetdiffTinyText(tfds.core.GeneratorBasedBuilder):
 
 def test_tfds_prepared_array_record(tok, tmp_path):
   """The unmocked path: array_record files read without TensorFlow (bytes)."""
-  SetdiffTinyText(data_dir=str(tmp_path), file_format="array_record"
-                  ).download_and_prepare()
+  SetdiffTinyText(data_dir=str(tmp_path), file_format="array_record").download_and_prepare()
   texts = S.tfds_texts("setdiff_tiny_text", "train", data_dir=str(tmp_path))
   assert sorted(texts) == sorted(f"sentence {i} ünï" for i in range(10))
-  assert len(S.tfds_texts("setdiff_tiny_text", "train[:4]",
-                          data_dir=str(tmp_path))) == 4
-  cfg = _data_cfg(source="tfds", tfds_name="setdiff_tiny_text",
-                  tfds_data_dir=str(tmp_path), eval_split="test",
-                  preprocess="pad")
-  batches = list(P.make_dataset(cfg, tok, split="eval", seq_len=16,
-                                global_batch_size=4, seed=0, num_epochs=1))
+  assert len(S.tfds_texts("setdiff_tiny_text", "train[:4]", data_dir=str(tmp_path))) == 4
+  cfg = _data_cfg(
+    source="tfds",
+    tfds_name="setdiff_tiny_text",
+    tfds_data_dir=str(tmp_path),
+    eval_split="test",
+    preprocess="pad",
+  )
+  batches = list(
+    P.make_dataset(cfg, tok, split="eval", seq_len=16, global_batch_size=4, seed=0, num_epochs=1)
+  )
   assert len(batches) == 1
-  got = sorted(tok.decode(r) for r, m in zip(batches[0]["tokens"],
-                                              batches[0]["attention_mask"]) if m.any())
+  got = sorted(
+    tok.decode(r) for r, m in zip(batches[0]["tokens"], batches[0]["attention_mask"]) if m.any()
+  )
   assert got == [f"sentence {i} ünï" for i in range(3)]
 
 
@@ -387,26 +427,43 @@ def _global_order_cfg(kind, path):
   if kind == "pad_text":
     return _data_cfg(source="text", paths=path, eval_paths=path, preprocess="pad", **quiet)
   if kind == "pairs":
-    return _data_cfg(source="arithmetic", preprocess="pad", task_train_examples=60,
-                     task_eval_examples=30, **quiet)
+    return _data_cfg(
+      source="arithmetic", preprocess="pad", task_train_examples=60, task_eval_examples=30, **quiet
+    )
   return _tfds_cfg(**quiet)
 
 
-@pytest.mark.parametrize("kind", ["wrap_embedded", "pad_text", "pairs", pytest.param(
-    "wrap_tfds", marks=pytest.mark.slow)])  # ~10 s: every iterator tokenizes the mock stream
+@pytest.mark.parametrize(
+  "kind", ["wrap_embedded", "pad_text", "pairs", pytest.param("wrap_tfds", marks=pytest.mark.slow)]
+)  # ~10 s: every iterator tokenizes the mock stream
 def test_global_order_independent_of_process_count(tok, numbered_text, kind):
   """Process i of n's rows of each step, concatenated over i, are the 1-process global batch;
   an iterator state saved on 2 processes resumes the same global stream on 4 (and on 1)."""
   cfg = _global_order_cfg(kind, numbered_text[0])
 
   def iters(n, split="train", num_epochs=None):
-    return [iter(P.make_dataset(cfg, tok, split=split, seq_len=40, global_batch_size=8, seed=3,
-                                process_index=i, process_count=n, num_epochs=num_epochs))
-            for i in range(n)]
+    return [
+      iter(
+        P.make_dataset(
+          cfg,
+          tok,
+          split=split,
+          seq_len=40,
+          global_batch_size=8,
+          seed=3,
+          process_index=i,
+          process_count=n,
+          num_epochs=num_epochs,
+        )
+      )
+      for i in range(n)
+    ]
 
   def steps(its, k):
-    return [{key: np.concatenate([b[key] for b in bs]) for key in bs[0]}
-            for bs in zip(*[_take(it, k) for it in its])]
+    return [
+      {key: np.concatenate([b[key] for b in bs]) for key in bs[0]}
+      for bs in zip(*[_take(it, k) for it in its])
+    ]
 
   def check_equal(got, want):
     assert len(got) == len(want)
@@ -434,8 +491,14 @@ def test_global_order_independent_of_process_count(tok, numbered_text, kind):
     if kind != "wrap_tfds":
       one = list(iters(1, "eval", 1)[0])
       for n in (2, 4):
-        got = [{key: np.concatenate([b[key] for b in bs]) for key in bs[0]}
-               for bs in zip(*[list(it) for it in iters(n, "eval", 1)])]
-        real = lambda batches: sorted(tuple(r) for b in batches  # noqa: E731
-                                      for r, m in zip(b["tokens"], b["attention_mask"]) if m.any())
+        got = [
+          {key: np.concatenate([b[key] for b in bs]) for key in bs[0]}
+          for bs in zip(*[list(it) for it in iters(n, "eval", 1)])
+        ]
+        real = lambda batches: sorted(
+          tuple(r)
+          for b in batches  # noqa: E731
+          for r, m in zip(b["tokens"], b["attention_mask"])
+          if m.any()
+        )
         assert len(got) == len(one) and real(got) == real(one)

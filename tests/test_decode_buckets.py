@@ -1,13 +1,19 @@
 """Bounded compiles (issue 26): length buckets, their compile count on a GSM8K-like prompt-length
 mix, and bucketed decoding == unbucketed decoding (the padding slots are never attended)."""
+
 import numpy as np
 import pytest
 from helpers import random_dit
 
 from setdiff_jax.evaluation.accuracy import decode_all
 from setdiff_jax.models.dit import DiTConfig
-from setdiff_jax.sampling import (SamplerConfig, ar_generate, bd3lm_generate, mdlm_generate,
-                                  set_generate)
+from setdiff_jax.sampling import (
+  SamplerConfig,
+  ar_generate,
+  bd3lm_generate,
+  mdlm_generate,
+  set_generate,
+)
 from setdiff_jax.sampling import compiles
 from setdiff_jax.sampling.config import bucket_length
 
@@ -46,10 +52,11 @@ def test_gsm8k_like_mix_compiles_at_most_the_buckets(tiny):
   model, params = tiny
   lengths = gsm8k_like_lengths(24)
   prompts = mixed_prompts(lengths)
-  cfg = SamplerConfig(**IDS, window=2, max_new_tokens=3, stop_at_eos=False, max_length=70,
-                      length_buckets="pow2")
+  cfg = SamplerConfig(
+    **IDS, window=2, max_new_tokens=3, stop_at_eos=False, max_length=70, length_buckets="pow2"
+  )
   res = decode_all(set_generate, model, params, prompts, cfg, batch_size=2)
-  longest = [max(lengths[i:i + 2]) for i in range(0, len(lengths), 2)]
+  longest = [max(lengths[i : i + 2]) for i in range(0, len(lengths), 2)]
   buckets = {bucket_length(n, "pow2") for n in longest}
   assert len(set(longest)) > len(buckets)  # unbucketed, the mix would compile more programs
   # one program per bucket (at most: an earlier test of this process may have compiled one)
@@ -68,13 +75,14 @@ def _eos_config(sampler, model, params, prompts, **kw):
   return cfg.replace(stop_at_eos=True, eos_token_id=int(first.generated[0][2]))
 
 
-@pytest.mark.parametrize("name", ["setdlm", "ar",
-                                  pytest.param("bd3lm", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("name", ["setdlm", "ar", pytest.param("bd3lm", marks=pytest.mark.slow)])
 def test_bucketed_equals_unbucketed(tiny, name):
   model, params = tiny
-  sampler, kw = {"setdlm": (set_generate, dict(window=3, threshold=0.3)),
-                 "ar": (ar_generate, {}),
-                 "bd3lm": (bd3lm_generate, dict(block_size=2))}[name]
+  sampler, kw = {
+    "setdlm": (set_generate, dict(window=3, threshold=0.3)),
+    "ar": (ar_generate, {}),
+    "bd3lm": (bd3lm_generate, dict(block_size=2)),
+  }[name]
   prompts = mixed_prompts([5, 11, 3, 7])
   cfg = _eos_config(sampler, model, params, prompts, max_new_tokens=6, max_length=40, **kw)
   exact = sampler(model, params, prompts, cfg)
@@ -102,13 +110,22 @@ def test_generation_lengths_share_one_program(tiny, name):
   model, params = tiny
   sampler, kw = {"ar": (ar_generate, {}), "bd3lm": (bd3lm_generate, dict(block_size=2))}[name]
   prompts = mixed_prompts([5, 11, 3, 7])
-  base = SamplerConfig(**IDS, max_length=40, stop_at_eos=False, greedy=False, temperature=1.0,
-                       length_buckets=(16, 32), **kw)
+  base = SamplerConfig(
+    **IDS,
+    max_length=40,
+    stop_at_eos=False,
+    greedy=False,
+    temperature=1.0,
+    length_buckets=(16, 32),
+    **kw,
+  )
   cfgs = [base.replace(max_new_tokens=n, seed=n) for n in (5, 7)]
-  exact, n_exact = _programs_over(sampler, model, params, prompts,
-                                  [c.replace(length_buckets=None) for c in cfgs])
-  padded, n_padded = _programs_over(sampler, model, params, prompts,
-                                    [c.replace(length_buckets="pow2") for c in cfgs])
+  exact, n_exact = _programs_over(
+    sampler, model, params, prompts, [c.replace(length_buckets=None) for c in cfgs]
+  )
+  padded, n_padded = _programs_over(
+    sampler, model, params, prompts, [c.replace(length_buckets="pow2") for c in cfgs]
+  )
   assert (n_exact, n_padded) == (2, 1)  # one per N (canvas P + N) vs one for the bucket 8
   for e, p, c in zip(exact, padded, cfgs):
     assert [len(g) for g in p.generated] == [c.max_new_tokens] * len(prompts)
@@ -121,8 +138,9 @@ def test_generation_lengths_share_one_program(tiny, name):
       np.testing.assert_array_equal(p.canvas[b][p.target[b]], e.canvas[b][e.target[b]])
       np.testing.assert_array_equal(p.commit_step[b][p.target[b]], e.commit_step[b][e.target[b]])
       if e.token_logprob is not None:
-        np.testing.assert_allclose(p.token_logprob[b][p.target[b]],
-                                   e.token_logprob[b][e.target[b]], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+          p.token_logprob[b][p.target[b]], e.token_logprob[b][e.target[b]], rtol=1e-5, atol=1e-6
+        )
   assert padded[0].generated != padded[1].generated
 
 
@@ -131,10 +149,16 @@ def test_mdlm_generation_lengths_share_one_program(tiny):
   share one program (N only bounds the blocks). Greedy, with the same canvas (prompt + M up to
   max_length) and blocks of 2, N = 6 writes N = 4's tokens first, then two more."""
   model, params = tiny
-  base = SamplerConfig(**IDS, max_length=24, stop_at_eos=False, block_size=2,
-                       mdlm_pad_to_max_length=True)
-  outs, programs = _programs_over(mdlm_generate, model, params, mixed_prompts([5, 9]),
-                                  [base.replace(max_new_tokens=n) for n in (4, 6)])
+  base = SamplerConfig(
+    **IDS, max_length=24, stop_at_eos=False, block_size=2, mdlm_pad_to_max_length=True
+  )
+  outs, programs = _programs_over(
+    mdlm_generate,
+    model,
+    params,
+    mixed_prompts([5, 9]),
+    [base.replace(max_new_tokens=n) for n in (4, 6)],
+  )
   assert programs <= 1  # 0 if an earlier test of this process compiled the same loop
   assert [len(g) for g in outs[0].generated] == [4, 4]
   assert [len(g) for g in outs[1].generated] == [6, 6]

@@ -4,6 +4,7 @@ statistics and generative perplexity.
 
 Models are tiny (1 layer x 32, vocab 40, L <= 16) so compilation stays at a few seconds a function.
 """
+
 import functools
 import math
 
@@ -35,20 +36,35 @@ def _fast_compile():
 
 
 def tiny_model(objective="setdlm", head_scale=1.0, seed=0):
-  cfg = DiTConfig(vocab_size=V, hidden_size=32, num_layers=1, num_heads=2, cond_dim=16,
-                  dropout=0.0, adaln=objective in ("mdlm", "bd3lm"))
+  cfg = DiTConfig(
+    vocab_size=V,
+    hidden_size=32,
+    num_layers=1,
+    num_heads=2,
+    cond_dim=16,
+    dropout=0.0,
+    adaln=objective in ("mdlm", "bd3lm"),
+  )
   params = init_params(cfg, jax.random.key(seed))
   if head_scale:
     params = dict(params)
     params["head"] = dict(params["head"])
     params["head"]["kernel"] = head_scale * jax.random.normal(
-        jax.random.key(seed + 1), params["head"]["kernel"].shape)
+      jax.random.key(seed + 1), params["head"]["kernel"].shape
+    )
   return DiT(cfg), params
 
 
 def obj_config(name, **kw):
-  return losses.ObjectiveConfig(name=name, mask_token_id=MASK, pad_token_id=PAD,
-                                    eos_token_id=EOS, desired_set_size=2, block_size=4, **kw)
+  return losses.ObjectiveConfig(
+    name=name,
+    mask_token_id=MASK,
+    pad_token_id=PAD,
+    eos_token_id=EOS,
+    desired_set_size=2,
+    block_size=4,
+    **kw,
+  )
 
 
 def rows(n=5, length=12, seed=0):
@@ -65,8 +81,11 @@ def rows(n=5, length=12, seed=0):
 # ----------------------------------------------------------------------------- likelihood
 @functools.lru_cache(maxsize=None)
 def _jitted_apply(model):
-  return jax.jit(lambda params, tokens, positions, mask: model.apply(
-      {"params": params}, tokens[None], positions[None], mask[None], deterministic=True)[0])
+  return jax.jit(
+    lambda params, tokens, positions, mask: model.apply(
+      {"params": params}, tokens[None], positions[None], mask[None], deterministic=True
+    )[0]
+  )
 
 
 def _logits_at(model, params, tokens, positions, mask, row, size=16):
@@ -76,8 +95,9 @@ def _logits_at(model, params, tokens, positions, mask, row, size=16):
   full = np.eye(size, dtype=bool)
   full[:n, :n] = mask
   pad = lambda a: np.concatenate([np.asarray(a, np.int32), np.zeros(size - n, np.int32)])
-  out = _jitted_apply(model)(params, jnp.asarray(pad(tokens)), jnp.asarray(pad(positions)),
-                             jnp.asarray(full))
+  out = _jitted_apply(model)(
+    params, jnp.asarray(pad(tokens)), jnp.asarray(pad(positions)), jnp.asarray(full)
+  )
   return np.asarray(out[row], np.float64)
 
 
@@ -98,7 +118,7 @@ def test_setdlm_bound_equals_hand_computation():
   for i in range(len(tok)):
     order = np.asarray(likelihood.row_order(cfg, jnp.asarray(tok[i]), jnp.asarray(att[i]), keys[i]))
     assert order[0] == 0 and sorted(order.tolist()) == list(range(tok.shape[1]))
-    assert set(order[att[i].sum():].tolist()) == set(np.nonzero(att[i] == 0)[0].tolist())
+    assert set(order[att[i].sum() :].tolist()) == set(np.nonzero(att[i] == 0)[0].tolist())
     row_nll = 0.0
     for r in range(1, tok.shape[1]):
       p = order[r]
@@ -115,7 +135,9 @@ def test_setdlm_bound_equals_hand_computation():
       hand_count += 1
     np.testing.assert_allclose(nll[0, i], row_nll, rtol=2e-5)
     hand_total += row_nll
-  assert count.sum() == hand_count == (att.sum() - len(tok) - 1)  # minus BOS slots, minus the pad id
+  assert (
+    count.sum() == hand_count == (att.sum() - len(tok) - 1)
+  )  # minus BOS slots, minus the pad id
   res = likelihood.likelihood_eval(model, params, cfg, tok, att, num_orders=1, seed=1)
   np.testing.assert_allclose(res["nll"], hand_total / hand_count, rtol=2e-5)
   np.testing.assert_allclose(res["ppl"], math.exp(hand_total / hand_count), rtol=1e-4)
@@ -132,8 +154,9 @@ def test_ar_nll_equals_hand_computation():
     for j in range(tok.shape[1] - 1):
       if not att[i, j]:  # label j+1 is weighted by the input-side mask (SPEC §1.6)
         continue
-      z = _logits_at(model, params, tok[i, :j + 1], np.arange(j + 1),
-                     np.tril(np.ones((j + 1, j + 1), bool)), j)
+      z = _logits_at(
+        model, params, tok[i, : j + 1], np.arange(j + 1), np.tril(np.ones((j + 1, j + 1), bool)), j
+      )
       total -= _log_softmax(z)[tok[i, j + 1]]
       count += 1
   assert res["num_tokens"] == count and res["num_draws"] == 1
@@ -146,8 +169,9 @@ def test_uniform_model_bound_is_log_vocab():
   model, params = tiny_model("setdlm", head_scale=0.0)
   tok, att = rows()
   res = likelihood.likelihood_eval(model, params, obj_config("setdlm"), tok, att, num_orders=3)
-  np.testing.assert_allclose([res["nll"], res["K_nll"], res["meanK_nll"]], math.log(V - 1),
-                             rtol=1e-6)
+  np.testing.assert_allclose(
+    [res["nll"], res["K_nll"], res["meanK_nll"]], math.log(V - 1), rtol=1e-6
+  )
   np.testing.assert_allclose(res["ppl"], V - 1, rtol=1e-5)
 
 
@@ -164,8 +188,9 @@ def test_batch_size_invariance(name):
   if name != "ar":  # the two draws differ: per-draw keys are in use
     assert not np.allclose(a[0], a[1])
   # Evaluating the second half on its own, with its global row offset, gives the same values.
-  c, _ = likelihood.sequence_nlls(model, params, cfg, tok[4:], att[4:], num_draws=2, batch_size=3,
-                                  row_offset=4, fn=fn)
+  c, _ = likelihood.sequence_nlls(
+    model, params, cfg, tok[4:], att[4:], num_draws=2, batch_size=3, row_offset=4, fn=fn
+  )
   np.testing.assert_allclose(c, a[:, 4:], rtol=1e-5)
 
 
@@ -205,14 +230,18 @@ def test_cloze_examples_on_real_rows(shared_data):
   assert len(stories) == 1871
   one = infill.cloze_examples(path, "1sent")
   three = infill.cloze_examples(path, "3sent")
-  assert one[0].prefix == ("Rick grew up in a troubled household. He never found good support in "
-                           "family, and turned to gangs.")
+  assert one[0].prefix == (
+    "Rick grew up in a troubled household. He never found good support in "
+    "family, and turned to gangs."
+  )
   assert one[0].middle == "It wasn't long before Rick got shot in a robbery."
   assert one[0].suffix == "The incident caused him to turn a new leaf. He is happy now."
   assert three[0].prefix == "Rick grew up in a troubled household."
-  assert three[0].middle == ("He never found good support in family, and turned to gangs. It wasn't "
-                             "long before Rick got shot in a robbery. The incident caused him to "
-                             "turn a new leaf.")
+  assert three[0].middle == (
+    "He never found good support in family, and turned to gangs. It wasn't "
+    "long before Rick got shot in a robbery. The incident caused him to "
+    "turn a new leaf."
+  )
   assert three[0].suffix == "He is happy now."
   # Story 3 has AnswerRightEnding = 2: its suffix ends with the second candidate.
   assert one[2].suffix.endswith("Sarah decided that she preferred her home over Europe.")
@@ -227,8 +256,11 @@ def test_cloze_canvas_construction(shared_data, bpe):
   for setting in infill.CLOZE_SETTINGS:
     for ex in infill.cloze_examples(path, setting)[:20]:
       t = infill.tokenize_example(bpe, ex, bpe.mask_id)
-      pre, mid, suf = (bpe.encode(ex.prefix), bpe.encode(" " + ex.middle),
-                       bpe.encode(" " + ex.suffix))
+      pre, mid, suf = (
+        bpe.encode(ex.prefix),
+        bpe.encode(" " + ex.middle),
+        bpe.encode(" " + ex.suffix),
+      )
       assert t.canvas == [bpe.bos_id] + pre + [bpe.mask_id] * len(mid) + suf + [bpe.eos_id]
       assert t.span == (1 + len(pre), 1 + len(pre) + len(mid)) and t.middle_ids == mid
       assert t.prompt == [bpe.bos_id] + pre
@@ -274,7 +306,7 @@ def _items(n=3, seed=0):
   for i in range(n):
     a, m, b = 2 + i, 3 + 2 * i, 4 - i
     ids = rng.integers(5, V, a + m + b).tolist()
-    ex = infill.InfillExample(str(i), "p", "m", "s", ids[:a], ids[a:a + m], ids[a + m:])
+    ex = infill.InfillExample(str(i), "p", "m", "s", ids[:a], ids[a : a + m], ids[a + m :])
     out.append(infill.tokenize_example(type("T", (), {"bos_id": BOS, "eos_id": EOS})(), ex, MASK))
   return out
 
@@ -283,8 +315,15 @@ def _items(n=3, seed=0):
 def test_decode_infill(method):
   model, params = tiny_model(method, head_scale=3.0)
   items = _items()
-  cfg = sampling.SamplerConfig(mask_token_id=MASK, eos_token_id=EOS, pad_token_id=PAD,
-                               bos_token_id=BOS, window=2, block_size=4, max_length=16)
+  cfg = sampling.SamplerConfig(
+    mask_token_id=MASK,
+    eos_token_id=EOS,
+    pad_token_id=PAD,
+    bos_token_id=BOS,
+    window=2,
+    block_size=4,
+    max_length=16,
+  )
   out = infill.decode_infill(method, model, params, items, cfg, batch_size=2)
   assert [len(m) for m in out["middles"]] == [t.middle_len for t in items]
   assert all(MASK not in m for m in out["middles"])
@@ -298,13 +337,14 @@ def test_decode_infill(method):
   t = items[1]
   if method == "setdlm":
     alone = sampling.set_infill(model, params, [t.canvas], cfg.replace(stop_at_eos=False))
-    assert out["middles"][1] == alone.canvas[0, t.span[0]:t.span[1]].tolist()
+    assert out["middles"][1] == alone.canvas[0, t.span[0] : t.span[1]].tolist()
   elif method == "mdlm":
     alone = infill.mdlm_infill(model, params, [t.canvas], cfg)
-    assert out["middles"][1] == alone["canvas"][0, t.span[0]:t.span[1]].tolist()
+    assert out["middles"][1] == alone["canvas"][0, t.span[0] : t.span[1]].tolist()
   elif method == "ar":
-    alone = sampling.ar_generate(model, params, [t.prompt], cfg.replace(
-        max_new_tokens=t.middle_len, stop_at_eos=False))
+    alone = sampling.ar_generate(
+      model, params, [t.prompt], cfg.replace(max_new_tokens=t.middle_len, stop_at_eos=False)
+    )
     assert out["middles"][1] == alone.generated[0]
 
 
@@ -319,12 +359,15 @@ def test_unigram_entropy_and_distinct_n():
 
 def test_generative_perplexity_of_a_uniform_judge(bpe):
   """A zero-head AR judge is uniform over its V tokens (no mask suppression): gen PPL = V."""
-  cfg = DiTConfig(vocab_size=bpe.vocab_size, hidden_size=32, num_layers=1, num_heads=2,
-                  dropout=0.0)
+  cfg = DiTConfig(vocab_size=bpe.vocab_size, hidden_size=32, num_layers=1, num_heads=2, dropout=0.0)
   judge = workdir_lib.InferenceState(
-      config=ml_collections.ConfigDict({"seq_len": 32}), model_config=cfg,
-      objective_config=obj_config("ar"), params=init_params(cfg, jax.random.key(0)),
-      tokenizer=bpe, step=0)
+    config=ml_collections.ConfigDict({"seq_len": 32}),
+    model_config=cfg,
+    objective_config=obj_config("ar"),
+    params=init_params(cfg, jax.random.key(0)),
+    tokenizer=bpe,
+    step=0,
+  )
   samples = [bpe.encode("It was a truth universally acknowledged."), [bpe.bos_id] * 40]
   r = generation.generative_perplexity(judge, samples, bpe)
   assert not r["retokenized"]

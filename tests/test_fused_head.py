@@ -4,6 +4,7 @@ Loss and gradients must agree to 1e-6 relative (fp32): per token on random hidde
 and without the suppressed mask column, row chunking, recomputation), and through every objective
 (`fused_head=True` vs `False` in the model config, same parameters, same batch, same key).
 """
+
 import dataclasses
 import functools
 
@@ -39,13 +40,20 @@ def _data(seed=0, n=(3, 7), d=16):
   return h, kernel, bias, targets, weights
 
 
-@pytest.mark.parametrize("suppress,chunk,recompute,vocab_chunk,with_bias",
-                         [(None, None, False, None, True), (MASK, None, False, None, True),
-                          (MASK, 4, False, None, True), (MASK, 4, True, None, True),
-                          (None, 8, True, None, True),
-                          # vocabulary chunks: V = 37 in 5 chunks of 8 (3 padded columns)
-                          (MASK, None, False, 8, True), (None, None, False, 8, False),
-                          (MASK, None, False, 64, True)])  # one chunk > V: the row path
+@pytest.mark.parametrize(
+  "suppress,chunk,recompute,vocab_chunk,with_bias",
+  [
+    (None, None, False, None, True),
+    (MASK, None, False, None, True),
+    (MASK, 4, False, None, True),
+    (MASK, 4, True, None, True),
+    (None, 8, True, None, True),
+    # vocabulary chunks: V = 37 in 5 chunks of 8 (3 padded columns)
+    (MASK, None, False, 8, True),
+    (None, None, False, 8, False),
+    (MASK, None, False, 64, True),
+  ],
+)  # one chunk > V: the row path
 def test_fused_nll_matches_logits_path(suppress, chunk, recompute, vocab_chunk, with_bias):
   h, kernel, bias, targets, weights = _data()
   targets = targets.at[0, 0].set(MASK)  # a target at the suppressed column: same (huge) NLL
@@ -56,8 +64,16 @@ def test_fused_nll_matches_logits_path(suppress, chunk, recompute, vocab_chunk, 
     return fused_head.reference_nll(z, targets, suppress)
 
   def fused(h, k, b):
-    return fused_head.fused_nll(h, targets, k, b, suppress_id=suppress, chunk_rows=chunk,
-                                recompute=recompute, vocab_chunk=vocab_chunk)
+    return fused_head.fused_nll(
+      h,
+      targets,
+      k,
+      b,
+      suppress_id=suppress,
+      chunk_rows=chunk,
+      recompute=recompute,
+      vocab_chunk=vocab_chunk,
+    )
 
   nll_r, nll_f = jax.jit(ref)(h, kernel, bias), jax.jit(fused)(h, kernel, bias)
   assert nll_f.shape == targets.shape and nll_f.dtype == jnp.float32
@@ -95,27 +111,34 @@ def test_fused_nll_shape_error():
     fused_head.fused_nll(h[:, :-1], targets, kernel, bias)
 
 
-CFG = DiTConfig(vocab_size=V, hidden_size=32, num_layers=2, num_heads=4, cond_dim=16,
-                dropout=0.1)
+CFG = DiTConfig(vocab_size=V, hidden_size=32, num_layers=2, num_heads=4, cond_dim=16, dropout=0.1)
 
 
 @functools.lru_cache(maxsize=None)
 def _loss_and_grad(obj_cfg, model_cfg):
-  fn = lambda p, batch, rng: methods.compute_loss(obj_cfg, DiT(model_cfg), p, batch, rng,
-                                                     train=True)
+  fn = lambda p, batch, rng: methods.compute_loss(
+    obj_cfg, DiT(model_cfg), p, batch, rng, train=True
+  )
   return jax.jit(jax.value_and_grad(fn, has_aux=True))
 
 
 SLOW = pytest.mark.slow  # the default tier keeps one case per code path; `-m slow` runs the rest
 
 
-@pytest.mark.parametrize("name,adaln,vocab_chunk", [
-    ("setdlm", False, 0), ("mdlm", True, 8), pytest.param("ar", False, 0, marks=SLOW),
-    pytest.param("bd3lm", True, 0, marks=SLOW)])
+@pytest.mark.parametrize(
+  "name,adaln,vocab_chunk",
+  [
+    ("setdlm", False, 0),
+    ("mdlm", True, 8),
+    pytest.param("ar", False, 0, marks=SLOW),
+    pytest.param("bd3lm", True, 0, marks=SLOW),
+  ],
+)
 def test_objectives_fused_equals_unfused(name, adaln, vocab_chunk):
   model_cfg = dataclasses.replace(CFG, adaln=adaln, fused_head=False, head_vocab_chunk=vocab_chunk)
-  obj = losses.ObjectiveConfig(name=name, mask_token_id=MASK, pad_token_id=0, eos_token_id=2,
-                                   desired_set_size=2, block_size=4)
+  obj = losses.ObjectiveConfig(
+    name=name, mask_token_id=MASK, pad_token_id=0, eos_token_id=2, desired_set_size=2, block_size=4
+  )
   rng = np.random.default_rng(1)
   tokens = rng.integers(4, V, (3, 8)).astype(np.int32)
   tokens[:, 0] = 1
@@ -137,24 +160,35 @@ def test_objectives_fused_equals_unfused(name, adaln, vocab_chunk):
     assert rel_err(a, b) < 1e-6, jax.tree_util.keystr(path)
 
 
-QWEN = Qwen3Config(vocab_size=V, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
-                   head_dim=8, intermediate_size=48, dropout=0.1)
+QWEN = Qwen3Config(
+  vocab_size=V,
+  hidden_size=32,
+  num_layers=2,
+  num_heads=4,
+  num_kv_heads=2,
+  head_dim=8,
+  intermediate_size=48,
+  dropout=0.1,
+)
 
 
 @functools.lru_cache(maxsize=None)
 def _qwen_loss_and_grad(obj_cfg, model_cfg):
-  fn = lambda p, batch, rng: methods.compute_loss(obj_cfg, models.build(model_cfg), p, batch, rng,
-                                                     train=True)
+  fn = lambda p, batch, rng: methods.compute_loss(
+    obj_cfg, models.build(model_cfg), p, batch, rng, train=True
+  )
   return jax.jit(jax.value_and_grad(fn, has_aux=True))
 
 
 @pytest.mark.parametrize("name,tied", [("setdlm", True), pytest.param("ar", False, marks=SLOW)])
 def test_qwen3_fused_equals_unfused(name, tied):
   """Qwen3's LM head (tied: the embedding transposed; untied: lm_head) through the fused path."""
-  model_cfg = dataclasses.replace(QWEN, tie_embeddings=tied, fused_head=False,
-                                  head_vocab_chunk=8 if tied else 0)  # V = 37: 5 chunks
-  obj = losses.ObjectiveConfig(name=name, mask_token_id=MASK, pad_token_id=0, eos_token_id=2,
-                                   desired_set_size=2)
+  model_cfg = dataclasses.replace(
+    QWEN, tie_embeddings=tied, fused_head=False, head_vocab_chunk=8 if tied else 0
+  )  # V = 37: 5 chunks
+  obj = losses.ObjectiveConfig(
+    name=name, mask_token_id=MASK, pad_token_id=0, eos_token_id=2, desired_set_size=2
+  )
   rng = np.random.default_rng(2)
   tokens = rng.integers(4, V, (2, 8)).astype(np.int32)
   tokens[:, 0] = 1
@@ -164,7 +198,8 @@ def test_qwen3_fused_equals_unfused(name, tied):
   key = jax.random.key(5)
   (loss_u, _), g_u = _qwen_loss_and_grad(obj, model_cfg)(params, batch, key)
   (loss_f, _), g_f = _qwen_loss_and_grad(obj, dataclasses.replace(model_cfg, fused_head=True))(
-      params, batch, key)
+    params, batch, key
+  )
   assert np.isfinite(float(loss_u)) and float(loss_u) > 0
   assert rel_err(loss_f, loss_u) < 1e-6
   for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(g_f), jax.tree_util.tree_leaves(g_u)):
@@ -184,8 +219,11 @@ def test_qwen3_return_hidden_and_head():
     kernel, bias = model.output_head(params)
     assert bias is None and h.shape == (1, 4, cfg.hidden_size)
     assert rel_err(jnp.dot(h, kernel), logits) < 1e-6
-    assert (model.head_vd(params) is params["embed"]["embedding"]) if tied else (
-        model.head_vd(params) is None)
+    assert (
+      (model.head_vd(params) is params["embed"]["embedding"])
+      if tied
+      else (model.head_vd(params) is None)
+    )
 
 
 def test_vocab_chunks_bf16_compute():
@@ -194,9 +232,11 @@ def test_vocab_chunks_bf16_compute():
 
   def loss(vocab_chunk):
     def f(h, k, b):
-      nll = fused_head.fused_nll(h, targets, k, b, dtype=jnp.bfloat16, suppress_id=MASK,
-                                 vocab_chunk=vocab_chunk)
+      nll = fused_head.fused_nll(
+        h, targets, k, b, dtype=jnp.bfloat16, suppress_id=MASK, vocab_chunk=vocab_chunk
+      )
       return jnp.sum(weights * nll), nll
+
     return jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2), has_aux=True))
 
   (l_r, nll_r), g_r = loss(None)(h, kernel, bias)

@@ -3,6 +3,7 @@ optional `gcp-storage-emulator` and `gcsfs` packages): train on 2 processes, res
 evaluate and export to `gs://`, every byte through the emulated bucket (orbax / tensorstore via
 `TENSORSTORE_GCS_HTTP_URL`, `setdiff_jax.paths` / etils.epath via gcsfs and
 `STORAGE_EMULATOR_HOST`), nothing in a local folder named `gs:`."""
+
 import json
 import os
 import socket
@@ -12,11 +13,17 @@ import sys
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ARGS = ["--config=" + os.path.join(REPO, "configs", "tiny_sw.py"), "--config.log_every_steps=1",
-        "--config.eval_every_steps=4", "--config.checkpoint_every_steps=2",
-        "--config.num_eval_steps=1", "--config.num_eval_samples=0",
-        "--config.model.hidden_size=32", "--config.model.num_layers=1",
-        "--config.tokenizer.vocab_size=384"]
+ARGS = [
+  "--config=" + os.path.join(REPO, "configs", "tiny_sw.py"),
+  "--config.log_every_steps=1",
+  "--config.eval_every_steps=4",
+  "--config.checkpoint_every_steps=2",
+  "--config.num_eval_steps=1",
+  "--config.num_eval_samples=0",
+  "--config.model.hidden_size=32",
+  "--config.model.num_layers=1",
+  "--config.tokenizer.vocab_size=384",
+]
 
 
 @pytest.fixture
@@ -28,12 +35,17 @@ def gcs(tmp_path):
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
   data = tmp_path / "gcs"
-  server = server_lib.create_server("127.0.0.1", port, in_memory=False, default_bucket="bucket",
-                                    data_dir=str(data))
+  server = server_lib.create_server(
+    "127.0.0.1", port, in_memory=False, default_bucket="bucket", data_dir=str(data)
+  )
   server.start()
   url = f"http://127.0.0.1:{port}"
-  env = dict(os.environ, STORAGE_EMULATOR_HOST=url, TENSORSTORE_GCS_HTTP_URL=url,
-             GOOGLE_AUTH_TOKEN_FOR_TESTING="emulator")
+  env = dict(
+    os.environ,
+    STORAGE_EMULATOR_HOST=url,
+    TENSORSTORE_GCS_HTTP_URL=url,
+    GOOGLE_AUTH_TOKEN_FOR_TESTING="emulator",
+  )
   try:
     yield env, data / ".cloudstorage" / "bucket"
   finally:
@@ -41,8 +53,9 @@ def gcs(tmp_path):
 
 
 def launch(env, cwd, args, timeout=600):
-  r = subprocess.run([sys.executable] + args, capture_output=True, text=True, cwd=cwd, env=env,
-                     timeout=timeout)
+  r = subprocess.run(
+    [sys.executable] + args, capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout
+  )
   assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
   return r.stdout + r.stderr
 
@@ -54,31 +67,64 @@ def test_train_resume_sample_evaluate_export_on_gs(gcs, tmp_path):
   cwd.mkdir()
   cluster = os.path.join(REPO, "launch", "local_cluster.py")
   train = [os.path.join(REPO, "launch", "train.py"), "--workdir=gs://bucket/run"] + ARGS
-  out = launch(env, cwd, [cluster, "--num_processes=2", "--devices_per_process=2",
-                          "--timeout=500", "--", sys.executable] + train +
-               ["--config.num_train_steps=4"])
+  out = launch(
+    env,
+    cwd,
+    [cluster, "--num_processes=2", "--devices_per_process=2", "--timeout=500", "--", sys.executable]
+    + train
+    + ["--config.num_train_steps=4"],
+  )
   assert out.count("done: step 4") == 1, out[-3000:]
   assert sorted(os.listdir(bucket / "run" / "checkpoints")) == ["2", "4"]
   assert (bucket / "run" / "tokenizer" / "tokenizer.json").is_file()  # trained once
   config = json.loads((bucket / "run" / "config.json").read_text())
   assert config["num_train_steps"] == 4
-  out = launch(env, cwd, [cluster, "--num_processes=1", "--devices_per_process=4",
-                          "--timeout=500", "--", sys.executable] + train +
-               ["--config.num_train_steps=6"])
+  out = launch(
+    env,
+    cwd,
+    [cluster, "--num_processes=1", "--devices_per_process=4", "--timeout=500", "--", sys.executable]
+    + train
+    + ["--config.num_train_steps=6"],
+  )
   assert "resumed from" in out and "at step 4" in out and "done: step 6" in out, out[-3000:]
-  steps = [json.loads(l)["step"] for l in (bucket / "run" / "metrics.jsonl").read_text()
-           .splitlines()]
+  steps = [
+    json.loads(l)["step"] for l in (bucket / "run" / "metrics.jsonl").read_text().splitlines()
+  ]
   assert steps == [1, 2, 3, 4, 4, 5, 6, 6], steps  # train lines + eval lines, both runs
-  out = launch(env, cwd, [os.path.join(REPO, "launch", "sample.py"), "--workdir=gs://bucket/run",
-                          "--num_samples=1", "--max_new_tokens=8"])
+  out = launch(
+    env,
+    cwd,
+    [
+      os.path.join(REPO, "launch", "sample.py"),
+      "--workdir=gs://bucket/run",
+      "--num_samples=1",
+      "--max_new_tokens=8",
+    ],
+  )
   assert "=== sample 1 ===" in out, out[-3000:]
-  launch(env, cwd, [os.path.join(REPO, "launch", "evaluate.py"), "--workdir=gs://bucket/run",
-                    "--eval=likelihood", "--max_rows=8"])
+  launch(
+    env,
+    cwd,
+    [
+      os.path.join(REPO, "launch", "evaluate.py"),
+      "--workdir=gs://bucket/run",
+      "--eval=likelihood",
+      "--max_rows=8",
+    ],
+  )
   results = json.loads((bucket / "run" / "eval_results.json").read_text())
   assert "6" in json.dumps(results) and "likelihood" in json.dumps(results)
-  launch(env, cwd, [os.path.join(REPO, "launch", "export.py"), "--workdir=gs://bucket/run",
-                    "--out=gs://bucket/export"])
+  launch(
+    env,
+    cwd,
+    [
+      os.path.join(REPO, "launch", "export.py"),
+      "--workdir=gs://bucket/run",
+      "--out=gs://bucket/export",
+    ],
+  )
   assert {"model.safetensors", "config.json", "tokenizer.json"} <= set(
-      os.listdir(bucket / "export"))
+    os.listdir(bucket / "export")
+  )
   assert json.loads((bucket / "export" / "config.json").read_text())["setdiff_jax"]["step"] == 6
   assert os.listdir(cwd) == []  # no local `gs:` folder, nothing else either

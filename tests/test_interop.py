@@ -3,6 +3,7 @@
 Tiny models only (d=32, 2 layers, L=12). Tests that need torch skip cleanly without it.
 Reproduce the measured errors: `python -m pytest tests/test_interop.py -k parity -s`.
 """
+
 import json
 import os
 import subprocess
@@ -29,6 +30,7 @@ TOL = 1e-5
 
 def run_config(objective="setdlm", adaln=False, **loss):
   from setdiff_jax.workdir.config import default_config
+
   c = default_config()
   c.objective = objective
   c.seq_len = L
@@ -49,11 +51,13 @@ def perturbed_params(config, seed=0):
   nothing compiles); every leaf non-zero, unlike a fresh init whose head is zero."""
   cfg = model_lib.DiTConfig.from_config(config.model)
   rng = np.random.default_rng(seed)
+
   def leaf(path, s):
     if path[-1] == "scale":
       return (1.0 + 0.2 * rng.standard_normal(s.shape)).astype(np.float32)
     std = 1.0 / np.sqrt(s.shape[0]) if len(s.shape) == 2 else 0.2
     return (std * rng.standard_normal(s.shape)).astype(np.float32)
+
   flat = name_map.flatten(models.param_shapes(cfg))
   return name_map.unflatten({p: leaf(p, s) for p, s in flat.items()})
 
@@ -84,8 +88,15 @@ def leaves_equal(a, b):
 # ----------------------------------------------------------------------------- no torch needed
 @pytest.mark.parametrize("adaln", [False, True])
 def test_name_map_covers_model_exactly(adaln):
-  cfg = model_lib.DiTConfig(vocab_size=V, hidden_size=D, num_layers=3, num_heads=HEADS,
-                            cond_dim=16, adaln=adaln, mlp_ratio=2)
+  cfg = model_lib.DiTConfig(
+    vocab_size=V,
+    hidden_size=D,
+    num_layers=3,
+    num_heads=HEADS,
+    cond_dim=16,
+    adaln=adaln,
+    mlp_ratio=2,
+  )
   want = {p: tuple(s.shape) for p, s in name_map.flatten(models.param_shapes(cfg)).items()}
   rows = name_map.expand(name_map.Dims(V, D, 3, 2, 16, adaln))
   got = {r.flax_path: r.flax_shape for r in rows}
@@ -101,11 +112,13 @@ def test_export_layout_without_torch(setdlm, tmp_path, monkeypatch):
   state = weight_files.read_state_dict(out)
   assert all(k.startswith("backbone.") for k in state)
   assert state["backbone.blocks.0.attn_qkv.weight"].shape == (3 * D, D)
-  np.testing.assert_array_equal(state["backbone.blocks.1.mlp.0.weight"],
-                                params["blocks_1"]["mlp_in"]["kernel"].T)
+  np.testing.assert_array_equal(
+    state["backbone.blocks.1.mlp.0.weight"], params["blocks_1"]["mlp_in"]["kernel"].T
+  )
   assert state["backbone.output_layer.linear.weight"].shape == (V, D)
-  np.testing.assert_array_equal(state["backbone.rotary_emb.inv_freq"],
-                                name_map.rotary_inv_freq(D // HEADS))
+  np.testing.assert_array_equal(
+    state["backbone.rotary_emb.inv_freq"], name_map.rotary_inv_freq(D // HEADS)
+  )
   cfg = json.load(open(os.path.join(out, "config.json")))
   assert cfg["model_type"] == "bd3lm" and cfg["architectures"] == ["SetDLM"]
   assert cfg["length"] == cfg["block_size"] == cfg["eval_block_size"] == L
@@ -115,7 +128,12 @@ def test_export_layout_without_torch(setdlm, tmp_path, monkeypatch):
   assert cfg["noise_config"]["max_block_size"] == 4  # S_max = 2S
   bb = cfg["backbone_config"]
   assert bb["_target_"] == "backbone_dit.DIT"
-  assert (bb["hidden_size"], bb["n_heads"], bb["num_layers"], bb["vocab_size"]) == (D, HEADS, LAYERS, V)
+  assert (bb["hidden_size"], bb["n_heads"], bb["num_layers"], bb["vocab_size"]) == (
+    D,
+    HEADS,
+    LAYERS,
+    V,
+  )
   gen = json.load(open(os.path.join(out, "generation_config.json")))
   assert gen["mask_token_id"] == 4 and gen["max_window_size"] == 2
 
@@ -125,7 +143,8 @@ def test_roundtrip_bit_exact(setdlm, exported):
   config2, params2 = import_checkpoint(exported)
   leaves_equal(params, params2)
   assert jax.tree_util.tree_structure(params2) == jax.tree_util.tree_structure(
-      models.param_shapes(model_lib.DiTConfig.from_config(config2.model)))
+    models.param_shapes(model_lib.DiTConfig.from_config(config2.model))
+  )
   for key in ("objective", "seq_len"):
     assert config2[key] == config[key]
   for key in ("hidden_size", "num_layers", "num_heads", "vocab_size", "adaln", "mlp_ratio"):
@@ -138,8 +157,9 @@ def test_roundtrip_bit_exact(setdlm, exported):
 
 def test_reexport_is_identical(exported, tmp_path):
   config2, params2 = import_checkpoint(exported)
-  out = export_checkpoint(config2, params2, str(tmp_path / "again"),
-                          special_ids=config2.interop.special_ids.to_dict())
+  out = export_checkpoint(
+    config2, params2, str(tmp_path / "again"), special_ids=config2.interop.special_ids.to_dict()
+  )
   read = lambda d: open(os.path.join(d, "model.safetensors"), "rb").read()
   assert read(out) == read(exported)
 
@@ -162,20 +182,26 @@ def test_roundtrip_adaln(objective, tmp_path):
 
 def test_export_with_tokenizer(setdlm, tmp_path):
   tokenizers = pytest.importorskip("setdiff_jax.data.tokenizers")
-  tok = tokenizers.train_tokenizer(["the cat sat on the mat. " * 20, "a dog ran far away."] * 10,
-                                   vocab_size=V + 300)
+  tok = tokenizers.train_tokenizer(
+    ["the cat sat on the mat. " * 20, "a dog ran far away."] * 10, vocab_size=V + 300
+  )
   config = run_config()
   config.model.vocab_size = tok.vocab_size
   params = perturbed_params(config)
   out = export_checkpoint(config, params, str(tmp_path / "tok"), tokenizer=tok)
-  for f in ("tokenizer.json", "special_tokens.json", "tokenizer_config.json",
-            "special_tokens_map.json"):
+  for f in (
+    "tokenizer.json",
+    "special_tokens.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+  ):
     assert os.path.isfile(os.path.join(out, f)), f
   cfg = json.load(open(os.path.join(out, "config.json")))
   assert cfg["mask_token_id"] == tok.mask_id and cfg["bos_token_id"] == tok.bos_id
   config2, _ = import_checkpoint(out)
   assert config2.interop.tokenizer_dir == os.path.abspath(out)
   from setdiff_jax.interop import load_tokenizer
+
   assert load_tokenizer(out).encode("the cat") == tok.encode("the cat")
 
 
@@ -194,8 +220,9 @@ def _copy_with_state(src, dst, edit_state=None, edit_config=None):
 
 
 def test_import_missing_key(exported, tmp_path):
-  d = _copy_with_state(exported, str(tmp_path / "d"),
-                       lambda s: s.pop("backbone.blocks.1.norm2.weight"))
+  d = _copy_with_state(
+    exported, str(tmp_path / "d"), lambda s: s.pop("backbone.blocks.1.norm2.weight")
+  )
   with pytest.raises(name_map.CheckpointMismatchError) as e:
     import_checkpoint(d)
   assert e.value.missing == ["blocks.1.norm2.weight"] and not e.value.unexpected
@@ -206,6 +233,7 @@ def test_import_unexpected_key(exported, tmp_path):
   def add(s):
     s["backbone.blocks.0.attn_qkv.bias"] = np.zeros(3 * D, np.float32)
     s["backbone.blocks.2.norm1.weight"] = np.ones(D, np.float32)
+
   d = _copy_with_state(exported, str(tmp_path / "d"), add)
   with pytest.raises(name_map.CheckpointMismatchError) as e:
     import_checkpoint(d)
@@ -216,6 +244,7 @@ def test_import_unexpected_key(exported, tmp_path):
 def test_import_wrong_shape(exported, tmp_path):
   def bad(s):
     s["backbone.blocks.0.mlp.0.weight"] = s["backbone.blocks.0.mlp.0.weight"].T.copy()
+
   d = _copy_with_state(exported, str(tmp_path / "d"), bad)
   with pytest.raises(name_map.CheckpointMismatchError) as e:
     import_checkpoint(d)
@@ -227,14 +256,16 @@ def test_import_smax_equal_length_is_normalised(exported, tmp_path):
   def smax_l(cfg):
     cfg["noise_config"]["max_block_size"] = L
     del cfg["setdiff_jax"]  # an official config: no run config of ours
+
   d = _copy_with_state(exported, str(tmp_path / "d"), edit_config=smax_l)
   with pytest.warns(UserWarning, match="normalised to S_max=4"):
     config, _ = import_checkpoint(d)
   assert config.loss.desired_set_size == 2 and config.loss.max_set_size == 0  # 0 = 2S
   assert config.interop.stored_max_set_size == L
   # An explicit S_max below L is kept as is.
-  d2 = _copy_with_state(exported, str(tmp_path / "d2"),
-                        edit_config=lambda c: c["noise_config"].update(max_block_size=6))
+  d2 = _copy_with_state(
+    exported, str(tmp_path / "d2"), edit_config=lambda c: c["noise_config"].update(max_block_size=6)
+  )
   config2, _ = import_checkpoint(d2)
   assert config2.loss.max_set_size == 6
 
@@ -242,11 +273,14 @@ def test_import_smax_equal_length_is_normalised(exported, tmp_path):
 def test_import_known_buffers(exported, tmp_path):
   def add(s):
     s["static_attention_mask"] = masks.set_causal_mask(L)
+
   d = _copy_with_state(exported, str(tmp_path / "d"), add)
   with pytest.warns(UserWarning, match="static_attention_mask"):
     import_checkpoint(d)
+
   def bad_rotary(s):
     s["backbone.rotary_emb.inv_freq"] = s["backbone.rotary_emb.inv_freq"] * 1.01
+
   d2 = _copy_with_state(exported, str(tmp_path / "d2"), bad_rotary)
   with pytest.raises(ValueError, match="inv_freq"):
     import_checkpoint(d2)
@@ -255,9 +289,11 @@ def test_import_known_buffers(exported, tmp_path):
 # ----------------------------------------------------------------------------- parity (torch)
 def test_torch_reference_imports_without_jax():
   pytest.importorskip("torch")
-  code = ("import sys; import setdiff_jax.interop.torch_reference as t; "
-          "bad = [m for m in ('jax', 'flax', 'ml_collections') if m in sys.modules]; "
-          "assert not bad, bad")
+  code = (
+    "import sys; import setdiff_jax.interop.torch_reference as t; "
+    "bad = [m for m in ('jax', 'flax', 'ml_collections') if m in sys.modules]; "
+    "assert not bad, bad"
+  )
   env = {**os.environ, "PYTHONPATH": REPO}
   subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=REPO)
 
@@ -267,21 +303,24 @@ def test_cached_step_mask_matches_masks_module():
   cache = np.array([[1, 1, 0, 1, 0]], bool)
   pend = np.array([[1, 1, 0]], bool)
   act = np.array([[1, 0, 1]], bool)
-  np.testing.assert_array_equal(tr.cached_step_mask(cache, pend, act),
-                                np.asarray(masks.cached_step_mask(cache, pend, act)))
+  np.testing.assert_array_equal(
+    tr.cached_step_mask(cache, pend, act), np.asarray(masks.cached_step_mask(cache, pend, act))
+  )
   np.testing.assert_array_equal(tr.set_causal_mask(6), masks.set_causal_mask(6))
 
 
 def test_parity_two_stream(setdlm, exported):
   pytest.importorskip("torch")
   from setdiff_jax.interop import forward_logits, parity
+
   config, params = setdlm
   mcfg = parity.fp32_model_config(config, params)
   batch = parity.two_stream_example(L, V, SPECIAL["mask_id"], SPECIAL["pad_id"], bos_id=2)
   assert not batch["attention_mask"].all()  # one padded row
   obj = losses.ObjectiveConfig(mask_token_id=SPECIAL["mask_id"], pad_token_id=0)
-  inp = losses.setdlm_inputs(obj, {k: jnp.asarray(v) for k, v in batch.items()},
-                                 jnp.asarray(batch["order"]))
+  inp = losses.setdlm_inputs(
+    obj, {k: jnp.asarray(v) for k, v in batch.items()}, jnp.asarray(batch["order"])
+  )
   args = [np.asarray(inp[k]) for k in ("tokens", "positions", "mask")]
   jl = np.asarray(parity.jax_forward(mcfg, params, *args))
   tl = forward_logits(config, params, *args)
@@ -292,6 +331,7 @@ def test_parity_two_stream(setdlm, exported):
   assert err <= TOL
   # The same through an exported directory loaded with a strict state-dict load.
   from setdiff_jax.interop import load_reference
+
   ref = load_reference(exported)
   err_dir = parity.rel_err(jl, ref(*args).detach().numpy())
   print(f"two-stream logits max rel err (exported dir): {err_dir:.3g}")
@@ -301,6 +341,7 @@ def test_parity_two_stream(setdlm, exported):
 def test_parity_report_cached_step_and_loss(setdlm, exported):
   pytest.importorskip("torch")
   from setdiff_jax.interop import parity
+
   config, params = setdlm
   report = parity.parity_report(config, params, exported)
   print("\nparity report:", report)
@@ -315,6 +356,7 @@ def test_cached_step_equals_uncached_two_stream(setdlm):
   whose clean ranks are the committed tokens (cache then pending) and whose noisy slot is the mask."""
   torch = pytest.importorskip("torch")
   from setdiff_jax.interop import parity, torch_reference
+
   config, params = setdlm
   ref = torch_reference.model_from_params(config, params)
   ex = parity.cached_step_example(L, V, SPECIAL["mask_id"], seed=1)
@@ -328,13 +370,18 @@ def test_cached_step_equals_uncached_two_stream(setdlm):
     pos = np.concatenate([committed_pos, [ex["mask_positions"][0, j]]] * 2)[None]
     # two streams of c + 1 ranks; the clean slot at rank c is never seen by the noisy slot at c
     logits = ref(tokens, pos, torch.from_numpy(torch_reference.set_causal_mask(c + 1))[None])
-    np.testing.assert_allclose(step[0, ex["pending_tokens"].shape[1] + j],
-                               logits[0, -1].detach().numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+      step[0, ex["pending_tokens"].shape[1] + j],
+      logits[0, -1].detach().numpy(),
+      rtol=1e-5,
+      atol=1e-5,
+    )
 
 
 def test_parity_adaln(tmp_path):
   pytest.importorskip("torch")
   from setdiff_jax.interop import load_reference, parity
+
   config = run_config("bd3lm", adaln=True, block_size=4)
   params = perturbed_params(config, seed=5)
   out = export_checkpoint(config, params, str(tmp_path / "bd3lm"), special_ids=SPECIAL)
@@ -363,6 +410,7 @@ def test_import_official_style_directory(tmp_path):
   `backbone.` keys, static_attention_mask kept, max_block_size = L, no setdiff_jax block)."""
   torch = pytest.importorskip("torch")
   from setdiff_jax.interop import forward_logits, torch_reference
+
   torch.manual_seed(0)
   ref = torch_reference.TorchDiT(V, D, LAYERS, HEADS)
   with torch.no_grad():
@@ -373,32 +421,70 @@ def test_import_official_style_directory(tmp_path):
   out = tmp_path / "lm1b-setdlm-smax4"
   out.mkdir()
   torch.save(state, out / "pytorch_model.bin")
-  ids = {"vocab_size": V, "mask_token_id": 4, "bos_token_id": 3, "pad_token_id": 0,
-         "eos_token_id": 3, "pad_vocab_size_multiple": 1}
-  cfg = {"model_type": "bd3lm", "architectures": ["SetDLM"], "length": L, "block_size": L,
-         "eval_block_size": L, "keep_clean_bos": True, **ids, "tokenization_config": ids,
-         "backbone_config": {"_target_": "backbone_dit.DIT", "length": L, "causal_attention": False,
-                             "adaln": False, "hidden_size": D, "cond_dim": 128, "n_heads": HEADS,
-                             "num_layers": LAYERS, "dropout": 0.1, "tie_word_embeddings": True,
-                             "attn_backend": "sdpa", "vocab_size": V, "block_size": L,
-                             "pretrained_model_name_or_path": None},
-         "noise_config": {"_target_": "noise_schedule_noise_schedules.StaggeredNoise", "eps": 1e-3,
-                          "block_size": L, "desired_block_size": 2, "max_block_size": L, "length": L}}
+  ids = {
+    "vocab_size": V,
+    "mask_token_id": 4,
+    "bos_token_id": 3,
+    "pad_token_id": 0,
+    "eos_token_id": 3,
+    "pad_vocab_size_multiple": 1,
+  }
+  cfg = {
+    "model_type": "bd3lm",
+    "architectures": ["SetDLM"],
+    "length": L,
+    "block_size": L,
+    "eval_block_size": L,
+    "keep_clean_bos": True,
+    **ids,
+    "tokenization_config": ids,
+    "backbone_config": {
+      "_target_": "backbone_dit.DIT",
+      "length": L,
+      "causal_attention": False,
+      "adaln": False,
+      "hidden_size": D,
+      "cond_dim": 128,
+      "n_heads": HEADS,
+      "num_layers": LAYERS,
+      "dropout": 0.1,
+      "tie_word_embeddings": True,
+      "attn_backend": "sdpa",
+      "vocab_size": V,
+      "block_size": L,
+      "pretrained_model_name_or_path": None,
+    },
+    "noise_config": {
+      "_target_": "noise_schedule_noise_schedules.StaggeredNoise",
+      "eps": 1e-3,
+      "block_size": L,
+      "desired_block_size": 2,
+      "max_block_size": L,
+      "length": L,
+    },
+  }
   (out / "config.json").write_text(json.dumps(cfg))
   with pytest.warns(UserWarning) as record:
     config, params = import_checkpoint(str(out))
   msgs = " | ".join(str(w.message) for w in record)
   assert "static_attention_mask" in msgs and "S_max=4" in msgs
   assert config.objective == "setdlm" and config.loss.max_set_size == 0
-  assert config.interop.special_ids.to_dict() == {"bos_id": 3, "eos_id": 3, "pad_id": 0, "mask_id": 4}
+  assert config.interop.special_ids.to_dict() == {
+    "bos_id": 3,
+    "eos_id": 3,
+    "pad_id": 0,
+    "mask_id": 4,
+  }
   tokens = np.random.default_rng(0).integers(0, V, (1, 2 * L))
   pos = np.tile(np.random.default_rng(1).permutation(L), 2)[None]
   allowed = masks.set_causal_mask(L)[None]
   want = ref(tokens, pos, allowed).detach().numpy()
   from setdiff_jax.interop import parity
+
   assert parity.rel_err(forward_logits(config, params, tokens, pos, allowed), want) <= TOL
-  jl = np.asarray(parity.jax_forward(parity.fp32_model_config(config, params), params, tokens, pos,
-                                     allowed))
+  jl = np.asarray(
+    parity.jax_forward(parity.fp32_model_config(config, params), params, tokens, pos, allowed)
+  )
   assert parity.rel_err(jl, want) <= TOL
 
 
@@ -407,6 +493,7 @@ def test_export_workdir(setdlm, tmp_path, monkeypatch):
   """launch/export.py's logic against a stand-in for workdir.load_inference_state."""
   from setdiff_jax.workdir import load as workdir_lib
   from setdiff_jax.interop.export import export_workdir
+
   config, params = setdlm
   calls = {}
 
@@ -432,6 +519,10 @@ def test_export_workdir(setdlm, tmp_path, monkeypatch):
 
 
 def test_launch_export_help():
-  r = subprocess.run([sys.executable, os.path.join(REPO, "launch", "export.py"), "--help"],
-                     capture_output=True, text=True, cwd=REPO)
+  r = subprocess.run(
+    [sys.executable, os.path.join(REPO, "launch", "export.py"), "--help"],
+    capture_output=True,
+    text=True,
+    cwd=REPO,
+  )
   assert "--workdir" in r.stdout and "--format" in r.stdout, r.stderr  # absl --help exits 1

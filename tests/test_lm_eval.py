@@ -7,6 +7,7 @@ generations equal `decoding.generate_text` on the same prompt and settings, ever
 equals the method's own eval loss on the same (context, continuation) row, and on a random AR
 model the scores are the exact log-probabilities of a dense causal forward.
 """
+
 import json
 import os
 import runpy
@@ -66,20 +67,30 @@ def task_dir(tmp_path_factory):
   docs = []
   for p in tasks.arithmetic_pairs("test", 3, 0):
     body, value = p.answer.rsplit("#### ", 1)
-    docs.append({"prompt": p.prompt, "answer": p.answer, "label": 0,
-                 "choices": [p.answer, f"{body}#### {int(value) + 1}"]})
+    docs.append(
+      {
+        "prompt": p.prompt,
+        "answer": p.answer,
+        "label": 0,
+        "choices": [p.answer, f"{body}#### {int(value) + 1}"],
+      }
+    )
   data = path / "arith.jsonl"
   data.write_text("".join(json.dumps(d) + "\n" for d in docs))
-  common = (f"dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\n"
-            "test_split: test\ndoc_to_text: '{{prompt}}'\n")
+  common = (
+    f"dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\n"
+    "test_split: test\ndoc_to_text: '{{prompt}}'\n"
+  )
   (path / "arith_gen.yaml").write_text(
-      "task: arith_gen\n" + common + "output_type: generate_until\ndoc_to_target: '{{answer}}'\n"
-      "generation_kwargs:\n  until: ['####']\n  max_gen_toks: 16\n  do_sample: false\n"
-      "metric_list:\n  - metric: exact_match\n    aggregation: mean\n    higher_is_better: true\n")
+    "task: arith_gen\n" + common + "output_type: generate_until\ndoc_to_target: '{{answer}}'\n"
+    "generation_kwargs:\n  until: ['####']\n  max_gen_toks: 16\n  do_sample: false\n"
+    "metric_list:\n  - metric: exact_match\n    aggregation: mean\n    higher_is_better: true\n"
+  )
   (path / "arith_mc.yaml").write_text(
-      "task: arith_mc\n" + common + "output_type: multiple_choice\ndoc_to_choice: '{{choices}}'\n"
-      "doc_to_target: '{{label}}'\ntarget_delimiter: ''\n"
-      "metric_list:\n  - metric: acc\n    aggregation: mean\n    higher_is_better: true\n")
+    "task: arith_mc\n" + common + "output_type: multiple_choice\ndoc_to_choice: '{{choices}}'\n"
+    "doc_to_target: '{{label}}'\ntarget_delimiter: ''\n"
+    "metric_list:\n  - metric: acc\n    aggregation: mean\n    higher_is_better: true\n"
+  )
   return path, docs
 
 
@@ -87,10 +98,15 @@ def test_simple_evaluate_matches_our_sampler_and_bound(run, task_dir, tmp_path, 
   monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf_cache"))
   path, docs = task_dir
   from lm_eval.tasks import TaskManager
+
   manager = TaskManager(include_path=str(path), include_defaults=False)
   res = lm_eval.simple_evaluate(
-      model=lem.NAME, model_args=f"workdir={run},W=4,tau=0.9,batch_size=1,greedy_check=false",
-      tasks=["arith_gen", "arith_mc"], task_manager=manager, log_samples=True)
+    model=lem.NAME,
+    model_args=f"workdir={run},W=4,tau=0.9,batch_size=1,greedy_check=false",
+    tasks=["arith_gen", "arith_mc"],
+    task_manager=manager,
+    log_samples=True,
+  )
   assert 0.0 <= res["results"]["arith_gen"]["exact_match,none"] <= 1.0
   assert 0.0 <= res["results"]["arith_mc"]["acc,none"] <= 1.0
   assert res["config"]["model"] == lem.NAME
@@ -101,14 +117,26 @@ def test_simple_evaluate_matches_our_sampler_and_bound(run, task_dir, tmp_path, 
   gens = sorted(res["samples"]["arith_gen"], key=lambda s: s["doc_id"])
   assert len(gens) == len(docs)
   for s, doc in zip(gens, docs):
-    (context, kwargs), = [tuple(a) for a in s["arguments"]]
+    ((context, kwargs),) = [tuple(a) for a in s["arguments"]]
     assert context == doc["prompt"]
     n = 16  # max_gen_toks; 1 + len(prompt) + 16 <= L
-    ours = decoding.generate_text(model, state.params, tok, oc, L, 1, jax.random.PRNGKey(0),
-                                  prompt=context, max_new_tokens=n, greedy=True, top_p=1.0,
-                                  window=4, threshold=0.9)[0]
+    ours = decoding.generate_text(
+      model,
+      state.params,
+      tok,
+      oc,
+      L,
+      1,
+      jax.random.PRNGKey(0),
+      prompt=context,
+      max_new_tokens=n,
+      greedy=True,
+      top_p=1.0,
+      window=4,
+      threshold=0.9,
+    )[0]
     assert ours.startswith(context)
-    assert s["resps"][0][0] == ours[len(context):].split("####")[0]
+    assert s["resps"][0][0] == ours[len(context) :].split("####")[0]
 
   method = methods.get(oc.name)
   for s in res["samples"]["arith_mc"]:
@@ -117,14 +145,17 @@ def test_simple_evaluate_matches_our_sampler_and_bound(run, task_dir, tmp_path, 
       ctx = [tok.bos_id] + tok.encode(context)
       cont = tok.encode(continuation)
       row = ctx + cont
-      batch = {"tokens": np.full((1, L), oc.pad_token_id, np.int32),
-               "attention_mask": np.zeros((1, L), np.int32),
-               "context_mask": np.zeros((1, L), np.int32)}
-      batch["tokens"][0, :len(row)], batch["attention_mask"][0, :len(row)] = row, 1
-      batch["context_mask"][0, :len(ctx)] = 1
+      batch = {
+        "tokens": np.full((1, L), oc.pad_token_id, np.int32),
+        "attention_mask": np.zeros((1, L), np.int32),
+        "context_mask": np.zeros((1, L), np.int32),
+      }
+      batch["tokens"][0, : len(row)], batch["attention_mask"][0, : len(row)] = row, 1
+      batch["context_mask"][0, : len(ctx)] = 1
       key = likelihood.row_keys(0, np.array([lem.request_key(context, continuation)]), 0)[0]
-      _, m = method.loss(oc, model, state.params, method.eval_batch(oc, batch, key), key,
-                         train=False)
+      _, m = method.loss(
+        oc, model, state.params, method.eval_batch(oc, batch, key), key, train=False
+      )
       assert float(m["num_tokens"]) == len(cont)
       np.testing.assert_allclose(value, -float(m["nll_sum"]), rtol=1e-5, atol=1e-5)
 
@@ -140,14 +171,12 @@ def test_is_greedy_and_errors(run):
   other = [gen[0] + 1 if gen[0] + 1 < lm.tokenizer.vocab_size else gen[0] - 1] + gen[1:]
   assert lm._is_greedy([(ctx, gen), (ctx, other)]) == [True, False]
   # A request's value does not depend on the other requests (per-request draw keys).
-  lm = lem.SetDiffLM.from_state(lm.state, window=4, threshold=0.9, batch_size=1,
-                                greedy_check=False)
+  lm = lem.SetDiffLM.from_state(lm.state, window=4, threshold=0.9, batch_size=1, greedy_check=False)
   a, b = lm.loglikelihood([Req(prompt, "1+2=3"), Req("9-4\n", "9-4=5")])
   b2, a2 = lm.loglikelihood([Req("9-4\n", "9-4=5"), Req(prompt, "1+2=3")])
   assert a == a2 and b == b2
   with pytest.raises(ValueError, match=r"request 0 \(task t, doc 7\).*L = seq_len = 32"):
-    lm.generate_until([Req("1+2+3+4+5+6+7+8+9" * 4, {"until": []}, task_name="t",
-                           doc_id=7)])
+    lm.generate_until([Req("1+2+3+4+5+6+7+8+9" * 4, {"until": []}, task_name="t", doc_id=7)])
   with pytest.raises(ValueError, match="encodes to no tokens"):
     lm.loglikelihood([Req(prompt, "")])
   with pytest.raises(ValueError, match="not supported"):
@@ -168,11 +197,18 @@ def test_is_greedy_and_errors(run):
 
 
 def _ar_state(tok):
-  cfg = DiTConfig(vocab_size=tok.vocab_size, hidden_size=32, num_layers=1, num_heads=2,
-                  cond_dim=16, dropout=0.0, adaln=False)
-  oc = losses.ObjectiveConfig(name="ar",
-                                  mask_token_id=tok.mask_id, pad_token_id=tok.pad_id,
-                                  eos_token_id=tok.eos_id)
+  cfg = DiTConfig(
+    vocab_size=tok.vocab_size,
+    hidden_size=32,
+    num_layers=1,
+    num_heads=2,
+    cond_dim=16,
+    dropout=0.0,
+    adaln=False,
+  )
+  oc = losses.ObjectiveConfig(
+    name="ar", mask_token_id=tok.mask_id, pad_token_id=tok.pad_id, eos_token_id=tok.eos_id
+  )
   config = ml_collections.ConfigDict({"seq_len": 32})
   return workdir_lib.InferenceState(config, cfg, oc, random_params(cfg, seed=1), tok, 0), cfg
 
@@ -184,8 +220,11 @@ def _causal_logprob(cfg, params, ids, start):
   causal = np.asarray(masks.causal_mask(x.shape[1]))[None]
   logits = DiT(cfg).apply({"params": params}, x, pos, causal, deterministic=True)
   z = np.asarray(logits, np.float64)[0]
-  logp = z - np.log(np.sum(np.exp(z - z.max(-1, keepdims=True)), -1, keepdims=True)) - z.max(
-      -1, keepdims=True)
+  logp = (
+    z
+    - np.log(np.sum(np.exp(z - z.max(-1, keepdims=True)), -1, keepdims=True))
+    - z.max(-1, keepdims=True)
+  )
   return float(sum(logp[j - 1, ids[j]] for j in range(start, len(ids))))
 
 
@@ -203,8 +242,10 @@ def test_ar_scores_are_exact_log_probabilities(tok):
   [rolled] = lm.loglikelihood_rolling([Req(text)])
   ids = [tok.bos_id] + tok.encode(text)
   np.testing.assert_allclose(rolled, _causal_logprob(cfg, state.params, ids, 1), rtol=1e-5)
-  long_text = ("It is a truth universally acknowledged, that a single man in possession of a good "
-               "fortune, must be in want of a wife.")
+  long_text = (
+    "It is a truth universally acknowledged, that a single man in possession of a good "
+    "fortune, must be in want of a wife."
+  )
   assert len(tok.encode(long_text)) > 32
   [long_value] = lm.loglikelihood_rolling([Req(long_text)])
   assert np.isfinite(long_value) and long_value < rolled
@@ -215,14 +256,23 @@ def test_registered_and_cli_launcher(monkeypatch, capsys):
   assert lm_eval.api.registry.get_model(lem.NAME) is lem.SetDiffLM
   seen = {}
   import lm_eval.__main__ as lm_main
+
   monkeypatch.setattr(lm_main, "cli_evaluate", lambda: seen.setdefault("argv", list(sys.argv)))
   monkeypatch.setattr(sys, "argv", ["x"])
   assert lem.main(["--model", lem.NAME, "--model_args", "workdir=/w", "--tasks", "t"]) == 0
-  assert seen["argv"] == ["lm_eval", "--model", lem.NAME, "--model_args", "workdir=/w",
-                          "--tasks", "t"]
+  assert seen["argv"] == [
+    "lm_eval",
+    "--model",
+    lem.NAME,
+    "--model_args",
+    "workdir=/w",
+    "--tasks",
+    "t",
+  ]
 
   def fails():
     raise FileNotFoundError("model_args workdir='/w': no such directory")
+
   monkeypatch.setattr(lm_main, "cli_evaluate", fails)
   assert lem.main(["--model", lem.NAME]) == 1
   assert capsys.readouterr().err == "error: model_args workdir='/w': no such directory\n"
@@ -234,10 +284,22 @@ def test_registered_and_cli_launcher(monkeypatch, capsys):
 
 
 def _bd3lm_state(tok, block_size=4):
-  cfg = DiTConfig(vocab_size=tok.vocab_size, hidden_size=32, num_layers=1, num_heads=2,
-                  cond_dim=16, dropout=0.0, adaln=False)
-  oc = losses.ObjectiveConfig(name="bd3lm", mask_token_id=tok.mask_id, pad_token_id=tok.pad_id,
-                              eos_token_id=tok.eos_id, block_size=block_size)
+  cfg = DiTConfig(
+    vocab_size=tok.vocab_size,
+    hidden_size=32,
+    num_layers=1,
+    num_heads=2,
+    cond_dim=16,
+    dropout=0.0,
+    adaln=False,
+  )
+  oc = losses.ObjectiveConfig(
+    name="bd3lm",
+    mask_token_id=tok.mask_id,
+    pad_token_id=tok.pad_id,
+    eos_token_id=tok.eos_id,
+    block_size=block_size,
+  )
   config = ml_collections.ConfigDict({"seq_len": 32})
   return workdir_lib.InferenceState(config, cfg, oc, random_params(cfg, seed=2), tok, 0)
 
@@ -248,18 +310,23 @@ def test_align_to_blocks_model_arg_is_the_samplers_field(tok, run):
   SamplerConfig field that generate_until (and is_greedy) hand the sampler."""
   state = _bd3lm_state(tok)
   for arg, want in ((None, True), ("true", True), ("false", False), (False, False)):
-    lm = lem.SetDiffLM.from_state(state, batch_size=1,
-                                  **({} if arg is None else {"align_to_blocks": arg}))
+    lm = lem.SetDiffLM.from_state(
+      state, batch_size=1, **({} if arg is None else {"align_to_blocks": arg})
+    )
     seen = []
 
     class Out:  # the part of SampleOutput the adapter reads
       generated = [[tok.encode("7")[0], tok.eos_id]]
+
     lm.sampler = lambda model, params, prompts, cfg, rng, _seen=seen: (_seen.append(cfg), Out)[1]
     assert lm.generate_until([Req("abcde", {"until": [], "max_gen_toks": 8})]) == ["7"]
     assert [c.align_to_blocks for c in seen] == [want] and seen[0].block_size == 4
     assert lm.get_model_info()["align_to_blocks"] is want
-  with pytest.raises(ValueError, match=r"model_args align_to_blocks='maybe': expected true or "
-                                       r"false"):
+  with pytest.raises(
+    ValueError,
+    match=r"model_args align_to_blocks='maybe': expected true or "
+    r"false",
+  ):
     lem.SetDiffLM.from_state(state, align_to_blocks="maybe")
   on = lem.SetDiffLM.create_from_arg_string(f"workdir={run}")
   off = lem.SetDiffLM.create_from_arg_string(f"workdir={run},align_to_blocks=false")
@@ -280,13 +347,23 @@ def test_align_to_blocks_decodes_on_the_grid(tok):
     lm = lem.SetDiffLM.from_state(state, batch_size=1, align_to_blocks=arg)
     [got] = lm.generate_until([Req(text, {"until": [], "max_gen_toks": 8})])
     direct = methods.get("bd3lm").generate(
-        lm.decode_model, state.params, [prompt],
-        decoding.sampler_config_for(state.objective_config, tok, 32, max_new_tokens=8,
-                                    greedy=True, stop_at_eos=False, align_to_blocks=want),
-        jax.random.PRNGKey(0))
+      lm.decode_model,
+      state.params,
+      [prompt],
+      decoding.sampler_config_for(
+        state.objective_config,
+        tok,
+        32,
+        max_new_tokens=8,
+        greedy=True,
+        stop_at_eos=False,
+        align_to_blocks=want,
+      ),
+      jax.random.PRNGKey(0),
+    )
     ids = [int(t) for t in direct.generated[0]]
     assert len(ids) == (8 - len(prompt) % 4 if want else 8)
-    assert got == tok.decode(ids[:ids.index(tok.eos_id)] if tok.eos_id in ids else ids)
+    assert got == tok.decode(ids[: ids.index(tok.eos_id)] if tok.eos_id in ids else ids)
 
 
 @pytest.mark.slow  # ~100 s on the shared 2 cores: two adapters' decode and scoring compiles
@@ -296,14 +373,16 @@ def test_mesh_model_arg_gives_the_single_device_results(run):
   the same text, greedy flags and loglikelihoods as the same run on one device."""
   import dataclasses
   from setdiff_jax.sampling import placement
+
   knobs = dict(window=4, threshold=0.9, batch_size=4)
   lm = lem.SetDiffLM(workdir=run, mesh="data=2;fsdp=2;tensor=2", **knobs)
   mesh = placement.mesh_of(lm.state.params)
   assert dict(mesh.shape) == {"data": 2, "fsdp": 2, "tensor": 2}
   specs = [x.sharding.spec for x in jax.tree_util.tree_leaves(lm.state.params)]
   assert any("fsdp" in s for s in specs) and any("tensor" in s for s in specs)
-  one = dataclasses.replace(lm.state, params=jax.device_put(
-      jax.device_get(lm.state.params), jax.devices()[0]))
+  one = dataclasses.replace(
+    lm.state, params=jax.device_put(jax.device_get(lm.state.params), jax.devices()[0])
+  )
   assert placement.mesh_of(one.params) is None
   single = lem.SetDiffLM.from_state(one, use_ema=lm.use_ema, **knobs)
   prompts = [p.prompt for p in tasks.arithmetic_pairs("test", 5, 1)]  # 5 rows: 2 batches of 4

@@ -1,4 +1,5 @@
 """Conformance tests for setdiff_jax.diffusion.masks (SPEC §2, §11.3), incl. the gradient-leak test."""
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -14,7 +15,8 @@ from setdiff_jax.models.dit import DiT, DiTConfig
 pytestmark = pytest.mark.usefixtures("fast_compile")
 
 # SPEC §2.3, typed in: rows = queries, cols = keys; slots 0-5 clean, 6-11 noisy.
-SPEC_L6 = np.array([
+SPEC_L6 = np.array(
+  [
     [1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
     [1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
     [1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0],
@@ -27,10 +29,13 @@ SPEC_L6 = np.array([
     [1, 1, 1, 0, 0, 0, 0, 0, 0, 1, 0, 0],
     [1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 1, 0],
     [1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 1],
-], dtype=bool)
+  ],
+  dtype=bool,
+)
 
 # BD3LM mask (SPEC §2.7), L = 4, block 2, by hand: slots 0-3 clean (blocks 0,0,1,1), 4-7 noisy.
-BD3_L4_S2 = np.array([
+BD3_L4_S2 = np.array(
+  [
     [1, 1, 0, 0, 0, 0, 0, 0],
     [1, 1, 0, 0, 0, 0, 0, 0],
     [1, 1, 1, 1, 0, 0, 0, 0],
@@ -39,7 +44,9 @@ BD3_L4_S2 = np.array([
     [0, 0, 0, 0, 1, 1, 0, 0],
     [1, 1, 0, 0, 0, 0, 1, 1],
     [1, 1, 0, 0, 0, 0, 1, 1],
-], dtype=bool)
+  ],
+  dtype=bool,
+)
 
 
 def np_set_causal(length):
@@ -48,8 +55,9 @@ def np_set_causal(length):
   for q in range(2 * length):
     for k in range(2 * length):
       rq, rk, nq, nk = q % length, k % length, q >= length, k >= length
-      m[q, k] = ((not nq and not nk and rk <= rq) or (nq and not nk and rk < rq)
-                 or (nq and nk and rk == rq))
+      m[q, k] = (
+        (not nq and not nk and rk <= rq) or (nq and not nk and rk < rq) or (nq and nk and rk == rq)
+      )
   return m
 
 
@@ -58,8 +66,9 @@ def np_block_causal(length, bs):
   for q in range(2 * length):
     for k in range(2 * length):
       bq, bk, nq, nk = (q % length) // bs, (k % length) // bs, q >= length, k >= length
-      m[q, k] = ((not nq and not nk and bk <= bq) or (nq and not nk and bk < bq)
-                 or (nq and nk and bk == bq))
+      m[q, k] = (
+        (not nq and not nk and bk <= bq) or (nq and not nk and bk < bq) or (nq and nk and bk == bq)
+      )
   return m
 
 
@@ -106,16 +115,20 @@ def test_simple_masks():
 
 
 # ------------------------------------------------------------------------------------ §2.8
-SPEC_STEP = np.array([  # keys c0 c1 c2 x4 | x3 M5 M6; queries x3, M5, M6
+SPEC_STEP = np.array(
+  [  # keys c0 c1 c2 x4 | x3 M5 M6; queries x3, M5, M6
     [1, 1, 1, 1, 1, 0, 0],
     [1, 1, 1, 1, 1, 1, 0],
     [1, 1, 1, 1, 1, 0, 1],
-], dtype=bool)
+  ],
+  dtype=bool,
+)
 
 
 def test_cached_step_mask_spec_example():
-  m = np.asarray(masks.cached_step_mask(np.ones((1, 4), bool), np.ones((1, 1), bool),
-                                        np.ones((1, 2), bool)))
+  m = np.asarray(
+    masks.cached_step_mask(np.ones((1, 4), bool), np.ones((1, 1), bool), np.ones((1, 2), bool))
+  )
   assert m.shape == (1, 3, 7)
   np.testing.assert_array_equal(m[0], SPEC_STEP)
 
@@ -199,8 +212,9 @@ def test_gradient_leak_setdlm():
   x = jax.random.randint(jax.random.key(1), (1, length), 4, 32)
   order = jnp.array([[0, 5, 2, 7, 1, 3, 6, 4]], jnp.int32)
   inp = losses.setdlm_inputs(cfg, {"tokens": x}, order)
-  f = _per_slot_nll_fn(TINY, params, inp["tokens"], inp["positions"], inp["mask"], inp["targets"],
-                       length)
+  f = _per_slot_nll_fn(
+    TINY, params, inp["tokens"], inp["positions"], inp["mask"], inp["targets"], length
+  )
   dep = _dependency(f, 2 * length, TINY.hidden_size)
   expected = np.zeros((length, 2 * length), bool)
   for r in range(length):
@@ -218,13 +232,14 @@ def test_gradient_leak_bd3lm():
   xt = x.at[:, 1:3].set(3).at[:, 5].set(3)
   pos = jnp.arange(length)[None]
   mask = jnp.asarray(masks.block_causal_mask(length, bs))[None]
-  f = _per_slot_nll_fn(TINY, params, jnp.concatenate([x, xt], -1), jnp.concatenate([pos, pos], -1),
-                       mask, x, length)
+  f = _per_slot_nll_fn(
+    TINY, params, jnp.concatenate([x, xt], -1), jnp.concatenate([pos, pos], -1), mask, x, length
+  )
   dep = _dependency(f, 2 * length, TINY.hidden_size)
   expected = np.zeros((length, 2 * length), bool)
   for i in range(length):
     blk = i // bs
-    expected[i, :blk * bs] = True
-    expected[i, length + blk * bs:length + (blk + 1) * bs] = True
+    expected[i, : blk * bs] = True
+    expected[i, length + blk * bs : length + (blk + 1) * bs] = True
   assert np.all(dep[~expected] == 0.0)
   assert np.all(dep[expected] > 1e-6)

@@ -1,5 +1,6 @@
 """Conformance tests for setdiff_jax.models.dit (SPEC §3): parameter tree, init, rotary, a NumPy
 re-implementation of the forward pass, KV cache, dtypes and dropout."""
+
 import dataclasses
 import functools
 import math
@@ -14,25 +15,31 @@ from helpers import random_params
 from setdiff_jax.diffusion import masks
 from setdiff_jax.models import init_params, param_shapes
 from setdiff_jax.models.dit import DiT, DiTConfig, LayerNormNoBias, count_params
-from setdiff_jax.models.layers import (NEG_INF_LOGIT, apply_rotary, rotary_cos_sin,
-                                       suppress_mask_logit)
+from setdiff_jax.models.layers import (
+  NEG_INF_LOGIT,
+  apply_rotary,
+  rotary_cos_sin,
+  suppress_mask_logit,
+)
 
 
 pytestmark = pytest.mark.usefixtures("fast_compile")
 
-TINY = DiTConfig(vocab_size=48, hidden_size=32, num_layers=2, num_heads=4, cond_dim=16,
-                 dropout=0.0)
+TINY = DiTConfig(vocab_size=48, hidden_size=32, num_layers=2, num_heads=4, cond_dim=16, dropout=0.0)
 
 
 def flat(tree):
-  return {"/".join(str(getattr(k, "key", k)) for k in path): leaf
-          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+  return {
+    "/".join(str(getattr(k, "key", k)) for k in path): leaf
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+  }
 
 
 @functools.lru_cache(maxsize=None)
 def _jitted_apply(cfg, static):
-  return jax.jit(lambda p, args, kw, rngs: DiT(cfg).apply({"params": p}, *args, rngs=rngs, **kw,
-                                                          **dict(static)))
+  return jax.jit(
+    lambda p, args, kw, rngs: DiT(cfg).apply({"params": p}, *args, rngs=rngs, **kw, **dict(static))
+  )
 
 
 def apply(cfg, params, *args, rngs=None, **kwargs):
@@ -55,12 +62,12 @@ def np_rotary(x, pos, base=10000.0):
   inv = (base ** (-np.arange(0, dh, 2) / dh)).astype(np.float32)  # correctly rounded fp32
   theta = (pos.astype(np.float32)[..., None] * inv).astype(np.float64)
   c, s = np.cos(theta)[:, :, None, :], np.sin(theta)[:, :, None, :]
-  x1, x2 = x[..., :dh // 2], x[..., dh // 2:]
+  x1, x2 = x[..., : dh // 2], x[..., dh // 2 :]
   return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], -1)
 
 
 def np_gelu_tanh(x):
-  return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+  return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
 
 
 def np_silu(x):
@@ -140,20 +147,38 @@ def test_lm1b_and_owt_param_count():
 def test_param_tree_names_and_shapes(adaln):
   d, v, c = 32, 48, 16
   cfg = DiTConfig(vocab_size=v, hidden_size=d, num_layers=2, num_heads=4, cond_dim=c, adaln=adaln)
-  expected = {"embed/embedding": (v, d), "final_norm/scale": (d,), "head/kernel": (d, v),
-              "head/bias": (v,)}
+  expected = {
+    "embed/embedding": (v, d),
+    "final_norm/scale": (d,),
+    "head/kernel": (d, v),
+    "head/bias": (v,),
+  }
   for i in range(2):
-    expected.update({
-        f"blocks_{i}/norm1/scale": (d,), f"blocks_{i}/attn_qkv/kernel": (d, 3 * d),
-        f"blocks_{i}/attn_out/kernel": (d, d), f"blocks_{i}/norm2/scale": (d,),
-        f"blocks_{i}/mlp_in/kernel": (d, 4 * d), f"blocks_{i}/mlp_in/bias": (4 * d,),
-        f"blocks_{i}/mlp_out/kernel": (4 * d, d), f"blocks_{i}/mlp_out/bias": (d,)})
+    expected.update(
+      {
+        f"blocks_{i}/norm1/scale": (d,),
+        f"blocks_{i}/attn_qkv/kernel": (d, 3 * d),
+        f"blocks_{i}/attn_out/kernel": (d, d),
+        f"blocks_{i}/norm2/scale": (d,),
+        f"blocks_{i}/mlp_in/kernel": (d, 4 * d),
+        f"blocks_{i}/mlp_in/bias": (4 * d,),
+        f"blocks_{i}/mlp_out/kernel": (4 * d, d),
+        f"blocks_{i}/mlp_out/bias": (d,),
+      }
+    )
     if adaln:
       expected.update({f"blocks_{i}/adaln/kernel": (c, 6 * d), f"blocks_{i}/adaln/bias": (6 * d,)})
   if adaln:
-    expected.update({"sigma_map/dense0/kernel": (256, c), "sigma_map/dense0/bias": (c,),
-                     "sigma_map/dense1/kernel": (c, c), "sigma_map/dense1/bias": (c,),
-                     "final_adaln/kernel": (c, 2 * d), "final_adaln/bias": (2 * d,)})
+    expected.update(
+      {
+        "sigma_map/dense0/kernel": (256, c),
+        "sigma_map/dense0/bias": (c,),
+        "sigma_map/dense1/kernel": (c, c),
+        "sigma_map/dense1/bias": (c,),
+        "final_adaln/kernel": (c, 2 * d),
+        "final_adaln/bias": (2 * d,),
+      }
+    )
   got = {k: tuple(x.shape) for k, x in flat(param_shapes(cfg)).items()}
   assert got == expected
 
@@ -175,7 +200,7 @@ def test_initialisation():
     assert np.abs(x).max() <= bound
     assert np.abs(x).max() > 0.9 * bound
     assert abs(x.mean()) < 0.1 * bound
-    assert x.var() == pytest.approx(bound ** 2 / 3, rel=0.15)
+    assert x.var() == pytest.approx(bound**2 / 3, rel=0.15)
 
   check_uniform(p["embed/embedding"], 1 / math.sqrt(d))  # SPEC §3.6: 1/sqrt(D), not N(0, 1)
   check_uniform(p["blocks_0/attn_qkv/kernel"], 1 / math.sqrt(d))
@@ -187,8 +212,9 @@ def test_initialisation():
   assert np.abs(p["blocks_0/mlp_out/bias"]).max() <= 1 / math.sqrt(4 * d)
   assert np.abs(p["sigma_map/dense1/bias"]).max() <= 1 / math.sqrt(16)
   # Zero head: logits are exactly zero at init.
-  logits = apply(cfg, params, np.zeros((1, 4), np.int32), np.arange(4)[None],
-                 np.ones((1, 4, 4), bool))
+  logits = apply(
+    cfg, params, np.zeros((1, 4), np.int32), np.arange(4)[None], np.ones((1, 4, 4), bool)
+  )
   np.testing.assert_array_equal(logits, 0.0)
 
 
@@ -204,8 +230,11 @@ def test_rotary_matches_numpy_half_split():
   # At the end of the reference table (16383) an fp32 angle is only good to ~1e-3 rad.
   far = np.array([[16383, 12345]])
   cf, sf = rotary_cos_sin(jnp.asarray(far), 64)
-  np.testing.assert_allclose(apply_rotary(jnp.asarray(x[:1, :2]), cf, sf),
-                             np_rotary(x[:1, :2].astype(np.float64), far), atol=1e-2)
+  np.testing.assert_allclose(
+    apply_rotary(jnp.asarray(x[:1, :2]), cf, sf),
+    np_rotary(x[:1, :2].astype(np.float64), far),
+    atol=1e-2,
+  )
   # inv_freq_j = 10000^(-2j/64): position 1 gives cos(inv_freq) on both halves.
   inv = 10000.0 ** (-np.arange(32) * 2 / 64)
   np.testing.assert_allclose(cos[0, 1], np.concatenate([np.cos(inv), np.cos(inv)]), atol=1e-6)
@@ -236,7 +265,8 @@ def test_rotary_table_computed_once_in_the_optimised_step():
   # and the values are the plain table's
   cos, sin = rotary_cos_sin(positions, TINY.head_dim)
   theta = np.asarray(positions, np.float32)[..., None] * (
-      1.0 / (10000.0 ** (np.arange(0, TINY.head_dim, 2, dtype=np.float32) / TINY.head_dim)))
+    1.0 / (10000.0 ** (np.arange(0, TINY.head_dim, 2, dtype=np.float32) / TINY.head_dim))
+  )
   theta = np.concatenate([theta, theta], -1)
   np.testing.assert_allclose(cos, np.cos(theta), atol=1e-6)
   np.testing.assert_allclose(sin, np.sin(theta), atol=1e-6)
@@ -286,10 +316,11 @@ def test_kv_cache_equals_uncached():
   # committed tokens (commit order) with their positions; step = 2 pending + 3 active masks
   c, pn, a = 5, 2, 3
   tokens, _ = random_inputs(2, 1, c + pn + a, cfg.vocab_size)
-  tokens[0, c + pn:] = 1  # the mask token
+  tokens[0, c + pn :] = 1  # the mask token
   positions = np.array([[0, 1, 2, 6, 3, 4, 9, 5, 7, 8]])
-  step_mask = np.asarray(masks.cached_step_mask(np.ones((1, c), bool), np.ones((1, pn), bool),
-                                                np.ones((1, a), bool)))
+  step_mask = np.asarray(
+    masks.cached_step_mask(np.ones((1, c), bool), np.ones((1, pn), bool), np.ones((1, a), bool))
+  )
   full_mask = np.zeros((1, c + pn + a, c + pn + a), bool)
   full_mask[0, :c, :c] = np.tril(np.ones((c, c), bool))
   full_mask[:, c:] = step_mask
@@ -308,8 +339,10 @@ def test_kv_cache_equals_uncached():
 
   # A fixed-capacity cache with garbage in invalid slots gives the same logits.
   cap = 8
-  garbage = tuple(tuple(jnp.concatenate([x, 100.0 * jnp.ones((1, cap - c) + x.shape[2:])], 1)
-                        for x in layer) for layer in kv)
+  garbage = tuple(
+    tuple(jnp.concatenate([x, 100.0 * jnp.ones((1, cap - c) + x.shape[2:])], 1) for x in layer)
+    for layer in kv
+  )
   valid = np.zeros((1, cap), bool)
   valid[0, :c] = True
   cap_mask = masks.cached_step_mask(valid, np.ones((1, pn), bool), np.ones((1, a), bool))
@@ -332,8 +365,9 @@ def test_bfloat16_compute():
 
   @jax.jit
   def run16(p):
-    z, state = DiT(cfg16).apply({"params": p}, *args, capture_intermediates=True,
-                                mutable=["intermediates"])
+    z, state = DiT(cfg16).apply(
+      {"params": p}, *args, capture_intermediates=True, mutable=["intermediates"]
+    )
     return z, state["intermediates"]
 
   z16, inter = run16(params)
@@ -356,13 +390,13 @@ def test_layernorm_in_fp32():
   y = ln.apply({"params": {"scale": jnp.asarray(scale)}}, jnp.asarray(x))
   assert y.dtype == jnp.bfloat16
   ref = np_layernorm(np.asarray(x, np.float64), scale.astype(np.float64))
-  np.testing.assert_allclose(np.asarray(y, np.float64), ref, rtol=2 ** -7, atol=2 ** -7)
+  np.testing.assert_allclose(np.asarray(y, np.float64), ref, rtol=2**-7, atol=2**-7)
   # The tolerance is discriminating: the same LayerNorm computed in bf16 misses it by far.
   xb = jnp.asarray(x)
   mu = jnp.mean(xb, -1, keepdims=True).astype(jnp.bfloat16)
   var = jnp.mean(jnp.square(xb - mu), -1, keepdims=True).astype(jnp.bfloat16)
-  naive = ((xb - mu) * jax.lax.rsqrt(var + jnp.bfloat16(1e-5)) * scale.astype(jnp.bfloat16))
-  assert np.abs(np.asarray(naive, np.float64) - ref).max() > 10 * 2 ** -7
+  naive = (xb - mu) * jax.lax.rsqrt(var + jnp.bfloat16(1e-5)) * scale.astype(jnp.bfloat16)
+  assert np.abs(np.asarray(naive, np.float64) - ref).max() > 10 * 2**-7
 
 
 def test_dropout_only_when_not_deterministic():

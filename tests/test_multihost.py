@@ -1,5 +1,6 @@
 """Several JAX processes on this machine: launch/local_cluster.py, `initialize_distributed`'s
 cluster settings, and (slow tier) real 2-process clusters with gloo CPU collectives."""
+
 import os
 import re
 import signal
@@ -17,29 +18,51 @@ CLUSTER = os.path.join(REPO, "launch", "local_cluster.py")
 
 def cluster(args, timeout=600, env=None):
   t0 = time.time()
-  r = subprocess.run([sys.executable, CLUSTER] + args, capture_output=True, text=True,
-                     timeout=timeout, cwd=REPO, env=env)
+  r = subprocess.run(
+    [sys.executable, CLUSTER] + args,
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+    cwd=REPO,
+    env=env,
+  )
   return r, time.time() - t0
 
 
 # ------------------------------------------------------------------------- the launcher (fast)
 def test_local_cluster_environment_and_prefixes():
-  code = ("import os; e = os.environ; print(e['SETDIFF_PROCESS_ID'], e['SETDIFF_NUM_PROCESSES'],"
-          " e['SETDIFF_COORDINATOR_ADDRESS'], e['JAX_NUM_CPU_DEVICES'],"
-          " e['JAX_CPU_COLLECTIVES_IMPLEMENTATION'], 'force' in e['XLA_FLAGS'])")
+  code = (
+    "import os; e = os.environ; print(e['SETDIFF_PROCESS_ID'], e['SETDIFF_NUM_PROCESSES'],"
+    " e['SETDIFF_COORDINATOR_ADDRESS'], e['JAX_NUM_CPU_DEVICES'],"
+    " e['JAX_CPU_COLLECTIVES_IMPLEMENTATION'], 'force' in e['XLA_FLAGS'])"
+  )
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
-  r, _ = cluster(["--num_processes=3", "--devices_per_process=2", "--port=23456", "--",
-                  sys.executable, "-c", code], timeout=60, env=env)
+  r, _ = cluster(
+    [
+      "--num_processes=3",
+      "--devices_per_process=2",
+      "--port=23456",
+      "--",
+      sys.executable,
+      "-c",
+      code,
+    ],
+    timeout=60,
+    env=env,
+  )
   assert r.returncode == 0, r.stderr
   lines = sorted(r.stdout.splitlines())
   assert lines == [f"[p{i}] {i} 3 127.0.0.1:23456 2 gloo False" for i in range(3)]
 
 
 def test_local_cluster_fails_fast_and_names_the_process():
-  code = ("import os, sys, time; i = int(os.environ['SETDIFF_PROCESS_ID']); print('up', i, "
-          "flush=True); time.sleep(0.5); sys.exit(3) if i == 1 else time.sleep(120)")
-  r, elapsed = cluster(["--num_processes=3", "--grace_s=5", "--", sys.executable, "-c", code],
-                       timeout=60)
+  code = (
+    "import os, sys, time; i = int(os.environ['SETDIFF_PROCESS_ID']); print('up', i, "
+    "flush=True); time.sleep(0.5); sys.exit(3) if i == 1 else time.sleep(120)"
+  )
+  r, elapsed = cluster(
+    ["--num_processes=3", "--grace_s=5", "--", sys.executable, "-c", code], timeout=60
+  )
   assert r.returncode == 3
   errors = [l for l in r.stderr.splitlines() if l.startswith("error:")]
   assert len(errors) == 1 and "process 1 of 3 exited with status 3" in errors[0], r.stderr
@@ -47,12 +70,24 @@ def test_local_cluster_fails_fast_and_names_the_process():
 
 
 def test_local_cluster_timeout_and_usage_errors():
-  r, elapsed = cluster(["--num_processes=2", "--timeout=1", "--grace_s=2", "--", sys.executable,
-                        "-c", "import time; time.sleep(120)"], timeout=60)
+  r, elapsed = cluster(
+    [
+      "--num_processes=2",
+      "--timeout=1",
+      "--grace_s=2",
+      "--",
+      sys.executable,
+      "-c",
+      "import time; time.sleep(120)",
+    ],
+    timeout=60,
+  )
   assert r.returncode == 124 and "--timeout=1s" in r.stderr and elapsed < 30
-  for args, needle in ((["--num_processes=2", sys.executable], "after `--`"),
-                       (["--num_processes=0", "--", "true"], "--num_processes=0"),
-                       (["--port=70000", "--", "true"], "--port=70000")):
+  for args, needle in (
+    (["--num_processes=2", sys.executable], "after `--`"),
+    (["--num_processes=0", "--", "true"], "--num_processes=0"),
+    (["--port=70000", "--", "true"], "--port=70000"),
+  ):
     r, _ = cluster(args, timeout=60)
     assert r.returncode == 2
     assert r.stderr.startswith("error:") and len(r.stderr.strip().splitlines()) == 1
@@ -60,8 +95,13 @@ def test_local_cluster_timeout_and_usage_errors():
 
 
 def test_cluster_settings_from_environment(monkeypatch):
-  for name in (sharding.COORDINATOR_ENV, sharding.NUM_PROCESSES_ENV, sharding.PROCESS_ID_ENV,
-               sharding.INIT_TIMEOUT_ENV, sharding.HEARTBEAT_TIMEOUT_ENV):
+  for name in (
+    sharding.COORDINATOR_ENV,
+    sharding.NUM_PROCESSES_ENV,
+    sharding.PROCESS_ID_ENV,
+    sharding.INIT_TIMEOUT_ENV,
+    sharding.HEARTBEAT_TIMEOUT_ENV,
+  ):
     monkeypatch.delenv(name, raising=False)
   assert sharding.cluster_settings() is None  # auto-detection
   monkeypatch.setenv(sharding.COORDINATOR_ENV, "127.0.0.1:1234")
@@ -71,9 +111,13 @@ def test_cluster_settings_from_environment(monkeypatch):
   monkeypatch.setenv(sharding.PROCESS_ID_ENV, "1")
   monkeypatch.setenv(sharding.HEARTBEAT_TIMEOUT_ENV, "7")
   got = sharding.cluster_settings()
-  assert got == {"coordinator_address": "127.0.0.1:1234", "num_processes": 2, "process_id": 1,
-                 "initialization_timeout": sharding.DEFAULT_INIT_TIMEOUT_S,
-                 "heartbeat_timeout_seconds": 7}
+  assert got == {
+    "coordinator_address": "127.0.0.1:1234",
+    "num_processes": 2,
+    "process_id": 1,
+    "initialization_timeout": sharding.DEFAULT_INIT_TIMEOUT_S,
+    "heartbeat_timeout_seconds": 7,
+  }
   assert sharding.cluster_settings(process_id=0)["process_id"] == 0  # arguments win
   with pytest.raises(ValueError, match="process_id=2 must be < --num_processes=2"):
     sharding.cluster_settings(process_id=2)
@@ -89,8 +133,11 @@ def test_two_processes_agree_on_what_one_saw(tmp_path):
   built once (process 0) and a process that does not see it stops both; a round one process
   skips ends in a TimeoutError (bounded)."""
   probe = os.path.join(REPO, "tests", "multihost_agree_probe.py")
-  r, elapsed = cluster(["--num_processes=2", "--timeout=120", "--", sys.executable, probe],
-                       timeout=180, env=dict(os.environ, PROBE_DIR=str(tmp_path)))
+  r, elapsed = cluster(
+    ["--num_processes=2", "--timeout=120", "--", sys.executable, probe],
+    timeout=180,
+    env=dict(os.environ, PROBE_DIR=str(tmp_path)),
+  )
   assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
   for what in ("agree", "signal", "error", "checkpoint", "tokenizer", "bounded"):
     for i in range(2):
@@ -102,8 +149,10 @@ def test_two_processes_agree_on_what_one_saw(tmp_path):
 @pytest.mark.slow
 def test_two_processes_sum_over_all_devices():
   probe = os.path.join(REPO, "tests", "multihost_probe.py")
-  r, elapsed = cluster(["--num_processes=2", "--devices_per_process=2", "--timeout=300", "--",
-                        sys.executable, probe], timeout=400)
+  r, elapsed = cluster(
+    ["--num_processes=2", "--devices_per_process=2", "--timeout=300", "--", sys.executable, probe],
+    timeout=400,
+  )
   assert r.returncode == 0, r.stdout + r.stderr
   # devices: process 0 holds 0, 1; process 1 holds 100, 101.
   for i in range(2):
@@ -112,17 +161,35 @@ def test_two_processes_sum_over_all_devices():
 
 
 # ------------------------------------------------------------------------- training (slow)
-TRAIN_ARGS = ["--config=configs/tiny_sw.py", "--config.num_train_steps=6",
-              "--config.log_every_steps=1", "--config.eval_every_steps=6",
-              "--config.checkpoint_every_steps=3", "--config.num_eval_steps=1",
-              "--config.num_eval_samples=0", "--config.model.hidden_size=32",
-              "--config.model.num_layers=1", "--config.tokenizer.vocab_size=384"]
+TRAIN_ARGS = [
+  "--config=configs/tiny_sw.py",
+  "--config.num_train_steps=6",
+  "--config.log_every_steps=1",
+  "--config.eval_every_steps=6",
+  "--config.checkpoint_every_steps=3",
+  "--config.num_eval_steps=1",
+  "--config.num_eval_samples=0",
+  "--config.model.hidden_size=32",
+  "--config.model.num_layers=1",
+  "--config.tokenizer.vocab_size=384",
+]
 
 
 def train_on_cluster(workdir, processes, devices, extra=()):
-  r, elapsed = cluster([f"--num_processes={processes}", f"--devices_per_process={devices}",
-                        "--timeout=500", "--", sys.executable, "launch/train.py",
-                        f"--workdir={workdir}"] + TRAIN_ARGS + list(extra), timeout=600)
+  r, elapsed = cluster(
+    [
+      f"--num_processes={processes}",
+      f"--devices_per_process={devices}",
+      "--timeout=500",
+      "--",
+      sys.executable,
+      "launch/train.py",
+      f"--workdir={workdir}",
+    ]
+    + TRAIN_ARGS
+    + list(extra),
+    timeout=600,
+  )
   assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
   print(f"train {processes} x {devices}: {elapsed:.1f}s")
   return r
@@ -131,6 +198,7 @@ def train_on_cluster(workdir, processes, devices, extra=()):
 def metrics(workdir):
   """{step: {name: value}} of metrics.jsonl, later lines (a resumed run's) winning."""
   import json
+
   out = {}
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     for line in f:
@@ -151,6 +219,7 @@ def test_two_processes_train_like_one(tmp_path):
   """2 processes x 2 devices = 1 process x 4 devices: the same losses, grad norms and eval NLL
   (<= 1e-5 relative); checkpoints of either resume on the other, continuing exactly."""
   import shutil
+
   one, two = str(tmp_path / "one"), str(tmp_path / "two")
   out = train_on_cluster(one, 1, 4).stdout
   assert "done: step 6" in out
@@ -162,23 +231,55 @@ def test_two_processes_train_like_one(tmp_path):
   assert os.listdir(os.path.join(two, "tokenizer"))  # trained once, by process 0
   # launch/evaluate.py and launch/sample.py across 2 processes give the 1-process numbers / texts.
   import json
+
   evals, samples = [], []
   for processes, devices in ((1, 4), (2, 2)):
-    layout = [f"--num_processes={processes}", f"--devices_per_process={devices}", "--timeout=300",
-              "--", sys.executable]
+    layout = [
+      f"--num_processes={processes}",
+      f"--devices_per_process={devices}",
+      "--timeout=300",
+      "--",
+      sys.executable,
+    ]
     path = str(tmp_path / f"eval_{processes}.json")
-    r, _ = cluster(layout + ["launch/evaluate.py", f"--workdir={one}", "--eval=likelihood",
-                             "--max_rows=32", f"--output={path}"], timeout=400)
+    r, _ = cluster(
+      layout
+      + [
+        "launch/evaluate.py",
+        f"--workdir={one}",
+        "--eval=likelihood",
+        "--max_rows=32",
+        f"--output={path}",
+      ],
+      timeout=400,
+    )
     assert r.returncode == 0, r.stdout[-3000:]
     with open(path) as f:
       evals.append(json.load(f)["likelihood"])
-    r, _ = cluster(layout + ["launch/sample.py", f"--workdir={one}", "--num_samples=2",
-                             "--seed=0", "--max_new_tokens=16"], timeout=400)
+    r, _ = cluster(
+      layout
+      + [
+        "launch/sample.py",
+        f"--workdir={one}",
+        "--num_samples=2",
+        "--seed=0",
+        "--max_new_tokens=16",
+      ],
+      timeout=400,
+    )
     assert r.returncode == 0, r.stdout[-3000:]
     assert not re.search(r"^\[p1\] === sample", r.stdout, re.M)  # process 0 prints
-    samples.append([l for l in r.stdout.splitlines()
-                    if l.startswith("[p0]") and "tokens/s" not in l and "] I1" not in l
-                    and "] W1" not in l and "Gloo" not in l])
+    samples.append(
+      [
+        l
+        for l in r.stdout.splitlines()
+        if l.startswith("[p0]")
+        and "tokens/s" not in l
+        and "] I1" not in l
+        and "] W1" not in l
+        and "Gloo" not in l
+      ]
+    )
   for key in ("nll", "K_nll", "num_tokens", "num_sequences"):
     assert evals[1][key] == pytest.approx(evals[0][key], rel=1e-6), key
   assert samples[0] == samples[1] and any("=== sample 2 ===" in l for l in samples[0])
@@ -194,6 +295,7 @@ def test_two_processes_train_like_one(tmp_path):
 
 def _local_cluster_module():
   import importlib.util
+
   spec = importlib.util.spec_from_file_location("local_cluster", CLUSTER)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
@@ -207,20 +309,38 @@ def test_kill_9_of_a_process_stops_the_survivor_with_one_error_line(tmp_path, vi
   `error:` line (never hangs); the last checkpoint stays loadable and the run resumes."""
   import threading
   import types
+
   lc = _local_cluster_module()
   workdir = str(tmp_path / "w")
-  settings = types.SimpleNamespace(num_processes=2, devices_per_process=2, threads=1,
-                                   init_timeout_s=120, heartbeat_s=10)
+  settings = types.SimpleNamespace(
+    num_processes=2, devices_per_process=2, threads=1, init_timeout_s=120, heartbeat_s=10
+  )
   port = lc.free_port()
-  args = [sys.executable, "launch/train.py", f"--workdir={workdir}"] + TRAIN_ARGS + [
-      "--config.num_train_steps=2000", "--config.checkpoint_every_steps=2",
-      "--config.eval_every_steps=100000"]
-  procs = [subprocess.Popen(args, env=lc.process_env(os.environ, i, settings, port), cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-           for i in range(2)]
+  args = (
+    [sys.executable, "launch/train.py", f"--workdir={workdir}"]
+    + TRAIN_ARGS
+    + [
+      "--config.num_train_steps=2000",
+      "--config.checkpoint_every_steps=2",
+      "--config.eval_every_steps=100000",
+    ]
+  )
+  procs = [
+    subprocess.Popen(
+      args,
+      env=lc.process_env(os.environ, i, settings, port),
+      cwd=REPO,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      text=True,
+    )
+    for i in range(2)
+  ]
   lines = [[], []]
-  pumps = [threading.Thread(target=lambda i=i: lines[i].extend(procs[i].stdout), daemon=True)
-           for i in range(2)]
+  pumps = [
+    threading.Thread(target=lambda i=i: lines[i].extend(procs[i].stdout), daemon=True)
+    for i in range(2)
+  ]
   for t in pumps:
     t.start()
   survivor = 1 - victim
@@ -242,8 +362,9 @@ def test_kill_9_of_a_process_stops_the_survivor_with_one_error_line(tmp_path, vi
   for t in pumps:
     t.join(timeout=10)
   errors_ = [l for l in lines[survivor] if l.startswith("error:")]
-  print(f"victim {victim}: survivor stopped {stopped_after:.1f}s after kill -9, status {rc}: "
-        f"{errors_}")
+  print(
+    f"victim {victim}: survivor stopped {stopped_after:.1f}s after kill -9, status {rc}: {errors_}"
+  )
   assert rc != 0 and stopped_after < 60, "".join(lines[survivor])[-3000:]
   if rc > 0:
     # A collective fails in Python: one line naming the lost process (the coordination service
@@ -261,19 +382,30 @@ def test_kill_9_of_a_process_stops_the_survivor_with_one_error_line(tmp_path, vi
   assert steps
   if victim == 0:
     return  # the restart is the same as after losing process 1 (checked once: ~45 s)
-  out = train_on_cluster(workdir, 2, 2, [f"--config.num_train_steps={steps[-1] + 1}",
-                                         "--config.checkpoint_every_steps=2",
-                                         "--config.eval_every_steps=100000"]).stdout
+  out = train_on_cluster(
+    workdir,
+    2,
+    2,
+    [
+      f"--config.num_train_steps={steps[-1] + 1}",
+      "--config.checkpoint_every_steps=2",
+      "--config.eval_every_steps=100000",
+    ],
+  ).stdout
   assert f"at step {steps[-1]}" in out and f"done: step {steps[-1] + 1}" in out
 
 
 # ------------------------------------------------------------- meshes across processes (slow)
 # 2 processes x 4 devices vs 1 process x 8 devices, the same mesh and global batch, 20 steps.
-MESHES = {"data2_fsdp2_tensor2": ["--config.mesh.data=2", "--config.mesh.fsdp=2",
-                                  "--config.mesh.tensor=2"],
-          "fsdp8": ["--config.mesh.data=1", "--config.mesh.fsdp=8", "--config.mesh.tensor=1"]}
-MESH_ARGS = TRAIN_ARGS + ["--config.num_train_steps=20", "--config.checkpoint_every_steps=20",
-                          "--config.eval_every_steps=20"]
+MESHES = {
+  "data2_fsdp2_tensor2": ["--config.mesh.data=2", "--config.mesh.fsdp=2", "--config.mesh.tensor=2"],
+  "fsdp8": ["--config.mesh.data=1", "--config.mesh.fsdp=8", "--config.mesh.tensor=1"],
+}
+MESH_ARGS = TRAIN_ARGS + [
+  "--config.num_train_steps=20",
+  "--config.checkpoint_every_steps=20",
+  "--config.eval_every_steps=20",
+]
 # Adam divides by sqrt(v), so a reduction-order difference in a gradient reaches the parameters
 # amplified. Measured after 20 steps (norm-relative): fsdp=8 1.1e-8 (SetDLM), 0 (AR);
 # data=2,fsdp=2,tensor=2 1.1e-8 (SetDLM); the losses were bit-identical. The bound: 100x that.
@@ -285,19 +417,31 @@ def param_distance(a_dir: str, b_dir: str) -> float:
   import numpy as np
   import jax
   from setdiff_jax.workdir import load
+
   a = load.load_inference_state(a_dir, use_ema=False).params
   b = load.load_inference_state(b_dir, use_ema=False).params
   la = [np.asarray(x, np.float64) for x in jax.tree_util.tree_leaves(a)]
   lb = [np.asarray(x, np.float64) for x in jax.tree_util.tree_leaves(b)]
   num = sum(float(np.sum((x - y) ** 2)) for x, y in zip(la, lb))
-  den = sum(float(np.sum(y ** 2)) for y in lb)
+  den = sum(float(np.sum(y**2)) for y in lb)
   return (num / den) ** 0.5
 
 
 def mesh_run(workdir: str, processes: int, devices: int, args) -> dict:
-  r, elapsed = cluster([f"--num_processes={processes}", f"--devices_per_process={devices}",
-                        "--timeout=600", "--", sys.executable, "launch/train.py",
-                        f"--workdir={workdir}"] + MESH_ARGS + list(args), timeout=700)
+  r, elapsed = cluster(
+    [
+      f"--num_processes={processes}",
+      f"--devices_per_process={devices}",
+      "--timeout=600",
+      "--",
+      sys.executable,
+      "launch/train.py",
+      f"--workdir={workdir}",
+    ]
+    + MESH_ARGS
+    + list(args),
+    timeout=700,
+  )
   assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
   assert r.stdout.count("done: step 20") == 1, r.stdout[-3000:]
   print(f"{processes} x {devices} {args}: {elapsed:.1f}s")
@@ -334,16 +478,28 @@ class Pair:
   def __init__(self, command, extra_env=None, heartbeat_s=10):
     import threading
     import types
+
     lc = _local_cluster_module()
-    settings = types.SimpleNamespace(num_processes=2, devices_per_process=2, threads=1,
-                                     init_timeout_s=120, heartbeat_s=heartbeat_s)
+    settings = types.SimpleNamespace(
+      num_processes=2, devices_per_process=2, threads=1, init_timeout_s=120, heartbeat_s=heartbeat_s
+    )
     port = lc.free_port()
-    self.procs = [subprocess.Popen(
-        command, env=dict(lc.process_env(os.environ, i, settings, port), **(extra_env or {})),
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    self.procs = [
+      subprocess.Popen(
+        command,
+        env=dict(lc.process_env(os.environ, i, settings, port), **(extra_env or {})),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+      )
+      for i in range(2)
+    ]
     self.lines = [[], []]
-    self.pumps = [threading.Thread(target=lambda i=i: self.lines[i].extend(self.procs[i].stdout),
-                                   daemon=True) for i in range(2)]
+    self.pumps = [
+      threading.Thread(target=lambda i=i: self.lines[i].extend(self.procs[i].stdout), daemon=True)
+      for i in range(2)
+    ]
     for t in self.pumps:
       t.start()
 
@@ -377,9 +533,16 @@ class Pair:
 
 
 def long_run(workdir, extra=()):
-  return [sys.executable, "launch/train.py", f"--workdir={workdir}"] + TRAIN_ARGS + [
-      "--config.num_train_steps=2000", "--config.checkpoint_every_steps=1000",
-      "--config.eval_every_steps=100000"] + list(extra)
+  return (
+    [sys.executable, "launch/train.py", f"--workdir={workdir}"]
+    + TRAIN_ARGS
+    + [
+      "--config.num_train_steps=2000",
+      "--config.checkpoint_every_steps=1000",
+      "--config.eval_every_steps=100000",
+    ]
+    + list(extra)
+  )
 
 
 @pytest.mark.slow
@@ -388,6 +551,7 @@ def test_signal_to_one_process_stops_all_at_the_same_step(tmp_path, signum):
   """SIGTERM (or a first SIGINT) to process 1 only: both processes save the same step and stop
   with one `stopped:` line each (status 128 + signal); the checkpoint loads."""
   from setdiff_jax.workdir import load, lock
+
   workdir = str(tmp_path / "w")
   pair = Pair(long_run(workdir))
   pair.wait_for(0, "step 3/2000")
@@ -410,9 +574,11 @@ def test_non_finite_loss_on_one_process_stops_all(tmp_path):
   """A non-finite loss seen by process 1 only (injected at step 4): both processes stop at
   step 4 with one `error:` line each, nothing saved past the last checkpoint (step 3)."""
   from setdiff_jax.workdir import lock
+
   workdir = str(tmp_path / "w")
-  pair = Pair([sys.executable, FAULTS, f"--workdir={workdir}"] + TRAIN_ARGS,
-              {"SETDIFF_TEST_FAULT": "nan:1:4"})
+  pair = Pair(
+    [sys.executable, FAULTS, f"--workdir={workdir}"] + TRAIN_ARGS, {"SETDIFF_TEST_FAULT": "nan:1:4"}
+  )
   codes = pair.wait()
   errors_ = [pair.marked(i, "error:") for i in range(2)]
   print(codes, errors_)
@@ -427,13 +593,16 @@ def test_checkpoint_fallback_decided_on_one_process_is_taken_by_all(tmp_path):
   """Process 1 alone finds the newest checkpoint (step 6) damaged: both fall back to step 3, set
   step 6 aside and train on to the end, continuing the first run exactly."""
   from setdiff_jax.workdir import lock
+
   workdir = str(tmp_path / "w")
   first = Pair([sys.executable, "launch/train.py", f"--workdir={workdir}"] + TRAIN_ARGS)
   assert first.wait() == [0, 0], first.text(0)
   want = metrics(workdir)
   assert lock.saved_steps(workdir) == [3, 6]
-  pair = Pair([sys.executable, FAULTS, f"--workdir={workdir}"] + TRAIN_ARGS,
-              {"SETDIFF_TEST_FAULT": "damaged:1:0"})
+  pair = Pair(
+    [sys.executable, FAULTS, f"--workdir={workdir}"] + TRAIN_ARGS,
+    {"SETDIFF_TEST_FAULT": "damaged:1:0"},
+  )
   codes = pair.wait()
   assert codes == [0, 0], (pair.text(0), pair.text(1))
   for i in range(2):
@@ -453,18 +622,23 @@ def test_kill_9_during_a_save_stops_the_survivor(tmp_path, victim):
   (one `error:` line, or JAX's own abort when the coordinator is gone), step 2 stays loadable,
   and a restart resumes from it, repeating steps 3-4 exactly (after losing the coordinator)."""
   from setdiff_jax.workdir import lock
+
   workdir = str(tmp_path / "w")
   args = ["--config.checkpoint_every_steps=2", "--config.num_train_steps=6"]
-  pair = Pair([sys.executable, FAULTS, f"--workdir={workdir}"] + TRAIN_ARGS + args,
-              {"SETDIFF_TEST_FAULT": f"kill:{victim}:4"})
+  pair = Pair(
+    [sys.executable, FAULTS, f"--workdir={workdir}"] + TRAIN_ARGS + args,
+    {"SETDIFF_TEST_FAULT": f"kill:{victim}:4"},
+  )
   pair.wait_for(victim, "fault: SIGKILL while saving step 4")
   t_kill = time.time()
   survivor = 1 - victim
   codes = pair.wait(timeout=120)
   stopped_after = time.time() - t_kill
   errors_ = pair.marked(survivor, "error:")
-  print(f"victim {victim}: survivor status {codes[survivor]} {stopped_after:.1f}s after the "
-        f"kill: {errors_}")
+  print(
+    f"victim {victim}: survivor status {codes[survivor]} {stopped_after:.1f}s after the "
+    f"kill: {errors_}"
+  )
   assert codes[victim] == -signal.SIGKILL
   assert codes[survivor] != 0 and stopped_after < 60, pair.text(survivor)
   if codes[survivor] > 0:
@@ -475,6 +649,7 @@ def test_kill_9_during_a_save_stops_the_survivor(tmp_path, victim):
   if victim == 1:
     return  # the restart is the same as after losing process 0 (and see the kill -9 test above)
   import json
+
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     before = {r["step"]: r for r in map(json.loads, f)}
   out = train_on_cluster(workdir, 2, 2, args).stdout

@@ -5,6 +5,7 @@ a temporary workdir; the kernel sees one CPU device (a CPU Colab runtime), not t
 devices of the rest of the suite. Skipped when nbclient / nbformat / ipykernel are not installed
 (`pip install -e ".[test]"` installs them).
 """
+
 import json
 import os
 import pathlib
@@ -29,8 +30,11 @@ def test_notebook_is_committed_without_outputs():
 @pytest.mark.slow
 def test_notebook_runs_on_cpu(tmp_path, monkeypatch):
   workdir = tmp_path / "run"
-  flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
-                   if not f.startswith("--xla_force_host_platform_device_count"))
+  flags = " ".join(
+    f
+    for f in os.environ.get("XLA_FLAGS", "").split()
+    if not f.startswith("--xla_force_host_platform_device_count")
+  )
   # The kernel inherits this environment.
   monkeypatch.setenv("XLA_FLAGS", flags)
   monkeypatch.setenv("JAX_PLATFORMS", "cpu")
@@ -39,15 +43,21 @@ def test_notebook_runs_on_cpu(tmp_path, monkeypatch):
   monkeypatch.delenv("SETDIFF_REPO_URL", raising=False)
 
   nb = nbformat.read(NOTEBOOK, as_version=4)
-  client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=600,
-                                   resources={"metadata": {"path": str(NOTEBOOK.parent)}})
+  client = nbclient.NotebookClient(
+    nb, kernel_name="python3", timeout=600, resources={"metadata": {"path": str(NOTEBOOK.parent)}}
+  )
   try:
     client.execute()
   except nbclient.exceptions.CellExecutionError as e:
     pytest.fail(f"notebook cell failed:\n{e}")
 
-  text = "\n".join(out.get("text", "") for cell in nb.cells if cell.cell_type == "code"
-                   for out in cell.outputs if out.get("output_type") == "stream")
+  text = "\n".join(
+    out.get("text", "")
+    for cell in nb.cells
+    if cell.cell_type == "code"
+    for out in cell.outputs
+    if out.get("output_type") == "stream"
+  )
   assert "backend: cpu; 1 device(s)" in text
   assert "setdiff_jax is already installed" in text  # the install cell did not pip install
   assert "finished step 5" in text

@@ -6,6 +6,7 @@ BD3LM the diffusion time and the masking are random inside the objective; the ra
 are re-derived from the documented key split (t, mask, remask, dropout) and everything computed
 from them (t, x_t, re-masking, loss) is done here in NumPy.
 """
+
 import dataclasses
 import functools
 
@@ -26,8 +27,9 @@ pytestmark = pytest.mark.usefixtures("fast_compile")
 
 V, MASK, PAD, BOS, EOS = 32, 3, 0, 1, 2
 L = 8
-CFG_PLAIN = DiTConfig(vocab_size=V, hidden_size=32, num_layers=2, num_heads=4, cond_dim=16,
-                      dropout=0.0)
+CFG_PLAIN = DiTConfig(
+  vocab_size=V, hidden_size=32, num_layers=2, num_heads=4, cond_dim=16, dropout=0.0
+)
 CFG_ADALN = dataclasses.replace(CFG_PLAIN, adaln=True)
 
 
@@ -39,8 +41,7 @@ def jitted_apply(cfg):
 @functools.lru_cache(maxsize=None)
 def jitted_loss(cfg, model_cfg, train):
   """The objective under jit (one compile per shape), with the model params as an argument."""
-  fn = lambda p, batch, rng: methods.compute_loss(cfg, DiT(model_cfg), p, batch, rng,
-                                                     train=train)
+  fn = lambda p, batch, rng: methods.compute_loss(cfg, DiT(model_cfg), p, batch, rng, train=train)
   return jax.jit(fn)
 
 
@@ -50,8 +51,12 @@ def run_loss(cfg, model_cfg, batch, rng, train):
 
 
 def logits_np(cfg, tokens, positions, mask):
-  z = jitted_apply(cfg)(params_for(cfg), jnp.asarray(tokens, jnp.int32),
-                        jnp.asarray(positions, jnp.int32), jnp.asarray(mask, bool))
+  z = jitted_apply(cfg)(
+    params_for(cfg),
+    jnp.asarray(tokens, jnp.int32),
+    jnp.asarray(positions, jnp.int32),
+    jnp.asarray(mask, bool),
+  )
   return np.asarray(z, np.float64)
 
 
@@ -72,8 +77,7 @@ def outer(valid):
 
 
 # Row 0: BOS, text containing a real token equal to the pad id, 2 pads. Row 1: full, with EOS.
-TOKENS = np.array([[BOS, 7, PAD, 9, 12, 5, PAD, PAD],
-                   [BOS, 8, 10, 11, 13, 14, 15, EOS]])
+TOKENS = np.array([[BOS, 7, PAD, 9, 12, 5, PAD, PAD], [BOS, 8, 10, 11, 13, 14, 15, EOS]])
 ATTN = np.array([[1, 1, 1, 1, 1, 1, 0, 0], [1] * 8])
 
 
@@ -112,11 +116,16 @@ SET_CONTEXT = np.array([[0] * 8, [1, 1, 1, 0, 0, 0, 0, 0]])
 @pytest.mark.parametrize("train", [True, False])
 def test_setdlm_loss_matches_numpy(train):
   cfg = losses.ObjectiveConfig(mask_token_id=MASK, pad_token_id=PAD, keep_clean_bos=True)
-  batch = {"tokens": jnp.asarray(TOKENS), "attention_mask": jnp.asarray(ATTN),
-           "context_mask": jnp.asarray(SET_CONTEXT), "order": jnp.asarray(SET_ORDER)}
+  batch = {
+    "tokens": jnp.asarray(TOKENS),
+    "attention_mask": jnp.asarray(ATTN),
+    "context_mask": jnp.asarray(SET_CONTEXT),
+    "order": jnp.asarray(SET_ORDER),
+  }
   loss, metrics = run_loss(cfg, CFG_PLAIN, batch, jax.random.key(0), train)
-  ref, count, nll_sum = np_setdlm_loss(TOKENS, ATTN, SET_CONTEXT, SET_ORDER, train=train,
-                                       keep_clean_bos=True)
+  ref, count, nll_sum = np_setdlm_loss(
+    TOKENS, ATTN, SET_CONTEXT, SET_ORDER, train=train, keep_clean_bos=True
+  )
   # hand count: train = 6 real (BOS incl.) + 5 non-context; eval drops the BOS and the pad-id token
   assert count == (11 if train else 9)
   assert float(metrics["num_tokens"]) == count
@@ -127,11 +136,15 @@ def test_setdlm_loss_matches_numpy(train):
 
 def test_setdlm_eval_without_keep_clean_bos_keeps_slot0():
   cfg = losses.ObjectiveConfig(mask_token_id=MASK, pad_token_id=PAD, keep_clean_bos=False)
-  batch = {"tokens": jnp.asarray(TOKENS), "attention_mask": jnp.asarray(ATTN),
-           "order": jnp.asarray(SET_ORDER)}
+  batch = {
+    "tokens": jnp.asarray(TOKENS),
+    "attention_mask": jnp.asarray(ATTN),
+    "order": jnp.asarray(SET_ORDER),
+  }
   loss, metrics = run_loss(cfg, CFG_PLAIN, batch, jax.random.key(0), False)
-  ref, count, _ = np_setdlm_loss(TOKENS, ATTN, np.zeros_like(TOKENS), SET_ORDER, train=False,
-                                 keep_clean_bos=False)
+  ref, count, _ = np_setdlm_loss(
+    TOKENS, ATTN, np.zeros_like(TOKENS), SET_ORDER, train=False, keep_clean_bos=False
+  )
   assert count == 5 + 8 and float(metrics["num_tokens"]) == count
   assert float(loss) == pytest.approx(ref, rel=1e-5)
 
@@ -142,10 +155,16 @@ def test_setdlm_padding_invariance(train):
   cfg = losses.ObjectiveConfig(mask_token_id=MASK, pad_token_id=PAD, keep_clean_bos=True)
   tokens = np.array([[BOS, 7, 20, 9, 12, 5, PAD, PAD, PAD]])
   order = np.array([[0, 4, 1, 5, 2, 3, 6, 7, 8]])
-  padded = {"tokens": jnp.asarray(tokens), "attention_mask": jnp.asarray((np.arange(9) < 6)[None]),
-            "order": jnp.asarray(order)}
-  alone = {"tokens": jnp.asarray(tokens[:, :6]), "attention_mask": jnp.ones((1, 6), jnp.int32),
-           "order": jnp.asarray(order[:, :6])}
+  padded = {
+    "tokens": jnp.asarray(tokens),
+    "attention_mask": jnp.asarray((np.arange(9) < 6)[None]),
+    "order": jnp.asarray(order),
+  }
+  alone = {
+    "tokens": jnp.asarray(tokens[:, :6]),
+    "attention_mask": jnp.ones((1, 6), jnp.int32),
+    "order": jnp.asarray(order[:, :6]),
+  }
   lp, mp = run_loss(cfg, CFG_PLAIN, padded, jax.random.key(0), train)
   la, ma = run_loss(cfg, CFG_PLAIN, alone, jax.random.key(0), train)
   assert float(lp) == pytest.approx(float(la), abs=1e-5)
@@ -155,12 +174,17 @@ def test_setdlm_padding_invariance(train):
 
 def test_setdlm_inputs_layout():
   cfg = losses.ObjectiveConfig(mask_token_id=MASK, pad_token_id=PAD)
-  batch = {"tokens": jnp.asarray(TOKENS), "attention_mask": jnp.asarray(ATTN),
-           "context_mask": jnp.asarray(SET_CONTEXT)}
+  batch = {
+    "tokens": jnp.asarray(TOKENS),
+    "attention_mask": jnp.asarray(ATTN),
+    "context_mask": jnp.asarray(SET_CONTEXT),
+  }
   inp = losses.setdlm_inputs(cfg, batch, jnp.asarray(SET_ORDER))
   # row 0 by hand: order [0,3,1,5,2,4,6,7]
-  np.testing.assert_array_equal(inp["tokens"][0], [BOS, 9, 7, 5, PAD, 12, PAD, PAD,
-                                                   MASK, MASK, MASK, MASK, MASK, MASK, PAD, PAD])
+  np.testing.assert_array_equal(
+    inp["tokens"][0],
+    [BOS, 9, 7, 5, PAD, 12, PAD, PAD, MASK, MASK, MASK, MASK, MASK, MASK, PAD, PAD],
+  )
   # row 1: context positions 0-2 keep their tokens in the noisy stream
   np.testing.assert_array_equal(inp["tokens"][1, 8:], [BOS, 8, 10, MASK, MASK, MASK, MASK, MASK])
   np.testing.assert_array_equal(inp["positions"][0], np.tile(SET_ORDER[0], 2))
@@ -172,8 +196,9 @@ def test_setdlm_inputs_layout():
 def test_setdlm_sampled_orders_and_weights():
   """keep_clean_bos puts position 0 first; prefix context first, padding last, so the permuted
   weights equal the unpermuted ones (the reference's shortcut, SPEC §2.5 / §11.4)."""
-  cfg = losses.ObjectiveConfig(mask_token_id=MASK, pad_token_id=PAD, keep_clean_bos=True,
-                                   desired_set_size=2)
+  cfg = losses.ObjectiveConfig(
+    mask_token_id=MASK, pad_token_id=PAD, keep_clean_bos=True, desired_set_size=2
+  )
   bsz = 64
   rng = np.random.default_rng(0)
   tokens = rng.integers(4, V, (bsz, L))
@@ -181,14 +206,17 @@ def test_setdlm_sampled_orders_and_weights():
   real_len = rng.integers(4, L + 1, bsz)
   attn = np.arange(L)[None] < real_len[:, None]
   context = np.arange(L)[None] < ctx_len[:, None]
-  batch = {"tokens": jnp.asarray(tokens), "attention_mask": jnp.asarray(attn),
-           "context_mask": jnp.asarray(context)}
+  batch = {
+    "tokens": jnp.asarray(tokens),
+    "attention_mask": jnp.asarray(attn),
+    "context_mask": jnp.asarray(context),
+  }
   order = np.asarray(losses.setdlm_order(cfg, batch, jax.random.key(3), train=True))
   assert np.all(order[:, 0] == 0)
   for b in range(bsz):
     n_fixed = max(ctx_len[b], 1)
     np.testing.assert_array_equal(order[b, :n_fixed], np.arange(n_fixed))
-    np.testing.assert_array_equal(order[b, real_len[b]:], np.arange(real_len[b], L))
+    np.testing.assert_array_equal(order[b, real_len[b] :], np.arange(real_len[b], L))
   target = attn & ~context
   inp = losses.setdlm_inputs(cfg, batch, jnp.asarray(order))
   np.testing.assert_array_equal(inp["target_weight"], target)
@@ -198,8 +226,9 @@ def test_setdlm_sampled_orders_and_weights():
 
 
 def test_setdlm_eos_last_in_training_only():
-  cfg = losses.ObjectiveConfig(mask_token_id=MASK, pad_token_id=PAD, eos_token_id=EOS,
-                                   desired_set_size=4, eos_last=True)
+  cfg = losses.ObjectiveConfig(
+    mask_token_id=MASK, pad_token_id=PAD, eos_token_id=EOS, desired_set_size=4, eos_last=True
+  )
   tokens = np.tile([BOS, 7, EOS, 9, 12, 5, EOS, 20], (32, 1))
   batch = {"tokens": jnp.asarray(tokens)}
   order = np.asarray(losses.setdlm_order(cfg, batch, jax.random.key(1), train=True))
@@ -212,15 +241,17 @@ def test_setdlm_eos_last_in_training_only():
 def test_ar_loss_matches_numpy():
   cfg = losses.ObjectiveConfig(name="ar", mask_token_id=MASK, pad_token_id=PAD)
   n = L - 1
-  z = logits_np(CFG_PLAIN, TOKENS[:, :-1], np.tile(np.arange(n), (2, 1)),
-                np.tril(np.ones((n, n), bool))[None])
+  z = logits_np(
+    CFG_PLAIN, TOKENS[:, :-1], np.tile(np.arange(n), (2, 1)), np.tril(np.ones((n, n), bool))[None]
+  )
   nll = -gather(log_softmax_np(z), TOKENS[:, 1:])  # no M suppression in the AR loss
   w = ATTN[:, :-1].astype(np.float64)  # label j+1 weighted by the input-side a_j
   ref = ((w * nll).sum(-1) / w.sum(-1)).mean()
   assert w.sum() == 6 + 7  # row 0: labels x1..x5 plus the first pad x6
   for train in (True, False):
-    loss, metrics = run_loss(cfg, CFG_PLAIN, {"tokens": TOKENS, "attention_mask": ATTN},
-                             jax.random.key(0), train)
+    loss, metrics = run_loss(
+      cfg, CFG_PLAIN, {"tokens": TOKENS, "attention_mask": ATTN}, jax.random.key(0), train
+    )
     assert float(loss) == pytest.approx(ref, rel=1e-5)
     assert float(metrics["num_tokens"]) == 13
 
@@ -241,8 +272,9 @@ def np_block_causal(length, bs):
   return (~nq & ~nk & (bk <= bq)) | (nq & ~nk & (bk < bq)) | (nq & nk & (bk == bq))
 
 
-def derive_noise(rng, name, tokens, attn, *, train, block, keep_clean_bos=True, eps=1e-3,
-                 context=None):
+def derive_noise(
+  rng, name, tokens, attn, *, train, block, keep_clean_bos=True, eps=1e-3, context=None
+):
   """t and x_t (SPEC §1.6) from the raw uniform draws of the objective's key split.
 
   Returns (t, x_t, number of re-masked blocks).
@@ -268,7 +300,7 @@ def derive_noise(rng, name, tokens, attn, *, train, block, keep_clean_bos=True, 
         sl = slice(j * block, (j + 1) * block)
         # blocks touched by padding or context are left alone (SPEC §1.6 step 3)
         if not np.any(xt[b, sl] == MASK) and np.all(real[b, sl] & ~context[b, sl]):
-          chosen = np.argsort(us[b, j])[:count[b, j]]  # the count smallest draws
+          chosen = np.argsort(us[b, j])[: count[b, j]]  # the count smallest draws
           xt[b, j * block + chosen] = MASK
           remasked += 1
     if keep_clean_bos:
@@ -276,8 +308,9 @@ def derive_noise(rng, name, tokens, attn, *, train, block, keep_clean_bos=True, 
   return t, xt, remasked
 
 
-def np_masked_diffusion_loss(name, tokens, attn, t, xt, *, train, block, keep_clean_bos=True,
-                             context=None):
+def np_masked_diffusion_loss(
+  name, tokens, attn, t, xt, *, train, block, keep_clean_bos=True, context=None
+):
   bsz, length = tokens.shape
   real = attn.astype(bool)
   target = real if context is None else real & ~context.astype(bool)
@@ -286,8 +319,9 @@ def np_masked_diffusion_loss(name, tokens, attn, t, xt, *, train, block, keep_cl
     z = logits_np(CFG_ADALN, xt, pos, outer(real))
   else:
     mask = np_block_causal(length, block)[None] & outer(np.concatenate([real, real], -1))
-    z = logits_np(CFG_ADALN, np.concatenate([tokens, xt], -1), np.concatenate([pos, pos], -1),
-                  mask)[:, length:]
+    z = logits_np(
+      CFG_ADALN, np.concatenate([tokens, xt], -1), np.concatenate([pos, pos], -1), mask
+    )[:, length:]
   m = xt == MASK
   nll = np.where(m, -gather(log_softmax_np(z, MASK), tokens), 0.0)
   w = target.astype(np.float64)
@@ -300,12 +334,15 @@ def np_masked_diffusion_loss(name, tokens, attn, t, xt, *, train, block, keep_cl
   return per.mean(), w.sum()
 
 
-@pytest.mark.parametrize("name,train,seed", [("mdlm", True, 0), ("mdlm", False, 0),
-                                             ("bd3lm", True, 4), ("bd3lm", False, 0)])
+@pytest.mark.parametrize(
+  "name,train,seed",
+  [("mdlm", True, 0), ("mdlm", False, 0), ("bd3lm", True, 4), ("bd3lm", False, 0)],
+)
 def test_masked_diffusion_matches_numpy(name, train, seed):
   block = 4 if name == "bd3lm" else L
-  cfg = losses.ObjectiveConfig(name=name, mask_token_id=MASK, pad_token_id=PAD,
-                                   keep_clean_bos=True, block_size=4)
+  cfg = losses.ObjectiveConfig(
+    name=name, mask_token_id=MASK, pad_token_id=PAD, keep_clean_bos=True, block_size=4
+  )
   rng = jax.random.key(seed)
   t, xt, remasked = derive_noise(rng, name, TOKENS, ATTN, train=train, block=block)
   m = xt == MASK
@@ -326,16 +363,17 @@ def test_masked_diffusion_with_context(name, train, seed):
   """Prompt tokens (context_mask) are never masked and carry no weight; BD3LM's re-masking leaves
   every block that holds context alone (SPEC §1.6)."""
   block = 4 if name == "bd3lm" else L
-  cfg = losses.ObjectiveConfig(name=name, mask_token_id=MASK, pad_token_id=PAD,
-                                   keep_clean_bos=True, block_size=4)
+  cfg = losses.ObjectiveConfig(
+    name=name, mask_token_id=MASK, pad_token_id=PAD, keep_clean_bos=True, block_size=4
+  )
   context = np.array([[1, 1, 1, 0, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1, 0, 0]], bool)
   rng = jax.random.key(seed)
-  t, xt, remasked = derive_noise(rng, name, TOKENS, ATTN, train=train, block=block,
-                                 context=context)
+  t, xt, remasked = derive_noise(rng, name, TOKENS, ATTN, train=train, block=block, context=context)
   assert remasked == 0  # every block holds context or padding here
   assert (xt == MASK).any() and np.all(xt[context] == TOKENS[context])
-  ref, count = np_masked_diffusion_loss(name, TOKENS, ATTN, t, xt, train=train, block=block,
-                                        context=context)
+  ref, count = np_masked_diffusion_loss(
+    name, TOKENS, ATTN, t, xt, train=train, block=block, context=context
+  )
   batch = {"tokens": TOKENS, "attention_mask": ATTN, "context_mask": context}
   loss, metrics = run_loss(cfg, CFG_ADALN, batch, rng, train)
   assert float(metrics["num_tokens"]) == count
@@ -343,12 +381,14 @@ def test_masked_diffusion_with_context(name, train, seed):
 
 
 def test_mdlm_eval_without_keep_clean_bos():
-  cfg = losses.ObjectiveConfig(name="mdlm", mask_token_id=MASK, pad_token_id=PAD,
-                                   keep_clean_bos=False)
+  cfg = losses.ObjectiveConfig(
+    name="mdlm", mask_token_id=MASK, pad_token_id=PAD, keep_clean_bos=False
+  )
   rng = jax.random.key(4)
   t, xt, _ = derive_noise(rng, "mdlm", TOKENS, ATTN, train=False, block=L, keep_clean_bos=False)
-  ref, count = np_masked_diffusion_loss("mdlm", TOKENS, ATTN, t, xt, train=False, block=L,
-                                        keep_clean_bos=False)
+  ref, count = np_masked_diffusion_loss(
+    "mdlm", TOKENS, ATTN, t, xt, train=False, block=L, keep_clean_bos=False
+  )
   loss, metrics = run_loss(cfg, CFG_ADALN, {"tokens": TOKENS, "attention_mask": ATTN}, rng, False)
   assert float(loss) == pytest.approx(ref, rel=1e-5)
   assert count == 14 and float(metrics["num_tokens"]) == 14
@@ -368,16 +408,17 @@ def test_sample_t():
 
 def test_bd3lm_remask_empty_blocks():
   s, length, n = 4, 16, 4000
-  cfg = losses.ObjectiveConfig(name="bd3lm", mask_token_id=MASK, block_size=s,
-                                   keep_clean_bos=True)
+  cfg = losses.ObjectiveConfig(name="bd3lm", mask_token_id=MASK, block_size=s, keep_clean_bos=True)
   x = np.arange(10, 26)[None]
   real = np.ones((1, length), bool)
   real[0, 14:] = False
   xt = x.copy()
   xt[0, 5] = MASK  # block 1 already has a mask; blocks 0 and 2 are empty; block 3 has padding
+
   def f(keys, c):
-    one = lambda k: losses.remask_empty_blocks(k, jnp.asarray(xt), jnp.asarray(real),
-                                                   jnp.asarray(x), c)
+    one = lambda k: losses.remask_empty_blocks(
+      k, jnp.asarray(xt), jnp.asarray(real), jnp.asarray(x), c
+    )
     return jax.jit(jax.vmap(one))(keys)
 
   out = np.asarray(f(jax.random.split(jax.random.key(0), n), cfg))[:, 0]
@@ -396,18 +437,27 @@ def test_bd3lm_remask_empty_blocks():
   assert c0.max() == 3
   assert abs(np.mean(c0 == 0) - 1 / 16) < 5 * np.sqrt(1 / 16 * 15 / 16 / n)
   # without keep_clean_bos position 0 can be masked and block 0 always gets >= 1 mask
-  out_nb = np.asarray(f(jax.random.split(jax.random.key(1), 500),
-                        dataclasses.replace(cfg, keep_clean_bos=False)))[:, 0]
+  out_nb = np.asarray(
+    f(jax.random.split(jax.random.key(1), 500), dataclasses.replace(cfg, keep_clean_bos=False))
+  )[:, 0]
   assert np.all((out_nb[:, :4] == MASK).sum(-1) >= 1) and np.any(out_nb[:, 0] == MASK)
 
 
 # ------------------------------------------------------------------------------------ training
 @pytest.mark.parametrize("name", methods.NAMES)
 def test_loss_decreases_with_adam(name):
-  model_cfg = DiTConfig(vocab_size=V, hidden_size=32, num_layers=1, num_heads=2, cond_dim=16,
-                        dropout=0.0, adaln=name in ("mdlm", "bd3lm"))
-  cfg = losses.ObjectiveConfig(name=name, mask_token_id=MASK, pad_token_id=PAD,
-                                   desired_set_size=2, block_size=4)
+  model_cfg = DiTConfig(
+    vocab_size=V,
+    hidden_size=32,
+    num_layers=1,
+    num_heads=2,
+    cond_dim=16,
+    dropout=0.0,
+    adaln=name in ("mdlm", "bd3lm"),
+  )
+  cfg = losses.ObjectiveConfig(
+    name=name, mask_token_id=MASK, pad_token_id=PAD, desired_set_size=2, block_size=4
+  )
   rng = np.random.default_rng(0)
   tokens = np.concatenate([np.full((4, 1), BOS), rng.integers(4, 12, (4, 15))], -1)
   attn = np.ones_like(tokens)

@@ -3,6 +3,7 @@
 The side-by-side run itself needs an extracted kuleshov-group/setdlms checkout and is a
 benchmark (benchmarks/README.md); nothing here imports torch, jax or the official code.
 """
+
 import importlib.util
 import os
 
@@ -14,7 +15,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.fixture(scope="module")
 def bench():
   spec = importlib.util.spec_from_file_location(
-      "official_bench", os.path.join(REPO, "benchmarks", "official.py"))
+    "official_bench", os.path.join(REPO, "benchmarks", "official.py")
+  )
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
@@ -53,8 +55,9 @@ def test_arguments(bench, tmp_path):
   assert (args.rounds, args.steps, args.train, args.decode) == (1, 1, ["ar"], [])
   assert args.sizes["seq_len"] == 16 and args.threads >= 1
   args = bench.parse_args([f"--official_dir={root}", "--vocab_size=4096"])
-  assert args.sizes == dict(num_layers=4, hidden_size=256, num_heads=4, seq_len=128,
-                            batch_size=16, vocab_size=4096)
+  assert args.sizes == dict(
+    num_layers=4, hidden_size=256, num_heads=4, seq_len=128, batch_size=16, vocab_size=4096
+  )
   with pytest.raises(SystemExit, match=r"--train: \['gpt'\] not in"):
     bench.parse_args([f"--official_dir={root}", "--train=ar,gpt"])
   with pytest.raises(SystemExit):  # argparse error: vocabulary below the random-token range
@@ -68,21 +71,25 @@ def test_transformers_5_is_refused_with_the_venv_recipe(bench):
 
 
 def test_markdown_table(bench):
-  rows = [{"work": "AR train step", "official": 1310.4, "ours": 978.0},
-          {"work": "set W=4 decoding, batch 8", "official": 72.0, "ours": 418.0, "mark": " †"},
-          {"work": "no official", "ours": 5.0}]
+  rows = [
+    {"work": "AR train step", "official": 1310.4, "ours": 978.0},
+    {"work": "set W=4 decoding, batch 8", "official": 72.0, "ours": 418.0, "mark": " †"},
+    {"work": "no official", "ours": 5.0},
+  ]
   assert bench.markdown(rows).splitlines() == [
-      "| work | official | ours | ours / official |",
-      "| --- | ---: | ---: | ---: |",
-      "| AR train step | 1,310 | 978 | 0.75 |",
-      "| set W=4 decoding, batch 8 | 72 † | 418 | 5.81 |",
-      "| no official | – | 5 | – |"]
+    "| work | official | ours | ours / official |",
+    "| --- | ---: | ---: | ---: |",
+    "| AR train step | 1,310 | 978 | 0.75 |",
+    "| set W=4 decoding, batch 8 | 72 † | 418 | 5.81 |",
+    "| no official | – | 5 | – |",
+  ]
 
 
 @pytest.fixture(scope="module")
 def checks():
   spec = importlib.util.spec_from_file_location(
-      "official_checks", os.path.join(REPO, "benchmarks", "official_checks.py"))
+    "official_checks", os.path.join(REPO, "benchmarks", "official_checks.py")
+  )
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
@@ -101,14 +108,17 @@ def test_check_flag(bench, tmp_path):
 
 def test_restore_targets_is_the_official_eval_loaders_rule(checks):
   assert checks.restore_targets({"_target_": "backbone_dit.DIT"}) == {
-      "_target_": "src.backbone.dit.DIT"}
+    "_target_": "src.backbone.dit.DIT"
+  }
   assert checks.restore_targets({"_target_": "backbone_automodel.AutoModelFromPreTrained"}) == {
-      "_target_": "src.backbone.automodel.AutoModelFromPreTrained"}
+    "_target_": "src.backbone.automodel.AutoModelFromPreTrained"
+  }
   assert checks.restore_targets(
-      {"_target_": "noise_schedule_noise_schedules.StaggeredNoise", "eps": 1e-3}) == {
-      "_target_": "src.noise_schedule.noise_schedules.StaggeredNoise", "eps": 1e-3}
+    {"_target_": "noise_schedule_noise_schedules.StaggeredNoise", "eps": 1e-3}
+  ) == {"_target_": "src.noise_schedule.noise_schedules.StaggeredNoise", "eps": 1e-3}
   assert checks.restore_targets({"_target_": "src.backbone.dit.DIT"}) == {
-      "_target_": "src.backbone.dit.DIT"}  # already restored: unchanged
+    "_target_": "src.backbone.dit.DIT"
+  }  # already restored: unchanged
 
 
 def test_compare_rows_counts_position_by_position_over_the_longer_row(checks):
@@ -119,15 +129,41 @@ def test_compare_rows_counts_position_by_position_over_the_longer_row(checks):
 
 
 def test_check_tables(checks):
-  table = checks.align_table([dict(method="bd3lm", g=4, n=10, align="on", group="P % G != 0",
-                                   lengths=[1, 2], cmp=(3, 4, 30, 32), gen=(9.5, 9.0))])
-  assert table.splitlines()[-1] == ("| bd3lm | 4 | 10 | on | P % G != 0 | 1,2 | 3/4 | 30/32 | "
-                                    "9.5 / 9.0 |")
-  table = checks.exports_table([dict(kind="dit", cls="x", shape=(3, 64, 2048), err=1.5e-6,
-                                     scale=3.0, missing_keys=["a"], unexpected_keys=[],
-                                     static_mask_intact=True,
-                                     backbone="src.backbone.dit.DIT",
-                                     **{"class": "src.denoiser.setdlm.SetDLM"})])
-  assert table.splitlines()[-1] == ("| dit | src.denoiser.setdlm.SetDLM (src.backbone.dit.DIT) | "
-                                    "a / 0 (static mask intact) | 3 x 64 x 2048 | 1.50e-06 | 3.00 | "
-                                    "5.00e-07 |")
+  table = checks.align_table(
+    [
+      dict(
+        method="bd3lm",
+        g=4,
+        n=10,
+        align="on",
+        group="P % G != 0",
+        lengths=[1, 2],
+        cmp=(3, 4, 30, 32),
+        gen=(9.5, 9.0),
+      )
+    ]
+  )
+  assert table.splitlines()[-1] == (
+    "| bd3lm | 4 | 10 | on | P % G != 0 | 1,2 | 3/4 | 30/32 | 9.5 / 9.0 |"
+  )
+  table = checks.exports_table(
+    [
+      dict(
+        kind="dit",
+        cls="x",
+        shape=(3, 64, 2048),
+        err=1.5e-6,
+        scale=3.0,
+        missing_keys=["a"],
+        unexpected_keys=[],
+        static_mask_intact=True,
+        backbone="src.backbone.dit.DIT",
+        **{"class": "src.denoiser.setdlm.SetDLM"},
+      )
+    ]
+  )
+  assert table.splitlines()[-1] == (
+    "| dit | src.denoiser.setdlm.SetDLM (src.backbone.dit.DIT) | "
+    "a / 0 (static mask intact) | 3 x 64 x 2048 | 1.50e-06 | 3.00 | "
+    "5.00e-07 |"
+  )

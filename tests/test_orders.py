@@ -3,6 +3,7 @@
 Every expected value is either typed in from the SPEC (hand-worked) or re-computed here in NumPy
 float64, independently of the library code.
 """
+
 import itertools
 
 import jax
@@ -75,8 +76,9 @@ def test_spec_vector_reveal_times_numpy_and_jax():
   np.testing.assert_allclose(T, T_VEC, atol=5e-5)
   np.testing.assert_allclose(T, np_reveal_times(E_VEC, 8, 2, 4), rtol=1e-14)
   # tail of a length-8 schedule
-  np.testing.assert_allclose(orders.staggered_reveal_times(E_VEC[5:], 2, 4, length=8), T[5:],
-                             rtol=1e-14)
+  np.testing.assert_allclose(
+    orders.staggered_reveal_times(E_VEC[5:], 2, 4, length=8), T[5:], rtol=1e-14
+  )
   with jax.enable_x64(True):
     tj = orders.staggered_reveal_times(jnp.asarray(E_VEC, jnp.float64), 2, 4)
     assert tj.dtype == jnp.float64
@@ -104,8 +106,9 @@ def test_spec_vector_order():
 
 def test_order_from_keys_stable_ties():
   keys = jnp.array([[0.5, 0.7, 0.5, 0.7, 0.1]])
-  np.testing.assert_array_equal(orders.order_from_keys(keys, jnp.ones((1, 5), bool)),
-                                [[1, 3, 0, 2, 4]])
+  np.testing.assert_array_equal(
+    orders.order_from_keys(keys, jnp.ones((1, 5), bool)), [[1, 3, 0, 2, 4]]
+  )
 
 
 def test_spec_vector_move_chance():
@@ -121,8 +124,9 @@ def test_spec_vector_move_chance():
   np.testing.assert_allclose(pb[0], p, rtol=1e-15)
   np.testing.assert_array_equal(pb[1], np.zeros(8))
   np.testing.assert_array_equal(pb[2], np.ones(8))
-  np.testing.assert_allclose(orders.staggered_move_chance(0.5, 2, 4, length=8, num_positions=3),
-                             p[5:], rtol=1e-15)
+  np.testing.assert_allclose(
+    orders.staggered_move_chance(0.5, 2, 4, length=8, num_positions=3), p[5:], rtol=1e-15
+  )
 
 
 def test_move_chance_hard_for_s1():
@@ -144,9 +148,15 @@ def test_move_chance_is_cdf_of_reveal_time():
 
 # ------------------------------------------------------------------------------------ (b, k) table
 SPEC_TABLE = [
-    (128, 4, 0.059259, 0.358090), (128, 8, 0.111888, 0.387534), (128, 16, 0.201258, 0.450425),
-    (1024, 4, 0.007759, 0.336378), (1024, 8, 0.015399, 0.339876), (1024, 16, 0.030332, 0.346925),
-    (768, 4, 0.010323, 0.337397), (768, 8, 0.020434, 0.342071), (768, 16, 0.040050, 0.351518),
+  (128, 4, 0.059259, 0.358090),
+  (128, 8, 0.111888, 0.387534),
+  (128, 16, 0.201258, 0.450425),
+  (1024, 4, 0.007759, 0.336378),
+  (1024, 8, 0.015399, 0.339876),
+  (1024, 16, 0.030332, 0.346925),
+  (768, 4, 0.010323, 0.337397),
+  (768, 8, 0.020434, 0.342071),
+  (768, 16, 0.040050, 0.351518),
 ]
 
 
@@ -176,8 +186,15 @@ def test_params_special_cases_and_overrides():
 # ------------------------------------------------------------------------------------ properties
 def test_bounded_overtaking_1000_orders():
   length, s, s_max = 32, 4, 8
-  order = np.asarray(orders.sample_order(jax.random.key(1), jnp.ones((1000, length), bool),
-                                         kind="staggered", desired_set_size=s, max_set_size=s_max))
+  order = np.asarray(
+    orders.sample_order(
+      jax.random.key(1),
+      jnp.ones((1000, length), bool),
+      kind="staggered",
+      desired_set_size=s,
+      max_set_size=s_max,
+    )
+  )
   assert order.shape == (1000, length) and order.dtype == np.int32
   np.testing.assert_array_equal(np.sort(order, -1), np.broadcast_to(np.arange(length), order.shape))
   r = ranks(order)
@@ -200,8 +217,15 @@ def _overtake_prob(d, s_max, k):
 def test_sampler_matches_float64_simulation():
   """Jitted sampler vs an independent NumPy float64 simulation of T, and exact overtake probs."""
   length, s, s_max, n = 8, 2, 4, 20000
-  order = np.asarray(orders.sample_order(jax.random.key(7), jnp.ones((n, length), bool),
-                                         kind="staggered", desired_set_size=s, max_set_size=s_max))
+  order = np.asarray(
+    orders.sample_order(
+      jax.random.key(7),
+      jnp.ones((n, length), bool),
+      kind="staggered",
+      desired_set_size=s,
+      max_set_size=s_max,
+    )
+  )
   rng = np.random.default_rng(123)
   ref_order = np_order(np_reveal_times(rng.exponential(size=(4 * n, length)), length, s, s_max))
   r, r_ref = ranks(order), ranks(ref_order)
@@ -240,8 +264,9 @@ def test_mean_partially_noised_is_half_s():
 
 def test_s1_gives_identity():
   n, length = 500, 16
-  out = orders.sample_order(jax.random.key(3), jnp.ones((n, length), bool), kind="staggered",
-                            desired_set_size=1)
+  out = orders.sample_order(
+    jax.random.key(3), jnp.ones((n, length), bool), kind="staggered", desired_set_size=1
+  )
   np.testing.assert_array_equal(out, np.broadcast_to(np.arange(length), (n, length)))
   perm = jnp.ones((n, length), bool).at[:, 0].set(False).at[:, 12:].set(False)
   out = orders.sample_order(jax.random.key(4), perm, kind="staggered", desired_set_size=1)
@@ -257,8 +282,9 @@ def _perm_chi2_p(order):
   return stats.chisquare(counts).pvalue, counts
 
 
-@pytest.mark.parametrize("kind,kwargs", [("staggered", dict(desired_set_size=4, max_set_size=4)),
-                                         ("uniform", {})])
+@pytest.mark.parametrize(
+  "kind,kwargs", [("staggered", dict(desired_set_size=4, max_set_size=4)), ("uniform", {})]
+)
 def test_uniform_permutations_chi2(kind, kwargs):
   n = 24000
   order = orders.sample_order(jax.random.key(11), jnp.ones((n, 4), bool), kind=kind, **kwargs)
@@ -269,15 +295,25 @@ def test_uniform_permutations_chi2(kind, kwargs):
 
 def test_uniform_chi2_detects_nonuniform():
   # Power check of the statistic: S=2, S_max=4 on L=4 is far from uniform.
-  order = orders.sample_order(jax.random.key(11), jnp.ones((24000, 4), bool), kind="staggered",
-                              desired_set_size=2, max_set_size=4)
+  order = orders.sample_order(
+    jax.random.key(11),
+    jnp.ones((24000, 4), bool),
+    kind="staggered",
+    desired_set_size=2,
+    max_set_size=4,
+  )
   p, _ = _perm_chi2_p(order)
   assert p < 1e-10
 
 
 # ------------------------------------------------------------------------------------ edge runs
 EDGE_ROWS = [  # (leading non-permutable, trailing padding, extra middle non-permutable position)
-    (1, 0, None), (3, 4, None), (0, 5, None), (16, 0, None), (2, 2, 7), (0, 0, None),
+  (1, 0, None),
+  (3, 4, None),
+  (0, 5, None),
+  (16, 0, None),
+  (2, 2, 7),
+  (0, 0, None),
 ]
 
 
@@ -286,7 +322,7 @@ def _edge_flags(length=16):
   for r, (lead, pad, mid) in enumerate(EDGE_ROWS):
     perm[r, :lead] = False
     if pad:
-      perm[r, length - pad:] = False
+      perm[r, length - pad :] = False
     if mid is not None:
       perm[r, mid] = False
   return perm
@@ -297,40 +333,47 @@ def test_leading_first_trailing_last(kind):
   length = 16
   perm = _edge_flags(length)
   for seed in range(5):
-    out = np.asarray(orders.sample_order(jax.random.key(seed), jnp.asarray(perm), kind=kind,
-                                         desired_set_size=2, block_size=4))
+    out = np.asarray(
+      orders.sample_order(
+        jax.random.key(seed), jnp.asarray(perm), kind=kind, desired_set_size=2, block_size=4
+      )
+    )
     for r, (lead, pad, mid) in enumerate(EDGE_ROWS):
       row = out[r]
       assert sorted(row.tolist()) == list(range(length))
       np.testing.assert_array_equal(row[:lead], np.arange(lead))
       if pad:
-        np.testing.assert_array_equal(row[length - pad:], np.arange(length - pad, length))
+        np.testing.assert_array_equal(row[length - pad :], np.arange(length - pad, length))
       if kind == "left_to_right":
         np.testing.assert_array_equal(row, np.arange(length))  # middle fixed keeps its key
       if kind == "blocks":
         # blocks stay in order (outside the forced leading run and padding)
-        blk = row[lead:length - pad] // 4
+        blk = row[lead : length - pad] // 4
         assert np.all(np.diff(blk) >= 0), row
 
 
 def test_middle_nonpermutable_keeps_random_key():
   perm = np.ones((400, 16), bool)
   perm[:, 7] = False
-  out = np.asarray(orders.sample_order(jax.random.key(0), jnp.asarray(perm), kind="staggered",
-                                       desired_set_size=4))
+  out = np.asarray(
+    orders.sample_order(jax.random.key(0), jnp.asarray(perm), kind="staggered", desired_set_size=4)
+  )
   rank7 = ranks(out)[:, 7]
   assert len(np.unique(rank7)) > 2  # not forced to a fixed rank
 
 
 def test_blocks_uniform_within_block():
   n, length, bs = 6000, 6, 3
-  out = np.asarray(orders.sample_order(jax.random.key(2), jnp.ones((n, length), bool),
-                                       kind="blocks", block_size=bs))
+  out = np.asarray(
+    orders.sample_order(
+      jax.random.key(2), jnp.ones((n, length), bool), kind="blocks", block_size=bs
+    )
+  )
   np.testing.assert_array_equal(out[:, :3] // 3, 0)
   np.testing.assert_array_equal(out[:, 3:] // 3, 1)
   perms = {p: i for i, p in enumerate(itertools.permutations(range(3)))}
   for blk in range(2):
-    idx = [perms[tuple((row - 3 * blk).tolist())] for row in out[:, 3 * blk:3 * blk + 3]]
+    idx = [perms[tuple((row - 3 * blk).tolist())] for row in out[:, 3 * blk : 3 * blk + 3]]
     assert stats.chisquare(np.bincount(idx, minlength=6)).pvalue > 1e-3
 
 
@@ -351,15 +394,16 @@ def test_move_eos_last_groups():
     ctx, pad = r % 3, (r * 2) % 5
     context[r, :ctx] = True
     if pad:
-      real[r, length - pad:] = False
-      tokens[r, length - pad:] = eos  # pad = EOS id (GPT-2 style): must still go last as padding
+      real[r, length - pad :] = False
+      tokens[r, length - pad :] = eos  # pad = EOS id (GPT-2 style): must still go last as padding
     tgt_pos = np.arange(ctx, length - pad)
     tokens[r, rng.choice(tgt_pos, size=2, replace=False)] = eos
   tokens[0, 0] = eos  # an EOS-valued context token stays a context token
   context[0, 0] = True
   target = real & ~context
-  order = orders.sample_order(jax.random.key(9), jnp.asarray(target), kind="staggered",
-                              desired_set_size=2)
+  order = orders.sample_order(
+    jax.random.key(9), jnp.asarray(target), kind="staggered", desired_set_size=2
+  )
   out = np.asarray(orders.move_eos_last(order, jnp.asarray(tokens), jnp.asarray(target), eos))
   order = np.asarray(order)
   changed = 0
@@ -379,5 +423,6 @@ def test_inverse_permutation():
   order = orders.sample_order(jax.random.key(0), jnp.ones((4, 10), bool), kind="uniform")
   inv = np.asarray(orders.inverse_permutation(order))
   np.testing.assert_array_equal(inv, ranks(order))
-  np.testing.assert_array_equal(np.take_along_axis(np.asarray(order), inv, -1),
-                                np.broadcast_to(np.arange(10), (4, 10)))
+  np.testing.assert_array_equal(
+    np.take_along_axis(np.asarray(order), inv, -1), np.broadcast_to(np.arange(10), (4, 10))
+  )

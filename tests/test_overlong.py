@@ -1,5 +1,6 @@
 """data.overlong: documents longer than a row under preprocess='pad' are cut, wrapped, skipped
 or refused, and always counted in the log (issue 24)."""
+
 import logging
 
 import pytest
@@ -18,18 +19,27 @@ def test_fit_documents_by_hand(caplog):
   with caplog.at_level(logging.WARNING):
     cut, n = P.fit_documents(docs, 5, "cut")
   assert n == 1 and rows(cut) == [[1, 7, 8, 2, 0], [1, 10, 11, 12, 13], [1, 9, 9, 9, 2]]
-  assert "1 of 3 documents (33.3%) are longer than a row of seq_len=5: cut to the row, " \
-         "3 tokens dropped (data.overlong=cut" in caplog.text
+  assert (
+    "1 of 3 documents (33.3%) are longer than a row of seq_len=5: cut to the row, "
+    "3 tokens dropped (data.overlong=cut" in caplog.text
+  )
   wrap, n = P.fit_documents(docs, 5, "wrap")
   # doc + EOS = 7 tokens in pieces of 4: [BOS 10 11 12 13], [BOS 14 15 EOS].
-  assert n == 1 and rows(wrap) == [[1, 7, 8, 2, 0], [1, 10, 11, 12, 13], [1, 14, 15, 2, 0],
-                                   [1, 9, 9, 9, 2]]
+  assert n == 1 and rows(wrap) == [
+    [1, 7, 8, 2, 0],
+    [1, 10, 11, 12, 13],
+    [1, 14, 15, 2, 0],
+    [1, 9, 9, 9, 2],
+  ]
   exact, _ = P.fit_documents([[3, 4, 5, 6, 7, 8, 9, 10]], 5, "wrap")  # 9 = 4 + 4 + 1
   assert rows(exact) == [[1, 3, 4, 5, 6], [1, 7, 8, 9, 10], [1, 2, 0, 0, 0]]
   skip, n = P.fit_documents(docs, 5, "skip")
   assert n == 1 and rows(skip) == [[1, 7, 8, 2, 0], [1, 9, 9, 9, 2]]
-  with pytest.raises(ValueError, match=r"1 of 3 documents are longer than a row \(seq_len=5 "
-                     r"holds 3 tokens.*the first is #1, 6 tokens\): set data.overlong=cut"):
+  with pytest.raises(
+    ValueError,
+    match=r"1 of 3 documents are longer than a row \(seq_len=5 "
+    r"holds 3 tokens.*the first is #1, 6 tokens\): set data.overlong=cut",
+  ):
     P.fit_documents(docs, 5, "error")
   caplog.clear()
   with caplog.at_level(logging.WARNING):
@@ -59,8 +69,16 @@ def test_text_lines_overlong_in_the_pipeline(tok, tmp_path, caplog):
     cfg = P.default_data_config()
     cfg.source, cfg.paths, cfg.eval_paths, cfg.text_unit = "text", str(path), str(path), "line"
     cfg.preprocess, cfg.overlong = "pad", rule
-    ds = P.make_dataset(cfg, tok, split="eval", seq_len=seq_len, global_batch_size=2, seed=0,
-                        shuffle=False, num_epochs=1)
+    ds = P.make_dataset(
+      cfg,
+      tok,
+      split="eval",
+      seq_len=seq_len,
+      global_batch_size=2,
+      seed=0,
+      shuffle=False,
+      num_epochs=1,
+    )
     out = [(r, m) for b in ds for r, m in zip(b["tokens"], b["attention_mask"]) if m.sum()]
     return out
 

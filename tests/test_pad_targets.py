@@ -1,5 +1,6 @@
 """`data.pad_targets=eos`: the answer's tail up to L is EOS, attended and a target for all four
 methods in training (issue 22); `none` keeps the reference layout; bad values are refused."""
+
 import numpy as np
 import pytest
 
@@ -17,8 +18,10 @@ ENCODED = [([BOS, 7, 8, 9], [10, 11, EOS]), ([BOS, 5], [12, 13, 14, 15, EOS])]
 
 def test_pair_rows_eos_tail_layout():
   rows = pairs.pair_rows(ENCODED, 10, PAD, pad_targets="eos", eos_id=EOS)
-  np.testing.assert_array_equal(rows["tokens"], [[BOS, 7, 8, 9, 10, 11, EOS, EOS, EOS, EOS],
-                                                 [BOS, 5, 12, 13, 14, 15, EOS, EOS, EOS, EOS]])
+  np.testing.assert_array_equal(
+    rows["tokens"],
+    [[BOS, 7, 8, 9, 10, 11, EOS, EOS, EOS, EOS], [BOS, 5, 12, 13, 14, 15, EOS, EOS, EOS, EOS]],
+  )
   np.testing.assert_array_equal(rows["attention_mask"], np.ones((2, 10)))
   np.testing.assert_array_equal(rows["context_mask"], [[1] * 4 + [0] * 6, [1] * 2 + [0] * 8])
   none = pairs.pair_rows(ENCODED, 10, PAD)
@@ -35,7 +38,9 @@ def test_pad_targets_validation():
   cfg.pad_targets = "eos"
   pipeline.validate_data_config(cfg)
   cfg.pad_targets = "EOS"
-  with pytest.raises(ValueError, match=r"data.pad_targets='EOS'; expected one of \('none', 'eos'\)"):
+  with pytest.raises(
+    ValueError, match=r"data.pad_targets='EOS'; expected one of \('none', 'eos'\)"
+  ):
     pipeline.validate_data_config(cfg)
   text = pipeline.default_data_config()
   text.pad_targets = "eos"
@@ -55,8 +60,9 @@ def test_eos_tail_carries_training_loss(name):
     model = PosTable(shift=1 if name == "ar" else 0)
     table = jnp.asarray(np.random.default_rng(1).normal(size=(L + 1, V)), jnp.float32)
     jb = {k: jnp.asarray(v) for k, v in batch.items()}
-    fn = lambda t: methods.compute_loss(cfg_for(name), model, {"table": t}, jb,
-                                        jax.random.key(0), train=True)[0]
+    fn = lambda t: methods.compute_loss(
+      cfg_for(name), model, {"table": t}, jb, jax.random.key(0), train=True
+    )[0]
     grad = np.abs(np.asarray(jax.grad(fn)(table))).sum(-1)[:L]
     assert np.all(grad[:6] == 0), "a prompt position carries loss"
     assert np.all(grad[6:12] > 0), "an answer position carries no loss"

@@ -1,5 +1,6 @@
 """Prompt/answer data: the procedural task, JSONL and TFDS gsm8k sources, the pair row layout,
 the overflow rules and the bad-input errors."""
+
 import json
 import logging
 
@@ -40,10 +41,16 @@ def test_chain_deterministic_disjoint_splits_and_correct():
   test = tasks.chain_pairs("test", 300, seed=3)
   val = tasks.chain_pairs("validation", 300, seed=3)
   assert test == tasks.chain_pairs("test", 300, seed=3)
-  sets = {name: {p.prompt for p in ps} for name, ps in
-          (("train", tasks.chain_pairs("train", 3000, seed=11)), ("test", test), ("val", val),
-           ("test9", tasks.chain_pairs("test", 300, seed=9)),
-           ("val9", tasks.chain_pairs("validation", 300, seed=9)))}
+  sets = {
+    name: {p.prompt for p in ps}
+    for name, ps in (
+      ("train", tasks.chain_pairs("train", 3000, seed=11)),
+      ("test", test),
+      ("val", val),
+      ("test9", tasks.chain_pairs("test", 300, seed=9)),
+      ("val9", tasks.chain_pairs("validation", 300, seed=9)),
+    )
+  }
   assert len(sets["test"]) == 300 and len(sets["val"]) == 300  # distinct problems
   assert not sets["train"] & (sets["test"] | sets["val"] | sets["test9"] | sets["val9"])
   assert not (sets["test"] | sets["test9"]) & (sets["val"] | sets["val9"])
@@ -97,7 +104,7 @@ def test_pair_rows_layout(tok):
 def test_encode_pairs_and_overflow_rules(tok, caplog):
   short = pairs.Pair("1+2\n", "1+2=3\n#### 3", "short")
   long = pairs.Pair("9+9+9+9+9+9+9+9+9+9\n", "#### 90", "data.jsonl:7")
-  (p, a), = pairs.encode_pairs(tok, [short], 32)[0]
+  ((p, a),) = pairs.encode_pairs(tok, [short], 32)[0]
   assert p == [tok.bos_id] + tok.encode("1+2\n") and a == tok.encode("1+2=3\n#### 3") + [tok.eos_id]
   n_long = 1 + len(tok.encode(long.prompt)) + len(tok.encode(long.answer)) + 1
   seq_len = n_long - 4
@@ -111,7 +118,7 @@ def test_encode_pairs_and_overflow_rules(tok, caplog):
   assert stats["truncated"] == 1
   p, a = kept[1]
   assert len(p) + len(a) == seq_len and p[0] == tok.bos_id
-  assert p[1:] == tok.encode(long.prompt)[-(len(p) - 1):]  # the prompt's last tokens
+  assert p[1:] == tok.encode(long.prompt)[-(len(p) - 1) :]  # the prompt's last tokens
   with pytest.raises(ValueError, match="the answer alone does not fit"):
     pairs.encode_pairs(tok, [long], len(tok.encode(long.answer)) + 2, overflow="truncate_prompt")
 
@@ -122,13 +129,19 @@ def _write(path, records):
 
 
 def test_jsonl_pairs_and_errors(tmp_path):
-  good = _write(tmp_path / "good.jsonl", [{"q": "1+1\n", "a": "#### 2"}, "",
-                                          {"q": "2+2\n", "a": "#### 4", "x": 1}])
+  good = _write(
+    tmp_path / "good.jsonl",
+    [{"q": "1+1\n", "a": "#### 2"}, "", {"q": "2+2\n", "a": "#### 4", "x": 1}],
+  )
   got = pairs.jsonl_pairs(good, "q", "a")
   assert [(p.prompt, p.answer, p.where) for p in got] == [
-      ("1+1\n", "#### 2", f"{good}:1"), ("2+2\n", "#### 4", f"{good}:3")]
+    ("1+1\n", "#### 2", f"{good}:1"),
+    ("2+2\n", "#### 4", f"{good}:3"),
+  ]
   missing = _write(tmp_path / "missing.jsonl", [{"q": "1", "a": "2"}, {"question": "x", "a": "3"}])
-  with pytest.raises(ValueError, match=r"missing.jsonl:2: record has no field 'q'.*data.prompt_field"):
+  with pytest.raises(
+    ValueError, match=r"missing.jsonl:2: record has no field 'q'.*data.prompt_field"
+  ):
     pairs.jsonl_pairs(missing, "q", "a")
   empty = _write(tmp_path / "empty.jsonl", [{"q": "1", "a": "  "}])
   with pytest.raises(ValueError, match=r"empty.jsonl:1: field 'a' is empty"):
@@ -150,8 +163,7 @@ def _cfg(**kw):
 
 def test_pipeline_batches_of_pairs(tok, tmp_path):
   cfg = _cfg(source="arithmetic", task_train_examples=40, task_eval_examples=10)
-  it = iter(pipeline.make_dataset(cfg, tok, split="train", seq_len=32, global_batch_size=8,
-                                  seed=0))
+  it = iter(pipeline.make_dataset(cfg, tok, split="train", seq_len=32, global_batch_size=8, seed=0))
   batch = next(it)
   assert set(batch) == {"tokens", "attention_mask", "context_mask"}
   assert batch["tokens"].shape == batch["context_mask"].shape == (8, 32)
@@ -160,23 +172,53 @@ def test_pipeline_batches_of_pairs(tok, tmp_path):
   assert np.all(ctx.sum(1) >= 2) and np.all((att & ~ctx).sum(1) >= 3)
   last = att.sum(1) - 1
   assert np.all(batch["tokens"][np.arange(8), last] == tok.eos_id)
-  ev = list(pipeline.make_dataset(cfg, tok, split="eval", seq_len=32, global_batch_size=4,
-                                  seed=0, shuffle=False, num_epochs=1, drop_remainder=False))
+  ev = list(
+    pipeline.make_dataset(
+      cfg,
+      tok,
+      split="eval",
+      seq_len=32,
+      global_batch_size=4,
+      seed=0,
+      shuffle=False,
+      num_epochs=1,
+      drop_remainder=False,
+    )
+  )
   assert len(ev) == 3 and ev[-1]["attention_mask"][2:].sum() == 0  # 10 rows, the last 2 empty
   with pytest.raises(ValueError, match="preprocess=pad"):
-    pipeline.make_dataset(_cfg(source="arithmetic", preprocess="wrap"), tok, split="train",
-                          seq_len=32, global_batch_size=8, seed=0)
-  long = _write(tmp_path / "long.jsonl", [{"prompt": "1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1\n",
-                                           "answer": "#### 16"}])
+    pipeline.make_dataset(
+      _cfg(source="arithmetic", preprocess="wrap"),
+      tok,
+      split="train",
+      seq_len=32,
+      global_batch_size=8,
+      seed=0,
+    )
+  long = _write(
+    tmp_path / "long.jsonl", [{"prompt": "1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1\n", "answer": "#### 16"}]
+  )
   with pytest.raises(ValueError, match=r"long.jsonl:1: prompt"):
-    pipeline.make_dataset(_cfg(source="pairs_jsonl", paths=long), tok, split="train",
-                          seq_len=16, global_batch_size=1, seed=0)
+    pipeline.make_dataset(
+      _cfg(source="pairs_jsonl", paths=long),
+      tok,
+      split="train",
+      seq_len=16,
+      global_batch_size=1,
+      seed=0,
+    )
 
 
 def test_gsm8k_through_tfds_builder(tok, tmp_path):
   tfds = pytest.importorskip("tensorflow_datasets")
-  rows = [{"question": b"Tom has 3 apples and buys 4. How many?",
-           "answer": b"3+4=7\n#### 7", "annotation": b"", "short_answer": b"7"}] * 3
+  rows = [
+    {
+      "question": b"Tom has 3 apples and buys 4. How many?",
+      "answer": b"3+4=7\n#### 7",
+      "annotation": b"",
+      "short_answer": b"7",
+    }
+  ] * 3
 
   def source(self, split, **kwargs):
     assert self.name == "gsm8k"
@@ -184,12 +226,16 @@ def test_gsm8k_through_tfds_builder(tok, tmp_path):
 
   with tfds.testing.mock_data(as_data_source_fn=source):
     got = pairs.gsm8k_pairs("test", str(tmp_path))
-    via_cfg = pairs.load_pairs(_cfg(source="gsm8k", eval_split="test",
-                                    tfds_data_dir=str(tmp_path)), "eval")
-  (p, a), = pairs.encode_pairs(tok, got[:1], 128, prompt_style="gsm8k")[0]
+    via_cfg = pairs.load_pairs(
+      _cfg(source="gsm8k", eval_split="test", tfds_data_dir=str(tmp_path)), "eval"
+    )
+  ((p, a),) = pairs.encode_pairs(tok, got[:1], 128, prompt_style="gsm8k")[0]
   assert via_cfg == got and len(got) == 3
-  assert got[0] == pairs.Pair("Tom has 3 apples and buys 4. How many?", "3+4=7\n#### 7",
-                              "gsm8k test #0")
+  assert got[0] == pairs.Pair(
+    "Tom has 3 apples and buys 4. How many?", "3+4=7\n#### 7", "gsm8k test #0"
+  )
   assert tok.decode(p).startswith("Please reason step by step")
-  with pytest.raises(FileNotFoundError, match=r"gsm8k split 'test' is not prepared.*tfds build gsm8k"):
+  with pytest.raises(
+    FileNotFoundError, match=r"gsm8k split 'test' is not prepared.*tfds build gsm8k"
+  ):
     pairs.gsm8k_pairs("test", str(tmp_path / "empty"))

@@ -2,6 +2,7 @@
 the bucket (etils.epath.testing.mock_epath maps gs://bucket/... to a temporary folder): config,
 tokenizer, metrics, resume checks and fallback renames reach the "bucket", and nothing lands in a
 local folder named `gs:`."""
+
 import json
 import os
 
@@ -29,7 +30,7 @@ def bucket(tmp_path, monkeypatch):
 
   def local(p):
     p = os.fspath(p)
-    return str(root / p[len("gs://bucket/"):]) if p.startswith("gs://bucket") else p
+    return str(root / p[len("gs://bucket/") :]) if p.startswith("gs://bucket") else p
 
   def one(fn, path, *args, **kw):
     return fn(local(path), *args, **kw)
@@ -37,8 +38,19 @@ def bucket(tmp_path, monkeypatch):
   def two(fn, src, dst, *args, **kw):
     return fn(local(src), local(dst), *args, **kw)
 
-  names = ("open", "exists", "isdir", "listdir", "makedirs", "mkdir", "remove", "rmtree", "stat",
-           "glob", "walk")
+  names = (
+    "open",
+    "exists",
+    "isdir",
+    "listdir",
+    "makedirs",
+    "mkdir",
+    "remove",
+    "rmtree",
+    "stat",
+    "glob",
+    "walk",
+  )
   with epath_testing.mock_epath(**{n: one for n in names}, rename=two, replace=two, copy=two):
     yield root
   assert not os.path.exists(cwd / "gs:"), "a local gs: folder was created"
@@ -85,8 +97,10 @@ def test_tokenizer_trained_once_then_read_from_gs(bucket):
   cfg.vocab_size = 300
   texts = sources.embedded_corpus("validation")[:200]
   tok = tokenizers.get_tokenizer(cfg, GS, train_texts=texts)
-  assert sorted(os.listdir(bucket / "runs/r1/tokenizer")) == ["special_tokens.json",
-                                                              "tokenizer.json"]
+  assert sorted(os.listdir(bucket / "runs/r1/tokenizer")) == [
+    "special_tokens.json",
+    "tokenizer.json",
+  ]
 
   def no_training():
     raise AssertionError("the saved tokenizer must be read, not trained again")
@@ -106,15 +120,16 @@ def test_export_to_gs(bucket, monkeypatch):
   from setdiff_jax.workdir.config import default_config
   from setdiff_jax import models
   from setdiff_jax.interop import name_map
+
   config = default_config()
   config.seq_len, config.model.vocab_size, config.model.hidden_size = 12, 64, 32
   config.model.num_layers, config.model.num_heads, config.model.cond_dim = 1, 4, 16
   config.loss.desired_set_size = 2
   rng = np.random.default_rng(0)
-  shapes = name_map.flatten(models.param_shapes(models.backbone_config(config.model.to_dict(),
-                                                                        64)))
-  params = name_map.unflatten({k: rng.standard_normal(s.shape).astype(np.float32)
-                               for k, s in shapes.items()})
+  shapes = name_map.flatten(models.param_shapes(models.backbone_config(config.model.to_dict(), 64)))
+  params = name_map.unflatten(
+    {k: rng.standard_normal(s.shape).astype(np.float32) for k, s in shapes.items()}
+  )
 
   class Tok:
     bos_id, eos_id, pad_id, mask_id, vocab_size = 2, 3, 0, 4, 64
@@ -124,8 +139,13 @@ def test_export_to_gs(bucket, monkeypatch):
       with open(os.path.join(d, "tokenizer.json"), "w") as f:
         f.write("{}")
 
-  monkeypatch.setattr(workdir_lib, "load_inference_state", lambda workdir, step=None, use_ema=True:
-                      workdir_lib.InferenceState(config, None, None, params, Tok(), 5))
+  monkeypatch.setattr(
+    workdir_lib,
+    "load_inference_state",
+    lambda workdir, step=None, use_ema=True: workdir_lib.InferenceState(
+      config, None, None, params, Tok(), 5
+    ),
+  )
   out = "gs://bucket/exports/e1"
   assert export_workdir(GS, out)[0] == out
   files = sorted(os.listdir(bucket / "exports/e1"))

@@ -2,13 +2,20 @@
 sampler invariants for every policy (>= 1 commit per live row per step, batch == rows alone with
 mixed prompt lengths, cached == no-cache reference) on a cheap toy model; MDLM with `margin` and no
 tau == a dense token-for-token reference (the official confidence_margin_based_noising)."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from setdiff_jax.sampling import (SamplerConfig, bd3lm_generate, mdlm_generate, policies,
-                                  set_generate, set_infill)
+from setdiff_jax.sampling import (
+  SamplerConfig,
+  bd3lm_generate,
+  mdlm_generate,
+  policies,
+  set_generate,
+  set_infill,
+)
 from setdiff_jax.sampling.policies import StepStats
 from setdiff_jax.sampling.reference import reference_generate, reference_infill
 
@@ -22,20 +29,27 @@ MARGIN = np.array([[0.85, 0.30, 0.90, 0.10]], np.float32)
 def stats(streak=(1, 1, 1, 1), conf=None):
   cand = jnp.array([[11, 12, 13, 14]], jnp.int32)
   p = jnp.asarray(PMAX if conf is None else conf)
-  return StepStats(cand=cand, conf=p, pmax=jnp.asarray(PMAX), margin=jnp.asarray(MARGIN),
-                   entropy=jnp.asarray(ENT), argmax=cand,
-                   streak=jnp.asarray([streak], jnp.int32))
+  return StepStats(
+    cand=cand,
+    conf=p,
+    pmax=jnp.asarray(PMAX),
+    margin=jnp.asarray(MARGIN),
+    entropy=jnp.asarray(ENT),
+    argmax=cand,
+    streak=jnp.asarray([streak], jnp.int32),
+  )
 
 
 def mask(name, arg, count=1, valid=(1, 1, 1, 1), **kw):
-  out = policies.commit(name, arg, stats(**kw), jnp.asarray([valid], bool),
-                        jnp.asarray([count], jnp.int32))
+  out = policies.commit(
+    name, arg, stats(**kw), jnp.asarray([valid], bool), jnp.asarray([count], jnp.int32)
+  )
   return np.asarray(out)[0].astype(int).tolist()
 
 
 def test_threshold_hand_worked():
-  assert mask("threshold", None) == [0, 0, 1, 0]          # n_i = 1: the most confident
-  assert mask("threshold", 0.8) == [1, 0, 1, 0]           # + conf >= 0.8
+  assert mask("threshold", None) == [0, 0, 1, 0]  # n_i = 1: the most confident
+  assert mask("threshold", 0.8) == [1, 0, 1, 0]  # + conf >= 0.8
   assert mask("threshold", 0.8, count=4) == [1, 1, 1, 1]  # n_i >= |valid| keeps all
   assert mask("threshold", None, count=0) == [1, 1, 1, 1]  # n_i == 0 keeps all (SPEC §8.13)
   # ranks by the chosen token's probability, not the max-probability
@@ -45,10 +59,10 @@ def test_threshold_hand_worked():
 def test_pmax_hand_worked():
   # the chosen tokens' probabilities rank 3 > 1 > 0 > 2; the max-probabilities rank 2 > 0 > 1 > 3
   conf = np.array([[0.1, 0.2, 0.05, 0.3]], np.float32)
-  assert mask("pmax", None, conf=conf) == [0, 0, 1, 0]          # n_i = 1: the highest pmax
-  assert mask("pmax", 0.8, conf=conf) == [1, 0, 1, 0]           # + pmax >= 0.8 (not conf)
+  assert mask("pmax", None, conf=conf) == [0, 0, 1, 0]  # n_i = 1: the highest pmax
+  assert mask("pmax", 0.8, conf=conf) == [1, 0, 1, 0]  # + pmax >= 0.8 (not conf)
   assert mask("pmax", 0.6, count=3, conf=conf) == [1, 1, 1, 0]  # n_i is a floor; .6 >= .6
-  assert mask("pmax", 2.0, conf=conf) == [0, 0, 1, 0]           # tau > 1 is off
+  assert mask("pmax", 2.0, conf=conf) == [0, 0, 1, 0]  # tau > 1 is off
   assert mask("pmax", None, count=0, conf=conf) == [1, 1, 1, 1]  # n_i == 0 keeps all
   assert mask("pmax", 0.8, valid=(1, 1, 0, 1), conf=conf) == [1, 0, 0, 0]
   # the same decisions as `threshold` when the chosen token is the argmax (greedy)
@@ -77,19 +91,24 @@ def test_factor_hand_worked():
 
 
 def test_margin_hand_worked():
-  assert mask("margin", None) == [0, 0, 1, 0]             # official: n_i largest margins
+  assert mask("margin", None) == [0, 0, 1, 0]  # official: n_i largest margins
   assert mask("margin", None, count=2) == [1, 0, 1, 0]
-  assert mask("margin", 0.25) == [1, 1, 1, 0]             # + margin >= tau
+  assert mask("margin", 0.25) == [1, 1, 1, 0]  # + margin >= tau
   # margin ranks differently from confidence: slot 0 beats slot 2 on margin here
   m = np.array([[0.95, 0.30, 0.90, 0.10]], np.float32)
-  out = policies.commit("margin", None, stats()._replace(margin=jnp.asarray(m)),
-                        jnp.ones((1, 4), bool), jnp.ones((1,), jnp.int32))
+  out = policies.commit(
+    "margin",
+    None,
+    stats()._replace(margin=jnp.asarray(m)),
+    jnp.ones((1, 4), bool),
+    jnp.ones((1,), jnp.int32),
+  )
   assert np.asarray(out)[0].astype(int).tolist() == [1, 0, 0, 0]
 
 
 def test_topk_dilated_stable_hand_worked():
   assert mask("topk", 3) == [1, 1, 1, 0]
-  assert mask("topk", 1, count=2) == [1, 0, 1, 0]          # max(k, n_i)
+  assert mask("topk", 1, count=2) == [1, 0, 1, 0]  # max(k, n_i)
   assert mask("dilated", 2) == [1, 0, 1, 0]
   assert mask("dilated", 2, valid=(0, 1, 1, 1)) == [0, 1, 0, 1]  # from the first valid slot
   assert mask("dilated", 3, valid=(0, 1, 1, 1)) == [0, 1, 0, 0]
@@ -102,8 +121,11 @@ def test_dead_row_commits_nothing_and_rows_are_independent():
   s = StepStats(*[jnp.concatenate([x, x]) for x in stats()])
   valid = jnp.asarray([[1, 1, 1, 1], [0, 0, 0, 0]], bool)
   for name in policies.POLICIES:
-    out = np.asarray(policies.commit(name, policies.check_arg(name, None), s, valid,
-                                     jnp.asarray([1, 1], jnp.int32)))
+    out = np.asarray(
+      policies.commit(
+        name, policies.check_arg(name, None), s, valid, jnp.asarray([1, 1], jnp.int32)
+      )
+    )
     assert out[0].sum() >= 1 and out[1].sum() == 0, name
 
 
@@ -127,10 +149,15 @@ def test_registry_and_bad_input():
   assert not any(p.token_dependent for n, p in policies.POLICIES.items() if n != "threshold")
   with pytest.raises(ValueError, match="valid: threshold, entropy_bound, factor, margin"):
     SamplerConfig(mask_token_id=3, policy="nope")
-  for name, arg, what in (("entropy_bound", -0.1, "gamma must be >= 0"),
-                          ("factor", 0.0, "f must be > 0"), ("topk", 0, "k must be >= 1"),
-                          ("topk", 1.5, "k must be an integer"), ("dilated", 0, "d must be >= 1"),
-                          ("stable", 0, "k must be >= 1"), ("margin", -1, "tau must be > 0")):
+  for name, arg, what in (
+    ("entropy_bound", -0.1, "gamma must be >= 0"),
+    ("factor", 0.0, "f must be > 0"),
+    ("topk", 0, "k must be >= 1"),
+    ("topk", 1.5, "k must be an integer"),
+    ("dilated", 0, "d must be >= 1"),
+    ("stable", 0, "k must be >= 1"),
+    ("margin", -1, "tau must be > 0"),
+  ):
     with pytest.raises(ValueError, match=f"--policy_arg=.* for --policy={name}: {what}"):
       SamplerConfig(mask_token_id=3, policy=name, policy_arg=arg)
   with pytest.raises(ValueError, match="--threshold.*--policy_arg"):
@@ -166,13 +193,30 @@ def hash_toy(tokens, positions, mask, kv_cache):
 
 
 PROMPTS = [[1, 5, 6, 7, 8], [1, 9], [1, 4, 6]]
-ARGS = {"threshold": 0.5, "entropy_bound": 0.8, "factor": 1.0, "margin": 0.4, "topk": 2,
-        "dilated": 2, "stable": 2, "pmax": 0.5}
+ARGS = {
+  "threshold": 0.5,
+  "entropy_bound": 0.8,
+  "factor": 1.0,
+  "margin": 0.4,
+  "topk": 2,
+  "dilated": 2,
+  "stable": 2,
+  "pmax": 0.5,
+}
 
 
 def cfg_for(name, **kw):
-  base = dict(mask_token_id=M, eos_token_id=EOS, pad_token_id=PAD, bos_token_id=BOS, window=4,
-              max_new_tokens=10, stop_at_eos=False, policy=name, policy_arg=ARGS[name])
+  base = dict(
+    mask_token_id=M,
+    eos_token_id=EOS,
+    pad_token_id=PAD,
+    bos_token_id=BOS,
+    window=4,
+    max_new_tokens=10,
+    stop_at_eos=False,
+    policy=name,
+    policy_arg=ARGS[name],
+  )
   base.update(kw)
   return SamplerConfig(**base)
 
@@ -197,8 +241,9 @@ def test_set_sampler_invariants(name):
     p = PROMPTS[i]
     alone = set_generate(hash_toy, None, [p], cfg)
     assert alone.generated[0] == out.generated[i], (name, i)
-    np.testing.assert_array_equal(alone.commit_step[0, :len(p) + 10],
-                                  out.commit_step[i, :len(p) + 10])
+    np.testing.assert_array_equal(
+      alone.commit_step[0, : len(p) + 10], out.commit_step[i, : len(p) + 10]
+    )
   if name != "threshold":  # the parameters above make every other policy go parallel here
     assert out.tokens_per_step > 1.0, name
 
@@ -244,14 +289,15 @@ def test_mdlm_margin_without_tau_is_token_for_token():
   for p in prompts:
     x = np.array(list(p) + [M] * 10)
     for _ in range(10):
-      logits, _ = hash_toy(jnp.asarray(x[None]), jnp.arange(len(x))[None],
-                           jnp.ones((1, len(x), len(x)), bool), None)
+      logits, _ = hash_toy(
+        jnp.asarray(x[None]), jnp.arange(len(x))[None], jnp.ones((1, len(x), len(x)), bool), None
+      )
       prob = np.asarray(jax.nn.softmax(logits.at[..., M].set(-1e12), -1))[0]
       top = -np.sort(-prob, -1)
       marg = np.where(x == M, top[:, 0] - top[:, 1], -1.0)
       j = int(np.argmax(marg))
       x[j] = int(np.argmax(prob[j]))
-    want.append(x[len(p):].tolist())
+    want.append(x[len(p) :].tolist())
   assert out.generated == want
   bd = bd3lm_generate(hash_toy, None, prompts, cfg_for("margin", policy_arg=None, block_size=4))
   assert bd.tokens_per_step == 1.0 and bd.num_steps.tolist() == [10, 10]
@@ -272,8 +318,10 @@ def test_evaluation_settings_and_labels():
   from setdiff_jax import methods
   from setdiff_jax.diffusion import losses
   from setdiff_jax.evaluation import generation
-  oc = losses.ObjectiveConfig(name="setdlm", mask_token_id=3, eos_token_id=2, pad_token_id=0,
-                              desired_set_size=4)
+
+  oc = losses.ObjectiveConfig(
+    name="setdlm", mask_token_id=3, eos_token_id=2, pad_token_id=0, desired_set_size=4
+  )
   base = generation.decoding_settings(oc, windows=[4, 8], thresholds=[None])
   out = generation.with_policy(oc, base, "entropy_bound", [0.1, 0.5])
   assert [(s["window"], s["policy_arg"]) for s in out] == [(4, 0.1), (4, 0.5), (8, 0.1), (8, 0.5)]
@@ -294,15 +342,19 @@ def test_evaluation_settings_and_labels():
 def test_benchmark_choice_rule_and_paired_bootstrap():
   import importlib.util
   import os
-  path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
-                      "speed_accuracy.py")
+
+  path = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "speed_accuracy.py"
+  )
   spec = importlib.util.spec_from_file_location("speed_accuracy_unit", path)
   bench = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(bench)
-  rows = [{"accuracy": 0.80, "kept_tokens_per_call": 1.0, "policy_arg": None},
-          {"accuracy": 0.795, "kept_tokens_per_call": 1.5, "policy_arg": 0.1},
-          {"accuracy": 0.70, "kept_tokens_per_call": 3.0, "policy_arg": 1.0}]
-  assert bench.choose(rows, 0.80)["policy_arg"] == 0.1     # fastest within 1 point
+  rows = [
+    {"accuracy": 0.80, "kept_tokens_per_call": 1.0, "policy_arg": None},
+    {"accuracy": 0.795, "kept_tokens_per_call": 1.5, "policy_arg": 0.1},
+    {"accuracy": 0.70, "kept_tokens_per_call": 3.0, "policy_arg": 1.0},
+  ]
+  assert bench.choose(rows, 0.80)["policy_arg"] == 0.1  # fastest within 1 point
   assert bench.choose(rows[1:], 0.90)["policy_arg"] == 0.1  # none within: the most accurate
   a = {"correct": [1, 1, 0, 0], "kept": [4, 4, 4, 4], "calls": [2, 2, 2, 2]}
   b = {"correct": [1, 0, 0, 0], "kept": [4, 4, 4, 4], "calls": [4, 4, 4, 4]}
@@ -318,37 +370,68 @@ def test_benchmark_matched_speed_pairing_and_grid_flag():
   validation kept/call is nearest (per seed); --policy_grid parses and checks ranges."""
   import importlib.util
   import os
-  path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
-                      "speed_accuracy.py")
+
+  path = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "speed_accuracy.py"
+  )
   spec = importlib.util.spec_from_file_location("speed_accuracy_unit2", path)
   bench = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(bench)
-  assert bench.parse_grid("factor:1/2,threshold:off/0.9") == {"factor": (1.0, 2.0),
-                                                               "threshold": (None, 0.9)}
+  assert bench.parse_grid("factor:1/2,threshold:off/0.9") == {
+    "factor": (1.0, 2.0),
+    "threshold": (None, 0.9),
+  }
   for bad in ("factor:0", "nope:1", "topk:"):
     with pytest.raises(ValueError):
       bench.parse_grid(bad)
   assert bench.chain_seq_len(4, 99) == 40  # 12 prompt + 12 + 8 answer + BOS/EOS = 34 -> 40
   pe = lambda c, k, f: {"correct": c, "kept": k, "calls": f}
-  off, t9, t5 = pe([1, 1, 0, 0], [4] * 4, [4] * 4), pe([1, 0, 0, 0], [4] * 4, [2] * 4), \
-      pe([0, 0, 0, 0], [4] * 4, [1] * 4)
+  off, t9, t5 = (
+    pe([1, 1, 0, 0], [4] * 4, [4] * 4),
+    pe([1, 0, 0, 0], [4] * 4, [2] * 4),
+    pe([0, 0, 0, 0], [4] * 4, [1] * 4),
+  )
   val = lambda a, k: {"policy_arg": a, "kept_tokens_per_call": k, "accuracy": 0.5}
-  thr = {"task": "chain", "method": "setdlm4", "seed": 0, "window": 4, "policy": "threshold",
-         "chosen_arg": 0.9, "val": [val(None, 1.0), val(0.9, 2.0), val(0.5, 4.0)],
-         "test": {"accuracy": 0.25}, "per_example": t9, "ref_test": {"accuracy": 0.5},
-         "ref_per_example": off, "grid_test": [{"arg": None, "per_example": off},
-                                              {"arg": 0.9, "per_example": t9},
-                                              {"arg": 0.5, "per_example": t5}]}
-  pol = {"task": "chain", "method": "setdlm4", "seed": 0, "window": 4, "policy": "factor",
-         "chosen_arg": 2.0, "val_pick": val(2.0, 3.5),
-         "test": {"accuracy": 0.5, "kept_tokens_per_call": 4 / 1.0, "tokens_per_second": 1.0,
-                  "copy_fraction": 0.0}, "per_example": pe([1, 1, 0, 0], [4] * 4, [1] * 4)}
+  thr = {
+    "task": "chain",
+    "method": "setdlm4",
+    "seed": 0,
+    "window": 4,
+    "policy": "threshold",
+    "chosen_arg": 0.9,
+    "val": [val(None, 1.0), val(0.9, 2.0), val(0.5, 4.0)],
+    "test": {"accuracy": 0.25},
+    "per_example": t9,
+    "ref_test": {"accuracy": 0.5},
+    "ref_per_example": off,
+    "grid_test": [
+      {"arg": None, "per_example": off},
+      {"arg": 0.9, "per_example": t9},
+      {"arg": 0.5, "per_example": t5},
+    ],
+  }
+  pol = {
+    "task": "chain",
+    "method": "setdlm4",
+    "seed": 0,
+    "window": 4,
+    "policy": "factor",
+    "chosen_arg": 2.0,
+    "val_pick": val(2.0, 3.5),
+    "test": {
+      "accuracy": 0.5,
+      "kept_tokens_per_call": 4 / 1.0,
+      "tokens_per_second": 1.0,
+      "copy_fraction": 0.0,
+    },
+    "per_example": pe([1, 1, 0, 0], [4] * 4, [1] * 4),
+  }
   thr["test"].update(kept_tokens_per_call=2.0, tokens_per_second=1.0, copy_fraction=0.0)
   rows = {r["policy"]: r for r in bench.summarize([thr, pol], 50)}
   f = rows["factor"]
-  assert f["speedup"] == 4.0 and f["acc_diff"] == 0.0            # vs tau off
+  assert f["speedup"] == 4.0 and f["acc_diff"] == 0.0  # vs tau off
   assert f["vs_thr"]["speedup"] == 2.0 and f["vs_thr"]["acc_diff"] == 0.25  # vs tau = 0.9
-  assert f["match_args"] == [0.5]                                 # val 3.5 is nearest to 4.0
+  assert f["match_args"] == [0.5]  # val 3.5 is nearest to 4.0
   assert f["vs_match"]["speedup"] == 1.0 and f["vs_match"]["acc_diff"] == 0.5
   assert rows["threshold"]["ref_seed_accuracies"] == [0.5]
   assert "| chain | setdlm4 | 4 | factor | 2 | 0.5 |" in bench.matched_table(list(rows.values()))
@@ -359,14 +442,21 @@ def test_benchmark_resumes_per_policy_and_reports_partial_runs(tmp_path, monkeyp
   re-run evaluates only the rest, and --report_only reports what is there, labelled."""
   import importlib.util
   import os
-  path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
-                      "speed_accuracy.py")
+
+  path = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "speed_accuracy.py"
+  )
   spec = importlib.util.spec_from_file_location("speed_accuracy_unit3", path)
   bench = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(bench)
   pe = {"correct": [1, 0], "kept": [2, 2], "calls": [1, 2]}
-  slim = {"accuracy": 0.5, "kept_tokens_per_call": 4 / 3, "tokens_per_second": 1.0,
-          "copy_fraction": 0.0, "policy_arg": None}
+  slim = {
+    "accuracy": 0.5,
+    "kept_tokens_per_call": 4 / 3,
+    "tokens_per_second": 1.0,
+    "copy_fraction": 0.0,
+    "policy_arg": None,
+  }
   calls, kill = [], [True]
 
   def fake_eval(method, workdir, task, p, seed, log, prior=(), save=None):
@@ -377,20 +467,40 @@ def test_benchmark_resumes_per_policy_and_reports_partial_runs(tmp_path, monkeyp
       calls.append(policy)
       if policy == "factor" and kill[0]:
         raise KeyboardInterrupt  # killed after the threshold rule
-      out.append({"task": task, "method": method, "seed": seed, "window": 4, "policy": policy,
-                  "chosen_arg": None, "val": [dict(slim)], "val_pick": dict(slim),
-                  "test": dict(slim), "per_example": pe, "ref_test": dict(slim),
-                  "ref_per_example": pe,
-                  "grid_test": [{"arg": None, "test": dict(slim), "per_example": pe}]})
+      out.append(
+        {
+          "task": task,
+          "method": method,
+          "seed": seed,
+          "window": 4,
+          "policy": policy,
+          "chosen_arg": None,
+          "val": [dict(slim)],
+          "val_pick": dict(slim),
+          "test": dict(slim),
+          "per_example": pe,
+          "ref_test": dict(slim),
+          "ref_per_example": pe,
+          "grid_test": [{"arg": None, "test": dict(slim), "per_example": pe}],
+        }
+      )
       save(out)
     return out
 
   monkeypatch.setattr(bench, "policy_eval", fake_eval)
   monkeypatch.setattr(bench, "shared_tokenizer", lambda sub, c: "tok")
-  monkeypatch.setattr(bench, "train_method", lambda m, c, sub, tok, log: {
-      "workdir": sub, "train_seconds": 1.0})
-  argv = ["--policies=threshold,factor", "--methods=setdlm4", "--tasks=chain", "--seeds=0",
-          f"--output_dir={tmp_path}", "--results_dir=none", "--bootstrap=10"]
+  monkeypatch.setattr(
+    bench, "train_method", lambda m, c, sub, tok, log: {"workdir": sub, "train_seconds": 1.0}
+  )
+  argv = [
+    "--policies=threshold,factor",
+    "--methods=setdlm4",
+    "--tasks=chain",
+    "--seeds=0",
+    f"--output_dir={tmp_path}",
+    "--results_dir=none",
+    "--bootstrap=10",
+  ]
   with pytest.raises(KeyboardInterrupt):
     bench.main(argv, log=lambda *a: None)
   rec = bench.main(argv + ["--report_only"], log=lambda *a: None)

@@ -4,6 +4,7 @@ A tiny random Qwen3 (d=32, 4 query / 2 KV heads, head dim 16, 2-3 layers) is mad
 transformers and `save_pretrained`, imported, and compared with transformers in fp32. Skips
 cleanly without torch / transformers. Measured errors: `python -m pytest tests/test_qwen3.py -s`.
 """
+
 import json
 import os
 import time
@@ -35,6 +36,7 @@ def rel_err(a, b) -> float:
 def write_tokenizer(path, with_mask=True):
   import tokenizers as hf
   from tokenizers import models as tm, pre_tokenizers
+
   specials = ["<|endoftext|>"] + (["<|fim_middle|>"] if with_mask else ["<|fim_suffix|>"])
   vocab = {t: i for i, t in enumerate(specials + ["[UNK]"] + WORDS)}
   tok = hf.Tokenizer(tm.WordLevel(vocab, unk_token="[UNK]"))
@@ -46,9 +48,18 @@ def write_tokenizer(path, with_mask=True):
 def make_hf_dir(path, *, layers=2, kv=KV, tie=True, seed=0, theta=10000.0, tokenizer=True):
   """A random Qwen3ForCausalLM saved with save_pretrained; returns (path, torch model)."""
   cfg = transformers.Qwen3Config(
-      vocab_size=V, hidden_size=D, intermediate_size=F, num_hidden_layers=layers,
-      num_attention_heads=H, num_key_value_heads=kv, head_dim=DH, tie_word_embeddings=tie,
-      max_position_embeddings=256, rope_theta=theta, rms_norm_eps=1e-6)
+    vocab_size=V,
+    hidden_size=D,
+    intermediate_size=F,
+    num_hidden_layers=layers,
+    num_attention_heads=H,
+    num_key_value_heads=kv,
+    head_dim=DH,
+    tie_word_embeddings=tie,
+    max_position_embeddings=256,
+    rope_theta=theta,
+    rms_norm_eps=1e-6,
+  )
   torch.manual_seed(seed)
   model = transformers.Qwen3ForCausalLM(cfg).eval()
   with torch.no_grad():  # every weight random and O(1): a fresh init has unit norms
@@ -69,10 +80,12 @@ def torch_logits(model, tokens, positions, allowed):
   model.config._attn_implementation = "eager"
   add = np.where(np.asarray(allowed)[:, None], 0.0, np.finfo(np.float32).min).astype(np.float32)
   with torch.no_grad():
-    out = model(input_ids=torch.as_tensor(np.array(tokens), dtype=torch.long),
-                attention_mask=torch.from_numpy(add),
-                position_ids=torch.as_tensor(np.array(positions), dtype=torch.long),
-                use_cache=False)
+    out = model(
+      input_ids=torch.as_tensor(np.array(tokens), dtype=torch.long),
+      attention_mask=torch.from_numpy(add),
+      position_ids=torch.as_tensor(np.array(positions), dtype=torch.long),
+      use_cache=False,
+    )
   return out.logits.float().numpy()
 
 
@@ -80,6 +93,7 @@ def torch_logits(model, tokens, positions, allowed):
 def hf(tmp_path_factory):
   path, model = make_hf_dir(tmp_path_factory.mktemp("qwen3") / "hf")
   from setdiff_jax.interop import import_checkpoint
+
   config, params = import_checkpoint(path)
   return path, model, config, params
 
@@ -100,30 +114,48 @@ def two_stream(length=6, batch=2, seed=0):
 def test_import_reads_the_architecture(hf):
   _, _, config, params = hf
   m = config.model
-  assert (m.backbone, m.vocab_size, m.hidden_size, m.num_layers, m.num_heads, m.num_kv_heads,
-          m.head_dim, m.intermediate_size, m.tie_embeddings) == ("qwen3", V, D, 2, H, KV, DH, F, True)
+  assert (
+    m.backbone,
+    m.vocab_size,
+    m.hidden_size,
+    m.num_layers,
+    m.num_heads,
+    m.num_kv_heads,
+    m.head_dim,
+    m.intermediate_size,
+    m.tie_embeddings,
+  ) == ("qwen3", V, D, 2, H, KV, DH, F, True)
   assert m.rope_base == 10000.0
   assert "lm_head" not in params  # tied
   assert params["layers_0"]["k_proj"]["kernel"].shape == (D, KV * DH)
-  assert config.interop.special_ids.to_dict() == {"bos_id": 0, "eos_id": 0, "pad_id": 0, "mask_id": 1}
+  assert config.interop.special_ids.to_dict() == {
+    "bos_id": 0,
+    "eos_id": 0,
+    "pad_id": 0,
+    "mask_id": 1,
+  }
 
 
 # ----------------------------------------------------------------------------- parity (a)-(c)
 def test_parity_causal(hf):
   from setdiff_jax.interop import jax_logits
+
   _, model, config, params = hf
   rng = np.random.default_rng(1)
   tokens = rng.integers(0, V, (2, 9))
   positions = np.broadcast_to(np.arange(9), (2, 9))
   allowed = np.broadcast_to(np.tril(np.ones((9, 9), bool)), (2, 9, 9))
-  err = rel_err(jax_logits(config, params, tokens, positions, allowed),
-                torch_logits(model, tokens, positions, allowed))
+  err = rel_err(
+    jax_logits(config, params, tokens, positions, allowed),
+    torch_logits(model, tokens, positions, allowed),
+  )
   print(f"\nQwen3 causal logits rel err {err:.2e}")
   assert err < TOL
 
 
 def test_parity_two_stream_permuted_positions(hf):
   from setdiff_jax.interop import jax_logits
+
   _, model, config, params = hf
   tokens, positions, allowed = two_stream()
   ours = jax_logits(config, params, tokens, positions, allowed)
@@ -139,6 +171,7 @@ def test_parity_cached_step_vs_uncached(hf):
   """Prefill 5 committed tokens, then one step of 3 tokens (permuted positions) over the cache."""
   from setdiff_jax.interop import jax_logits
   from setdiff_jax.interop.logits import fp32_backbone_config, jax_forward
+
   _, model, config, params = hf
   rng = np.random.default_rng(2)
   n, s = 5, 3
@@ -161,13 +194,16 @@ def test_parity_cached_step_vs_uncached(hf):
 
 def test_untied_head_and_mha(tmp_path):
   from setdiff_jax.interop import import_checkpoint, jax_logits
+
   path, model = make_hf_dir(tmp_path / "untied", kv=H, tie=False, seed=3, theta=1e6)
   config, params = import_checkpoint(path)
   assert "lm_head" in params and config.model.num_kv_heads == H
   assert config.model.rope_base == 1e6
   tokens, positions, allowed = two_stream(seed=3)
-  err = rel_err(jax_logits(config, params, tokens, positions, allowed),
-                torch_logits(model, tokens, positions, allowed))
+  err = rel_err(
+    jax_logits(config, params, tokens, positions, allowed),
+    torch_logits(model, tokens, positions, allowed),
+  )
   assert err < TOL
 
 
@@ -176,8 +212,9 @@ def test_bf16_compute_close(hf):
   tokens, positions, allowed = two_stream()
   cfg = models.backbone_config(config.model)
   f32 = models.build(cfg).apply({"params": params}, tokens, positions, allowed)
-  bf = models.build(models.replace(cfg, dtype="bfloat16")).apply({"params": params}, tokens,
-                                                                  positions, allowed)
+  bf = models.build(models.replace(cfg, dtype="bfloat16")).apply(
+    {"params": params}, tokens, positions, allowed
+  )
   assert bf.dtype == jnp.float32
   assert 1e-5 < rel_err(bf, f32) < 0.1  # bf16 matmuls really ran, and are close
 
@@ -193,14 +230,20 @@ def _assert_same(a, b):
 
 def test_roundtrip_hf_layout(hf, tmp_path):
   from setdiff_jax.interop import export_qwen3_hf, import_checkpoint
+
   path, model, config, params = hf
   out = export_qwen3_hf(config, params, str(tmp_path / "hf2"))
   config2, params2 = import_checkpoint(out)
   _assert_same(params, params2)
   reloaded = transformers.Qwen3ForCausalLM.from_pretrained(out).eval()  # loads in transformers
   tokens, positions, allowed = two_stream()
-  assert rel_err(torch_logits(reloaded, tokens, positions, allowed),
-                 torch_logits(model, tokens, positions, allowed)) == 0.0
+  assert (
+    rel_err(
+      torch_logits(reloaded, tokens, positions, allowed),
+      torch_logits(model, tokens, positions, allowed),
+    )
+    == 0.0
+  )
 
 
 def test_roundtrip_official_layout(hf, tmp_path):
@@ -208,6 +251,7 @@ def test_roundtrip_official_layout(hf, tmp_path):
   from setdiff_jax.interop import import_checkpoint, jax_logits
   from setdiff_jax.interop import weight_files
   from setdiff_jax.interop.export import export_checkpoint
+
   path, model, config, params = hf
   run = config.copy_and_resolve_references()
   run.objective, run.seq_len = "setdlm", 16
@@ -217,15 +261,20 @@ def test_roundtrip_official_layout(hf, tmp_path):
   bb = raw["backbone_config"]
   assert raw["architectures"] == ["SetDLM"] and raw["model_type"] == "bd3lm"
   assert bb["_target_"] == "backbone_automodel.AutoModelFromPreTrained"
-  assert (bb["automodel_cls"], bb["num_layers"], bb["reinit_model"], bb["hidden_size"],
-          bb["intermediate_size"], bb["num_key_value_heads"]) == ("AutoModelForCausalLM", 2, True,
-                                                                   D, F, KV)
+  assert (
+    bb["automodel_cls"],
+    bb["num_layers"],
+    bb["reinit_model"],
+    bb["hidden_size"],
+    bb["intermediate_size"],
+    bb["num_key_value_heads"],
+  ) == ("AutoModelForCausalLM", 2, True, D, F, KV)
   assert raw["mask_token_id"] == 1 and raw["noise_config"]["desired_block_size"] == 4
   state = weight_files.read_state_dict(out)
   assert "backbone.model.model.layers.1.self_attn.q_norm.weight" in state
   assert "backbone.model.lm_head.weight" in state  # written even when tied (official layout)
   # The official keys minus `backbone.model.` are exactly the transformers model's.
-  hf_state = {k[len("backbone.model."):]: torch.from_numpy(v) for k, v in state.items()}
+  hf_state = {k[len("backbone.model.") :]: torch.from_numpy(v) for k, v in state.items()}
   fresh = transformers.Qwen3ForCausalLM(model.config)
   fresh.load_state_dict(hf_state, strict=True)
   config2, params2 = import_checkpoint(out)
@@ -233,6 +282,7 @@ def test_roundtrip_official_layout(hf, tmp_path):
   assert (config2.objective, config2.seq_len, config2.model.backbone) == ("setdlm", 16, "qwen3")
   # The official push writes pytorch_model.bin (plus static_attention_mask); same import.
   import shutil
+
   as_bin = shutil.copytree(out, tmp_path / "official_bin")
   os.remove(as_bin / "model.safetensors")
   bin_state = {"backbone.model." + k: v for k, v in hf_state.items()}
@@ -241,28 +291,43 @@ def test_roundtrip_official_layout(hf, tmp_path):
   _assert_same(params, import_checkpoint(str(as_bin))[1])
   assert config2.interop.step == 7
   tokens, positions, allowed = two_stream()
-  np.testing.assert_array_equal(jax_logits(config2, params2, tokens, positions, allowed),
-                                jax_logits(config, params, tokens, positions, allowed))
+  np.testing.assert_array_equal(
+    jax_logits(config2, params2, tokens, positions, allowed),
+    jax_logits(config, params, tokens, positions, allowed),
+  )
 
 
 # What AutoModelFromPreTrained (the official Qwen3 wrapper) takes for itself; the rest of
 # backbone_config goes to AutoConfig.from_pretrained as overrides.
-_WRAPPER_KEYS = ("_target_", "automodel_cls", "pretrained_model_name_or_path", "trust_remote_code",
-                 "num_layers", "keep_top_layers", "reinit_model", "use_causal_mask")
+_WRAPPER_KEYS = (
+  "_target_",
+  "automodel_cls",
+  "pretrained_model_name_or_path",
+  "trust_remote_code",
+  "num_layers",
+  "keep_top_layers",
+  "reinit_model",
+  "use_causal_mask",
+)
 
 
 def _official_style_backbone(out_dir):
   """The official loader's reinit path, by hand: AutoConfig from the export's template plus the
   overrides, a fresh Qwen3ForCausalLM, the `backbone.model.`-stripped weights."""
   from setdiff_jax.interop import weight_files
+
   bb = weight_files.read_json(os.path.join(out_dir, "config.json"))["backbone_config"]
   cfg = transformers.AutoConfig.from_pretrained(
-      bb["pretrained_model_name_or_path"], num_hidden_layers=bb["num_layers"],
-      trust_remote_code=bb["trust_remote_code"],
-      **{k: v for k, v in bb.items() if k not in _WRAPPER_KEYS})
+    bb["pretrained_model_name_or_path"],
+    num_hidden_layers=bb["num_layers"],
+    trust_remote_code=bb["trust_remote_code"],
+    **{k: v for k, v in bb.items() if k not in _WRAPPER_KEYS},
+  )
   model = transformers.Qwen3ForCausalLM(cfg).eval()
-  state = {k[len("backbone.model."):]: torch.from_numpy(v)
-           for k, v in weight_files.read_state_dict(out_dir).items()}
+  state = {
+    k[len("backbone.model.") :]: torch.from_numpy(v)
+    for k, v in weight_files.read_state_dict(out_dir).items()
+  }
   model.load_state_dict(state, strict=True)
   return model
 
@@ -276,13 +341,18 @@ def test_qwen3_export_carries_its_template_offline(hf, tmp_path, monkeypatch):
   from setdiff_jax.interop import jax_logits
   from setdiff_jax.interop import weight_files
   from setdiff_jax.interop.export import export_checkpoint, repoint_qwen3_template
+
   monkeypatch.setenv("HF_HUB_OFFLINE", "1")
   monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
   path, model, config, params = hf
   run = config.copy_and_resolve_references()
   run.objective, run.seq_len = "setdlm", 16
-  out = export_checkpoint(run, params, str(tmp_path / "a" / "official"),
-                          special_ids={"bos_id": 0, "eos_id": 0, "pad_id": 0, "mask_id": 1})
+  out = export_checkpoint(
+    run,
+    params,
+    str(tmp_path / "a" / "official"),
+    special_ids={"bos_id": 0, "eos_id": 0, "pad_id": 0, "mask_id": 1},
+  )
   text = (tmp_path / "a" / "official" / "config.json").read_text()
   assert "Qwen/" not in text
   bb = json.loads(text)["backbone_config"]
@@ -292,16 +362,20 @@ def test_qwen3_export_carries_its_template_offline(hf, tmp_path, monkeypatch):
   assert template["sliding_window"] is None and template["use_sliding_window"] is False
   tokens, positions, allowed = two_stream()
   ours = jax_logits(config, params, tokens, positions, allowed)
-  assert rel_err(torch_logits(_official_style_backbone(out), tokens, positions, allowed),
-                 ours) < TOL
+  assert (
+    rel_err(torch_logits(_official_style_backbone(out), tokens, positions, allowed), ours) < TOL
+  )
   moved = str(tmp_path / "b")
   shutil.move(out, moved)
   with pytest.raises(OSError):  # the stored absolute path is gone
     _official_style_backbone(moved)
   assert repoint_qwen3_template(moved) == os.path.join(moved, "qwen3_config")
   built = _official_style_backbone(moved)
-  assert (built.config.hidden_size, built.config.num_key_value_heads,
-          built.config.num_hidden_layers) == (D, KV, 2)
+  assert (
+    built.config.hidden_size,
+    built.config.num_key_value_heads,
+    built.config.num_hidden_layers,
+  ) == (D, KV, 2)
   assert rel_err(torch_logits(built, tokens, positions, allowed), ours) < TOL
   raw = weight_files.read_json(os.path.join(moved, "config.json"))
   del raw["setdiff_jax"]["qwen3_template"]
@@ -317,22 +391,41 @@ def test_official_layout_without_our_block_reads_dims_from_weights(hf, tmp_path)
   from setdiff_jax.interop import weight_files
   from setdiff_jax.interop.export import export_checkpoint
   from setdiff_jax.interop.import_ import InteropWarning
+
   _, _, config, params = hf
   run = config.copy_and_resolve_references()
   run.objective, run.seq_len = "setdlm", 16
-  out = export_checkpoint(run, params, str(tmp_path / "rel"),
-                          special_ids={"bos_id": 0, "eos_id": 0, "pad_id": 0, "mask_id": 1})
+  out = export_checkpoint(
+    run,
+    params,
+    str(tmp_path / "rel"),
+    special_ids={"bos_id": 0, "eos_id": 0, "pad_id": 0, "mask_id": 1},
+  )
   raw = weight_files.read_json(os.path.join(out, "config.json"))
   del raw["setdiff_jax"]
-  raw["backbone_config"] = {k: raw["backbone_config"][k] for k in (
-      "_target_", "automodel_cls", "pretrained_model_name_or_path", "num_layers",
-      "keep_top_layers", "reinit_model", "attn_implementation", "use_causal_mask")}
+  raw["backbone_config"] = {
+    k: raw["backbone_config"][k]
+    for k in (
+      "_target_",
+      "automodel_cls",
+      "pretrained_model_name_or_path",
+      "num_layers",
+      "keep_top_layers",
+      "reinit_model",
+      "attn_implementation",
+      "use_causal_mask",
+    )
+  }
   raw["backbone_config"]["rope_theta"] = 10000.0  # our tiny model's; released ones use 1e6
   weight_files.write_json(raw, os.path.join(out, "config.json"))
   with pytest.warns(InteropWarning, match="not in config.json"):
     config2, params2 = import_checkpoint(out)
   _assert_same(params, params2)
-  assert (config2.model.num_heads, config2.model.num_kv_heads, config2.model.head_dim) == (H, KV, DH)
+  assert (config2.model.num_heads, config2.model.num_kv_heads, config2.model.head_dim) == (
+    H,
+    KV,
+    DH,
+  )
 
 
 # ----------------------------------------------------------------------------- layers, shards
@@ -340,6 +433,7 @@ def test_keep_first_layers_and_sharded_loading(tmp_path):
   from setdiff_jax import sharding
   from setdiff_jax.interop import pretrained
   from setdiff_jax.interop import qwen3_hf
+
   path, model = make_hf_dir(tmp_path / "deep", layers=3, seed=4)
   # Re-save as two shards with an index, as large checkpoints are.
   model.save_pretrained(path, max_shard_size="20KB")
@@ -347,8 +441,10 @@ def test_keep_first_layers_and_sharded_loading(tmp_path):
   assert len(pretrained.weight_shards(path)) > 1
   m, params, _, _ = qwen3_hf.read_hf(path, num_layers=2)
   assert m["num_layers"] == 2 and "layers_2" not in params
-  np.testing.assert_array_equal(params["layers_1"]["q_proj"]["kernel"],
-                                model.model.layers[1].self_attn.q_proj.weight.detach().numpy().T)
+  np.testing.assert_array_equal(
+    params["layers_1"]["q_proj"]["kernel"],
+    model.model.layers[1].self_attn.q_proj.weight.detach().numpy().T,
+  )
   cfg = models.backbone_config(m)
   mesh = sharding.make_mesh({"data": 1, "fsdp": 4, "tensor": 2})
   shardings = sharding.state_shardings(models.param_shapes(cfg), mesh)
@@ -363,6 +459,7 @@ def test_keep_first_layers_and_sharded_loading(tmp_path):
 # ----------------------------------------------------------------------------- sampler cache
 def test_set_sampler_cache_holds_kv_heads(hf):
   from setdiff_jax.sampling import cache as cache_lib
+
   _, _, config, params = hf
   cfg = models.backbone_config(config.model)
   assert models.cache_layout(cfg) == (2, KV, DH)
@@ -381,6 +478,7 @@ def test_errors(hf, tmp_path):
   import shutil
   from setdiff_jax.interop import import_checkpoint, qwen3_hf
   from setdiff_jax.interop.name_map import CheckpointMismatchError
+
   path = hf[0]
   with pytest.raises(FileNotFoundError, match="config.json not found"):
     os.makedirs(tmp_path / "empty")
@@ -404,13 +502,19 @@ def test_errors(hf, tmp_path):
 
   sharded = shutil.copytree(path, tmp_path / "sharded")
   os.remove(sharded / "model.safetensors")
-  index = {"metadata": {}, "weight_map": {"model.embed_tokens.weight": "model-00001-of-00002.safetensors",
-                                          "model.norm.weight": "model-00002-of-00002.safetensors"}}
+  index = {
+    "metadata": {},
+    "weight_map": {
+      "model.embed_tokens.weight": "model-00001-of-00002.safetensors",
+      "model.norm.weight": "model-00002-of-00002.safetensors",
+    },
+  }
   (sharded / "model.safetensors.index.json").write_text(json.dumps(index))
   with pytest.raises(FileNotFoundError, match="names shards that are not in"):
     import_checkpoint(str(sharded))
 
   from safetensors.numpy import load_file, save_file
+
   broken = shutil.copytree(path, tmp_path / "broken")
   state = load_file(str(broken / "model.safetensors"))
   del state["model.layers.1.mlp.up_proj.weight"]
@@ -432,6 +536,7 @@ def test_end_to_end_finetune_sample_export(tmp_path):
   import sys
   from setdiff_jax.workdir import load as workdir_lib
   from setdiff_jax.interop import import_checkpoint, jax_logits
+
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   hf_dir, hf_model = make_hf_dir(tmp_path / "hf", seed=5)
   rng = np.random.default_rng(0)
@@ -445,25 +550,47 @@ def test_end_to_end_finetune_sample_export(tmp_path):
   def launch(script, *args, devices=1):
     t0 = time.time()
     flags = f"--xla_force_host_platform_device_count={devices}"
-    proc = subprocess.run([sys.executable, os.path.join(repo, "launch", script), *args], cwd=repo,
-                          env=dict(env, XLA_FLAGS=flags), capture_output=True, text=True,
-                          timeout=400)
+    proc = subprocess.run(
+      [sys.executable, os.path.join(repo, "launch", script), *args],
+      cwd=repo,
+      env=dict(env, XLA_FLAGS=flags),
+      capture_output=True,
+      text=True,
+      timeout=400,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     print(f"\n{script}: {time.time() - t0:.1f}s")
     return proc
 
-  launch("train.py", "--config=configs/tiny_qwen3.py", f"--workdir={workdir}",
-         f"--config.init_from_hf={hf_dir}", f"--config.data.paths={tmp_path / 'train.txt'}",
-         f"--config.data.eval_paths={tmp_path / 'eval.txt'}", "--config.num_train_steps=3",
-         "--config.eval_every_steps=3", "--config.checkpoint_every_steps=3",
-         "--config.num_eval_samples=0", "--config.log_every_steps=1",
-         "--config.num_eval_steps=1", "--config.mesh.data=1", "--config.mesh.fsdp=4",
-         "--config.mesh.tensor=2", devices=8)  # the HF weights loaded into FSDP/TP shards
-  proc = launch("sample.py", f"--workdir={workdir}", "--num_samples=2", "--batch_size=2",
-                "--max_new_tokens=6", "--nouse_ema")
+  launch(
+    "train.py",
+    "--config=configs/tiny_qwen3.py",
+    f"--workdir={workdir}",
+    f"--config.init_from_hf={hf_dir}",
+    f"--config.data.paths={tmp_path / 'train.txt'}",
+    f"--config.data.eval_paths={tmp_path / 'eval.txt'}",
+    "--config.num_train_steps=3",
+    "--config.eval_every_steps=3",
+    "--config.checkpoint_every_steps=3",
+    "--config.num_eval_samples=0",
+    "--config.log_every_steps=1",
+    "--config.num_eval_steps=1",
+    "--config.mesh.data=1",
+    "--config.mesh.fsdp=4",
+    "--config.mesh.tensor=2",
+    devices=8,
+  )  # the HF weights loaded into FSDP/TP shards
+  proc = launch(
+    "sample.py",
+    f"--workdir={workdir}",
+    "--num_samples=2",
+    "--batch_size=2",
+    "--max_new_tokens=6",
+    "--nouse_ema",
+  )
   assert "=== sample 2 ===" in proc.stdout and "tokens/s:" in proc.stdout
   proc = launch("export.py", f"--workdir={workdir}", f"--out={out}", "--noema", "--verify")
-  report = json.loads(proc.stdout[proc.stdout.index("{"):])
+  report = json.loads(proc.stdout[proc.stdout.index("{") :])
   assert report["two_stream"] < TOL and report["roundtrip"] is True
 
   state = workdir_lib.load_inference_state(str(workdir), use_ema=False)
@@ -478,8 +605,11 @@ def test_end_to_end_finetune_sample_export(tmp_path):
   assert 0 < rel_err(trained, before) < 0.2
   # The official layout loads into transformers (prefix `backbone.model.` stripped).
   from setdiff_jax.interop import weight_files
-  state_dict = {k[len("backbone.model."):]: torch.from_numpy(v)
-                for k, v in weight_files.read_state_dict(str(out)).items()}
+
+  state_dict = {
+    k[len("backbone.model.") :]: torch.from_numpy(v)
+    for k, v in weight_files.read_state_dict(str(out)).items()
+  }
   hf_model.load_state_dict(state_dict, strict=True)
   assert rel_err(torch_logits(hf_model, tokens, positions, allowed), trained) < TOL
 
@@ -490,10 +620,20 @@ def test_set_sampler_cached_equals_no_cache_on_qwen3(hf):
   from setdiff_jax.sampling import SamplerConfig
   from setdiff_jax.sampling.reference import reference_generate
   from setdiff_jax.sampling.set_sampler import set_generate
+
   _, _, config, params = hf
   model = models.build(models.backbone_config(config.model))
-  cfg = SamplerConfig(mask_token_id=1, eos_token_id=0, pad_token_id=0, bos_token_id=0, window=3,
-                      max_new_tokens=6, stop_at_eos=False, max_length=16, threshold=0.3)
+  cfg = SamplerConfig(
+    mask_token_id=1,
+    eos_token_id=0,
+    pad_token_id=0,
+    bos_token_id=0,
+    window=3,
+    max_new_tokens=6,
+    stop_at_eos=False,
+    max_length=16,
+    threshold=0.3,
+  )
   prompts = [[0, 10, 11, 12], [0, 20]]
   a = set_generate(model, params, prompts, cfg)
   b = reference_generate(model, params, prompts, cfg)
@@ -504,12 +644,19 @@ def test_set_sampler_cached_equals_no_cache_on_qwen3(hf):
 def test_init_from_hf_resolves_the_run_config(hf, tmp_path):
   from configs import tiny_qwen3
   from setdiff_jax.interop import pretrained
+
   path = hf[0]
   c = tiny_qwen3.get_config()
   c.init_from_hf = path
   r = pretrained.resolve_run_config(c)
-  assert (r.model.hidden_size, r.model.num_kv_heads, r.model.head_dim, r.model.num_layers,
-          r.model.vocab_size, r.model.rope_base) == (D, KV, DH, 2, V, 10000.0)
+  assert (
+    r.model.hidden_size,
+    r.model.num_kv_heads,
+    r.model.head_dim,
+    r.model.num_layers,
+    r.model.vocab_size,
+    r.model.rope_base,
+  ) == (D, KV, DH, 2, V, 10000.0)
   assert r.tokenizer.vocab_path == os.path.join(path, "tokenizer.json")
   assert c.model.hidden_size == 0  # the input config is not changed
   c.model.num_layers = 1
@@ -526,4 +673,3 @@ def test_init_from_hf_resolves_the_run_config(hf, tmp_path):
   c.model.backbone, c.init_from_hf = "qwen3", str(tmp_path / "missing")
   with pytest.raises(FileNotFoundError, match="not a directory"):
     pretrained.resolve_run_config(c)
-

@@ -4,6 +4,7 @@ The section holds a tree in a fenced code block: `name/` opens a package (two sp
 level), `name.py` is a module, the rest of a line is its job. A module added without a README line,
 or a line left behind by a move, fails here.
 """
+
 import pathlib
 import re
 
@@ -59,8 +60,10 @@ def layout_problems(readme: str, modules):
   """What is wrong between README's tree and the package's module files (empty: nothing)."""
   listed = tree_entries(layout_tree(readme))
   problems = [f"{m} is not named in README's layout section" for m in sorted(modules - set(listed))]
-  problems += [f"README's layout names {p}, which does not exist"
-               for p in sorted(set(listed) - modules - PENDING)]
+  problems += [
+    f"README's layout names {p}, which does not exist"
+    for p in sorted(set(listed) - modules - PENDING)
+  ]
   problems += [f"README's layout gives {p} no job" for p, job in sorted(listed.items()) if not job]
   return problems
 
@@ -89,25 +92,39 @@ setdiff_jax/
 
 def test_parser_reads_nesting():
   assert tree_entries(layout_tree(TREE)) == {
-      "setdiff_jax/errors.py": "bad input", "setdiff_jax/models/dit.py": "the DiT",
-      "setdiff_jax/train.py": "the loop"}
+    "setdiff_jax/errors.py": "bad input",
+    "setdiff_jax/models/dit.py": "the DiT",
+    "setdiff_jax/train.py": "the loop",
+  }
 
 
-@pytest.mark.parametrize("modules,expected", [
+@pytest.mark.parametrize(
+  "modules,expected",
+  [
     ({"setdiff_jax/errors.py", "setdiff_jax/models/dit.py", "setdiff_jax/train.py"}, []),
     # a new module without a README line
-    ({"setdiff_jax/errors.py", "setdiff_jax/models/dit.py", "setdiff_jax/train.py",
-      "setdiff_jax/models/layers.py"},
-     ["setdiff_jax/models/layers.py is not named in README's layout section"]),
+    (
+      {
+        "setdiff_jax/errors.py",
+        "setdiff_jax/models/dit.py",
+        "setdiff_jax/train.py",
+        "setdiff_jax/models/layers.py",
+      },
+      ["setdiff_jax/models/layers.py is not named in README's layout section"],
+    ),
     # a line left behind by a move
-    ({"setdiff_jax/errors.py", "setdiff_jax/train.py"},
-     ["README's layout names setdiff_jax/models/dit.py, which does not exist"]),
-])
+    (
+      {"setdiff_jax/errors.py", "setdiff_jax/train.py"},
+      ["README's layout names setdiff_jax/models/dit.py, which does not exist"],
+    ),
+  ],
+)
 def test_layout_check_can_fail(modules, expected):
   assert layout_problems(TREE, modules) == expected
 
 
 def test_a_job_is_required():
-  assert layout_problems(TREE.replace("the loop", ""), {
-      "setdiff_jax/errors.py", "setdiff_jax/models/dit.py", "setdiff_jax/train.py"}) == [
-          "README's layout gives setdiff_jax/train.py no job"]
+  assert layout_problems(
+    TREE.replace("the loop", ""),
+    {"setdiff_jax/errors.py", "setdiff_jax/models/dit.py", "setdiff_jax/train.py"},
+  ) == ["README's layout gives setdiff_jax/train.py no job"]

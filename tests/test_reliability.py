@@ -5,6 +5,7 @@ steps, a checkpoint after each). Bad command lines are run in-process, many per 
 tests/cli_harness.py (one subprocess per launcher: absl flags are global); each must exit non-zero
 with exactly one `error: ...` line on stderr.
 """
+
 import fcntl
 import json
 import os
@@ -32,17 +33,29 @@ from configs import tiny_sw  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("fast_compile")
 
-TINY = {"num_train_steps": 2, "checkpoint_every_steps": 1, "eval_every_steps": 2,
-        "num_eval_steps": 1, "num_eval_samples": 0, "log_every_steps": 1, "batch_size": 8,
-        "eval_batch_size": 8, "data.train_split": "validation", "tokenizer.vocab_size": 384,
-        "model.hidden_size": 32, "model.num_heads": 2, "model.num_layers": 1,
-        "warmup_steps": 1}
+TINY = {
+  "num_train_steps": 2,
+  "checkpoint_every_steps": 1,
+  "eval_every_steps": 2,
+  "num_eval_steps": 1,
+  "num_eval_samples": 0,
+  "log_every_steps": 1,
+  "batch_size": 8,
+  "eval_batch_size": 8,
+  "data.train_split": "validation",
+  "tokenizer.vocab_size": 384,
+  "model.hidden_size": 32,
+  "model.num_heads": 2,
+  "model.num_layers": 1,
+  "warmup_steps": 1,
+}
 
 
 def tiny_args(workdir, **extra):
   fields = {**TINY, **extra}
   return ["--config=" + os.path.join(REPO, "configs", "tiny_sw.py"), f"--workdir={workdir}"] + [
-      f"--config.{k}={v}" for k, v in fields.items()]
+    f"--config.{k}={v}" for k, v in fields.items()
+  ]
 
 
 def tiny_config(**extra):
@@ -64,14 +77,25 @@ def env():
 
 
 def launch(script, args, **kw):
-  return subprocess.run([sys.executable, os.path.join(REPO, "launch", script)] + list(args),
-                        capture_output=True, text=True, cwd=REPO, env=env(), **kw)
+  return subprocess.run(
+    [sys.executable, os.path.join(REPO, "launch", script)] + list(args),
+    capture_output=True,
+    text=True,
+    cwd=REPO,
+    env=env(),
+    **kw,
+  )
 
 
 def harness(script, cases):
-  r = subprocess.run([sys.executable, os.path.join(REPO, "tests", "cli_harness.py"),
-                      os.path.join("launch", script)], input=json.dumps(cases),
-                     capture_output=True, text=True, cwd=REPO, env=env())
+  r = subprocess.run(
+    [sys.executable, os.path.join(REPO, "tests", "cli_harness.py"), os.path.join("launch", script)],
+    input=json.dumps(cases),
+    capture_output=True,
+    text=True,
+    cwd=REPO,
+    env=env(),
+  )
   assert r.returncode == 0, r.stderr[-3000:]
   return json.loads(r.stdout)
 
@@ -107,15 +131,36 @@ def test_train_and_sample_output(run_dir):
   last = r.stdout.strip().splitlines()[-1]
   assert last.startswith("done: step 2; eval PPL ") and "checkpoints/2" in last, last
   assert f"python launch/sample.py --workdir={workdir}" in last
-  for noise in ("libtpu", "jax.distributed", "save_device_host_concurrent_bytes",
-                "BasePyTreeCheckpointHandler", "GiB"):
+  for noise in (
+    "libtpu",
+    "jax.distributed",
+    "save_device_host_concurrent_bytes",
+    "BasePyTreeCheckpointHandler",
+    "GiB",
+  ):
     assert noise not in r.stderr, noise
-  s = launch("sample.py", [f"--workdir={workdir}", "--num_samples=1", "--batch_size=1",
-                           "--max_new_tokens=8", "--seed=-1"])
+  s = launch(
+    "sample.py",
+    [
+      f"--workdir={workdir}",
+      "--num_samples=1",
+      "--batch_size=1",
+      "--max_new_tokens=8",
+      "--seed=-1",
+    ],
+  )
   assert s.returncode == 0, s.stderr[-3000:]
   first = s.stdout.splitlines()[0]
-  for text in (f"workdir: {workdir}", "step: 2", "params: EMA", "sampler: setdlm", "window=4",
-               "tau=off", "max_new_tokens=8", "seed="):
+  for text in (
+    f"workdir: {workdir}",
+    "step: 2",
+    "params: EMA",
+    "sampler: setdlm",
+    "window=4",
+    "tau=off",
+    "max_new_tokens=8",
+    "seed=",
+  ):
     assert text in first, (text, first)
   assert "seed=-1" not in first and "\ufffd" not in s.stdout
   assert "libtpu" not in s.stderr
@@ -149,26 +194,40 @@ def test_bad_train_inputs(run_dir, tmp_path):
   broken.write_text('{"text": "fine"}\n{"text": \n')
   fresh = str(tmp_path / "fresh")
   cases = [
-      (tiny_args(workdir) + ["--config.foo=1"], ["--config.foo is not a config field"]),
-      (tiny_args(workdir) + ["--config.model.hiden=1"], ["closest: --config.model.hidden_size"]),
-      (tiny_args(workdir) + ["stray"], ["unexpected argument", "stray"]),
-      (tiny_args(workdir) + ["--config.model.hidden_size=x"], ["hidden_size=x"]),
-      ([f"--workdir={workdir}"], ["--config is required"]),
-      (["--config=configs/nope.py", f"--workdir={workdir}"], ["nope.py"]),
-      (tiny_args(workdir, **{"model.hidden_size": 64}),
-       ["refusing to resume", "model.hidden_size: 32 -> 64", "--config.init_from=", "--workdir"]),
-      (tiny_args(fresh, **{"data.source": "text", "data.paths": str(latin1)}),
-       [str(latin1), "not UTF-8"]),
-      (tiny_args(fresh, **{"data.source": "jsonl", "data.paths": str(broken)}),
-       [f"{broken}:2", "not valid JSON"]),
-      (tiny_args(fresh, **{"data.source": "text", "data.paths": "missing.txt"}),
-       ["missing.txt", "data.paths"]),
-      (tiny_args(fresh, **{"loss.block_size": 5, "objective": "bd3lm", "model.adaln": True}),
-       ["block_size"]),
+    (tiny_args(workdir) + ["--config.foo=1"], ["--config.foo is not a config field"]),
+    (tiny_args(workdir) + ["--config.model.hiden=1"], ["closest: --config.model.hidden_size"]),
+    (tiny_args(workdir) + ["stray"], ["unexpected argument", "stray"]),
+    (tiny_args(workdir) + ["--config.model.hidden_size=x"], ["hidden_size=x"]),
+    ([f"--workdir={workdir}"], ["--config is required"]),
+    (["--config=configs/nope.py", f"--workdir={workdir}"], ["nope.py"]),
+    (
+      tiny_args(workdir, **{"model.hidden_size": 64}),
+      ["refusing to resume", "model.hidden_size: 32 -> 64", "--config.init_from=", "--workdir"],
+    ),
+    (
+      tiny_args(fresh, **{"data.source": "text", "data.paths": str(latin1)}),
+      [str(latin1), "not UTF-8"],
+    ),
+    (
+      tiny_args(fresh, **{"data.source": "jsonl", "data.paths": str(broken)}),
+      [f"{broken}:2", "not valid JSON"],
+    ),
+    (
+      tiny_args(fresh, **{"data.source": "text", "data.paths": "missing.txt"}),
+      ["missing.txt", "data.paths"],
+    ),
+    (
+      tiny_args(fresh, **{"loss.block_size": 5, "objective": "bd3lm", "model.adaln": True}),
+      ["block_size"],
+    ),
   ]
   locked = copy_run(run_dir, tmp_path, "locked")
-  holder = subprocess.Popen([sys.executable, "-c", HOLD, locked], stdout=subprocess.PIPE,
-                            text=True, env=dict(os.environ, PYTHONPATH=REPO))
+  holder = subprocess.Popen(
+    [sys.executable, "-c", HOLD, locked],
+    stdout=subprocess.PIPE,
+    text=True,
+    env=dict(os.environ, PYTHONPATH=REPO),
+  )
   try:
     assert holder.stdout.readline().strip() == "locked"
     cases.append((tiny_args(locked), [f"workdir {locked} in use by pid {holder.pid} on "]))
@@ -188,31 +247,31 @@ def test_bad_sample_evaluate_export_inputs(run_dir, tmp_path):
   with open(os.path.join(damaged, "config.json"), "r+") as f:
     f.truncate(40)
   sample = [
-      ([w, "--window=0"], ["--window=0 must be in [1, seq_len=64]"]),
-      ([w, "--window=1000"], ["--window=1000"]),
-      ([w, "--max_new_tokens=0"], ["--max_new_tokens=0"]),
-      ([w, "--prompt=" + "word " * 100], ["the prompt is", "seq_len=64"]),
-      ([w, "--step=999"], ["--step=999", "[1, 2]"]),
-      ([w, "extra"], ["unexpected argument"]),
-      ([w, "--infill=no gap here"], ["[GAP:n]"]),
-      ([w, "--policy=nope"], ["--policy='nope'", "valid: threshold, entropy_bound, factor"]),
-      ([w, "--policy=entropy_bound", "--policy_arg=-1"], ["--policy_arg=-1", "gamma must be >= 0"]),
-      ([w, "--policy=margin", "--threshold=0.9"], ["--threshold", "--policy_arg"]),
-      ([f"--workdir={tmp_path / 'nothing'}"], ["config.json not found"]),
-      ([f"--workdir={damaged}"], [os.path.join(damaged, "config.json"), "damaged"]),
-      ([w, "--mesh=rows=2"], ["--mesh='rows=2'", "data=2,tensor=4"]),
+    ([w, "--window=0"], ["--window=0 must be in [1, seq_len=64]"]),
+    ([w, "--window=1000"], ["--window=1000"]),
+    ([w, "--max_new_tokens=0"], ["--max_new_tokens=0"]),
+    ([w, "--prompt=" + "word " * 100], ["the prompt is", "seq_len=64"]),
+    ([w, "--step=999"], ["--step=999", "[1, 2]"]),
+    ([w, "extra"], ["unexpected argument"]),
+    ([w, "--infill=no gap here"], ["[GAP:n]"]),
+    ([w, "--policy=nope"], ["--policy='nope'", "valid: threshold, entropy_bound, factor"]),
+    ([w, "--policy=entropy_bound", "--policy_arg=-1"], ["--policy_arg=-1", "gamma must be >= 0"]),
+    ([w, "--policy=margin", "--threshold=0.9"], ["--threshold", "--policy_arg"]),
+    ([f"--workdir={tmp_path / 'nothing'}"], ["config.json not found"]),
+    ([f"--workdir={damaged}"], [os.path.join(damaged, "config.json"), "damaged"]),
+    ([w, "--mesh=rows=2"], ["--mesh='rows=2'", "data=2,tensor=4"]),
   ]
   for (args, expected), result in zip(sample, harness("sample.py", [a for a, _ in sample])):
     assert_one_error_line(result, expected, "sample " + " ".join(args))
   evaluate = [
-      ([w, "--eval=speed", "--window=0"], ["--window=0"]),
-      ([w, "--eval=speed", "--max_new_tokens=0"], ["--max_new_tokens=0"]),
-      ([w, "--eval=bogus"], ["unknown eval"]),
-      ([w, "--step=999"], ["[1, 2]"]),
-      ([w, "--num_orders=0"], ["--num_orders=0"]),
-      ([w, "--eval=speed", "--policy=topk", "--policy_args=0"], ["--policy_args=0", "k must be"]),
-      ([w, "again"], ["unexpected argument"]),
-      ([w, "--mesh=data=x"], ["--mesh='data=x'"]),
+    ([w, "--eval=speed", "--window=0"], ["--window=0"]),
+    ([w, "--eval=speed", "--max_new_tokens=0"], ["--max_new_tokens=0"]),
+    ([w, "--eval=bogus"], ["unknown eval"]),
+    ([w, "--step=999"], ["[1, 2]"]),
+    ([w, "--num_orders=0"], ["--num_orders=0"]),
+    ([w, "--eval=speed", "--policy=topk", "--policy_args=0"], ["--policy_args=0", "k must be"]),
+    ([w, "again"], ["unexpected argument"]),
+    ([w, "--mesh=data=x"], ["--mesh='data=x'"]),
   ]
   for (args, expected), result in zip(evaluate, harness("evaluate.py", [a for a, _ in evaluate])):
     assert_one_error_line(result, expected, "evaluate " + " ".join(args))
@@ -220,13 +279,13 @@ def test_bad_sample_evaluate_export_inputs(run_dir, tmp_path):
   full.mkdir()
   (full / "notes.txt").write_text("mine")
   export = [
-      ([w, f"--out={workdir}"], ["is a training workdir"]),
-      ([w, f"--out={os.path.join(workdir, 'tokenizer')}"], ["is a training workdir"]),
-      ([w, f"--out={full}", "--overwrite"], []),  # allowed: checked below
-      ([w, f"--out={full}"], ["not empty", "--overwrite"]),
-      ([w, f"--out={tmp_path / 'e'}", "--step=999"], ["[1, 2]"]),
-      ([w, f"--out={tmp_path / 'e'}", "--format=onnx"], ["onnx"]),
-      ([w, f"--out={tmp_path / 'e'}", "x"], ["unexpected argument"]),
+    ([w, f"--out={workdir}"], ["is a training workdir"]),
+    ([w, f"--out={os.path.join(workdir, 'tokenizer')}"], ["is a training workdir"]),
+    ([w, f"--out={full}", "--overwrite"], []),  # allowed: checked below
+    ([w, f"--out={full}"], ["not empty", "--overwrite"]),
+    ([w, f"--out={tmp_path / 'e'}", "--step=999"], ["[1, 2]"]),
+    ([w, f"--out={tmp_path / 'e'}", "--format=onnx"], ["onnx"]),
+    ([w, f"--out={tmp_path / 'e'}", "x"], ["unexpected argument"]),
   ]
   results = harness("export.py", [a for a, _ in export])
   for (args, expected), result in zip(export, results):
@@ -246,15 +305,28 @@ def test_mismatched_resume_writes_nothing(tmp_path, monkeypatch):
   checkpointing.save_config(tiny_config(), str(workdir))
   before = {p: (workdir / p).read_bytes() for p in ["config.json"]}
   monkeypatch.setattr(jax, "jit", lambda *a, **k: pytest.fail("compiled something"))
-  monkeypatch.setattr(train.run_config, "build_tokenizer",
-                      lambda *a, **k: pytest.fail("built a tokenizer"))
-  changed = tiny_config(**{"model.num_layers": 2, "loss.desired_set_size": 2, "seq_len": 32,
-                           "num_train_steps": 9, "learning_rate": 0.1})
+  monkeypatch.setattr(
+    train.run_config, "build_tokenizer", lambda *a, **k: pytest.fail("built a tokenizer")
+  )
+  changed = tiny_config(
+    **{
+      "model.num_layers": 2,
+      "loss.desired_set_size": 2,
+      "seq_len": 32,
+      "num_train_steps": 9,
+      "learning_rate": 0.1,
+    }
+  )
   with pytest.raises(errors.ConfigMismatchError) as e:
     train.train_and_evaluate(changed, str(workdir))
   msg = str(e.value)
-  for text in ("loss.desired_set_size: 4 -> 2", "model.num_layers: 1 -> 2", "seq_len: 64 -> 32",
-               "--workdir", f"--config.init_from={workdir}"):
+  for text in (
+    "loss.desired_set_size: 4 -> 2",
+    "model.num_layers: 1 -> 2",
+    "seq_len: 64 -> 32",
+    "--workdir",
+    f"--config.init_from={workdir}",
+  ):
     assert text in msg, text
   assert "num_train_steps" not in msg and "learning_rate" not in msg  # those may change
   assert {p: (workdir / p).read_bytes() for p in before} == before
@@ -265,16 +337,17 @@ def test_structural_fields_and_absolute_paths(tmp_path, monkeypatch):
   old = tiny_config()
   assert workdir_lock.structural_changes(old, tiny_config(**{"model.dropout": 0.3})) == []
   assert workdir_lock.structural_changes(old, tiny_config(grad_clip_norm=0.5)) == []
-  assert [c[0] for c in workdir_lock.structural_changes(old, tiny_config(grad_clip_norm=0.0))] \
-      == ["grad_clip_norm"]  # removes an optimizer-chain element
+  assert [c[0] for c in workdir_lock.structural_changes(old, tiny_config(grad_clip_norm=0.0))] == [
+    "grad_clip_norm"
+  ]  # removes an optimizer-chain element
   monkeypatch.chdir(tmp_path)
-  c = workdir_lock.absolute_paths(tiny_config(**{"data.paths": "a.txt, sub/b.txt",
-                                                  "data.eval_paths": "gs://bucket/v.txt"}))
+  c = workdir_lock.absolute_paths(
+    tiny_config(**{"data.paths": "a.txt, sub/b.txt", "data.eval_paths": "gs://bucket/v.txt"})
+  )
   assert c.data.paths == f"{tmp_path}/a.txt,{tmp_path}/sub/b.txt"
   assert c.data.eval_paths == "gs://bucket/v.txt"
   # The stored absolute path equals the relative one given from the same directory.
-  assert workdir_lock.structural_changes(c, tiny_config(**{"data.paths": "a.txt,sub/b.txt"})) \
-      == []
+  assert workdir_lock.structural_changes(c, tiny_config(**{"data.paths": "a.txt,sub/b.txt"})) == []
 
 
 # ----------------------------------------------------------------------------- one trainer
@@ -282,8 +355,12 @@ def test_structural_fields_and_absolute_paths(tmp_path, monkeypatch):
 
 def test_second_trainer_fails_at_once_with_the_pid(tmp_path, monkeypatch):
   workdir = str(tmp_path / "w")
-  holder = subprocess.Popen([sys.executable, "-c", HOLD, workdir], stdout=subprocess.PIPE,
-                            text=True, env=dict(os.environ, PYTHONPATH=REPO))
+  holder = subprocess.Popen(
+    [sys.executable, "-c", HOLD, workdir],
+    stdout=subprocess.PIPE,
+    text=True,
+    env=dict(os.environ, PYTHONPATH=REPO),
+  )
   try:
     assert holder.stdout.readline().strip() == "locked"
     monkeypatch.setattr(jax, "jit", lambda *a, **k: pytest.fail("compiled something"))
@@ -321,8 +398,12 @@ def _truncate(path, size=16):
 
 def _truncate_data_files(ck):
   """Every OCDBT data file of the step (under state/**/d/) cut to 16 bytes."""
-  files = [os.path.join(r, f) for r, _, fs in os.walk(os.path.join(ck, "state")) for f in fs
-           if os.path.basename(r) == "d"]
+  files = [
+    os.path.join(r, f)
+    for r, _, fs in os.walk(os.path.join(ck, "state"))
+    for f in fs
+    if os.path.basename(r) == "d"
+  ]
   assert files
   for f in files:
     _truncate(f)
@@ -330,8 +411,12 @@ def _truncate_data_files(ck):
 
 def _garbage_inside_data_file(ck):
   """64 KiB of garbage (or half the file, if smaller) written inside the largest data file."""
-  files = [os.path.join(r, f) for r, _, fs in os.walk(os.path.join(ck, "state")) for f in fs
-           if os.path.basename(r) == "d"]
+  files = [
+    os.path.join(r, f)
+    for r, _, fs in os.walk(os.path.join(ck, "state"))
+    for f in fs
+    if os.path.basename(r) == "d"
+  ]
   big = max(files, key=os.path.getsize)
   size = os.path.getsize(big)
   n = min(64 * 1024, size // 2)
@@ -342,11 +427,11 @@ def _garbage_inside_data_file(ck):
 
 
 DAMAGE = {
-    "garbage inside a data file": _garbage_inside_data_file,
-    "truncated data files": _truncate_data_files,
-    "deleted manifest": lambda ck: os.remove(os.path.join(ck, "state", "manifest.ocdbt")),
-    "truncated _METADATA": lambda ck: _truncate(os.path.join(ck, "state", "_METADATA")),
-    "deleted state/": lambda ck: shutil.rmtree(os.path.join(ck, "state")),
+  "garbage inside a data file": _garbage_inside_data_file,
+  "truncated data files": _truncate_data_files,
+  "deleted manifest": lambda ck: os.remove(os.path.join(ck, "state", "manifest.ocdbt")),
+  "truncated _METADATA": lambda ck: _truncate(os.path.join(ck, "state", "_METADATA")),
+  "deleted state/": lambda ck: shutil.rmtree(os.path.join(ck, "state")),
 }
 
 
@@ -376,6 +461,7 @@ def test_inference_state_on_a_mesh(run_dir):
   (the samplers then decode on that mesh: tests/test_decode_mesh.py)."""
   from setdiff_jax import sharding
   from setdiff_jax.sampling import placement
+
   plain = workdir_lib.load_inference_state(run_dir[0])
   state = workdir_lib.load_inference_state(run_dir[0], mesh_config=sharding.parse_mesh("fsdp=-1"))
   mesh = placement.mesh_of(state.params)
@@ -392,10 +478,12 @@ def test_inference_state_on_a_mesh(run_dir):
 @pytest.mark.slow
 def test_train_and_sample_fall_back_past_a_truncated_latest_step(run_dir, tmp_path):
   from setdiff_jax import decoding
+
   workdir = damaged_copy(run_dir, tmp_path, "truncated data files")
   lines = []
-  decoding.sample_from_workdir(workdir, num_samples=1, batch_size=1, max_new_tokens=2, warmup=False,
-                           write=lines.append)
+  decoding.sample_from_workdir(
+    workdir, num_samples=1, batch_size=1, max_new_tokens=2, warmup=False, write=lines.append
+  )
   assert lines[0].startswith(f"workdir: {workdir}  step: 1  params: EMA"), lines[0]
   config = checkpointing.load_config(workdir)
   result = train.train_and_evaluate(config, workdir)  # resumes from 1, trains step 2 again
@@ -409,8 +497,7 @@ def _abstract(workdir, **model):
   config.model.update(model)
   tok = tokenizers.Tokenizer.load(os.path.join(workdir, tokenizers.TOKENIZER_SUBDIR))
   model_cfg, _ = run_config.model_and_objective(config, tok)
-  return jax.eval_shape(
-      lambda: train_step.create_train_state(config, model_cfg, jax.random.key(0)))
+  return jax.eval_shape(lambda: train_step.create_train_state(config, model_cfg, jax.random.key(0)))
 
 
 def test_structure_mismatch_is_not_called_damage(run_dir):
@@ -446,11 +533,22 @@ def test_missing_iterator_state_says_so(run_dir, tmp_path):
 
 def _train_iterator(workdir):
   from setdiff_jax.data import pipeline
+
   config = checkpointing.load_config(workdir)
   tok = tokenizers.Tokenizer.load(os.path.join(workdir, tokenizers.TOKENIZER_SUBDIR))
-  return iter(pipeline.make_dataset(config.data, tok, split="train", seq_len=config.seq_len,
-                                    global_batch_size=config.batch_size, seed=config.seed,
-                                    shuffle=True, num_epochs=None, drop_remainder=True))
+  return iter(
+    pipeline.make_dataset(
+      config.data,
+      tok,
+      split="train",
+      seq_len=config.seq_len,
+      global_batch_size=config.batch_size,
+      seed=config.seed,
+      shuffle=True,
+      num_epochs=None,
+      drop_remainder=True,
+    )
+  )
 
 
 # ----------------------------------------------------------------------------- disk full
@@ -462,6 +560,7 @@ def test_disk_full_during_save_keeps_the_previous_checkpoint(run_dir, tmp_path, 
   from etils import epath
 
   from setdiff_jax import cli
+
   workdir = copy_run(run_dir, tmp_path)
   real = epath.Path.write_text
 
@@ -488,14 +587,18 @@ def test_disk_full_during_save_keeps_the_previous_checkpoint(run_dir, tmp_path, 
 # ----------------------------------------------------------------------------- small pieces
 def test_import_names_a_hidden_size_mismatch(run_dir, tmp_path):
   from setdiff_jax.interop import export_workdir, import_checkpoint
+
   out = str(tmp_path / "hf")
   export_workdir(run_dir[0], out)
   path = os.path.join(out, "config.json")
   cfg = json.load(open(path))
   cfg["backbone_config"]["hidden_size"] = 64
   json.dump(cfg, open(path, "w"))
-  with pytest.raises(ValueError, match=r"hidden size mismatch: .*hidden_size=64 but the weights "
-                                       r"have hidden size 32"):
+  with pytest.raises(
+    ValueError,
+    match=r"hidden size mismatch: .*hidden_size=64 but the weights "
+    r"have hidden size 32",
+  ):
     import_checkpoint(out)
 
 

@@ -154,8 +154,15 @@ def test_loss_gradient_matches_central_differences():
   np.testing.assert_allclose(  # the chunked reference head == the full rows
     np.asarray(
       scoring.head_scores(
-        model, params, scoring.token_features("setdlm", model, params, rollout, **kw), rollout,
-        temperature=0.7, chunk=3, ref_params=ref_params, ref_feats=ref_feats, **kw
+        model,
+        params,
+        scoring.token_features("setdlm", model, params, rollout, **kw),
+        rollout,
+        temperature=0.7,
+        chunk=3,
+        ref_params=ref_params,
+        ref_feats=ref_feats,
+        **kw,
       )[1]
     ),
     np.asarray(jnp.where(mask, objective.kl_per_token(rows_of(params), ref_rows), 0.0)),
@@ -165,8 +172,15 @@ def test_loss_gradient_matches_central_differences():
   def loss_fn(p):  # the RL update's path: the head 3 positions at a time (3 does not divide 8)
     feats = scoring.token_features("setdlm", model, p, rollout, **kw)
     logp, kl = scoring.head_scores(
-      model, p, feats, rollout, temperature=0.7, chunk=3, ref_params=ref_params,
-      ref_feats=ref_feats, **kw
+      model,
+      p,
+      feats,
+      rollout,
+      temperature=0.7,
+      chunk=3,
+      ref_params=ref_params,
+      ref_feats=ref_feats,
+      **kw,
     )
     return objective.grpo_loss(logp, old, adv, mask, clip_eps=0.1, beta=0.3, kl=kl)[0]
 

@@ -3,6 +3,7 @@ log-probabilities (setdlm, ar, bd3lm; mixed prompt lengths), against a dense ste
 recomputation without the cache, against Monte-Carlo frequencies of enumerable trajectories (and
 the token-dependent `threshold` rule failing that test), the hand-worked counterexample of the
 issue, and the bad-input errors of the RL sampling mode."""
+
 import functools
 import io
 
@@ -18,8 +19,15 @@ from setdiff_jax.models.dit import DiTConfig
 from setdiff_jax.models.qwen3 import Qwen3, Qwen3Config
 from setdiff_jax.models.layers import suppress_mask_logit
 from setdiff_jax.rl import objective, scoring
-from setdiff_jax.sampling import (SampleOutput, SamplerConfig, ar_generate, bd3lm_generate,
-                                  policies, set_generate, set_infill)
+from setdiff_jax.sampling import (
+  SampleOutput,
+  SamplerConfig,
+  ar_generate,
+  bd3lm_generate,
+  policies,
+  set_generate,
+  set_infill,
+)
 from setdiff_jax.sampling.cache import Forward, backbone_apply_fn
 from setdiff_jax.sampling.policies import StepStats
 
@@ -34,38 +42,58 @@ def infill(model, params, _, cfg, rng):
 
 @functools.lru_cache(maxsize=None)
 def tiny(vocab: int, seed: int = 0):
-  return random_dit(DiTConfig(vocab_size=vocab, hidden_size=32, num_layers=1, num_heads=2,
-                              dropout=0.0), seed)
+  return random_dit(
+    DiTConfig(vocab_size=vocab, hidden_size=32, num_layers=1, num_heads=2, dropout=0.0), seed
+  )
 
 
 def rl_cfg(**kw):
-  base = dict(mask_token_id=M, pad_token_id=0, max_new_tokens=7, greedy=False, temperature=0.7,
-              window=4, stop_at_eos=False)
+  base = dict(
+    mask_token_id=M,
+    pad_token_id=0,
+    max_new_tokens=7,
+    greedy=False,
+    temperature=0.7,
+    window=4,
+    stop_at_eos=False,
+  )
   base.update(kw)
   return SamplerConfig(**base)
 
 
 def score(method, out, cfg, model, params, rows=False):
   """The scorer's rows, or its log-probs with the head 3 positions at a time (the RL path)."""
-  fn = (scoring.token_logits if rows else
-        functools.partial(scoring.token_logprobs, chunk=3))
-  jitted = jax.jit(fn, static_argnums=(0, 1),
-                   static_argnames=("temperature", "mask_token_id", "block_size", "max_steps"))
-  return np.asarray(jitted(method, model, params, scoring.rollout_from_output(out),
-                           temperature=cfg.temperature, mask_token_id=cfg.mask_token_id,
-                           block_size=cfg.block_size))
+  fn = scoring.token_logits if rows else functools.partial(scoring.token_logprobs, chunk=3)
+  jitted = jax.jit(
+    fn,
+    static_argnums=(0, 1),
+    static_argnames=("temperature", "mask_token_id", "block_size", "max_steps"),
+  )
+  return np.asarray(
+    jitted(
+      method,
+      model,
+      params,
+      scoring.rollout_from_output(out),
+      temperature=cfg.temperature,
+      mask_token_id=cfg.mask_token_id,
+      block_size=cfg.block_size,
+    )
+  )
 
 
 # ------------------------------------------------------------------------------ scorer == sampler
 CASES = {
-    "setdlm_pmax": ("setdlm", set_generate, dict(policy="pmax", policy_arg=0.3)),
-    "setdlm_topk_fht": ("setdlm", set_generate, dict(policy="topk", policy_arg=2,
-                                                     cache_order="fht")),
-    "ar": ("ar", ar_generate, {}),
-    "bd3lm_topk": ("bd3lm", bd3lm_generate, dict(policy="topk", policy_arg=2, block_size=4)),
-    "bd3lm_aligned": ("bd3lm", bd3lm_generate, dict(policy="pmax", policy_arg=0.3, block_size=4,
-                                                    align_to_blocks=True)),
-    "setdlm_infill": ("setdlm", infill, dict(policy="pmax", policy_arg=0.3)),
+  "setdlm_pmax": ("setdlm", set_generate, dict(policy="pmax", policy_arg=0.3)),
+  "setdlm_topk_fht": ("setdlm", set_generate, dict(policy="topk", policy_arg=2, cache_order="fht")),
+  "ar": ("ar", ar_generate, {}),
+  "bd3lm_topk": ("bd3lm", bd3lm_generate, dict(policy="topk", policy_arg=2, block_size=4)),
+  "bd3lm_aligned": (
+    "bd3lm",
+    bd3lm_generate,
+    dict(policy="pmax", policy_arg=0.3, block_size=4, align_to_blocks=True),
+  ),
+  "setdlm_infill": ("setdlm", infill, dict(policy="pmax", policy_arg=0.3)),
 }
 
 
@@ -90,8 +118,9 @@ def test_scorer_equals_the_samplers_logprobs(case):
     assert out.tokens_per_step > 1.0  # several commits per step were scored
   # the scorer's rows are the log-softmax rows behind the log-probs
   rows = score(method, out, cfg, model, params, rows=True)
-  np.testing.assert_allclose(np.take_along_axis(rows, out.canvas[..., None], -1)[..., 0], lp,
-                             atol=1e-6)
+  np.testing.assert_allclose(
+    np.take_along_axis(rows, out.canvas[..., None], -1)[..., 0], lp, atol=1e-6
+  )
   np.testing.assert_allclose(np.exp(rows[gen_mask]).sum(-1), 1.0, atol=1e-5)
 
 
@@ -116,16 +145,22 @@ def test_setdlm_scorer_equals_a_dense_step_by_step_recomputation():
     for i in range(b):
       seen = np.nonzero(r.valid[i] & (r.commit_step[i] < t))[0]
       seen = seen[np.argsort(r.cache_order[i][seen])]
-      clean_tok[i, :len(seen)] = r.tokens[i, seen]
-      clean_pos[i, :len(seen)] = seen
-      clean_ok[i, :len(seen)] = True
+      clean_tok[i, : len(seen)] = r.tokens[i, seen]
+      clean_pos[i, : len(seen)] = seen
+      clean_ok[i, : len(seen)] = True
       now = np.nonzero(r.commit_step[i] == t)[0]
-      act_pos[i, :len(now)] = now
-      act_ok[i, :len(now)] = True
+      act_pos[i, : len(now)] = now
+      act_ok[i, : len(now)] = True
     tokens = np.concatenate([clean_tok, np.full((b, lc), M, np.int32)], -1)
     mask = masks.cached_step_mask(jnp.zeros((b, 0), bool), clean_ok, act_ok)
-    logits, _ = apply(params, jnp.asarray(tokens), jnp.asarray(np.concatenate(
-        [clean_pos, act_pos], -1)), mask, None, lc)
+    logits, _ = apply(
+      params,
+      jnp.asarray(tokens),
+      jnp.asarray(np.concatenate([clean_pos, act_pos], -1)),
+      mask,
+      None,
+      lc,
+    )
     want = jax.nn.log_softmax(suppress_mask_logit(logits, M) / cfg.temperature, -1)
     got = np.take_along_axis(rows, act_pos[..., None], 1)
     np.testing.assert_allclose(got[act_ok], np.asarray(want)[act_ok], atol=2e-5)
@@ -140,8 +175,10 @@ def test_scorer_is_jittable_and_differentiable():
   r = scoring.rollout_from_output(out)
 
   def total(p):
-    return jnp.sum(scoring.token_logprobs("setdlm", model, p, r, temperature=cfg.temperature,
-                                          mask_token_id=M))
+    return jnp.sum(
+      scoring.token_logprobs("setdlm", model, p, r, temperature=cfg.temperature, mask_token_id=M)
+    )
+
   value, grads = jax.jit(jax.value_and_grad(total))(params)
   np.testing.assert_allclose(value, out.token_logprob.sum(), atol=1e-5)
   norms = [float(jnp.linalg.norm(g)) for g in jax.tree_util.tree_leaves(grads)]
@@ -156,12 +193,18 @@ def committed_first(rule, a_dist, b_dist, want_a, want_b):
   total = 0.0
   for a in range(2):
     for b in range(2):
-      stats = StepStats(cand=jnp.array([[a, b]]), conf=jnp.array([[a_dist[a], b_dist[b]]]),
-                        pmax=jnp.array([[max(a_dist), max(b_dist)]]),
-                        margin=jnp.zeros((1, 2)), entropy=jnp.zeros((1, 2)),
-                        argmax=jnp.zeros((1, 2), jnp.int32), streak=jnp.ones((1, 2), jnp.int32))
-      keep = np.asarray(policies.commit(rule, None, stats, jnp.ones((1, 2), bool),
-                                        jnp.ones((1,), jnp.int32)))[0]
+      stats = StepStats(
+        cand=jnp.array([[a, b]]),
+        conf=jnp.array([[a_dist[a], b_dist[b]]]),
+        pmax=jnp.array([[max(a_dist), max(b_dist)]]),
+        margin=jnp.zeros((1, 2)),
+        entropy=jnp.zeros((1, 2)),
+        argmax=jnp.zeros((1, 2), jnp.int32),
+        streak=jnp.ones((1, 2), jnp.int32),
+      )
+      keep = np.asarray(
+        policies.commit(rule, None, stats, jnp.ones((1, 2), bool), jnp.ones((1,), jnp.int32))
+      )[0]
       if keep.tolist() == [True, False] and a == want_a:
         total += a_dist[a] * b_dist[b] * b_dist[want_b]
   return total
@@ -183,8 +226,9 @@ def test_issue_counterexample_threshold_is_not_the_product_pmax_is():
 def chi_square(keys: np.ndarray, logp: np.ndarray):
   """(statistic, degrees of freedom, its 0.999 quantile, sum of exp(score) over the distinct
   observed trajectories): cells = trajectories expected >= 5 times, plus one cell for the rest."""
-  _, first, inv, counts = np.unique(keys, axis=0, return_index=True, return_inverse=True,
-                                    return_counts=True)
+  _, first, inv, counts = np.unique(
+    keys, axis=0, return_index=True, return_inverse=True, return_counts=True
+  )
   expect = np.exp(logp[first]) * len(keys)
   big = expect >= 5
   stat = float(np.sum((counts[big] - expect[big]) ** 2 / expect[big]))
@@ -209,8 +253,9 @@ def monte_carlo(method, gen, cfg, rows: int):
   keys = np.concatenate([r.tokens, r.commit_step], -1)  # tokens + commit steps
   _, first, inv = np.unique(keys, axis=0, return_index=True, return_inverse=True)
   distinct = scoring.Rollout(*[np.asarray(x)[first] for x in r])
-  lp = scoring.token_logprobs(method, model, params, distinct, temperature=cfg.temperature,
-                              mask_token_id=M)
+  lp = scoring.token_logprobs(
+    method, model, params, distinct, temperature=cfg.temperature, mask_token_id=M
+  )
   logp = np.asarray(lp, np.float64).sum(-1)[inv.reshape(-1)]
   parallel = out.tokens_per_step
   return [chi_square(keys[i::2], logp[i::2]) for i in (0, 1)], parallel, keys
@@ -224,14 +269,21 @@ def test_monte_carlo_frequencies_match_exp_score():
   per step depending on the drawn history, topk k = 2 commits 2 then 1 (1.5 tokens per step); the
   token-dependent threshold with the same tau fails the same test by orders of magnitude (its
   scores do not even sum to 1)."""
-  base = dict(mask_token_id=M, pad_token_id=0, max_new_tokens=3, greedy=False, window=3,
-              stop_at_eos=False, temperature=1.5)
+  base = dict(
+    mask_token_id=M,
+    pad_token_id=0,
+    max_new_tokens=3,
+    greedy=False,
+    window=3,
+    stop_at_eos=False,
+    temperature=1.5,
+  )
   rows = 100_000
-  exact = {"setdlm pmax": ("setdlm", set_generate, SamplerConfig(**base, policy="pmax",
-                                                                 policy_arg=0.77)),
-           "setdlm topk": ("setdlm", set_generate, SamplerConfig(**base, policy="topk",
-                                                                 policy_arg=2)),
-           "ar": ("ar", ar_generate, SamplerConfig(**base))}
+  exact = {
+    "setdlm pmax": ("setdlm", set_generate, SamplerConfig(**base, policy="pmax", policy_arg=0.77)),
+    "setdlm topk": ("setdlm", set_generate, SamplerConfig(**base, policy="topk", policy_arg=2)),
+    "ar": ("ar", ar_generate, SamplerConfig(**base)),
+  }
   for name, (method, gen, cfg) in exact.items():
     stats, parallel, keys = monte_carlo(method, gen, cfg, rows)
     for stat, df, q, total in stats:
@@ -241,7 +293,7 @@ def test_monte_carlo_frequencies_match_exp_score():
     if name == "setdlm topk":
       assert parallel == 1.5  # 2 + 1 commits on every row
     if name == "setdlm pmax":
-      steps = keys[:, keys.shape[1] // 2:]
+      steps = keys[:, keys.shape[1] // 2 :]
       per_step = [np.bincount(s[s >= 0]).max() for s in steps[::2][:2000]]
       assert 1.0 < parallel < 3.0 and max(per_step) == 2 and min(per_step) == 1
   cfg = SamplerConfig(**base, policy="threshold", threshold=0.77)
@@ -261,18 +313,25 @@ def error_line(fn) -> str:
   return lines[0]
 
 
-@pytest.mark.parametrize("kw, method, expect", [
+@pytest.mark.parametrize(
+  "kw, method, expect",
+  [
     (dict(policy="threshold", threshold=0.9), "setdlm", "--policy=threshold .*--policy=pmax"),
     (dict(policy="threshold"), "bd3lm", "--policy=threshold .*--policy=pmax"),
     (dict(policy="pmax", top_p=0.9), "setdlm", "top_p=0.9: .*use top_p=1.0"),
-    (dict(policy="pmax", repetition_penalty=1.2), "setdlm",
-     "repetition_penalty=1.2: .*use repetition_penalty=1.0"),
+    (
+      dict(policy="pmax", repetition_penalty=1.2),
+      "setdlm",
+      "repetition_penalty=1.2: .*use repetition_penalty=1.0",
+    ),
     (dict(policy="pmax", greedy=True), "setdlm", "greedy=True: .*greedy=False"),
     (dict(top_p=0.95), "ar", "top_p=0.95"),
     (dict(policy="pmax"), "mdlm", "objective=mdlm: .*supports setdlm, ar, bd3lm"),
-])
+  ],
+)
 def test_inexact_settings_are_one_error_line(kw, method, expect):
   import re
+
   line = error_line(lambda: scoring.check_exact(method, rl_cfg(**kw)))
   assert re.search(expect, line), line
 
@@ -282,10 +341,17 @@ def test_exact_settings_pass_and_mdlm_output_is_refused():
   for name, p in policies.POLICIES.items():
     if not p.token_dependent:
       scoring.check_exact("setdlm", rl_cfg(policy=name))
-  out = SampleOutput(sequences=[[1]], generated=[[]], canvas=np.zeros((1, 2), np.int32),
-                     target=np.zeros((1, 2), bool), commit_step=np.full((1, 2), -1),
-                     num_steps=np.zeros(1), forward_calls=np.zeros(1),
-                     num_committed=np.zeros(1), stopped=np.zeros(1, bool))
+  out = SampleOutput(
+    sequences=[[1]],
+    generated=[[]],
+    canvas=np.zeros((1, 2), np.int32),
+    target=np.zeros((1, 2), bool),
+    commit_step=np.full((1, 2), -1),
+    num_steps=np.zeros(1),
+    forward_calls=np.zeros(1),
+    num_committed=np.zeros(1),
+    stopped=np.zeros(1, bool),
+  )
   assert "MDLM has no cache" in error_line(lambda: scoring.rollout_from_output(out))
 
 
@@ -300,14 +366,23 @@ def test_head_scores_chunks_against_numpy():
   z, zr = rng.normal(size=(2, b, length, v)).astype(np.float32) * 3
   tokens = rng.integers(4, v, (b, length)).astype(np.int32)
   gen = rng.random((b, length)) < 0.7
-  r = scoring.Rollout(tokens=tokens, valid=np.ones_like(gen), context=~gen, generated=gen,
-                      commit_step=np.where(gen, 0, -1), cache_order=np.zeros_like(tokens))
+  r = scoring.Rollout(
+    tokens=tokens,
+    valid=np.ones_like(gen),
+    context=~gen,
+    generated=gen,
+    commit_step=np.where(gen, 0, -1),
+    cache_order=np.zeros_like(tokens),
+  )
   logits_fn = lambda *a: None  # never run: only its head (the identity) is used
 
   def lsm(x):
     x = np.where(np.arange(v) == M, -np.inf, x.astype(np.float64) / temp)
-    return x - np.log(np.sum(np.exp(x - x.max(-1, keepdims=True)), -1, keepdims=True)) - x.max(
-        -1, keepdims=True)
+    return (
+      x
+      - np.log(np.sum(np.exp(x - x.max(-1, keepdims=True)), -1, keepdims=True))
+      - x.max(-1, keepdims=True)
+    )
 
   lq, lr = lsm(z), lsm(zr)
   want_lp = np.where(gen, np.take_along_axis(lq, tokens[..., None], -1)[..., 0], 0.0)
@@ -316,9 +391,20 @@ def test_head_scores_chunks_against_numpy():
   want_kl = np.where(gen, np.sum(q * (lq[..., keep] - lr[..., keep]), -1), 0.0)
   grads = []
   for chunk in (1, 5, None):
+
     def f(feats, chunk=chunk):
-      return scoring.head_scores(logits_fn, None, feats, r, temperature=temp, mask_token_id=M,
-                                 chunk=chunk, ref_params=(), ref_feats=jnp.asarray(zr))
+      return scoring.head_scores(
+        logits_fn,
+        None,
+        feats,
+        r,
+        temperature=temp,
+        mask_token_id=M,
+        chunk=chunk,
+        ref_params=(),
+        ref_feats=jnp.asarray(zr),
+      )
+
     lp, kl = jax.jit(f)(jnp.asarray(z))
     np.testing.assert_allclose(np.asarray(lp), want_lp, atol=1e-5, rtol=1e-6)
     np.testing.assert_allclose(np.asarray(kl), want_kl, atol=1e-5, rtol=1e-5)
@@ -346,9 +432,14 @@ def hand_rollout(method: str, rng, b=2, length=12, prompt=4, vocab=16):
   else:
     steps = np.broadcast_to([-1] * 4 + [0, 1, 0, 1] + [3, 2, 2, 3], (b, length))
     order = np.broadcast_to(pos // 4, (b, length))
-  return scoring.Rollout(tokens=tokens, valid=np.ones((b, length), bool), context=context,
-                         generated=~context, commit_step=np.asarray(steps, np.int32),
-                         cache_order=np.asarray(order, np.int32))
+  return scoring.Rollout(
+    tokens=tokens,
+    valid=np.ones((b, length), bool),
+    context=context,
+    generated=~context,
+    commit_step=np.asarray(steps, np.int32),
+    cache_order=np.asarray(order, np.int32),
+  )
 
 
 def full_scores(method, model, params, ref_params, r, temperature):
@@ -366,19 +457,37 @@ def chunked_scores(method, model, params, ref_params, r, temperature, chunk):
   kw = dict(mask_token_id=M, block_size=4)
   feats = scoring.token_features(method, model, params, r, **kw)
   ref_feats = scoring.token_features(method, model, ref_params, r, **kw)
-  return scoring.head_scores(model, params, feats, r, temperature=temperature, mask_token_id=M,
-                             chunk=chunk, ref_params=ref_params, ref_feats=ref_feats)
+  return scoring.head_scores(
+    model,
+    params,
+    feats,
+    r,
+    temperature=temperature,
+    mask_token_id=M,
+    chunk=chunk,
+    ref_params=ref_params,
+    ref_feats=ref_feats,
+  )
 
 
 def tiny_qwen3(seed: int):
-  cfg = Qwen3Config(vocab_size=16, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2,
-                    head_dim=8, intermediate_size=48, dropout=0.0)
+  cfg = Qwen3Config(
+    vocab_size=16,
+    hidden_size=32,
+    num_layers=1,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    intermediate_size=48,
+    dropout=0.0,
+  )
   return Qwen3(cfg), random_params(cfg, seed)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method,backbone", [("setdlm", "dit"), ("ar", "dit"), ("bd3lm", "dit"),
-                                             ("setdlm", "qwen3")])
+@pytest.mark.parametrize(
+  "method,backbone", [("setdlm", "dit"), ("ar", "dit"), ("bd3lm", "dit"), ("setdlm", "qwen3")]
+)
 def test_chunked_logprobs_kl_and_gradients_equal_the_full_rows(method, backbone):
   """head_scores at chunk 5 (does not divide L = 12) and chunk None against the full fp32
   [B, L, V] rows of the logits path: values, and jax.grad of a weighted sum of both."""
@@ -433,9 +542,12 @@ def test_chunked_scorer_needs_less_memory_at_a_large_vocabulary(capsys):
     return jax.value_and_grad(lambda p: sum(jnp.sum(s) for s in scores(p)))
 
   full = _temp_bytes(loss(lambda p: full_scores("setdlm", model, p, ref_params, r, 0.7)), params)
-  chunked = _temp_bytes(loss(
-      lambda p: chunked_scores("setdlm", model, p, ref_params, r, 0.7, 8)), params)
+  chunked = _temp_bytes(
+    loss(lambda p: chunked_scores("setdlm", model, p, ref_params, r, 0.7, 8)), params
+  )
   with capsys.disabled():
-    print(f"\nRL scorer temp memory, V=32768 B=2 L=64: full {full / 2**20:.1f} MiB, "
-          f"chunk 8 {chunked / 2**20:.1f} MiB")
+    print(
+      f"\nRL scorer temp memory, V=32768 B=2 L=64: full {full / 2**20:.1f} MiB, "
+      f"chunk 8 {chunked / 2**20:.1f} MiB"
+    )
   assert chunked < full

@@ -1,6 +1,7 @@
 """What a run's last lines say (issue 24): sample.py's header names the parameters actually used;
 train.py's last line suggests the next command that fits the run (a prompt for a conditional
 run, --nouse_ema where training evaluated the raw parameters)."""
+
 import os
 import subprocess
 import sys
@@ -14,8 +15,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _config(ema_decay, eval_params, source="embedded"):
-  return ml_collections.ConfigDict({"ema_decay": ema_decay, "eval_params": eval_params,
-                                    "data": {"source": source}})
+  return ml_collections.ConfigDict(
+    {"ema_decay": ema_decay, "eval_params": eval_params, "data": {"source": source}}
+  )
 
 
 def test_params_label_says_what_is_sampled():
@@ -23,7 +25,8 @@ def test_params_label_says_what_is_sampled():
   assert decoding.params_label(_config(0.9999, "ema"), False) == "raw"
   assert decoding.params_label(_config(0.0, "raw"), True) == "EMA = raw (ema_decay=0)"
   assert decoding.params_label(_config(0.999, "raw"), True).startswith(
-      "EMA (training evaluated the raw ones; --nouse_ema")
+    "EMA (training evaluated the raw ones; --nouse_ema"
+  )
 
 
 _SUMMARY = r"""
@@ -40,12 +43,20 @@ for source, ev in (("embedded", "ema"), ("arithmetic", "ema"), ("text", "raw")):
 
 @pytest.mark.slow  # a subprocess that imports jax and the trainer (~10 s)
 def test_train_summary_suggests_the_fitting_next_command():
-  proc = subprocess.run([sys.executable, "-c", _SUMMARY], cwd=REPO, capture_output=True,
-                        text=True, timeout=300, env=dict(os.environ, PYTHONPATH=REPO))
+  proc = subprocess.run(
+    [sys.executable, "-c", _SUMMARY],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env=dict(os.environ, PYTHONPATH=REPO),
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   plain, conditional, raw = proc.stdout.strip().splitlines()
-  assert plain == ("done: step 5; eval PPL 12.00 (NLL 2.4849); checkpoint /w/checkpoints/5; "
-                   "sample with: python launch/sample.py --workdir=/w")
+  assert plain == (
+    "done: step 5; eval PPL 12.00 (NLL 2.4849); checkpoint /w/checkpoints/5; "
+    "sample with: python launch/sample.py --workdir=/w"
+  )
   assert "evaluate with: python launch/evaluate.py --workdir=/w --eval=accuracy" in conditional
   assert "--prompt=" in conditional and conditional.count("sample") == 2
   assert raw.endswith("sample with: python launch/sample.py --workdir=/w --nouse_ema")

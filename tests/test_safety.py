@@ -5,6 +5,7 @@ One tiny run (steps 1 and 2 saved) is trained once in-process; each test works o
 command lines go through tests/cli_harness.py (one process per launcher), each asserting the exit
 status, that the last stderr line is the `error:` line and how many stderr lines there are.
 """
+
 import json
 import os
 import shutil
@@ -19,8 +20,14 @@ from setdiff_jax.workdir import fallback
 from setdiff_jax.workdir import load as workdir_lib
 from setdiff_jax.workdir import lock as workdir_lock
 
-from test_reliability import (REPO, _garbage_inside_data_file, assert_one_error_line, harness,
-                              tiny_args, tiny_config)
+from test_reliability import (
+  REPO,
+  _garbage_inside_data_file,
+  assert_one_error_line,
+  harness,
+  tiny_args,
+  tiny_config,
+)
 
 pytestmark = pytest.mark.usefixtures("fast_compile")
 
@@ -80,8 +87,9 @@ def test_checksums_name_the_damaged_file(base, tmp_path):
   workdir = copy_of(base, tmp_path)
   step_dir = os.path.join(workdir, "checkpoints", "2")
   sums = json.load(open(os.path.join(step_dir, fallback.CHECKSUM_FILE)))
-  data_files = [f for f in sums if f.startswith("data" + os.sep) and f.endswith(".json")
-                and "commit" not in f]
+  data_files = [
+    f for f in sums if f.startswith("data" + os.sep) and f.endswith(".json") and "commit" not in f
+  ]
   assert any(f.startswith("state" + os.sep) for f in sums) and data_files, sorted(sums)
   fallback.verify_checksums(step_dir, 2)  # intact
   victim = os.path.join(step_dir, data_files[0])
@@ -102,7 +110,9 @@ def test_divergence_guard_unit():
   assert not guard.check(4, 601.0)
   with pytest.raises(errors.DivergenceError, match=r"diverged at step 5: loss 700 .*KEPT"):
     guard.check(5, 700.0, lambda: "KEPT")
-  learnt = divergence.DivergenceGuard(config, history=[0.001] * 5)  # a near-zero loss: noise is fine
+  learnt = divergence.DivergenceGuard(
+    config, history=[0.001] * 5
+  )  # a near-zero loss: noise is fine
   assert learnt.check(1, 0.05) and learnt.check(2, 9.0) and not learnt.check(3, 10.5)
   off = divergence.DivergenceGuard(tiny_config(divergence_factor=0, divergence_ceiling=0), [1.0])
   assert all(off.check(i, 1e30) for i in range(5))
@@ -116,16 +126,25 @@ def test_divergence_stops_a_resume_before_it_saves(base, tmp_path):
   """learning_rate=1e3 on a resume from step 2 (keep 1, a checkpoint every step): one error line,
   step 2 (whose loss was seen healthy) kept and loading, the later save set aside."""
   workdir = copy_of(base, tmp_path)
-  args = tiny_args(workdir, num_train_steps=30, learning_rate=1000.0, keep_checkpoints=1,
-                   eval_every_steps=30)
+  args = tiny_args(
+    workdir, num_train_steps=30, learning_rate=1000.0, keep_checkpoints=1, eval_every_steps=30
+  )
   result = harness("train.py", [args])[0]
   lines = [l for l in result["stderr"].splitlines() if l.strip()]
   assert result["rc"] == 1, result
   assert len(lines) == 3, lines  # two warnings (1 of 3, 2 of 3), then the error line
   assert all("above the divergence threshold" in l for l in lines[:2]), lines
-  assert_one_error_line(dict(result, stderr=lines[-1]), [
-      "training diverged at step 6", "checkpoint step 2", "step(s) [3]", ".diverged",
-      "--config.divergence_factor=0"], "lr=1e3")
+  assert_one_error_line(
+    dict(result, stderr=lines[-1]),
+    [
+      "training diverged at step 6",
+      "checkpoint step 2",
+      "step(s) [3]",
+      ".diverged",
+      "--config.divergence_factor=0",
+    ],
+    "lr=1e3",
+  )
   steps = workdir_lock.saved_steps(workdir)
   assert steps == [2] and listing(workdir) == ["2", "3.diverged"], listing(workdir)
   assert workdir_lib.load_inference_state(workdir).step == 2
@@ -153,57 +172,63 @@ def test_every_field_has_a_declared_range():
 
 def test_shipped_configs_are_in_range():
   import importlib
+
   for name in sorted(os.listdir(os.path.join(REPO, "configs"))):
-    if not name.endswith(".py") or name.startswith("_") or name in ("compare.py", "reasoning_common.py"):
+    if (
+      not name.endswith(".py")
+      or name.startswith("_")
+      or name in ("compare.py", "reasoning_common.py")
+    ):
       continue
     config = importlib.import_module(f"configs.{name[:-3]}").get_config()
     if "model" in config and config.model.hidden_size == 0:  # gsm8k Qwen3: init_from_hf needed
       config.init_from_hf = "/qwen3"
     run_config.check_field_ranges(config)
   from configs import compare
+
   for method in ("ar", "mdlm", "bd3lm4", "setdlm4"):
     run_config.check_field_ranges(compare.get_config(method))
 
 
 BAD = [  # (field, value, allowed text)
-    ("learning_rate", "-1.0", "a number in (0, inf)"),
-    ("learning_rate", "0.0", "(0, inf)"),
-    ("model.dropout", "1.5", "[0, 1)"),
-    ("model.dropout", "-0.1", "[0, 1)"),
-    ("warmup_steps", "-5", "an integer in [0, inf)"),
-    ("num_eval_steps", "0", "[1, inf) or -1"),
-    ("num_eval_steps", "-2", "[1, inf) or -1"),
-    ("keep_checkpoints", "0", "[1, inf)"),
-    ("batch_size", "0", "[1, inf)"),
-    ("eval_batch_size", "-8", "[1, inf)"),
-    ("seq_len", "2", "[4, inf)"),
-    ("model.hidden_size", "0", "[1, inf)"),
-    ("model.num_heads", "0", "[1, inf)"),
-    ("model.rope_base", "-1.0", "(0, inf)"),
-    ("loss.sampling_eps", "1.0", "(0, 1)"),
-    ("loss.desired_set_size", "0", "[1, inf)"),
-    ("adam_b1", "1.0", "[0, 1)"),
-    ("adam_b2", "-0.5", "[0, 1)"),
-    ("adam_eps", "0.0", "(0, inf)"),
-    ("grad_clip_norm", "-1.0", "[0, inf)"),
-    ("weight_decay", "-0.1", "[0, inf)"),
-    ("cosine_alpha", "2.0", "[0, 1]"),
-    ("ema_decay", "1.0", "[0, 1)"),
-    ("log_every_steps", "0", "[1, inf)"),
-    ("checkpoint_every_steps", "0", "[1, inf)"),
-    ("eval_every_steps", "-1", "[1, inf)"),
-    ("num_eval_samples", "-1", "[0, inf)"),
-    ("grad_accum_steps", "0", "[1, inf)"),
-    ("num_train_steps", "-1", "[0, inf)"),
-    ("seed", "-3", "an integer in [0, 4294967295]"),
-    ("divergence_factor", "0.5", "(1, inf) or 0"),
-    ("divergence_patience", "0", "[1, inf)"),
-    ("mesh.fsdp", "0", "[1, inf) or -1"),
-    ("model.dtype", "float8", "one of 'float32'"),
-    ("lr_schedule", "linear", "one of 'constant', 'cosine'"),
-    ("eval_params", "best", "one of 'ema', 'raw'"),
-    ("model.attention", "flash", "one of 'dense'"),
-    ("data.read_threads", "-1", "[0, inf)"),
+  ("learning_rate", "-1.0", "a number in (0, inf)"),
+  ("learning_rate", "0.0", "(0, inf)"),
+  ("model.dropout", "1.5", "[0, 1)"),
+  ("model.dropout", "-0.1", "[0, 1)"),
+  ("warmup_steps", "-5", "an integer in [0, inf)"),
+  ("num_eval_steps", "0", "[1, inf) or -1"),
+  ("num_eval_steps", "-2", "[1, inf) or -1"),
+  ("keep_checkpoints", "0", "[1, inf)"),
+  ("batch_size", "0", "[1, inf)"),
+  ("eval_batch_size", "-8", "[1, inf)"),
+  ("seq_len", "2", "[4, inf)"),
+  ("model.hidden_size", "0", "[1, inf)"),
+  ("model.num_heads", "0", "[1, inf)"),
+  ("model.rope_base", "-1.0", "(0, inf)"),
+  ("loss.sampling_eps", "1.0", "(0, 1)"),
+  ("loss.desired_set_size", "0", "[1, inf)"),
+  ("adam_b1", "1.0", "[0, 1)"),
+  ("adam_b2", "-0.5", "[0, 1)"),
+  ("adam_eps", "0.0", "(0, inf)"),
+  ("grad_clip_norm", "-1.0", "[0, inf)"),
+  ("weight_decay", "-0.1", "[0, inf)"),
+  ("cosine_alpha", "2.0", "[0, 1]"),
+  ("ema_decay", "1.0", "[0, 1)"),
+  ("log_every_steps", "0", "[1, inf)"),
+  ("checkpoint_every_steps", "0", "[1, inf)"),
+  ("eval_every_steps", "-1", "[1, inf)"),
+  ("num_eval_samples", "-1", "[0, inf)"),
+  ("grad_accum_steps", "0", "[1, inf)"),
+  ("num_train_steps", "-1", "[0, inf)"),
+  ("seed", "-3", "an integer in [0, 4294967295]"),
+  ("divergence_factor", "0.5", "(1, inf) or 0"),
+  ("divergence_patience", "0", "[1, inf)"),
+  ("mesh.fsdp", "0", "[1, inf) or -1"),
+  ("model.dtype", "float8", "one of 'float32'"),
+  ("lr_schedule", "linear", "one of 'constant', 'cosine'"),
+  ("eval_params", "best", "one of 'ema', 'raw'"),
+  ("model.attention", "flash", "one of 'dense'"),
+  ("data.read_threads", "-1", "[0, inf)"),
 ]
 
 
@@ -219,11 +244,13 @@ def test_out_of_range_fields_give_one_error_line(tmp_path):
   assert_one_error_line(results.pop(), ["no data", "text train"], "empty data file")
   assert not os.path.exists(os.path.join(first, "tokenizer")), os.listdir(first)
   for (field, value, allowed), result in zip(BAD, results):
-    assert_one_error_line(result, [f"{field}=", value.rstrip("0").rstrip("."), allowed],
-                          f"{field}={value}")
+    assert_one_error_line(
+      result, [f"{field}=", value.rstrip("0").rstrip("."), allowed], f"{field}={value}"
+    )
     assert result["rc"] == 1
-  assert_one_error_line(results[-1], ["num_train_steps=0", "new workdir", "train nothing"],
-                        "num_train_steps=0")
+  assert_one_error_line(
+    results[-1], ["num_train_steps=0", "new workdir", "train nothing"], "num_train_steps=0"
+  )
   assert not os.path.exists(fresh)  # nothing written
 
 
@@ -232,8 +259,9 @@ def test_missing_config_json_with_checkpoints_is_refused(base, tmp_path):
   workdir = copy_of(base, tmp_path)
   os.remove(os.path.join(workdir, "config.json"))
   config = tiny_config(**{"loss.desired_set_size": 2})  # a different structure: S = 2
-  with pytest.raises(errors.ConfigMismatchError, match="config.json is missing.*"
-                     "accept_missing_config=True"):
+  with pytest.raises(
+    errors.ConfigMismatchError, match="config.json is missing.*accept_missing_config=True"
+  ):
     workdir_lock.check_resume(config, workdir)
   workdir_lock.check_resume(tiny_config(accept_missing_config=True), workdir)  # accepted
 
@@ -241,19 +269,21 @@ def test_missing_config_json_with_checkpoints_is_refused(base, tmp_path):
 # ----------------------------------------------------------------------------- eval history
 def test_eval_history_appends_and_keeps_labels(base, tmp_path):
   from setdiff_jax.evaluation import run
+
   opts = run.EvalOptions(num_orders=1, max_rows=8, batch_size=8)
   out = str(tmp_path / "results.json")
   shown = []
-  ema2 = run.evaluate_workdir(base, ["likelihood"], opts, log=None, output=out,
-                              show=shown.append)
+  ema2 = run.evaluate_workdir(base, ["likelihood"], opts, log=None, output=out, show=shown.append)
   assert shown and "Likelihood" in shown[0]
   run.evaluate_workdir(base, ["likelihood"], opts, step=1, log=None, output=out)
   raw2 = run.evaluate_workdir(base, ["likelihood"], opts, use_ema=False, log=None, output=out)
   saved = json.load(open(out))
   keys = sorted(saved["history"])
   assert [k.split(" settings=")[0] for k in keys] == [
-      "step=1 params=ema eval=likelihood", "step=2 params=ema eval=likelihood",
-      "step=2 params=raw eval=likelihood"]
+    "step=1 params=ema eval=likelihood",
+    "step=2 params=ema eval=likelihood",
+    "step=2 params=raw eval=likelihood",
+  ]
   by = {(v["step"], v["use_ema"]): v["result"] for v in saved["history"].values()}
   assert by[(2, True)]["nll"] == ema2["likelihood"]["nll"]  # not replaced, not relabelled
   assert by[(2, False)]["nll"] == raw2["likelihood"]["nll"]
@@ -265,13 +295,19 @@ def test_eval_history_appends_and_keeps_labels(base, tmp_path):
 
 def test_eval_results_survive_a_failed_write(base, tmp_path):
   from setdiff_jax.evaluation import run
+
   blocker = tmp_path / "a_file"  # a file where the output's directory should be (works as root)
   blocker.write_text("")
   shown = []
   with pytest.raises(OSError, match="could not write the evaluation results") as e:
-    run.evaluate_workdir(base, ["likelihood"], run.EvalOptions(num_orders=1, max_rows=8,
-                                                               batch_size=8),
-                         log=None, output=str(blocker / "r.json"), show=shown.append)
+    run.evaluate_workdir(
+      base,
+      ["likelihood"],
+      run.EvalOptions(num_orders=1, max_rows=8, batch_size=8),
+      log=None,
+      output=str(blocker / "r.json"),
+      show=shown.append,
+    )
   kept = str(e.value).split("kept in ")[1].split(". ")[0]
   assert "Likelihood" in shown[0] and json.load(open(kept))["likelihood"]["num_sequences"] == 8
   os.remove(kept)
@@ -285,6 +321,7 @@ def test_sigint_saves_and_stops_with_a_distinct_status(base, tmp_path, monkeypat
   import threading
 
   from setdiff_jax import cli, sharding
+
   if threading.current_thread() is not threading.main_thread():
     pytest.skip("signal handlers can only be installed from the main thread")
   workdir = copy_of(base, tmp_path)
@@ -327,8 +364,15 @@ print("not aborted")
 def test_second_ctrl_c_aborts_at_once():
   import subprocess
   import sys
-  r = subprocess.run([sys.executable, "-c", SECOND_CTRL_C], capture_output=True, text=True,
-                     cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO), timeout=120)
+
+  r = subprocess.run(
+    [sys.executable, "-c", SECOND_CTRL_C],
+    capture_output=True,
+    text=True,
+    cwd=REPO,
+    env=dict(os.environ, PYTHONPATH=REPO),
+    timeout=120,
+  )
   lines = [l for l in r.stderr.splitlines() if l.strip()]
   assert r.returncode == 130 and "not aborted" not in r.stdout, (r.returncode, r.stderr[-2000:])
   assert lines[-1].startswith("aborted: second SIGINT"), lines
@@ -341,8 +385,10 @@ def test_disk_full_of_any_exception_type_is_named(base, tmp_path):
     directory = os.path.join(base, "checkpoints")
 
     def save(self, *a, **k):
-      raise ValueError("Error writing local file \"/x/d/abc\": RESOURCE_EXHAUSTED: [OS error: "
-                       "No space left on device]")
+      raise ValueError(
+        'Error writing local file "/x/d/abc": RESOURCE_EXHAUSTED: [OS error: '
+        "No space left on device]"
+      )
 
     def all_steps(self):
       return [1, 2]
@@ -363,6 +409,7 @@ def test_damaged_inputs_name_the_file(base, tmp_path):
   from safetensors.numpy import save_file
 
   from setdiff_jax.interop import weight_files
+
   text = "".join(f"paragraph {i} of some training text\n\n" for i in range(4000)).encode()
   cut = {}
   for ext, compress in ((".gz", gzip.compress), (".xz", lzma.compress)):
@@ -372,22 +419,29 @@ def test_damaged_inputs_name_the_file(base, tmp_path):
     cut[ext] = str(path)
   fresh = str(tmp_path / "fresh")
   cases = [
-      (tiny_args(fresh, **{"data.source": "text", "data.paths": cut[".gz"]}),
-       [cut[".gz"], "truncated or damaged"]),
-      (tiny_args(fresh, **{"data.source": "text", "data.paths": cut[".xz"]}),
-       [cut[".xz"], "truncated or damaged"]),
-      (tiny_args(fresh, **{"data.source": "text", "data.paths": str(tmp_path)}),
-       [str(tmp_path), "is a directory", "data.paths"]),
+    (
+      tiny_args(fresh, **{"data.source": "text", "data.paths": cut[".gz"]}),
+      [cut[".gz"], "truncated or damaged"],
+    ),
+    (
+      tiny_args(fresh, **{"data.source": "text", "data.paths": cut[".xz"]}),
+      [cut[".xz"], "truncated or damaged"],
+    ),
+    (
+      tiny_args(fresh, **{"data.source": "text", "data.paths": str(tmp_path)}),
+      [str(tmp_path), "is a directory", "data.paths"],
+    ),
   ]
   for (args, expected), result in zip(cases, harness("train.py", [a for a, _ in cases])):
     assert_one_error_line(result, expected, args[-1])
     assert result["rc"] == 1
   assert not os.path.exists(os.path.join(fresh, "tokenizer"))
   w = f"--workdir={base}"
-  evaluate = [([w, "--eval=speed", "--thresholds=abc"], ["--thresholds=abc", "'off'"]),
-              ([w, "--eval=infill", "--infill_thresholds=0.9,2"], ["--infill_thresholds=0.9,2"])]
-  for (args, expected), result in zip(evaluate, harness("evaluate.py",
-                                                        [a for a, _ in evaluate])):
+  evaluate = [
+    ([w, "--eval=speed", "--thresholds=abc"], ["--thresholds=abc", "'off'"]),
+    ([w, "--eval=infill", "--infill_thresholds=0.9,2"], ["--infill_thresholds=0.9,2"]),
+  ]
+  for (args, expected), result in zip(evaluate, harness("evaluate.py", [a for a, _ in evaluate])):
     assert_one_error_line(result, expected, " ".join(args))
   weights = tmp_path / "model.safetensors"
   save_file({"a": np.zeros((64, 64), np.float32)}, str(weights))

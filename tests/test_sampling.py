@@ -1,6 +1,7 @@
 """Sampler tests (SPEC §4, §11.6-11.8): toy logits with known answers, cached == uncached logits,
 W=1 greedy == dense left-to-right decoding, batching, infilling, baselines, input errors, CLI logic.
 """
+
 import functools
 import io
 
@@ -15,16 +16,29 @@ from setdiff_jax.models import param_shapes
 from setdiff_jax.models.dit import DiT, DiTConfig
 from setdiff_jax.models.layers import suppress_mask_logit
 from setdiff_jax.decoding import generate_text, run_sampling, sampler_config_for, sampler_for
-from setdiff_jax.sampling import (SamplerConfig, ar_generate, bd3lm_generate, compact,
-                                  infill_inputs, mdlm_generate, parse_infill, prompted_inputs,
-                                  reference_generate, reference_infill, set_generate,
-                                  set_infill, set_init, set_step, step_counts)
+from setdiff_jax.sampling import (
+  SamplerConfig,
+  ar_generate,
+  bd3lm_generate,
+  compact,
+  infill_inputs,
+  mdlm_generate,
+  parse_infill,
+  prompted_inputs,
+  reference_generate,
+  reference_infill,
+  set_generate,
+  set_infill,
+  set_init,
+  set_step,
+  step_counts,
+)
 from setdiff_jax.sampling.cache import as_forward
 
 # ------------------------------------------------------------------------------ toy logits
 V = 64
 PAD, BOS, EOS, M = 0, 1, 2, 3
-TRIGGER = 5   # a prompt token that makes the toy emit EOS at position EOS_POS
+TRIGGER = 5  # a prompt token that makes the toy emit EOS at position EOS_POS
 EOS_POS = 3
 
 
@@ -49,13 +63,19 @@ def make_toy(slope: float, offset: float = 1.0):
   return toy
 
 
-TOY_UP = make_toy(0.5)      # confidence increases with position
+TOY_UP = make_toy(0.5)  # confidence increases with position
 TOY_DOWN = make_toy(-0.5, 12.0)  # decreases with position
 
 
 def toy_cfg(**kw):
-  base = dict(mask_token_id=M, eos_token_id=EOS, pad_token_id=PAD, bos_token_id=BOS, window=3,
-              max_new_tokens=6)
+  base = dict(
+    mask_token_id=M,
+    eos_token_id=EOS,
+    pad_token_id=PAD,
+    bos_token_id=BOS,
+    window=3,
+    max_new_tokens=6,
+  )
   base.update(kw)
   return SamplerConfig(**base)
 
@@ -73,14 +93,14 @@ def test_toy_one_commit_per_step_and_window(use_cache):
   prompts = [[7, 8], [7, 8, 9]]
   out = (set_generate if use_cache else reference_generate)(TOY_UP, None, prompts, toy_cfg())
   for b, p in enumerate(prompts):
-    steps = out.commit_step[b, len(p):len(p) + 6]
+    steps = out.commit_step[b, len(p) : len(p) + 6]
     np.testing.assert_array_equal(np.sort(steps), np.arange(6))  # exactly one commit per step
     # Increasing confidence: rightmost of the window first; the window [f, f+3) slides only once
     # its leftmost position f is committed.
     np.testing.assert_array_equal(steps, [2, 1, 0, 5, 4, 3])
     # Known tokens: the committed token at step s sees the prompt + the s earlier commits
     # (cache + pending), never a mask.
-    np.testing.assert_array_equal(out.canvas[b, len(p):len(p) + 6], 10 + len(p) + steps)
+    np.testing.assert_array_equal(out.canvas[b, len(p) : len(p) + 6], 10 + len(p) + steps)
     assert out.generated[b] == (10 + len(p) + steps).tolist()
   np.testing.assert_array_equal(out.num_steps, [6, 6])
   np.testing.assert_array_equal(out.num_committed, [6, 6])
@@ -137,9 +157,9 @@ def test_toy_infill_suffix_is_cached_up_front():
   for b, row in enumerate(canvas):
     row = np.array(row)
     ctx = row != M
-    np.testing.assert_array_equal(out.canvas[b, :len(row)][ctx], row[ctx])  # context unchanged
-    assert (out.canvas[b, :len(row)] != M).all()                           # gap filled
-    assert ((out.commit_step[b, :len(row)] >= 0) == ~ctx).all()            # only gap written
+    np.testing.assert_array_equal(out.canvas[b, : len(row)][ctx], row[ctx])  # context unchanged
+    assert (out.canvas[b, : len(row)] != M).all()  # gap filled
+    assert ((out.commit_step[b, : len(row)] >= 0) == ~ctx).all()  # only gap written
     # The first commit already sees every visible token, the suffix included.
     first = np.nonzero(out.commit_step[b] == 0)[0][0]
     assert out.canvas[b, first] == 10 + ctx.sum()
@@ -202,8 +222,11 @@ def _uncached_mask_logits(model, params, canvas_rows, committed, queries, length
     context.append(np.isin(np.arange(length), comm))
   n = len(tokens)
   pad = rows_to - n  # a fixed row count, so one compiled forward serves every step
-  tokens, orders, context = (tokens + tokens[:1] * pad, orders + orders[:1] * pad,
-                             context + context[:1] * pad)
+  tokens, orders, context = (
+    tokens + tokens[:1] * pad,
+    orders + orders[:1] * pad,
+    context + context[:1] * pad,
+  )
   batch = {"tokens": jnp.asarray(np.array(tokens)), "context_mask": jnp.asarray(np.array(context))}
   inp = losses.setdlm_inputs(ocfg, batch, jnp.asarray(np.array(orders), jnp.int32))
   logits = _apply(model, params, inp["tokens"], inp["positions"], inp["mask"], length)
@@ -235,8 +258,7 @@ def test_cached_logits_equal_uncached_two_stream(tiny):
           comms.append(ctx + done)
           queries.append(int(info["active_pos"][b, j]))
           got.append(np.asarray(info["logits"][b, j]))
-    want = _uncached_mask_logits(model, params, rows, comms, queries, lc,
-                                 len(PROMPTS) * cfg.window)
+    want = _uncached_mask_logits(model, params, rows, comms, queries, lc, len(PROMPTS) * cfg.window)
     np.testing.assert_allclose(np.array(got), want, atol=2e-4, rtol=1e-4)
     checked += len(got)
     assert int(np.asarray(new_state.committed).sum() - np.asarray(state.committed).sum()) >= 1
@@ -275,18 +297,19 @@ def _dense_set_w1(model, params, prompts, n):
   lc = max(len(p) for p in prompts) + n
   x = np.zeros((len(prompts), lc), np.int32)
   for b, p in enumerate(prompts):
-    x[b, :len(p)] = p
+    x[b, : len(p)] = p
   for k in range(n):
     cur = np.array([len(p) + k for p in prompts])
     context = np.arange(lc)[None] < cur[:, None]
     order = jnp.broadcast_to(jnp.arange(lc, dtype=jnp.int32), x.shape)
-    inp = losses.setdlm_inputs(ocfg, {"tokens": jnp.asarray(x),
-                                          "context_mask": jnp.asarray(context)}, order)
+    inp = losses.setdlm_inputs(
+      ocfg, {"tokens": jnp.asarray(x), "context_mask": jnp.asarray(context)}, order
+    )
     logits = _apply(model, params, inp["tokens"], inp["positions"], inp["mask"], lc)
     logits = suppress_mask_logit(logits, TIDS["mask_token_id"])
     rows = np.arange(len(prompts))
     x[rows, cur] = np.asarray(jnp.argmax(logits, -1))[rows, cur]
-  return [x[b, len(p):len(p) + n].tolist() for b, p in enumerate(prompts)]
+  return [x[b, len(p) : len(p) + n].tolist() for b, p in enumerate(prompts)]
 
 
 def test_w1_greedy_equals_dense_left_to_right(tiny):
@@ -294,8 +317,9 @@ def test_w1_greedy_equals_dense_left_to_right(tiny):
   out = set_generate(model, params, PROMPTS, tiny_cfg(window=1))
   assert out.generated == _dense_set_w1(model, params, PROMPTS, 8)
   for b in range(len(PROMPTS)):
-    np.testing.assert_array_equal(out.commit_step[b, len(PROMPTS[b]):len(PROMPTS[b]) + 8],
-                                  np.arange(8))
+    np.testing.assert_array_equal(
+      out.commit_step[b, len(PROMPTS[b]) : len(PROMPTS[b]) + 8], np.arange(8)
+    )
 
 
 def test_infill_keeps_context(tiny):
@@ -316,8 +340,9 @@ def test_infill_keeps_context(tiny):
 
 def test_sampling_modes_and_fht_order(tiny):
   model, params = tiny
-  cfg = tiny_cfg(window=4, greedy=False, top_p=0.8, temperature=0.7, threshold=0.5,
-                 cache_order="fht")
+  cfg = tiny_cfg(
+    window=4, greedy=False, top_p=0.8, temperature=0.7, threshold=0.5, cache_order="fht"
+  )
   a = set_generate(model, params, PROMPTS, cfg, rng=jax.random.PRNGKey(3))
   b = set_generate(model, params, PROMPTS, cfg, rng=jax.random.PRNGKey(3))
   assert a.sequences == b.sequences
@@ -329,16 +354,18 @@ def _dense_ar(model, params, prompts, n):
   lc = max(len(p) for p in prompts) + n
   x = np.zeros((len(prompts), lc), np.int32)
   for b, p in enumerate(prompts):
-    x[b, :len(p)] = p
+    x[b, : len(p)] = p
   pos = jnp.broadcast_to(jnp.arange(lc, dtype=jnp.int32), x.shape)
   mask = jnp.asarray(masks.causal_mask(lc))[None]
   for k in range(n):
     cur = np.array([len(p) + k for p in prompts])
-    logits = suppress_mask_logit(_apply(model, params, jnp.asarray(x), pos, mask),
-                                 TIDS["mask_token_id"])
-    x[np.arange(len(prompts)), cur] = np.asarray(jnp.argmax(logits, -1))[np.arange(len(prompts)),
-                                                                         cur - 1]
-  return [x[b, len(p):len(p) + n].tolist() for b, p in enumerate(prompts)]
+    logits = suppress_mask_logit(
+      _apply(model, params, jnp.asarray(x), pos, mask), TIDS["mask_token_id"]
+    )
+    x[np.arange(len(prompts)), cur] = np.asarray(jnp.argmax(logits, -1))[
+      np.arange(len(prompts)), cur - 1
+    ]
+  return [x[b, len(p) : len(p) + n].tolist() for b, p in enumerate(prompts)]
 
 
 def test_ar_greedy_equals_dense_loop(tiny):
@@ -366,15 +393,16 @@ def _dense_bd3lm(model, params, prompts, n, s):
   length = p + n
   x = np.full((len(prompts), length), m, np.int32)
   x[:, :p] = np.array(prompts)
-  pos = jnp.broadcast_to(jnp.arange(2 * length, dtype=jnp.int32) % length,
-                         (len(prompts), 2 * length))
+  pos = jnp.broadcast_to(
+    jnp.arange(2 * length, dtype=jnp.int32) % length, (len(prompts), 2 * length)
+  )
   mask = jnp.asarray(masks.block_causal_mask(length, s))[None]
   rows = np.arange(len(prompts))
   for blk in range(p, length, s):
     for _ in range(s):
       logits = _apply(model, params, jnp.asarray(np.concatenate([x, x], -1)), pos, mask, length)
-      prob = jax.nn.softmax(suppress_mask_logit(logits, m), -1)[:, blk:blk + s]
-      conf = np.where(x[:, blk:blk + s] == m, np.asarray(prob.max(-1)), -1.0)
+      prob = jax.nn.softmax(suppress_mask_logit(logits, m), -1)[:, blk : blk + s]
+      conf = np.where(x[:, blk : blk + s] == m, np.asarray(prob.max(-1)), -1.0)
       j = conf.argmax(-1)
       x[rows, blk + j] = np.asarray(prob.argmax(-1))[rows, j]
   return [x[b, p:].tolist() for b in rows]
@@ -449,6 +477,7 @@ def test_parse_infill():
 # ------------------------------------------------------------------------------ text level / CLI
 class CharTokenizer:
   """a-z and space as ids 4..30; specials 0..3 = pad, bos, eos, mask."""
+
   pad_id, bos_id, eos_id, mask_id = 0, 1, 2, 3
   vocab_size = TV
   chars = "abcdefghijklmnopqrstuvwxyz "
@@ -462,11 +491,20 @@ class CharTokenizer:
 
 def test_sampler_dispatch_and_config(monkeypatch):
   from setdiff_jax.sampling import ar_sampler, baselines, set_sampler
-  for module, fn in ((set_sampler, "set_generate"), (ar_sampler, "ar_generate"),
-                     (baselines, "mdlm_generate"), (baselines, "bd3lm_generate")):
+
+  for module, fn in (
+    (set_sampler, "set_generate"),
+    (ar_sampler, "ar_generate"),
+    (baselines, "mdlm_generate"),
+    (baselines, "bd3lm_generate"),
+  ):
     monkeypatch.setattr(module, fn, lambda *a, _fn=fn: _fn)  # each sampler answers its name
-  for name, fn in (("setdlm", "set_generate"), ("ar", "ar_generate"), ("mdlm", "mdlm_generate"),
-                   ("bd3lm", "bd3lm_generate")):
+  for name, fn in (
+    ("setdlm", "set_generate"),
+    ("ar", "ar_generate"),
+    ("mdlm", "mdlm_generate"),
+    ("bd3lm", "bd3lm_generate"),
+  ):
     assert sampler_for(name)(None, None, [[1]], None) == fn
   ocfg = losses.ObjectiveConfig(name="bd3lm", mask_token_id=3, eos_token_id=2, block_size=8)
   cfg = sampler_config_for(ocfg, CharTokenizer(), 64)
@@ -478,21 +516,34 @@ def test_sampler_dispatch_and_config(monkeypatch):
 @pytest.mark.parametrize("name", ["setdlm", "ar", "mdlm"])
 def test_generate_text_per_objective(tiny, name):
   model, params = tiny
-  ocfg = losses.ObjectiveConfig(name=name, mask_token_id=3, eos_token_id=2, pad_token_id=0,
-                                    desired_set_size=4, block_size=4)
-  texts = generate_text(model, params, CharTokenizer(), ocfg, 16, 3, jax.random.PRNGKey(0),
-                        prompt="ab")
+  ocfg = losses.ObjectiveConfig(
+    name=name, mask_token_id=3, eos_token_id=2, pad_token_id=0, desired_set_size=4, block_size=4
+  )
+  texts = generate_text(
+    model, params, CharTokenizer(), ocfg, 16, 3, jax.random.PRNGKey(0), prompt="ab"
+  )
   assert len(texts) == 3 and all(isinstance(t, str) and t.startswith("ab") for t in texts)
 
 
 def test_run_sampling_prints_blocks_and_speed(tiny):
   model, params = tiny
-  ocfg = losses.ObjectiveConfig(name="setdlm", mask_token_id=3, eos_token_id=2, pad_token_id=0,
-                                    desired_set_size=4)
+  ocfg = losses.ObjectiveConfig(
+    name="setdlm", mask_token_id=3, eos_token_id=2, pad_token_id=0, desired_set_size=4
+  )
   buf = io.StringIO()
-  rep = run_sampling(model, params, CharTokenizer(), ocfg, 32, infill="the cat [GAP:5] the mat",
-                     num_samples=3, batch_size=2, greedy=True, warmup=False,
-                     write=lambda s: buf.write(s + "\n"))
+  rep = run_sampling(
+    model,
+    params,
+    CharTokenizer(),
+    ocfg,
+    32,
+    infill="the cat [GAP:5] the mat",
+    num_samples=3,
+    batch_size=2,
+    greedy=True,
+    warmup=False,
+    write=lambda s: buf.write(s + "\n"),
+  )
   text = buf.getvalue()
   assert text.count("=== sample") == 3
   last = text.strip().splitlines()[-1]

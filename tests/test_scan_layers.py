@@ -5,6 +5,7 @@ Each test compares against the unrolled model (the reference every other test ch
 parameters moved through `layer_names.stack_layers`, so a wrong stacking order, a wrong carry,
 a cache fed to the wrong layer or a policy that changes the math fails here.
 """
+
 import dataclasses
 import functools
 import os
@@ -32,14 +33,23 @@ pytestmark = pytest.mark.usefixtures("fast_compile")
 V = 64
 IDS = dict(mask_token_id=3, pad_token_id=0, eos_token_id=2)
 DIT = DiTConfig(vocab_size=V, hidden_size=32, num_layers=3, num_heads=2, cond_dim=16, dropout=0.0)
-QWEN = Qwen3Config(vocab_size=V, hidden_size=32, num_layers=3, num_heads=4, num_kv_heads=2,
-                   head_dim=8, intermediate_size=48, tie_embeddings=False)
+QWEN = Qwen3Config(
+  vocab_size=V,
+  hidden_size=32,
+  num_layers=3,
+  num_heads=4,
+  num_kv_heads=2,
+  head_dim=8,
+  intermediate_size=48,
+  tie_embeddings=False,
+)
 
 
 def random_params(cfg, seed=0):
   """Random per-layer parameters of any backbone, drawn in NumPy (`helpers.random_params` for
   the DiT; a zero-initialised head would make every logit 0)."""
   rng = np.random.default_rng(seed)
+
   def leaf(path, a):
     name = str(getattr(path[-1], "key", path[-1]))
     if name == "scale":
@@ -47,6 +57,7 @@ def random_params(cfg, seed=0):
     if name == "kernel":
       return jnp.asarray(rng.normal(size=a.shape) / np.sqrt(a.shape[0]), jnp.float32)
     return jnp.asarray(0.3 * rng.normal(size=a.shape), jnp.float32)
+
   return jax.tree_util.tree_map_with_path(leaf, models.param_shapes(cfg))
 
 
@@ -89,8 +100,10 @@ def test_stack_unstack_roundtrip_and_errors():
   # the scanned model's own tree is exactly the stacked one
   shapes = models.param_shapes(scanned(dataclasses.replace(DIT, adaln=True)))
   assert jax.tree_util.tree_structure(shapes) == jax.tree_util.tree_structure(s)
-  assert all(a.shape == b.shape for a, b in zip(jax.tree_util.tree_leaves(shapes),
-                                                  jax.tree_util.tree_leaves(s)))
+  assert all(
+    a.shape == b.shape
+    for a, b in zip(jax.tree_util.tree_leaves(shapes), jax.tree_util.tree_leaves(s))
+  )
   with pytest.raises(ValueError, match="not 0..1"):
     layer_names.stack_layers({"blocks_0": {"a": np.ones(2)}, "blocks_2": {"a": np.ones(2)}})
   with pytest.raises(ValueError, match="structure"):
@@ -101,8 +114,9 @@ def test_abstract_trees_keep_shardings():
   mesh = sharding.make_mesh({"data": 1, "fsdp": 2, "tensor": 2}, devices=jax.devices()[:4])
   abstract = models.param_shapes(DIT)
   sh = sharding.state_shardings(abstract, mesh)
-  tree = jax.tree_util.tree_map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                                abstract, sh)
+  tree = jax.tree_util.tree_map(
+    lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, sh
+  )
   stacked = layer_names.stack_layers(tree)
   leaf = stacked["blocks"]["attn_qkv"]["kernel"]
   assert leaf.shape == (3, 32, 96) and tuple(leaf.sharding.spec) == (None, "fsdp", "tensor")
@@ -125,10 +139,12 @@ def test_scanned_equals_unrolled_logits_grads_and_cache(cfg):
 
   def run(c, params):
     module = models.build(c)
+
     def loss(q):
       logits, kv = module.apply({"params": q}, tokens, positions, mask, return_kv=True)
       w = jnp.sin(jnp.arange(logits.size, dtype=jnp.float32)).reshape(logits.shape)
-      return jnp.sum(w * logits) + sum(jnp.sum(k ** 2) - jnp.sum(v) for k, v in kv), (logits, kv)
+      return jnp.sum(w * logits) + sum(jnp.sum(k**2) - jnp.sum(v) for k, v in kv), (logits, kv)
+
     (l, (logits, kv)), g = jax.value_and_grad(loss, has_aux=True)(params)
     # one cached step: layer i must read layer i's cache (a reversed cache changes the logits)
     step = module.apply({"params": params}, t2, p2, m2, kv_cache=kv)
@@ -150,8 +166,12 @@ def test_return_hidden_fused_head_path():
   p = random_params(DIT)
   sp = layer_names.stack_layers(p)
   tokens, positions, mask = inputs()
-  hidden = jax.jit(lambda c, q: DiT(c).apply({"params": q}, tokens, positions, mask, head_start=3,
-                                             return_hidden=True), static_argnums=0)
+  hidden = jax.jit(
+    lambda c, q: DiT(c).apply(
+      {"params": q}, tokens, positions, mask, head_start=3, return_hidden=True
+    ),
+    static_argnums=0,
+  )
   ha, hb = hidden(DIT, p), hidden(scanned(DIT), sp)
   assert ha.shape == hb.shape == (2, 5, 32) and rel(hb, ha) < 1e-6
   assert DiT.output_head(sp)[0] is sp["head"]["kernel"]
@@ -162,8 +182,8 @@ def two_stream_batch(seq=8, batch=2, seed=0):
   tokens = rng.integers(4, V, (batch, seq)).astype(np.int32)
   tokens[:, 0] = 1
   attention = np.ones((batch, seq), np.int32)
-  attention[0, seq - 3:] = 0
-  tokens[0, seq - 3:] = IDS["pad_token_id"]
+  attention[0, seq - 3 :] = 0
+  tokens[0, seq - 3 :] = IDS["pad_token_id"]
   return {"tokens": jnp.asarray(tokens), "attention_mask": jnp.asarray(attention)}
 
 
@@ -200,8 +220,9 @@ def test_every_remat_policy_matches_no_remat():
   rngs = {"dropout": jax.random.key(5)}
 
   def grads(c, q):
-    f = lambda q: jnp.sum(w * DiT(c).apply({"params": q}, tokens, positions, mask,
-                                           deterministic=False, rngs=rngs))
+    f = lambda q: jnp.sum(
+      w * DiT(c).apply({"params": q}, tokens, positions, mask, deterministic=False, rngs=rngs)
+    )
     return jax.value_and_grad(f)(q)
 
   @functools.partial(jax.jit, static_argnums=(0, 1, 2))
@@ -211,9 +232,11 @@ def test_every_remat_policy_matches_no_remat():
 
   p = random_params(SMALL)
   # every policy scanned; unrolled and bf16 a subset (same code path, fewer compiles)
-  runs = ((True, "float32", layer_stack.REMAT_POLICIES, 1e-6),
-          (False, "float32", ("none", "full"), 1e-6),
-          (True, "bfloat16", ("none", "dots_saveable"), 1e-2))
+  runs = (
+    (True, "float32", layer_stack.REMAT_POLICIES, 1e-6),
+    (False, "float32", ("none", "full"), 1e-6),
+    (True, "bfloat16", ("none", "dots_saveable"), 1e-2),
+  )
   for scan, dtype, policies, tol in runs:
     out = some_policies(scan, dtype, policies, layer_names.to_layout(p, scan))
     (ref_loss, ref_grads), rest = out[0], out[1:]
@@ -232,8 +255,8 @@ def test_remat_policies_change_what_is_saved():
     c = scanned(SMALL, remat=r)
     f = lambda q: jnp.sum(DiT(c).apply({"params": q}, tokens, positions, mask))
     vjp = jax.eval_shape(lambda q: jax.vjp(f, q)[1], p)  # shapes only: nothing runs
-    return sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(vjp)
-               if hasattr(x, "shape"))
+    return sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(vjp) if hasattr(x, "shape"))
+
   sizes = {r: residual_bytes(r) for r in ("none", "full", "save_attention_out")}
   assert sizes["full"] < sizes["save_attention_out"] < sizes["none"], sizes
 
@@ -260,6 +283,7 @@ def test_validate_config_errors():
     run_config.validate_config(c)
   # resuming with the other layout is refused (the checkpoint tree differs); remat may change
   from setdiff_jax.workdir import lock as workdir_lock
+
   a = default.get_config()
   b = set_fields(default.get_config(), {"model.scan_layers": True, "model.remat": "full"})
   assert [f for f, _, _ in workdir_lock.structural_changes(a.to_dict(), b)] == ["model.scan_layers"]
@@ -276,8 +300,17 @@ def test_cached_set_decoding_same_tokens():
   p = random_params(cfg)
   p = dict(p, head={"kernel": p["head"]["kernel"] * 8, "bias": p["head"]["bias"]})  # peaked
   sp = layer_names.stack_layers(p)
-  scfg = SamplerConfig(window=3, threshold=0.5, mask_token_id=3, eos_token_id=2, pad_token_id=0,
-                       bos_token_id=1, max_new_tokens=6, stop_at_eos=False, max_length=12)
+  scfg = SamplerConfig(
+    window=3,
+    threshold=0.5,
+    mask_token_id=3,
+    eos_token_id=2,
+    pad_token_id=0,
+    bos_token_id=1,
+    max_new_tokens=6,
+    stop_at_eos=False,
+    max_length=12,
+  )
   prompts = [[1, 10, 11, 12], [1, 20]]
   a = set_generate(DiT(cfg), p, prompts, scfg)
   b = set_generate(DiT(scanned(cfg)), sp, prompts, scfg)
@@ -290,22 +323,36 @@ def test_cached_set_decoding_same_tokens():
 def run_cfg(scan, backbone="dit"):
   c = default.get_config()
   c.seq_len = 16
-  model = {"hidden_size": 32, "num_layers": 3, "num_heads": 2, "vocab_size": V,
-           "scan_layers": scan, "backbone": backbone}
+  model = {
+    "hidden_size": 32,
+    "num_layers": 3,
+    "num_heads": 2,
+    "vocab_size": V,
+    "scan_layers": scan,
+    "backbone": backbone,
+  }
   if backbone == "qwen3":
-    model.update(num_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=48,
-                 tie_embeddings=False, rope_base=1e6)
+    model.update(
+      num_heads=4,
+      num_kv_heads=2,
+      head_dim=8,
+      intermediate_size=48,
+      tie_embeddings=False,
+      rope_base=1e6,
+    )
   return set_fields(c, {f"model.{k}": v for k, v in model.items()})
 
 
 @pytest.mark.parametrize("backbone", ["dit", "qwen3"])
 def test_export_of_scanned_equals_unrolled_and_reimports_stacked(tmp_path, backbone):
   from setdiff_jax.interop import weight_files
+
   p = random_params(DIT if backbone == "dit" else QWEN)
   ids = {"bos_id": 1, "eos_id": 2, "pad_id": 0, "mask_id": 3}
   a = export_checkpoint(run_cfg(False, backbone), p, str(tmp_path / "a"), special_ids=ids)
-  b = export_checkpoint(run_cfg(True, backbone), layer_names.stack_layers(p), str(tmp_path / "b"),
-                        special_ids=ids)
+  b = export_checkpoint(
+    run_cfg(True, backbone), layer_names.stack_layers(p), str(tmp_path / "b"), special_ids=ids
+  )
   sa, sb = weight_files.read_state_dict(a), weight_files.read_state_dict(b)
   assert sorted(sa) == sorted(sb) and any(".2." in k for k in sa)  # per-layer PyTorch names
   for k in sa:
@@ -320,8 +367,13 @@ def test_export_of_scanned_equals_unrolled_and_reimports_stacked(tmp_path, backb
     pytest.importorskip("torch")
     tokens, positions, mask = inputs()
     want = DiT(DIT).apply({"params": p}, tokens, positions, mask)
-    got = torch_ref.forward_logits(run_cfg(True), layer_names.stack_layers(p), np.asarray(tokens),
-                                   np.asarray(positions), np.asarray(mask))
+    got = torch_ref.forward_logits(
+      run_cfg(True),
+      layer_names.stack_layers(p),
+      np.asarray(tokens),
+      np.asarray(positions),
+      np.asarray(mask),
+    )
     assert rel(got, want) < 1e-5
     assert name_map.dims_from_params(layer_names.stack_layers(p)).num_layers == 3
 
@@ -331,25 +383,53 @@ def test_export_of_scanned_equals_unrolled_and_reimports_stacked(tmp_path, backb
 def test_train_scanned_then_sample_and_init_from_unrolled(tmp_path, tokenizer_dir):
   from setdiff_jax import train
   from setdiff_jax.decoding import generate_text
+
   c = default.get_config()
-  set_fields(c, {"seq_len": 32, "model.hidden_size": 32, "model.num_layers": 2,
-                 "model.num_heads": 2, "model.dropout": 0.1, "model.scan_layers": True,
-                 "model.remat": "dots_saveable", "tokenizer.vocab_size": TINY_VOCAB,
-                 "data.train_split": "validation", "batch_size": 8, "eval_batch_size": 8,
-                 "num_train_steps": 3, "warmup_steps": 1, "eval_every_steps": 1000,
-                 "num_eval_steps": 1, "log_every_steps": 1, "checkpoint_every_steps": 1000,
-                 "num_eval_samples": 0, "learning_rate": 1e-3})
+  set_fields(
+    c,
+    {
+      "seq_len": 32,
+      "model.hidden_size": 32,
+      "model.num_layers": 2,
+      "model.num_heads": 2,
+      "model.dropout": 0.1,
+      "model.scan_layers": True,
+      "model.remat": "dots_saveable",
+      "tokenizer.vocab_size": TINY_VOCAB,
+      "data.train_split": "validation",
+      "batch_size": 8,
+      "eval_batch_size": 8,
+      "num_train_steps": 3,
+      "warmup_steps": 1,
+      "eval_every_steps": 1000,
+      "num_eval_steps": 1,
+      "log_every_steps": 1,
+      "checkpoint_every_steps": 1000,
+      "num_eval_samples": 0,
+      "learning_rate": 1e-3,
+    },
+  )
   workdir = new_workdir(tmp_path, "scan", tokenizer_dir)
   assert train.train_and_evaluate(c, workdir)["step"] == 3
   state = workdir_lib.load_inference_state(workdir)
   assert state.model_config.scan_layers and layer_names.is_scanned(state.params)
   model = workdir_lib.inference_model(state.model_config)
-  texts = generate_text(model, state.params, state.tokenizer, state.objective_config, 32, 2,
-                        jax.random.key(0), prompt="It is a truth", max_new_tokens=6)
+  texts = generate_text(
+    model,
+    state.params,
+    state.tokenizer,
+    state.objective_config,
+    32,
+    2,
+    jax.random.key(0),
+    prompt="It is a truth",
+    max_new_tokens=6,
+  )
   assert len(texts) == 2 and all(t.startswith("It is a truth") for t in texts)
   # init_from across layouts: an unrolled run starts from the scanned run's parameters
-  like = models.init_params(dataclasses.replace(state.model_config, scan_layers=False),
-                            jax.random.key(1))
+  like = models.init_params(
+    dataclasses.replace(state.model_config, scan_layers=False), jax.random.key(1)
+  )
   got = workdir_lib.load_params(workdir, like, use_ema=True)
   assert_trees_close(got, layer_names.unstack_layers(state.params), atol=0)
 
@@ -362,6 +442,7 @@ def test_pretrained_sharded_loading_into_a_scanned_tree(tmp_path):
   from setdiff_jax.interop import pretrained
   from setdiff_jax.interop import export_qwen3_hf
   from setdiff_jax.interop import weight_files
+
   p = jax.tree_util.tree_map(np.asarray, random_params(QWEN))
   d = export_qwen3_hf(run_cfg(False, "qwen3"), p, str(tmp_path / "hf"))
   state = weight_files.read_state_dict(d)
@@ -377,6 +458,7 @@ def test_pretrained_sharded_loading_into_a_scanned_tree(tmp_path):
   shardings = sharding.state_shardings(models.param_shapes(cfg), mesh)
   loaded = pretrained.load_params_sharded(d, cfg, shardings)
   q = loaded["layers"]["q_proj"]["kernel"]
-  assert q.shape == (3, 32, 32) and q.sharding.spec == jax.sharding.PartitionSpec(None, "fsdp",
-                                                                                   "tensor")
+  assert q.shape == (3, 32, 32) and q.sharding.spec == jax.sharding.PartitionSpec(
+    None, "fsdp", "tensor"
+  )
   assert_trees_close(jax.device_get(loaded), layer_names.stack_layers(p), atol=0)

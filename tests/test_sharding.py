@@ -11,6 +11,7 @@ The model is tiny (1 layer x 32 wide, L=32, vocabulary 384) so that every sharde
 divides by 2 and 8; the module takes well under a minute of compute on 2 CPU cores plus compile
 time, which the module-scoped fast-compile settings and compilation cache keep small.
 """
+
 import json
 import os
 import shutil
@@ -33,9 +34,9 @@ from setdiff_jax.data import tokenizers  # noqa: E402
 from setdiff_jax.models.dit import DiT  # noqa: E402
 
 MESHES = {
-    "data8": {"data": 8, "fsdp": 1, "tensor": 1},
-    "fsdp8": {"data": 1, "fsdp": 8, "tensor": 1},
-    "d2f2t2": {"data": 2, "fsdp": 2, "tensor": 2},
+  "data8": {"data": 8, "fsdp": 1, "tensor": 1},
+  "fsdp8": {"data": 1, "fsdp": 8, "tensor": 1},
+  "d2f2t2": {"data": 2, "fsdp": 2, "tensor": 2},
 }
 
 
@@ -97,16 +98,16 @@ def expected_specs(mesh_cfg, adaln):
   f = "fsdp" if mesh_cfg["fsdp"] > 1 else None
   t = "tensor" if mesh_cfg["tensor"] > 1 else None
   specs = {
-      ("embed", "embedding"): P(t, None),         # (vocab, embed_lookup): whole over fsdp
-      ("blocks_0", "attn_qkv", "kernel"): P(f, t),  # (embed, qkv)
-      ("blocks_0", "attn_out", "kernel"): P(t, f),  # (heads, embed)
-      ("blocks_0", "mlp_in", "kernel"): P(f, t),    # (embed, mlp)
-      ("blocks_0", "mlp_in", "bias"): P(t),         # (mlp,)
-      ("blocks_0", "mlp_out", "kernel"): P(t, f),   # (mlp, embed)
-      ("blocks_0", "mlp_out", "bias"): P(f),        # (embed,)
-      ("head", "kernel"): P(f, t),                  # (embed, vocab)
-      ("head", "bias"): P(t),                       # (vocab,)
-      ("blocks_0", "norm1", "scale"): P(),          # not in the table: replicated
+    ("embed", "embedding"): P(t, None),  # (vocab, embed_lookup): whole over fsdp
+    ("blocks_0", "attn_qkv", "kernel"): P(f, t),  # (embed, qkv)
+    ("blocks_0", "attn_out", "kernel"): P(t, f),  # (heads, embed)
+    ("blocks_0", "mlp_in", "kernel"): P(f, t),  # (embed, mlp)
+    ("blocks_0", "mlp_in", "bias"): P(t),  # (mlp,)
+    ("blocks_0", "mlp_out", "kernel"): P(t, f),  # (mlp, embed)
+    ("blocks_0", "mlp_out", "bias"): P(f),  # (embed,)
+    ("head", "kernel"): P(f, t),  # (embed, vocab)
+    ("head", "bias"): P(t),  # (vocab,)
+    ("blocks_0", "norm1", "scale"): P(),  # not in the table: replicated
   }
   if adaln:
     specs[("blocks_0", "adaln", "kernel")] = P(None, f)  # (cond, modulation)
@@ -132,8 +133,9 @@ def check_layout(params, mesh, mesh_cfg, adaln, what):
     shards = leaf.addressable_shards
     assert len(shards) == mesh.size, f"{what} {'/'.join(names)}"
     assert {s.data.shape for s in shards} == {want_shape}, (
-        f"{what} {'/'.join(names)}: shard shapes {[s.data.shape for s in shards]}, "
-        f"expected {want_shape}")
+      f"{what} {'/'.join(names)}: shard shapes {[s.data.shape for s in shards]}, "
+      f"expected {want_shape}"
+    )
   for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
     assert len(leaf.sharding.device_set) == mesh.size, jax.tree_util.keystr(path)
 
@@ -142,15 +144,22 @@ def test_rules_give_the_documented_specs():
   """The table itself: blocks_0/mlp_in/kernel is (fsdp, tensor), adaLN (None, fsdp), ..."""
   mesh = sharding.make_mesh(MESHES["d2f2t2"])
   assert dict(mesh.shape) == {"data": 2, "fsdp": 2, "tensor": 2}
-  assert sharding.logical_to_spec(("embed", "mlp"), sharding.DEFAULT_RULES, mesh) == P("fsdp", "tensor")
-  assert sharding.logical_to_spec(("cond", "modulation"), sharding.DEFAULT_RULES, mesh) == P(None, "fsdp")
+  assert sharding.logical_to_spec(("embed", "mlp"), sharding.DEFAULT_RULES, mesh) == P(
+    "fsdp", "tensor"
+  )
+  assert sharding.logical_to_spec(("cond", "modulation"), sharding.DEFAULT_RULES, mesh) == P(
+    None, "fsdp"
+  )
   # The embedding table is split by vocabulary only: a table sharded over fsdp on the model
   # dimension would give the looked-up activations that sharding instead of the batch's.
-  assert sharding.logical_to_spec(sharding.PARAM_LOGICAL_AXES[("embed", "embedding")],
-                                  sharding.DEFAULT_RULES, mesh) == P("tensor", None)
+  assert sharding.logical_to_spec(
+    sharding.PARAM_LOGICAL_AXES[("embed", "embedding")], sharding.DEFAULT_RULES, mesh
+  ) == P("tensor", None)
   # Size-1 mesh axes shard nothing and are dropped from specs.
   fsdp8 = sharding.make_mesh(MESHES["fsdp8"])
-  assert sharding.logical_to_spec(("embed", "mlp"), sharding.DEFAULT_RULES, fsdp8) == P("fsdp", None)
+  assert sharding.logical_to_spec(("embed", "mlp"), sharding.DEFAULT_RULES, fsdp8) == P(
+    "fsdp", None
+  )
   # -1 takes the remaining devices.
   assert sharding.mesh_shape({"data": 2, "fsdp": -1, "tensor": 2}, 8) == (2, 2, 2)
   # Rules from a config: a custom list, or the defaults when empty.
@@ -174,8 +183,11 @@ def step_and_state(tok, objective):
     head = dict(state.params["head"])
     head["kernel"] = 0.05 * jax.random.normal(jax.random.fold_in(rng, 1), head["kernel"].shape)
     params = dict(state.params, head=head)
-    return state.replace(params=params, ema_params=jax.tree_util.tree_map(lambda x: x, params),
-                         opt_state=optimizer.init(params))
+    return state.replace(
+      params=params,
+      ema_params=jax.tree_util.tree_map(lambda x: x, params),
+      opt_state=optimizer.init(params),
+    )
 
   return config, step, init
 
@@ -202,20 +214,24 @@ def single_device_steps(tok):
     if objective not in cache:
       _, step, init = step_and_state(tok, objective)
       batch = random_batch(tok, 16, 32)
-      _, state0, state1, metrics = sharded_step(step, init, batch, {"data": 1, "fsdp": 1,
-                                                                    "tensor": 1},
-                                                devices=jax.devices()[:1])
+      _, state0, state1, metrics = sharded_step(
+        step, init, batch, {"data": 1, "fsdp": 1, "tensor": 1}, devices=jax.devices()[:1]
+      )
       cache[objective] = (jax.device_get(state0), jax.device_get(state1), jax.device_get(metrics))
     return cache[objective]
 
   return get_ref
 
 
-@pytest.mark.parametrize("objective, mesh_name", [
-    ("setdlm", "data8"), pytest.param("setdlm", "fsdp8", marks=pytest.mark.slow),
+@pytest.mark.parametrize(
+  "objective, mesh_name",
+  [
+    ("setdlm", "data8"),
+    pytest.param("setdlm", "fsdp8", marks=pytest.mark.slow),
     ("setdlm", "d2f2t2"),
     pytest.param("mdlm", "d2f2t2", marks=pytest.mark.slow),  # the adaLN layers and sigma map
-])
+  ],
+)
 def test_sharded_step_equals_single_device(tok, single_device_steps, objective, mesh_name):
   assert jax.device_count() == 8
   config, step, init = step_and_state(tok, objective)
@@ -248,8 +264,9 @@ def test_sharded_step_equals_single_device(tok, single_device_steps, objective, 
   # Not vacuous: sharded matrices moved (with adaLN the zero-initialised gates keep the block's
   # own matrices still at the first step, but not the modulation).
   moved = ("adaln", "kernel") if adaln else ("mlp_in", "kernel")
-  assert not np.allclose(get(new.params["blocks_0"], moved),
-                         get(jax.device_get(state0).params["blocks_0"], moved))
+  assert not np.allclose(
+    get(new.params["blocks_0"], moved), get(jax.device_get(state0).params["blocks_0"], moved)
+  )
 
 
 def compiled_temp_bytes(step, init, mesh_cfg, batch_size=16, seq_len=32):
@@ -258,10 +275,13 @@ def compiled_temp_bytes(step, init, mesh_cfg, batch_size=16, seq_len=32):
   abstract = jax.eval_shape(init, jax.random.key(0))
   shardings = sharding.state_shardings(abstract, mesh)
   data = sharding.batch_sharding(mesh)
-  state = jax.tree_util.tree_map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                                 abstract, shardings)
-  batch = {k: jax.ShapeDtypeStruct((batch_size, seq_len), np.int32, sharding=data)
-           for k in ("tokens", "attention_mask")}
+  state = jax.tree_util.tree_map(
+    lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
+  )
+  batch = {
+    k: jax.ShapeDtypeStruct((batch_size, seq_len), np.int32, sharding=data)
+    for k in ("tokens", "attention_mask")
+  }
   fn = jax.jit(step, in_shardings=(shardings, data, None), out_shardings=(shardings, None))
   return fn.lower(state, batch, jax.random.key(7)).compile().memory_analysis().temp_size_in_bytes
 
@@ -305,7 +325,8 @@ def restore_full(workdir, mesh_cfg=None):
   tok = tokenizers.Tokenizer.load(os.path.join(workdir, tokenizers.TOKENIZER_SUBDIR))
   model_cfg, _ = run_config.model_and_objective(config, tok)
   abstract = jax.eval_shape(
-      lambda: train_step.create_train_state(config, model_cfg, jax.random.key(0)))
+    lambda: train_step.create_train_state(config, model_cfg, jax.random.key(0))
+  )
   manager = checkpointing.make_manager(workdir, with_data=False)
   state = checkpointing.restore(manager, abstract)
   manager.close()
@@ -345,8 +366,9 @@ def test_load_inference_state_on_any_mesh(runs):
   for path, leaf in jax.tree_util.tree_flatten_with_path(replicated.params)[0]:
     assert leaf.sharding.is_fully_replicated, jax.tree_util.keystr(path)
   check_layout(sharded.params, sharding.make_mesh(mesh_cfg), mesh_cfg, False, "restored")
-  check_layout(fsdp.params, sharding.make_mesh(MESHES["fsdp8"]), MESHES["fsdp8"], False,
-               "restored fsdp")
+  check_layout(
+    fsdp.params, sharding.make_mesh(MESHES["fsdp8"]), MESHES["fsdp8"], False, "restored fsdp"
+  )
   ref = jax.device_get(replicated.params)
   assert_trees_close(jax.device_get(sharded.params), ref, atol=0)
   assert_trees_close(jax.device_get(fsdp.params), ref, atol=0)
@@ -369,16 +391,26 @@ def test_sampling_on_sharded_params_gives_the_same_tokens(runs):
   seq_len = int(replicated.config.seq_len)
 
   def generate(state):
-    return decoding.generate_text(model, state.params, state.tokenizer, state.objective_config,
-                                  seq_len, 2, jax.random.key(3), prompt="It is a truth",
-                                  greedy=True, max_new_tokens=8)
+    return decoding.generate_text(
+      model,
+      state.params,
+      state.tokenizer,
+      state.objective_config,
+      seq_len,
+      2,
+      jax.random.key(3),
+      prompt="It is a truth",
+      greedy=True,
+      max_new_tokens=8,
+    )
 
   texts = generate(replicated)
   assert texts == generate(sharded)
   assert len(texts) == 2 and all(t for t in texts)
   # Infilling on sharded parameters as well (the set sampler's other mode).
-  cfg = decoding.sampler_config_for(replicated.objective_config, replicated.tokenizer, seq_len,
-                                    greedy=True)
+  cfg = decoding.sampler_config_for(
+    replicated.objective_config, replicated.tokenizer, seq_len, greedy=True
+  )
   template = sampling.parse_infill("She was [GAP:4] and happy.")
   canvas, _ = template.canvas(replicated.tokenizer, cfg.mask_token_id)
   a = sampling.set_infill(model, replicated.params, [canvas], cfg)
@@ -388,17 +420,22 @@ def test_sampling_on_sharded_params_gives_the_same_tokens(runs):
 
 
 # ------------------------------------------------------------------------- errors
-@pytest.mark.parametrize("mesh_cfg, match", [
+@pytest.mark.parametrize(
+  "mesh_cfg, match",
+  [
     ({"data": 2, "fsdp": 2, "tensor": 1}, r"config\.mesh .* needs 4 devices but 8"),
     ({"data": 3, "fsdp": -1, "tensor": 1}, r"config\.mesh .* not divisible"),
     ({"data": -1, "fsdp": -1, "tensor": 1}, r"config\.mesh: at most one axis may be -1"),
     ({"data": 0, "fsdp": 8, "tensor": 1}, r"config\.mesh sizes must be positive"),
-])
+  ],
+)
 def test_mesh_that_does_not_fit_the_devices(tmp_path, mesh_cfg, match):
   with pytest.raises(ValueError, match=match):
     sharding.make_mesh(mesh_cfg)
   # the run config's field ranges name a field out of range first
-  match = {r"config\.mesh sizes must be positive": r"mesh\.data=0 is out of range"}.get(match, match)
+  match = {r"config\.mesh sizes must be positive": r"mesh\.data=0 is out of range"}.get(
+    match, match
+  )
   config = tiny_config()
   config.mesh = mesh_cfg
   workdir = tmp_path / "run"
@@ -407,16 +444,23 @@ def test_mesh_that_does_not_fit_the_devices(tmp_path, mesh_cfg, match):
   assert not workdir.exists()  # raised by validate_config before anything was written
 
 
-@pytest.mark.parametrize("overrides, match", [
+@pytest.mark.parametrize(
+  "overrides, match",
+  [
     # hidden 36 (heads 2, head dim 18): the model dimension does not split over fsdp=8.
-    ({"model.hidden_size": 36, "model.cond_dim": 36, "mesh": "fsdp8"},
-     r"parameter \.params\['\w+'\].* of shape \(\d+, \d+\) cannot be sharded: "
-     r"dimension 36 is not divisible by mesh axis 'fsdp' of size 8"),
+    (
+      {"model.hidden_size": 36, "model.cond_dim": 36, "mesh": "fsdp8"},
+      r"parameter \.params\['\w+'\].* of shape \(\d+, \d+\) cannot be sharded: "
+      r"dimension 36 is not divisible by mesh axis 'fsdp' of size 8",
+    ),
     # vocabulary 385 does not split over tensor=2 (embedding rows and the head's columns).
-    ({"model.vocab_size": 385, "mesh": "d2f2t2"},
-     r"parameter \.params\['(embed|head)'\].* of shape \(\d+(, \d+)?\) .* 385 is not divisible by mesh axis "
-     r"'tensor' of size 2"),
-])
+    (
+      {"model.vocab_size": 385, "mesh": "d2f2t2"},
+      r"parameter \.params\['(embed|head)'\].* of shape \(\d+(, \d+)?\) .* 385 is not divisible by mesh axis "
+      r"'tensor' of size 2",
+    ),
+  ],
+)
 def test_indivisible_dimension_names_the_parameter(tmp_path, tokenizer_dir, overrides, match):
   config = tiny_config(**overrides)
   workdir = new_workdir(tmp_path, "run", tokenizer_dir)

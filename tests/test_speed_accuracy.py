@@ -1,5 +1,6 @@
 """benchmarks/speed_accuracy.py --quick end to end (tiny models, a few steps: it checks the
 pipeline, not the methods), then launch/evaluate.py --eval=accuracy on one of its runs."""
+
 import importlib.util
 import json
 import os
@@ -17,7 +18,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def quick_run(tmp_path_factory):
   out = tmp_path_factory.mktemp("speed_accuracy")
   spec = importlib.util.spec_from_file_location(
-      "speed_accuracy", os.path.join(REPO, "benchmarks", "speed_accuracy.py"))
+    "speed_accuracy", os.path.join(REPO, "benchmarks", "speed_accuracy.py")
+  )
   bench = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(bench)
   record = bench.main(["--quick", f"--output_dir={out}"], log=lambda *a: None)
@@ -48,13 +50,27 @@ def test_evaluate_accuracy_cli(quick_run):
   out, _ = quick_run
   workdir = out / "runs" / "setdlm4"
   result = subprocess.run(
-      [sys.executable, os.path.join(REPO, "launch", "evaluate.py"), f"--workdir={workdir}",
-       "--eval=accuracy", "--thresholds=off", "--num_examples=3", "--accuracy_batch_size=3",
-       "--speed_examples=1", "--max_new_tokens=20"],
-      capture_output=True, text=True, timeout=600, cwd=REPO,
-      env={**os.environ, "PYTHONPATH": REPO, "JAX_PLATFORMS": "cpu"})
+    [
+      sys.executable,
+      os.path.join(REPO, "launch", "evaluate.py"),
+      f"--workdir={workdir}",
+      "--eval=accuracy",
+      "--thresholds=off",
+      "--num_examples=3",
+      "--accuracy_batch_size=3",
+      "--speed_examples=1",
+      "--max_new_tokens=20",
+    ],
+    capture_output=True,
+    text=True,
+    timeout=600,
+    cwd=REPO,
+    env={**os.environ, "PYTHONPATH": REPO, "JAX_PLATFORMS": "cpu"},
+  )
   assert result.returncode == 0, result.stderr[-2000:]
-  assert "Accuracy (exact match" in result.stdout and "| setdlm | W=4 tau=off | 3 |" in result.stdout
+  assert (
+    "Accuracy (exact match" in result.stdout and "| setdlm | W=4 tau=off | 3 |" in result.stdout
+  )
   saved = json.loads((workdir / "eval_results.json").read_text())
   assert saved["accuracy"][0]["num_examples"] == 3 and saved["accuracy"][0]["max_new_tokens"] == 20
 
@@ -63,11 +79,13 @@ def test_evaluate_accuracy_cli(quick_run):
 def quick_policies(tmp_path_factory):
   out = tmp_path_factory.mktemp("speed_accuracy_policies")
   spec = importlib.util.spec_from_file_location(
-      "speed_accuracy_p", os.path.join(REPO, "benchmarks", "speed_accuracy.py"))
+    "speed_accuracy_p", os.path.join(REPO, "benchmarks", "speed_accuracy.py")
+  )
   bench = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(bench)
-  record = bench.main(["--quick", "--policies=entropy_bound", f"--output_dir={out}"],
-                      log=lambda *a: None)
+  record = bench.main(
+    ["--quick", "--policies=entropy_bound", f"--output_dir={out}"], log=lambda *a: None
+  )
   return out, record
 
 
@@ -78,8 +96,11 @@ def test_quick_policies_table_and_pairs(quick_policies):
   saved = json.loads((out / "speed_accuracy_policies.json").read_text())
   rows = saved["summary"]
   assert {(r["task"], r["method"], r["policy"]) for r in rows} == {
-      (t, m, p) for t in ("chain",) for m in ("bd3lm4", "setdlm4")
-      for p in ("threshold", "entropy_bound")}
+    (t, m, p)
+    for t in ("chain",)
+    for m in ("bd3lm4", "setdlm4")
+    for p in ("threshold", "entropy_bound")
+  }
   for r in rows:
     assert r["num_test"] == 8 and 0 <= r["accuracy"] <= 1 and r["kept_tokens_per_call"] > 0
     lo, hi = r["speedup_ci"]

@@ -1,5 +1,6 @@
 """benchmarks/speed_accuracy.py without training: method specs (`+eos`) and the mean ± std table
 over seeds (issue 22)."""
+
 import importlib.util
 import os
 
@@ -12,7 +13,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.fixture(scope="module")
 def bench():
   spec = importlib.util.spec_from_file_location(
-      "speed_accuracy", os.path.join(REPO, "benchmarks", "speed_accuracy.py"))
+    "speed_accuracy", os.path.join(REPO, "benchmarks", "speed_accuracy.py")
+  )
   mod = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(mod)
   return mod
@@ -28,17 +30,38 @@ def test_method_specs(bench):
 
 
 def row(acc, align, kept=1.5):
-  return {"window": None, "threshold": "off", "align_to_blocks": align, "accuracy": acc,
-          "tokens_per_step": 2.0, "kept_tokens_per_step": kept, "forward_calls": 10.0,
-          "mean_generated_tokens": 15.0, "tokens_per_second_batch1": 100.0,
-          "tokens_per_second": 300.0, "num_examples": 200, "setting": "tau=off",
-          "batch1_matches_batched": True}
+  return {
+    "window": None,
+    "threshold": "off",
+    "align_to_blocks": align,
+    "accuracy": acc,
+    "tokens_per_step": 2.0,
+    "kept_tokens_per_step": kept,
+    "forward_calls": 10.0,
+    "mean_generated_tokens": 15.0,
+    "tokens_per_second_batch1": 100.0,
+    "tokens_per_second": 300.0,
+    "num_examples": 200,
+    "setting": "tau=off",
+    "batch1_matches_batched": True,
+  }
 
 
 def test_summary_over_seeds(bench):
-  runs = [{"seed": s, "results": [{"method": "bd3lm4", "objective": "bd3lm", "num_test": 200,
-                                   "rows": [row(a, True), row(b, False, kept=k)]}]}
-          for s, a, b, k in ((0, 0.3, 0.1, 1.0), (1, 0.2, 0.15, 2.0), (2, 0.4, 0.05, 3.0))]
+  runs = [
+    {
+      "seed": s,
+      "results": [
+        {
+          "method": "bd3lm4",
+          "objective": "bd3lm",
+          "num_test": 200,
+          "rows": [row(a, True), row(b, False, kept=k)],
+        }
+      ],
+    }
+    for s, a, b, k in ((0, 0.3, 0.1, 1.0), (1, 0.2, 0.15, 2.0), (2, 0.4, 0.05, 3.0))
+  ]
   (rec,) = bench.summarize_seeds(runs)
   aligned, unaligned = rec["rows"]
   assert aligned["align_to_blocks"] is True and aligned["num_seeds"] == 3
@@ -51,16 +74,39 @@ def test_summary_over_seeds(bench):
 
 
 def test_report_of_a_run_cut_short_says_partial(bench, tmp_path):
-  runs = [{"seed": 0, "results": [{"method": "bd3lm4", "objective": "bd3lm", "num_test": 200,
-                                   "num_params": 1e5, "train_seconds": 60.0,
-                                   "rows": [row(0.3, True)]}]}]
-  record = {"command": "python benchmarks/speed_accuracy.py --seeds=0,1,2", "commit": "abc1234",
-            "quick": False, "hardware": {"cpu": "cpu", "cpu_count": 2, "jax": "x",
-                                         "backend": "cpu"},
-            "plan": {"steps": 1200, "batch_size": 32, "decode_batch": 50, "speed_examples": 16},
-            "load_start": "l0", "load_end": "l1", "total_seconds": 60.0, "train_seconds": 50.0,
-            "eval_seconds": 10.0, "recipe": "r", "results": runs[0]["results"], "runs": runs,
-            "summary": None, "seeds": [0, 1, 2], "seeds_done": [0]}
+  runs = [
+    {
+      "seed": 0,
+      "results": [
+        {
+          "method": "bd3lm4",
+          "objective": "bd3lm",
+          "num_test": 200,
+          "num_params": 1e5,
+          "train_seconds": 60.0,
+          "rows": [row(0.3, True)],
+        }
+      ],
+    }
+  ]
+  record = {
+    "command": "python benchmarks/speed_accuracy.py --seeds=0,1,2",
+    "commit": "abc1234",
+    "quick": False,
+    "hardware": {"cpu": "cpu", "cpu_count": 2, "jax": "x", "backend": "cpu"},
+    "plan": {"steps": 1200, "batch_size": 32, "decode_batch": 50, "speed_examples": 16},
+    "load_start": "l0",
+    "load_end": "l1",
+    "total_seconds": 60.0,
+    "train_seconds": 50.0,
+    "eval_seconds": 10.0,
+    "recipe": "r",
+    "results": runs[0]["results"],
+    "runs": runs,
+    "summary": None,
+    "seeds": [0, 1, 2],
+    "seeds_done": [0],
+  }
   md = bench.write_report(str(tmp_path), record)
   assert "**Partial**: seeds 0 of 0, 1, 2 done" in md
   assert "at commit abc1234" in md

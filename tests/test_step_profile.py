@@ -3,6 +3,7 @@
 The profiled tables themselves are a benchmark (benchmarks/README.md); here only the reading of
 XLA's compiled HLO text, which decides which row a thunk's time lands in.
 """
+
 import importlib.util
 import os
 import sys
@@ -18,7 +19,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def prof():
   sys.path.insert(0, os.path.join(REPO, "benchmarks"))
   spec = importlib.util.spec_from_file_location(
-      "step_profile", os.path.join(REPO, "benchmarks", "step_profile.py"))
+    "step_profile", os.path.join(REPO, "benchmarks", "step_profile.py")
+  )
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module

@@ -1,4 +1,5 @@
 """Tokenizers: known ids, special ids, save/load, clear errors."""
+
 import json
 
 import pytest
@@ -16,15 +17,20 @@ def _cfg(**kw):
 
 @pytest.fixture(scope="module")
 def bert(shared_data):
-  return T.get_tokenizer(_cfg(
-      kind="wordpiece", vocab_path=str(shared_data / "bert-base-uncased-vocab.txt")))
+  return T.get_tokenizer(
+    _cfg(kind="wordpiece", vocab_path=str(shared_data / "bert-base-uncased-vocab.txt"))
+  )
 
 
 @pytest.fixture(scope="module")
 def gpt2(shared_data):
-  return T.get_tokenizer(_cfg(
-      kind="gpt2", vocab_path=str(shared_data / "gpt2" / "vocab.json"),
-      merges_path=str(shared_data / "gpt2" / "merges.txt")))
+  return T.get_tokenizer(
+    _cfg(
+      kind="gpt2",
+      vocab_path=str(shared_data / "gpt2" / "vocab.json"),
+      merges_path=str(shared_data / "gpt2" / "merges.txt"),
+    )
+  )
 
 
 def test_wordpiece_known_ids(bert):
@@ -77,8 +83,9 @@ def test_trained_saved_and_reloaded(tmp_path):
 
 
 def test_workdir_kind_mismatch(tmp_path):
-  T.get_tokenizer(_cfg(kind="trained", vocab_size=300), tmp_path,
-                  train_texts=["some text here"] * 10)
+  T.get_tokenizer(
+    _cfg(kind="trained", vocab_size=300), tmp_path, train_texts=["some text here"] * 10
+  )
   with pytest.raises(ValueError, match="kind='trained'.*fresh workdir"):
     T.get_tokenizer(_cfg(kind="wordpiece", vocab_path="x"), tmp_path)
 
@@ -96,9 +103,13 @@ def test_missing_files_raise_clear_errors(tmp_path, shared_data):
   with pytest.raises(FileNotFoundError, match="nope/vocab.txt.*tokenizer.vocab_path"):
     T.get_tokenizer(_cfg(kind="wordpiece", vocab_path=missing))
   with pytest.raises(FileNotFoundError, match="merges.txt.*tokenizer.merges_path"):
-    T.get_tokenizer(_cfg(kind="gpt2",
-                         vocab_path=str(shared_data / "gpt2" / "vocab.json"),
-                         merges_path=str(tmp_path / "merges.txt")))
+    T.get_tokenizer(
+      _cfg(
+        kind="gpt2",
+        vocab_path=str(shared_data / "gpt2" / "vocab.json"),
+        merges_path=str(tmp_path / "merges.txt"),
+      )
+    )
   with pytest.raises(FileNotFoundError, match="tokenizer.json"):
     T.Tokenizer.load(tmp_path)
 
@@ -119,6 +130,7 @@ def test_packaged_vocabularies_build_the_config_tokenizers(tmp_path, monkeypatch
   packaged copies (with licence notices), and they give the known ids of bert-base-uncased and
   GPT-2 from any working directory."""
   from configs import lm1b_ar, lm1b_sw, owt_sw
+
   monkeypatch.chdir(tmp_path)  # nothing relative to the checkout
   for name in T.PACKAGED_VOCABS:
     path = T.packaged_vocab(name)
@@ -138,14 +150,18 @@ def test_packaged_vocabularies_build_the_config_tokenizers(tmp_path, monkeypatch
 
 
 def test_packaged_vocabularies_equal_the_reference_files(shared_data):
-  for name, ref in (("bert-base-uncased/vocab.txt", "bert-base-uncased-vocab.txt"),
-                    ("gpt2/vocab.json", "gpt2/vocab.json"), ("gpt2/merges.txt", "gpt2/merges.txt")):
+  for name, ref in (
+    ("bert-base-uncased/vocab.txt", "bert-base-uncased-vocab.txt"),
+    ("gpt2/vocab.json", "gpt2/vocab.json"),
+    ("gpt2/merges.txt", "gpt2/merges.txt"),
+  ):
     assert (T.PACKAGED_VOCAB_DIR / name).read_bytes() == (shared_data / ref).read_bytes(), name
 
 
 def test_vocab_path_stays_overridable(shared_data):
   """--config.tokenizer.vocab_path still points a packaged-default config elsewhere."""
   from configs import lm1b_sw
+
   c = lm1b_sw.get_config()
   c.tokenizer.vocab_path = str(shared_data / "bert-base-uncased-vocab.txt")
   assert T.get_tokenizer(c.tokenizer).encode("hello world") == [7592, 2088]
@@ -158,6 +174,7 @@ def test_vocab_path_stays_overridable(shared_data):
 def _qwen3_like(gpt2, tmp_path):
   """A tokenizer.json with Qwen3's special names (GPT-2's BPE + added specials)."""
   import tokenizers as hf
+
   tok = hf.Tokenizer.from_str(gpt2.hf.to_str())
   tok.add_special_tokens([T.QWEN3_MASK, "<|im_start|>", "<|im_end|>"])
   path = tmp_path / "tokenizer.json"
@@ -186,15 +203,22 @@ def test_special_token_text_is_text_trained(tmp_path):
   _special_text_cases(tok, T.TRAINED_SPECIALS)
   again = T.Tokenizer.load(tmp_path / T.TOKENIZER_SUBDIR)  # the choice is saved with it
   assert again.encode("a [MASK]") == tok.encode("a [MASK]")
-  control = T.get_tokenizer(_cfg(kind="trained", vocab_size=300, control_tokens_in_text=True),
-                            train_texts=["some text [MASK] here"] * 20)
+  control = T.get_tokenizer(
+    _cfg(kind="trained", vocab_size=300, control_tokens_in_text=True),
+    train_texts=["some text [MASK] here"] * 20,
+  )
   assert control.encode("[MASK]") == [control.mask_id]  # the documented opt-in
 
 
 def test_special_token_text_is_text_wordpiece(bert, shared_data):
   _special_text_cases(bert, ["[MASK]", "[SEP]", "[CLS]", "[PAD]", "[UNK]"])
-  control = T.get_tokenizer(_cfg(kind="wordpiece", control_tokens_in_text=True,
-                                 vocab_path=str(shared_data / "bert-base-uncased-vocab.txt")))
+  control = T.get_tokenizer(
+    _cfg(
+      kind="wordpiece",
+      control_tokens_in_text=True,
+      vocab_path=str(shared_data / "bert-base-uncased-vocab.txt"),
+    )
+  )
   assert control.encode("Hello, World! [MASK]") == [7592, 1010, 2088, 999, 103]
 
 
@@ -202,9 +226,14 @@ def test_special_token_text_is_text_gpt2(gpt2, shared_data):
   _special_text_cases(gpt2, ["<|endoftext|>", "<|fim_middle|>"])
   # Text pieces are encoded as GPT-2 encodes the same characters with no special tokens.
   assert gpt2.encode("<|endoftext|>") == [27, 91, 437, 1659, 5239, 91, 29]
-  control = T.get_tokenizer(_cfg(kind="gpt2", control_tokens_in_text=True,
-                                 vocab_path=str(shared_data / "gpt2" / "vocab.json"),
-                                 merges_path=str(shared_data / "gpt2" / "merges.txt")))
+  control = T.get_tokenizer(
+    _cfg(
+      kind="gpt2",
+      control_tokens_in_text=True,
+      vocab_path=str(shared_data / "gpt2" / "vocab.json"),
+      merges_path=str(shared_data / "gpt2" / "merges.txt"),
+    )
+  )
   assert control.encode("a<|fim_middle|>b<|endoftext|>") == [64, 50257, 65, 50256]
 
 

@@ -6,6 +6,7 @@ embedded corpus's small validation split (tokenized in 0.2 s instead of 5 s for 
 and start from a tokenizer trained once per module and copied into the workdir; the first test
 runs the full path (train split, tokenizer trained at first run).
 """
+
 import glob
 import json
 import os
@@ -82,7 +83,8 @@ def restore_state(workdir, step=None):
   tok = tokenizers.Tokenizer.load(os.path.join(workdir, tokenizers.TOKENIZER_SUBDIR))
   model_cfg, _ = run_config.model_and_objective(config, tok)
   abstract = jax.eval_shape(
-      lambda: train_step.create_train_state(config, model_cfg, jax.random.key(0)))
+    lambda: train_step.create_train_state(config, model_cfg, jax.random.key(0))
+  )
   manager = checkpointing.make_manager(workdir, with_data=False)
   state = checkpointing.restore(manager, abstract, step=step)
   manager.close()
@@ -131,8 +133,15 @@ def test_train_and_evaluate_embedded(tmp_path):
 
 def test_train_and_evaluate_tfds_lm1b_mock(tmp_path):
   """lm1b through tfds.data_source under mock_data (nothing is downloaded)."""
-  config = tiny_config("ar", **{"data.source": "tfds", "data.tfds_name": "lm1b",
-                                "data.train_split": "train", "data.eval_split": "test"})
+  config = tiny_config(
+    "ar",
+    **{
+      "data.source": "tfds",
+      "data.tfds_name": "lm1b",
+      "data.train_split": "train",
+      "data.eval_split": "test",
+    },
+  )
   workdir = str(tmp_path / "run")
   with tfds.testing.mock_data(num_examples=200):
     result = train.train_and_evaluate(config, workdir)
@@ -157,8 +166,9 @@ N = 3  # the interrupted run's length; the full run has 2N steps
 def resume_config(num_train_steps):
   # Dropout on and the stochastic setdlm orders: exact resumption needs the per-step rng and
   # the data iterator restored as well as the parameters and optimizer state.
-  return tiny_config("setdlm", num_train_steps=num_train_steps, warmup_steps=2,
-                     **{"model.dropout": 0.1})
+  return tiny_config(
+    "setdlm", num_train_steps=num_train_steps, warmup_steps=2, **{"model.dropout": 0.1}
+  )
 
 
 @pytest.fixture(scope="module")
@@ -188,29 +198,41 @@ def assert_same_run(workdir, reference):
 def test_training_eval_equals_evaluate_likelihood(tmp_path, uninterrupted):
   """metrics.jsonl's eval/nll is launch/evaluate.py --eval=likelihood on the same rows and seed."""
   from setdiff_jax.evaluation import run
+
   config = resume_config(2 * N)
   logged = [r for r in read_metrics(uninterrupted) if "eval/nll" in r][-1]
   assert logged["step"] == 2 * N
   rows = config.num_eval_steps * config.eval_batch_size
   for batch_size in (config.eval_batch_size, 5):  # the bound does not depend on the batching
     opts = run.EvalOptions(num_orders=1, max_rows=rows, batch_size=batch_size)
-    record = run.evaluate_workdir(uninterrupted, ["likelihood"], opts, log=None,
-                                  output=str(tmp_path / f"eval{batch_size}.json"))
+    record = run.evaluate_workdir(
+      uninterrupted, ["likelihood"], opts, log=None, output=str(tmp_path / f"eval{batch_size}.json")
+    )
     lik = record["likelihood"]
     assert lik["num_sequences"] == rows and lik["num_tokens"] == logged["eval/num_tokens"]
     assert lik["nll"] == pytest.approx(logged["eval/nll"], rel=1e-6, abs=0)
 
 
 @pytest.mark.parametrize("pad_targets", ["none", pytest.param("eos", marks=pytest.mark.slow)])
-def test_prompt_answer_eval_is_answer_nll_and_equals_evaluate(tmp_path, tokenizer_dir,
-                                                              pad_targets):
+def test_prompt_answer_eval_is_answer_nll_and_equals_evaluate(tmp_path, tokenizer_dir, pad_targets):
   """A prompt/answer run: metrics.jsonl's eval/nll counts the answer tokens (and their EOS) only,
   never the prompt (nor an EOS tail, pad_targets=eos), and equals launch/evaluate.py's value."""
   from setdiff_jax.evaluation import likelihood, run
-  config = tiny_config("bd3lm", num_train_steps=2, seq_len=48, **{
-      "loss.block_size": 4, "data.source": "arithmetic", "data.preprocess": "pad",
-      "data.task_train_examples": 64, "data.task_eval_examples": 16, "data.overflow": "skip",
-      "data.pad_targets": pad_targets})
+
+  config = tiny_config(
+    "bd3lm",
+    num_train_steps=2,
+    seq_len=48,
+    **{
+      "loss.block_size": 4,
+      "data.source": "arithmetic",
+      "data.preprocess": "pad",
+      "data.task_train_examples": 64,
+      "data.task_eval_examples": 16,
+      "data.overflow": "skip",
+      "data.pad_targets": pad_targets,
+    },
+  )
   workdir = new_workdir(tmp_path, "run", tokenizer_dir)
   train.train_and_evaluate(config, workdir)
   logged = [r for r in read_metrics(workdir) if "eval/nll" in r][-1]
@@ -220,9 +242,17 @@ def test_prompt_answer_eval_is_answer_nll_and_equals_evaluate(tmp_path, tokenize
   answer = att.astype(bool) & ~ctx.astype(bool)
   assert ctx.any() and logged["eval/num_tokens"] == answer.sum()  # BOS is context
   last = (answer.cumsum(-1) == answer.sum(-1, keepdims=True)) & answer
-  assert last.sum() == len(tokens) and np.all(tokens[last] == state.tokenizer.eos_id)  # each row's last scored token is its first EOS
-  record = run.evaluate_workdir(workdir, ["likelihood"], run.EvalOptions(num_orders=1, max_rows=16),
-                                use_ema=ema, log=None, output=str(tmp_path / "eval.json"))
+  assert last.sum() == len(tokens) and np.all(
+    tokens[last] == state.tokenizer.eos_id
+  )  # each row's last scored token is its first EOS
+  record = run.evaluate_workdir(
+    workdir,
+    ["likelihood"],
+    run.EvalOptions(num_orders=1, max_rows=16),
+    use_ema=ema,
+    log=None,
+    output=str(tmp_path / "eval.json"),
+  )
   lik = record["likelihood"]
   assert lik["num_tokens"] == logged["eval/num_tokens"]
   assert lik["nll"] == pytest.approx(logged["eval/nll"], rel=1e-6, abs=0)
@@ -240,8 +270,7 @@ def test_resume_reproduces_uninterrupted_run(tmp_path, tokenizer_dir, uninterrup
   assert checkpoint_steps(workdir)[-1] == 2 * N
 
 
-def test_sigterm_saves_and_exits_then_resumes(tmp_path, tokenizer_dir, uninterrupted,
-                                              monkeypatch):
+def test_sigterm_saves_and_exits_then_resumes(tmp_path, tokenizer_dir, uninterrupted, monkeypatch):
   """SIGTERM during step N: a checkpoint at N, a clean return, and the rerun finishes exactly."""
   if threading.current_thread() is not threading.main_thread():
     pytest.skip("signal handlers can only be installed from the main thread")
@@ -283,8 +312,9 @@ def test_sigterm_saves_and_exits_then_resumes(tmp_path, tokenizer_dir, uninterru
 def test_init_from_starts_from_those_parameters(tmp_path, uninterrupted):
   # Same tokenizer as the source (fine-tuning keeps the vocabulary); the warm-up's lr at step 0
   # is 0, so the one step keeps the parameters and the checkpoint shows what the run started from.
-  workdir = new_workdir(tmp_path, "finetune",
-                        os.path.join(uninterrupted, tokenizers.TOKENIZER_SUBDIR))
+  workdir = new_workdir(
+    tmp_path, "finetune", os.path.join(uninterrupted, tokenizers.TOKENIZER_SUBDIR)
+  )
   config = resume_config(1)
   config.init_from = uninterrupted
   config.warmup_steps = 1  # learning_rate must be > 0 (issue 23); lr(step 0) = 0 all the same
@@ -308,8 +338,14 @@ def model_config_of(workdir):
 # ------------------------------------------------------------------------- NaN guard
 def test_nan_loss_stops_without_checkpointing_the_bad_state(tmp_path, tokenizer_dir):
   # lr 1e30 after a good first step: the parameters explode and the step-2 loss is not finite.
-  config = tiny_config("ar", num_train_steps=4, checkpoint_every_steps=1, warmup_steps=0,
-                       learning_rate=1e30, grad_clip_norm=0.0)
+  config = tiny_config(
+    "ar",
+    num_train_steps=4,
+    checkpoint_every_steps=1,
+    warmup_steps=0,
+    learning_rate=1e30,
+    grad_clip_norm=0.0,
+  )
   workdir = new_workdir(tmp_path, "run", tokenizer_dir)
   with pytest.raises(FloatingPointError, match="non-finite training metrics at step 2"):
     train.train_and_evaluate(config, workdir)
@@ -334,7 +370,9 @@ def test_nan_from_objective_stops_at_first_step(tmp_path, tokenizer_dir, monkeyp
 
 
 # ------------------------------------------------------------------------- validation
-@pytest.mark.parametrize("objective, overrides, field", [
+@pytest.mark.parametrize(
+  "objective, overrides, field",
+  [
     ("bd3lm", {"loss.block_size": 5}, "block_size"),
     ("setdlm", {"loss.max_set_size": 64}, "max_set_size"),
     ("setdlm", {"batch_size": 12}, "batch_size"),  # 12 rows on 8 devices
@@ -347,7 +385,8 @@ def test_nan_from_objective_stops_at_first_step(tmp_path, tokenizer_dir, monkeyp
     ("setdlm", {"lr_schedule": "linear"}, "lr_schedule"),
     ("setdlm", {"data.source": "hf"}, "data.source"),
     ("setdlm", {"mesh.data": 3}, "mesh"),
-])
+  ],
+)
 def test_config_validation_errors(tmp_path, objective, overrides, field, monkeypatch):
   compiled = []
   monkeypatch.setattr(jax, "jit", lambda *a, **k: compiled.append(a) or pytest.fail("jit"))
@@ -361,7 +400,9 @@ def test_config_validation_errors(tmp_path, objective, overrides, field, monkeyp
 def test_valid_configs_pass_validation():
   for objective in methods.NAMES:
     run_config.validate_config(tiny_config(objective), num_devices=8)
-  run_config.validate_config(tiny_config("setdlm", batch_size=16, grad_accum_steps=2), num_devices=8)
+  run_config.validate_config(
+    tiny_config("setdlm", batch_size=16, grad_accum_steps=2), num_devices=8
+  )
   run_config.validate_config(tiny_config("setdlm", batch_size=12), num_devices=4)
 
 
@@ -377,8 +418,9 @@ def random_batch(tok, batch_size, seq_len, seed=0, with_order=False):
     mask[i, n:] = 0
   batch = {"tokens": tokens, "attention_mask": mask}
   if with_order:  # a fixed SetDLM order makes the objective deterministic
-    order = np.stack([np.concatenate([[0], 1 + rng.permutation(seq_len - 1)])
-                      for _ in range(batch_size)]).astype(np.int32)
+    order = np.stack(
+      [np.concatenate([[0], 1 + rng.permutation(seq_len - 1)]) for _ in range(batch_size)]
+    ).astype(np.int32)
     batch["order"] = order
   return batch
 
@@ -386,8 +428,9 @@ def random_batch(tok, batch_size, seq_len, seed=0, with_order=False):
 def step_setup(tok, objective, **overrides):
   config = tiny_config(objective, warmup_steps=0, **overrides)
   model_cfg, obj_cfg = run_config.model_and_objective(config, tok)
-  step = train_step.make_train_step(config, DiT(model_cfg), obj_cfg,
-                                    train_step.make_optimizer(config))
+  step = train_step.make_train_step(
+    config, DiT(model_cfg), obj_cfg, train_step.make_optimizer(config)
+  )
   state = train_step.create_train_state(config, model_cfg, jax.random.key(0))
   return step, state
 
@@ -435,4 +478,6 @@ def test_grad_accumulation_equals_full_batch(tok, objective):
   mesh = mesh_of(8)
   full_step, state = step_setup(tok, objective, batch_size=16)
   accum_step, _ = step_setup(tok, objective, batch_size=16, grad_accum_steps=2)
-  assert_same_step(run_step(full_step, state, batch, mesh), run_step(accum_step, state, batch, mesh))
+  assert_same_step(
+    run_step(full_step, state, batch, mesh), run_step(accum_step, state, batch, mesh)
+  )

@@ -5,6 +5,7 @@ loads for inference with the same parameters, and still resumes training.
 The parameter sums were computed by that commit's `workdir.load_inference_state`; the checkpoint
 layout (orbax tree paths, config.json fields, tokenizer files) is a promise to users' runs.
 """
+
 import os
 import shutil
 import subprocess
@@ -37,14 +38,32 @@ def test_old_workdir_resumes_training(tmp_path):
   """The writing command, one step further, on one device like the original run (~15 s)."""
   workdir = tmp_path / "run"
   shutil.copytree(FIXTURE, workdir)
-  overrides = dict(**{"model.hidden_size": 32, "model.num_heads": 2, "model.num_layers": 1,
-                      "tokenizer.vocab_size": 300, "batch_size": 4, "seq_len": 32,
-                      "eval_every_steps": 4, "num_eval_steps": 1, "checkpoint_every_steps": 4,
-                      "num_eval_samples": 0, "ema_decay": 0.9}, num_train_steps=5)
+  overrides = dict(
+    **{
+      "model.hidden_size": 32,
+      "model.num_heads": 2,
+      "model.num_layers": 1,
+      "tokenizer.vocab_size": 300,
+      "batch_size": 4,
+      "seq_len": 32,
+      "eval_every_steps": 4,
+      "num_eval_steps": 1,
+      "checkpoint_every_steps": 4,
+      "num_eval_samples": 0,
+      "ema_decay": 0.9,
+    },
+    num_train_steps=5,
+  )
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
-  res = subprocess.run([sys.executable, "launch/train.py", "--config=configs/tiny_sw.py",
-                        f"--workdir={workdir}"] + [f"--config.{k}={v}" for k, v in overrides.items()],
-                       cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+  res = subprocess.run(
+    [sys.executable, "launch/train.py", "--config=configs/tiny_sw.py", f"--workdir={workdir}"]
+    + [f"--config.{k}={v}" for k, v in overrides.items()],
+    cwd=REPO_ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert res.returncode == 0, res.stderr[-3000:]
   assert res.stdout.strip().splitlines()[-1].startswith("done: step 5")
   # the old step is still there and loadable beside the new one

@@ -4,13 +4,20 @@ Every process builds the same seeded sequence of examples (documents, rows or pa
 batch s is its elements s*G .. s*G+G-1 and process p of P reads rows p*G/P .. (p+1)*G/P-1 of it.
 The data a run sees therefore does not depend on its number of processes.
 """
+
 from __future__ import annotations
 
 import grain
 
 
-def process_rows(ds: grain.MapDataset, *, global_batch_size: int, process_index: int,
-                 process_count: int, drop_remainder: bool) -> grain.MapDataset:
+def process_rows(
+  ds: grain.MapDataset,
+  *,
+  global_batch_size: int,
+  process_index: int,
+  process_count: int,
+  drop_remainder: bool,
+) -> grain.MapDataset:
   """Global batch s of the example sequence `ds` -> this process's share of it, as a list.
 
   Element s lists `ds[s*G + p*b + r]` for r < b (G = global_batch_size, b = G // P, p =

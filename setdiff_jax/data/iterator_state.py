@@ -7,6 +7,7 @@ it beside the train state with orbax via ``checkpoint_args_save(it)`` /
 ``ITERATOR_FILE``; every process reads it), or by hand with ``iterator_state_json`` /
 ``restore_iterator_state``.
 """
+
 from __future__ import annotations
 
 import functools

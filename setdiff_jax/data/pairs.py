@@ -35,6 +35,7 @@ the example; `skip` drops it; `truncate_prompt` keeps the last tokens of the pro
 Both `skip` and `truncate_prompt` log how many examples they touched. An answer that does not fit
 even with a one-token prompt is always an error (or skipped under `skip`).
 """
+
 from __future__ import annotations
 
 import json
@@ -57,7 +58,7 @@ PAD_TARGETS = ("none", "eos")
 
 # The reference GSM8K prompt (SPEC §6.4) and the Qwen chat wrapping of the user turn; the
 # context ends after "<|im_start|>assistant\n" (SPEC §5).
-GSM8K_INSTRUCTION = ("Please reason step by step, and put your final answer within $\\boxed{}$. ")
+GSM8K_INSTRUCTION = "Please reason step by step, and put your final answer within $\\boxed{}$. "
 CHAT_TEMPLATE = "<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
 
 
@@ -78,13 +79,16 @@ def _check_pair(prompt, answer, where: str, prompt_field: str, answer_field: str
     if not isinstance(value, str):
       raise ValueError(f"{where}: field {name!r} is {type(value).__name__}, not a string")
   if not answer.strip():
-    raise ValueError(f"{where}: field {answer_field!r} is empty; every example needs an answer "
-                     "to train on (remove the line or fill it in)")
+    raise ValueError(
+      f"{where}: field {answer_field!r} is empty; every example needs an answer "
+      "to train on (remove the line or fill it in)"
+    )
   return Pair(prompt, answer, where)
 
 
-def jsonl_pairs(paths, prompt_field: str = "prompt", answer_field: str = "answer",
-                field: str = "paths") -> List[Pair]:
+def jsonl_pairs(
+  paths, prompt_field: str = "prompt", answer_field: str = "answer", field: str = "paths"
+) -> List[Pair]:
   """Pairs of JSON-lines files; errors name the file, the line and the missing field."""
   out = []
   for path in text_files.parse_paths(paths):
@@ -101,10 +105,13 @@ def jsonl_pairs(paths, prompt_field: str = "prompt", answer_field: str = "answer
           raise ValueError(f"{where}: a record must be a JSON object")
         for name, cfg_field in ((prompt_field, "prompt_field"), (answer_field, "answer_field")):
           if name not in record:
-            raise ValueError(f"{where}: record has no field {name!r} (fields: "
-                             f"{sorted(record)}; set data.{cfg_field})")
-        out.append(_check_pair(record[prompt_field], record[answer_field], where, prompt_field,
-                               answer_field))
+            raise ValueError(
+              f"{where}: record has no field {name!r} (fields: "
+              f"{sorted(record)}; set data.{cfg_field})"
+            )
+        out.append(
+          _check_pair(record[prompt_field], record[answer_field], where, prompt_field, answer_field)
+        )
   return out
 
 
@@ -112,17 +119,27 @@ def gsm8k_pairs(split: str, data_dir: Optional[str] = None) -> List[Pair]:
   """GSM8K (question, answer) from the prepared TFDS builder; the answer ends with '#### n'."""
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   from tensorflow_datasets.text.gsm8k import gsm8k as _  # noqa: F401  registers the builder
+
   try:
     source = tfds.data_source("gsm8k", split=split, data_dir=data_dir, download=False)
     n = len(source)
   except Exception as e:  # tfds raises several types for "not prepared"
     raise FileNotFoundError(
-        f"TFDS gsm8k split {split!r} is not prepared under data_dir={data_dir!r} (set "
-        f"data.tfds_data_dir). This never downloads; prepare it once with: tfds build gsm8k "
-        f"--data_dir=DIR --file_format=array_record. tfds said: {type(e).__name__}: {e}") from e
+      f"TFDS gsm8k split {split!r} is not prepared under data_dir={data_dir!r} (set "
+      f"data.tfds_data_dir). This never downloads; prepare it once with: tfds build gsm8k "
+      f"--data_dir=DIR --file_format=array_record. tfds said: {type(e).__name__}: {e}"
+    ) from e
   text = lambda v: v.decode("utf-8") if isinstance(v, bytes) else str(v)
-  return [_check_pair(text(source[i]["question"]), text(source[i]["answer"]),
-                      f"gsm8k {split} #{i}", "question", "answer") for i in range(n)]
+  return [
+    _check_pair(
+      text(source[i]["question"]),
+      text(source[i]["answer"]),
+      f"gsm8k {split} #{i}",
+      "question",
+      "answer",
+    )
+    for i in range(n)
+  ]
 
 
 def load_pairs(data_cfg, split: str) -> List[Pair]:
@@ -139,26 +156,39 @@ def load_pairs(data_cfg, split: str) -> List[Pair]:
     paths = text_files.parse_paths(data_cfg.get(field))
     if not paths:
       raise ValueError(f"data.source=pairs_jsonl with split={split!r} needs data.{field}")
-    return jsonl_pairs(paths, data_cfg.get("prompt_field", "prompt"),
-                       data_cfg.get("answer_field", "answer"), field)
+    return jsonl_pairs(
+      paths, data_cfg.get("prompt_field", "prompt"), data_cfg.get("answer_field", "answer"), field
+    )
   if source == "gsm8k":
     name = data_cfg.train_split if split == "train" else data_cfg.eval_split
     return gsm8k_pairs(name, data_cfg.get("tfds_data_dir"))
   if source == "arithmetic":
-    n = data_cfg.get("task_train_examples", 20000) if split == "train" else data_cfg.get(
-        "task_eval_examples", 200)
+    n = (
+      data_cfg.get("task_train_examples", 20000)
+      if split == "train"
+      else data_cfg.get("task_eval_examples", 200)
+    )
     return tasks.arithmetic_pairs(
-        {"eval": "test"}.get(split, split), int(n), int(data_cfg.get("task_seed", 0)),
-        num_operands=int(data_cfg.get("task_operands", 3)),
-        max_operand=int(data_cfg.get("task_max_operand", 9)),
-        num_test=int(data_cfg.get("task_eval_examples", 200)))
+      {"eval": "test"}.get(split, split),
+      int(n),
+      int(data_cfg.get("task_seed", 0)),
+      num_operands=int(data_cfg.get("task_operands", 3)),
+      max_operand=int(data_cfg.get("task_max_operand", 9)),
+      num_test=int(data_cfg.get("task_eval_examples", 200)),
+    )
   if source == "chain":
-    n = data_cfg.get("task_train_examples", 20000) if split == "train" else data_cfg.get(
-        "task_eval_examples", 200)
-    return tasks.chain_pairs({"eval": "test"}.get(split, split), int(n),
-                             int(data_cfg.get("task_seed", 0)),
-                             num_operands=int(data_cfg.get("task_operands", 4)),
-                             max_operand=int(data_cfg.get("task_max_operand", 99)))
+    n = (
+      data_cfg.get("task_train_examples", 20000)
+      if split == "train"
+      else data_cfg.get("task_eval_examples", 200)
+    )
+    return tasks.chain_pairs(
+      {"eval": "test"}.get(split, split),
+      int(n),
+      int(data_cfg.get("task_seed", 0)),
+      num_operands=int(data_cfg.get("task_operands", 4)),
+      max_operand=int(data_cfg.get("task_max_operand", 99)),
+    )
   raise ValueError(f"data.source={source!r} is not a pair source {PAIR_SOURCES}")
 
 
@@ -169,8 +199,14 @@ def pair_texts(data_cfg, split: str = "train") -> List[str]:
 
 
 # ----------------------------------------------------------------------------- rows
-def encode_pairs(tokenizer, pairs: Sequence[Pair], seq_len: int, *, overflow: str = "error",
-                 prompt_style: str = "plain") -> Tuple[List[Tuple[List[int], List[int]]], dict]:
+def encode_pairs(
+  tokenizer,
+  pairs: Sequence[Pair],
+  seq_len: int,
+  *,
+  overflow: str = "error",
+  prompt_style: str = "plain",
+) -> Tuple[List[Tuple[List[int], List[int]]], dict]:
   """Token ids (prompt with BOS, answer with EOS) that fit `seq_len` under the overflow rule.
 
   Returns the kept (prompt_ids, answer_ids) and counts {'kept', 'skipped', 'truncated'}.
@@ -186,29 +222,46 @@ def encode_pairs(tokenizer, pairs: Sequence[Pair], seq_len: int, *, overflow: st
       raise ValueError(f"{pair.where}: the answer encodes to no tokens")
     if len(p) + len(a) > seq_len:
       room = seq_len - len(a) - 1  # prompt tokens that fit after BOS
-      what = (f"{pair.where}: prompt ({len(p)} tokens with BOS) + answer ({len(a)} with EOS) "
-              f"> seq_len={seq_len}")
+      what = (
+        f"{pair.where}: prompt ({len(p)} tokens with BOS) + answer ({len(a)} with EOS) "
+        f"> seq_len={seq_len}"
+      )
       if overflow == "skip":
         stats["skipped"] += 1
         continue
       if overflow == "error" or room < 1:
-        hint = ("the answer alone does not fit: raise seq_len" if room < 1 else
-                "raise seq_len, or set data.overflow=truncate_prompt (keeps the prompt's last "
-                "tokens) or skip")
+        hint = (
+          "the answer alone does not fit: raise seq_len"
+          if room < 1
+          else "raise seq_len, or set data.overflow=truncate_prompt (keeps the prompt's last "
+          "tokens) or skip"
+        )
         raise ValueError(f"{what}; {hint}")
-      p = p[:1] + p[len(p) - room:]
+      p = p[:1] + p[len(p) - room :]
       stats["truncated"] += 1
     kept.append((p, a))
   stats["kept"] = len(kept)
   if stats["skipped"] or stats["truncated"]:
-    logging.warning("pairs longer than seq_len=%d: %d skipped, %d prompts truncated to their last "
-                    "tokens (data.overflow=%s); %d kept", seq_len, stats["skipped"],
-                    stats["truncated"], overflow, len(kept))
+    logging.warning(
+      "pairs longer than seq_len=%d: %d skipped, %d prompts truncated to their last "
+      "tokens (data.overflow=%s); %d kept",
+      seq_len,
+      stats["skipped"],
+      stats["truncated"],
+      overflow,
+      len(kept),
+    )
   return kept, stats
 
 
-def pair_rows(encoded: Sequence[Tuple[Sequence[int], Sequence[int]]], seq_len: int,
-              pad_id: int, *, pad_targets: str = "none", eos_id: Optional[int] = None) -> dict:
+def pair_rows(
+  encoded: Sequence[Tuple[Sequence[int], Sequence[int]]],
+  seq_len: int,
+  pad_id: int,
+  *,
+  pad_targets: str = "none",
+  eos_id: Optional[int] = None,
+) -> dict:
   """[BOS] prompt answer [EOS] pad...; tokens, attention_mask, context_mask int32 [n, L].
 
   pad_targets='eos': the tail after the answer's EOS is EOS (`eos_id`), attended, not context.
@@ -225,12 +278,12 @@ def pair_rows(encoded: Sequence[Tuple[Sequence[int], Sequence[int]]], seq_len: i
     row = list(p) + list(a)
     if len(row) > seq_len:
       raise ValueError(f"row {i} has {len(row)} tokens > seq_len={seq_len}")
-    tokens[i, :len(row)] = row
-    attn[i, :len(row)] = 1
-    ctx[i, :len(p)] = 1
+    tokens[i, : len(row)] = row
+    attn[i, : len(row)] = 1
+    ctx[i, : len(p)] = 1
     if pad_targets == "eos":
-      tokens[i, len(row):] = eos_id
-      attn[i, len(row):] = 1
+      tokens[i, len(row) :] = eos_id
+      attn[i, len(row) :] = 1
   return {"tokens": tokens, "attention_mask": attn, "context_mask": ctx}
 
 
@@ -242,21 +295,43 @@ def _fill(batch: dict, batch_size: int, pad_id: int) -> dict:
   return {k: pad(v, pad_id if k == "tokens" else 0) for k, v in batch.items()}
 
 
-def make_pair_dataset(data_cfg, tokenizer, *, split: str, seq_len: int, batch_size: int,
-                      seed: int, process_index: int, process_count: int, shuffle: bool,
-                      num_epochs: Optional[int], drop_remainder: bool,
-                      read_options) -> grain.IterDataset:
+def make_pair_dataset(
+  data_cfg,
+  tokenizer,
+  *,
+  split: str,
+  seq_len: int,
+  batch_size: int,
+  seed: int,
+  process_index: int,
+  process_count: int,
+  shuffle: bool,
+  num_epochs: Optional[int],
+  drop_remainder: bool,
+  read_options,
+) -> grain.IterDataset:
   """This process's rows of each global batch of pair rows (`pipeline.make_dataset`: one global
   order of the pairs, whatever the number of processes; `batch_size` is the local batch)."""
   if data_cfg.preprocess != "pad":
-    raise ValueError(f"data.source={data_cfg.source} builds one pair per row: set "
-                     f"data.preprocess=pad (got {data_cfg.preprocess!r})")
+    raise ValueError(
+      f"data.source={data_cfg.source} builds one pair per row: set "
+      f"data.preprocess=pad (got {data_cfg.preprocess!r})"
+    )
   pairs = load_pairs(data_cfg, split)
-  encoded, _ = encode_pairs(tokenizer, pairs, seq_len,
-                            overflow=data_cfg.get("overflow", "error"),
-                            prompt_style=data_cfg.get("prompt_style", "plain"))
-  rows = pair_rows(encoded, seq_len, tokenizer.pad_id,
-                   pad_targets=data_cfg.get("pad_targets", "none"), eos_id=int(tokenizer.eos_id))
+  encoded, _ = encode_pairs(
+    tokenizer,
+    pairs,
+    seq_len,
+    overflow=data_cfg.get("overflow", "error"),
+    prompt_style=data_cfg.get("prompt_style", "plain"),
+  )
+  rows = pair_rows(
+    encoded,
+    seq_len,
+    tokenizer.pad_id,
+    pad_targets=data_cfg.get("pad_targets", "none"),
+    eos_id=int(tokenizer.eos_id),
+  )
   n = rows["tokens"].shape[0]
   if not n:
     raise ValueError(f"no data: {data_cfg.source} {split} has no pairs")
@@ -264,16 +339,35 @@ def make_pair_dataset(data_cfg, tokenizer, *, split: str, seq_len: int, batch_si
   if shuffle:
     ds = ds.shuffle(seed=seed)
   ds = global_order.process_rows(
-      ds.repeat(num_epochs), global_batch_size=batch_size * process_count,
-      process_index=process_index, process_count=process_count, drop_remainder=drop_remainder)
+    ds.repeat(num_epochs),
+    global_batch_size=batch_size * process_count,
+    process_index=process_index,
+    process_count=process_count,
+    drop_remainder=drop_remainder,
+  )
   empty = {k: np.zeros((0, seq_len), v.dtype) for k, v in rows.items()}
-  stack = lambda share: ({k: np.stack([r[k] for r in share]) for k in rows} if share  # noqa
-                         else dict(empty))
+  stack = lambda share: (
+    {k: np.stack([r[k] for r in share]) for k in rows}
+    if share  # noqa
+    else dict(empty)
+  )
   ds = ds.map(lambda share: _fill(stack(share), batch_size, tokenizer.pad_id))
   return ds.to_iter_dataset(read_options)
 
 
-__all__ = ["PAIR_SOURCES", "OVERFLOW_RULES", "PROMPT_STYLES", "PAD_TARGETS", "GSM8K_INSTRUCTION",
-           "Pair",
-           "format_prompt", "jsonl_pairs", "gsm8k_pairs", "load_pairs", "pair_texts",
-           "encode_pairs", "pair_rows", "make_pair_dataset"]
+__all__ = [
+  "PAIR_SOURCES",
+  "OVERFLOW_RULES",
+  "PROMPT_STYLES",
+  "PAD_TARGETS",
+  "GSM8K_INSTRUCTION",
+  "Pair",
+  "format_prompt",
+  "jsonl_pairs",
+  "gsm8k_pairs",
+  "load_pairs",
+  "pair_texts",
+  "encode_pairs",
+  "pair_rows",
+  "make_pair_dataset",
+]

@@ -60,6 +60,7 @@ per-epoch permutation (grain index_shuffle), reseeded each epoch, from `seed`.
 Checkpointing: the iterator state is a small JSON-able dict, the same on every
 process (the global position), saved beside the train state (`data/iterator_state.py`).
 """
+
 from __future__ import annotations
 
 import functools
@@ -71,8 +72,15 @@ from grain.experimental import ConcatThenSplitIterDataset
 
 from setdiff_jax.data import pairs, sources
 from setdiff_jax.data.global_order import process_rows
-from setdiff_jax.data.rows import (OVERLONG_RULES, add_row_specials, chunk_len, fit_documents,
-                                   pad_rows, token_stream, wrap_rows)
+from setdiff_jax.data.rows import (
+  OVERLONG_RULES,
+  add_row_specials,
+  chunk_len,
+  fit_documents,
+  pad_rows,
+  token_stream,
+  wrap_rows,
+)
 
 SOURCES = ("embedded", "tfds", "text", "jsonl") + pairs.PAIR_SOURCES
 PREPROCESS = ("wrap", "pad")
@@ -149,55 +157,71 @@ def default_data_config() -> ml_collections.ConfigDict:
 
 def validate_data_config(cfg):
   """Raises ValueError with a readable message for a bad data config."""
+
   def check(ok, msg):
     if not ok:
       raise ValueError(msg)
 
-  check(cfg.source in SOURCES,
-        f"data.source={cfg.source!r}; expected one of {SOURCES}")
-  check(cfg.preprocess in PREPROCESS,
-        f"data.preprocess={cfg.preprocess!r}; expected one of {PREPROCESS}")
-  check(cfg.get("overlong", "cut") in OVERLONG_RULES,
-        f"data.overlong={cfg.get('overlong')!r}; expected one of {OVERLONG_RULES}")
+  check(cfg.source in SOURCES, f"data.source={cfg.source!r}; expected one of {SOURCES}")
+  check(
+    cfg.preprocess in PREPROCESS,
+    f"data.preprocess={cfg.preprocess!r}; expected one of {PREPROCESS}",
+  )
+  check(
+    cfg.get("overlong", "cut") in OVERLONG_RULES,
+    f"data.overlong={cfg.get('overlong')!r}; expected one of {OVERLONG_RULES}",
+  )
   style = cfg.get("wrap_style", "row")
-  check(style in WRAP_STYLES,
-        f"data.wrap_style={style!r}; expected one of {WRAP_STYLES}")
+  check(style in WRAP_STYLES, f"data.wrap_style={style!r}; expected one of {WRAP_STYLES}")
   if cfg.source == "embedded":
     for field in ("train_split", "eval_split"):
-      check(cfg[field] in sources.EMBEDDED_SPLITS,
-            f"data.{field}={cfg[field]!r}: the embedded corpus has splits "
-            f"{sources.EMBEDDED_SPLITS}")
+      check(
+        cfg[field] in sources.EMBEDDED_SPLITS,
+        f"data.{field}={cfg[field]!r}: the embedded corpus has splits {sources.EMBEDDED_SPLITS}",
+      )
   if cfg.source == "tfds":
     check(bool(cfg.get("tfds_name")), "data.source=tfds needs data.tfds_name")
     for field in ("train_split", "eval_split"):
       check(bool(cfg.get(field)), f"data.source=tfds needs data.{field}")
   if cfg.source in ("text", "jsonl"):
-    check(bool(sources.parse_paths(cfg.get("paths"))),
-          f"data.source={cfg.source} needs data.paths (comma-separated files)")
+    check(
+      bool(sources.parse_paths(cfg.get("paths"))),
+      f"data.source={cfg.source} needs data.paths (comma-separated files)",
+    )
   if cfg.source == "text":
     unit = cfg.get("text_unit", "paragraph")
-    check(unit in ("paragraph", "line"),
-          f"data.text_unit={unit!r}; expected 'paragraph' or 'line'")
+    check(unit in ("paragraph", "line"), f"data.text_unit={unit!r}; expected 'paragraph' or 'line'")
   if cfg.source == "jsonl":
-    check(bool(cfg.get("jsonl_field")), "data.source=jsonl needs "
-          "data.jsonl_field")
+    check(bool(cfg.get("jsonl_field")), "data.source=jsonl needs data.jsonl_field")
   if cfg.source in pairs.PAIR_SOURCES:
-    check(cfg.preprocess == "pad", f"data.source={cfg.source} builds one prompt/answer pair "
-          f"per row: set data.preprocess=pad (got {cfg.preprocess!r})")
-    check(cfg.get("overflow", "error") in pairs.OVERFLOW_RULES,
-          f"data.overflow={cfg.get('overflow')!r}; expected one of {pairs.OVERFLOW_RULES}")
-    check(cfg.get("prompt_style", "plain") in pairs.PROMPT_STYLES,
-          f"data.prompt_style={cfg.get('prompt_style')!r}; expected one of "
-          f"{pairs.PROMPT_STYLES}")
-    check(cfg.get("pad_targets", "none") in pairs.PAD_TARGETS,
-          f"data.pad_targets={cfg.get('pad_targets')!r}; expected one of {pairs.PAD_TARGETS}")
+    check(
+      cfg.preprocess == "pad",
+      f"data.source={cfg.source} builds one prompt/answer pair "
+      f"per row: set data.preprocess=pad (got {cfg.preprocess!r})",
+    )
+    check(
+      cfg.get("overflow", "error") in pairs.OVERFLOW_RULES,
+      f"data.overflow={cfg.get('overflow')!r}; expected one of {pairs.OVERFLOW_RULES}",
+    )
+    check(
+      cfg.get("prompt_style", "plain") in pairs.PROMPT_STYLES,
+      f"data.prompt_style={cfg.get('prompt_style')!r}; expected one of {pairs.PROMPT_STYLES}",
+    )
+    check(
+      cfg.get("pad_targets", "none") in pairs.PAD_TARGETS,
+      f"data.pad_targets={cfg.get('pad_targets')!r}; expected one of {pairs.PAD_TARGETS}",
+    )
     if cfg.source == "pairs_jsonl":
-      check(bool(sources.parse_paths(cfg.get("paths"))),
-            "data.source=pairs_jsonl needs data.paths (comma-separated files)")
+      check(
+        bool(sources.parse_paths(cfg.get("paths"))),
+        "data.source=pairs_jsonl needs data.paths (comma-separated files)",
+      )
   else:
-    check(cfg.get("pad_targets", "none") == "none",
-          f"data.pad_targets={cfg.get('pad_targets')!r} applies to prompt/answer sources "
-          f"{pairs.PAIR_SOURCES} only (data.source={cfg.source!r}); leave it 'none'")
+    check(
+      cfg.get("pad_targets", "none") == "none",
+      f"data.pad_targets={cfg.get('pad_targets')!r} applies to prompt/answer sources "
+      f"{pairs.PAIR_SOURCES} only (data.source={cfg.source!r}); leave it 'none'",
+    )
   check(cfg.get("read_threads", 0) >= 0, "data.read_threads must be >= 0")
   check(cfg.get("prefetch", 0) >= 0, "data.prefetch must be >= 0")
 
@@ -206,20 +230,21 @@ def validate_data_config(cfg):
 # Row builders (numpy, no grain): shapes and special-token placement live here.
 
 
-def _fill_batch(batch: dict[str, np.ndarray], batch_size: int,
-                pad_id: int) -> dict[str, np.ndarray]:
+def _fill_batch(
+  batch: dict[str, np.ndarray], batch_size: int, pad_id: int
+) -> dict[str, np.ndarray]:
   """Pads a short (last eval) batch with empty rows: tokens=pad, mask=0."""
   n = batch["tokens"].shape[0]
   if n == batch_size:
     return batch
   extra = batch_size - n
   return {
-      "tokens": np.concatenate(
-          [batch["tokens"],
-           np.full((extra,) + batch["tokens"].shape[1:], pad_id, np.int32)]),
-      "attention_mask": np.concatenate(
-          [batch["attention_mask"],
-           np.zeros((extra,) + batch["attention_mask"].shape[1:], np.int32)]),
+    "tokens": np.concatenate(
+      [batch["tokens"], np.full((extra,) + batch["tokens"].shape[1:], pad_id, np.int32)]
+    ),
+    "attention_mask": np.concatenate(
+      [batch["attention_mask"], np.zeros((extra,) + batch["attention_mask"].shape[1:], np.int32)]
+    ),
   }
 
 
@@ -227,8 +252,9 @@ def _fill_batch(batch: dict[str, np.ndarray], batch_size: int,
 # grain pipelines.
 
 
-def _order(ds: grain.MapDataset, shuffle: bool, seed: int,
-           num_epochs: int | None) -> grain.MapDataset:
+def _order(
+  ds: grain.MapDataset, shuffle: bool, seed: int, num_epochs: int | None
+) -> grain.MapDataset:
   """Shuffle (a fresh permutation each epoch) then repeat (None: forever)."""
   if shuffle:
     ds = ds.shuffle(seed=seed)
@@ -245,11 +271,20 @@ def _check_nonempty(n: int, what: str):
     raise ValueError(f"no data: {what}")
 
 
-def make_dataset(data_cfg, tokenizer, *, split: str, seq_len: int,
-                 global_batch_size: int, seed: int, process_index: int = 0,
-                 process_count: int = 1, shuffle: bool = True,
-                 num_epochs: int | None = None,
-                 drop_remainder: bool | None = None) -> grain.IterDataset:
+def make_dataset(
+  data_cfg,
+  tokenizer,
+  *,
+  split: str,
+  seq_len: int,
+  global_batch_size: int,
+  seed: int,
+  process_index: int = 0,
+  process_count: int = 1,
+  shuffle: bool = True,
+  num_epochs: int | None = None,
+  drop_remainder: bool | None = None,
+) -> grain.IterDataset:
   """The batched input pipeline of one process (see the module docstring).
 
   Args:
@@ -276,11 +311,11 @@ def make_dataset(data_cfg, tokenizer, *, split: str, seq_len: int,
   if split not in ("train", "eval"):
     raise ValueError(f"split={split!r}; expected 'train' or 'eval'")
   if process_count < 1 or not 0 <= process_index < process_count:
-    raise ValueError(f"bad process_index={process_index} / "
-                     f"process_count={process_count}")
+    raise ValueError(f"bad process_index={process_index} / process_count={process_count}")
   if global_batch_size % process_count:
-    raise ValueError(f"global_batch_size={global_batch_size} is not divisible "
-                     f"by process_count={process_count}")
+    raise ValueError(
+      f"global_batch_size={global_batch_size} is not divisible by process_count={process_count}"
+    )
   batch_size = global_batch_size // process_count
   style = data_cfg.get("wrap_style", "row")
   min_len = 3 if (data_cfg.preprocess == "wrap" and style == "row") else 2
@@ -289,47 +324,69 @@ def make_dataset(data_cfg, tokenizer, *, split: str, seq_len: int,
   if drop_remainder is None:
     drop_remainder = split == "train"
   tok = tokenizer
-  finish = functools.partial(_fill_batch, batch_size=batch_size,
-                             pad_id=tok.pad_id)
+  finish = functools.partial(_fill_batch, batch_size=batch_size, pad_id=tok.pad_id)
   read_options = grain.ReadOptions(
-      num_threads=int(data_cfg.get("read_threads", 2)),
-      prefetch_buffer_size=int(data_cfg.get("prefetch", 4)))
+    num_threads=int(data_cfg.get("read_threads", 2)),
+    prefetch_buffer_size=int(data_cfg.get("prefetch", 4)),
+  )
 
   if data_cfg.source in pairs.PAIR_SOURCES:  # [BOS] prompt answer [EOS] pad, with context_mask
     return pairs.make_pair_dataset(
-        data_cfg, tok, split=split, seq_len=seq_len, batch_size=batch_size, seed=seed,
-        process_index=process_index, process_count=process_count, shuffle=shuffle,
-        num_epochs=num_epochs, drop_remainder=drop_remainder, read_options=read_options)
+      data_cfg,
+      tok,
+      split=split,
+      seq_len=seq_len,
+      batch_size=batch_size,
+      seed=seed,
+      process_index=process_index,
+      process_count=process_count,
+      shuffle=shuffle,
+      num_epochs=num_epochs,
+      drop_remainder=drop_remainder,
+      read_options=read_options,
+    )
 
-  mine = functools.partial(process_rows, global_batch_size=global_batch_size,
-                           process_index=process_index, process_count=process_count,
-                           drop_remainder=drop_remainder)
+  mine = functools.partial(
+    process_rows,
+    global_batch_size=global_batch_size,
+    process_index=process_index,
+    process_count=process_count,
+    drop_remainder=drop_remainder,
+  )
   if data_cfg.preprocess == "pad":
     docs = sources.load_texts(data_cfg, split)
     _check_nonempty(len(docs), f"{data_cfg.source} {split} has no documents")
     # Tokenized once up front (the texts are in memory already), so over-long documents are
     # counted, logged and handled (data.overlong) before any row is built.
-    ids, _ = fit_documents([np.asarray(d, np.int32) for d in tok.encode_batch(docs)], seq_len,
-                           data_cfg.get("overlong", "cut"),
-                           what=f"{data_cfg.source} {split} documents")
-    _check_nonempty(len(ids), f"{data_cfg.source} {split}: every document was skipped "
-                    f"(data.overlong=skip, seq_len={seq_len})")
+    ids, _ = fit_documents(
+      [np.asarray(d, np.int32) for d in tok.encode_batch(docs)],
+      seq_len,
+      data_cfg.get("overlong", "cut"),
+      what=f"{data_cfg.source} {split} documents",
+    )
+    _check_nonempty(
+      len(ids),
+      f"{data_cfg.source} {split}: every document was skipped "
+      f"(data.overlong=skip, seq_len={seq_len})",
+    )
     # This process's documents of each global batch (one order, whatever the process count).
     ds = mine(_order(grain.MapDataset.source(ids), shuffle, seed, num_epochs))
-    ds = ds.map(lambda rows: finish(pad_rows(list(rows), seq_len, tok.bos_id, tok.eos_id,
-                                             tok.pad_id)))
+    ds = ds.map(
+      lambda rows: finish(pad_rows(list(rows), seq_len, tok.bos_id, tok.eos_id, tok.pad_id))
+    )
     return ds.to_iter_dataset(read_options)
 
   if data_cfg.source in IN_MEMORY_SOURCES:
     # Tokenize the whole split once; every process builds the same rows.
     docs = sources.load_texts(data_cfg, split)
-    rows = wrap_rows(tok.encode_batch(docs), seq_len, tok.bos_id, tok.eos_id,
-                     style)
-    _check_nonempty(len(rows), f"{data_cfg.source} {split} has fewer tokens "
-                    f"than one row of seq_len={seq_len}")
+    rows = wrap_rows(tok.encode_batch(docs), seq_len, tok.bos_id, tok.eos_id, style)
+    _check_nonempty(
+      len(rows), f"{data_cfg.source} {split} has fewer tokens than one row of seq_len={seq_len}"
+    )
     ds = mine(_order(grain.MapDataset.source(rows), shuffle, seed, num_epochs))
     ds = ds.map(lambda r: _stack_rows(r, seq_len)).map(
-        lambda t: finish({"tokens": t, "attention_mask": np.ones_like(t)}))
+      lambda t: finish({"tokens": t, "attention_mask": np.ones_like(t)})
+    )
     return ds.to_iter_dataset(read_options)
 
   # Lazy wrap (tfds): tokenize groups of documents into stream pieces and let
@@ -339,15 +396,22 @@ def make_dataset(data_cfg, tokenizer, *, split: str, seq_len: int,
   chunk = chunk_len(seq_len, style)
   ds = _order(grain.MapDataset.source(docs), shuffle, seed, num_epochs)
   ds = ds.batch(DOCS_PER_GROUP, drop_remainder=False, batch_fn=list)
-  ds = ds.map(lambda texts: {"tokens": token_stream(
-      tok.encode_batch(texts), style, tok.bos_id, tok.eos_id)})
-  ds = ConcatThenSplitIterDataset(ds.to_iter_dataset(read_options),
-                                  length_struct={"tokens": chunk})
+  ds = ds.map(
+    lambda texts: {"tokens": token_stream(tok.encode_batch(texts), style, tok.bos_id, tok.eos_id)}
+  )
+  ds = ConcatThenSplitIterDataset(ds.to_iter_dataset(read_options), length_struct={"tokens": chunk})
   # The last row of a finite stream is zero-padded (segment id 0): drop it.
   ds = ds.filter(lambda x: bool(np.all(x["tokens_segment_ids"] > 0)))
-  ds = ds.map(lambda x: add_row_specials(
-      x["tokens"][None].astype(np.int32), style, tok.bos_id, tok.eos_id)[0])
+  ds = ds.map(
+    lambda x: add_row_specials(x["tokens"][None].astype(np.int32), style, tok.bos_id, tok.eos_id)[0]
+  )
   ds = ds.batch(global_batch_size, drop_remainder=drop_remainder)  # the global batch
   first = process_index * batch_size
-  return ds.map(lambda t: finish({"tokens": t[first:first + batch_size],
-                                  "attention_mask": np.ones_like(t[first:first + batch_size])}))
+  return ds.map(
+    lambda t: finish(
+      {
+        "tokens": t[first : first + batch_size],
+        "attention_mask": np.ones_like(t[first : first + batch_size]),
+      }
+    )
+  )

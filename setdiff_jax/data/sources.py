@@ -10,6 +10,7 @@
 ``load_texts(data_cfg, split, process_index, process_count)`` picks one of them
 from a data config (see ``pipeline.default_data_config``).
 """
+
 from __future__ import annotations
 
 import functools
@@ -60,8 +61,7 @@ def _paragraphs(text: str) -> Iterator[str]:
 @functools.lru_cache(maxsize=1)
 def _embedded_chapters() -> tuple[tuple[str, ...], ...]:
   """The embedded corpus as chapters of paragraphs (headings dropped)."""
-  data = (importlib.resources.files(__package__) / "corpus" /
-          EMBEDDED_FILE).read_bytes()
+  data = (importlib.resources.files(__package__) / "corpus" / EMBEDDED_FILE).read_bytes()
   text = lzma.decompress(data).decode("utf-8")
   chapters: list[list[str]] = []
   for para in _paragraphs(text):
@@ -93,10 +93,13 @@ def embedded_corpus(split: str = "train") -> list[str]:
     list of str, in file order.
   """
   if split not in EMBEDDED_SPLITS:
-    raise ValueError(f"embedded corpus split {split!r}; expected one of "
-                     f"{EMBEDDED_SPLITS}")
-  return [p for c, paras in enumerate(_embedded_chapters())
-          if embedded_split_of_chapter(c) == split for p in paras]
+    raise ValueError(f"embedded corpus split {split!r}; expected one of {EMBEDDED_SPLITS}")
+  return [
+    p
+    for c, paras in enumerate(_embedded_chapters())
+    if embedded_split_of_chapter(c) == split
+    for p in paras
+  ]
 
 
 class TfdsTexts(Sequence):
@@ -106,8 +109,7 @@ class TfdsTexts(Sequence):
   so each process reads a disjoint shard.
   """
 
-  def __init__(self, source, field: str, process_index: int = 0,
-               process_count: int = 1):
+  def __init__(self, source, field: str, process_index: int = 0, process_count: int = 1):
     self._source = source
     self._field = field
     self._indices = range(process_index, len(source), process_count)
@@ -123,9 +125,14 @@ class TfdsTexts(Sequence):
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
-def tfds_texts(name: str, split: str, data_dir: str | None = None,
-               process_index: int = 0, process_count: int = 1,
-               field: str = "text") -> TfdsTexts:
+def tfds_texts(
+  name: str,
+  split: str,
+  data_dir: str | None = None,
+  process_index: int = 0,
+  process_count: int = 1,
+  field: str = "text",
+) -> TfdsTexts:
   """Texts of a prepared TFDS dataset (e.g. 'lm1b'), this process's shard.
 
   Uses `tfds.data_source` with download=False: the data must already be prepared
@@ -135,24 +142,25 @@ def tfds_texts(name: str, split: str, data_dir: str | None = None,
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
   try:
-    source = tfds.data_source(name, split=split, data_dir=data_dir,
-                              download=False)
+    source = tfds.data_source(name, split=split, data_dir=data_dir, download=False)
   except Exception as e:  # tfds raises several types for "not prepared"
     raise FileNotFoundError(
-        f"TFDS dataset {name!r} split {split!r} is not prepared as array_record "
-        f"under data_dir={data_dir!r} (set data.tfds_data_dir). Prepare it once "
-        f"with: tfds build {name} --data_dir=DIR --file_format=array_record. "
-        f"tfds said: {type(e).__name__}: {e}") from e
+      f"TFDS dataset {name!r} split {split!r} is not prepared as array_record "
+      f"under data_dir={data_dir!r} (set data.tfds_data_dir). Prepare it once "
+      f"with: tfds build {name} --data_dir=DIR --file_format=array_record. "
+      f"tfds said: {type(e).__name__}: {e}"
+    ) from e
   return TfdsTexts(source, field, process_index, process_count)
 
 
 def _not_utf8(path: str, e: UnicodeDecodeError) -> str:
-  return (f"{path}: not UTF-8 text (byte {e.start}: {e.reason}); convert it, e.g. "
-          f"iconv -f latin1 -t utf-8")
+  return (
+    f"{path}: not UTF-8 text (byte {e.start}: {e.reason}); convert it, e.g. "
+    f"iconv -f latin1 -t utf-8"
+  )
 
 
-def text_file_texts(paths, unit: str = "paragraph",
-                    field: str = "paths") -> list[str]:
+def text_file_texts(paths, unit: str = "paragraph", field: str = "paths") -> list[str]:
   """Documents of plain-text files (.gz/.xz/.bz2 are decompressed).
 
   Args:
@@ -176,8 +184,7 @@ def text_file_texts(paths, unit: str = "paragraph",
   return docs
 
 
-def jsonl_texts(paths, text_field: str = "text",
-                field: str = "paths") -> list[str]:
+def jsonl_texts(paths, text_field: str = "text", field: str = "paths") -> list[str]:
   """Documents of JSON-lines files: the string `text_field` of each record."""
   docs = []
   for path in parse_paths(paths):
@@ -194,19 +201,22 @@ def jsonl_texts(paths, text_field: str = "text",
         except json.JSONDecodeError as e:
           raise ValueError(f"{path}:{lineno}: not valid JSON ({e})") from e
         if not isinstance(record, dict) or text_field not in record:
-          raise ValueError(f"{path}:{lineno}: record has no field "
-                           f"{text_field!r} (set data.jsonl_field)")
+          raise ValueError(
+            f"{path}:{lineno}: record has no field {text_field!r} (set data.jsonl_field)"
+          )
         text = record[text_field]
         if not isinstance(text, str):
-          raise ValueError(f"{path}:{lineno}: field {text_field!r} is "
-                           f"{type(text).__name__}, not a string")
+          raise ValueError(
+            f"{path}:{lineno}: field {text_field!r} is {type(text).__name__}, not a string"
+          )
         if text.strip():
           docs.append(text)
   return docs
 
 
-def load_texts(data_cfg, split: str, process_index: int = 0,
-               process_count: int = 1) -> Sequence[str]:
+def load_texts(
+  data_cfg, split: str, process_index: int = 0, process_count: int = 1
+) -> Sequence[str]:
   """Documents of `split` ('train' or 'eval') of the configured source,
   strided-sharded: this process gets documents process_index::process_count.
   """
@@ -217,8 +227,9 @@ def load_texts(data_cfg, split: str, process_index: int = 0,
     return pairs.pair_texts(data_cfg, split)[process_index::process_count]
   if source == "tfds":
     name = data_cfg.train_split if split == "train" else data_cfg.eval_split
-    return tfds_texts(data_cfg.tfds_name, name, data_cfg.get("tfds_data_dir"),
-                      process_index, process_count)
+    return tfds_texts(
+      data_cfg.tfds_name, name, data_cfg.get("tfds_data_dir"), process_index, process_count
+    )
   if source == "embedded":
     name = data_cfg.train_split if split == "train" else data_cfg.eval_split
     docs = embedded_corpus(name)
@@ -226,21 +237,20 @@ def load_texts(data_cfg, split: str, process_index: int = 0,
     field = "paths" if split == "train" else "eval_paths"
     paths = parse_paths(data_cfg.get(field))
     if not paths:
-      raise ValueError(f"data.source={source} with split={split!r} needs "
-                       f"data.{field} (a comma-separated list of files)")
+      raise ValueError(
+        f"data.source={source} with split={split!r} needs "
+        f"data.{field} (a comma-separated list of files)"
+      )
     if source == "text":
-      docs = text_file_texts(paths, data_cfg.get("text_unit", "paragraph"),
-                             field)
+      docs = text_file_texts(paths, data_cfg.get("text_unit", "paragraph"), field)
     else:
       docs = jsonl_texts(paths, data_cfg.get("jsonl_field", "text"), field)
   else:
-    raise ValueError(f"data.source={source!r}; expected one of "
-                     "'embedded', 'tfds', 'text', 'jsonl'")
+    raise ValueError(f"data.source={source!r}; expected one of 'embedded', 'tfds', 'text', 'jsonl'")
   return docs[process_index::process_count]
 
 
-def tokenizer_training_texts(data_cfg, max_docs: int | None = None
-                             ) -> Iterator[str]:
+def tokenizer_training_texts(data_cfg, max_docs: int | None = None) -> Iterator[str]:
   """Training-split documents (all of them, not a shard) to train a tokenizer.
 
   `max_docs` caps the count with evenly spaced documents (use it for big TFDS

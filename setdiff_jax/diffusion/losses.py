@@ -10,6 +10,7 @@ Batches are dicts of arrays [B, L]: `tokens` int, `attention_mask` (1 real, 0 pa
 `context_mask` (1 for prompt tokens that are never targets) and, for SetDLM, an optional `order`
 int [B, L] that overrides the sampled order (tests, K-order evaluation).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,17 +32,18 @@ Metrics = Dict[str, jax.Array]
 @dataclasses.dataclass(frozen=True)
 class ObjectiveConfig:
   """What distinguishes the methods; the backbone is shared."""
-  name: str = "setdlm"               # the method: a key of setdiff_jax.methods.REGISTRY
+
+  name: str = "setdlm"  # the method: a key of setdiff_jax.methods.REGISTRY
   mask_token_id: int = 103
   pad_token_id: int = 0
   eos_token_id: int = 102
-  keep_clean_bos: bool = True       # position 0 first in order, never masked, dropped in eval
-  desired_set_size: int = 4         # SetDLM S
+  keep_clean_bos: bool = True  # position 0 first in order, never masked, dropped in eval
+  desired_set_size: int = 4  # SetDLM S
   max_set_size: Optional[int] = None  # SetDLM S_max (None = 2S)
-  eos_last: bool = False            # setdlm_eos_last_in_target_order (training only)
-  block_size: int = 4               # BD3LM block S
-  antithetic: bool = False          # antithetic t (MDLM/BD3LM training)
-  sampling_eps: float = 1e-3        # t = (1 - eps) u + eps
+  eos_last: bool = False  # setdlm_eos_last_in_target_order (training only)
+  block_size: int = 4  # BD3LM block S
+  antithetic: bool = False  # antithetic t (MDLM/BD3LM training)
+  sampling_eps: float = 1e-3  # t = (1 - eps) u + eps
   ar_first_answer_token: bool = True  # AR with a prompt: train the first answer token (see ar_loss)
 
   @classmethod
@@ -62,14 +64,19 @@ def _reduce(nll: jax.Array, weight: jax.Array, denom: jax.Array) -> Tuple[jax.Ar
   nll_sum = jnp.sum(weight * nll, axis=-1)
   per_seq = jnp.where(denom > 0, nll_sum / jnp.maximum(denom, 1e-30), 0.0)
   loss = jnp.mean(per_seq)
-  return loss, {"loss": loss, "nll_sum": jnp.sum(nll_sum), "num_tokens": jnp.sum(denom),
-                "num_sequences": jnp.asarray(nll.shape[0], jnp.float32)}
+  return loss, {
+    "loss": loss,
+    "nll_sum": jnp.sum(nll_sum),
+    "num_tokens": jnp.sum(denom),
+    "num_sequences": jnp.asarray(nll.shape[0], jnp.float32),
+  }
 
 
 def _apply(model: Backbone, params, tokens, positions, mask, *, train: bool, rng, **kwargs):
   rngs = {"dropout": rng} if train else {}
-  return model.apply({"params": params}, tokens, positions, mask, deterministic=not train,
-                     rngs=rngs, **kwargs)
+  return model.apply(
+    {"params": params}, tokens, positions, mask, deterministic=not train, rngs=rngs, **kwargs
+  )
 
 
 # --------------------------------------------------------------------------------- SetDLM
@@ -85,8 +92,13 @@ def setdlm_inputs(cfg: ObjectiveConfig, batch, order: jax.Array):
   take = lambda a: jnp.take_along_axis(a, order, axis=-1)
   xs, ns = take(x), take(noisy)
   mask = jnp.asarray(masks.set_causal_mask(length))[None] & masks.two_stream_padding(take(real))
-  return {"tokens": jnp.concatenate([xs, ns], -1), "positions": jnp.concatenate([order, order], -1),
-          "mask": mask, "targets": xs, "target_weight": take(target)}
+  return {
+    "tokens": jnp.concatenate([xs, ns], -1),
+    "positions": jnp.concatenate([order, order], -1),
+    "mask": mask,
+    "targets": xs,
+    "target_weight": take(target),
+  }
 
 
 def setdlm_order(cfg: ObjectiveConfig, batch, rng, *, train: bool) -> jax.Array:
@@ -95,8 +107,13 @@ def setdlm_order(cfg: ObjectiveConfig, batch, rng, *, train: bool) -> jax.Array:
     return batch["order"].astype(jnp.int32)
   x, _, target = _batch_masks(batch)
   permutable = target.at[:, 0].set(False) if cfg.keep_clean_bos else target
-  order = orders.sample_order(rng, permutable, kind="staggered",
-                              desired_set_size=cfg.desired_set_size, max_set_size=cfg.max_set_size)
+  order = orders.sample_order(
+    rng,
+    permutable,
+    kind="staggered",
+    desired_set_size=cfg.desired_set_size,
+    max_set_size=cfg.max_set_size,
+  )
   if train and cfg.eos_last:
     order = orders.move_eos_last(order, x, target, cfg.eos_token_id)
   return order
@@ -109,8 +126,17 @@ def setdlm_loss(cfg: ObjectiveConfig, model: Backbone, params, batch, rng, *, tr
   inp = setdlm_inputs(cfg, batch, order)
   length = order.shape[-1]
   mask = attention.for_model(model, inp["mask"], masks.set_causal_mask(length))  # + tiles
-  forward = functools.partial(_apply, model, params, inp["tokens"], inp["positions"], mask,
-                              train=train, rng=dropout_rng, head_start=length)  # noisy half only
+  forward = functools.partial(
+    _apply,
+    model,
+    params,
+    inp["tokens"],
+    inp["positions"],
+    mask,
+    train=train,
+    rng=dropout_rng,
+    head_start=length,
+  )  # noisy half only
   nll = fused_head.token_nll(forward, model, params, inp["targets"], suppress_id=cfg.mask_token_id)
   weight = inp["target_weight"]
   if not train:
@@ -176,12 +202,14 @@ def mdlm_loss(cfg: ObjectiveConfig, model: Backbone, params, batch, rng, *, trai
   x, real, target = _batch_masks(batch)
   bsz, length = x.shape
   t_rng, mask_rng, _, dropout_rng = jax.random.split(rng, 4)  # the BD3LM split, for equal draws
-  t = orders.sample_mask_times(t_rng, bsz, length, length, antithetic=train and cfg.antithetic,
-                               eps=cfg.sampling_eps)
+  t = orders.sample_mask_times(
+    t_rng, bsz, length, length, antithetic=train and cfg.antithetic, eps=cfg.sampling_eps
+  )
   xt = _mask_at_times(cfg, x, target, t, mask_rng)
   positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), x.shape)
-  forward = functools.partial(_apply, model, params, xt, positions, masks.padding_mask(real),
-                              train=train, rng=dropout_rng)
+  forward = functools.partial(
+    _apply, model, params, xt, positions, masks.padding_mask(real), train=train, rng=dropout_rng
+  )
   nll, is_masked = _masked_nll(cfg, forward, model, params, x, xt)
   return _diffusion_reduce(cfg, nll, is_masked, target, t, train=train)
 
@@ -216,24 +244,40 @@ def bd3lm_loss(cfg: ObjectiveConfig, model: Backbone, params, batch, rng, *, tra
   x, real, target = _batch_masks(batch)
   bsz, length = x.shape
   t_rng, mask_rng, remask_rng, dropout_rng = jax.random.split(rng, 4)
-  t = orders.sample_mask_times(t_rng, bsz, length, cfg.block_size,
-                               antithetic=train and cfg.antithetic, eps=cfg.sampling_eps)
+  t = orders.sample_mask_times(
+    t_rng, bsz, length, cfg.block_size, antithetic=train and cfg.antithetic, eps=cfg.sampling_eps
+  )
   xt = _mask_at_times(cfg, x, target, t, mask_rng)
   if train:
     xt = remask_empty_blocks(remask_rng, xt, target, x, cfg)
     xt = jnp.where(real & ~target, x, xt)  # context tokens are never masked (SPEC §1.6)
   positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), x.shape)
   static = masks.block_causal_mask(length, cfg.block_size)
-  mask = attention.for_model(model, jnp.asarray(static)[None] & masks.padding_mask(
-      jnp.concatenate([real, real], -1)), static)  # + tiles for blocksparse / splash
-  forward = functools.partial(_apply, model, params, jnp.concatenate([x, xt], -1),
-                              jnp.concatenate([positions, positions], -1), mask, train=train,
-                              rng=dropout_rng, head_start=length)
+  mask = attention.for_model(
+    model, jnp.asarray(static)[None] & masks.padding_mask(jnp.concatenate([real, real], -1)), static
+  )  # + tiles for blocksparse / splash
+  forward = functools.partial(
+    _apply,
+    model,
+    params,
+    jnp.concatenate([x, xt], -1),
+    jnp.concatenate([positions, positions], -1),
+    mask,
+    train=train,
+    rng=dropout_rng,
+    head_start=length,
+  )
   nll, is_masked = _masked_nll(cfg, forward, model, params, x, xt)
   return _diffusion_reduce(cfg, nll, is_masked, target, t, train=train)
 
 
 __all__ = [
-    "ObjectiveConfig", "setdlm_loss", "setdlm_inputs", "setdlm_order", "ar_loss", "mdlm_loss",
-    "bd3lm_loss", "remask_empty_blocks",
+  "ObjectiveConfig",
+  "setdlm_loss",
+  "setdlm_inputs",
+  "setdlm_order",
+  "ar_loss",
+  "mdlm_loss",
+  "bd3lm_loss",
+  "remask_empty_blocks",
 ]

@@ -10,6 +10,7 @@ samplers only apply them to their cache's positions. So do the masks of a sample
 exact trajectory scoring (`rl.scoring`) rebuilds: `rollout_set_mask` (SetDLM, one two-stream pass),
 `rollout_block_clean_mask` / `rollout_block_step_mask` (BD3LM, replayed step by step).
 """
+
 from __future__ import annotations
 
 import jax
@@ -98,9 +99,11 @@ def cached_step_mask(cache_valid, pending_valid, active_valid) -> jnp.ndarray:
   q_idx = jnp.arange(p + a)
   q_is_mask = q_idx >= p
   # Rule over the step's own inputs (queries x keys), independent of the batch.
-  own = jnp.where(q_is_mask[:, None],
-                  (q_idx[None, :] < p) | (q_idx[None, :] == q_idx[:, None]),  # masks: pending + self
-                  q_idx[None, :] <= q_idx[:, None])  # pending: causal
+  own = jnp.where(
+    q_is_mask[:, None],
+    (q_idx[None, :] < p) | (q_idx[None, :] == q_idx[:, None]),  # masks: pending + self
+    q_idx[None, :] <= q_idx[:, None],
+  )  # pending: causal
   own = own[None] & q_valid[:, None, :]
   own = own | jnp.eye(p + a, dtype=bool)[None]  # keep every row non-empty
   to_cache = jnp.broadcast_to(cache_valid[:, None, :], (batch, p + a, cache_valid.shape[-1]))
@@ -108,9 +111,18 @@ def cached_step_mask(cache_valid, pending_valid, active_valid) -> jnp.ndarray:
 
 
 __all__ = [
-    "set_causal_mask", "block_causal_mask", "causal_mask", "bidirectional_mask", "padding_mask",
-    "two_stream_padding", "cached_step_mask", "causal_valid_mask", "grid_mask", "rollout_set_mask",
-    "rollout_block_clean_mask", "rollout_block_step_mask",
+  "set_causal_mask",
+  "block_causal_mask",
+  "causal_mask",
+  "bidirectional_mask",
+  "padding_mask",
+  "two_stream_padding",
+  "cached_step_mask",
+  "causal_valid_mask",
+  "grid_mask",
+  "rollout_set_mask",
+  "rollout_block_clean_mask",
+  "rollout_block_step_mask",
 ]
 
 
@@ -171,14 +183,16 @@ def rollout_block_clean_mask(positions, valid, segment, block_size: int) -> jax.
   return mask | jnp.eye(seg.shape[-1], dtype=bool)[None]
 
 
-def rollout_block_step_mask(q_pos, q_valid, k_pos, k_valid, k_segment, segment,
-                            block_size: int) -> jax.Array:
+def rollout_block_step_mask(
+  q_pos, q_valid, k_pos, k_valid, k_segment, segment, block_size: int
+) -> jax.Array:
   """One replayed BD3LM step, bool [B, G, L + G]: the block's G slots (q_pos, q_valid [B, G]) see
   the cached clean tokens of earlier calls (k_* [B, L], k_segment < segment [B]) and the block's
   own valid slots, by the grid rule; every slot sees itself."""
   seg = jnp.asarray(k_segment, jnp.int32)
-  cached = grid_mask(q_pos, k_pos, jnp.asarray(k_valid, bool) & (seg < segment[:, None]),
-                     block_size)
+  cached = grid_mask(
+    q_pos, k_pos, jnp.asarray(k_valid, bool) & (seg < segment[:, None]), block_size
+  )
   own = grid_mask(q_pos, q_pos, jnp.asarray(q_valid, bool), block_size)
   own = own | jnp.eye(q_pos.shape[-1], dtype=bool)[None]
   return jnp.concatenate([cached, own], -1)

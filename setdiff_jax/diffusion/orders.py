@@ -22,6 +22,7 @@ per block (`sample_mask_times`), is here too.
 In every kind, the leading run of non-permutable positions (BOS under `keep_clean_bos`, prompt /
 context tokens) comes first and the trailing run (padding) comes last, both in index order.
 """
+
 from __future__ import annotations
 
 import functools
@@ -39,8 +40,14 @@ def effective_max_set_size(desired_set_size: int, max_set_size: int | None = Non
   return 2 * int(desired_set_size) if not max_set_size else int(max_set_size)
 
 
-def staggered_params(length: int, desired_set_size: int, max_set_size: int | None = None, *,
-                     k: float | None = None, b: float | None = None) -> Tuple[float, float]:
+def staggered_params(
+  length: int,
+  desired_set_size: int,
+  max_set_size: int | None = None,
+  *,
+  k: float | None = None,
+  b: float | None = None,
+) -> Tuple[float, float]:
   """Window width b and exponent k of the staggered schedule (SPEC §1.2).
 
   Args:
@@ -58,8 +65,9 @@ def staggered_params(length: int, desired_set_size: int, max_set_size: int | Non
     raise ValueError(f"desired_set_size={s} must be in [1, length={length}]")
   if s_max > length:
     raise ValueError(
-        f"max_set_size={s_max} exceeds length={length}; use max_set_size <= length "
-        f"(for a uniform MDLM-style order set desired_set_size = max_set_size = length)")
+      f"max_set_size={s_max} exceeds length={length}; use max_set_size <= length "
+      f"(for a uniform MDLM-style order set desired_set_size = max_set_size = length)"
+    )
   if s_max < s:
     raise ValueError(f"max_set_size={s_max} must be >= desired_set_size={s}")
   area = s / (2.0 * length)
@@ -84,11 +92,12 @@ def staggered_locs(length: int, b: float, num_positions: int | None = None) -> n
   n = length if num_positions is None else num_positions
   i = np.arange(length, dtype=np.float64)
   locs = (1.0 - b) * (1.0 - i / max(length - 1, 1))
-  return locs[length - n:]
+  return locs[length - n :]
 
 
-def staggered_reveal_times(exponentials, desired_set_size: int, max_set_size: int | None = None,
-                           *, length: int | None = None):
+def staggered_reveal_times(
+  exponentials, desired_set_size: int, max_set_size: int | None = None, *, length: int | None = None
+):
   """First-hitting times T_i = loc_i + b (1 - exp(-E_i / k)), float64 (SPEC §1.2).
 
   Args:
@@ -110,8 +119,14 @@ def staggered_reveal_times(exponentials, desired_set_size: int, max_set_size: in
   return xp.asarray(locs) + b * (-xp.expm1(-e / k))
 
 
-def staggered_move_chance(t, desired_set_size: int, max_set_size: int | None = None, *,
-                          length: int, num_positions: int | None = None) -> np.ndarray:
+def staggered_move_chance(
+  t,
+  desired_set_size: int,
+  max_set_size: int | None = None,
+  *,
+  length: int,
+  num_positions: int | None = None,
+) -> np.ndarray:
   """Marginal mask probability 1 - alpha_t^i per position, float64 NumPy [..., n] (SPEC §1.2)."""
   b, k = staggered_params(length, desired_set_size, max_set_size)
   locs = staggered_locs(length, b, num_positions)
@@ -167,11 +182,19 @@ def _exponential_float64(bits: jax.Array) -> jax.Array:
   return -jnp.log1p(-u)
 
 
-@functools.partial(jax.jit, static_argnames=("kind", "desired_set_size", "max_set_size",
-                                             "block_size", "length"))
-def sample_order(rng: jax.Array, permutable: jax.Array, *, kind: str = "staggered",
-                 desired_set_size: int = 1, max_set_size: int | None = None,
-                 block_size: int = 1, length: int | None = None) -> jax.Array:
+@functools.partial(
+  jax.jit, static_argnames=("kind", "desired_set_size", "max_set_size", "block_size", "length")
+)
+def sample_order(
+  rng: jax.Array,
+  permutable: jax.Array,
+  *,
+  kind: str = "staggered",
+  desired_set_size: int = 1,
+  max_set_size: int | None = None,
+  block_size: int = 1,
+  length: int | None = None,
+) -> jax.Array:
   """Samples one generation order per row (batched, jittable).
 
   Args:
@@ -205,8 +228,15 @@ def sample_order(rng: jax.Array, permutable: jax.Array, *, kind: str = "staggere
   return order_from_keys(keys, permutable)
 
 
-def sample_mask_times(rng: jax.Array, batch_size: int, length: int, block: int, *,
-                      antithetic: bool = False, eps: float = 1e-3) -> jax.Array:
+def sample_mask_times(
+  rng: jax.Array,
+  batch_size: int,
+  length: int,
+  block: int,
+  *,
+  antithetic: bool = False,
+  eps: float = 1e-3,
+) -> jax.Array:
   """Per-token diffusion time t [B, L] of MDLM (block = L) / BD3LM (SPEC §1.6).
 
   One u ~ U[0, 1) per block of `block` tokens, optionally antithetic over the batch
@@ -241,14 +271,22 @@ def inverse_permutation(order: jax.Array) -> jax.Array:
   return jnp.argsort(order, axis=-1).astype(jnp.int32)
 
 
-def expected_active_tokens(length: int, desired_set_size: int, max_set_size: int | None = None) -> float:
+def expected_active_tokens(
+  length: int, desired_set_size: int, max_set_size: int | None = None
+) -> float:
   """C = B * b * k/(k+1) = S/2: mean number of partially-noised tokens (SPEC §1.2)."""
   b, k = staggered_params(length, desired_set_size, max_set_size)
   return length * b * k / (k + 1.0)
 
 
-def num_partially_noised(reveal_times: np.ndarray, t, desired_set_size: int,
-                         max_set_size: int | None = None, *, length: int | None = None) -> np.ndarray:
+def num_partially_noised(
+  reveal_times: np.ndarray,
+  t,
+  desired_set_size: int,
+  max_set_size: int | None = None,
+  *,
+  length: int | None = None,
+) -> np.ndarray:
   """Tokens masked at time t whose window is still open: T_i < t < loc_i + b.
 
   These are the masked tokens with a move chance strictly below 1 (the "active" set of the sliding
@@ -268,7 +306,17 @@ def num_partially_noised(reveal_times: np.ndarray, t, desired_set_size: int,
 
 
 __all__ = [
-    "ORDER_KINDS", "sample_mask_times", "staggered_params", "staggered_locs", "staggered_reveal_times",
-    "staggered_move_chance", "edge_runs", "order_from_keys", "sample_order", "move_eos_last",
-    "inverse_permutation", "expected_active_tokens", "num_partially_noised",
+  "ORDER_KINDS",
+  "sample_mask_times",
+  "staggered_params",
+  "staggered_locs",
+  "staggered_reveal_times",
+  "staggered_move_chance",
+  "edge_runs",
+  "order_from_keys",
+  "sample_order",
+  "move_eos_last",
+  "inverse_permutation",
+  "expected_active_tokens",
+  "num_partially_noised",
 ]

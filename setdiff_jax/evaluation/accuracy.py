@@ -27,6 +27,7 @@ compile-inclusive wall clock and tokens/s of the cold run. tokens/s counts the g
 that come back (SPEC §6.7). `per_example=True` adds the per-problem correctness, kept tokens and
 calls (for paired comparisons).
 """
+
 from __future__ import annotations
 
 import collections
@@ -40,8 +41,12 @@ import numpy as np
 
 from setdiff_jax import decoding
 from setdiff_jax.data.pairs import format_prompt
-from setdiff_jax.evaluation.generation import (decoding_settings, policy_fields, setting_name,
-                                               threshold_label)
+from setdiff_jax.evaluation.generation import (
+  decoding_settings,
+  policy_fields,
+  setting_name,
+  threshold_label,
+)
 from setdiff_jax.sampling import compiles
 
 EXTRACTORS = ("hash", "boxed", "auto")
@@ -95,8 +100,9 @@ def exact_match(prediction: str, reference: str, extractor: str = "auto") -> boo
   pred = normalize_answer(extract_answer(prediction, extractor))
   gold = normalize_answer(extract_answer(reference, extractor))
   if gold is None:
-    raise ValueError(f"the reference answer has no final answer for extractor={extractor!r}: "
-                     f"{reference[-80:]!r}")
+    raise ValueError(
+      f"the reference answer has no final answer for extractor={extractor!r}: {reference[-80:]!r}"
+    )
   return pred is not None and pred == gold
 
 
@@ -107,8 +113,9 @@ def encode_prompts(tokenizer, pairs, prompt_style: str = "plain") -> List[List[i
   return [[int(tokenizer.bos_id)] + list(ids) for ids in tokenizer.encode_batch(texts)]
 
 
-def copy_stats(prompt: Sequence[int], generated: Sequence[int],
-               steps: Sequence[int]) -> Dict[str, int]:
+def copy_stats(
+  prompt: Sequence[int], generated: Sequence[int], steps: Sequence[int]
+) -> Dict[str, int]:
   """How much of a row's output is copied from its prompt.
 
   A kept token y_i is a copy when the pair (y_{i-1}, y_i) occurs as adjacent tokens in the prompt
@@ -123,16 +130,21 @@ def copy_stats(prompt: Sequence[int], generated: Sequence[int],
   copies = [(a, b) in pairs for a, b in zip(prev, generated)]
   per_step = collections.Counter(steps)
   parallel = [per_step[s] > 1 for s in steps]
-  return {"kept": len(generated), "copies": int(sum(copies)), "parallel": int(sum(parallel)),
-          "parallel_copies": int(sum(c and p for c, p in zip(copies, parallel)))}
+  return {
+    "kept": len(generated),
+    "copies": int(sum(copies)),
+    "parallel": int(sum(parallel)),
+    "parallel_copies": int(sum(c and p for c, p in zip(copies, parallel))),
+  }
 
 
 def _batches(n: int, size: int):
   return [range(i, min(i + size, n)) for i in range(0, n, size)]
 
 
-def decode_all(sampler, model, params, prompts: Sequence[Sequence[int]], cfg, *,
-               batch_size: int, seed: int = 0) -> Dict[str, Any]:
+def decode_all(
+  sampler, model, params, prompts: Sequence[Sequence[int]], cfg, *, batch_size: int, seed: int = 0
+) -> Dict[str, Any]:
   """Decodes every prompt in batches (the last one padded with copies of the first prompt so
   every call has one batch size) and returns per-row generated ids and counters plus timings.
 
@@ -163,35 +175,73 @@ def decode_all(sampler, model, params, prompts: Sequence[Sequence[int]], cfg, *,
     k = len(idx)
     generated += [list(map(int, g)) for g in out.generated[:k]]
     for b, g in enumerate(out.generated[:k]):  # the kept tokens' positions, in order
-      pos = np.nonzero(out.target[b] & (out.canvas[b] != cfg.mask_token_id))[0][:len(g)]
+      pos = np.nonzero(out.target[b] & (out.canvas[b] != cfg.mask_token_id))[0][: len(g)]
       gen_steps.append([int(s) for s in out.commit_step[b][pos]])
     steps += [int(s) for s in out.num_steps[:k]]
     committed += [int(c) for c in out.num_committed[:k]]
     calls += [int(c) for c in out.forward_calls[:k]]
   # Rows added to fill the last batch are decoded but not counted: tokens/s counts real rows.
   padded_rows = len(batches) * batch_size - n
-  return {"generated": generated, "num_steps": steps, "num_committed": committed,
-          "forward_calls": calls, "seconds": seconds, "wall_seconds": wall,
-          "compiled_programs": compiles.compiled_programs() - start, "padded_rows": padded_rows,
-          "commit_steps": gen_steps}
+  return {
+    "generated": generated,
+    "num_steps": steps,
+    "num_committed": committed,
+    "forward_calls": calls,
+    "seconds": seconds,
+    "wall_seconds": wall,
+    "compiled_programs": compiles.compiled_programs() - start,
+    "padded_rows": padded_rows,
+    "commit_steps": gen_steps,
+  }
 
 
-def _sampler_config(obj_cfg, tokenizer, seq_len: int, setting: Dict[str, Any], n: int,
-                    cache_order: str, seed: int, align_to_blocks: bool = True):
+def _sampler_config(
+  obj_cfg,
+  tokenizer,
+  seq_len: int,
+  setting: Dict[str, Any],
+  n: int,
+  cache_order: str,
+  seed: int,
+  align_to_blocks: bool = True,
+):
   return decoding.sampler_config_for(
-      obj_cfg, tokenizer, seq_len, window=setting.get("window"),
-      threshold=setting.get("threshold"), greedy=True, seed=seed, max_new_tokens=n,
-      stop_at_eos=True, cache_order=cache_order, align_to_blocks=align_to_blocks,
-      **policy_fields(setting))
+    obj_cfg,
+    tokenizer,
+    seq_len,
+    window=setting.get("window"),
+    threshold=setting.get("threshold"),
+    greedy=True,
+    seed=seed,
+    max_new_tokens=n,
+    stop_at_eos=True,
+    cache_order=cache_order,
+    align_to_blocks=align_to_blocks,
+    **policy_fields(setting),
+  )
 
 
-def accuracy_eval(model, params, tokenizer, obj_cfg, seq_len: int, pairs, *,
-                  settings: Optional[List[Dict[str, Any]]] = None, batch_size: int = 32,
-                  speed_examples: int = 16, max_new_tokens: Optional[int] = None,
-                  extractor: str = "auto", prompt_style: str = "plain", cache_order: str = "l2r",
-                  stop_strings: Sequence[str] = (), seed: int = 0,
-                  num_shown: int = 3, per_example: bool = False,
-                  align_to_blocks: bool = True) -> List[Dict[str, Any]]:
+def accuracy_eval(
+  model,
+  params,
+  tokenizer,
+  obj_cfg,
+  seq_len: int,
+  pairs,
+  *,
+  settings: Optional[List[Dict[str, Any]]] = None,
+  batch_size: int = 32,
+  speed_examples: int = 16,
+  max_new_tokens: Optional[int] = None,
+  extractor: str = "auto",
+  prompt_style: str = "plain",
+  cache_order: str = "l2r",
+  stop_strings: Sequence[str] = (),
+  seed: int = 0,
+  num_shown: int = 3,
+  per_example: bool = False,
+  align_to_blocks: bool = True,
+) -> List[Dict[str, Any]]:
   """One row of metrics per decoding setting (see the module docstring).
 
   max_new_tokens: N (None: seq_len - the longest prompt, so every prompt fits the context).
@@ -206,57 +256,87 @@ def accuracy_eval(model, params, tokenizer, obj_cfg, seq_len: int, pairs, *,
   longest = max(len(p) for p in prompts)
   n = max_new_tokens or seq_len - longest
   if n < 1 or longest + n > seq_len:
-    raise ValueError(f"the longest test prompt has {longest} tokens; with max_new_tokens={n} it "
-                     f"does not fit the model's context seq_len={seq_len}")
+    raise ValueError(
+      f"the longest test prompt has {longest} tokens; with max_new_tokens={n} it "
+      f"does not fit the model's context seq_len={seq_len}"
+    )
   sampler = decoding.sampler_for(obj_cfg.name)
   rows = []
   for setting in settings:
-    cfg = _sampler_config(obj_cfg, tokenizer, seq_len, setting, n, cache_order, seed,
-                          align_to_blocks)
+    cfg = _sampler_config(
+      obj_cfg, tokenizer, seq_len, setting, n, cache_order, seed, align_to_blocks
+    )
     res = decode_all(sampler, model, params, prompts, cfg, batch_size=batch_size, seed=seed)
     texts = tokenizer.decode_batch([g for g in res["generated"]])
     for stop in stop_strings:
       texts = [t.split(stop, 1)[0] for t in texts]
     correct = [exact_match(t, p.answer, extractor) for t, p in zip(texts, pairs)]
     k = min(speed_examples, len(prompts))
-    one = decode_all(sampler, model, params, prompts[:k], cfg, batch_size=1, seed=seed) if k else None
+    one = (
+      decode_all(sampler, model, params, prompts[:k], cfg, batch_size=1, seed=seed) if k else None
+    )
     num_gen = [len(g) for g in res["generated"]]
     steps, committed = sum(res["num_steps"]), sum(res["num_committed"])
     cs = [copy_stats(p, g, s) for p, g, s in zip(prompts, res["generated"], res["commit_steps"])]
     total = lambda key: sum(c[key] for c in cs)
-    row = {"method": obj_cfg.name, "setting": setting_name(obj_cfg, setting),
-           "window": setting.get("window"), "threshold": threshold_label(setting.get("threshold")),
-           "policy": cfg.policy, "policy_arg": cfg.policy_param,
-           "num_examples": len(pairs), "num_correct": int(sum(correct)),
-           "accuracy": float(np.mean(correct)), "max_new_tokens": n,
-           "mean_generated_tokens": float(np.mean(num_gen)),
-           "tokens_per_step": committed / steps if steps else 0.0,
-           "kept_tokens_per_step": sum(num_gen) / steps if steps else 0.0,
-           "align_to_blocks": cfg.align_to_blocks,  # BD3LM / block-wise MDLM only
-           "forward_calls": float(np.mean(res["forward_calls"])),
-           "kept_tokens_per_call": sum(num_gen) / max(sum(res["forward_calls"]), 1),
-           "copy_fraction": total("copies") / max(total("kept"), 1),
-           "parallel_fraction": total("parallel") / max(total("kept"), 1),
-           "parallel_copy_fraction": (total("parallel_copies") / total("parallel")
-                                      if total("parallel") else None),
-           "batch_size": batch_size,
-           "tokens_per_second": sum(num_gen) / res["seconds"] if res["seconds"] else 0.0,
-           "compiled_programs": res["compiled_programs"],
-           "wall_seconds_with_compile": res["wall_seconds"],
-           "tokens_per_second_with_compile": (sum(num_gen) / res["wall_seconds"]
-                                              if res["wall_seconds"] else 0.0),
-           "speed_examples_batch1": k,
-           "tokens_per_second_batch1": (sum(len(g) for g in one["generated"]) / one["seconds"]
-                                        if one and one["seconds"] else None),
-           "batch1_matches_batched": (one["generated"] == res["generated"][:k]) if one else None,
-           "examples": [{"prompt": p.prompt, "output": t, "reference": p.answer, "correct": c}
-                        for p, t, c in list(zip(pairs, texts, correct))[:num_shown]]}
+    row = {
+      "method": obj_cfg.name,
+      "setting": setting_name(obj_cfg, setting),
+      "window": setting.get("window"),
+      "threshold": threshold_label(setting.get("threshold")),
+      "policy": cfg.policy,
+      "policy_arg": cfg.policy_param,
+      "num_examples": len(pairs),
+      "num_correct": int(sum(correct)),
+      "accuracy": float(np.mean(correct)),
+      "max_new_tokens": n,
+      "mean_generated_tokens": float(np.mean(num_gen)),
+      "tokens_per_step": committed / steps if steps else 0.0,
+      "kept_tokens_per_step": sum(num_gen) / steps if steps else 0.0,
+      "align_to_blocks": cfg.align_to_blocks,  # BD3LM / block-wise MDLM only
+      "forward_calls": float(np.mean(res["forward_calls"])),
+      "kept_tokens_per_call": sum(num_gen) / max(sum(res["forward_calls"]), 1),
+      "copy_fraction": total("copies") / max(total("kept"), 1),
+      "parallel_fraction": total("parallel") / max(total("kept"), 1),
+      "parallel_copy_fraction": (
+        total("parallel_copies") / total("parallel") if total("parallel") else None
+      ),
+      "batch_size": batch_size,
+      "tokens_per_second": sum(num_gen) / res["seconds"] if res["seconds"] else 0.0,
+      "compiled_programs": res["compiled_programs"],
+      "wall_seconds_with_compile": res["wall_seconds"],
+      "tokens_per_second_with_compile": (
+        sum(num_gen) / res["wall_seconds"] if res["wall_seconds"] else 0.0
+      ),
+      "speed_examples_batch1": k,
+      "tokens_per_second_batch1": (
+        sum(len(g) for g in one["generated"]) / one["seconds"] if one and one["seconds"] else None
+      ),
+      "batch1_matches_batched": (one["generated"] == res["generated"][:k]) if one else None,
+      "examples": [
+        {"prompt": p.prompt, "output": t, "reference": p.answer, "correct": c}
+        for p, t, c in list(zip(pairs, texts, correct))[:num_shown]
+      ],
+    }
     if per_example:
-      row["per_example"] = {"correct": [bool(c) for c in correct], "kept": num_gen,
-                            "calls": [int(c) for c in res["forward_calls"]]}
+      row["per_example"] = {
+        "correct": [bool(c) for c in correct],
+        "kept": num_gen,
+        "calls": [int(c) for c in res["forward_calls"]],
+      }
     rows.append(row)
   return rows
 
 
-__all__ = ["EXTRACTORS", "extract_hash", "extract_boxed", "extract_answer", "normalize_answer",
-           "exact_match", "encode_prompts", "copy_stats", "decode_all", "accuracy_eval"]
+__all__ = [
+  "EXTRACTORS",
+  "extract_hash",
+  "extract_boxed",
+  "extract_answer",
+  "normalize_answer",
+  "exact_match",
+  "encode_prompts",
+  "copy_stats",
+  "decode_all",
+  "accuracy_eval",
+]

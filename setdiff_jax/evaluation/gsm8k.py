@@ -18,6 +18,7 @@ Our samplers stop at EOS only; a stop string cuts the decoded text before extrac
 answer; the decode itself runs on, so it is not a speed setting). N is capped by the context:
 our samplers never crop the cache (SPEC §4.3 overflow), so N = L - longest prompt when L is set.
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, Optional, Sequence
@@ -28,10 +29,20 @@ from setdiff_jax.evaluation.accuracy import extract_boxed, extract_hash, exact_m
 IM_END = "<|im_end|>"
 
 PRESETS: Dict[str, Dict[str, Any]] = {
-    "gsm8k_shell": {"threshold": 0.9, "max_new_tokens": None, "cache_order": "fht",
-                    "stop_strings": (), "greedy": True},
-    "gsm8k_repro": {"threshold": None, "max_new_tokens": None, "cache_order": "fht",
-                    "stop_strings": (IM_END,), "greedy": True},
+  "gsm8k_shell": {
+    "threshold": 0.9,
+    "max_new_tokens": None,
+    "cache_order": "fht",
+    "stop_strings": (),
+    "greedy": True,
+  },
+  "gsm8k_repro": {
+    "threshold": None,
+    "max_new_tokens": None,
+    "cache_order": "fht",
+    "stop_strings": (IM_END,),
+    "greedy": True,
+  },
 }
 
 
@@ -79,9 +90,22 @@ def resolve_preset(name: Optional[str], seq_len: int) -> Dict[str, Any]:
   if not name:
     return {}
   p = preset(name)
-  return {"threshold": p["threshold"], "max_new_tokens": p["max_new_tokens"],
-          "cache_order": p["cache_order"], "stop_strings": tuple(p["stop_strings"])}
+  return {
+    "threshold": p["threshold"],
+    "max_new_tokens": p["max_new_tokens"],
+    "cache_order": p["cache_order"],
+    "stop_strings": tuple(p["stop_strings"]),
+  }
 
 
-__all__ = ["PRESETS", "IM_END", "preset", "gsm8k_prompt", "cut_at_stops", "boxed_to_hash",
-           "gsm8k_exact_match", "boxed_equals_reference", "resolve_preset"]
+__all__ = [
+  "PRESETS",
+  "IM_END",
+  "preset",
+  "gsm8k_prompt",
+  "cut_at_stops",
+  "boxed_to_hash",
+  "gsm8k_exact_match",
+  "boxed_equals_reference",
+  "resolve_preset",
+]

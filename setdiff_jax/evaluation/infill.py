@@ -31,6 +31,7 @@ Metric: ROUGE-1/2/L F-measure (`rouge-score`, default tokenizer, no stemmer: the
 HF `evaluate`'s rouge) of the decoded middle against the reference middle, averaged over examples
 (x 100).
 """
+
 from __future__ import annotations
 
 import csv
@@ -49,9 +50,16 @@ from setdiff_jax.sampling.timing import time_calls
 
 CLOZE_SETTINGS = ("1sent", "3sent")
 SETTINGS = CLOZE_SETTINGS + ("corpus",)
-CLOZE_COLUMNS = ("InputStoryid", "InputSentence1", "InputSentence2", "InputSentence3",
-                 "InputSentence4", "RandomFifthSentenceQuiz1", "RandomFifthSentenceQuiz2",
-                 "AnswerRightEnding")
+CLOZE_COLUMNS = (
+  "InputStoryid",
+  "InputSentence1",
+  "InputSentence2",
+  "InputSentence3",
+  "InputSentence4",
+  "RandomFifthSentenceQuiz1",
+  "RandomFifthSentenceQuiz2",
+  "AnswerRightEnding",
+)
 DEFAULT_CLOZE_PATH = os.path.join("..", "shared", "data", "rocstories-cloze-val-2016.csv")
 ROUGE_TYPES = ("rouge1", "rouge2", "rougeL")
 
@@ -60,6 +68,7 @@ ROUGE_TYPES = ("rouge1", "rouge2", "rougeL")
 @dataclasses.dataclass
 class InfillExample:
   """One infill problem: text segments (reference middle text) or ready token ids."""
+
   id: str
   prefix: str
   middle: str
@@ -73,6 +82,7 @@ class InfillExample:
 class TokenizedInfill:
   """A canvas ready for decoding. canvas: BOS + prefix + M*m + suffix + EOS; span = (start, end)
   of the masked middle; prompt = BOS + prefix (for the prefix-only decoders)."""
+
   example: InfillExample
   canvas: List[int]
   span: Tuple[int, int]
@@ -80,7 +90,7 @@ class TokenizedInfill:
 
   @property
   def prompt(self) -> List[int]:
-    return self.canvas[:self.span[0]]
+    return self.canvas[: self.span[0]]
 
   @property
   def middle_len(self) -> int:
@@ -91,8 +101,9 @@ def read_cloze(path: str) -> List[Dict[str, str]]:
   """Rows of the Story Cloze CSV with s1..s5 (s5 = the right ending) and the story id."""
   if not os.path.isfile(path):
     raise FileNotFoundError(
-        f"Story Cloze CSV not found at {path!r}: pass the path of "
-        "rocstories-cloze-val-2016.csv (e.g. ../shared/data/rocstories-cloze-val-2016.csv)")
+      f"Story Cloze CSV not found at {path!r}: pass the path of "
+      "rocstories-cloze-val-2016.csv (e.g. ../shared/data/rocstories-cloze-val-2016.csv)"
+    )
   try:
     return _read_cloze_rows(path)
   except UnicodeDecodeError as e:
@@ -131,8 +142,14 @@ def cloze_examples(path: str, setting: str) -> List[InfillExample]:
   return out
 
 
-def corpus_examples(tokenizer, *, max_length: int, num_examples: Optional[int] = None,
-                    min_tokens: int = 24, split: str = "validation") -> Tuple[List[InfillExample], int]:
+def corpus_examples(
+  tokenizer,
+  *,
+  max_length: int,
+  num_examples: Optional[int] = None,
+  min_tokens: int = 24,
+  split: str = "validation",
+) -> Tuple[List[InfillExample], int]:
   """Held-out paragraphs of the embedded corpus, middle third masked (token level).
 
   Paragraphs with min_tokens <= n <= max_length - 2 tokens are kept (BOS and EOS must fit); the
@@ -148,8 +165,17 @@ def corpus_examples(tokenizer, *, max_length: int, num_examples: Optional[int] =
       continue
     a, b = n // 3, (2 * n) // 3
     pre, mid, suf = ids[:a], ids[a:b], ids[b:]
-    out.append(InfillExample(f"{split}-{i}", tokenizer.decode(pre), tokenizer.decode(mid),
-                             tokenizer.decode(suf), pre, mid, suf))
+    out.append(
+      InfillExample(
+        f"{split}-{i}",
+        tokenizer.decode(pre),
+        tokenizer.decode(mid),
+        tokenizer.decode(suf),
+        pre,
+        mid,
+        suf,
+      )
+    )
     if num_examples is not None and len(out) >= num_examples:
       break
   return out, skipped
@@ -170,8 +196,9 @@ def tokenize_example(tokenizer, ex: InfillExample, mask_id: int) -> TokenizedInf
   return TokenizedInfill(ex, canvas, (len(head), len(head) + len(mid)), list(mid))
 
 
-def tokenize_examples(tokenizer, examples: Sequence[InfillExample], mask_id: int,
-                      max_length: int) -> Tuple[List[TokenizedInfill], int]:
+def tokenize_examples(
+  tokenizer, examples: Sequence[InfillExample], mask_id: int, max_length: int
+) -> Tuple[List[TokenizedInfill], int]:
   """Tokenized examples whose canvas fits `max_length`, and how many were skipped."""
   kept, skipped = [], 0
   for ex in examples:
@@ -187,6 +214,7 @@ def tokenize_examples(tokenizer, examples: Sequence[InfillExample], mask_id: int
 def rouge_scores(predictions: Sequence[str], references: Sequence[str]) -> Dict[str, Any]:
   """Mean ROUGE-1/2/L F-measure x 100 (rouge-score defaults) and the per-example values."""
   from rouge_score import rouge_scorer
+
   if len(predictions) != len(references):
     raise ValueError("predictions and references differ in length")
   scorer = rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=False)
@@ -201,8 +229,16 @@ def rouge_scores(predictions: Sequence[str], references: Sequence[str]) -> Dict[
 
 
 # ----------------------------------------------------------------------------- decoders
-def decode_infill(method: str, model, params, items: Sequence[TokenizedInfill], cfg, *,
-                  batch_size: int = 8, rng=None) -> Dict[str, Any]:
+def decode_infill(
+  method: str,
+  model,
+  params,
+  items: Sequence[TokenizedInfill],
+  cfg,
+  *,
+  batch_size: int = 8,
+  rng=None,
+) -> Dict[str, Any]:
   """Fills the middle of every item with the decoder of `method` (see the module docstring).
 
   Methods that infill a canvas (their registry entry's `canvas_infill`: SetDLM, MDLM) see prefix
@@ -224,9 +260,12 @@ def decode_infill(method: str, model, params, items: Sequence[TokenizedInfill], 
   m_max = max(t.middle_len for t in items)
   bos = int(cfg.bos_token_id if cfg.bos_token_id is not None else cfg.pad_token_id)
   cfg = cfg.replace(stop_at_eos=False)
-  shapes = {"length": max(len(t.canvas) for t in items), "max_targets": m_max,
-            "max_visible": max(len(t.canvas) - t.middle_len for t in items),
-            "batch_size": batch_size}
+  shapes = {
+    "length": max(len(t.canvas) for t in items),
+    "max_targets": m_max,
+    "max_visible": max(len(t.canvas) - t.middle_len for t in items),
+    "batch_size": batch_size,
+  }
   if not entry.infills_canvas:
     cfg = cfg.replace(max_new_tokens=m_max, max_length=None)
     fill = [[bos] * max(len(t.prompt) for t in items)]  # pins the prompt width
@@ -235,62 +274,105 @@ def decode_infill(method: str, model, params, items: Sequence[TokenizedInfill], 
     """Decodes one batch (completed to batch_size real+filler rows); returns per-item results."""
     if entry.infills_canvas:
       out = entry.canvas_infill(model, params, [t.canvas for t in batch], cfg, k, shapes=shapes)
-      mids = [[int(x) for x in out["canvas"][i, t.span[0]:t.span[1]]] for i, t in enumerate(batch)]
+      mids = [
+        [int(x) for x in out["canvas"][i, t.span[0] : t.span[1]]] for i, t in enumerate(batch)
+      ]
       return mids, out["num_steps"], out["num_committed"], out["forward_calls"]
     rows = [t.prompt for t in batch] + fill
     rows += [fill[0]] * (batch_size + len(fill) - len(rows))
     out = entry.generate(model, params, rows, cfg, k)
-    mids = [list(out.generated[i][:t.middle_len]) for i, t in enumerate(batch)]
+    mids = [list(out.generated[i][: t.middle_len]) for i, t in enumerate(batch)]
     n = len(batch)
     return mids, out.num_steps[:n], out.num_committed[:n], out.forward_calls[:n]
 
-  batches = [list(items[i:i + batch_size]) for i in range(0, len(items), batch_size)]
+  batches = [list(items[i : i + batch_size]) for i in range(0, len(items), batch_size)]
   programs = compiles.compiled_programs()
   outs, times, compile_s = time_calls(
-      run, [(b, jax.random.fold_in(key, i)) for i, b in enumerate(batches)],
-      warmup=(batches[0], key))  # compile (same shapes for every batch)
+    run, [(b, jax.random.fold_in(key, i)) for i, b in enumerate(batches)], warmup=(batches[0], key)
+  )  # compile (same shapes for every batch)
   middles = [m for out in outs for m in out[0]]
   seconds = float(sum(times))
-  return dict(middles=middles, seconds=seconds, tokens=sum(t.middle_len for t in items),
-              steps=int(sum(np.sum(o[1]) for o in outs)),
-              committed=int(sum(np.sum(o[2]) for o in outs)),
-              forward_calls=int(sum(np.sum(o[3]) for o in outs)),
-              compile_seconds=max(compile_s - seconds / len(batches), 0.0),
-              compiled_programs=compiles.compiled_programs() - programs,
-              # the cold run: the compiling warm-up (batch 0 again) with the timed batches
-              wall_seconds_with_compile=compile_s + seconds,
-              tokens_with_compile=sum(t.middle_len for t in items) + sum(
-                  t.middle_len for t in batches[0]))
+  return dict(
+    middles=middles,
+    seconds=seconds,
+    tokens=sum(t.middle_len for t in items),
+    steps=int(sum(np.sum(o[1]) for o in outs)),
+    committed=int(sum(np.sum(o[2]) for o in outs)),
+    forward_calls=int(sum(np.sum(o[3]) for o in outs)),
+    compile_seconds=max(compile_s - seconds / len(batches), 0.0),
+    compiled_programs=compiles.compiled_programs() - programs,
+    # the cold run: the compiling warm-up (batch 0 again) with the timed batches
+    wall_seconds_with_compile=compile_s + seconds,
+    tokens_with_compile=sum(t.middle_len for t in items) + sum(t.middle_len for t in batches[0]),
+  )
 
 
-def infill_eval(method: str, model, params, tokenizer, items: Sequence[TokenizedInfill], cfg, *,
-                batch_size: int = 8, rng=None, num_shown: int = 3) -> Dict[str, Any]:
+def infill_eval(
+  method: str,
+  model,
+  params,
+  tokenizer,
+  items: Sequence[TokenizedInfill],
+  cfg,
+  *,
+  batch_size: int = 8,
+  rng=None,
+  num_shown: int = 3,
+) -> Dict[str, Any]:
   """Decodes `items` and scores them: ROUGE-1/2/L, tokens/s, tokens/step, forward calls.
 
   Returns a JSON-able dict (per-example ROUGE dropped) with a few decoded examples.
   """
   dec = decode_infill(method, model, params, items, cfg, batch_size=batch_size, rng=rng)
-  preds = [tokenizer.decode([i for i in mid if i != cfg.mask_token_id]).strip()
-           for mid in dec["middles"]]
+  preds = [
+    tokenizer.decode([i for i in mid if i != cfg.mask_token_id]).strip() for mid in dec["middles"]
+  ]
   refs = [t.example.middle.strip() for t in items]
   rouge = rouge_scores(preds, refs)
   n = len(items)
   out = {k: rouge[k] for k in ROUGE_TYPES}
   out.update(
-      num_examples=n, tokens=dec["tokens"], seconds=dec["seconds"],
-      tokens_per_second=dec["tokens"] / dec["seconds"] if dec["seconds"] > 0 else 0.0,
-      tokens_per_step=dec["committed"] / dec["steps"] if dec["steps"] else 0.0,
-      forward_calls_per_example=dec["forward_calls"] / n,
-      compile_seconds=dec["compile_seconds"], compiled_programs=dec["compiled_programs"],
-      tokens_per_second_with_compile=(
-          dec["tokens_with_compile"] / dec["wall_seconds_with_compile"]
-          if dec["wall_seconds_with_compile"] > 0 else 0.0),
-      examples=[{"id": t.example.id, "prefix": t.example.prefix, "reference": r, "generated": p,
-                 "suffix": t.example.suffix} for t, r, p in list(zip(items, refs, preds))[:num_shown]])
+    num_examples=n,
+    tokens=dec["tokens"],
+    seconds=dec["seconds"],
+    tokens_per_second=dec["tokens"] / dec["seconds"] if dec["seconds"] > 0 else 0.0,
+    tokens_per_step=dec["committed"] / dec["steps"] if dec["steps"] else 0.0,
+    forward_calls_per_example=dec["forward_calls"] / n,
+    compile_seconds=dec["compile_seconds"],
+    compiled_programs=dec["compiled_programs"],
+    tokens_per_second_with_compile=(
+      dec["tokens_with_compile"] / dec["wall_seconds_with_compile"]
+      if dec["wall_seconds_with_compile"] > 0
+      else 0.0
+    ),
+    examples=[
+      {
+        "id": t.example.id,
+        "prefix": t.example.prefix,
+        "reference": r,
+        "generated": p,
+        "suffix": t.example.suffix,
+      }
+      for t, r, p in list(zip(items, refs, preds))[:num_shown]
+    ],
+  )
   return out
 
 
-__all__ = ["CLOZE_SETTINGS", "SETTINGS", "DEFAULT_CLOZE_PATH", "ROUGE_TYPES", "InfillExample",
-           "TokenizedInfill", "read_cloze", "cloze_examples", "corpus_examples",
-           "tokenize_example", "tokenize_examples", "rouge_scores", "mdlm_infill",
-           "decode_infill", "infill_eval"]
+__all__ = [
+  "CLOZE_SETTINGS",
+  "SETTINGS",
+  "DEFAULT_CLOZE_PATH",
+  "ROUGE_TYPES",
+  "InfillExample",
+  "TokenizedInfill",
+  "read_cloze",
+  "cloze_examples",
+  "corpus_examples",
+  "tokenize_example",
+  "tokenize_examples",
+  "rouge_scores",
+  "mdlm_infill",
+  "decode_infill",
+  "infill_eval",
+]

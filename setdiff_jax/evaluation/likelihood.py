@@ -29,6 +29,7 @@ loss is vmapped over single rows, so a sequence's value never depends on which b
 The final partial batch is filled with zero-weight rows (attention_mask 0). Draw k = 0 is the
 one-order bound, so K = 1 gives exactly the one-order value.
 """
+
 from __future__ import annotations
 
 import functools
@@ -57,8 +58,9 @@ def row_keys(seed: int, rows: np.ndarray, k: int) -> jax.Array:
   return jax.vmap(lambda r: jax.random.fold_in(jax.random.fold_in(base, r), k))(rows)
 
 
-def row_order(obj_cfg: losses.ObjectiveConfig, tokens: jax.Array, attention_mask: jax.Array,
-              key: jax.Array) -> jax.Array:
+def row_order(
+  obj_cfg: losses.ObjectiveConfig, tokens: jax.Array, attention_mask: jax.Array, key: jax.Array
+) -> jax.Array:
   """The staggered order (int32 [L]) that the SetDLM bound of one row [L] uses for draw `key`."""
   batch = {"tokens": tokens[None], "attention_mask": attention_mask[None]}
   return losses.setdlm_order(obj_cfg, batch, key, train=False)[0]  # SetDLM's draw
@@ -90,14 +92,29 @@ def make_row_nll_fn(model: Backbone, obj_cfg: losses.ObjectiveConfig):
 def per_token(nll: float, tokens: float, prefix: str = "") -> Dict[str, float]:
   """{nll, ppl, bpd} from a summed NLL (nats) and a token count."""
   v = nll / max(tokens, 1.0)
-  return {f"{prefix}nll": float(v), f"{prefix}ppl": float(math.exp(min(v, 700.0))),
-          f"{prefix}bpd": float(v / math.log(2.0))}
+  return {
+    f"{prefix}nll": float(v),
+    f"{prefix}ppl": float(math.exp(min(v, 700.0))),
+    f"{prefix}bpd": float(v / math.log(2.0)),
+  }
 
 
-def sequence_nlls(model: Backbone, params, obj_cfg: losses.ObjectiveConfig, tokens: np.ndarray,
-                  attention_mask: np.ndarray, *, num_draws: int = 1, seed: int = DEFAULT_SEED,
-                  batch_size: int = 32, row_offset: int = 0, fn=None, sharding=None,
-                  context_mask: Optional[np.ndarray] = None, row_ids: Optional[np.ndarray] = None):
+def sequence_nlls(
+  model: Backbone,
+  params,
+  obj_cfg: losses.ObjectiveConfig,
+  tokens: np.ndarray,
+  attention_mask: np.ndarray,
+  *,
+  num_draws: int = 1,
+  seed: int = DEFAULT_SEED,
+  batch_size: int = 32,
+  row_offset: int = 0,
+  fn=None,
+  sharding=None,
+  context_mask: Optional[np.ndarray] = None,
+  row_ids: Optional[np.ndarray] = None,
+):
   """Per-sequence summed NLLs for draws 0..num_draws-1.
 
   Args:
@@ -129,8 +146,9 @@ def sequence_nlls(model: Backbone, params, obj_cfg: losses.ObjectiveConfig, toke
   for start in range(0, n, batch_size):
     stop = min(start + batch_size, n)
     pad = batch_size - (stop - start)
-    tok = np.concatenate([tokens[start:stop],
-                          np.full((pad, length), obj_cfg.pad_token_id, np.int32)])
+    tok = np.concatenate(
+      [tokens[start:stop], np.full((pad, length), obj_cfg.pad_token_id, np.int32)]
+    )
     att = np.concatenate([attention_mask[start:stop], np.zeros((pad, length), np.int32)])
     rows = np.concatenate([ids[start:stop], np.zeros((pad,), np.int64)])
     batch = {"tokens": tok, "attention_mask": att}
@@ -139,9 +157,9 @@ def sequence_nlls(model: Backbone, params, obj_cfg: losses.ObjectiveConfig, toke
     batch = jax.device_put(batch, sharding) if sharding is not None else jax.device_put(batch)
     for k in range(num_draws):
       s, c = _fetch(fn(params, batch, row_keys(seed, rows, k)))
-      nll[k, start:stop] = np.asarray(s, np.float64)[:stop - start]
+      nll[k, start:stop] = np.asarray(s, np.float64)[: stop - start]
       if k == 0:
-        count[start:stop] = np.asarray(c, np.float64)[:stop - start]
+        count[start:stop] = np.asarray(c, np.float64)[: stop - start]
   return nll, count
 
 
@@ -150,6 +168,7 @@ def _fetch(values):
   sharded over devices other processes hold: gathered across processes)."""
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+
     return multihost_utils.process_allgather(values, tiled=True)
   return jax.device_get(values)
 
@@ -159,9 +178,13 @@ def summarize(obj_name: str, nll: np.ndarray, count: np.ndarray) -> Dict[str, An
   method = methods.get(obj_name)
   k = nll.shape[0]
   tokens = float(np.sum(count))
-  out: Dict[str, Any] = {"num_sequences": int(nll.shape[1]), "num_tokens": tokens,
-                         "num_draws": int(k), "estimator": method.estimator,
-                         "estimator_K": method.estimator_k(k)}
+  out: Dict[str, Any] = {
+    "num_sequences": int(nll.shape[1]),
+    "num_tokens": tokens,
+    "num_draws": int(k),
+    "estimator": method.estimator,
+    "estimator_K": method.estimator_k(k),
+  }
   out.update(per_token(float(np.sum(nll[0])), tokens))  # the one-order / one-draw bound
   if not method.exact_likelihood:
     out.update(per_token(float(np.sum(np.mean(nll, 0))), tokens, "meanK_"))
@@ -192,10 +215,17 @@ def eval_rows(config, tokenizer, *, max_rows: Optional[int] = None, split: str =
   NLL (the answer and its EOS). EOS-tail rows (`data.pad_targets=eos`) are scored in the `none`
   layout (`bound_data_config`).
   """
-  ds = pipeline.make_dataset(bound_data_config(config.data), tokenizer, split=split,
-                             seq_len=int(config.seq_len), global_batch_size=64,
-                             seed=int(config.seed), shuffle=False, num_epochs=1,
-                             drop_remainder=False)
+  ds = pipeline.make_dataset(
+    bound_data_config(config.data),
+    tokenizer,
+    split=split,
+    seq_len=int(config.seq_len),
+    global_batch_size=64,
+    seed=int(config.seed),
+    shuffle=False,
+    num_epochs=1,
+    drop_remainder=False,
+  )
   toks, atts, ctxs, total = [], [], [], 0
   for batch in ds:
     real = np.asarray(batch["attention_mask"]).sum(-1) > 0
@@ -214,10 +244,18 @@ def eval_rows(config, tokenizer, *, max_rows: Optional[int] = None, split: str =
   return tokens.astype(np.int32), att.astype(np.int32), ctx.astype(np.int32)
 
 
-def likelihood_eval(model: Backbone, params, obj_cfg: losses.ObjectiveConfig, tokens: np.ndarray,
-                    attention_mask: np.ndarray, *, num_orders: int = 1,
-                    seed: int = DEFAULT_SEED, batch_size: int = 32,
-                    context_mask: Optional[np.ndarray] = None) -> Dict[str, Any]:
+def likelihood_eval(
+  model: Backbone,
+  params,
+  obj_cfg: losses.ObjectiveConfig,
+  tokens: np.ndarray,
+  attention_mask: np.ndarray,
+  *,
+  num_orders: int = 1,
+  seed: int = DEFAULT_SEED,
+  batch_size: int = 32,
+  context_mask: Optional[np.ndarray] = None,
+) -> Dict[str, Any]:
   """One-order (one-draw) bound and K-draw estimate of a model on given rows (see module doc).
 
   context_mask: optional int [N, L], 1 on prompt tokens (never targets; `eval_rows` gives it).
@@ -227,18 +265,38 @@ def likelihood_eval(model: Backbone, params, obj_cfg: losses.ObjectiveConfig, to
   """
   draws = methods.get(obj_cfg.name).num_draws(num_orders)
   t0 = time.perf_counter()
-  nll, count = sequence_nlls(model, params, obj_cfg, tokens, attention_mask, num_draws=draws,
-                             seed=seed, batch_size=batch_size, context_mask=context_mask)
+  nll, count = sequence_nlls(
+    model,
+    params,
+    obj_cfg,
+    tokens,
+    attention_mask,
+    num_draws=draws,
+    seed=seed,
+    batch_size=batch_size,
+    context_mask=context_mask,
+  )
   out = summarize(obj_cfg.name, nll, count)
-  out.update(method=obj_cfg.name, seed=int(seed), num_orders_requested=int(num_orders),
-             seconds=time.perf_counter() - t0)
+  out.update(
+    method=obj_cfg.name,
+    seed=int(seed),
+    num_orders_requested=int(num_orders),
+    seconds=time.perf_counter() - t0,
+  )
   return out
 
 
-
-def evaluate(model: Backbone, params, obj_cfg: losses.ObjectiveConfig, tokens: np.ndarray,
-             attention_mask: np.ndarray, *, batch_size: int, batch_sharding=None,
-             context_mask: Optional[np.ndarray] = None) -> Dict[str, float]:
+def evaluate(
+  model: Backbone,
+  params,
+  obj_cfg: losses.ObjectiveConfig,
+  tokens: np.ndarray,
+  attention_mask: np.ndarray,
+  *,
+  batch_size: int,
+  batch_sharding=None,
+  context_mask: Optional[np.ndarray] = None,
+) -> Dict[str, float]:
   """The training loop's eval: this module's one-order bound on given rows (per-row keys, seed
   DEFAULT_SEED: one fixed order / t draw per eval sequence).
 
@@ -246,9 +304,17 @@ def evaluate(model: Backbone, params, obj_cfg: losses.ObjectiveConfig, tokens: n
   agree exactly for the same checkpoint. Prompt tokens (`context_mask`) are never targets: a
   prompt/answer run's eval/nll is an answer-token NLL. Returns eval/{nll, ppl, bpd, num_tokens}.
   """
-  nll, count = sequence_nlls(model, params, obj_cfg, tokens, attention_mask, seed=DEFAULT_SEED,
-                             batch_size=batch_size, sharding=batch_sharding,
-                             context_mask=context_mask)
+  nll, count = sequence_nlls(
+    model,
+    params,
+    obj_cfg,
+    tokens,
+    attention_mask,
+    seed=DEFAULT_SEED,
+    batch_size=batch_size,
+    sharding=batch_sharding,
+    context_mask=context_mask,
+  )
   tokens_total = float(np.sum(count))
   values = {f"eval/{k}": v for k, v in per_token(float(np.sum(nll[0])), tokens_total).items()}
   values["eval/num_tokens"] = tokens_total
@@ -262,6 +328,19 @@ def eval_rows_for(config, tokenizer) -> Tuple[np.ndarray, np.ndarray, np.ndarray
   max_rows = None if config.num_eval_steps < 0 else config.num_eval_steps * config.eval_batch_size
   return eval_rows(config, tokenizer, max_rows=max_rows)
 
-__all__ = ["DEFAULT_SEED", "row_keys", "row_order", "make_row_nll_fn", "logmeanexp", "per_token",
-           "sequence_nlls", "summarize", "bound_data_config", "eval_rows", "likelihood_eval",
-           "evaluate", "eval_rows_for"]
+
+__all__ = [
+  "DEFAULT_SEED",
+  "row_keys",
+  "row_order",
+  "make_row_nll_fn",
+  "logmeanexp",
+  "per_token",
+  "sequence_nlls",
+  "summarize",
+  "bound_data_config",
+  "eval_rows",
+  "likelihood_eval",
+  "evaluate",
+  "eval_rows_for",
+]

@@ -61,6 +61,7 @@ Context and continuation are encoded separately (as training pairs are), so the 
 token boundary; values are in nats. The half that needs no lm_eval (pair scoring, draw keys,
 generation kwargs) is `lm_eval_requests.py`.
 """
+
 from __future__ import annotations
 
 import os
@@ -87,8 +88,14 @@ except ModuleNotFoundError as _e:  # the lmeval extra is not installed: one erro
 import jax  # noqa: E402
 
 from setdiff_jax import decoding, methods, sharding  # noqa: E402
-from setdiff_jax.evaluation.lm_eval_requests import (NAME, gen_settings, parse_bool, request_key,
-                                                     request_where, score_pairs)
+from setdiff_jax.evaluation.lm_eval_requests import (
+  NAME,
+  gen_settings,
+  parse_bool,
+  request_key,
+  request_where,
+  score_pairs,
+)
 from setdiff_jax.sampling import policies
 from setdiff_jax.workdir import load as workdir_lib
 
@@ -105,22 +112,42 @@ def _threshold(value) -> Optional[float]:
 class SetDiffLM(LM):
   """A setdiff_jax training run (any method of the registry) behind lm_eval's LM interface."""
 
-  def __init__(self, workdir: Optional[str] = None, step: Optional[int] = None, ema=None,
-               window: Optional[int] = None, W: Optional[int] = None, threshold=None, tau=None,
-               policy: str = "threshold", policy_arg=None,
-               max_new_tokens: Optional[int] = None, batch_size=8, seed: int = 0,
-               cache_order: str = "l2r", num_orders: int = 1, greedy_check=True,
-               overflow: str = "error", mesh: Optional[str] = None, align_to_blocks=True,
-               max_batch_size=None, device=None, **unknown):
+  def __init__(
+    self,
+    workdir: Optional[str] = None,
+    step: Optional[int] = None,
+    ema=None,
+    window: Optional[int] = None,
+    W: Optional[int] = None,
+    threshold=None,
+    tau=None,
+    policy: str = "threshold",
+    policy_arg=None,
+    max_new_tokens: Optional[int] = None,
+    batch_size=8,
+    seed: int = 0,
+    cache_order: str = "l2r",
+    num_orders: int = 1,
+    greedy_check=True,
+    overflow: str = "error",
+    mesh: Optional[str] = None,
+    align_to_blocks=True,
+    max_batch_size=None,
+    device=None,
+    **unknown,
+  ):
     super().__init__()
     if unknown:
-      raise ValueError(f"unknown model_args {sorted(unknown)} for --model {NAME}; known: workdir, "
-                       "step, ema, window (W), threshold (tau), policy, policy_arg, "
-                       "max_new_tokens, batch_size, seed, "
-                       "cache_order, num_orders, greedy_check, overflow, mesh, align_to_blocks")
+      raise ValueError(
+        f"unknown model_args {sorted(unknown)} for --model {NAME}; known: workdir, "
+        "step, ema, window (W), threshold (tau), policy, policy_arg, "
+        "max_new_tokens, batch_size, seed, "
+        "cache_order, num_orders, greedy_check, overflow, mesh, align_to_blocks"
+      )
     if not workdir:
-      raise ValueError(f"--model {NAME} needs model_args workdir=DIR (a training run written by "
-                       "launch/train.py)")
+      raise ValueError(
+        f"--model {NAME} needs model_args workdir=DIR (a training run written by launch/train.py)"
+      )
     if not os.path.isdir(workdir):
       raise FileNotFoundError(f"model_args workdir={workdir!r}: no such directory")
     if overflow not in OVERFLOW_RULES:
@@ -131,23 +158,36 @@ class SetDiffLM(LM):
       raise ValueError(f"model_args threshold={threshold} and tau={tau} disagree; give one")
     del max_batch_size, device  # lm_eval passes them to every model; JAX picks its devices
     config = workdir_lib.load_config(workdir)
-    use_ema = ((config.get("eval_params", "ema") == "ema") if ema is None
-               else parse_bool("ema", ema))
+    use_ema = (config.get("eval_params", "ema") == "ema") if ema is None else parse_bool("ema", ema)
     # mesh: 'data=2;tensor=4' (';' since lm_eval splits model_args at commas), as --mesh
-    mesh_config = sharding.parse_mesh(None if mesh is None else str(mesh).replace(";", ","),
-                                      "model_args mesh")
-    state = workdir_lib.load_inference_state(workdir, step=None if step is None else int(step),
-                                             use_ema=use_ema, mesh_config=mesh_config)
-    self._setup(state, os.path.abspath(workdir), use_ema, window=window if window is not None
-                else W, threshold=threshold if threshold is not None else tau,
-                policy=policy, policy_arg=policy_arg,
-                max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed,
-                cache_order=cache_order, num_orders=num_orders, greedy_check=greedy_check,
-                overflow=overflow, align_to_blocks=align_to_blocks)
+    mesh_config = sharding.parse_mesh(
+      None if mesh is None else str(mesh).replace(";", ","), "model_args mesh"
+    )
+    state = workdir_lib.load_inference_state(
+      workdir, step=None if step is None else int(step), use_ema=use_ema, mesh_config=mesh_config
+    )
+    self._setup(
+      state,
+      os.path.abspath(workdir),
+      use_ema,
+      window=window if window is not None else W,
+      threshold=threshold if threshold is not None else tau,
+      policy=policy,
+      policy_arg=policy_arg,
+      max_new_tokens=max_new_tokens,
+      batch_size=batch_size,
+      seed=seed,
+      cache_order=cache_order,
+      num_orders=num_orders,
+      greedy_check=greedy_check,
+      overflow=overflow,
+      align_to_blocks=align_to_blocks,
+    )
 
   @classmethod
-  def from_state(cls, state: workdir_lib.InferenceState, name: str = "<in memory>",
-                 use_ema: bool = True, **knobs) -> "SetDiffLM":
+  def from_state(
+    cls, state: workdir_lib.InferenceState, name: str = "<in memory>", use_ema: bool = True, **knobs
+  ) -> "SetDiffLM":
     """The adapter over an already loaded run (`workdir.load_inference_state`, or parameters
     built in memory); `knobs` are the sampler / scoring model_args."""
     self = cls.__new__(cls)
@@ -155,10 +195,25 @@ class SetDiffLM(LM):
     self._setup(state, name, use_ema, **knobs)
     return self
 
-  def _setup(self, state, name: str, use_ema: bool, *, window=None, threshold=None,
-             policy="threshold", policy_arg=None,
-             max_new_tokens=None, batch_size=8, seed=0, cache_order="l2r", num_orders=1,
-             greedy_check=True, overflow="error", align_to_blocks=True):
+  def _setup(
+    self,
+    state,
+    name: str,
+    use_ema: bool,
+    *,
+    window=None,
+    threshold=None,
+    policy="threshold",
+    policy_arg=None,
+    max_new_tokens=None,
+    batch_size=8,
+    seed=0,
+    cache_order="l2r",
+    num_orders=1,
+    greedy_check=True,
+    overflow="error",
+    align_to_blocks=True,
+  ):
     if overflow not in OVERFLOW_RULES:
       raise ValueError(f"model_args overflow={overflow!r}; expected one of {OVERFLOW_RULES}")
     self.workdir, self.state, self.use_ema = name, state, use_ema
@@ -173,14 +228,21 @@ class SetDiffLM(LM):
     self.max_new_tokens = None if max_new_tokens is None else int(max_new_tokens)
     self.seed, self.num_orders = int(seed), int(num_orders)
     self.greedy_check, self.overflow = parse_bool("greedy_check", greedy_check), overflow
-    decoding.check_sampling_flags(self.seq_len, window=None if window is None else int(window),
-                                  max_new_tokens=self.max_new_tokens)
+    decoding.check_sampling_flags(
+      self.seq_len,
+      window=None if window is None else int(window),
+      max_new_tokens=self.max_new_tokens,
+    )
     policies.get(str(policy), "model_args policy")
-    self.sampler_overrides = {"window": None if window is None else int(window),
-                              "threshold": _threshold(threshold), "cache_order": cache_order,
-                              "seed": self.seed, "policy": str(policy),
-                              "policy_arg": policies.parse_arg(policy_arg, "model_args policy_arg"),
-                              "align_to_blocks": parse_bool("align_to_blocks", align_to_blocks)}
+    self.sampler_overrides = {
+      "window": None if window is None else int(window),
+      "threshold": _threshold(threshold),
+      "cache_order": cache_order,
+      "seed": self.seed,
+      "policy": str(policy),
+      "policy_arg": policies.parse_arg(policy_arg, "model_args policy_arg"),
+      "align_to_blocks": parse_bool("align_to_blocks", align_to_blocks),
+    }
     policies.check_arg(str(policy), self.sampler_overrides["policy_arg"], "model_args policy_arg")
     self.sampler = decoding.sampler_for(self.obj_cfg.name)
     self._truncated = 0
@@ -194,8 +256,9 @@ class SetDiffLM(LM):
 
   @classmethod
   def create_from_arg_obj(cls, arg_dict, additional_config=None):
-    extra = {k: v for k, v in (additional_config or {}).items()
-             if v is not None and k not in arg_dict}
+    extra = {
+      k: v for k, v in (additional_config or {}).items() if v is not None and k not in arg_dict
+    }
     return cls(**arg_dict, **extra)
 
   @property
@@ -208,9 +271,14 @@ class SetDiffLM(LM):
     return text + ("<|im_start|>assistant\n" if add_generation_prompt else "")
 
   def get_model_info(self) -> Dict[str, Any]:
-    return {"workdir": self.workdir, "step": self.state.step, "method": self.method.name,
-            "params": "EMA" if self.use_ema else "raw", "estimator": self.method.estimator,
-            **{k: v for k, v in self.sampler_overrides.items()}}
+    return {
+      "workdir": self.workdir,
+      "step": self.state.step,
+      "method": self.method.name,
+      "params": "EMA" if self.use_ema else "raw",
+      "estimator": self.method.estimator,
+      **{k: v for k, v in self.sampler_overrides.items()},
+    }
 
   # ------------------------------------------------------------------ tokens
   def _prompt(self, context: str, where: str, room: int) -> List[int]:
@@ -221,32 +289,46 @@ class SetDiffLM(LM):
       return ids
     if self.overflow == "error" or limit < 1:
       raise ValueError(
-          f"{where}: the context is {len(ids)} tokens (BOS included) and needs {room} more, but "
-          f"the model's context is L = seq_len = {self.seq_len} (at most {max(limit, 0)} context "
-          "tokens fit); use a shorter context or fewer new tokens, or model_args "
-          "overflow=truncate_prompt (keeps BOS and the context's last tokens)")
+        f"{where}: the context is {len(ids)} tokens (BOS included) and needs {room} more, but "
+        f"the model's context is L = seq_len = {self.seq_len} (at most {max(limit, 0)} context "
+        "tokens fit); use a shorter context or fewer new tokens, or model_args "
+        "overflow=truncate_prompt (keeps BOS and the context's last tokens)"
+      )
     self._truncated += 1
-    logging.warning("%s: context truncated from %d to %d tokens (overflow=truncate_prompt; %d so "
-                    "far)", where, len(ids), limit, self._truncated)
-    return ids[:1] + ids[len(ids) - limit + 1:]
+    logging.warning(
+      "%s: context truncated from %d to %d tokens (overflow=truncate_prompt; %d so far)",
+      where,
+      len(ids),
+      limit,
+      self._truncated,
+    )
+    return ids[:1] + ids[len(ids) - limit + 1 :]
 
   def _sampler_config(self, n: int, greedy: bool = True, **kw):
-    return decoding.sampler_config_for(self.obj_cfg, self.tokenizer, self.seq_len,
-                                       max_new_tokens=n, greedy=greedy, stop_at_eos=True,
-                                       **self.sampler_overrides, **kw)
+    return decoding.sampler_config_for(
+      self.obj_cfg,
+      self.tokenizer,
+      self.seq_len,
+      max_new_tokens=n,
+      greedy=greedy,
+      stop_at_eos=True,
+      **self.sampler_overrides,
+      **kw,
+    )
 
   def _decode(self, prompts: Sequence[List[int]], cfg) -> List[List[int]]:
     """Generated ids per prompt (cut at the first EOS), in batches of one fixed shape."""
     out, size, eos = [], self.batch_size, int(self.obj_cfg.eos_token_id)
     key = jax.random.PRNGKey(self.seed)
     for j in range(0, len(prompts), size):
-      rows = list(prompts[j:j + size])
+      rows = list(prompts[j : j + size])
       fill = rows + [rows[0]] * (size - len(rows))  # one shape per call: one compile
-      res = self.sampler(self.decode_model, self.state.params, fill, cfg,
-                         jax.random.fold_in(key, j))
-      for g in res.generated[:len(rows)]:
+      res = self.sampler(
+        self.decode_model, self.state.params, fill, cfg, jax.random.fold_in(key, j)
+      )
+      for g in res.generated[: len(rows)]:
         g = [int(t) for t in g]
-        out.append(g[:g.index(eos)] if eos in g else g)
+        out.append(g[: g.index(eos)] if eos in g else g)
     return out
 
   # ------------------------------------------------------------------ generate_until
@@ -266,9 +348,13 @@ class SetDiffLM(LM):
       untils[i] = until
       groups.setdefault((n, greedy, tuple(sorted(extra.items()))), []).append((i, prompt))
     if short:
-      logging.warning("%d of %d generate_until requests get fewer new tokens than max_gen_toks: "
-                      "prompt + N must fit the model's context L = %d", short, len(requests),
-                      self.seq_len)
+      logging.warning(
+        "%d of %d generate_until requests get fewer new tokens than max_gen_toks: "
+        "prompt + N must fit the model's context L = %d",
+        short,
+        len(requests),
+        self.seq_len,
+      )
     texts: List[Optional[str]] = [None] * len(requests)
     for (n, greedy, extra), items in groups.items():
       cfg = self._sampler_config(n, greedy, **dict(extra))
@@ -284,9 +370,17 @@ class SetDiffLM(LM):
 
   # ------------------------------------------------------------------ likelihoods
   def score(self, pairs: Sequence[Tuple[List[int], List[int]]], keys: Sequence[int]) -> np.ndarray:
-    return score_pairs(self.score_model, self.state.params, self.obj_cfg, pairs, keys,
-                       seq_len=self.seq_len, num_orders=self.num_orders, seed=self.seed,
-                       batch_size=self.batch_size)
+    return score_pairs(
+      self.score_model,
+      self.state.params,
+      self.obj_cfg,
+      pairs,
+      keys,
+      seq_len=self.seq_len,
+      num_orders=self.num_orders,
+      seed=self.seed,
+      batch_size=self.batch_size,
+    )
 
   def _is_greedy(self, pairs) -> List[bool]:
     """Whether the greedy sampler writes exactly each continuation (grouped by its length)."""
@@ -309,8 +403,10 @@ class SetDiffLM(LM):
       context, continuation = req.args
       cont = list(self.tokenizer.encode(continuation)) if continuation else []
       if not cont:
-        raise ValueError(f"{request_where(req, i)}: the continuation {continuation!r} encodes "
-                         "to no tokens; nothing to score")
+        raise ValueError(
+          f"{request_where(req, i)}: the continuation {continuation!r} encodes "
+          "to no tokens; nothing to score"
+        )
       pairs.append((self._prompt(context, request_where(req, i), room=len(cont)), cont))
       keys.append(request_key(context, continuation))
     if not pairs:
@@ -328,8 +424,9 @@ class SetDiffLM(LM):
     for i, req in enumerate(requests):
       (text,) = req.args[:1]
       ids = list(self.tokenizer.encode(text)) if text else []
-      for w, pair in enumerate(lm_utils.get_rolling_token_windows(
-          ids, int(self.tokenizer.bos_id), self.seq_len - 1, 1)):
+      for w, pair in enumerate(
+        lm_utils.get_rolling_token_windows(ids, int(self.tokenizer.bos_id), self.seq_len - 1, 1)
+      ):
         windows.append(lm_utils.make_disjoint_window(pair))
         keys.append(request_key(text, str(w)))
         owner.append(i)
@@ -342,12 +439,12 @@ class SetDiffLM(LM):
     return out
 
 
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
   """lm_eval's own CLI (its arguments, unchanged), with this model registered as `--model
   setdiff_jax`. Our expected errors (a bad workdir, a context too long, ...) end with one
   `error: ...` line and exit status 1, as the other launchers (`setdiff_jax.cli`)."""
   from lm_eval.__main__ import cli_evaluate  # pylint: disable=g-import-not-at-top  (CLI only)
+
   sys.argv = ["lm_eval"] + list(sys.argv[1:] if argv is None else argv)
   try:
     cli_evaluate()

@@ -3,6 +3,7 @@ pairs (`score_pairs`), their draw keys, the generation kwargs a request may set,
 booleans. `lm_eval_model.SetDiffLM` (which needs the `lmeval` extra) turns lm_eval's requests
 into these calls.
 """
+
 from __future__ import annotations
 
 import zlib
@@ -53,16 +54,27 @@ def gen_settings(kwargs: Dict[str, Any], where: str):
     if k in kwargs and kwargs[k] in (neutral, 0 if neutral is None else neutral):
       kwargs.pop(k)
   if kwargs:
-    raise ValueError(f"{where}: generation kwargs {kwargs} are not supported by {NAME} (it "
-                     "reads until, max_gen_toks, do_sample, temperature, top_p)")
+    raise ValueError(
+      f"{where}: generation kwargs {kwargs} are not supported by {NAME} (it "
+      "reads until, max_gen_toks, do_sample, temperature, top_p)"
+    )
   sample = do_sample and temperature > 0
   extra = {"temperature": temperature, "top_p": top_p} if sample else {}
   return until, max_gen, (not sample), extra
 
 
-def score_pairs(model, params, obj_cfg, pairs: Sequence[Tuple[Sequence[int], Sequence[int]]],
-                keys: Sequence[int], *, seq_len: int, num_orders: int = 1, seed: int = 0,
-                batch_size: int = 8) -> np.ndarray:
+def score_pairs(
+  model,
+  params,
+  obj_cfg,
+  pairs: Sequence[Tuple[Sequence[int], Sequence[int]]],
+  keys: Sequence[int],
+  *,
+  seq_len: int,
+  num_orders: int = 1,
+  seed: int = 0,
+  batch_size: int = 8,
+) -> np.ndarray:
   """The method's bound on log p(cont | ctx) per (ctx ids, cont ids) pair (nats, float64 [n]).
 
   Rows are [ctx] [cont] pad... (len <= seq_len) with context_mask = 1 on ctx (ctx starts with BOS
@@ -78,17 +90,30 @@ def score_pairs(model, params, obj_cfg, pairs: Sequence[Tuple[Sequence[int], Seq
   for r, (c, x) in enumerate(pairs):
     row = list(c) + list(x)
     if len(row) > seq_len or not c or not x:
-      raise ValueError(f"scoring row {r}: context {len(c)} + continuation {len(x)} tokens must "
-                       f"be >= 1 each and fit seq_len={seq_len}")
-    tokens[r, :len(row)], att[r, :len(row)], ctx[r, :len(c)] = row, 1, 1
+      raise ValueError(
+        f"scoring row {r}: context {len(c)} + continuation {len(x)} tokens must "
+        f"be >= 1 each and fit seq_len={seq_len}"
+      )
+    tokens[r, : len(row)], att[r, : len(row)], ctx[r, : len(c)] = row, 1, 1
     if tail:
-      att[r, len(row):], ctx[r, len(row):] = 1, 1
+      att[r, len(row) :], ctx[r, len(row) :] = 1, 1
   nll, count = likelihood.sequence_nlls(
-      model, params, obj_cfg, tokens, att, context_mask=ctx, num_draws=method.num_draws(num_orders),
-      seed=seed, batch_size=batch_size, row_ids=np.asarray(keys, np.int64))
+    model,
+    params,
+    obj_cfg,
+    tokens,
+    att,
+    context_mask=ctx,
+    num_draws=method.num_draws(num_orders),
+    seed=seed,
+    batch_size=batch_size,
+    row_ids=np.asarray(keys, np.int64),
+  )
   want = np.array([len(x) for _, x in pairs], np.float64)
   if not np.array_equal(count, want):  # e.g. a pad-id token inside a continuation
     bad = int(np.nonzero(count != want)[0][0])
-    raise ValueError(f"scoring row {bad}: {int(count[bad])} of {int(want[bad])} continuation "
-                     "tokens are scored (does it contain the pad id?)")
+    raise ValueError(
+      f"scoring row {bad}: {int(count[bad])} of {int(want[bad])} continuation "
+      "tokens are scored (does it contain the pad id?)"
+    )
   return -method.aggregate_draws(nll)

@@ -4,6 +4,7 @@ writing, and the hardware stamp of each record.
 Every result is kept in `history`, keyed by (step, EMA/raw, eval kind, settings) (`history_key`);
 `evaluation/run.py` merges a new evaluation in and writes the record with `write_results`.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -33,9 +34,15 @@ def hardware() -> Dict[str, Any]:
   except OSError:
     pass
   dev = jax.devices()[0]
-  return {"backend": jax.default_backend(), "device": getattr(dev, "device_kind", str(dev)),
-          "num_devices": jax.device_count(), "cpu": cpu, "cpu_count": os.cpu_count(),
-          "jax": jax.__version__, "python": platform.python_version()}
+  return {
+    "backend": jax.default_backend(),
+    "device": getattr(dev, "device_kind", str(dev)),
+    "num_devices": jax.device_count(),
+    "cpu": cpu,
+    "cpu_count": os.cpu_count(),
+    "jax": jax.__version__,
+    "python": platform.python_version(),
+  }
 
 
 def history_key(step: int, use_ema: bool, name: str, settings: Dict[str, Any]) -> str:
@@ -52,17 +59,26 @@ def read_record(path: str) -> Dict[str, Any]:
   try:
     record = json.loads(paths.read_text(path))
   except (ValueError, OSError) as e:
-    raise ValueError(f"{path} is unreadable ({e}); it holds earlier evaluation results: move it "
-                     "away, or pass --output=ANOTHER.json") from e
+    raise ValueError(
+      f"{path} is unreadable ({e}); it holds earlier evaluation results: move it "
+      "away, or pass --output=ANOTHER.json"
+    ) from e
   if not isinstance(record, dict):
     raise ValueError(f"{path} is not an evaluation results file; pass --output=ANOTHER.json")
   if "history" not in record and record.get("step") is not None:  # a file of an older version
     options = record.get("options", {})
     record["history"] = {
-        history_key(record["step"], record.get("use_ema", True), e, options.get(e, {})):
-        {"step": record["step"], "use_ema": record.get("use_ema", True), "eval": e,
-         "settings": options.get(e, {}), "time": record.get("time"), "result": record[e]}
-        for e in EVALS if e in record}
+      history_key(record["step"], record.get("use_ema", True), e, options.get(e, {})): {
+        "step": record["step"],
+        "use_ema": record.get("use_ema", True),
+        "eval": e,
+        "settings": options.get(e, {}),
+        "time": record.get("time"),
+        "result": record[e],
+      }
+      for e in EVALS
+      if e in record
+    }
   return record
 
 
@@ -79,9 +95,13 @@ def write_results(record: Dict[str, Any], path: str):
     fd, kept = tempfile.mkstemp(prefix="setdiff_eval_results_", suffix=".json")
     with os.fdopen(fd, "w") as f:
       f.write(text)
-    raise OSError(e.errno, f"could not write the evaluation results to {path} ({e.strerror or e})"
-                  f"; they are printed above and kept in {kept}. Copy them from there, or pass "
-                  f"--output=A_WRITABLE_FILE.json next time", path) from e
+    raise OSError(
+      e.errno,
+      f"could not write the evaluation results to {path} ({e.strerror or e})"
+      f"; they are printed above and kept in {kept}. Copy them from there, or pass "
+      f"--output=A_WRITABLE_FILE.json next time",
+      path,
+    ) from e
 
 
 __all__ = ["EVALS", "RESULTS_FILE", "hardware", "history_key", "read_record", "write_results"]

@@ -7,6 +7,7 @@ results to WORKDIR/eval_results.json (its `history` is keyed by step, EMA/raw, e
 settings; nothing else is ever replaced; `evaluation/results.py`) and returns them;
 `evaluation/tables.format_results` renders markdown tables.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,49 +20,56 @@ from setdiff_jax import decoding, methods, paths
 from setdiff_jax.workdir import load as workdir_lib
 from setdiff_jax.data import pairs as pairs_lib
 from setdiff_jax.evaluation import accuracy, generation, gsm8k, infill, likelihood
-from setdiff_jax.evaluation.results import (EVALS, RESULTS_FILE, hardware, history_key,
-                                            read_record, write_results)
+from setdiff_jax.evaluation.results import (
+  EVALS,
+  RESULTS_FILE,
+  hardware,
+  history_key,
+  read_record,
+  write_results,
+)
 from setdiff_jax.evaluation.tables import format_results
 
 
 @dataclasses.dataclass
 class EvalOptions:
   """Knobs of every evaluation (defaults follow SPEC §6 where it says)."""
+
   # likelihood (SPEC §6.1)
-  seed: int = likelihood.DEFAULT_SEED   # order / t draws: fold_in(fold_in(key(seed), row), k)
-  num_orders: int = 4                   # K for the K-order (SetDLM) / K-draw (MDLM, BD3LM) value
-  batch_size: int = 32                  # rows per call (results do not depend on it)
-  max_rows: Optional[int] = None        # first rows of the eval split only (None: all)
+  seed: int = likelihood.DEFAULT_SEED  # order / t draws: fold_in(fold_in(key(seed), row), k)
+  num_orders: int = 4  # K for the K-order (SetDLM) / K-draw (MDLM, BD3LM) value
+  batch_size: int = 32  # rows per call (results do not depend on it)
+  max_rows: Optional[int] = None  # first rows of the eval split only (None: all)
   # infill (SPEC §6.5)
   cloze_path: str = infill.DEFAULT_CLOZE_PATH
   infill_settings: Sequence[str] = infill.SETTINGS
-  num_infill: Optional[int] = 100       # examples per setting (None: all that fit)
+  num_infill: Optional[int] = 100  # examples per setting (None: all that fit)
   infill_batch_size: int = 8
   infill_thresholds: Sequence[Optional[float]] = (None,)
-  repetition_penalty: float = 1.0       # infill decoders (the paper's throughput runs use 1.2)
+  repetition_penalty: float = 1.0  # infill decoders (the paper's throughput runs use 1.2)
   # set sampler: 'auto' (= 'cached' for infill) | 'visible' (prefix, suffix and commits: the
   # paper's infill runs)
   penalty_history: str = "auto"
   # speed and samples (SPEC §6.7, §6.2)
-  window: Optional[int] = None          # set-sampler W (None: the run's S)
+  window: Optional[int] = None  # set-sampler W (None: the run's S)
   thresholds: Sequence[Optional[float]] = (None, 0.9)
-  policy: str = "threshold"             # commit policy (sampling/policies.py) for speed/accuracy
+  policy: str = "threshold"  # commit policy (sampling/policies.py) for speed/accuracy
   policy_args: Sequence[Optional[float]] = (None,)  # its parameters swept (None: its default)
   batch_sizes: Sequence[int] = (1, 8)
-  repeats: int = 2                      # timed calls per setting after the compiling one
+  repeats: int = 2  # timed calls per setting after the compiling one
   max_new_tokens: Optional[int] = None  # N (None: L - 1)
-  top_p: float = 0.95                   # nucleus for speed and samples
+  top_p: float = 0.95  # nucleus for speed and samples
   num_samples: int = 16
-  judge_workdir: Optional[str] = None   # AR run whose model scores samples (gen PPL)
+  judge_workdir: Optional[str] = None  # AR run whose model scores samples (gen PPL)
   sampling_seed: int = 0
   # accuracy (conditional decoding of prompt/answer pairs; evaluation/accuracy.py). Uses
   # window and thresholds above; N = max_new_tokens (None: L - the longest prompt).
-  accuracy_data: Optional[str] = None   # JSONL of pairs (default: the run's eval split)
-  num_examples: Optional[int] = None    # first test pairs only (None: all)
-  accuracy_batch_size: int = 32         # rows per decoding call
-  speed_examples: int = 16              # prompts timed one per call (batch 1)
-  extractor: str = "auto"               # hash ('#### n') | boxed | auto
-  preset: Optional[str] = None          # gsm8k_shell | gsm8k_repro (SPEC §6.4; overrides tau)
+  accuracy_data: Optional[str] = None  # JSONL of pairs (default: the run's eval split)
+  num_examples: Optional[int] = None  # first test pairs only (None: all)
+  accuracy_batch_size: int = 32  # rows per decoding call
+  speed_examples: int = 16  # prompts timed one per call (batch 1)
+  extractor: str = "auto"  # hash ('#### n') | boxed | auto
+  preset: Optional[str] = None  # gsm8k_shell | gsm8k_repro (SPEC §6.4; overrides tau)
   # BD3LM / block-wise MDLM blocks on the grid (the official harness's align_inputs_to_blocks);
   # False: from each P
   align_to_blocks: bool = True
@@ -73,8 +81,10 @@ class EvalOptions:
 
 def _models(state):
   """(likelihood model in the run's dtype, decoding model in fp32)."""
-  return (workdir_lib.inference_model(state.model_config, None),
-          workdir_lib.inference_model(state.model_config, "float32"))
+  return (
+    workdir_lib.inference_model(state.model_config, None),
+    workdir_lib.inference_model(state.model_config, "float32"),
+  )
 
 
 def infill_items(state, setting: str, opts: EvalOptions):
@@ -83,24 +93,33 @@ def infill_items(state, setting: str, opts: EvalOptions):
   length = int(state.config.seq_len)
   mask_id = int(state.objective_config.mask_token_id)
   if setting == "corpus":
-    examples, skipped_len = infill.corpus_examples(tok, max_length=length,
-                                                   num_examples=opts.num_infill)
+    examples, skipped_len = infill.corpus_examples(
+      tok, max_length=length, num_examples=opts.num_infill
+    )
     items, skipped = infill.tokenize_examples(tok, examples, mask_id, length)
     return items, skipped + skipped_len
-  items, skipped = infill.tokenize_examples(tok, infill.cloze_examples(opts.cloze_path, setting),
-                                            mask_id, length)
+  items, skipped = infill.tokenize_examples(
+    tok, infill.cloze_examples(opts.cloze_path, setting), mask_id, length
+  )
   if opts.num_infill is not None:
-    items = items[:opts.num_infill]
+    items = items[: opts.num_infill]
   return items, skipped
 
 
 def run_likelihood(state, opts: EvalOptions, model=None) -> Dict[str, Any]:
   model = model or _models(state)[0]
   tokens, att, ctx = likelihood.eval_rows(state.config, state.tokenizer, max_rows=opts.max_rows)
-  return likelihood.likelihood_eval(model, state.params, state.objective_config, tokens, att,
-                                    context_mask=ctx,
-                                    num_orders=opts.num_orders, seed=opts.seed,
-                                    batch_size=opts.batch_size)
+  return likelihood.likelihood_eval(
+    model,
+    state.params,
+    state.objective_config,
+    tokens,
+    att,
+    context_mask=ctx,
+    num_orders=opts.num_orders,
+    seed=opts.seed,
+    batch_size=opts.batch_size,
+  )
 
 
 def run_infill(state, opts: EvalOptions, model=None) -> List[Dict[str, Any]]:
@@ -117,31 +136,56 @@ def run_infill(state, opts: EvalOptions, model=None) -> List[Dict[str, Any]]:
     taus = list(opts.infill_thresholds) if method.uses_threshold else [None]
     for tau in taus:
       cfg = decoding.sampler_config_for(
-          oc, state.tokenizer, length, window=opts.window, threshold=tau, greedy=True,
-          seed=opts.sampling_seed, repetition_penalty=opts.repetition_penalty,
-          penalty_history=opts.penalty_history, stop_at_eos=False)
-      res = infill.infill_eval(oc.name, model, state.params, state.tokenizer, items, cfg,
-                               batch_size=opts.infill_batch_size)
-      rows.append({"method": oc.name, "dataset": setting, "skipped": skipped,
-                   "window": cfg.window if method.uses_window else None,
-                   "threshold": generation.threshold_label(tau), **res})
+        oc,
+        state.tokenizer,
+        length,
+        window=opts.window,
+        threshold=tau,
+        greedy=True,
+        seed=opts.sampling_seed,
+        repetition_penalty=opts.repetition_penalty,
+        penalty_history=opts.penalty_history,
+        stop_at_eos=False,
+      )
+      res = infill.infill_eval(
+        oc.name, model, state.params, state.tokenizer, items, cfg, batch_size=opts.infill_batch_size
+      )
+      rows.append(
+        {
+          "method": oc.name,
+          "dataset": setting,
+          "skipped": skipped,
+          "window": cfg.window if method.uses_window else None,
+          "threshold": generation.threshold_label(tau),
+          **res,
+        }
+      )
   return rows
 
 
 def _settings(state, opts: EvalOptions):
   windows = [opts.window] if opts.window else None
-  settings = generation.decoding_settings(state.objective_config, windows=windows,
-                                          thresholds=opts.thresholds)
+  settings = generation.decoding_settings(
+    state.objective_config, windows=windows, thresholds=opts.thresholds
+  )
   return generation.with_policy(state.objective_config, settings, opts.policy, opts.policy_args)
 
 
 def run_speed(state, opts: EvalOptions, model=None) -> List[Dict[str, Any]]:
   model = model or _models(state)[1]
-  return generation.speed_eval(model, state.params, state.tokenizer, state.objective_config,
-                               int(state.config.seq_len), settings=_settings(state, opts),
-                               batch_sizes=opts.batch_sizes, repeats=opts.repeats,
-                               top_p=opts.top_p, seed=opts.sampling_seed,
-                               max_new_tokens=opts.max_new_tokens)
+  return generation.speed_eval(
+    model,
+    state.params,
+    state.tokenizer,
+    state.objective_config,
+    int(state.config.seq_len),
+    settings=_settings(state, opts),
+    batch_sizes=opts.batch_sizes,
+    repeats=opts.repeats,
+    top_p=opts.top_p,
+    seed=opts.sampling_seed,
+    max_new_tokens=opts.max_new_tokens,
+  )
 
 
 def accuracy_pairs(state, opts: EvalOptions):
@@ -149,15 +193,21 @@ def accuracy_pairs(state, opts: EvalOptions):
   own eval split of a pair source."""
   data = state.config.data
   if opts.accuracy_data:
-    test = pairs_lib.jsonl_pairs(opts.accuracy_data, data.get("prompt_field", "prompt"),
-                             data.get("answer_field", "answer"), "accuracy_data")
+    test = pairs_lib.jsonl_pairs(
+      opts.accuracy_data,
+      data.get("prompt_field", "prompt"),
+      data.get("answer_field", "answer"),
+      "accuracy_data",
+    )
   elif data.source in pairs_lib.PAIR_SOURCES:
     test = pairs_lib.load_pairs(data, "eval")
   else:
-    raise ValueError(f"--eval=accuracy needs prompt/answer pairs: this run's data.source="
-                     f"{data.source!r} is not one of {pairs_lib.PAIR_SOURCES}; pass "
-                     "--accuracy_data=FILE.jsonl")
-  return test[:opts.num_examples] if opts.num_examples else test
+    raise ValueError(
+      f"--eval=accuracy needs prompt/answer pairs: this run's data.source="
+      f"{data.source!r} is not one of {pairs_lib.PAIR_SOURCES}; pass "
+      "--accuracy_data=FILE.jsonl"
+    )
+  return test[: opts.num_examples] if opts.num_examples else test
 
 
 def run_accuracy(state, opts: EvalOptions, model=None) -> List[Dict[str, Any]]:
@@ -166,18 +216,27 @@ def run_accuracy(state, opts: EvalOptions, model=None) -> List[Dict[str, Any]]:
   extra = gsm8k.resolve_preset(opts.preset, seq_len)
   thresholds = [extra.pop("threshold")] if opts.preset else list(opts.thresholds)
   windows = [opts.window] if opts.window else None
-  settings = generation.decoding_settings(state.objective_config, windows=windows,
-                                          thresholds=thresholds)
-  settings = generation.with_policy(state.objective_config, settings, opts.policy,
-                                    opts.policy_args)
+  settings = generation.decoding_settings(
+    state.objective_config, windows=windows, thresholds=thresholds
+  )
+  settings = generation.with_policy(state.objective_config, settings, opts.policy, opts.policy_args)
   extra.setdefault("extractor", opts.extractor)
   extra.setdefault("prompt_style", state.config.data.get("prompt_style", "plain"))
   extra["max_new_tokens"] = opts.max_new_tokens or extra.get("max_new_tokens")
-  return accuracy.accuracy_eval(model, state.params, state.tokenizer, state.objective_config,
-                                seq_len, accuracy_pairs(state, opts), settings=settings,
-                                batch_size=opts.accuracy_batch_size,
-                                speed_examples=opts.speed_examples, seed=opts.sampling_seed,
-                                align_to_blocks=opts.align_to_blocks, **extra)
+  return accuracy.accuracy_eval(
+    model,
+    state.params,
+    state.tokenizer,
+    state.objective_config,
+    seq_len,
+    accuracy_pairs(state, opts),
+    settings=settings,
+    batch_size=opts.accuracy_batch_size,
+    speed_examples=opts.speed_examples,
+    seed=opts.sampling_seed,
+    align_to_blocks=opts.align_to_blocks,
+    **extra,
+  )
 
 
 def load_judge(path: Optional[str]):
@@ -185,24 +244,36 @@ def load_judge(path: Optional[str]):
     return None
   judge = workdir_lib.load_inference_state(path)
   if not methods.get(judge.objective_config.name).exact_likelihood:
-    raise ValueError(f"--judge_workdir={path!r} is a {judge.objective_config.name!r} run; the "
-                     "generative-perplexity judge must be an AR run")
+    raise ValueError(
+      f"--judge_workdir={path!r} is a {judge.objective_config.name!r} run; the "
+      "generative-perplexity judge must be an AR run"
+    )
   return judge
 
 
 def run_samples(state, opts: EvalOptions, model=None, judge=None) -> List[Dict[str, Any]]:
   model = model or _models(state)[1]
   judge = judge if judge is not None else load_judge(opts.judge_workdir)
-  return generation.samples_eval(model, state.params, state.tokenizer, state.objective_config,
-                                 int(state.config.seq_len), num_samples=opts.num_samples,
-                                 batch_size=max(opts.batch_sizes), settings=_settings(state, opts),
-                                 top_p=opts.top_p, seed=opts.sampling_seed, judge=judge,
-                                 max_new_tokens=opts.max_new_tokens)
+  return generation.samples_eval(
+    model,
+    state.params,
+    state.tokenizer,
+    state.objective_config,
+    int(state.config.seq_len),
+    num_samples=opts.num_samples,
+    batch_size=max(opts.batch_sizes),
+    settings=_settings(state, opts),
+    top_p=opts.top_p,
+    seed=opts.sampling_seed,
+    judge=judge,
+    max_new_tokens=opts.max_new_tokens,
+  )
 
 
 def check_options(opts: EvalOptions, seq_len: int):
   """Explicit values are checked, never replaced by defaults (None means the default)."""
   from setdiff_jax.decoding import check_sampling_flags
+
   check_sampling_flags(seq_len, window=opts.window, max_new_tokens=opts.max_new_tokens)
   for name in ("num_orders", "batch_size", "infill_batch_size", "repeats", "num_samples"):
     if getattr(opts, name) < 1:
@@ -214,8 +285,9 @@ def check_options(opts: EvalOptions, seq_len: int):
     raise ValueError(f"--batch_sizes={list(opts.batch_sizes)}: each must be >= 1")
 
 
-def evaluate_state(state, evals: Sequence[str], opts: EvalOptions, *, judge=None,
-                   log=print) -> Dict[str, Any]:
+def evaluate_state(
+  state, evals: Sequence[str], opts: EvalOptions, *, judge=None, log=print
+) -> Dict[str, Any]:
   """Runs `evals` on a loaded `workdir.InferenceState`; returns {eval: result}."""
   bad = [e for e in evals if e not in EVALS]
   if bad:
@@ -240,11 +312,19 @@ def evaluate_state(state, evals: Sequence[str], opts: EvalOptions, *, judge=None
   return out
 
 
-def evaluate_workdir(workdir: str, evals: Sequence[str], opts: Optional[EvalOptions] = None, *,
-                     step: Optional[int] = None, use_ema: bool = True,
-                     output: Optional[str] = None, log=print,
-                     data_overrides: Optional[Dict[str, Any]] = None,
-                     show=None, mesh: Optional[Dict[str, int]] = None) -> Dict[str, Any]:
+def evaluate_workdir(
+  workdir: str,
+  evals: Sequence[str],
+  opts: Optional[EvalOptions] = None,
+  *,
+  step: Optional[int] = None,
+  use_ema: bool = True,
+  output: Optional[str] = None,
+  log=print,
+  data_overrides: Optional[Dict[str, Any]] = None,
+  show=None,
+  mesh: Optional[Dict[str, int]] = None,
+) -> Dict[str, Any]:
   """Loads WORKDIR's checkpoint, runs `evals`, appends them to the JSON file, returns the record.
 
   The file keeps every result in `history`, keyed by (step, EMA/raw, eval kind, settings): a new
@@ -269,15 +349,25 @@ def evaluate_workdir(workdir: str, evals: Sequence[str], opts: Optional[EvalOpti
   if record.get("step") != state.step or record.get("use_ema", True) != use_ema:
     record = {}  # the top level mirrors one (step, parameters) only
   now = time.strftime("%Y-%m-%d %H:%M:%S")
-  record.update(workdir=paths.resolve(workdir), step=state.step,
-                objective=state.objective_config.name, use_ema=use_ema,
-                hardware=hardware(), time=now)
+  record.update(
+    workdir=paths.resolve(workdir),
+    step=state.step,
+    objective=state.objective_config.name,
+    use_ema=use_ema,
+    hardware=hardware(),
+    time=now,
+  )
   record.setdefault("options", {}).update({e: opts.to_json() for e in evals})
   record.update(results)
   for name in evals:
     history[history_key(state.step, use_ema, name, opts.to_json())] = {
-        "step": state.step, "use_ema": use_ema, "eval": name, "settings": opts.to_json(),
-        "time": now, "result": results[name]}
+      "step": state.step,
+      "use_ema": use_ema,
+      "eval": name,
+      "settings": opts.to_json(),
+      "time": now,
+      "result": results[name],
+    }
   record["history"] = history
   if jax.process_index() == 0:  # every process computed the same record; one writes it
     write_results(record, path)
@@ -285,7 +375,17 @@ def evaluate_workdir(workdir: str, evals: Sequence[str], opts: Optional[EvalOpti
   return record
 
 
-
-__all__ = ["EvalOptions", "infill_items", "run_likelihood", "run_infill", "run_speed",
-           "run_samples", "accuracy_pairs", "run_accuracy", "load_judge", "check_options",
-           "evaluate_state", "evaluate_workdir"]
+__all__ = [
+  "EvalOptions",
+  "infill_items",
+  "run_likelihood",
+  "run_infill",
+  "run_speed",
+  "run_samples",
+  "accuracy_pairs",
+  "run_accuracy",
+  "load_judge",
+  "check_options",
+  "evaluate_state",
+  "evaluate_workdir",
+]

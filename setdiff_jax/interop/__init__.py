@@ -11,23 +11,24 @@ translation), `weight_files`, `export`, `import_`, `torch_reference` (torch + nu
 Attributes are imported lazily, so `setdiff_jax.interop.torch_reference` imports without jax and
 the exporter without torch.
 """
+
 import importlib
 
 _LAZY = {
-    "export_checkpoint": ("export", "export_checkpoint"),
-    "export_workdir": ("export", "export_workdir"),
-    "import_checkpoint": ("import_", "import_checkpoint"),
-    "jax_logits": ("logits", "jax_logits"),
-    "export_qwen3_official": ("export", "export_qwen3_official"),
-    "export_qwen3_hf": ("export", "export_qwen3_hf"),
-    "QWEN3_NAME_MAP": ("qwen3_map", "NAME_MAP"),
-    "load_tokenizer": ("import_", "load_tokenizer"),
-    "InteropWarning": ("import_", "InteropWarning"),
-    "CheckpointMismatchError": ("name_map", "CheckpointMismatchError"),
-    "NAME_MAP": ("name_map", "NAME_MAP"),
-    "forward_logits": ("torch_reference", "forward_logits"),
-    "load_reference": ("torch_reference", "load_reference"),
-    "TorchDiT": ("torch_reference", "TorchDiT"),
+  "export_checkpoint": ("export", "export_checkpoint"),
+  "export_workdir": ("export", "export_workdir"),
+  "import_checkpoint": ("import_", "import_checkpoint"),
+  "jax_logits": ("logits", "jax_logits"),
+  "export_qwen3_official": ("export", "export_qwen3_official"),
+  "export_qwen3_hf": ("export", "export_qwen3_hf"),
+  "QWEN3_NAME_MAP": ("qwen3_map", "NAME_MAP"),
+  "load_tokenizer": ("import_", "load_tokenizer"),
+  "InteropWarning": ("import_", "InteropWarning"),
+  "CheckpointMismatchError": ("name_map", "CheckpointMismatchError"),
+  "NAME_MAP": ("name_map", "NAME_MAP"),
+  "forward_logits": ("torch_reference", "forward_logits"),
+  "load_reference": ("torch_reference", "load_reference"),
+  "TorchDiT": ("torch_reference", "TorchDiT"),
 }
 
 __all__ = sorted(_LAZY)

@@ -10,6 +10,7 @@ Writes into `out_dir`:
   tokenizer_config.json,                  plus the HF files that let `AutoTokenizer` load it
   special_tokens_map.json
 """
+
 from __future__ import annotations
 
 import json
@@ -39,6 +40,7 @@ def _to_numpy_tree(params):
   for path, v in flat.items():
     if hasattr(v, "is_fully_addressable") and not v.is_fully_addressable:
       from jax.experimental import multihost_utils
+
       v = multihost_utils.process_allgather(v, tiled=True)
     out[path] = np.asarray(v)
   return name_map.unflatten(out)
@@ -67,8 +69,12 @@ def _write_tokenizer(tokenizer, out_dir: str, special: Mapping[str, int], length
       tok = id_to_token(special[k])
       if tok is not None:
         tokens[k.replace("_id", "_token")] = tok
-  tok_cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": int(length),
-             "clean_up_tokenization_spaces": False, **tokens}
+  tok_cfg = {
+    "tokenizer_class": "PreTrainedTokenizerFast",
+    "model_max_length": int(length),
+    "clean_up_tokenization_spaces": False,
+    **tokens,
+  }
   weight_files.write_json(tok_cfg, os.path.join(out_dir, "tokenizer_config.json"))
   weight_files.write_json(tokens, os.path.join(out_dir, "special_tokens_map.json"))
 
@@ -83,10 +89,18 @@ def _make_readable(out_dir: str):
       os.chmod(path, 0o666 & ~umask)
 
 
-def export_checkpoint(config, params, out_dir: str, *, tokenizer=None,
-                      special_ids: Optional[Mapping[str, int]] = None, fmt: str = "safetensors",
-                      step: Optional[int] = None, ema: Optional[bool] = None,
-                      overwrite: bool = True) -> str:
+def export_checkpoint(
+  config,
+  params,
+  out_dir: str,
+  *,
+  tokenizer=None,
+  special_ids: Optional[Mapping[str, int]] = None,
+  fmt: str = "safetensors",
+  step: Optional[int] = None,
+  ema: Optional[bool] = None,
+  overwrite: bool = True,
+) -> str:
   """Writes `params` of the run `config` to `out_dir` in the official layout; returns out_dir.
 
   Args:
@@ -104,27 +118,37 @@ def export_checkpoint(config, params, out_dir: str, *, tokenizer=None,
   if str(_get(_get(config, "model", {}), "backbone", "dit") or "dit") == "qwen3":
     if fmt != "safetensors":
       raise ValueError("Qwen3 exports are written as model.safetensors only (format=safetensors)")
-    return export_qwen3_official(config, params, out_dir, tokenizer=tokenizer,
-                                 special_ids=special_ids, step=step, ema=ema)
+    return export_qwen3_official(
+      config, params, out_dir, tokenizer=tokenizer, special_ids=special_ids, step=step, ema=ema
+    )
   special = hf_config.normalize_special_ids(tokenizer, special_ids)
   params = _to_numpy_tree(params)
   model_cfg = _get(config, "model", {})
   cond = _get(model_cfg, "cond_dim", 128)
   dims = name_map.dims_from_params(params, cond_dim=cond)
   num_heads = int(_get(model_cfg, "num_heads"))
-  for key, got in (("hidden_size", dims.hidden_size), ("num_layers", dims.num_layers),
-                   ("mlp_ratio", dims.mlp_ratio), ("adaln", dims.adaln)):
+  for key, got in (
+    ("hidden_size", dims.hidden_size),
+    ("num_layers", dims.num_layers),
+    ("mlp_ratio", dims.mlp_ratio),
+    ("adaln", dims.adaln),
+  ):
     want = _get(model_cfg, key, None)
     if want is not None and want != got:
       raise ValueError(f"config model.{key}={want} but the parameters have {got}")
   want_vocab = int(_get(model_cfg, "vocab_size", 0) or 0)
   if want_vocab and want_vocab != dims.vocab_size:
-    raise ValueError(f"config model.vocab_size={want_vocab} but the parameters have {dims.vocab_size}")
+    raise ValueError(
+      f"config model.vocab_size={want_vocab} but the parameters have {dims.vocab_size}"
+    )
   rope_base = float(_get(model_cfg, "rope_base", 10000.0) or 10000.0)
   if dims.mlp_ratio != 4 or rope_base != 10000.0:
-    log.warning("mlp_ratio=%s / rope_base=%s: the official DIT fixes 4 / 10000, so this export "
-                "loads in our importer and PyTorch reference but not in the official code",
-                dims.mlp_ratio, rope_base)
+    log.warning(
+      "mlp_ratio=%s / rope_base=%s: the official DIT fixes 4 / 10000, so this export "
+      "loads in our importer and PyTorch reference but not in the official code",
+      dims.mlp_ratio,
+      rope_base,
+    )
   for k, v in special.items():
     if not 0 <= v < dims.vocab_size:
       raise ValueError(f"special id {k}={v} outside the vocabulary (V={dims.vocab_size})")
@@ -135,28 +159,50 @@ def export_checkpoint(config, params, out_dir: str, *, tokenizer=None,
   for warning in method.export.warnings(length, hf_config.loss_dict(loss)):
     log.warning("%s", warning)
 
-  extra = {"step": None if step is None else int(step), "ema": ema,
-           "run_config": _run_config_json(config)}
+  extra = {
+    "step": None if step is None else int(step),
+    "ema": ema,
+    "run_config": _run_config_json(config),
+  }
   cfg = hf_config.to_hf_config(
-      config, vocab_size=dims.vocab_size, hidden_size=dims.hidden_size, num_layers=dims.num_layers,
-      num_heads=num_heads, mlp_ratio=dims.mlp_ratio, cond_dim=dims.cond_dim, adaln=dims.adaln,
-      special_ids=special, tokenizer_vocab_size=getattr(tokenizer, "vocab_size", None),
-      rope_base=rope_base, extra=extra)
-  state = name_map.flax_to_torch(params, dims, prefix=name_map.PREFIX,
-                                 include_rotary=dims.hidden_size // num_heads, rope_base=rope_base)
+    config,
+    vocab_size=dims.vocab_size,
+    hidden_size=dims.hidden_size,
+    num_layers=dims.num_layers,
+    num_heads=num_heads,
+    mlp_ratio=dims.mlp_ratio,
+    cond_dim=dims.cond_dim,
+    adaln=dims.adaln,
+    special_ids=special,
+    tokenizer_vocab_size=getattr(tokenizer, "vocab_size", None),
+    rope_base=rope_base,
+    extra=extra,
+  )
+  state = name_map.flax_to_torch(
+    params,
+    dims,
+    prefix=name_map.PREFIX,
+    include_rotary=dims.hidden_size // num_heads,
+    rope_base=rope_base,
+  )
   state = {k: v.astype(np.float32) if v.dtype != np.float32 else v for k, v in state.items()}
 
   if os.path.isdir(out_dir) and os.listdir(out_dir) and not overwrite:
     raise FileExistsError(f"{out_dir} is not empty")
   os.makedirs(out_dir, exist_ok=True)
-  for stale in (weight_files.SAFETENSORS_FILE, weight_files.BIN_FILE):  # never leave two weight files around
+  for stale in (
+    weight_files.SAFETENSORS_FILE,
+    weight_files.BIN_FILE,
+  ):  # never leave two weight files around
     p = os.path.join(out_dir, stale)
     if os.path.exists(p):
       os.remove(p)
   weight_files.write_state_dict(state, out_dir, fmt)
   weight_files.write_json(cfg, os.path.join(out_dir, weight_files.CONFIG_FILE))
-  weight_files.write_json(hf_config.generation_config(config, special),
-                   os.path.join(out_dir, weight_files.GENERATION_CONFIG_FILE))
+  weight_files.write_json(
+    hf_config.generation_config(config, special),
+    os.path.join(out_dir, weight_files.GENERATION_CONFIG_FILE),
+  )
   if tokenizer is not None:
     _write_tokenizer(tokenizer, out_dir, special, length)
   _make_readable(out_dir)
@@ -172,18 +218,30 @@ def export_qwen3_hf(config, params, out_dir: str, *, tokenizer=None) -> str:
   os.makedirs(out_dir, exist_ok=True)
   weight_files.write_state_dict(state, out_dir, "safetensors")
   special = hf_config.normalize_special_ids(tokenizer, {}) if tokenizer is not None else {}
-  cfg = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], **pretrained.to_hf_fields(m),
-         "torch_dtype": "float32", "max_position_embeddings": 40960,
-         **{hf_config.HF_SPECIAL[k]: v for k, v in special.items() if k != "mask_id"}}
+  cfg = {
+    "model_type": "qwen3",
+    "architectures": ["Qwen3ForCausalLM"],
+    **pretrained.to_hf_fields(m),
+    "torch_dtype": "float32",
+    "max_position_embeddings": 40960,
+    **{hf_config.HF_SPECIAL[k]: v for k, v in special.items() if k != "mask_id"},
+  }
   weight_files.write_json(cfg, os.path.join(out_dir, weight_files.CONFIG_FILE))
   if tokenizer is not None:
     tokenizer.save(out_dir)
   return out_dir
 
 
-def export_qwen3_official(config, params, out_dir: str, *, tokenizer=None,
-                          special_ids: Optional[Mapping[str, int]] = None, step=None,
-                          ema=None) -> str:
+def export_qwen3_official(
+  config,
+  params,
+  out_dir: str,
+  *,
+  tokenizer=None,
+  special_ids: Optional[Mapping[str, int]] = None,
+  step=None,
+  ema=None,
+) -> str:
   """A Qwen3 run in the official SetDLM layout (SPEC §3.10, §9.2): `backbone.model.*` keys
   (PyTorch orientation, fp32, lm_head written even when tied, as the denoiser's state dict),
   config.json with the official fields plus the architecture, tokenizer weight_files."""
@@ -191,12 +249,24 @@ def export_qwen3_official(config, params, out_dir: str, *, tokenizer=None,
   m = qwen3_hf.resolved_model(config, params)
   special = hf_config.normalize_special_ids(tokenizer, special_ids)
   cfg = hf_config.to_hf_config(
-      config, vocab_size=m["vocab_size"], hidden_size=m["hidden_size"],
-      num_layers=m["num_layers"], num_heads=m["num_heads"], mlp_ratio=0, cond_dim=0, adaln=False,
-      special_ids=special, tokenizer_vocab_size=getattr(tokenizer, "vocab_size", None),
-      rope_base=m["rope_base"],
-      extra={"step": step, "ema": ema, "qwen3": pretrained.to_hf_fields(m),
-             "run_config": _run_config_json(config)})
+    config,
+    vocab_size=m["vocab_size"],
+    hidden_size=m["hidden_size"],
+    num_layers=m["num_layers"],
+    num_heads=m["num_heads"],
+    mlp_ratio=0,
+    cond_dim=0,
+    adaln=False,
+    special_ids=special,
+    tokenizer_vocab_size=getattr(tokenizer, "vocab_size", None),
+    rope_base=m["rope_base"],
+    extra={
+      "step": step,
+      "ema": ema,
+      "qwen3": pretrained.to_hf_fields(m),
+      "run_config": _run_config_json(config),
+    },
+  )
   causal = cfg["backbone_config"]["causal_attention"]  # the method's (registry) choice
   # The template the official loader reads (AutoConfig, offline): this export's own folder. It
   # resolves against the process's directory, so the path is absolute; after moving the export,
@@ -208,16 +278,19 @@ def export_qwen3_official(config, params, out_dir: str, *, tokenizer=None,
   state = qwen3_map.from_flax(params, qwen3_hf.dims_of(m), "official")
   os.makedirs(out_dir, exist_ok=True)
   os.makedirs(template, exist_ok=True)
-  weight_files.write_json(qwen3_hf.template_config(m),
-                          os.path.join(template, weight_files.CONFIG_FILE))
+  weight_files.write_json(
+    qwen3_hf.template_config(m), os.path.join(template, weight_files.CONFIG_FILE)
+  )
   _make_readable(template)
   for stale in (weight_files.SAFETENSORS_FILE, weight_files.BIN_FILE, pretrained.INDEX_FILE):
     if os.path.exists(os.path.join(out_dir, stale)):
       os.remove(os.path.join(out_dir, stale))
   weight_files.write_state_dict(state, out_dir, "safetensors")
   weight_files.write_json(cfg, os.path.join(out_dir, weight_files.CONFIG_FILE))
-  weight_files.write_json(hf_config.generation_config(config, special),
-                   os.path.join(out_dir, weight_files.GENERATION_CONFIG_FILE))
+  weight_files.write_json(
+    hf_config.generation_config(config, special),
+    os.path.join(out_dir, weight_files.GENERATION_CONFIG_FILE),
+  )
   if tokenizer is not None:
     _write_tokenizer(tokenizer, out_dir, special, int(_get(config, "seq_len")))
   _make_readable(out_dir)
@@ -235,11 +308,15 @@ def check_export_dir(out: str, workdir: str, *, overwrite: bool = False):
   target, source = os.path.realpath(out), os.path.realpath(workdir)
   inside = target.startswith(source + os.sep) and os.path.exists(target)  # e.g. its tokenizer/
   if target == source or inside or os.path.isdir(os.path.join(target, "checkpoints")):
-    raise ValueError(f"--out={out} is a training workdir; exporting there would replace its "
-                     "config.json. Choose a new directory for --out")
+    raise ValueError(
+      f"--out={out} is a training workdir; exporting there would replace its "
+      "config.json. Choose a new directory for --out"
+    )
   if os.path.isdir(target) and os.listdir(target) and not overwrite:
-    raise ValueError(f"--out={out} is not empty; choose a new directory or pass --overwrite to "
-                     "replace the files there")
+    raise ValueError(
+      f"--out={out} is not empty; choose a new directory or pass --overwrite to "
+      "replace the files there"
+    )
   if os.path.exists(target) and not os.path.isdir(target):
     raise ValueError(f"--out={out} is a file, not a directory")
 
@@ -247,19 +324,34 @@ def check_export_dir(out: str, workdir: str, *, overwrite: bool = False):
 def _check_remote_export_dir(out: str, workdir: str, overwrite: bool):
   """`check_export_dir` for an object-store --out (or workdir), through `setdiff_jax.paths`."""
   target, source = out.rstrip("/"), paths.resolve(workdir).rstrip("/")
-  if target == source or target.startswith(source + "/") or paths.isdir(
-      paths.join(target, "checkpoints")):
-    raise ValueError(f"--out={out} is a training workdir (or inside one); exporting there would "
-                     "replace its config.json. Choose a new directory for --out")
+  if (
+    target == source
+    or target.startswith(source + "/")
+    or paths.isdir(paths.join(target, "checkpoints"))
+  ):
+    raise ValueError(
+      f"--out={out} is a training workdir (or inside one); exporting there would "
+      "replace its config.json. Choose a new directory for --out"
+    )
   if paths.isdir(target) and paths.listdir(target) and not overwrite:
-    raise ValueError(f"--out={out} is not empty; choose a new directory or pass --overwrite to "
-                     "replace the files there")
+    raise ValueError(
+      f"--out={out} is not empty; choose a new directory or pass --overwrite to "
+      "replace the files there"
+    )
   if paths.isfile(target):
     raise ValueError(f"--out={out} is a file, not a directory")
 
 
-def export_workdir(workdir: str, out: str, *, use_ema: bool = True, step: Optional[int] = None,
-                   fmt: str = "safetensors", verify: bool = False, overwrite: bool = False):
+def export_workdir(
+  workdir: str,
+  out: str,
+  *,
+  use_ema: bool = True,
+  step: Optional[int] = None,
+  fmt: str = "safetensors",
+  verify: bool = False,
+  overwrite: bool = False,
+):
   """Exports a training workdir's checkpoint (parameters only, `workdir.load_inference_state`).
 
   On several hosts every process must call this (restoring and gathering are collective); only
@@ -279,23 +371,39 @@ def export_workdir(workdir: str, out: str, *, use_ema: bool = True, step: Option
     errors.require_extra("transformers", "torch", "--verify of a Qwen3 export (the HF Qwen3)")
   qwen3 = str(state.config.model.get("backbone", "dit")) == "qwen3"
   if qwen3 and paths.is_remote(out):  # its config.json points at its template folder by path
-    raise ValueError(f"--out={out}: a Qwen3 export is written to a local directory (its "
-                     "config.json names its template folder by path); export locally, then copy")
+    raise ValueError(
+      f"--out={out}: a Qwen3 export is written to a local directory (its "
+      "config.json names its template folder by path); export locally, then copy"
+    )
   params = _to_numpy_tree(state.params)
   report = None
   if jax.process_index() == 0:
     # An object-store --out: written to a local folder, uploaded when complete (paths.staged_dir).
     with paths.staged_dir(out) as local:
-      export_checkpoint(state.config, params, local, tokenizer=state.tokenizer, fmt=fmt,
-                        step=state.step, ema=use_ema)
+      export_checkpoint(
+        state.config,
+        params,
+        local,
+        tokenizer=state.tokenizer,
+        fmt=fmt,
+        step=state.step,
+        ema=use_ema,
+      )
       if verify and qwen3:
         from setdiff_jax.interop import qwen3_parity  # torch + transformers: optional extras
+
         report = qwen3_parity.parity_report(state.config, params, local)
       elif verify:
         from setdiff_jax.interop import parity  # torch: an optional extra
+
         report = parity.parity_report(state.config, params, local)
-    log.info("exported step %d (%s params) of %s to %s", state.step,
-             "EMA" if use_ema else "raw", workdir, out)
+    log.info(
+      "exported step %d (%s params) of %s to %s",
+      state.step,
+      "EMA" if use_ema else "raw",
+      workdir,
+      out,
+    )
   return out, report
 
 
@@ -307,8 +415,10 @@ def repoint_qwen3_template(export_dir: str) -> str:
   cfg = weight_files.read_json(path)
   sub = (cfg.get("setdiff_jax") or {}).get("qwen3_template")
   if not sub or not isinstance(cfg.get("backbone_config"), dict):
-    raise ValueError(f"{path} is not a Qwen3 export of setdiff_jax with a local template "
-                     f"(no setdiff_jax.qwen3_template); re-export it with launch/export.py")
+    raise ValueError(
+      f"{path} is not a Qwen3 export of setdiff_jax with a local template "
+      f"(no setdiff_jax.qwen3_template); re-export it with launch/export.py"
+    )
   template = os.path.abspath(os.path.join(export_dir, sub))
   if not os.path.isfile(os.path.join(template, weight_files.CONFIG_FILE)):
     raise FileNotFoundError(f"{template}/config.json is missing: copy the whole export folder")
@@ -317,5 +427,11 @@ def repoint_qwen3_template(export_dir: str) -> str:
   return template
 
 
-__all__ = ["export_checkpoint", "check_export_dir", "export_workdir", "export_qwen3_official",
-           "export_qwen3_hf", "repoint_qwen3_template"]
+__all__ = [
+  "export_checkpoint",
+  "check_export_dir",
+  "export_workdir",
+  "export_qwen3_official",
+  "export_qwen3_hf",
+  "repoint_qwen3_template",
+]

@@ -11,6 +11,7 @@ go in a top-level `setdiff_jax` block, which the official `PretrainedConfig` kee
 attribute. What differs per method (classes, noise config, block size, sampler knobs, the loss
 fields read back) comes from its registry entry (`setdiff_jax.methods`).
 """
+
 from __future__ import annotations
 
 import re
@@ -24,11 +25,17 @@ from setdiff_jax.methods.setdlm import infer_desired_from_name, normalize_max_se
 
 FORMAT_VERSION = 1
 SPECIAL_KEYS = ("bos_id", "eos_id", "pad_id", "mask_id")
-HF_SPECIAL = {"bos_id": "bos_token_id", "eos_id": "eos_token_id", "pad_id": "pad_token_id",
-              "mask_id": "mask_token_id"}
+HF_SPECIAL = {
+  "bos_id": "bos_token_id",
+  "eos_id": "eos_token_id",
+  "pad_id": "pad_token_id",
+  "mask_id": "mask_token_id",
+}
 
 # objective -> (model_type, architecture): SetDLM reuses BD3LMConfig (SPEC §9.2).
-HF_CLASSES = {m.name: (m.export.model_type, m.export.architecture) for m in methods.REGISTRY.values()}
+HF_CLASSES = {
+  m.name: (m.export.model_type, m.export.architecture) for m in methods.REGISTRY.values()
+}
 HF_MODEL_TYPES = frozenset(t for t, _ in HF_CLASSES.values())  # the official config.json kinds
 
 
@@ -57,16 +64,29 @@ def normalize_special_ids(tokenizer=None, special_ids: Optional[Mapping] = None)
       out[name] = int(v)
   missing = [k for k in SPECIAL_KEYS if k not in out]
   if missing:
-    raise ValueError(f"export needs the tokenizer's special ids; missing {missing}. Pass "
-                     f"tokenizer=... or special_ids={{'bos_id': .., 'eos_id': .., 'pad_id': .., "
-                     f"'mask_id': ..}}")
+    raise ValueError(
+      f"export needs the tokenizer's special ids; missing {missing}. Pass "
+      f"tokenizer=... or special_ids={{'bos_id': .., 'eos_id': .., 'pad_id': .., "
+      f"'mask_id': ..}}"
+    )
   return out
 
 
-def to_hf_config(run_config, *, vocab_size: int, hidden_size: int, num_layers: int,
-                 num_heads: int, mlp_ratio: int, cond_dim: int, adaln: bool,
-                 special_ids: Mapping[str, int], tokenizer_vocab_size: Optional[int] = None,
-                 rope_base: float = 10000.0, extra: Optional[Mapping] = None) -> Dict[str, Any]:
+def to_hf_config(
+  run_config,
+  *,
+  vocab_size: int,
+  hidden_size: int,
+  num_layers: int,
+  num_heads: int,
+  mlp_ratio: int,
+  cond_dim: int,
+  adaln: bool,
+  special_ids: Mapping[str, int],
+  tokenizer_vocab_size: Optional[int] = None,
+  rope_base: float = 10000.0,
+  extra: Optional[Mapping] = None,
+) -> Dict[str, Any]:
   """The `config.json` dict for an export of a run with these backbone dims."""
   objective = str(_get(run_config, "objective", methods.DEFAULT))
   if objective not in HF_CLASSES:
@@ -81,31 +101,51 @@ def to_hf_config(run_config, *, vocab_size: int, hidden_size: int, num_layers: i
   noise = method.export.noise_config(length, loss)
 
   ids = {HF_SPECIAL[k]: int(v) for k, v in special_ids.items()}
-  tokenization = {"vocab_size": int(tokenizer_vocab_size or vocab_size), **ids,
-                  "pad_vocab_size_multiple": 1}
+  tokenization = {
+    "vocab_size": int(tokenizer_vocab_size or vocab_size),
+    **ids,
+    "pad_vocab_size_multiple": 1,
+  }
   backbone = {
-      "_target_": DIT_TARGET, "length": length, "causal_attention": method.export.causal_attention,
-      "adaln": bool(adaln), "hidden_size": int(hidden_size), "cond_dim": int(cond_dim),
-      "n_heads": int(num_heads), "num_layers": int(num_layers),
-      "dropout": float(_get(model, "dropout", 0.1)), "tie_word_embeddings": True,
-      "attn_backend": "sdpa", "vocab_size": int(vocab_size), "block_size": block,
-      "pretrained_model_name_or_path": None,
+    "_target_": DIT_TARGET,
+    "length": length,
+    "causal_attention": method.export.causal_attention,
+    "adaln": bool(adaln),
+    "hidden_size": int(hidden_size),
+    "cond_dim": int(cond_dim),
+    "n_heads": int(num_heads),
+    "num_layers": int(num_layers),
+    "dropout": float(_get(model, "dropout", 0.1)),
+    "tie_word_embeddings": True,
+    "attn_backend": "sdpa",
+    "vocab_size": int(vocab_size),
+    "block_size": block,
+    "pretrained_model_name_or_path": None,
   }
   cfg = {
-      "model_type": model_type, "architectures": [arch],
-      "length": length, "block_size": block, "eval_block_size": block,
-      "attn_backend": "sdpa", "keep_clean_bos": keep_clean_bos, "train_on_context": False,
-      "setdlm_eos_last_in_target_order": bool(loss.get("eos_last", False)),
-      "setdlm_fht_cache_order": False,
-      "tokenizer_name": None,  # the official loader then uses the checkpoint directory
-      **tokenization,
-      "tokenization_config": dict(tokenization),
-      "backbone_config": backbone,
-      "noise_config": noise,
-      "torch_dtype": "float32",
-      "setdiff_jax": {"format_version": FORMAT_VERSION, "objective": objective,
-                      "mlp_ratio": int(mlp_ratio), "rope_base": float(rope_base),
-                      **dict(extra or {})},
+    "model_type": model_type,
+    "architectures": [arch],
+    "length": length,
+    "block_size": block,
+    "eval_block_size": block,
+    "attn_backend": "sdpa",
+    "keep_clean_bos": keep_clean_bos,
+    "train_on_context": False,
+    "setdlm_eos_last_in_target_order": bool(loss.get("eos_last", False)),
+    "setdlm_fht_cache_order": False,
+    "tokenizer_name": None,  # the official loader then uses the checkpoint directory
+    **tokenization,
+    "tokenization_config": dict(tokenization),
+    "backbone_config": backbone,
+    "noise_config": noise,
+    "torch_dtype": "float32",
+    "setdiff_jax": {
+      "format_version": FORMAT_VERSION,
+      "objective": objective,
+      "mlp_ratio": int(mlp_ratio),
+      "rope_base": float(rope_base),
+      **dict(extra or {}),
+    },
   }
   return cfg
 
@@ -116,14 +156,24 @@ def generation_config(run_config, special_ids: Mapping[str, int]) -> Dict[str, A
   length = int(_get(run_config, "seq_len"))
   loss = loss_dict(_get(run_config, "loss", {}))
   sampling = _get(run_config, "sampling", None)
-  gen = {"bos_token_id": int(special_ids["bos_id"]), "eos_token_id": int(special_ids["eos_id"]),
-         "pad_token_id": int(special_ids["pad_id"]), "mask_token_id": int(special_ids["mask_id"]),
-         "do_sample": False, "use_cache": True, "max_length": length}
+  gen = {
+    "bos_token_id": int(special_ids["bos_id"]),
+    "eos_token_id": int(special_ids["eos_id"]),
+    "pad_token_id": int(special_ids["pad_id"]),
+    "mask_token_id": int(special_ids["mask_id"]),
+    "do_sample": False,
+    "use_cache": True,
+    "max_length": length,
+  }
   gen.update(method.export.generation_fields(length, loss))
-  for ours, theirs in (("window_size", "max_window_size"), ("max_window_size", "max_window_size"),
-                       ("confidence_threshold", "confidence_threshold"),
-                       ("nucleus_p", "nucleus_p"), ("num_steps", "num_steps"),
-                       ("do_sample", "do_sample")):
+  for ours, theirs in (
+    ("window_size", "max_window_size"),
+    ("max_window_size", "max_window_size"),
+    ("confidence_threshold", "confidence_threshold"),
+    ("nucleus_p", "nucleus_p"),
+    ("num_steps", "num_steps"),
+    ("do_sample", "do_sample"),
+  ):
     v = _get(sampling, ours, None)
     if v is not None and not isinstance(v, Mapping):
       gen[theirs] = v
@@ -136,13 +186,18 @@ def objective_from_hf(cfg: Mapping, path_hint: str = "") -> str:
   ours = (cfg.get("setdiff_jax") or {}).get("objective")
   if ours in HF_CLASSES:
     return ours
-  for hay in (" ".join(cfg.get("architectures") or []).lower(), str(cfg.get("model_type", "")).lower(),
-              str(path_hint).lower()):
+  for hay in (
+    " ".join(cfg.get("architectures") or []).lower(),
+    str(cfg.get("model_type", "")).lower(),
+    str(path_hint).lower(),
+  ):
     for method in methods.HF_MATCH_ORDER:
       if re.search(method.export.name_pattern, hay):
         return method.name
-  raise ValueError(f"cannot tell the model family from config.json (architectures="
-                   f"{cfg.get('architectures')}, model_type={cfg.get('model_type')})")
+  raise ValueError(
+    f"cannot tell the model family from config.json (architectures="
+    f"{cfg.get('architectures')}, model_type={cfg.get('model_type')})"
+  )
 
 
 def loss_dict(loss) -> Dict[str, Any]:
@@ -162,12 +217,16 @@ def from_hf_config(cfg: Mapping, path_hint: str = "") -> Tuple[Dict[str, Any], L
   objective = objective_from_hf(cfg, path_hint)
   bb = backbone_fields(cfg)
   noise = cfg.get("noise_config") or {}
-  length = cfg.get("length") or (cfg.get("backbone_config") or {}).get("length") or noise.get("length")
+  length = (
+    cfg.get("length") or (cfg.get("backbone_config") or {}).get("length") or noise.get("length")
+  )
   if length is None:
     raise ValueError("config.json has no `length`")
   length = int(length)
-  model = {k: bb[k] for k in ("hidden_size", "num_layers", "num_heads", "cond_dim", "adaln",
-                              "dropout", "mlp_ratio")}
+  model = {
+    k: bb[k]
+    for k in ("hidden_size", "num_layers", "num_heads", "cond_dim", "adaln", "dropout", "mlp_ratio")
+  }
   model["vocab_size"] = int(bb["vocab_size"]) if bb["vocab_size"] is not None else 0
   if bb["rope_base"] != 10000.0:
     model["rope_base"] = bb["rope_base"]
@@ -178,8 +237,10 @@ def from_hf_config(cfg: Mapping, path_hint: str = "") -> Tuple[Dict[str, Any], L
     loss["keep_clean_bos"] = kcb
   else:
     loss["keep_clean_bos"] = method.export.default_keep_clean_bos
-    warns.append(f"config.json keep_clean_bos={kcb!r}; using {loss['keep_clean_bos']} (the "
-                 f"official eval loader's default)")
+    warns.append(
+      f"config.json keep_clean_bos={kcb!r}; using {loss['keep_clean_bos']} (the "
+      f"official eval loader's default)"
+    )
   loss.update(method.export.loss_fields(cfg, length, path_hint, warns))
   stored = noise.get("max_block_size")  # only the staggered schedule stores S_max
   tok = cfg.get("tokenization_config") or {}
@@ -188,12 +249,28 @@ def from_hf_config(cfg: Mapping, path_hint: str = "") -> Tuple[Dict[str, Any], L
     v = tok.get(hf, cfg.get(hf))
     if v is not None:
       special[ours] = int(v)
-  return {"objective": objective, "seq_len": length, "model": model, "loss": loss,
-          "special_ids": special, "stored_max_set_size": stored,
-          "tokenizer_vocab_size": tok.get("vocab_size", cfg.get("vocab_size")),
-          "causal_attention": bb["causal_attention"]}, warns
+  return {
+    "objective": objective,
+    "seq_len": length,
+    "model": model,
+    "loss": loss,
+    "special_ids": special,
+    "stored_max_set_size": stored,
+    "tokenizer_vocab_size": tok.get("vocab_size", cfg.get("vocab_size")),
+    "causal_attention": bb["causal_attention"],
+  }, warns
 
 
-__all__ = ["to_hf_config", "generation_config", "from_hf_config", "backbone_fields",
-           "objective_from_hf", "normalize_max_set_size", "effective_max_set_size",
-           "normalize_special_ids", "infer_desired_from_name", "HF_CLASSES", "FORMAT_VERSION"]
+__all__ = [
+  "to_hf_config",
+  "generation_config",
+  "from_hf_config",
+  "backbone_fields",
+  "objective_from_hf",
+  "normalize_max_set_size",
+  "effective_max_set_size",
+  "normalize_special_ids",
+  "infer_desired_from_name",
+  "HF_CLASSES",
+  "FORMAT_VERSION",
+]

@@ -21,6 +21,7 @@ Documented behaviour:
     AutoModelFromPreTrained, keys `backbone.model.*`) are read by `qwen3_hf.py`;
     `config.model.backbone = "qwen3"`.
 """
+
 from __future__ import annotations
 
 import logging
@@ -71,17 +72,21 @@ def _check_hidden_size(state, hidden: int, cfg_path: str):
   can fail with a less direct message."""
   emb = state.get("vocab_embed.embedding")
   if emb is not None and len(np.shape(emb)) == 2 and int(np.shape(emb)[1]) != hidden:
-    raise ValueError(f"hidden size mismatch: {cfg_path} says hidden_size={hidden} but the weights "
-                     f"have hidden size {int(np.shape(emb)[1])} (vocab_embed.embedding "
-                     f"{tuple(np.shape(emb))}); fix hidden_size in that config.json")
+    raise ValueError(
+      f"hidden size mismatch: {cfg_path} says hidden_size={hidden} but the weights "
+      f"have hidden size {int(np.shape(emb)[1])} (vocab_embed.embedding "
+      f"{tuple(np.shape(emb))}); fix hidden_size in that config.json"
+    )
 
 
 def _check_rotary(value, head_dim: int, rope_base: float):
   want = name_map.rotary_inv_freq(head_dim, rope_base)
   got = np.asarray(value, dtype=np.float32).reshape(-1)
   if got.shape != want.shape or not np.allclose(got, want, rtol=1e-6, atol=0.0):
-    raise ValueError(f"{name_map.ROTARY_KEY} does not match base={rope_base}, head_dim={head_dim}: "
-                     f"found {got[:4]}..., expected {want[:4]}...")
+    raise ValueError(
+      f"{name_map.ROTARY_KEY} does not match base={rope_base}, head_dim={head_dim}: "
+      f"found {got[:4]}..., expected {want[:4]}..."
+    )
 
 
 def _check_structure(config, params):
@@ -90,15 +95,20 @@ def _check_structure(config, params):
   got = name_map.flatten(params)
   missing = ["/".join(p) for p in want if p not in got]
   extra = ["/".join(p) for p in got if p not in want]
-  bad = [("/".join(p), got[p].shape, want[p].shape) for p in want
-         if p in got and tuple(got[p].shape) != tuple(want[p].shape)]
+  bad = [
+    ("/".join(p), got[p].shape, want[p].shape)
+    for p in want
+    if p in got and tuple(got[p].shape) != tuple(want[p].shape)
+  ]
   if missing or extra or bad:
-    raise name_map.CheckpointMismatchError(missing, extra, bad,
-                                           "name map vs setdiff_jax.models.dit (a stale name map?)")
+    raise name_map.CheckpointMismatchError(
+      missing, extra, bad, "name map vs setdiff_jax.models.dit (a stale name map?)"
+    )
 
 
-def import_checkpoint(path: str, *, check_structure: bool = True
-                      ) -> Tuple[ml_collections.ConfigDict, Dict[str, Any]]:
+def import_checkpoint(
+  path: str, *, check_structure: bool = True
+) -> Tuple[ml_collections.ConfigDict, Dict[str, Any]]:
   """(config, params) from an exported or official checkpoint directory (see module doc)."""
   path = os.fspath(path)
   cfg_path = os.path.join(path, weight_files.CONFIG_FILE)
@@ -108,9 +118,11 @@ def import_checkpoint(path: str, *, check_structure: bool = True
   if raw.get("model_type") == "qwen3":  # a plain Hugging Face Qwen3 directory
     config, params = _qwen3_hf_import(path)
   elif "backbone_config" not in raw and raw.get("model_type") not in hf_config.HF_MODEL_TYPES:
-    raise ValueError(f"{cfg_path}: model_type={raw.get('model_type')!r} is neither a Hugging Face "
-                     f"Qwen3 (model_type 'qwen3') nor a SetDLM export "
-                     f"({sorted(hf_config.HF_MODEL_TYPES)} with a backbone_config)")
+    raise ValueError(
+      f"{cfg_path}: model_type={raw.get('model_type')!r} is neither a Hugging Face "
+      f"Qwen3 (model_type 'qwen3') nor a SetDLM export "
+      f"({sorted(hf_config.HF_MODEL_TYPES)} with a backbone_config)"
+    )
   elif backbone_config.is_qwen3(raw):
     config, params = _qwen3_official_import(path, raw)
   else:
@@ -129,10 +141,19 @@ def _qwen3_hf_import(path: str):
   if tok_dir is not None:
     config.tokenizer.kind = "qwen3"
     config.tokenizer.vocab_path = os.path.join(tok_dir, "tokenizer.json")
-  config.interop = ml_collections.ConfigDict({
-      "source": os.path.abspath(path), "format": "hf", "special_ids": special,
-      "tokenizer_dir": tok_dir, "stored_max_set_size": None, "step": None, "ema": None,
-      "causal_attention": True, "tokenizer_vocab_size": None})
+  config.interop = ml_collections.ConfigDict(
+    {
+      "source": os.path.abspath(path),
+      "format": "hf",
+      "special_ids": special,
+      "tokenizer_dir": tok_dir,
+      "stored_max_set_size": None,
+      "step": None,
+      "ema": None,
+      "causal_attention": True,
+      "tokenizer_vocab_size": None,
+    }
+  )
   return config, params
 
 
@@ -155,7 +176,8 @@ def _assemble(path: str, raw, fields, m):
   _merge(config.model, {k: v for k, v in m.items()})
   _merge(config.loss, fields["loss"])
   has_tokenizer = os.path.isfile(os.path.join(path, "tokenizer.json"))
-  config.interop = ml_collections.ConfigDict({
+  config.interop = ml_collections.ConfigDict(
+    {
       "source": os.path.abspath(path),
       "special_ids": dict(fields["special_ids"]),
       "tokenizer_dir": os.path.abspath(path) if has_tokenizer else None,
@@ -164,7 +186,8 @@ def _assemble(path: str, raw, fields, m):
       "causal_attention": fields["causal_attention"],
       "step": extra.get("step"),
       "ema": extra.get("ema"),
-  })
+    }
+  )
   return config
 
 
@@ -188,14 +211,21 @@ def _dit_import(path: str, raw):
   if int(m["vocab_size"]) <= 0 and "vocab_embed.embedding" in state:
     m["vocab_size"] = int(np.shape(state["vocab_embed.embedding"])[0])
     _warn(f"backbone_config.vocab_size missing; using {m['vocab_size']} from the embedding")
-  dims = name_map.Dims(int(m["vocab_size"]), int(m["hidden_size"]), int(m["num_layers"]),
-                       int(m["mlp_ratio"]), int(m["cond_dim"]), bool(m["adaln"]))
+  dims = name_map.Dims(
+    int(m["vocab_size"]),
+    int(m["hidden_size"]),
+    int(m["num_layers"]),
+    int(m["mlp_ratio"]),
+    int(m["cond_dim"]),
+    bool(m["adaln"]),
+  )
   params = name_map.torch_to_flax(state, dims, context=path)
   dtypes = {str(a.dtype) for a in name_map.flatten(params).values()}
   if dtypes != {"float32"}:
     _warn(f"weights stored as {sorted(dtypes)}; converted to float32")
-    params = name_map.unflatten({p: np.asarray(a, np.float32)
-                                 for p, a in name_map.flatten(params).items()})
+    params = name_map.unflatten(
+      {p: np.asarray(a, np.float32) for p, a in name_map.flatten(params).items()}
+    )
 
   return _assemble(path, raw, fields, m), params
 
@@ -205,11 +235,13 @@ def load_tokenizer(path: str):
   if os.path.isfile(os.path.join(path, "special_tokens.json")):
     return tokenizers.Tokenizer.load(path)
   import tokenizers as hf
+
   raw = weight_files.read_json(os.path.join(path, weight_files.CONFIG_FILE))
   fields, _ = hf_config.from_hf_config(raw, path_hint=path)
   ids = fields["special_ids"]
-  return tokenizers.Tokenizer(hf.Tokenizer.from_file(os.path.join(path, "tokenizer.json")),
-                              kind="hf", **ids)
+  return tokenizers.Tokenizer(
+    hf.Tokenizer.from_file(os.path.join(path, "tokenizer.json")), kind="hf", **ids
+  )
 
 
 __all__ = ["import_checkpoint", "load_tokenizer", "default_config", "InteropWarning"]

@@ -5,6 +5,7 @@
 `config`: a run config (its `model` block is used) or a `config.model` mapping; the vocabulary
 is read off `params`. `allowed`: bool [B, S, S] (True = attend). No mask-token suppression.
 """
+
 from __future__ import annotations
 
 import functools
@@ -29,18 +30,26 @@ def fp32_backbone_config(config, params):
 @functools.lru_cache(maxsize=32)
 def _forward(backbone_cfg, return_kv: bool):
   module = models.build(backbone_cfg)
-  return jax.jit(lambda p, t, q, m, c: module.apply({"params": p}, t, q, m, kv_cache=c,
-                                                    return_kv=return_kv, deterministic=True))
+  return jax.jit(
+    lambda p, t, q, m, c: module.apply(
+      {"params": p}, t, q, m, kv_cache=c, return_kv=return_kv, deterministic=True
+    )
+  )
 
 
-def jax_forward(backbone_cfg, params, tokens, positions, allowed, kv_cache=None,
-                return_kv: bool = False):
+def jax_forward(
+  backbone_cfg, params, tokens, positions, allowed, kv_cache=None, return_kv: bool = False
+):
   """The backbone's raw outputs (jitted once per config); kv_cache as the model takes it; params
   per-layer or scanned (converted to the config's `scan_layers` layout)."""
   params = layer_names.to_layout(params, getattr(backbone_cfg, "scan_layers", False))
-  return _forward(backbone_cfg, return_kv)(params, jnp.asarray(tokens, jnp.int32),
-                                           jnp.asarray(positions, jnp.int32),
-                                           jnp.asarray(allowed, bool), kv_cache)
+  return _forward(backbone_cfg, return_kv)(
+    params,
+    jnp.asarray(tokens, jnp.int32),
+    jnp.asarray(positions, jnp.int32),
+    jnp.asarray(allowed, bool),
+    kv_cache,
+  )
 
 
 def jax_logits(config, params, tokens, positions, allowed) -> np.ndarray:

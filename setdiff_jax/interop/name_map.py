@@ -15,6 +15,7 @@ Our side of the map is the per-layer tree; a scanned tree (`model.scan_layers`, 
 
 This module needs only numpy (the PyTorch reference imports it).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,17 +26,17 @@ import numpy as np
 
 from setdiff_jax import layer_names
 
-PREFIX = "backbone."          # an exported denoiser's state dict nests the DiT under `backbone`
-TIME_EMBED_DIM = 256          # TimestepEmbedder frequency width (SPEC §3.4)
+PREFIX = "backbone."  # an exported denoiser's state dict nests the DiT under `backbone`
+TIME_EMBED_DIM = 256  # TimestepEmbedder frequency width (SPEC §3.4)
 
 
 @dataclasses.dataclass(frozen=True)
 class Entry:
-  torch: str                   # official key without PREFIX, e.g. "blocks.{i}.attn_qkv.weight"
-  flax: str                    # our path, "/"-separated, e.g. "blocks_{i}/attn_qkv/kernel"
-  transpose: bool              # True for Linear weights (out, in) <-> kernels (in, out)
-  shape: Tuple[str, ...]       # PyTorch shape in symbols
-  adaln_only: bool = False     # present only in adaLN (MDLM/BD3LM) models
+  torch: str  # official key without PREFIX, e.g. "blocks.{i}.attn_qkv.weight"
+  flax: str  # our path, "/"-separated, e.g. "blocks_{i}/attn_qkv/kernel"
+  transpose: bool  # True for Linear weights (out, in) <-> kernels (in, out)
+  shape: Tuple[str, ...]  # PyTorch shape in symbols
+  adaln_only: bool = False  # present only in adaLN (MDLM/BD3LM) models
 
   @property
   def per_layer(self) -> bool:
@@ -43,36 +44,36 @@ class Entry:
 
 
 NAME_MAP: Tuple[Entry, ...] = (
-    Entry("vocab_embed.embedding", "embed/embedding", False, ("V", "D")),
-    Entry("sigma_map.mlp.0.weight", "sigma_map/dense0/kernel", True, ("C", "T"), True),
-    Entry("sigma_map.mlp.0.bias", "sigma_map/dense0/bias", False, ("C",), True),
-    Entry("sigma_map.mlp.2.weight", "sigma_map/dense1/kernel", True, ("C", "C"), True),
-    Entry("sigma_map.mlp.2.bias", "sigma_map/dense1/bias", False, ("C",), True),
-    Entry("blocks.{i}.norm1.weight", "blocks_{i}/norm1/scale", False, ("D",)),
-    Entry("blocks.{i}.attn_qkv.weight", "blocks_{i}/attn_qkv/kernel", True, ("3D", "D")),
-    Entry("blocks.{i}.attn_out.weight", "blocks_{i}/attn_out/kernel", True, ("D", "D")),
-    Entry("blocks.{i}.norm2.weight", "blocks_{i}/norm2/scale", False, ("D",)),
-    Entry("blocks.{i}.mlp.0.weight", "blocks_{i}/mlp_in/kernel", True, ("F", "D")),
-    Entry("blocks.{i}.mlp.0.bias", "blocks_{i}/mlp_in/bias", False, ("F",)),
-    Entry("blocks.{i}.mlp.2.weight", "blocks_{i}/mlp_out/kernel", True, ("D", "F")),
-    Entry("blocks.{i}.mlp.2.bias", "blocks_{i}/mlp_out/bias", False, ("D",)),
-    Entry("blocks.{i}.adaLN_modulation.weight", "blocks_{i}/adaln/kernel", True, ("6D", "C"), True),
-    Entry("blocks.{i}.adaLN_modulation.bias", "blocks_{i}/adaln/bias", False, ("6D",), True),
-    Entry("output_layer.norm_final.weight", "final_norm/scale", False, ("D",)),
-    Entry("output_layer.adaLN_modulation.weight", "final_adaln/kernel", True, ("2D", "C"), True),
-    Entry("output_layer.adaLN_modulation.bias", "final_adaln/bias", False, ("2D",), True),
-    Entry("output_layer.linear.weight", "head/kernel", True, ("V", "D")),
-    Entry("output_layer.linear.bias", "head/bias", False, ("V",)),
+  Entry("vocab_embed.embedding", "embed/embedding", False, ("V", "D")),
+  Entry("sigma_map.mlp.0.weight", "sigma_map/dense0/kernel", True, ("C", "T"), True),
+  Entry("sigma_map.mlp.0.bias", "sigma_map/dense0/bias", False, ("C",), True),
+  Entry("sigma_map.mlp.2.weight", "sigma_map/dense1/kernel", True, ("C", "C"), True),
+  Entry("sigma_map.mlp.2.bias", "sigma_map/dense1/bias", False, ("C",), True),
+  Entry("blocks.{i}.norm1.weight", "blocks_{i}/norm1/scale", False, ("D",)),
+  Entry("blocks.{i}.attn_qkv.weight", "blocks_{i}/attn_qkv/kernel", True, ("3D", "D")),
+  Entry("blocks.{i}.attn_out.weight", "blocks_{i}/attn_out/kernel", True, ("D", "D")),
+  Entry("blocks.{i}.norm2.weight", "blocks_{i}/norm2/scale", False, ("D",)),
+  Entry("blocks.{i}.mlp.0.weight", "blocks_{i}/mlp_in/kernel", True, ("F", "D")),
+  Entry("blocks.{i}.mlp.0.bias", "blocks_{i}/mlp_in/bias", False, ("F",)),
+  Entry("blocks.{i}.mlp.2.weight", "blocks_{i}/mlp_out/kernel", True, ("D", "F")),
+  Entry("blocks.{i}.mlp.2.bias", "blocks_{i}/mlp_out/bias", False, ("D",)),
+  Entry("blocks.{i}.adaLN_modulation.weight", "blocks_{i}/adaln/kernel", True, ("6D", "C"), True),
+  Entry("blocks.{i}.adaLN_modulation.bias", "blocks_{i}/adaln/bias", False, ("6D",), True),
+  Entry("output_layer.norm_final.weight", "final_norm/scale", False, ("D",)),
+  Entry("output_layer.adaLN_modulation.weight", "final_adaln/kernel", True, ("2D", "C"), True),
+  Entry("output_layer.adaLN_modulation.bias", "final_adaln/bias", False, ("2D",), True),
+  Entry("output_layer.linear.weight", "head/kernel", True, ("V", "D")),
+  Entry("output_layer.linear.bias", "head/bias", False, ("V",)),
 )
 
 # Keys that are not parameters. They are checked where that makes sense, then ignored on import.
-ROTARY_KEY = "rotary_emb.inv_freq"       # persistent buffer, recomputed (checked on import)
+ROTARY_KEY = "rotary_emb.inv_freq"  # persistent buffer, recomputed (checked on import)
 IGNORED_BUFFERS: Tuple[str, ...] = (
-    "static_attention_mask",             # denoiser-level SDPA mask buffer (SetDLM may keep it)
-    "rotary_emb.cos_cached",             # non-persistent in the reference; never in a file
-    "rotary_emb.sin_cached",
-    "sampling_eps_min",                  # denoiser-level scalars of legacy Lightning checkpoints
-    "sampling_eps_max",
+  "static_attention_mask",  # denoiser-level SDPA mask buffer (SetDLM may keep it)
+  "rotary_emb.cos_cached",  # non-persistent in the reference; never in a file
+  "rotary_emb.sin_cached",
+  "sampling_eps_min",  # denoiser-level scalars of legacy Lightning checkpoints
+  "sampling_eps_max",
 )
 
 
@@ -85,6 +86,7 @@ def rotary_inv_freq(head_dim: int, base: float = 10000.0) -> np.ndarray:
 @dataclasses.dataclass(frozen=True)
 class Dims:
   """The sizes that fix every shape in the map."""
+
   vocab_size: int
   hidden_size: int
   num_layers: int
@@ -96,15 +98,21 @@ class Dims:
     m = re.fullmatch(r"(\d*)([VDFCT])", s)
     if not m:
       raise ValueError(f"bad shape symbol {s!r}")
-    base = {"V": self.vocab_size, "D": self.hidden_size, "F": self.mlp_ratio * self.hidden_size,
-            "C": self.cond_dim, "T": TIME_EMBED_DIM}[m.group(2)]
+    base = {
+      "V": self.vocab_size,
+      "D": self.hidden_size,
+      "F": self.mlp_ratio * self.hidden_size,
+      "C": self.cond_dim,
+      "T": TIME_EMBED_DIM,
+    }[m.group(2)]
     return base * (int(m.group(1)) if m.group(1) else 1)
 
 
 @dataclasses.dataclass(frozen=True)
 class Row:
   """One expanded map row: concrete key, path and shapes."""
-  torch_key: str                # without PREFIX
+
+  torch_key: str  # without PREFIX
   flax_path: Tuple[str, ...]
   transpose: bool
   torch_shape: Tuple[int, ...]
@@ -194,9 +202,14 @@ class CheckpointMismatchError(ValueError):
     super().__init__("\n".join(lines))
 
 
-def flax_to_torch(params: Mapping, dims: Optional[Dims] = None, *, prefix: str = "",
-                  include_rotary: Optional[int] = None, rope_base: float = 10000.0
-                  ) -> Dict[str, np.ndarray]:
+def flax_to_torch(
+  params: Mapping,
+  dims: Optional[Dims] = None,
+  *,
+  prefix: str = "",
+  include_rotary: Optional[int] = None,
+  rope_base: float = 10000.0,
+) -> Dict[str, np.ndarray]:
   """Our parameter tree -> official state dict (numpy, PyTorch orientation, C-contiguous).
 
   Args:
@@ -213,8 +226,11 @@ def flax_to_torch(params: Mapping, dims: Optional[Dims] = None, *, prefix: str =
   expected = {r.flax_path for r in rows}
   missing = ["/".join(r.flax_path) for r in rows if r.flax_path not in flat]
   unexpected = ["/".join(p) for p in flat if p not in expected]
-  mismatches = [("/".join(r.flax_path), np.shape(flat[r.flax_path]), r.flax_shape)
-                for r in rows if r.flax_path in flat and tuple(np.shape(flat[r.flax_path])) != r.flax_shape]
+  mismatches = [
+    ("/".join(r.flax_path), np.shape(flat[r.flax_path]), r.flax_shape)
+    for r in rows
+    if r.flax_path in flat and tuple(np.shape(flat[r.flax_path])) != r.flax_shape
+  ]
   if missing or unexpected or mismatches:
     raise CheckpointMismatchError(missing, unexpected, mismatches, "our parameter tree")
   out = {}
@@ -244,8 +260,11 @@ def torch_to_flax(state: Mapping[str, object], dims: Dims, *, context: str = "")
   expected = {r.torch_key for r in rows}
   missing = [r.torch_key for r in rows if r.torch_key not in state]
   unexpected = sorted(k for k in state if k not in expected)
-  mismatches = [(r.torch_key, tuple(np.shape(state[r.torch_key])), r.torch_shape)
-                for r in rows if r.torch_key in state and tuple(np.shape(state[r.torch_key])) != r.torch_shape]
+  mismatches = [
+    (r.torch_key, tuple(np.shape(state[r.torch_key])), r.torch_shape)
+    for r in rows
+    if r.torch_key in state and tuple(np.shape(state[r.torch_key])) != r.torch_shape
+  ]
   if missing or unexpected or mismatches:
     raise CheckpointMismatchError(missing, unexpected, mismatches, context)
   flat = {}
@@ -263,7 +282,7 @@ def strip_prefix(state: Mapping[str, object], prefix: str = PREFIX) -> Dict[str,
   has_prefix = any(k.startswith(prefix) for k in state)
   out = {}
   for k, v in state.items():
-    nk = k[len(prefix):] if has_prefix and k.startswith(prefix) else k
+    nk = k[len(prefix) :] if has_prefix and k.startswith(prefix) else k
     nk = nk.replace("_orig_mod.", "")
     out[nk] = v
   return out
@@ -273,8 +292,10 @@ def describe(dims: Optional[Dims] = None) -> str:
   """The map as a text table (for docs and reports)."""
   lines = [f"{'official key (after ' + PREFIX + ')':44s} {'our path':32s} transform  shape"]
   for e in NAME_MAP:
-    lines.append(f"{e.torch:44s} {e.flax:32s} {'transpose' if e.transpose else 'copy':10s} "
-                 f"({', '.join(e.shape)}){'  [adaLN]' if e.adaln_only else ''}")
+    lines.append(
+      f"{e.torch:44s} {e.flax:32s} {'transpose' if e.transpose else 'copy':10s} "
+      f"({', '.join(e.shape)}){'  [adaLN]' if e.adaln_only else ''}"
+    )
   lines.append(f"{ROTARY_KEY:44s} {'(recomputed; checked)':32s}")
   for k in IGNORED_BUFFERS:
     lines.append(f"{k:44s} {'(ignored)':32s}")
@@ -282,8 +303,23 @@ def describe(dims: Optional[Dims] = None) -> str:
 
 
 __all__ = [
-    "PREFIX", "NAME_MAP", "Entry", "Dims", "Row", "expand", "flatten", "unflatten",
-    "dims_from_params", "dims_from_state_dict", "flax_to_torch", "torch_to_flax",
-    "split_known_buffers", "strip_prefix", "rotary_inv_freq", "CheckpointMismatchError",
-    "ROTARY_KEY", "IGNORED_BUFFERS", "describe",
+  "PREFIX",
+  "NAME_MAP",
+  "Entry",
+  "Dims",
+  "Row",
+  "expand",
+  "flatten",
+  "unflatten",
+  "dims_from_params",
+  "dims_from_state_dict",
+  "flax_to_torch",
+  "torch_to_flax",
+  "split_known_buffers",
+  "strip_prefix",
+  "rotary_inv_freq",
+  "CheckpointMismatchError",
+  "ROTARY_KEY",
+  "IGNORED_BUFFERS",
+  "describe",
 ]

@@ -11,6 +11,7 @@ measures, in fp32 with dropout off:
   roundtrip    whether import_checkpoint(out_dir) gives back `params` bit-exactly.
 Relative error = max|jax - ref| / max|ref|.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -45,20 +46,39 @@ def fp32_model_config(config, params) -> model_lib.DiTConfig:
 
 @functools.lru_cache(maxsize=32)
 def _jitted_forward(model_cfg: model_lib.DiTConfig, return_kv: bool):
-  return jax.jit(lambda p, t, q, m, c: model_lib.DiT(model_cfg).apply(
-      {"params": p}, t, q, m, kv_cache=c, return_kv=return_kv))
+  return jax.jit(
+    lambda p, t, q, m, c: model_lib.DiT(model_cfg).apply(
+      {"params": p}, t, q, m, kv_cache=c, return_kv=return_kv
+    )
+  )
 
 
-def jax_forward(model_cfg: model_lib.DiTConfig, params, tokens, positions, allowed, kv_cache=None,
-                return_kv: bool = False):
+def jax_forward(
+  model_cfg: model_lib.DiTConfig,
+  params,
+  tokens,
+  positions,
+  allowed,
+  kv_cache=None,
+  return_kv: bool = False,
+):
   """Our DiT's raw logits (jitted, cached per config), dropout off; params in either layout."""
   params = layer_names.to_layout(params, model_cfg.scan_layers)
-  return _jitted_forward(model_cfg, return_kv)(params, jnp.asarray(tokens), jnp.asarray(positions),
-                                               jnp.asarray(allowed), kv_cache)
+  return _jitted_forward(model_cfg, return_kv)(
+    params, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(allowed), kv_cache
+  )
 
 
-def two_stream_example(length: int, vocab: int, mask_id: int, pad_id: int, *, batch: int = 2,
-                       seed: int = 0, bos_id: Optional[int] = None):
+def two_stream_example(
+  length: int,
+  vocab: int,
+  mask_id: int,
+  pad_id: int,
+  *,
+  batch: int = 2,
+  seed: int = 0,
+  bos_id: Optional[int] = None,
+):
   """A SetDLM batch with a random order (position 0 first) and a padded second row."""
   rng = np.random.default_rng(seed)
   low = max(mask_id, pad_id, bos_id or 0) + 1
@@ -78,8 +98,9 @@ def two_stream_example(length: int, vocab: int, mask_id: int, pad_id: int, *, ba
   return {"tokens": x, "attention_mask": real, "order": np.stack(orders).astype(np.int32)}
 
 
-def cached_step_example(length: int, vocab: int, mask_id: int, *, seed: int = 0, prompt: int = 3,
-                        window: int = 3):
+def cached_step_example(
+  length: int, vocab: int, mask_id: int, *, seed: int = 0, prompt: int = 3, window: int = 3
+):
   """Token ids / positions / validity for a cache, pending tokens and active masks (batch 1)."""
   rng = np.random.default_rng(seed)
   tokens = rng.integers(0, vocab, (1, length)).astype(np.int32)
@@ -87,32 +108,40 @@ def cached_step_example(length: int, vocab: int, mask_id: int, *, seed: int = 0,
   gen = prompt + rng.permutation(length - prompt)  # commit order of the generated positions
   n_cached, n_pending = (length - prompt) // 3, 2
   cache_pos = np.concatenate([np.arange(prompt), gen[:n_cached]])
-  pending_pos = gen[n_cached:n_cached + n_pending]
-  active_pos = np.sort(gen[n_cached + n_pending:])[:window]
+  pending_pos = gen[n_cached : n_cached + n_pending]
+  active_pos = np.sort(gen[n_cached + n_pending :])[:window]
   cap = length  # fixed capacity; the tail slots are empty
   cache_valid = np.zeros((1, cap), bool)
-  cache_valid[0, :len(cache_pos)] = True
+  cache_valid[0, : len(cache_pos)] = True
   pend_cap, act_cap = n_pending + 1, window + 1  # one empty slot each (fixed shapes)
   pad_to = lambda a, n: np.concatenate([a, np.zeros(n - len(a), a.dtype)])
   return dict(
-      cache_tokens=tokens[:, cache_pos], cache_positions=cache_pos[None].astype(np.int32),
-      cache_valid=cache_valid,
-      pending_tokens=pad_to(tokens[0, pending_pos], pend_cap)[None],
-      pending_positions=pad_to(pending_pos, pend_cap)[None].astype(np.int32),
-      pending_valid=(np.arange(pend_cap) < n_pending)[None],
-      mask_positions=pad_to(active_pos, act_cap)[None].astype(np.int32),
-      mask_valid=(np.arange(act_cap) < len(active_pos))[None])
+    cache_tokens=tokens[:, cache_pos],
+    cache_positions=cache_pos[None].astype(np.int32),
+    cache_valid=cache_valid,
+    pending_tokens=pad_to(tokens[0, pending_pos], pend_cap)[None],
+    pending_positions=pad_to(pending_pos, pend_cap)[None].astype(np.int32),
+    pending_valid=(np.arange(pend_cap) < n_pending)[None],
+    mask_positions=pad_to(active_pos, act_cap)[None].astype(np.int32),
+    mask_valid=(np.arange(act_cap) < len(active_pos))[None],
+  )
 
 
 def jax_cached_step(model_cfg, params, ex, mask_id: int):
   """Encodes the cache (clean-causal), pads it to capacity, runs the step. Returns logits."""
   n = ex["cache_tokens"].shape[1]
   enc_mask = masks.causal_mask(n)[None]
-  _, kv = jax_forward(model_cfg, params, ex["cache_tokens"], ex["cache_positions"], enc_mask,
-                      return_kv=True)
+  _, kv = jax_forward(
+    model_cfg, params, ex["cache_tokens"], ex["cache_positions"], enc_mask, return_kv=True
+  )
   cap = ex["cache_valid"].shape[1]
-  kv = tuple((jnp.pad(k, ((0, 0), (0, cap - n), (0, 0), (0, 0))),
-              jnp.pad(v, ((0, 0), (0, cap - n), (0, 0), (0, 0)))) for k, v in kv)
+  kv = tuple(
+    (
+      jnp.pad(k, ((0, 0), (0, cap - n), (0, 0), (0, 0))),
+      jnp.pad(v, ((0, 0), (0, cap - n), (0, 0), (0, 0))),
+    )
+    for k, v in kv
+  )
   a = ex["mask_positions"].shape[1]
   tokens = np.concatenate([ex["pending_tokens"], np.full((1, a), mask_id, np.int32)], 1)
   positions = np.concatenate([ex["pending_positions"], ex["mask_positions"]], 1)
@@ -122,18 +151,28 @@ def jax_cached_step(model_cfg, params, ex, mask_id: int):
 
 def torch_cached_step(ref, ex, mask_id: int):
   import torch
+
   n = ex["cache_tokens"].shape[1]
   kv = ref.encode(ex["cache_tokens"], ex["cache_positions"])
   cap = ex["cache_valid"].shape[1]
   pad = lambda t: torch.cat([t, torch.zeros(t.shape[0], cap - n, *t.shape[2:])], 1)
   kv = [(pad(k), pad(v)) for k, v in kv]
-  logits, _ = ref.cached_step(kv, ex["cache_valid"], ex["pending_tokens"], ex["pending_positions"],
-                              ex["pending_valid"], ex["mask_positions"], ex["mask_valid"], mask_id)
+  logits, _ = ref.cached_step(
+    kv,
+    ex["cache_valid"],
+    ex["pending_tokens"],
+    ex["pending_positions"],
+    ex["pending_valid"],
+    ex["mask_positions"],
+    ex["mask_valid"],
+    mask_id,
+  )
   return logits.numpy()
 
 
-def parity_report(config, params, out_dir: Optional[str] = None, *, special_ids=None,
-                  seed: int = 0) -> Dict[str, object]:
+def parity_report(
+  config, params, out_dir: Optional[str] = None, *, special_ids=None, seed: int = 0
+) -> Dict[str, object]:
   """Runs the checks of the module docstring (see there). `config`: our run ConfigDict."""
   from setdiff_jax.interop import import_, torch_reference  # torch: an optional extra
 
@@ -145,15 +184,23 @@ def parity_report(config, params, out_dir: Optional[str] = None, *, special_ids=
     raw = weight_files.read_json(f"{out_dir}/{weight_files.CONFIG_FILE}")
     special = {**hf_config.from_hf_config(raw, out_dir)[0]["special_ids"], **special}
   mask_id, pad_id = int(special.get("mask_id", 1)), int(special.get("pad_id", 0))
-  ref = (torch_reference.load_reference(out_dir) if out_dir is not None
-         else torch_reference.model_from_params(config, params))
+  ref = (
+    torch_reference.load_reference(out_dir)
+    if out_dir is not None
+    else torch_reference.model_from_params(config, params)
+  )
   report: Dict[str, object] = {}
 
-  batch = two_stream_example(length, model_cfg.vocab_size, mask_id, pad_id, seed=seed,
-                             bos_id=special.get("bos_id"))
+  batch = two_stream_example(
+    length, model_cfg.vocab_size, mask_id, pad_id, seed=seed, bos_id=special.get("bos_id")
+  )
   # The check always scores the SetDLM bound (the torch reference implements that one).
-  obj = losses.ObjectiveConfig(name=methods.SetDLM.name, mask_token_id=mask_id, pad_token_id=pad_id,
-                                   keep_clean_bos=bool(config.loss.keep_clean_bos))
+  obj = losses.ObjectiveConfig(
+    name=methods.SetDLM.name,
+    mask_token_id=mask_id,
+    pad_token_id=pad_id,
+    keep_clean_bos=bool(config.loss.keep_clean_bos),
+  )
   jbatch = {k: jnp.asarray(v) for k, v in batch.items()}
   inp = losses.setdlm_inputs(obj, jbatch, jbatch["order"])
   jl = np.asarray(jax_forward(model_cfg, params, inp["tokens"], inp["positions"], inp["mask"]))
@@ -161,15 +208,25 @@ def parity_report(config, params, out_dir: Optional[str] = None, *, special_ids=
   report["two_stream"] = rel_err(jl, tl.detach().numpy())
 
   ex = cached_step_example(length, model_cfg.vocab_size, mask_id, seed=seed)
-  report["cached_step"] = rel_err(jax_cached_step(model_cfg, params, ex, mask_id),
-                                  torch_cached_step(ref, ex, mask_id))
+  report["cached_step"] = rel_err(
+    jax_cached_step(model_cfg, params, ex, mask_id), torch_cached_step(ref, ex, mask_id)
+  )
 
-  loss_fn = jax.jit(lambda p, b: losses.setdlm_loss(obj, model_lib.DiT(model_cfg), p, b,
-                                                        jax.random.key(0), train=False)[0])
+  loss_fn = jax.jit(
+    lambda p, b: losses.setdlm_loss(
+      obj, model_lib.DiT(model_cfg), p, b, jax.random.key(0), train=False
+    )[0]
+  )
   jloss = float(loss_fn(params, jbatch))
   tloss, _, _ = torch_reference.setdlm_likelihood_bound(
-      ref, batch["tokens"], batch["order"], batch["attention_mask"], mask_id=mask_id, pad_id=pad_id,
-      keep_clean_bos=obj.keep_clean_bos)
+    ref,
+    batch["tokens"],
+    batch["order"],
+    batch["attention_mask"],
+    mask_id=mask_id,
+    pad_id=pad_id,
+    keep_clean_bos=obj.keep_clean_bos,
+  )
   report["loss_jax"], report["loss_torch"] = jloss, tloss
   report["loss"] = abs(jloss - tloss) / max(abs(tloss), 1e-30)
 
@@ -178,9 +235,18 @@ def parity_report(config, params, out_dir: Optional[str] = None, *, special_ids=
     a = name_map.flatten(layer_names.unstack_layers(params))
     b = name_map.flatten(layer_names.unstack_layers(back))
     report["roundtrip"] = a.keys() == b.keys() and all(
-        np.array_equal(np.asarray(a[k]), b[k]) and np.asarray(a[k]).dtype == b[k].dtype for k in a)
+      np.array_equal(np.asarray(a[k]), b[k]) and np.asarray(a[k]).dtype == b[k].dtype for k in a
+    )
   return report
 
 
-__all__ = ["parity_report", "rel_err", "two_stream_example", "cached_step_example",
-           "jax_cached_step", "torch_cached_step", "jax_forward", "fp32_model_config"]
+__all__ = [
+  "parity_report",
+  "rel_err",
+  "two_stream_example",
+  "cached_step_example",
+  "jax_cached_step",
+  "torch_cached_step",
+  "jax_forward",
+  "fp32_model_config",
+]

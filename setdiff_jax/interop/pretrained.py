@@ -10,6 +10,7 @@ callback reads only its slice (`safe_open(...).get_slice`), so the host never ho
 of the model. Never downloads. The key correspondence is the one name map, `interop/qwen3_map.py`
 (numpy only); `interop/qwen3_hf.py` builds import/export on top of this module.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -33,15 +34,19 @@ DEFAULT_THETA, DEFAULT_EPS = 1_000_000.0, 1e-6  # every public Qwen3 config
 def read_hf_config(path: str) -> dict:
   path = os.fspath(path)
   if not os.path.isdir(path):
-    raise FileNotFoundError(f"{path!r} is not a directory (a local Hugging Face Qwen3 checkout "
-                            f"is expected; nothing is downloaded)")
+    raise FileNotFoundError(
+      f"{path!r} is not a directory (a local Hugging Face Qwen3 checkout "
+      f"is expected; nothing is downloaded)"
+    )
   cfg_path = os.path.join(path, weight_files.CONFIG_FILE)
   if not os.path.isfile(cfg_path):
     raise FileNotFoundError(f"{cfg_path} not found: {path!r} is not a Hugging Face model directory")
   raw = weight_files.read_json(cfg_path)
   if raw.get("model_type") != "qwen3":
-    raise ValueError(f"{cfg_path}: model_type={raw.get('model_type')!r}; only 'qwen3' "
-                     f"(Qwen3ForCausalLM) checkpoints are supported")
+    raise ValueError(
+      f"{cfg_path}: model_type={raw.get('model_type')!r}; only 'qwen3' "
+      f"(Qwen3ForCausalLM) checkpoints are supported"
+    )
   return raw
 
 
@@ -61,25 +66,38 @@ def model_fields(raw: Mapping, where: str = "config.json") -> Dict[str, Any]:
     raise ValueError(f"{where}: hidden_act={raw.get('hidden_act')!r}; only silu is supported")
   heads = int(raw["num_attention_heads"])
   return {
-      "backbone": "qwen3", "vocab_size": int(raw["vocab_size"]),
-      "hidden_size": int(raw["hidden_size"]), "num_layers": int(raw["num_hidden_layers"]),
-      "num_heads": heads, "num_kv_heads": int(raw.get("num_key_value_heads") or heads),
-      "head_dim": int(raw.get("head_dim") or int(raw["hidden_size"]) // heads),
-      "intermediate_size": int(raw["intermediate_size"]), "rope_base": _rope_theta(raw),
-      "rms_norm_eps": float(raw.get("rms_norm_eps", DEFAULT_EPS)),
-      "tie_embeddings": bool(raw.get("tie_word_embeddings", False)), "adaln": False,
+    "backbone": "qwen3",
+    "vocab_size": int(raw["vocab_size"]),
+    "hidden_size": int(raw["hidden_size"]),
+    "num_layers": int(raw["num_hidden_layers"]),
+    "num_heads": heads,
+    "num_kv_heads": int(raw.get("num_key_value_heads") or heads),
+    "head_dim": int(raw.get("head_dim") or int(raw["hidden_size"]) // heads),
+    "intermediate_size": int(raw["intermediate_size"]),
+    "rope_base": _rope_theta(raw),
+    "rms_norm_eps": float(raw.get("rms_norm_eps", DEFAULT_EPS)),
+    "tie_embeddings": bool(raw.get("tie_word_embeddings", False)),
+    "adaln": False,
   }
 
 
 def to_hf_fields(m: Mapping) -> Dict[str, Any]:
   """HF Qwen3Config fields from our `config.model` (resolved) fields."""
   return {
-      "vocab_size": int(m["vocab_size"]), "hidden_size": int(m["hidden_size"]),
-      "intermediate_size": int(m["intermediate_size"]), "num_hidden_layers": int(m["num_layers"]),
-      "num_attention_heads": int(m["num_heads"]), "num_key_value_heads": int(m["num_kv_heads"]),
-      "head_dim": int(m["head_dim"]), "hidden_act": "silu", "rms_norm_eps": float(m["rms_norm_eps"]),
-      "rope_theta": float(m["rope_base"]), "tie_word_embeddings": bool(m["tie_embeddings"]),
-      "attention_bias": False, "attention_dropout": 0.0, "use_sliding_window": False,
+    "vocab_size": int(m["vocab_size"]),
+    "hidden_size": int(m["hidden_size"]),
+    "intermediate_size": int(m["intermediate_size"]),
+    "num_hidden_layers": int(m["num_layers"]),
+    "num_attention_heads": int(m["num_heads"]),
+    "num_key_value_heads": int(m["num_kv_heads"]),
+    "head_dim": int(m["head_dim"]),
+    "hidden_act": "silu",
+    "rms_norm_eps": float(m["rms_norm_eps"]),
+    "rope_theta": float(m["rope_base"]),
+    "tie_word_embeddings": bool(m["tie_embeddings"]),
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "use_sliding_window": False,
   }
 
 
@@ -101,13 +119,16 @@ def weight_shards(path: str) -> List[str]:
   single = os.path.join(path, weight_files.SAFETENSORS_FILE)
   if os.path.isfile(single):
     return [single]
-  raise FileNotFoundError(f"no weights in {path!r}: expected {weight_files.SAFETENSORS_FILE} or "
-                          f"{INDEX_FILE} with its shards")
+  raise FileNotFoundError(
+    f"no weights in {path!r}: expected {weight_files.SAFETENSORS_FILE} or "
+    f"{INDEX_FILE} with its shards"
+  )
 
 
 def shard_shapes(shards: List[str]) -> Dict[str, Tuple[Tuple[int, ...], str]]:
   """{key: (shape, file)} without reading any tensor."""
   from safetensors import SafetensorError, safe_open
+
   out = {}
   for file in shards:
     try:
@@ -123,8 +144,10 @@ def resolve_layers(m: Dict[str, Any], available: int, num_layers: Optional[int],
   if num_layers is None or int(num_layers) <= 0:
     num_layers = available
   if int(num_layers) > available:
-    raise ValueError(f"num_layers={num_layers} but {where} has only {available} layers "
-                     f"(set model.num_layers <= {available}, or 0 for all)")
+    raise ValueError(
+      f"num_layers={num_layers} but {where} has only {available} layers "
+      f"(set model.num_layers <= {available}, or 0 for all)"
+    )
   m["num_layers"] = int(num_layers)
 
 
@@ -141,13 +164,15 @@ def load_params_sharded(path: str, backbone_cfg, shardings, *, context: str = ""
   `scan_layers`, each stacked `layers/...` [num_layers, ...] array is read the same way, its
   callback stacking the device's slice of every layer it holds."""
   from safetensors import safe_open
+
   shards = weight_shards(path)
   shapes = shard_shapes(shards)
   layout = qwen3_map.detect_layout(shapes)
   stripped = qwen3_map.strip(shapes, layout)
   dims = qwen3_map.Dims.from_config(backbone_cfg)
-  rows = qwen3_map.check_keys({k: shapes[v][0] for k, v in stripped.items()}, dims,
-                              context=context or path)
+  rows = qwen3_map.check_keys(
+    {k: shapes[v][0] for k, v in stripped.items()}, dims, context=context or path
+  )
   scanned = bool(getattr(backbone_cfg, "scan_layers", False))
   target = lambda r: _stacked_path(r.flax_path) if scanned and r.layer is not None else r.flax_path
   flat_sh = {p: s for p, s in flatten(shardings).items()}
@@ -155,9 +180,12 @@ def load_params_sharded(path: str, backbone_cfg, shardings, *, context: str = ""
   for r in rows:
     groups.setdefault(target(r), []).append(r)
   if set(flat_sh) != set(groups):
-    raise CheckpointMismatchError(sorted("/".join(p) for p in set(groups) - set(flat_sh)),
-                                  sorted("/".join(p) for p in set(flat_sh) - set(groups)), (),
-                                  "shardings vs the Qwen3 name map")
+    raise CheckpointMismatchError(
+      sorted("/".join(p) for p in set(groups) - set(flat_sh)),
+      sorted("/".join(p) for p in set(flat_sh) - set(groups)),
+      (),
+      "shardings vs the Qwen3 name map",
+    )
   out = {}
   with contextlib.ExitStack() as stack:  # a stacked tensor's layers may sit in several shards
     handles = {f: stack.enter_context(safe_open(f, framework="np")) for f in shards}
@@ -170,6 +198,7 @@ def load_params_sharded(path: str, backbone_cfg, shardings, *, context: str = ""
         if r.transpose:
           return np.ascontiguousarray(np.asarray(sl[tuple(reversed(index))], np.float32).T)
         return np.asarray(sl[index], np.float32)
+
       return read
 
     for p, group in groups.items():
@@ -188,8 +217,15 @@ def load_params_sharded(path: str, backbone_cfg, shardings, *, context: str = ""
 
 
 # ----------------------------------------------------------------------------- training init
-_FROM_HF = ("vocab_size", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
-            "intermediate_size", "rope_base")
+_FROM_HF = (
+  "vocab_size",
+  "hidden_size",
+  "num_heads",
+  "num_kv_heads",
+  "head_dim",
+  "intermediate_size",
+  "rope_base",
+)
 
 
 def resolve_run_config(config):
@@ -204,7 +240,9 @@ def resolve_run_config(config):
   config = config.copy_and_resolve_references()
   m = config.model
   if str(m.get("backbone", "dit")) != "qwen3":
-    raise ValueError(f"init_from_hf={path!r} needs model.backbone='qwen3' (got {m.get('backbone')!r})")
+    raise ValueError(
+      f"init_from_hf={path!r} needs model.backbone='qwen3' (got {m.get('backbone')!r})"
+    )
   if config.get("init_from"):
     raise ValueError("set either init_from (our checkpoint) or init_from_hf (a HF directory)")
   hf = model_fields(read_hf_config(path), os.path.join(path, weight_files.CONFIG_FILE))
@@ -213,8 +251,10 @@ def resolve_run_config(config):
     if not ours:
       m[k] = type(m[k])(hf[k]) if k in m and m[k] is not None else hf[k]
     elif type(hf[k])(ours) != hf[k]:
-      raise ValueError(f"model.{k}={ours} but {path}/config.json has {hf[k]}; set "
-                       f"--config.model.{k}=0 to take the checkpoint's value")
+      raise ValueError(
+        f"model.{k}={ours} but {path}/config.json has {hf[k]}; set "
+        f"--config.model.{k}=0 to take the checkpoint's value"
+      )
   m.rms_norm_eps = hf["rms_norm_eps"]
   m.tie_embeddings = hf["tie_embeddings"]
   resolve_layers(m, hf["num_layers"], m.get("num_layers", 0), path)
@@ -223,6 +263,17 @@ def resolve_run_config(config):
   return config
 
 
-__all__ = ["read_hf_config", "model_fields", "to_hf_fields", "weight_shards", "shard_shapes",
-           "resolve_layers", "load_params_sharded", "resolve_run_config", "backbone_cfg_of",
-           "INDEX_FILE", "DEFAULT_THETA", "DEFAULT_EPS"]
+__all__ = [
+  "read_hf_config",
+  "model_fields",
+  "to_hf_fields",
+  "weight_shards",
+  "shard_shapes",
+  "resolve_layers",
+  "load_params_sharded",
+  "resolve_run_config",
+  "backbone_cfg_of",
+  "INDEX_FILE",
+  "DEFAULT_THETA",
+  "DEFAULT_EPS",
+]

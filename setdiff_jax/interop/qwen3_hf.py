@@ -15,6 +15,7 @@ released checkpoints; our exports point it at their own `qwen3_config/` folder),
 takes it from our `setdiff_jax.qwen3` block when present, else from the weight shapes plus the
 public Qwen3 defaults (theta 1e6, eps 1e-6), with a note.
 """
+
 from __future__ import annotations
 
 import os
@@ -39,9 +40,14 @@ def template_config(m: Mapping) -> dict:
   """The `config.json` of a plain HF Qwen3 with the run's architecture (no weights).
   `sliding_window: null` as the released Qwen3 configs: transformers 4.x (the official code's)
   defaults it to 4096 and then warns "Sliding Window Attention is enabled" on every layer."""
-  return {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"],
-          **pretrained.to_hf_fields(m), "sliding_window": None, "torch_dtype": "float32",
-          "max_position_embeddings": 40960}
+  return {
+    "model_type": "qwen3",
+    "architectures": ["Qwen3ForCausalLM"],
+    **pretrained.to_hf_fields(m),
+    "sliding_window": None,
+    "torch_dtype": "float32",
+    "max_position_embeddings": 40960,
+  }
 
 
 def dims_of(m: Mapping) -> qwen3_map.Dims:
@@ -51,6 +57,7 @@ def dims_of(m: Mapping) -> qwen3_map.Dims:
 def _read_rows(shards, rows, stripped_to_key, layout_keys):
   """Reads the needed tensors shard by shard (numpy, float32)."""
   from safetensors import safe_open
+
   by_file: Dict[str, list] = {}
   for r in rows:
     key = stripped_to_key[r.hf_key]
@@ -73,8 +80,9 @@ def _read_params(path: str, m: Dict[str, Any], context: str):
   rows = qwen3_map.check_keys({k: shapes[v][0] for k, v in stripped.items()}, dims, context=context)
   flat = _read_rows(shards, rows, stripped, shapes)
   if dims.tie_embeddings and qwen3_map.TIED_HEAD_KEY in stripped:
-    head = _read_rows(shards, [qwen3_map.Row(qwen3_map.TIED_HEAD_KEY, ("h",), False, (), None)],
-                      stripped, shapes)[("h",)]
+    head = _read_rows(
+      shards, [qwen3_map.Row(qwen3_map.TIED_HEAD_KEY, ("h",), False, (), None)], stripped, shapes
+    )[("h",)]
     qwen3_map.check_tied(head, flat[("embed", "embedding")], context)
   return unflatten(flat)
 
@@ -101,22 +109,35 @@ def official_model_fields(raw: Mapping, shapes: Mapping[str, tuple], where: str,
   dims = qwen3_map.dims_from_shapes(shapes, bb.get("num_attention_heads"))
   theta = float(bb.get("rope_theta", pretrained.DEFAULT_THETA))
   eps = float(bb.get("rms_norm_eps", pretrained.DEFAULT_EPS))
-  notes.append(f"{where}: the Qwen3 architecture is not in config.json (the official loader "
-               f"reads it from {bb.get('pretrained_model_name_or_path')!r}); dims read off the "
-               f"weights, rope_theta={theta}, rms_norm_eps={eps} (the public Qwen3 values)")
+  notes.append(
+    f"{where}: the Qwen3 architecture is not in config.json (the official loader "
+    f"reads it from {bb.get('pretrained_model_name_or_path')!r}); dims read off the "
+    f"weights, rope_theta={theta}, rms_norm_eps={eps} (the public Qwen3 values)"
+  )
   tie = bool(bb.get("tie_word_embeddings", True))  # Qwen3-0.6B/1.7B-Base tie the head
-  return {"backbone": "qwen3", "vocab_size": dims.vocab_size, "hidden_size": dims.hidden_size,
-          "num_layers": dims.num_layers, "num_heads": dims.num_heads,
-          "num_kv_heads": dims.num_kv_heads, "head_dim": dims.head_dim,
-          "intermediate_size": dims.intermediate_size, "rope_base": theta, "rms_norm_eps": eps,
-          "tie_embeddings": tie, "adaln": False}
+  return {
+    "backbone": "qwen3",
+    "vocab_size": dims.vocab_size,
+    "hidden_size": dims.hidden_size,
+    "num_layers": dims.num_layers,
+    "num_heads": dims.num_heads,
+    "num_kv_heads": dims.num_kv_heads,
+    "head_dim": dims.head_dim,
+    "intermediate_size": dims.intermediate_size,
+    "rope_base": theta,
+    "rms_norm_eps": eps,
+    "tie_embeddings": tie,
+    "adaln": False,
+  }
 
 
 def read_official(path: str, raw: Mapping):
   """(model fields, params, notes) of an official (or our exported) Qwen3 SetDLM directory."""
   notes: List[str] = []
-  if not any(os.path.isfile(os.path.join(path, f))
-             for f in (weight_files.SAFETENSORS_FILE, pretrained.INDEX_FILE)):
+  if not any(
+    os.path.isfile(os.path.join(path, f))
+    for f in (weight_files.SAFETENSORS_FILE, pretrained.INDEX_FILE)
+  ):
     # pytorch_model.bin (the official push): read whole (needs torch), then map
     full = weight_files.read_state_dict(path)
     state = {k: full[v] for k, v in qwen3_map.strip(full, "official").items()}
@@ -136,9 +157,20 @@ def resolved_model(config, params) -> Dict[str, Any]:
   model = dict(config.get("model", {}) if hasattr(config, "get") else config["model"])
   cfg = pretrained.backbone_cfg_of(model)
   vocab = int(np.shape(flatten(params)[("embed", "embedding")])[0])
-  fields = {f: getattr(cfg, f) for f in ("hidden_size", "num_layers", "num_heads", "num_kv_heads",
-                                         "head_dim", "intermediate_size", "rope_base",
-                                         "rms_norm_eps", "tie_embeddings")}
+  fields = {
+    f: getattr(cfg, f)
+    for f in (
+      "hidden_size",
+      "num_layers",
+      "num_heads",
+      "num_kv_heads",
+      "head_dim",
+      "intermediate_size",
+      "rope_base",
+      "rms_norm_eps",
+      "tie_embeddings",
+    )
+  }
   return {**fields, "vocab_size": vocab}
 
 
@@ -147,13 +179,29 @@ def official_backbone_config(m: Mapping, causal: bool, base: str) -> dict:
   (`reinit_model`: the official loader builds exactly this architecture, then loads weights).
   `base`: the config template AutoConfig reads (an export's own TEMPLATE_DIR, absolute)."""
   hf = pretrained.to_hf_fields(m)
-  return {"_target_": AUTOMODEL_TARGET, "automodel_cls": "AutoModelForCausalLM",
-          "pretrained_model_name_or_path": base, "revision": None, "trust_remote_code": True,
-          "num_layers": int(m["num_layers"]), "keep_top_layers": False, "reinit_model": True,
-          "attn_implementation": "sdpa", "use_causal_mask": bool(causal),
-          **{k: v for k, v in hf.items() if k != "num_hidden_layers"}}
+  return {
+    "_target_": AUTOMODEL_TARGET,
+    "automodel_cls": "AutoModelForCausalLM",
+    "pretrained_model_name_or_path": base,
+    "revision": None,
+    "trust_remote_code": True,
+    "num_layers": int(m["num_layers"]),
+    "keep_top_layers": False,
+    "reinit_model": True,
+    "attn_implementation": "sdpa",
+    "use_causal_mask": bool(causal),
+    **{k: v for k, v in hf.items() if k != "num_hidden_layers"},
+  }
 
 
-__all__ = ["read_hf", "read_official", "official_model_fields", "resolved_model",
-           "official_backbone_config", "template_config", "dims_of", "AUTOMODEL_TARGET",
-           "TEMPLATE_DIR"]
+__all__ = [
+  "read_hf",
+  "read_official",
+  "official_model_fields",
+  "resolved_model",
+  "official_backbone_config",
+  "template_config",
+  "dims_of",
+  "AUTOMODEL_TARGET",
+  "TEMPLATE_DIR",
+]

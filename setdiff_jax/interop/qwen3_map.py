@@ -16,6 +16,7 @@ the embedding and the exporter writes it for `official`.
 
 numpy only.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -45,21 +46,25 @@ class Entry:
 
 
 NAME_MAP: Tuple[Entry, ...] = (
-    Entry("model.embed_tokens.weight", "embed/embedding", False, ("V", "D")),
-    Entry("model.layers.{i}.input_layernorm.weight", "layers_{i}/input_norm/scale", False, ("D",)),
-    Entry("model.layers.{i}.self_attn.q_proj.weight", "layers_{i}/q_proj/kernel", True, ("Q", "D")),
-    Entry("model.layers.{i}.self_attn.k_proj.weight", "layers_{i}/k_proj/kernel", True, ("K", "D")),
-    Entry("model.layers.{i}.self_attn.v_proj.weight", "layers_{i}/v_proj/kernel", True, ("K", "D")),
-    Entry("model.layers.{i}.self_attn.q_norm.weight", "layers_{i}/q_norm/scale", False, ("E",)),
-    Entry("model.layers.{i}.self_attn.k_norm.weight", "layers_{i}/k_norm/scale", False, ("E",)),
-    Entry("model.layers.{i}.self_attn.o_proj.weight", "layers_{i}/o_proj/kernel", True, ("D", "Q")),
-    Entry("model.layers.{i}.post_attention_layernorm.weight", "layers_{i}/post_attn_norm/scale",
-          False, ("D",)),
-    Entry("model.layers.{i}.mlp.gate_proj.weight", "layers_{i}/gate_proj/kernel", True, ("F", "D")),
-    Entry("model.layers.{i}.mlp.up_proj.weight", "layers_{i}/up_proj/kernel", True, ("F", "D")),
-    Entry("model.layers.{i}.mlp.down_proj.weight", "layers_{i}/down_proj/kernel", True, ("D", "F")),
-    Entry("model.norm.weight", "final_norm/scale", False, ("D",)),
-    Entry("lm_head.weight", "lm_head/kernel", True, ("V", "D"), True),
+  Entry("model.embed_tokens.weight", "embed/embedding", False, ("V", "D")),
+  Entry("model.layers.{i}.input_layernorm.weight", "layers_{i}/input_norm/scale", False, ("D",)),
+  Entry("model.layers.{i}.self_attn.q_proj.weight", "layers_{i}/q_proj/kernel", True, ("Q", "D")),
+  Entry("model.layers.{i}.self_attn.k_proj.weight", "layers_{i}/k_proj/kernel", True, ("K", "D")),
+  Entry("model.layers.{i}.self_attn.v_proj.weight", "layers_{i}/v_proj/kernel", True, ("K", "D")),
+  Entry("model.layers.{i}.self_attn.q_norm.weight", "layers_{i}/q_norm/scale", False, ("E",)),
+  Entry("model.layers.{i}.self_attn.k_norm.weight", "layers_{i}/k_norm/scale", False, ("E",)),
+  Entry("model.layers.{i}.self_attn.o_proj.weight", "layers_{i}/o_proj/kernel", True, ("D", "Q")),
+  Entry(
+    "model.layers.{i}.post_attention_layernorm.weight",
+    "layers_{i}/post_attn_norm/scale",
+    False,
+    ("D",),
+  ),
+  Entry("model.layers.{i}.mlp.gate_proj.weight", "layers_{i}/gate_proj/kernel", True, ("F", "D")),
+  Entry("model.layers.{i}.mlp.up_proj.weight", "layers_{i}/up_proj/kernel", True, ("F", "D")),
+  Entry("model.layers.{i}.mlp.down_proj.weight", "layers_{i}/down_proj/kernel", True, ("D", "F")),
+  Entry("model.norm.weight", "final_norm/scale", False, ("D",)),
+  Entry("lm_head.weight", "lm_head/kernel", True, ("V", "D"), True),
 )
 
 # Non-parameter buffers some exports carry; ignored on import.
@@ -79,14 +84,26 @@ class Dims:
 
   @classmethod
   def from_config(cls, c) -> "Dims":
-    return cls(int(c.vocab_size), int(c.hidden_size), int(c.num_layers), int(c.num_heads),
-               int(c.num_kv_heads), int(c.head_dim), int(c.intermediate_size),
-               bool(c.tie_embeddings))
+    return cls(
+      int(c.vocab_size),
+      int(c.hidden_size),
+      int(c.num_layers),
+      int(c.num_heads),
+      int(c.num_kv_heads),
+      int(c.head_dim),
+      int(c.intermediate_size),
+      bool(c.tie_embeddings),
+    )
 
   def symbol(self, s: str) -> int:
-    return {"V": self.vocab_size, "D": self.hidden_size, "F": self.intermediate_size,
-            "Q": self.num_heads * self.head_dim, "K": self.num_kv_heads * self.head_dim,
-            "E": self.head_dim}[s]
+    return {
+      "V": self.vocab_size,
+      "D": self.hidden_size,
+      "F": self.intermediate_size,
+      "Q": self.num_heads * self.head_dim,
+      "K": self.num_kv_heads * self.head_dim,
+      "E": self.head_dim,
+    }[s]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,7 +125,7 @@ def expand(dims: Dims) -> List[Row]:
     if e.untied_only and dims.tie_embeddings:
       continue
     shape = tuple(dims.symbol(s) for s in e.shape)
-    for i in (range(dims.num_layers) if e.per_layer else [None]):
+    for i in range(dims.num_layers) if e.per_layer else [None]:
       fmt = (lambda s: s.format(i=i)) if i is not None else (lambda s: s)
       rows.append(Row(fmt(e.hf), tuple(fmt(e.flax).split("/")), e.transpose, shape, i))
   return rows
@@ -122,7 +139,7 @@ def detect_layout(keys) -> str:
 def strip(keys_or_state, layout: str):
   """{key without the layout prefix: original key}, keys outside the prefix kept as they are."""
   prefix = PREFIXES[layout]
-  return {(k[len(prefix):] if prefix and k.startswith(prefix) else k): k for k in keys_or_state}
+  return {(k[len(prefix) :] if prefix and k.startswith(prefix) else k): k for k in keys_or_state}
 
 
 def checkpoint_layers(keys) -> int:
@@ -131,12 +148,15 @@ def checkpoint_layers(keys) -> int:
   return max(found) + 1 if found else 0
 
 
-def dims_from_shapes(shapes: Mapping[str, Tuple[int, ...]], num_heads: int | None = None
-                     ) -> Dims:
+def dims_from_shapes(shapes: Mapping[str, Tuple[int, ...]], num_heads: int | None = None) -> Dims:
   """Dims read off (prefix-stripped) HF key shapes; head counts from q_norm and the projections."""
-  need = ["model.embed_tokens.weight", "model.layers.0.self_attn.q_norm.weight",
-          "model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight",
-          "model.layers.0.mlp.gate_proj.weight"]
+  need = [
+    "model.embed_tokens.weight",
+    "model.layers.0.self_attn.q_norm.weight",
+    "model.layers.0.self_attn.q_proj.weight",
+    "model.layers.0.self_attn.k_proj.weight",
+    "model.layers.0.mlp.gate_proj.weight",
+  ]
   missing = [k for k in need if k not in shapes]
   if missing:
     raise CheckpointMismatchError(missing, (), (), "Qwen3 weights: cannot read the dims")
@@ -146,12 +166,26 @@ def dims_from_shapes(shapes: Mapping[str, Tuple[int, ...]], num_heads: int | Non
   kv = shapes[need[3]][0] // head_dim
   if num_heads is not None and int(num_heads) != heads:
     raise ValueError(f"num_attention_heads={num_heads} but q_proj/q_norm give {heads}")
-  return Dims(vocab, hidden, checkpoint_layers(shapes), heads, kv, head_dim,
-              shapes[need[4]][0], TIED_HEAD_KEY not in shapes)
+  return Dims(
+    vocab,
+    hidden,
+    checkpoint_layers(shapes),
+    heads,
+    kv,
+    head_dim,
+    shapes[need[4]][0],
+    TIED_HEAD_KEY not in shapes,
+  )
 
 
-def check_keys(shapes: Mapping[str, Tuple[int, ...]], dims: Dims, *, context: str = "",
-               allow_extra_layers: bool = True, allow_tied_head: bool = True) -> List[Row]:
+def check_keys(
+  shapes: Mapping[str, Tuple[int, ...]],
+  dims: Dims,
+  *,
+  context: str = "",
+  allow_extra_layers: bool = True,
+  allow_tied_head: bool = True,
+) -> List[Row]:
   """The rows to read; raises CheckpointMismatchError listing every missing/unexpected/bad key.
 
   Layers at or above `dims.num_layers` are allowed (and skipped) when `allow_extra_layers`
@@ -170,8 +204,11 @@ def check_keys(shapes: Mapping[str, Tuple[int, ...]], dims: Dims, *, context: st
     if k == TIED_HEAD_KEY and dims.tie_embeddings and allow_tied_head:
       continue
     unexpected.append(k)
-  bad = [(r.hf_key, tuple(shapes[r.hf_key]), r.hf_shape) for r in rows
-         if r.hf_key in shapes and tuple(shapes[r.hf_key]) != r.hf_shape]
+  bad = [
+    (r.hf_key, tuple(shapes[r.hf_key]), r.hf_shape)
+    for r in rows
+    if r.hf_key in shapes and tuple(shapes[r.hf_key]) != r.hf_shape
+  ]
   if missing or unexpected or bad:
     raise CheckpointMismatchError(missing, unexpected, bad, context)
   return rows
@@ -191,8 +228,10 @@ def to_flax(state: Mapping[str, np.ndarray], dims: Dims, *, context: str = "") -
 
 def check_tied(head, embed, context: str = ""):
   if not np.array_equal(np.asarray(head), np.asarray(embed)):
-    raise ValueError(f"{context}: tie_word_embeddings=true but lm_head.weight differs from "
-                     f"model.embed_tokens.weight; set tie_word_embeddings=false in config.json")
+    raise ValueError(
+      f"{context}: tie_word_embeddings=true but lm_head.weight differs from "
+      f"model.embed_tokens.weight; set tie_word_embeddings=false in config.json"
+    )
 
 
 def from_flax(params: Mapping, dims: Dims, layout: str = "hf") -> Dict[str, np.ndarray]:
@@ -203,8 +242,11 @@ def from_flax(params: Mapping, dims: Dims, layout: str = "hf") -> Dict[str, np.n
   want = {r.flax_path for r in rows}
   missing = ["/".join(r.flax_path) for r in rows if r.flax_path not in flat]
   unexpected = ["/".join(p) for p in flat if p not in want]
-  bad = [("/".join(r.flax_path), np.shape(flat[r.flax_path]), r.flax_shape) for r in rows
-         if r.flax_path in flat and tuple(np.shape(flat[r.flax_path])) != r.flax_shape]
+  bad = [
+    ("/".join(r.flax_path), np.shape(flat[r.flax_path]), r.flax_shape)
+    for r in rows
+    if r.flax_path in flat and tuple(np.shape(flat[r.flax_path])) != r.flax_shape
+  ]
   if missing or unexpected or bad:
     raise CheckpointMismatchError(missing, unexpected, bad, "our Qwen3 parameter tree")
   prefix = PREFIXES[layout]
@@ -220,11 +262,28 @@ def from_flax(params: Mapping, dims: Dims, layout: str = "hf") -> Dict[str, np.n
 def describe() -> str:
   lines = [f"{'HF key (official: backbone.model. + key)':52s} {'our path':34s} transform  shape"]
   for e in NAME_MAP:
-    lines.append(f"{e.hf:52s} {e.flax:34s} {'transpose' if e.transpose else 'copy':10s} "
-                 f"({', '.join(e.shape)}){'  [untied]' if e.untied_only else ''}")
+    lines.append(
+      f"{e.hf:52s} {e.flax:34s} {'transpose' if e.transpose else 'copy':10s} "
+      f"({', '.join(e.shape)}){'  [untied]' if e.untied_only else ''}"
+    )
   return "\n".join(lines)
 
 
-__all__ = ["NAME_MAP", "Entry", "Dims", "Row", "PREFIXES", "expand", "detect_layout", "strip",
-           "checkpoint_layers", "dims_from_shapes", "check_keys", "to_flax", "from_flax",
-           "check_tied", "describe", "TIED_HEAD_KEY"]
+__all__ = [
+  "NAME_MAP",
+  "Entry",
+  "Dims",
+  "Row",
+  "PREFIXES",
+  "expand",
+  "detect_layout",
+  "strip",
+  "checkpoint_layers",
+  "dims_from_shapes",
+  "check_keys",
+  "to_flax",
+  "from_flax",
+  "check_tied",
+  "describe",
+  "TIED_HEAD_KEY",
+]

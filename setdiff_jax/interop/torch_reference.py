@@ -18,6 +18,7 @@ position ids; SDPA with an additive float mask (0 allowed, float32 min otherwise
 masked row is uniform rather than NaN); GELU(tanh) MLP; untied head; optional adaLN with
 sigma = 0. Logits are raw (no mask-token suppression; see `models.layers.suppress_mask_logit`).
 """
+
 from __future__ import annotations
 
 import math
@@ -31,6 +32,7 @@ import torch.nn.functional as F
 
 from setdiff_jax.interop import backbone_config, name_map
 from setdiff_jax.interop import weight_files
+
 
 def _t(a) -> torch.Tensor:
   """A tensor from a tensor, numpy or jax array (copied, so read-only buffers are fine)."""
@@ -90,7 +92,9 @@ class TimestepEmbedder(nn.Module):
   def __init__(self, cond_dim: int, freq_dim: int = name_map.TIME_EMBED_DIM):
     super().__init__()
     self.freq_dim = freq_dim
-    self.mlp = nn.Sequential(nn.Linear(freq_dim, cond_dim), nn.SiLU(), nn.Linear(cond_dim, cond_dim))
+    self.mlp = nn.Sequential(
+      nn.Linear(freq_dim, cond_dim), nn.SiLU(), nn.Linear(cond_dim, cond_dim)
+    )
 
   def forward(self, t):
     half = self.freq_dim // 2
@@ -100,15 +104,18 @@ class TimestepEmbedder(nn.Module):
 
 
 class Block(nn.Module):
-  def __init__(self, dim: int, heads: int, mlp_ratio: int, cond_dim: int, adaln: bool, dropout: float):
+  def __init__(
+    self, dim: int, heads: int, mlp_ratio: int, cond_dim: int, adaln: bool, dropout: float
+  ):
     super().__init__()
     self.heads, self.dropout, self.adaln = heads, dropout, adaln
     self.norm1 = LayerNorm(dim)
     self.attn_qkv = nn.Linear(dim, 3 * dim, bias=False)
     self.attn_out = nn.Linear(dim, dim, bias=False)
     self.norm2 = LayerNorm(dim)
-    self.mlp = nn.Sequential(nn.Linear(dim, mlp_ratio * dim), nn.GELU(approximate="tanh"),
-                             nn.Linear(mlp_ratio * dim, dim))
+    self.mlp = nn.Sequential(
+      nn.Linear(dim, mlp_ratio * dim), nn.GELU(approximate="tanh"), nn.Linear(mlp_ratio * dim, dim)
+    )
     if adaln:
       self.adaLN_modulation = nn.Linear(cond_dim, 6 * dim)
 
@@ -127,9 +134,14 @@ class Block(nn.Module):
     if past is not None:
       k = torch.cat([past[0].to(k.dtype), k], dim=1)
       v = torch.cat([past[1].to(v.dtype), v], dim=1)
-    o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                       attn_mask=bias.to(q.dtype), dropout_p=0.0,
-                                       scale=1.0 / math.sqrt(q.shape[-1]))
+    o = F.scaled_dot_product_attention(
+      q.transpose(1, 2),
+      k.transpose(1, 2),
+      v.transpose(1, 2),
+      attn_mask=bias.to(q.dtype),
+      dropout_p=0.0,
+      scale=1.0 / math.sqrt(q.shape[-1]),
+    )
     o = self.attn_out(o.transpose(1, 2).reshape(b, s, d))
     if self.adaln:
       o = gate_msa * o
@@ -175,9 +187,18 @@ def additive_mask(allowed: torch.Tensor) -> torch.Tensor:
 class TorchDiT(nn.Module):
   """The DiT backbone (SPEC §3); module names = the official `DIT` state dict."""
 
-  def __init__(self, vocab_size: int, hidden_size: int, num_layers: int, num_heads: int,
-               mlp_ratio: int = 4, cond_dim: int = 128, adaln: bool = False, dropout: float = 0.0,
-               rope_base: float = 10000.0):
+  def __init__(
+    self,
+    vocab_size: int,
+    hidden_size: int,
+    num_layers: int,
+    num_heads: int,
+    mlp_ratio: int = 4,
+    cond_dim: int = 128,
+    adaln: bool = False,
+    dropout: float = 0.0,
+    rope_base: float = 10000.0,
+  ):
     super().__init__()
     if hidden_size % num_heads or (hidden_size // num_heads) % 2:
       raise ValueError(f"hidden_size={hidden_size} / num_heads={num_heads} must be an even integer")
@@ -188,17 +209,36 @@ class TorchDiT(nn.Module):
       self.sigma_map = TimestepEmbedder(cond_dim)
     self.rotary_emb = Rotary(hidden_size // num_heads, rope_base)
     self.blocks = nn.ModuleList(
-        [Block(hidden_size, num_heads, mlp_ratio, cond_dim, adaln, dropout) for _ in range(num_layers)])
+      [
+        Block(hidden_size, num_heads, mlp_ratio, cond_dim, adaln, dropout)
+        for _ in range(num_layers)
+      ]
+    )
     self.output_layer = FinalLayer(hidden_size, vocab_size, cond_dim, adaln)
     self.eval()
 
   @classmethod
   def from_dims(cls, dims: name_map.Dims, num_heads: int, **kw) -> "TorchDiT":
-    return cls(dims.vocab_size, dims.hidden_size, dims.num_layers, num_heads, dims.mlp_ratio,
-               dims.cond_dim, dims.adaln, **kw)
+    return cls(
+      dims.vocab_size,
+      dims.hidden_size,
+      dims.num_layers,
+      num_heads,
+      dims.mlp_ratio,
+      dims.cond_dim,
+      dims.adaln,
+      **kw,
+    )
 
-  def forward(self, tokens, positions, allowed, kv_cache: Optional[KV] = None, sigma=None,
-              return_kv: bool = False):
+  def forward(
+    self,
+    tokens,
+    positions,
+    allowed,
+    kv_cache: Optional[KV] = None,
+    sigma=None,
+    return_kv: bool = False,
+  ):
     """tokens, positions int [B, S]; allowed bool [B, S, C + S] (True = query attends to key);
     kv_cache per layer (k, v) [B, C, H, Dh]. Returns fp32 logits [B, S, V] (and this call's kv)."""
     tokens, positions = _t(tokens).long(), _t(positions).long()
@@ -230,8 +270,17 @@ class TorchDiT(nn.Module):
     return kv
 
   @torch.no_grad()
-  def cached_step(self, kv_cache: KV, cache_valid, pending_tokens, pending_positions, pending_valid,
-                  mask_positions, mask_valid, mask_id: int):
+  def cached_step(
+    self,
+    kv_cache: KV,
+    cache_valid,
+    pending_tokens,
+    pending_positions,
+    pending_valid,
+    mask_positions,
+    mask_valid,
+    mask_id: int,
+  ):
     """One KV-cached decoding step: inputs [pending clean tokens | active masks]; returns
     (logits of every step row [B, P + A, V], this step's kv [B, P + A, H, Dh] per layer)."""
     pending_tokens = _t(pending_tokens).long()
@@ -239,8 +288,9 @@ class TorchDiT(nn.Module):
     b, a = mask_positions.shape
     tokens = torch.cat([pending_tokens, torch.full((b, a), mask_id, dtype=torch.long)], dim=1)
     positions = torch.cat([_t(pending_positions).long(), mask_positions], dim=1)
-    allowed = torch.from_numpy(cached_step_mask(np.asarray(cache_valid), np.asarray(pending_valid),
-                                                np.asarray(mask_valid)))
+    allowed = torch.from_numpy(
+      cached_step_mask(np.asarray(cache_valid), np.asarray(pending_valid), np.asarray(mask_valid))
+    )
     return self(tokens, positions, allowed, kv_cache=kv_cache, return_kv=True)
 
 
@@ -266,14 +316,25 @@ def cached_step_mask(cache_valid, pending_valid, active_valid) -> np.ndarray:
   own = np.where(is_mask[:, None], (q[None] < p) | (q[None] == q[:, None]), q[None] <= q[:, None])
   valid = np.concatenate([pending_valid, active_valid], -1)
   own = (own[None] & valid[:, None, :]) | np.eye(p + a, dtype=bool)[None]
-  cache = np.broadcast_to(cache_valid[:, None, :], (cache_valid.shape[0], p + a, cache_valid.shape[-1]))
+  cache = np.broadcast_to(
+    cache_valid[:, None, :], (cache_valid.shape[0], p + a, cache_valid.shape[-1])
+  )
   return np.concatenate([cache, own], axis=-1)
 
 
 # ----------------------------------------------------------------------------- likelihood bound
 @torch.no_grad()
-def setdlm_likelihood_bound(model: TorchDiT, tokens, order, attention_mask, *, mask_id: int,
-                            pad_id: int, keep_clean_bos: bool = True, context_mask=None):
+def setdlm_likelihood_bound(
+  model: TorchDiT,
+  tokens,
+  order,
+  attention_mask,
+  *,
+  mask_id: int,
+  pad_id: int,
+  keep_clean_bos: bool = True,
+  context_mask=None,
+):
   """One-order SetDLM NLL bound (SPEC §1.4-1.5, eval mode) for a given order [B, L].
 
   Builds the two-stream input (clean stream x_sigma, noisy stream with M on target tokens, both at
@@ -317,9 +378,16 @@ def load_reference(path: str, *, strict: bool = True) -> TorchDiT:
   state = name_map.strip_prefix(weight_files.read_state_dict(path))
   for k in name_map.IGNORED_BUFFERS:
     state.pop(k, None)
-  model = TorchDiT(int(bb["vocab_size"]), int(bb["hidden_size"]), int(bb["num_layers"]),
-                   int(bb["num_heads"]), bb["mlp_ratio"], int(bb["cond_dim"]), bb["adaln"],
-                   rope_base=bb["rope_base"])
+  model = TorchDiT(
+    int(bb["vocab_size"]),
+    int(bb["hidden_size"]),
+    int(bb["num_layers"]),
+    int(bb["num_heads"]),
+    bb["mlp_ratio"],
+    int(bb["cond_dim"]),
+    bb["adaln"],
+    rope_base=bb["rope_base"],
+  )
   tensors = {k: torch.from_numpy(np.ascontiguousarray(v)).float() for k, v in state.items()}
   if name_map.ROTARY_KEY not in tensors:  # an export without the buffer: keep the computed one
     tensors[name_map.ROTARY_KEY] = model.rotary_emb.inv_freq.clone()
@@ -363,8 +431,9 @@ def model_from_params(config, params) -> TorchDiT:
   return model.eval()
 
 
-def forward_logits(config, params, tokens, positions, allowed, *, kv_cache=None, sigma=None,
-                   return_kv: bool = False):
+def forward_logits(
+  config, params, tokens, positions, allowed, *, kv_cache=None, sigma=None, return_kv: bool = False
+):
   """Raw backbone logits float32 [B, S, V] of our (config, params) computed by the PyTorch
   reference, dropout off: what the official `DIT` computes for the same inputs.
 
@@ -381,5 +450,13 @@ def forward_logits(config, params, tokens, positions, allowed, *, kv_cache=None,
   return out.numpy()
 
 
-__all__ = ["TorchDiT", "load_reference", "model_from_params", "forward_logits",
-           "setdlm_likelihood_bound", "set_causal_mask", "cached_step_mask", "additive_mask"]
+__all__ = [
+  "TorchDiT",
+  "load_reference",
+  "model_from_params",
+  "forward_logits",
+  "setdlm_likelihood_bound",
+  "set_causal_mask",
+  "cached_step_mask",
+  "additive_mask",
+]

@@ -4,6 +4,7 @@ Weights live in `model.safetensors` (written by us by default, numpy only) or `p
 (the official push uses `safe_serialization=False`; reading or writing it needs torch), possibly
 sharded with a `*.index.json` whose `weight_map` names the shard of each key.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,12 +36,13 @@ def weight_files(path: str) -> Tuple[str, list]:
     if os.path.isfile(os.path.join(path, single)):
       return fmt, [os.path.join(path, single)]
   raise FileNotFoundError(
-      f"no weights in {path!r}: expected {SAFETENSORS_FILE} or {BIN_FILE} (or a sharded "
-      f"*.index.json)")
+    f"no weights in {path!r}: expected {SAFETENSORS_FILE} or {BIN_FILE} (or a sharded *.index.json)"
+  )
 
 
 def _torch_to_numpy(t) -> np.ndarray:
   import torch  # noqa: F401  (only reached when torch is installed)
+
   t = t.detach().cpu()
   if t.dtype in (torch.bfloat16, torch.float16):
     t = t.float()
@@ -49,13 +51,15 @@ def _torch_to_numpy(t) -> np.ndarray:
 
 def damaged_safetensors(file: str, e: BaseException) -> ValueError:
   """The error for a safetensors file its reader rejects (truncated, or not safetensors)."""
-  return ValueError(f"weights file {file} is truncated or damaged ({e}); copy it again (or "
-                    "export it again)")
+  return ValueError(
+    f"weights file {file} is truncated or damaged ({e}); copy it again (or export it again)"
+  )
 
 
 def _read_safetensors(file: str) -> Dict[str, np.ndarray]:
   from safetensors import SafetensorError
   from safetensors.numpy import load_file
+
   try:
     return dict(load_file(file))
   except SafetensorError as e:
@@ -70,11 +74,17 @@ def _read_safetensors(file: str) -> Dict[str, np.ndarray]:
 
 
 def _read_bin(file: str) -> Dict[str, np.ndarray]:
-  torch = errors.require_extra("torch", "torch", f"reading {file} (a pytorch_model.bin; "
-                               "--format=safetensors exports need no torch)")
+  torch = errors.require_extra(
+    "torch",
+    "torch",
+    f"reading {file} (a pytorch_model.bin; --format=safetensors exports need no torch)",
+  )
   state = torch.load(file, map_location="cpu", weights_only=True)
-  if isinstance(state, dict) and "state_dict" in state and not any(
-      hasattr(v, "shape") for v in state.values()):
+  if (
+    isinstance(state, dict)
+    and "state_dict" in state
+    and not any(hasattr(v, "shape") for v in state.values())
+  ):
     state = state["state_dict"]
   return {k: _torch_to_numpy(v) for k, v in state.items() if hasattr(v, "shape")}
 
@@ -94,7 +104,9 @@ def read_state_dict(path: str) -> Dict[str, np.ndarray]:
   return state
 
 
-def write_state_dict(state: Mapping[str, np.ndarray], out_dir: str, fmt: str = "safetensors") -> str:
+def write_state_dict(
+  state: Mapping[str, np.ndarray], out_dir: str, fmt: str = "safetensors"
+) -> str:
   """Writes `state` (numpy arrays) as `model.safetensors` (numpy) or `pytorch_model.bin` (torch)."""
   if fmt not in FORMATS:
     raise ValueError(f"format={fmt!r}; use one of {FORMATS}")
@@ -102,11 +114,13 @@ def write_state_dict(state: Mapping[str, np.ndarray], out_dir: str, fmt: str = "
   arrays = {k: np.ascontiguousarray(v) for k, v in state.items()}
   if fmt == "safetensors":
     from safetensors.numpy import save_file
+
     file = os.path.join(out_dir, SAFETENSORS_FILE)
     save_file(arrays, file, metadata={"format": "pt"})  # "pt": transformers loads it as torch
   else:
-    torch = errors.require_extra("torch", "torch", "--format=bin (--format=safetensors "
-                                 "needs only numpy)")
+    torch = errors.require_extra(
+      "torch", "torch", "--format=bin (--format=safetensors needs only numpy)"
+    )
     file = os.path.join(out_dir, BIN_FILE)
     torch.save({k: torch.from_numpy(v.copy()) for k, v in arrays.items()}, file)
   return file
@@ -126,5 +140,15 @@ def write_json(obj, path: str):
     f.write("\n")
 
 
-__all__ = ["read_state_dict", "write_state_dict", "weight_files", "read_json", "write_json",
-           "SAFETENSORS_FILE", "BIN_FILE", "CONFIG_FILE", "GENERATION_CONFIG_FILE", "FORMATS"]
+__all__ = [
+  "read_state_dict",
+  "write_state_dict",
+  "weight_files",
+  "read_json",
+  "write_json",
+  "SAFETENSORS_FILE",
+  "BIN_FILE",
+  "CONFIG_FILE",
+  "GENERATION_CONFIG_FILE",
+  "FORMATS",
+]

@@ -7,6 +7,7 @@
 Entries (each a `Method` subclass in its own module; see `base.py` for what an entry owns):
   setdlm  `setdlm.SetDLM`   ar  `ar.AR`   mdlm  `mdlm.MDLM`   bd3lm  `bd3lm.BD3LM`
 """
+
 from __future__ import annotations
 
 from typing import Dict, Tuple
@@ -22,8 +23,9 @@ NAMES: Tuple[str, ...] = tuple(REGISTRY)
 # The method a config gets when it names none (configs/default.py, imported checkpoints).
 DEFAULT = SetDLM.name
 # Order in which official config.json names are matched (SetDLM configs say model_type "bd3lm").
-HF_MATCH_ORDER: Tuple[Method, ...] = tuple(REGISTRY[n] for n in (SetDLM.name, BD3LM.name,
-                                                                  MDLM.name, AR.name))
+HF_MATCH_ORDER: Tuple[Method, ...] = tuple(
+  REGISTRY[n] for n in (SetDLM.name, BD3LM.name, MDLM.name, AR.name)
+)
 
 
 def get(name: str) -> Method:
@@ -39,5 +41,18 @@ def compute_loss(cfg, model, params, batch, rng, *, train: bool):
   return get(cfg.name).loss(cfg, model, params, batch, rng, train=train)
 
 
-__all__ = ["REGISTRY", "NAMES", "DEFAULT", "HF_MATCH_ORDER", "DEFAULT_WINDOW", "Method", "get",
-           "compute_loss", "effective_max_set_size", "SetDLM", "AR", "MDLM", "BD3LM"]
+__all__ = [
+  "REGISTRY",
+  "NAMES",
+  "DEFAULT",
+  "HF_MATCH_ORDER",
+  "DEFAULT_WINDOW",
+  "Method",
+  "get",
+  "compute_loss",
+  "effective_max_set_size",
+  "SetDLM",
+  "AR",
+  "MDLM",
+  "BD3LM",
+]

@@ -1,4 +1,5 @@
 """AR: next-token prediction with a causal mask, the S = 1 end of Set Diffusion (SPEC §1.6)."""
+
 from __future__ import annotations
 
 from setdiff_jax.diffusion import losses
@@ -38,8 +39,10 @@ class AR(Method):
 
   uses_threshold = False
   rollout_scoring = "causal"
-  infill_unsupported = ("it decodes left to right and cannot condition on the text after a gap "
-                        "(the infill evaluation scores it on the prefix only)")
+  infill_unsupported = (
+    "it decodes left to right and cannot condition on the text after a gap "
+    "(the infill evaluation scores it on the prefix only)"
+  )
 
   def generate(self, model, params, prompts, sampler_cfg, rng=None):
     return ar_sampler.ar_generate(model, params, prompts, sampler_cfg, rng)

@@ -18,6 +18,7 @@ Adding a method: subclass `Method` (and `ExportFormat`) in a module of this pack
 loss (in `diffusion/losses.py`) and sampler (in `sampling/`), and register it in
 `methods/__init__.py`.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
@@ -50,10 +51,11 @@ class ExportFormat:
 
   Defaults are the diffusion baselines'; each method's subclass overrides what differs.
   """
-  model_type: str = ""              # official `model_type` / `architectures[0]`
+
+  model_type: str = ""  # official `model_type` / `architectures[0]`
   architecture: str = ""
-  causal_attention: bool = False    # `backbone_config.causal_attention`
-  name_pattern: str = ""            # regex naming the method in architectures / model_type / a path
+  causal_attention: bool = False  # `backbone_config.causal_attention`
+  name_pattern: str = ""  # regex naming the method in architectures / model_type / a path
   default_keep_clean_bos: bool = True  # `loss.keep_clean_bos` of an imported run
 
   def block_size(self, seq_len: int, loss: Mapping) -> int:
@@ -65,12 +67,17 @@ class ExportFormat:
 
   def generation_fields(self, seq_len: int, loss: Mapping) -> Dict[str, Any]:
     """Sampler knobs of `generation_config.json` (default: the diffusion samplers' fields)."""
-    return {"num_steps": int(seq_len), "sampling_strategy": "predict_and_noise",
-            "confidence_threshold": 1e6, "nucleus_p": 1.0,
-            "block_size": self.block_size(seq_len, loss)}
+    return {
+      "num_steps": int(seq_len),
+      "sampling_strategy": "predict_and_noise",
+      "confidence_threshold": 1e6,
+      "nucleus_p": 1.0,
+      "block_size": self.block_size(seq_len, loss),
+    }
 
-  def loss_fields(self, cfg: Mapping, seq_len: int, path_hint: str,
-                  warns: List[str]) -> Dict[str, Any]:
+  def loss_fields(
+    self, cfg: Mapping, seq_len: int, path_hint: str, warns: List[str]
+  ) -> Dict[str, Any]:
     """Our `loss.*` fields read back from an official config.json (appends warnings)."""
     return {}
 
@@ -81,28 +88,33 @@ class ExportFormat:
 
 class Method:
   """Defaults shared by the methods; each registry entry overrides what differs."""
+
   # ------------------------------------------------------------------ identity
   name: str = ""
-  adaln: bool = False               # the adaLN DiT (constant sigma = 0)
+  adaln: bool = False  # the adaLN DiT (constant sigma = 0)
   export: ExportFormat = ExportFormat()
 
   # ------------------------------------------------------------------ validation and loss
   def validate(self, config, check: Callable[[bool, str], None]) -> None:
     """Run-config rules of this method (`check(ok, message)` raises on a violation)."""
     if not uses_dit(config):  # Qwen3 has no time conditioning, whatever the method (SPEC §3.10)
-      check(not config.model.adaln, f"model.backbone={config.model.backbone} has no adaLN "
-            f"(set model.adaln=False)")
+      check(
+        not config.model.adaln,
+        f"model.backbone={config.model.backbone} has no adaLN (set model.adaln=False)",
+      )
       return
     want = self.adaln
-    check(bool(config.model.adaln) == want,
-          f"objective={self.name} uses the DiT {'with' if want else 'without'} adaLN "
-          f"(set model.adaln={want})")
+    check(
+      bool(config.model.adaln) == want,
+      f"objective={self.name} uses the DiT {'with' if want else 'without'} adaLN "
+      f"(set model.adaln={want})",
+    )
 
   def loss(self, cfg, model, params, batch, rng, *, train: bool):
     raise NotImplementedError
 
   # ------------------------------------------------------------------ likelihood bound
-  exact_likelihood: bool = False    # the bound is the exact NLL (a generative-perplexity judge)
+  exact_likelihood: bool = False  # the bound is the exact NLL (a generative-perplexity judge)
   # Its loss also scores the label just after a row's text (AR: the first pad, so that it learns
   # to stop). Only a causal method may set it: to score a continuation alone, the lm_eval adapter
   # then marks the row's tail as real context, which no earlier position can see.
@@ -125,8 +137,8 @@ class Method:
     return f"mean of K={k} draws per sequence"
 
   # ------------------------------------------------------------------ decoding
-  uses_threshold: bool = True       # the confidence threshold tau applies to its sampler
-  uses_window: bool = False         # its sampler has the set window W
+  uses_threshold: bool = True  # the confidence threshold tau applies to its sampler
+  uses_window: bool = False  # its sampler has the set window W
   infill_unsupported: Optional[str] = None  # why `canvas_infill` is unavailable (None: available)
 
   def sampler_fields(self, cfg) -> Dict[str, Any]:
@@ -136,8 +148,9 @@ class Method:
   def generate(self, model, params, prompts, sampler_cfg, rng=None):
     raise NotImplementedError
 
-  def decoding_settings(self, cfg, windows: Optional[Sequence[int]],
-                        thresholds: Sequence[Optional[float]]) -> List[Dict[str, Any]]:
+  def decoding_settings(
+    self, cfg, windows: Optional[Sequence[int]], thresholds: Sequence[Optional[float]]
+  ) -> List[Dict[str, Any]]:
     """The (window, threshold) settings a speed/sample sweep measures for this method."""
     if not self.uses_threshold:
       return [{"window": None, "threshold": None}]

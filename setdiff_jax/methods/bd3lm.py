@@ -1,4 +1,5 @@
 """BD3LM: block diffusion, blocks of S left to right, masked diffusion inside (SPEC §1.6, §4.7)."""
+
 from __future__ import annotations
 
 from setdiff_jax.diffusion import losses
@@ -15,8 +16,11 @@ class BD3LMExport(LinearNoiseExport):
     return int(loss.get("block_size", 4))
 
   def loss_fields(self, cfg, seq_len, path_hint, warns):
-    return {"block_size": int(cfg.get("block_size")
-                              or (cfg.get("backbone_config") or {}).get("block_size"))}
+    return {
+      "block_size": int(
+        cfg.get("block_size") or (cfg.get("backbone_config") or {}).get("block_size")
+      )
+    }
 
 
 class BD3LM(Method):
@@ -25,9 +29,11 @@ class BD3LM(Method):
   export = BD3LMExport()
 
   def validate(self, config, check):
-    check(config.seq_len % config.loss.block_size == 0,
-          f"objective=bd3lm needs loss.block_size={config.loss.block_size} to divide "
-          f"seq_len={config.seq_len}")
+    check(
+      config.seq_len % config.loss.block_size == 0,
+      f"objective=bd3lm needs loss.block_size={config.loss.block_size} to divide "
+      f"seq_len={config.seq_len}",
+    )
     super().validate(config, check)
 
   def loss(self, cfg, model, params, batch, rng, *, train):
@@ -38,8 +44,10 @@ class BD3LM(Method):
   estimator_k = MDLM.estimator_k
 
   rollout_scoring = "block_replay"
-  infill_unsupported = ("its blocks are decoded left to right and cannot see the text after a gap "
-                        "(the infill evaluation scores it on the prefix only)")
+  infill_unsupported = (
+    "its blocks are decoded left to right and cannot see the text after a gap "
+    "(the infill evaluation scores it on the prefix only)"
+  )
 
   def sampler_fields(self, cfg):
     return dict(super().sampler_fields(cfg), block_size=int(cfg.block_size))

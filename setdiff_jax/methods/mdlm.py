@@ -1,4 +1,5 @@
 """MDLM: masked diffusion over the whole sequence, bidirectional attention (SPEC §1.6, §4.8)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -13,8 +14,11 @@ class LinearNoiseExport(ExportFormat):
   """The masked-diffusion baselines' export: a linear noise schedule over `block_size`."""
 
   def noise_config(self, seq_len, loss):
-    return {"_target_": LINEAR_TARGET, "block_size": self.block_size(seq_len, loss),
-            "length": int(seq_len)}
+    return {
+      "_target_": LINEAR_TARGET,
+      "block_size": self.block_size(seq_len, loss),
+      "length": int(seq_len),
+    }
 
 
 class MDLMExport(LinearNoiseExport):
@@ -48,8 +52,11 @@ class MDLM(Method):
     n = len(rows)
     kwargs = {}
     if shapes:
-      bos = int(sampler_cfg.bos_token_id if sampler_cfg.bos_token_id is not None
-                else sampler_cfg.pad_token_id)
+      bos = int(
+        sampler_cfg.bos_token_id
+        if sampler_cfg.bos_token_id is not None
+        else sampler_cfg.pad_token_id
+      )
       rows += [[bos]] * max(0, shapes["batch_size"] - n)
       kwargs = {"length": shapes["length"], "max_targets": shapes["max_targets"]}
     out = mdlm_infill(model, params, rows, sampler_cfg, rng, **kwargs)

@@ -13,6 +13,7 @@ Every backbone is called as
 with raw logits (mask-token suppression is the caller's, `layers.suppress_mask_logit`).
 The DiT stays in `setdiff_jax/models/dit.py`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -29,8 +30,8 @@ Backbone = Union[dit_lib.DiT, qwen3_lib.Qwen3]  # any backbone module (type hint
 BackboneConfig = Union[dit_lib.DiTConfig, qwen3_lib.Qwen3Config]  # any backbone config
 
 BACKBONES = {
-    "dit": (dit_lib.DiTConfig, dit_lib.DiT),
-    "qwen3": (qwen3_lib.Qwen3Config, qwen3_lib.Qwen3),
+  "dit": (dit_lib.DiTConfig, dit_lib.DiT),
+  "qwen3": (qwen3_lib.Qwen3Config, qwen3_lib.Qwen3),
 }
 
 
@@ -102,5 +103,18 @@ def empty_kv(backbone_cfg, batch: int, capacity: int, dtype: Any = None, kv_layo
   return tuple((z(), z()) for _ in range(layers))
 
 
-__all__ = ["Backbone", "BackboneConfig", "BACKBONES", "backbone_name", "backbone_config", "name_of", "build", "is_backbone",
-           "replace", "init_params", "param_shapes", "cache_layout", "empty_kv"]
+__all__ = [
+  "Backbone",
+  "BackboneConfig",
+  "BACKBONES",
+  "backbone_name",
+  "backbone_config",
+  "name_of",
+  "build",
+  "is_backbone",
+  "replace",
+  "init_params",
+  "param_shapes",
+  "cache_layout",
+  "empty_kv",
+]

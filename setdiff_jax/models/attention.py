@@ -28,6 +28,7 @@ joined by one softmax (on CPU the [B, C, H, Dh] concatenation and the transpose 
 the dot copied the whole cache in every layer of every step). K < H (grouped-query attention)
 groups the query heads per KV head instead of repeating the cache.
 """
+
 from __future__ import annotations
 
 import functools
@@ -148,18 +149,24 @@ def _grouped_cached_dense(q, k, v, past_k, past_v, mask):
   kn, vn = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)  # new slots only: [B, K, S, Dh]
   f32 = jnp.float32
   scores = jnp.concatenate(
-      [jnp.einsum("bkxd,bkcd->bkxc", rows, past_k.astype(q.dtype), preferred_element_type=f32),
-       jnp.einsum("bkxd,bktd->bkxt", rows, kn, preferred_element_type=f32)], -1)
-  scores = scores.reshape(b, h, s, c + s) * dh ** -0.5
+    [
+      jnp.einsum("bkxd,bkcd->bkxc", rows, past_k.astype(q.dtype), preferred_element_type=f32),
+      jnp.einsum("bkxd,bktd->bkxt", rows, kn, preferred_element_type=f32),
+    ],
+    -1,
+  )
+  scores = scores.reshape(b, h, s, c + s) * dh**-0.5
   scores = jnp.where(_as_4d(mask), scores, jnp.finfo(f32).min)
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype).reshape(b, kh, g * s, c + s)
-  out = (jnp.einsum("bkxc,bkcd->bkxd", probs[..., :c], past_v.astype(v.dtype))
-         + jnp.einsum("bkxt,bktd->bkxd", probs[..., c:], vn))
+  out = jnp.einsum("bkxc,bkcd->bkxd", probs[..., :c], past_v.astype(v.dtype)) + jnp.einsum(
+    "bkxt,bktd->bkxd", probs[..., c:], vn
+  )
   return out.reshape(b, kh, g, s, dh).transpose(0, 3, 1, 2, 4).reshape(b, s, h, dh)
 
 
-def attend_cached(q, k, v, past_k, past_v, mask, implementation: str = "dense",
-                  kv_layout: str = "bshd"):
+def attend_cached(
+  q, k, v, past_k, past_v, mask, implementation: str = "dense", kv_layout: str = "bshd"
+):
   """One cached step (module doc): q [B, S, H, Dh]; k, v [B, S, K, Dh] (this call's slots);
   past_k, past_v: the cache in `kv_layout`; mask bool [B, S, C + S] (cache keys first).
   Returns [B, S, H, Dh]."""
@@ -197,8 +204,11 @@ def blocksparse_attention(q, k, v, mask: TiledMask, tile: Optional[int] = None):
       js = np.arange(sk // tile)  # nothing to attend: the dense path's uniform rows
     cols = np.concatenate([np.arange(j * tile, (j + 1) * tile) for j in js])
     contiguous = np.array_equal(cols, np.arange(cols[0], cols[0] + len(cols)))
-    pick = ((lambda x, ax: jax.lax.slice_in_dim(x, int(cols[0]), int(cols[-1]) + 1, axis=ax))
-            if contiguous else (lambda x, ax: jnp.take(x, cols, axis=ax)))
+    pick = (
+      (lambda x, ax: jax.lax.slice_in_dim(x, int(cols[0]), int(cols[-1]) + 1, axis=ax))
+      if contiguous
+      else (lambda x, ax: jnp.take(x, cols, axis=ax))
+    )
     m = pick(dense[:, :, rows], 3)
     o = dense_attention(q[:, rows], pick(k, 1), pick(v, 1), m)
     if len(cols) < sk:  # a fully masked row averages every key in the dense path
@@ -213,12 +223,21 @@ def blocksparse_attention(q, k, v, mask: TiledMask, tile: Optional[int] = None):
 @functools.lru_cache(maxsize=16)
 def _splash_kernel(static: StaticPattern, num_heads: int, block: int, interpret: bool):
   from jax.experimental.pallas.ops.tpu import splash_attention as sa
+
   mk = sa.MultiHeadMask([sa.NumpyMask(static.mask)] * num_heads)
-  sizes = sa.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block,
-                        block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
-                        block_q_dq=block, block_kv_dq=block)
-  return sa.make_splash_mha(mk, head_shards=1, q_seq_shards=1, block_sizes=sizes,
-                            interpret=interpret)
+  sizes = sa.BlockSizes(
+    block_q=block,
+    block_kv=block,
+    block_kv_compute=block,
+    block_q_dkv=block,
+    block_kv_dkv=block,
+    block_kv_dkv_compute=block,
+    block_q_dq=block,
+    block_kv_dq=block,
+  )
+  return sa.make_splash_mha(
+    mk, head_shards=1, q_seq_shards=1, block_sizes=sizes, interpret=interpret
+  )
 
 
 def splash_attention(q, k, v, mask: TiledMask, interpret: Optional[bool] = None):
@@ -232,6 +251,7 @@ def splash_attention(q, k, v, mask: TiledMask, interpret: Optional[bool] = None)
   if mask.static.mask.shape != (sq, sk) or sq % block or sk % block:
     return blocksparse_attention(q, k, v, mask)
   from jax.experimental.pallas.ops.tpu import splash_attention as sa
+
   dense = _as_4d(mask.dense)[:, 0]  # [B, Sq, Sk]; the padding is the same for every head
   # Under the TiledMask contract dense = static & valid_q valid_k^T, so segment ids 1 (valid) /
   # 0 (padding) reproduce it for every valid query; padded queries' outputs are never read.
@@ -259,8 +279,14 @@ def _mesh_split(q, k, mask):
     batch = ()
   tensor = sizes.get("tensor", 1)
   heads_4d = mask.dense.ndim == 4 and mask.dense.shape[1] > 1
-  head = ("tensor" if tensor > 1 and q.shape[2] % tensor == 0 and k.shape[2] == q.shape[2]
-          and (not heads_4d or mask.dense.shape[1] % tensor == 0) else None)
+  head = (
+    "tensor"
+    if tensor > 1
+    and q.shape[2] % tensor == 0
+    and k.shape[2] == q.shape[2]
+    and (not heads_4d or mask.dense.shape[1] % tensor == 0)
+    else None
+  )
   return None if not batch and head is None else (batch, head)
 
 
@@ -273,15 +299,18 @@ def per_shard(fn, q, k, v, mask: "TiledMask"):
     return fn(q, k, v, mask)
   batch, head = split
   from jax.sharding import PartitionSpec as P
+
   b = batch or None
   qkv = P(b, None, head, None)
   dense = mask.dense
-  m = (P(b, head if dense.shape[1] > 1 else None, None, None) if dense.ndim == 4
-       else P(b, None, None))
+  m = (
+    P(b, head if dense.shape[1] > 1 else None, None, None) if dense.ndim == 4 else P(b, None, None)
+  )
   static = mask.static
   local = lambda q, k, v, d: fn(q, k, v, TiledMask(d, static))
-  return jax.shard_map(local, in_specs=(qkv, qkv, qkv, m), out_specs=qkv,
-                       check_vma=False)(q, k, v, dense)
+  return jax.shard_map(local, in_specs=(qkv, qkv, qkv, m), out_specs=qkv, check_vma=False)(
+    q, k, v, dense
+  )
 
 
 def attend(q, k, v, mask, implementation: str = "dense"):
@@ -300,4 +329,6 @@ def attend(q, k, v, mask, implementation: str = "dense"):
     empty = ~jnp.any(mask, axis=-1, keepdims=True)  # [B, 1|H, Sq, 1]
     q = jnp.where(jnp.swapaxes(empty, 1, 2), jnp.zeros_like(q), q)  # [B, Sq, 1|H, 1]
     return jax.nn.dot_product_attention(q, k, v, mask=mask | empty, implementation=implementation)
-  raise ValueError(f"unknown attention implementation {implementation!r}; use one of {IMPLEMENTATIONS}")
+  raise ValueError(
+    f"unknown attention implementation {implementation!r}; use one of {IMPLEMENTATIONS}"
+  )

@@ -20,6 +20,7 @@ Inputs are token ids and *arbitrary* position ids (RoPE follows the original pos
 token, whatever its slot), plus a boolean attention mask; an optional KV cache (keys after RoPE,
 values) is prepended to the keys.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -40,27 +41,30 @@ KVCache = Tuple[Tuple[jax.Array, jax.Array], ...]  # per layer (k [B, C, H, Dh],
 @dataclasses.dataclass(frozen=True)
 class DiTConfig:
   """Backbone hyperparameters (SPEC §3.1). LM1B: 12 x 768, 12 heads, V = 30522."""
+
   vocab_size: int = 30522
   hidden_size: int = 768
   num_layers: int = 12
   num_heads: int = 12
   mlp_ratio: int = 4
   cond_dim: int = 128
-  adaln: bool = False          # MDLM/BD3LM baselines: adaLN with constant sigma = 0 (SPEC §3.4)
-  dropout: float = 0.1         # on the two residual branches only
-  dtype: str = "float32"       # compute dtype ("bfloat16" for mixed precision); params stay fp32
-  attention: str = "dense"     # see attention.IMPLEMENTATIONS
+  adaln: bool = False  # MDLM/BD3LM baselines: adaLN with constant sigma = 0 (SPEC §3.4)
+  dropout: float = 0.1  # on the two residual branches only
+  dtype: str = "float32"  # compute dtype ("bfloat16" for mixed precision); params stay fp32
+  attention: str = "dense"  # see attention.IMPLEMENTATIONS
   rope_base: float = 10000.0
-  remat: Any = "none"          # remat policy of each block (layer_stack.REMAT_POLICIES; bools ok)
-  scan_layers: bool = False    # nn.scan over the blocks: params `blocks/...` [num_layers, ...]
-  fused_head: bool = True      # training losses: fused head + cross-entropy (fused_head.py)
-  head_chunk_rows: int = 0     # fused head: rows per chunk (0 = all rows at once)
+  remat: Any = "none"  # remat policy of each block (layer_stack.REMAT_POLICIES; bools ok)
+  scan_layers: bool = False  # nn.scan over the blocks: params `blocks/...` [num_layers, ...]
+  fused_head: bool = True  # training losses: fused head + cross-entropy (fused_head.py)
+  head_chunk_rows: int = 0  # fused head: rows per chunk (0 = all rows at once)
   head_recompute: bool = False  # fused head: recompute logits in the backward (no [N, V] residual)
   head_vocab_chunk: int = 1024  # fused head: vocabulary columns per chunk (0 = off; fused_head.py)
 
   def __post_init__(self):
     if self.hidden_size % self.num_heads:
-      raise ValueError(f"hidden_size={self.hidden_size} is not divisible by num_heads={self.num_heads}")
+      raise ValueError(
+        f"hidden_size={self.hidden_size} is not divisible by num_heads={self.num_heads}"
+      )
     if (self.hidden_size // self.num_heads) % 2:
       raise ValueError("head dim must be even for rotary embeddings")
     layer_stack.check_common_fields(self)
@@ -113,6 +117,7 @@ def _dense(module: nn.Module, x, kernel_init, bias_init):
 # ----------------------------------------------------------------------------- pieces
 class LayerNormNoBias(nn.Module):
   """LayerNorm with a weight and no bias, computed in fp32 and cast back (SPEC §3.2)."""
+
   epsilon: float = 1e-5
 
   @nn.compact
@@ -135,6 +140,7 @@ def timestep_embedding(t: jax.Array, dim: int = 256, max_period: float = 10000.0
 
 class Linear(nn.Module):
   """nn.Linear with PyTorch initialisation; params `kernel` (in, out) and optional `bias`."""
+
   features: int
   use_bias: bool = True
   zero_init: bool = False
@@ -149,6 +155,7 @@ class Linear(nn.Module):
 
 class SigmaMap(nn.Module):
   """TimestepEmbedder: sinusoid(256) -> Linear -> SiLU -> Linear (adaLN models)."""
+
   cond_dim: int
 
   @nn.compact
@@ -182,8 +189,9 @@ class DiTBlock(nn.Module):
     if past_kv is None:
       o = attention.attend(q, k, v, mask, cfg.attention)
     else:
-      o = attention.attend_cached(q, k, v, past_kv[0], past_kv[1], mask, cfg.attention,
-                                  self.kv_layout)
+      o = attention.attend_cached(
+        q, k, v, past_kv[0], past_kv[1], mask, cfg.attention, self.kv_layout
+      )
     o = o.reshape(b, s, cfg.hidden_size)
     o = layer_stack.tag_attention_out(o)
     o = Linear(cfg.hidden_size, use_bias=False, dtype=dt, name="attn_out")(o)
@@ -222,17 +230,34 @@ class DiT(nn.Module):
     logits fp32 [B, S - head_start, V] (raw; see `layers.suppress_mask_logit`), and the new kv
     if asked.
   """
+
   config: DiTConfig
 
   @nn.compact
-  def __call__(self, tokens, positions, mask, *, kv_cache: Optional[KVCache] = None,
-               sigma: Optional[jax.Array] = None, deterministic: bool = True,
-               head_start: int = 0, return_kv: bool = False, return_hidden: bool = False,
-               kv_layout: str = "bshd"):
+  def __call__(
+    self,
+    tokens,
+    positions,
+    mask,
+    *,
+    kv_cache: Optional[KVCache] = None,
+    sigma: Optional[jax.Array] = None,
+    deterministic: bool = True,
+    head_start: int = 0,
+    return_kv: bool = False,
+    return_hidden: bool = False,
+    kv_layout: str = "bshd",
+  ):
     cfg = self.config
     attention.check_kv_layout(kv_layout)
-    h = nn.Embed(cfg.vocab_size, cfg.hidden_size, embedding_init=torch_embedding_init(cfg.hidden_size),
-                 param_dtype=jnp.float32, dtype=jnp.float32, name="embed")(tokens)
+    h = nn.Embed(
+      cfg.vocab_size,
+      cfg.hidden_size,
+      embedding_init=torch_embedding_init(cfg.hidden_size),
+      param_dtype=jnp.float32,
+      dtype=jnp.float32,
+      name="embed",
+    )(tokens)
     cos, sin = rotary_cos_sin(positions, cfg.head_dim, cfg.rope_base)
     cond = None
     if cfg.adaln:
@@ -240,13 +265,23 @@ class DiT(nn.Module):
         sigma = jnp.zeros((tokens.shape[0],), jnp.float32)
       cond = nn.silu(SigmaMap(cfg.cond_dim, name="sigma_map")(sigma))
 
-    h, new_kvs = layer_stack.apply_layers(DiTBlock, cfg, "blocks", h, (cos, sin, mask, cond),
-                                          kv_cache, deterministic, kv_layout=kv_layout)
+    h, new_kvs = layer_stack.apply_layers(
+      DiTBlock,
+      cfg,
+      "blocks",
+      h,
+      (cos, sin, mask, cond),
+      kv_cache,
+      deterministic,
+      kv_layout=kv_layout,
+    )
 
     h = h[:, head_start:]
     h = LayerNormNoBias(name="final_norm")(h)
     if cfg.adaln:
-      shift, scale = jnp.split(Linear(2 * cfg.hidden_size, zero_init=True, name="final_adaln")(cond)[:, None, :], 2, -1)
+      shift, scale = jnp.split(
+        Linear(2 * cfg.hidden_size, zero_init=True, name="final_adaln")(cond)[:, None, :], 2, -1
+      )
       h = h * (1 + scale) + shift
     if return_hidden and not self.is_initializing():
       return (h, new_kvs) if return_kv else h
@@ -267,6 +302,11 @@ def count_params(params) -> int:
 
 
 __all__ = [
-    "DiTConfig", "DiT", "DiTBlock", "LayerNormNoBias", "timestep_embedding", "count_params",
-    "KVCache",
+  "DiTConfig",
+  "DiT",
+  "DiTBlock",
+  "LayerNormNoBias",
+  "timestep_embedding",
+  "count_params",
+  "KVCache",
 ]

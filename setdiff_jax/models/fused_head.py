@@ -26,6 +26,7 @@ head accepts `return_hidden=True` (returns the hidden states that would enter th
 [head_start:]) and has `output_head(params) -> (kernel [D, V], bias [V] or None)`. `token_nll`
 uses it when `config.fused_head` is set and falls back to logits otherwise.
 """
+
 from __future__ import annotations
 
 import functools
@@ -110,13 +111,19 @@ def _nll_bwd(dtype, suppress_id, chunk, recompute, res, g):
   if chunk >= h.shape[0]:
     dh, dk, db = grads(h, targets, lse, g, z)
   else:
+
     def step(carry, xs):
       hc, tc, lc, gc, zc = xs
       dh, dk, db = grads(hc, tc, lc, gc, zc)
       return (carry[0] + dk, carry[1] + db), dh
 
-    xs = (_split(h, chunk), _split(targets, chunk), _split(lse, chunk), _split(g, chunk),
-          None if z is None else z)
+    xs = (
+      _split(h, chunk),
+      _split(targets, chunk),
+      _split(lse, chunk),
+      _split(g, chunk),
+      None if z is None else z,
+    )
     init = (jnp.zeros(kernel.shape, jnp.float32), jnp.zeros((kernel.shape[1],), jnp.float32))
     (dk, db), dh = jax.lax.scan(step, init, xs)
     dh = dh.reshape(h.shape)
@@ -128,10 +135,18 @@ def _nll_bwd(dtype, suppress_id, chunk, recompute, res, g):
 _nll_rows.defvjp(_nll_fwd, _nll_bwd)
 
 
-def fused_nll(hidden: jax.Array, targets: jax.Array, kernel: jax.Array,
-              bias: Optional[jax.Array] = None, *, dtype=jnp.float32,
-              suppress_id: Optional[int] = None, chunk_rows: Optional[int] = None,
-              recompute: bool = False, vocab_chunk: Optional[int] = None) -> jax.Array:
+def fused_nll(
+  hidden: jax.Array,
+  targets: jax.Array,
+  kernel: jax.Array,
+  bias: Optional[jax.Array] = None,
+  *,
+  dtype=jnp.float32,
+  suppress_id: Optional[int] = None,
+  chunk_rows: Optional[int] = None,
+  recompute: bool = False,
+  vocab_chunk: Optional[int] = None,
+) -> jax.Array:
   """Per-token NLL of the output head, -log softmax(h W + b)[target], without [N, V] log-probs.
 
   Args:
@@ -151,8 +166,10 @@ def fused_nll(hidden: jax.Array, targets: jax.Array, kernel: jax.Array,
   if hidden.shape[:-1] != targets.shape:
     raise ValueError(f"fused_nll: hidden {hidden.shape} does not match targets {targets.shape}")
   if vocab_chunk and (chunk_rows or recompute):
-    raise ValueError("fused_nll: vocab_chunk excludes chunk_rows and recompute (it never keeps "
-                     "[N, V] logits); pass vocab_chunk=0 to use them")
+    raise ValueError(
+      "fused_nll: vocab_chunk excludes chunk_rows and recompute (it never keeps "
+      "[N, V] logits); pass vocab_chunk=0 to use them"
+    )
   lead = targets.shape
   h = hidden.reshape(-1, hidden.shape[-1])
   t = targets.reshape(-1).astype(jnp.int32)
@@ -210,8 +227,11 @@ def _nll_vocab_fwd(h, targets, kernel, bias, dtype, suppress_id, chunk):
     return (new_mx, total, zt), None
 
   n = h.shape[0]
-  init = (jnp.full((n,), -jnp.inf, jnp.float32), jnp.zeros((n,), jnp.float32),
-          jnp.zeros((n,), jnp.float32))
+  init = (
+    jnp.full((n,), -jnp.inf, jnp.float32),
+    jnp.zeros((n,), jnp.float32),
+    jnp.zeros((n,), jnp.float32),
+  )
   (mx, total, zt), _ = jax.lax.scan(step, init, (jnp.arange(kc.shape[0]), kc, bc))
   lse = mx + jnp.log(total)
   return lse - zt, (h, targets, kernel, bias, lse)
@@ -234,8 +254,9 @@ def _nll_vocab_bwd(dtype, suppress_id, chunk, res, g):
     dk = jnp.dot(hd.T, dz, preferred_element_type=jnp.float32)
     return dh, (dk, jnp.sum(dz, axis=0, dtype=jnp.float32))
 
-  dh, (dk, db) = jax.lax.scan(step, jnp.zeros(h.shape, jnp.float32),
-                              (jnp.arange(kc.shape[0]), kc, bc))
+  dh, (dk, db) = jax.lax.scan(
+    step, jnp.zeros(h.shape, jnp.float32), (jnp.arange(kc.shape[0]), kc, bc)
+  )
   dk = dk.transpose(1, 0, 2).reshape(kernel.shape[0], -1)[:, :vocab].astype(kernel.dtype)
   db = None if bias is None else db.reshape(-1)[:vocab].astype(bias.dtype)
   return dh.astype(h.dtype), None, dk, db
@@ -244,8 +265,9 @@ def _nll_vocab_bwd(dtype, suppress_id, chunk, res, g):
 _nll_vocab.defvjp(_nll_vocab_fwd, _nll_vocab_bwd)
 
 
-def reference_nll(logits: jax.Array, targets: jax.Array,
-                  suppress_id: Optional[int] = None) -> jax.Array:
+def reference_nll(
+  logits: jax.Array, targets: jax.Array, suppress_id: Optional[int] = None
+) -> jax.Array:
   """The unfused path from logits: -log_softmax(suppress(logits))[target], fp32 [...]."""
   logits = logits.astype(jnp.float32)
   if suppress_id is not None:
@@ -259,8 +281,10 @@ def check_head_fields(cfg):
   if cfg.head_vocab_chunk < 0:
     raise ValueError(f"head_vocab_chunk={cfg.head_vocab_chunk} must be >= 0 (0 = off)")
   if cfg.head_vocab_chunk and (cfg.head_chunk_rows or cfg.head_recompute):
-    raise ValueError("head_chunk_rows / head_recompute apply to the head without vocabulary "
-                     f"chunks; set head_vocab_chunk=0 to use them (it is {cfg.head_vocab_chunk})")
+    raise ValueError(
+      "head_chunk_rows / head_recompute apply to the head without vocabulary "
+      f"chunks; set head_vocab_chunk=0 to use them (it is {cfg.head_vocab_chunk})"
+    )
 
 
 def supports_fused(model) -> bool:
@@ -269,8 +293,14 @@ def supports_fused(model) -> bool:
   return bool(getattr(cfg, "fused_head", False)) and hasattr(model, "output_head")
 
 
-def token_nll(forward: Callable[..., jax.Array], model, params, targets: jax.Array, *,
-              suppress_id: Optional[int] = None) -> jax.Array:
+def token_nll(
+  forward: Callable[..., jax.Array],
+  model,
+  params,
+  targets: jax.Array,
+  *,
+  suppress_id: Optional[int] = None,
+) -> jax.Array:
   """NLL [B, S'] of `targets` under the backbone output of `forward(**extra)`.
 
   `forward` runs the backbone (all arguments bound but the extra keyword `return_hidden`); the
@@ -280,12 +310,24 @@ def token_nll(forward: Callable[..., jax.Array], model, params, targets: jax.Arr
     return reference_nll(forward(), targets, suppress_id)
   cfg = model.config
   kernel, bias = model.output_head(params)
-  return fused_nll(forward(return_hidden=True), targets, kernel, bias,
-                   dtype=jnp.dtype(getattr(cfg, "dtype", "float32")), suppress_id=suppress_id,
-                   chunk_rows=getattr(cfg, "head_chunk_rows", None) or None,
-                   recompute=bool(getattr(cfg, "head_recompute", False)),
-                   vocab_chunk=getattr(cfg, "head_vocab_chunk", 0) or None)
+  return fused_nll(
+    forward(return_hidden=True),
+    targets,
+    kernel,
+    bias,
+    dtype=jnp.dtype(getattr(cfg, "dtype", "float32")),
+    suppress_id=suppress_id,
+    chunk_rows=getattr(cfg, "head_chunk_rows", None) or None,
+    recompute=bool(getattr(cfg, "head_recompute", False)),
+    vocab_chunk=getattr(cfg, "head_vocab_chunk", 0) or None,
+  )
 
 
-__all__ = ["fused_nll", "reference_nll", "head_logits", "supports_fused", "token_nll",
-           "check_head_fields"]
+__all__ = [
+  "fused_nll",
+  "reference_nll",
+  "head_logits",
+  "supports_fused",
+  "token_nll",
+  "check_head_fields",
+]

@@ -21,6 +21,7 @@ The KV cache stays one (k, v) pair per layer at the call boundary (what `samplin
 stores and appends to); the scanned path stacks it to [num_layers, B, C, ...] for the scan and
 returns this call's kv unstacked again.
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional, Sequence, Tuple
@@ -34,8 +35,13 @@ from setdiff_jax.models import attention, fused_head
 
 ATTENTION_OUT = "attention_out"  # checkpoint_name of the attention output inside a block
 
-REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable",
-                  "save_attention_out")
+REMAT_POLICIES = (
+  "none",
+  "full",
+  "dots_saveable",
+  "dots_with_no_batch_dims_saveable",
+  "save_attention_out",
+)
 _BOOL_NAMES = {"false": "none", "true": "full", "0": "none", "1": "full", "": "none"}
 
 
@@ -45,18 +51,21 @@ def normalize_remat(value) -> str:
     return "full" if value else "none"
   name = _BOOL_NAMES.get(str(value).strip().lower(), str(value).strip())
   if name not in REMAT_POLICIES:
-    raise ValueError(f"model.remat={value!r}; use one of {REMAT_POLICIES} (or True / False = "
-                     "full / none)")
+    raise ValueError(
+      f"model.remat={value!r}; use one of {REMAT_POLICIES} (or True / False = full / none)"
+    )
   return name
 
 
 def remat_policy(name: str):
   """The `jax.checkpoint` policy of a normalised name (None = save nothing: full remat)."""
   cp = jax.checkpoint_policies
-  return {"full": None,
-          "dots_saveable": cp.dots_saveable,
-          "dots_with_no_batch_dims_saveable": cp.dots_with_no_batch_dims_saveable,
-          "save_attention_out": cp.save_only_these_names(ATTENTION_OUT)}[name]
+  return {
+    "full": None,
+    "dots_saveable": cp.dots_saveable,
+    "dots_with_no_batch_dims_saveable": cp.dots_with_no_batch_dims_saveable,
+    "save_attention_out": cp.save_only_these_names(ATTENTION_OUT),
+  }[name]
 
 
 def tag_attention_out(x: jax.Array) -> jax.Array:
@@ -69,8 +78,16 @@ def _stack_kv(kv_cache: Sequence) -> Any:
   return jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *kv_cache)
 
 
-def apply_layers(block_cls, cfg, prefix: str, h: jax.Array, args: Tuple, kv_cache: Optional[Sequence],
-                 deterministic: bool, **fields):
+def apply_layers(
+  block_cls,
+  cfg,
+  prefix: str,
+  h: jax.Array,
+  args: Tuple,
+  kv_cache: Optional[Sequence],
+  deterministic: bool,
+  **fields,
+):
   """Runs `cfg.num_layers` blocks (inside a parent's compact method).
 
   block_cls(cfg, **fields)(h, *args, past_kv, deterministic) -> (h, kv) is one layer; `args` are
@@ -84,8 +101,9 @@ def apply_layers(block_cls, cfg, prefix: str, h: jax.Array, args: Tuple, kv_cach
   if remat != "none":
     static = (len(args) + 3,)  # (self, h, *args, past_kv, deterministic): deterministic is static
     # prevent_cse is only needed outside a scan (flax / JAX docs: a scan already blocks CSE).
-    layer = nn.remat(block_cls, static_argnums=static, policy=remat_policy(remat),
-                     prevent_cse=not scan)
+    layer = nn.remat(
+      block_cls, static_argnums=static, policy=remat_policy(remat), prevent_cse=not scan
+    )
   if not scan:
     kvs = []
     for i in range(cfg.num_layers):
@@ -94,16 +112,25 @@ def apply_layers(block_cls, cfg, prefix: str, h: jax.Array, args: Tuple, kv_cach
       kvs.append(kv)
     return h, tuple(kvs)
   stacked = None if kv_cache is None else _stack_kv(kv_cache)
-  scanned = nn.scan(layer, variable_axes={"params": 0},
-                    split_rngs={"params": True, "dropout": True},
-                    in_axes=(nn.broadcast,) * len(args) + (0, nn.broadcast),
-                    length=cfg.num_layers)
+  scanned = nn.scan(
+    layer,
+    variable_axes={"params": 0},
+    split_rngs={"params": True, "dropout": True},
+    in_axes=(nn.broadcast,) * len(args) + (0, nn.broadcast),
+    length=cfg.num_layers,
+  )
   h, kv = scanned(cfg, name=prefix, **fields)(h, *args, stacked, deterministic)
   return h, tuple(jax.tree_util.tree_map(lambda x, i=i: x[i], kv) for i in range(cfg.num_layers))
 
 
-__all__ = ["REMAT_POLICIES", "ATTENTION_OUT", "normalize_remat", "remat_policy",
-           "tag_attention_out", "apply_layers"]
+__all__ = [
+  "REMAT_POLICIES",
+  "ATTENTION_OUT",
+  "normalize_remat",
+  "remat_policy",
+  "tag_attention_out",
+  "apply_layers",
+]
 
 
 def check_common_fields(cfg) -> None:

@@ -8,6 +8,7 @@
 Each backbone keeps its own norms and initialisers (the DiT's LayerNorm without bias and PyTorch
 inits, Qwen3's RMSNorm and normal(0.02)): no two backbones share one.
 """
+
 from __future__ import annotations
 
 import jax

@@ -25,6 +25,7 @@ Parameter tree (maps one-to-one to the HF state dict; see `interop/qwen3_map.py`
 The KV cache holds keys (after k-norm and RoPE) and values of the K KV heads only:
 per layer (k, v), each [B, C, K, Dh]; the query-head repeat happens inside attention.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -45,6 +46,7 @@ KVCache = Tuple[Tuple[jax.Array, jax.Array], ...]  # per layer (k [B, C, K, Dh],
 class Qwen3Config:
   """Qwen3 hyperparameters. Defaults: the tiny CPU model; Qwen3-1.7B is 28 x 2048, 16 / 8 heads,
   head_dim 128, MLP 6144, V = 151936, theta 1e6, tied head."""
+
   vocab_size: int = 151936
   hidden_size: int = 256
   num_layers: int = 2
@@ -52,23 +54,25 @@ class Qwen3Config:
   num_kv_heads: int = 2
   head_dim: int = 64
   intermediate_size: int = 768
-  rope_base: float = 1_000_000.0   # RoPE theta (HF `rope_theta`)
+  rope_base: float = 1_000_000.0  # RoPE theta (HF `rope_theta`)
   rms_norm_eps: float = 1e-6
   tie_embeddings: bool = True
-  dropout: float = 0.0             # residual-branch dropout (the reference Qwen3 has none)
-  dtype: str = "float32"           # compute dtype; params stay fp32
-  attention: str = "dense"         # see attention.IMPLEMENTATIONS
-  remat: Any = "none"              # remat policy per layer (layer_stack.REMAT_POLICIES; bools ok)
-  scan_layers: bool = False        # nn.scan over the layers: params `layers/...` [num_layers, ...]
-  fused_head: bool = True          # training losses: fused LM head + cross-entropy (fused_head.py)
-  head_chunk_rows: int = 0         # fused head: rows per chunk (0 = all rows at once)
-  head_recompute: bool = False     # fused head: recompute logits in the backward
+  dropout: float = 0.0  # residual-branch dropout (the reference Qwen3 has none)
+  dtype: str = "float32"  # compute dtype; params stay fp32
+  attention: str = "dense"  # see attention.IMPLEMENTATIONS
+  remat: Any = "none"  # remat policy per layer (layer_stack.REMAT_POLICIES; bools ok)
+  scan_layers: bool = False  # nn.scan over the layers: params `layers/...` [num_layers, ...]
+  fused_head: bool = True  # training losses: fused LM head + cross-entropy (fused_head.py)
+  head_chunk_rows: int = 0  # fused head: rows per chunk (0 = all rows at once)
+  head_recompute: bool = False  # fused head: recompute logits in the backward
   head_vocab_chunk: int = 1024  # fused head: vocabulary columns per chunk (0 = off; fused_head.py)
 
   def __post_init__(self):
     if self.num_heads % self.num_kv_heads:
-      raise ValueError(f"num_heads={self.num_heads} is not a multiple of "
-                       f"num_kv_heads={self.num_kv_heads} (grouped-query attention)")
+      raise ValueError(
+        f"num_heads={self.num_heads} is not a multiple of "
+        f"num_kv_heads={self.num_kv_heads} (grouped-query attention)"
+      )
     if self.head_dim % 2:
       raise ValueError(f"head_dim={self.head_dim} must be even for rotary embeddings")
     layer_stack.check_common_fields(self)
@@ -92,7 +96,9 @@ class Qwen3Config:
     if not out.get("num_kv_heads"):
       out["num_kv_heads"] = out.get("num_heads", cls.num_heads)
     if not out.get("head_dim"):
-      out["head_dim"] = out.get("hidden_size", cls.hidden_size) // out.get("num_heads", cls.num_heads)
+      out["head_dim"] = out.get("hidden_size", cls.hidden_size) // out.get(
+        "num_heads", cls.num_heads
+      )
     if not out.get("intermediate_size"):
       out["intermediate_size"] = 3 * out.get("hidden_size", cls.hidden_size)
     return cls(**out)
@@ -104,6 +110,7 @@ def _normal(std=0.02):
 
 class RMSNorm(nn.Module):
   """HF Qwen3RMSNorm: normalise in fp32, cast back, then scale in the input dtype."""
+
   epsilon: float = 1e-6
 
   @nn.compact
@@ -116,6 +123,7 @@ class RMSNorm(nn.Module):
 
 class Dense(nn.Module):
   """Bias-free linear with an fp32 `kernel` (in, out), computed in `dtype`."""
+
   features: int
   dtype: Any = jnp.float32
 
@@ -146,8 +154,9 @@ class Qwen3Layer(nn.Module):
     # KV heads only
     new_kv = (attention.to_kv_layout(k, self.kv_layout), attention.to_kv_layout(v, self.kv_layout))
     if past_kv is not None:
-      o = attention.attend_cached(q, k, v, past_kv[0], past_kv[1], mask, cfg.attention,
-                                  self.kv_layout)
+      o = attention.attend_cached(
+        q, k, v, past_kv[0], past_kv[1], mask, cfg.attention, self.kv_layout
+      )
     else:
       if nh != nk:  # query head j reads KV head j // (H / K), as HF `repeat_kv`
         k, v = jnp.repeat(k, nh // nk, axis=2), jnp.repeat(v, nh // nk, axis=2)
@@ -181,24 +190,42 @@ class Qwen3(nn.Module):
     logits fp32 [B, S - head_start, V] (raw; the caller suppresses the mask token, as for the
     DiT), and the new kv if asked.
   """
+
   config: Qwen3Config
 
   @nn.compact
-  def __call__(self, tokens, positions, mask, *, kv_cache: Optional[KVCache] = None,
-               sigma: Optional[jax.Array] = None, deterministic: bool = True,
-               head_start: int = 0, return_kv: bool = False, return_hidden: bool = False,
-               kv_layout: str = "bshd"):
+  def __call__(
+    self,
+    tokens,
+    positions,
+    mask,
+    *,
+    kv_cache: Optional[KVCache] = None,
+    sigma: Optional[jax.Array] = None,
+    deterministic: bool = True,
+    head_start: int = 0,
+    return_kv: bool = False,
+    return_hidden: bool = False,
+    kv_layout: str = "bshd",
+  ):
     del sigma
     cfg = self.config
     attention.check_kv_layout(kv_layout)
-    embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, embedding_init=_normal(),
-                     param_dtype=jnp.float32, dtype=jnp.float32, name="embed")
+    embed = nn.Embed(
+      cfg.vocab_size,
+      cfg.hidden_size,
+      embedding_init=_normal(),
+      param_dtype=jnp.float32,
+      dtype=jnp.float32,
+      name="embed",
+    )
     # The residual stream stays fp32 (as the DiT's); each matmul runs in the compute dtype.
     h = embed(tokens)
     cos, sin = rotary_cos_sin(positions, cfg.head_dim, cfg.rope_base)
 
-    h, new_kvs = layer_stack.apply_layers(Qwen3Layer, cfg, "layers", h, (cos, sin, mask),
-                                          kv_cache, deterministic, kv_layout=kv_layout)
+    h, new_kvs = layer_stack.apply_layers(
+      Qwen3Layer, cfg, "layers", h, (cos, sin, mask), kv_cache, deterministic, kv_layout=kv_layout
+    )
 
     h = RMSNorm(cfg.rms_norm_eps, name="final_norm")(h[:, head_start:])
     if return_hidden and not self.is_initializing():

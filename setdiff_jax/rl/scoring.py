@@ -50,6 +50,7 @@ fp32 [B, chunk, V] logits (two with a reference): at Qwen3's V = 151,936 a [B, L
 Rows are laid out as the samplers lay them out (left-aligned, absolute positions = column index,
 padding after each row), so mixed prompt lengths need nothing special.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple, Optional
@@ -80,6 +81,7 @@ class Rollout(NamedTuple):
   each clean token entered the KV cache, context first; AR the position; BD3LM the call that
   cached it, 0 = prompt, b + 1 = decode block b; -1 where invalid).
   """
+
   tokens: jax.Array
   valid: jax.Array
   context: jax.Array
@@ -93,17 +95,24 @@ def rollout_from_output(out: SampleOutput) -> Rollout:
   `ar_generate`, `bd3lm_generate`), as NumPy arrays; every committed token is included, those
   committed after a stopping EOS too (they were drawn)."""
   if out.cache_order is None:
-    raise ValueError("this sampler's output has no cache order (MDLM has no cache): exact "
-                     f"scoring supports the samplers of {', '.join(supported())}")
+    raise ValueError(
+      "this sampler's output has no cache order (MDLM has no cache): exact "
+      f"scoring supports the samplers of {', '.join(supported())}"
+    )
   order = np.asarray(out.cache_order, np.int32)
   step = np.asarray(out.commit_step, np.int32)
   target = np.asarray(out.target, bool)
   generated = target & (step >= 0)
   context = (order >= 0) & ~target
   valid = context | generated
-  return Rollout(tokens=np.asarray(out.canvas, np.int32), valid=valid, context=context,
-                 generated=generated, commit_step=np.where(generated, step, -1).astype(np.int32),
-                 cache_order=np.where(valid, order, -1).astype(np.int32))
+  return Rollout(
+    tokens=np.asarray(out.canvas, np.int32),
+    valid=valid,
+    context=context,
+    generated=generated,
+    commit_step=np.where(generated, step, -1).astype(np.int32),
+    cache_order=np.where(valid, order, -1).astype(np.int32),
+  )
 
 
 def supported() -> tuple:
@@ -115,8 +124,9 @@ def scorer(method: str) -> str:
   """The scoring kind of `method` (a registry name); ValueError naming the supported ones."""
   kind = methods.get(method).rollout_scoring
   if kind not in SCORERS:
-    raise ValueError(f"objective={method}: exact trajectory scoring supports "
-                     f"{', '.join(supported())}")
+    raise ValueError(
+      f"objective={method}: exact trajectory scoring supports {', '.join(supported())}"
+    )
   return kind
 
 
@@ -125,18 +135,26 @@ def check_exact(method: str, cfg: SamplerConfig):
   with `cfg` have the exact likelihood `token_logprobs` computes."""
   scorer(method)
   if cfg.greedy:
-    raise ValueError("greedy=True: greedy decoding draws nothing to score; sample the rollouts "
-                     "(greedy=False, --temperature=T)")
+    raise ValueError(
+      "greedy=True: greedy decoding draws nothing to score; sample the rollouts "
+      "(greedy=False, --temperature=T)"
+    )
   if cfg.top_p < 1.0:
-    raise ValueError(f"top_p={cfg.top_p}: a nucleus-filtered rollout's likelihood is not the "
-                     "model's; use top_p=1.0 (temperature only) for exact scoring")
+    raise ValueError(
+      f"top_p={cfg.top_p}: a nucleus-filtered rollout's likelihood is not the "
+      "model's; use top_p=1.0 (temperature only) for exact scoring"
+    )
   if cfg.repetition_penalty != 1.0:
-    raise ValueError(f"repetition_penalty={cfg.repetition_penalty}: the scorer does not replay "
-                     "logits processors; use repetition_penalty=1.0 for exact scoring")
+    raise ValueError(
+      f"repetition_penalty={cfg.repetition_penalty}: the scorer does not replay "
+      "logits processors; use repetition_penalty=1.0 for exact scoring"
+    )
   if methods.get(method).uses_threshold and policies.token_dependent(cfg.policy):
-    raise ValueError(f"--policy={cfg.policy} decides which positions commit from the sampled "
-                     "tokens, so the trajectory likelihood is not exact; use a policy that reads "
-                     "the distribution only (--policy=pmax is threshold by max-probability)")
+    raise ValueError(
+      f"--policy={cfg.policy} decides which positions commit from the sampled "
+      "tokens, so the trajectory likelihood is not exact; use a policy that reads "
+      "the distribution only (--policy=pmax is threshold by max-probability)"
+    )
 
 
 def _apply(model):
@@ -160,9 +178,18 @@ def _features(model):
     dt = jnp.dtype(getattr(model.config, "dtype", "float32"))
 
     def apply(params, tokens, positions, mask, kv_cache, head_start=0):
-      return model.apply({"params": params}, tokens, positions, mask, kv_cache=kv_cache,
-                         head_start=head_start, return_kv=True, return_hidden=True,
-                         deterministic=True, kv_layout="bhsd")
+      return model.apply(
+        {"params": params},
+        tokens,
+        positions,
+        mask,
+        kv_cache=kv_cache,
+        head_start=head_start,
+        return_kv=True,
+        return_hidden=True,
+        deterministic=True,
+        kv_layout="bhsd",
+      )
 
     def head(params, h):
       kernel, bias = model.output_head(params)
@@ -200,8 +227,10 @@ def _ar_feats(apply, params, r: Rollout) -> jax.Array:
 
 def _block_size(method: str, block_size) -> int:
   if block_size is None:
-    raise ValueError(f"objective={method} scores by replaying its blocks: pass block_size (the "
-                     "sampler's SamplerConfig.block_size)")
+    raise ValueError(
+      f"objective={method} scores by replaying its blocks: pass block_size (the "
+      "sampler's SamplerConfig.block_size)"
+    )
   return int(block_size)
 
 
@@ -217,8 +246,9 @@ def _block_steps(apply, params, r: Rollout, mask_token_id, g: int, max_steps: Op
   _, kv = apply(params, r.tokens, pos, clean, None, length)  # head skipped
   last = jnp.max(step)
   n_steps = length if max_steps is None else int(max_steps)
-  feat = jax.eval_shape(lambda: apply(params, r.tokens[:, :1], pos[:, :1],
-                                      jnp.ones((b, 1, 1), bool), None, 0))[0]
+  feat = jax.eval_shape(
+    lambda: apply(params, r.tokens[:, :1], pos[:, :1], jnp.ones((b, 1, 1), bool), None, 0)
+  )[0]
 
   def one(t):
     here = step == t  # the positions committed at step t: all in one block
@@ -235,8 +265,11 @@ def _block_steps(apply, params, r: Rollout, mask_token_id, g: int, max_steps: Op
     return q_pos, q_valid & (q_step == t), feats.astype(feat.dtype)
 
   def skip(t):
-    return (jnp.zeros((b, g), jnp.int32), jnp.zeros((b, g), bool),
-            jnp.zeros((b, g, feat.shape[-1]), feat.dtype))
+    return (
+      jnp.zeros((b, g), jnp.int32),
+      jnp.zeros((b, g), bool),
+      jnp.zeros((b, g, feat.shape[-1]), feat.dtype),
+    )
 
   def body(carry, t):
     return carry, jax.lax.cond(t <= last, one, skip, t)
@@ -253,11 +286,20 @@ def _block_scatter(out, b: int, length: int):
   where = jnp.where(scored, q_pos, length)  # unscored slots dropped
   buf = jnp.zeros((b, length) + vals.shape[3:], vals.dtype)
   return buf.at[rows_idx.reshape(-1), where.reshape(-1)].set(
-      vals.reshape((t * b * g,) + vals.shape[3:]), mode="drop")
+    vals.reshape((t * b * g,) + vals.shape[3:]), mode="drop"
+  )
 
 
-def token_features(method: str, model, params, rollout: Rollout, *, mask_token_id: int,
-                   block_size: Optional[int] = None, max_steps: Optional[int] = None) -> jax.Array:
+def token_features(
+  method: str,
+  model,
+  params,
+  rollout: Rollout,
+  *,
+  mask_token_id: int,
+  block_size: Optional[int] = None,
+  max_steps: Optional[int] = None,
+) -> jax.Array:
   """[B, L, F]: at every position the features the head turns into the distribution its token
   was drawn from (a backbone's last hidden states, F = D; a logits function's logits, F = V); 0
   at unscored positions of block_replay. Arguments as `token_logits`."""
@@ -285,9 +327,18 @@ def _from_chunks(y: jax.Array, length: int) -> jax.Array:
   return jnp.moveaxis(y, 0, 1).reshape(y.shape[1], -1)[:, :length]
 
 
-def head_scores(model, params, feats: jax.Array, rollout: Rollout, *, temperature: float,
-                mask_token_id: int, chunk: Optional[int] = None, ref_params=None,
-                ref_feats: Optional[jax.Array] = None):
+def head_scores(
+  model,
+  params,
+  feats: jax.Array,
+  rollout: Rollout,
+  *,
+  temperature: float,
+  mask_token_id: int,
+  chunk: Optional[int] = None,
+  ref_params=None,
+  ref_feats: Optional[jax.Array] = None,
+):
   """(logp fp32 [B, L], kl fp32 [B, L] or None) from features [B, L, F] (`token_features`).
 
   logp: log pi(y_i | ...) of the rollout's token at every generated position (0 elsewhere);
@@ -314,16 +365,27 @@ def head_scores(model, params, feats: jax.Array, rollout: Rollout, *, temperatur
     ref = _log_softmax(head(rp, rf), temperature, mask_token_id)
     return lp, objective.kl_per_token(lsm, ref)
 
-  xs = (_to_chunks(feats, c), _to_chunks(tokens, c),
-        _to_chunks(ref_feats, c) if with_ref else jnp.zeros((-(-length // c),)))
+  xs = (
+    _to_chunks(feats, c),
+    _to_chunks(tokens, c),
+    _to_chunks(ref_feats, c) if with_ref else jnp.zeros((-(-length // c),)),
+  )
   _, (lp, kl) = jax.lax.scan(lambda _, x: (None, one(params, ref_params, *x)), None, xs)
   lp = jnp.where(gen, _from_chunks(lp, length), 0.0)
   return lp, (jnp.where(gen, _from_chunks(kl, length), 0.0) if with_ref else None)
 
 
-def token_logits(method: str, model, params, rollout: Rollout, *, temperature: float,
-                 mask_token_id: int, block_size: Optional[int] = None,
-                 max_steps: Optional[int] = None) -> jax.Array:
+def token_logits(
+  method: str,
+  model,
+  params,
+  rollout: Rollout,
+  *,
+  temperature: float,
+  mask_token_id: int,
+  block_size: Optional[int] = None,
+  max_steps: Optional[int] = None,
+) -> jax.Array:
   """fp32 [B, L, V]: at every generated position the full log-softmax row of the distribution
   its token was drawn from (M suppressed, logits / temperature), zeros elsewhere. The reference
   `head_scores` is tested against (it holds [B, L, V]: not for real vocabularies).
@@ -333,25 +395,58 @@ def token_logits(method: str, model, params, rollout: Rollout, *, temperature: f
   rollout: `Rollout` (arrays or NumPy); block_size: G, block_replay only; max_steps: the replayed
   steps of block_replay (default L; pass the sampler's N to scan fewer).
   """
-  feats = token_features(method, model, params, rollout, mask_token_id=mask_token_id,
-                         block_size=block_size, max_steps=max_steps)
+  feats = token_features(
+    method,
+    model,
+    params,
+    rollout,
+    mask_token_id=mask_token_id,
+    block_size=block_size,
+    max_steps=max_steps,
+  )
   rows = _log_softmax(_features(model)[1](params, feats), temperature, mask_token_id)
   return jnp.where(jnp.asarray(rollout.generated, bool)[..., None], rows, 0.0)
 
 
-def token_logprobs(method: str, model, params, rollout: Rollout, *, temperature: float,
-                   mask_token_id: int, block_size: Optional[int] = None,
-                   max_steps: Optional[int] = None, chunk: Optional[int] = None) -> jax.Array:
+def token_logprobs(
+  method: str,
+  model,
+  params,
+  rollout: Rollout,
+  *,
+  temperature: float,
+  mask_token_id: int,
+  block_size: Optional[int] = None,
+  max_steps: Optional[int] = None,
+  chunk: Optional[int] = None,
+) -> jax.Array:
   """fp32 [B, L]: log pi(y_i | x, y_{C<t}) at every generated position (0 elsewhere), under the
   temperature-scaled distribution the sampler drew from; the trajectory's log-likelihood is the
   row sum. The head runs `chunk` positions at a time (`head_scores`; None: all at once).
   Arguments as `token_logits`."""
-  feats = token_features(method, model, params, rollout, mask_token_id=mask_token_id,
-                         block_size=block_size, max_steps=max_steps)
-  return head_scores(model, params, feats, rollout, temperature=temperature,
-                     mask_token_id=mask_token_id, chunk=chunk)[0]
+  feats = token_features(
+    method,
+    model,
+    params,
+    rollout,
+    mask_token_id=mask_token_id,
+    block_size=block_size,
+    max_steps=max_steps,
+  )
+  return head_scores(
+    model, params, feats, rollout, temperature=temperature, mask_token_id=mask_token_id, chunk=chunk
+  )[0]
 
 
-__all__ = ["Rollout", "rollout_from_output", "check_exact", "token_logprobs", "token_logits",
-           "token_features", "head_scores",
-           "supported", "scorer", "SCORERS"]
+__all__ = [
+  "Rollout",
+  "rollout_from_output",
+  "check_exact",
+  "token_logprobs",
+  "token_logits",
+  "token_features",
+  "head_scores",
+  "supported",
+  "scorer",
+  "SCORERS",
+]

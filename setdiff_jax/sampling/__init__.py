@@ -17,24 +17,62 @@ Which sampler a trained run uses, text-level generation and the CLI body are in
 or a toy `logits_fn(tokens, positions, mask, kv_cache) -> (logits, kv)` (params ignored); see
 `cache.py`.
 """
+
 from setdiff_jax.sampling.ar_sampler import ar_generate
 from setdiff_jax.sampling.baselines import bd3lm_generate, mdlm_generate
-from setdiff_jax.sampling.cache import (Forward, KVCache, append, as_forward, dit_apply_fn,
-                                        empty_cache, prefill)
+from setdiff_jax.sampling.cache import (
+  Forward,
+  KVCache,
+  append,
+  as_forward,
+  dit_apply_fn,
+  empty_cache,
+  prefill,
+)
 from setdiff_jax.sampling.config import SampleOutput, SamplerConfig, count_table, step_counts
 from setdiff_jax.sampling.set_inputs import SetInputs, infill_inputs, prompted_inputs
-from setdiff_jax.sampling.set_sampler import (SetState, compact, set_generate, set_infill, set_init,
-                                              set_step)
+from setdiff_jax.sampling.set_sampler import (
+  SetState,
+  compact,
+  set_generate,
+  set_infill,
+  set_init,
+  set_step,
+)
 from setdiff_jax.sampling.mdlm_infill import mdlm_infill
 from setdiff_jax.sampling.reference import reference_generate, reference_infill
 from setdiff_jax.sampling.text import InfillTemplate, parse_infill, prompt_ids
 from setdiff_jax.sampling.timing import time_calls
 
 __all__ = [
-    "SamplerConfig", "SampleOutput", "step_counts", "count_table",
-    "Forward", "KVCache", "as_forward", "dit_apply_fn", "empty_cache", "append", "prefill",
-    "SetInputs", "SetState", "prompted_inputs", "infill_inputs", "set_init", "set_step", "compact",
-    "set_generate", "set_infill", "reference_generate", "reference_infill", "ar_generate",
-    "bd3lm_generate", "mdlm_generate", "mdlm_infill",
-    "InfillTemplate", "parse_infill", "prompt_ids", "time_calls",
+  "SamplerConfig",
+  "SampleOutput",
+  "step_counts",
+  "count_table",
+  "Forward",
+  "KVCache",
+  "as_forward",
+  "dit_apply_fn",
+  "empty_cache",
+  "append",
+  "prefill",
+  "SetInputs",
+  "SetState",
+  "prompted_inputs",
+  "infill_inputs",
+  "set_init",
+  "set_step",
+  "compact",
+  "set_generate",
+  "set_infill",
+  "reference_generate",
+  "reference_infill",
+  "ar_generate",
+  "bd3lm_generate",
+  "mdlm_generate",
+  "mdlm_infill",
+  "InfillTemplate",
+  "parse_infill",
+  "prompt_ids",
+  "time_calls",
 ]

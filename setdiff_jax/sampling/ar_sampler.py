@@ -6,6 +6,7 @@ stops after generating EOS (kept; nothing after it). N is a loop argument and th
 to P + N bucketed by `cfg.length_buckets` (`baselines.gen_width`), so generation lengths in one
 bucket share a compiled program with unchanged tokens.
 """
+
 from __future__ import annotations
 
 import functools
@@ -41,8 +42,9 @@ def _ar_choose(logits, canvas, seen_upto, key, cfg: SamplerConfig):
   z = logits
   if cfg.repetition_penalty != 1.0:
     hist = jnp.arange(canvas.shape[1])[None] < seen_upto[:, None]
-    z = processors.repetition_penalty(z, processors.seen_tokens(canvas, hist, z.shape[-1]),
-                                      cfg.repetition_penalty)
+    z = processors.repetition_penalty(
+      z, processors.seen_tokens(canvas, hist, z.shape[-1]), cfg.repetition_penalty
+    )
   z = suppress_mask_logit(z, cfg.mask_token_id)
   cand, _, logp = processors.choose(z, key, cfg)
   return cand, logp
@@ -64,8 +66,16 @@ def _ar_core(apply, params, prompt, plen, canvas, n, key, *, cfg: SamplerConfig,
   logprob = jnp.zeros(canvas.shape, jnp.float32).at[rows, plen].set(lp)
   n_gen = jnp.ones((b,), jnp.int32)
   stopped = (tok == cfg.eos_token_id) if stop_eos else jnp.zeros((b,), bool)
-  state = _ARState(canvas=canvas, cache=cache, n_gen=n_gen, done=(n_gen >= n) | stopped,
-                   calls=jnp.ones((b,), jnp.int32), stopped=stopped, key=key, logprob=logprob)
+  state = _ARState(
+    canvas=canvas,
+    cache=cache,
+    n_gen=n_gen,
+    done=(n_gen >= n) | stopped,
+    calls=jnp.ones((b,), jnp.int32),
+    stopped=stopped,
+    key=key,
+    logprob=logprob,
+  )
 
   def body(s: _ARState):
     live = ~s.done
@@ -81,16 +91,30 @@ def _ar_core(apply, params, prompt, plen, canvas, n, key, *, cfg: SamplerConfig,
     logprob = s.logprob.at[rows, nxt].set(lp, mode="drop")
     n_gen = s.n_gen + live.astype(jnp.int32)
     stopped = s.stopped | (live & (tok == cfg.eos_token_id)) if stop_eos else s.stopped
-    return _ARState(canvas=canvas, cache=cache, n_gen=n_gen, done=s.done | (n_gen >= n) | stopped,
-                    calls=s.calls + live.astype(jnp.int32), stopped=stopped, key=key,
-                    logprob=logprob)
+    return _ARState(
+      canvas=canvas,
+      cache=cache,
+      n_gen=n_gen,
+      done=s.done | (n_gen >= n) | stopped,
+      calls=s.calls + live.astype(jnp.int32),
+      stopped=stopped,
+      key=key,
+      logprob=logprob,
+    )
 
   state = jax.lax.while_loop(lambda s: jnp.any(~s.done), body, state)
   idx = jnp.arange(lc)[None] - plen[:, None]
   commit_step = jnp.where((idx >= 0) & (idx < state.n_gen[:, None]), idx, -1)
-  return dict(canvas=state.canvas, commit_step=commit_step, num_steps=state.n_gen,
-              forward_calls=state.calls, num_committed=state.n_gen, stopped=state.stopped,
-              plen=plen, token_logprob=state.logprob)
+  return dict(
+    canvas=state.canvas,
+    commit_step=commit_step,
+    num_steps=state.n_gen,
+    forward_calls=state.calls,
+    num_committed=state.n_gen,
+    stopped=state.stopped,
+    plen=plen,
+    token_logprob=state.logprob,
+  )
 
 
 def ar_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> SampleOutput:
@@ -101,9 +125,15 @@ def ar_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> SampleO
   stop = cfg.stops_at_eos
   mesh = placement.mesh_of(fwd.params)  # the params' mesh: rows split over (data, fsdp)
   with placement.on(mesh):
-    res = _ar_core(fwd.apply, fwd.params, *placement.place_rows(mesh, (prompt, plen, canvas)),
-                   placement.place_rows(mesh, np.int32(n)), _key(rng, cfg), cfg=loop_cfg(cfg),
-                   stop_eos=stop)
+    res = _ar_core(
+      fwd.apply,
+      fwd.params,
+      *placement.place_rows(mesh, (prompt, plen, canvas)),
+      placement.place_rows(mesh, np.int32(n)),
+      _key(rng, cfg),
+      cfg=loop_cfg(cfg),
+      stop_eos=stop,
+    )
   out = sample_output(jax.device_get(res), target, cfg, prompt.shape[1] + n)
   # The cache holds the prompt, then each generated token in turn: its position is its rank.
   lc = out.target.shape[1]

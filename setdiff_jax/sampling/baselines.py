@@ -35,6 +35,7 @@ its masks (they attend within the block under the grid rule and are never commit
 cached whole, prompt tail included, by the fused first step of block 1. With P % G == 0 both
 settings are the same, and so are they for MDLM without `block_size` (one sub-block of N).
 """
+
 from __future__ import annotations
 
 import functools
@@ -53,8 +54,9 @@ from setdiff_jax.sampling.set_inputs import _as_rows, check_prompts, prompt_widt
 from setdiff_jax.sampling.set_sampler import _key, finalize
 
 
-def prompt_arrays(prompts, cfg: SamplerConfig, n: int, total: int | None = None,
-                   bucket: bool = True):
+def prompt_arrays(
+  prompts, cfg: SamplerConfig, n: int, total: int | None = None, bucket: bool = True
+):
   """Left-aligned prompts: prompt int32 [B, Pmax] (pad), plen int32 [B]; canvas int32 [B, Lc]
   (prompt ++ M*N, M after), target bool [B, Lc]; Lc = max(Pmax + N, total). With `bucket`,
   Pmax is the longest prompt bucketed (`set_inputs.prompt_width`; padding is never attended)."""
@@ -68,9 +70,9 @@ def prompt_arrays(prompts, cfg: SamplerConfig, n: int, total: int | None = None,
   target = np.zeros((b, lc), bool)
   plen = np.array([len(p) for p in rows], np.int32)
   for i, p in enumerate(rows):
-    prompt[i, :len(p)] = p
-    canvas[i, :len(p)] = p
-    target[i, len(p):len(p) + n] = True
+    prompt[i, : len(p)] = p
+    canvas[i, : len(p)] = p
+    target[i, len(p) : len(p) + n] = True
   return prompt, plen, canvas, target
 
 
@@ -95,12 +97,18 @@ def sample_output(res, target, cfg: SamplerConfig, width: int | None = None) -> 
   """The SampleOutput of a loop's results; `width` cuts the canvas to the unbucketed P + N."""
   if width is not None:
     target = target[:, :width]
-    res = dict(res, **{k: res[k][:, :width] for k in ("canvas", "commit_step", "token_logprob")
-                       if res.get(k) is not None})
+    res = dict(
+      res,
+      **{
+        k: res[k][:, :width]
+        for k in ("canvas", "commit_step", "token_logprob")
+        if res.get(k) is not None
+      },
+    )
   valid = np.zeros_like(target)
   plen = np.asarray(res.pop("plen"))
   for b in range(target.shape[0]):
-    valid[b, :plen[b]] = True
+    valid[b, : plen[b]] = True
   valid |= target
   return finalize(res, target, valid, cfg)
 
@@ -110,22 +118,33 @@ def sample_output(res, target, cfg: SamplerConfig, width: int | None = None) -> 
 class _BlockState:
   canvas: jax.Array
   commit_step: jax.Array
-  cache: Any            # KVCache (BD3LM) or None (MDLM)
-  blk: jax.Array        # current sub-block index
-  bstep: jax.Array      # steps run in the current sub-block
-  fuse: jax.Array       # bool: the previous block still has to be cached (BD3LM)
+  cache: Any  # KVCache (BD3LM) or None (MDLM)
+  blk: jax.Array  # current sub-block index
+  bstep: jax.Array  # steps run in the current sub-block
+  fuse: jax.Array  # bool: the previous block still has to be cached (BD3LM)
   step: jax.Array
   done: jax.Array
   calls: jax.Array
   committed: jax.Array
   stopped: jax.Array
   key: jax.Array
-  carry: Any = None     # policies.Carry [B, Lc] (the history policies' state)
-  logprob: Any = None   # fp32 [B, Lc]: log-probability of each committed token
+  carry: Any = None  # policies.Carry [B, Lc] (the history policies' state)
+  logprob: Any = None  # fp32 [B, Lc]: log-probability of each committed token
 
 
-def _block_commit(s: _BlockState, logits, bpos, bin_, target, counts, nblk_steps, n, g,
-                  cfg: SamplerConfig, stop_eos: bool):
+def _block_commit(
+  s: _BlockState,
+  logits,
+  bpos,
+  bin_,
+  target,
+  counts,
+  nblk_steps,
+  n,
+  g,
+  cfg: SamplerConfig,
+  stop_eos: bool,
+):
   """Commit rule on the current sub-block + sub-block / row bookkeeping."""
   m = cfg.mask_token_id
   live = ~s.done
@@ -135,10 +154,12 @@ def _block_commit(s: _BlockState, logits, bpos, bin_, target, counts, nblk_steps
   key, sub = jax.random.split(s.key)
   hist = (target & (s.canvas != m)) if cfg.repetition_penalty != 1.0 else None
   n_i = processors.schedule_count(counts, s.bstep)
-  cand, keep, carry, logp = processors.decide(logits, is_mask, n_i, sub, cfg, s.canvas, hist,
-                                              s.carry, bpos)
-  canvas, commit_step = processors.scatter_commits(s.canvas, s.commit_step, bpos, keep, cand,
-                                                   s.step)
+  cand, keep, carry, logp = processors.decide(
+    logits, is_mask, n_i, sub, cfg, s.canvas, hist, s.carry, bpos
+  )
+  canvas, commit_step = processors.scatter_commits(
+    s.canvas, s.commit_step, bpos, keep, cand, s.step
+  )
   left = jnp.any(bin_ & (jnp.take_along_axis(canvas, bpos_c, -1) == m), -1)
   block_done = live & (~left | (s.bstep + 1 >= nblk_steps))
   blk = s.blk + block_done.astype(jnp.int32)
@@ -146,13 +167,21 @@ def _block_commit(s: _BlockState, logits, bpos, bin_, target, counts, nblk_steps
   if stop_eos:
     stopped = stopped | (block_done & processors.eos_stop(canvas, target, m, cfg.eos_token_id))
   done = s.done | (blk * g >= n) | stopped
-  return s.replace(canvas=canvas, commit_step=commit_step, blk=blk,
-                   bstep=jnp.where(block_done, 0, s.bstep + live.astype(jnp.int32)),
-                   fuse=block_done, step=s.step + live.astype(jnp.int32), done=done,
-                   calls=s.calls + live.astype(jnp.int32),
-                   committed=s.committed + jnp.sum(keep, -1).astype(jnp.int32), stopped=stopped,
-                   key=key, carry=carry,
-                   logprob=processors.scatter_kept(s.logprob, bpos, keep, logp))
+  return s.replace(
+    canvas=canvas,
+    commit_step=commit_step,
+    blk=blk,
+    bstep=jnp.where(block_done, 0, s.bstep + live.astype(jnp.int32)),
+    fuse=block_done,
+    step=s.step + live.astype(jnp.int32),
+    done=done,
+    calls=s.calls + live.astype(jnp.int32),
+    committed=s.committed + jnp.sum(keep, -1).astype(jnp.int32),
+    stopped=stopped,
+    key=key,
+    carry=carry,
+    logprob=processors.scatter_kept(s.logprob, bpos, keep, logp),
+  )
 
 
 def _block_positions(start, plen, blk, g, n):
@@ -174,8 +203,21 @@ def _first_slots(kv, n: int, axis: int):
 
 
 @functools.partial(jax.jit, static_argnames=("apply", "cfg", "g", "stop_eos"))
-def _bd3lm_core(apply, params, prompt, plen, canvas, target, counts, n, key, *,
-                cfg: SamplerConfig, g: int, stop_eos: bool):
+def _bd3lm_core(
+  apply,
+  params,
+  prompt,
+  plen,
+  canvas,
+  target,
+  counts,
+  n,
+  key,
+  *,
+  cfg: SamplerConfig,
+  g: int,
+  stop_eos: bool,
+):
   """n: int32 [] new tokens (an argument: the canvas [B, Lc] may be wider, `gen_width`)."""
   fwd = bind(apply, params)
   b, pmax = prompt.shape
@@ -188,12 +230,22 @@ def _bd3lm_core(apply, params, prompt, plen, canvas, target, counts, n, key, *,
   # Capacity: each position is cached at most once; a fused write covers G slots past the length.
   cache, _ = prefill(fwd, prompt, pos, pvalid, lc + g, mask=pmask)
   eye = jnp.eye(2 * g, dtype=bool)[None]
-  state = _BlockState(canvas=canvas, commit_step=jnp.full(canvas.shape, -1, jnp.int32),
-                      cache=cache, blk=jnp.zeros((b,), jnp.int32), bstep=jnp.zeros((b,), jnp.int32),
-                      fuse=jnp.zeros((b,), bool), step=jnp.zeros((b,), jnp.int32),
-                      done=jnp.zeros((b,), bool), calls=(start > 0).astype(jnp.int32),
-                      committed=jnp.zeros((b,), jnp.int32), stopped=jnp.zeros((b,), bool), key=key,
-                      carry=policies.carry_init(b, lc), logprob=jnp.zeros((b, lc), jnp.float32))
+  state = _BlockState(
+    canvas=canvas,
+    commit_step=jnp.full(canvas.shape, -1, jnp.int32),
+    cache=cache,
+    blk=jnp.zeros((b,), jnp.int32),
+    bstep=jnp.zeros((b,), jnp.int32),
+    fuse=jnp.zeros((b,), bool),
+    step=jnp.zeros((b,), jnp.int32),
+    done=jnp.zeros((b,), bool),
+    calls=(start > 0).astype(jnp.int32),
+    committed=jnp.zeros((b,), jnp.int32),
+    stopped=jnp.zeros((b,), bool),
+    key=key,
+    carry=policies.carry_init(b, lc),
+    logprob=jnp.zeros((b, lc), jnp.float32),
+  )
 
   def body(s: _BlockState):
     live = ~s.done
@@ -206,8 +258,11 @@ def _bd3lm_core(apply, params, prompt, plen, canvas, target, counts, n, key, *,
       # The previous block from the unclipped positions (bpos_c clips a last block that runs
       # past the canvas: its "previous block" would repeat one slot and miss others).
       ppos = bpos - g
-      pv = (s.fuse & live)[:, None] & (ppos >= start[:, None]) & (
-          jnp.take_along_axis(s.canvas, jnp.maximum(ppos, 0), -1) != cfg.mask_token_id)
+      pv = (
+        (s.fuse & live)[:, None]
+        & (ppos >= start[:, None])
+        & (jnp.take_along_axis(s.canvas, jnp.maximum(ppos, 0), -1) != cfg.mask_token_id)
+      )
       order = jnp.argsort(~pv, axis=-1, stable=True)  # valid slots first, in position order
       ppos = jnp.maximum(jnp.take_along_axis(ppos, order, -1), 0)
       pv = jnp.take_along_axis(pv, order, -1)
@@ -219,7 +274,7 @@ def _bd3lm_core(apply, params, prompt, plen, canvas, target, counts, n, key, *,
       is_prefix_q = (jnp.arange(2 * g) < g)[None, :, None]
       is_block_k = (jnp.arange(c.capacity + 2 * g) >= c.capacity + g)[None, None, :]
       mask = mask & ~(is_prefix_q & is_block_k)  # the finished block never sees the new one
-      mask = mask.at[:, :, c.capacity:].set(mask[:, :, c.capacity:] | eye)
+      mask = mask.at[:, :, c.capacity :].set(mask[:, :, c.capacity :] | eye)
       logits, kv = fwd.apply(fwd.params, tokens, positions, mask, c.kv, g)
       return logits, _first_slots(kv, g, c.seq_axis), ppos, jnp.sum(pv, -1).astype(jnp.int32)
 
@@ -227,7 +282,7 @@ def _bd3lm_core(apply, params, prompt, plen, canvas, target, counts, n, key, *,
       k_pos = jnp.concatenate([c.positions, bpos_c], -1)
       k_valid = jnp.concatenate([c.valid, bvalid], -1)
       mask = masks.grid_mask(bpos_c, k_pos, k_valid, g)
-      mask = mask.at[:, :, c.capacity:].set(mask[:, :, c.capacity:] | eye[:, :g, :g])
+      mask = mask.at[:, :, c.capacity :].set(mask[:, :, c.capacity :] | eye[:, :g, :g])
       logits, kv = fwd.apply(fwd.params, btok, bpos_c, mask, c.kv, 0)
       return logits, kv, bpos_c, jnp.zeros((b,), jnp.int32)  # nothing is cached (count 0)
 
@@ -238,9 +293,16 @@ def _bd3lm_core(apply, params, prompt, plen, canvas, target, counts, n, key, *,
     return _block_commit(s, logits, bpos, bin_, target, counts, nblk_steps, n, g, cfg, stop_eos)
 
   state = jax.lax.while_loop(lambda s: jnp.any(~s.done), body, state)
-  return dict(canvas=state.canvas, commit_step=state.commit_step, num_steps=state.step,
-              forward_calls=state.calls, num_committed=state.committed, stopped=state.stopped,
-              plen=plen, token_logprob=state.logprob)
+  return dict(
+    canvas=state.canvas,
+    commit_step=state.commit_step,
+    num_steps=state.step,
+    forward_calls=state.calls,
+    num_committed=state.committed,
+    stopped=state.stopped,
+    plen=plen,
+    token_logprob=state.logprob,
+  )
 
 
 def bd3lm_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> SampleOutput:
@@ -255,10 +317,17 @@ def bd3lm_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> Samp
   stop = cfg.stops_at_eos
   mesh = placement.mesh_of(fwd.params)
   with placement.on(mesh):
-    res = _bd3lm_core(fwd.apply, fwd.params,
-                      *placement.place_rows(mesh, (prompt, plen, canvas, target)), counts,
-                      placement.place_rows(mesh, np.int32(n)), _key(rng, cfg),
-                      cfg=loop_cfg(cfg), g=g, stop_eos=stop)
+    res = _bd3lm_core(
+      fwd.apply,
+      fwd.params,
+      *placement.place_rows(mesh, (prompt, plen, canvas, target)),
+      counts,
+      placement.place_rows(mesh, np.int32(n)),
+      _key(rng, cfg),
+      cfg=loop_cfg(cfg),
+      g=g,
+      stop_eos=stop,
+    )
   out = sample_output(jax.device_get(res), target, cfg, prompt.shape[1] + n)
   out.cache_order = block_cache_calls(plen, out.target, out.commit_step, g, cfg.align_to_blocks)
   return out
@@ -278,8 +347,9 @@ def block_cache_calls(plen, target, commit_step, g: int, align: bool) -> np.ndar
 
 
 @functools.partial(jax.jit, static_argnames=("apply", "cfg", "g", "stop_eos"))
-def _mdlm_core(apply, params, plen, canvas, target, counts, n, key, *, cfg: SamplerConfig,
-               g: int, stop_eos: bool):
+def _mdlm_core(
+  apply, params, plen, canvas, target, counts, n, key, *, cfg: SamplerConfig, g: int, stop_eos: bool
+):
   """n: int32 [] new tokens (an argument: with `mdlm_pad_to_max_length` and a `block_size`
   neither the canvas nor G depends on N, so generation lengths share one loop)."""
   fwd = bind(apply, params)
@@ -287,12 +357,22 @@ def _mdlm_core(apply, params, plen, canvas, target, counts, n, key, *, cfg: Samp
   nblk_steps = counts.shape[1]
   positions = jnp.broadcast_to(jnp.arange(lm, dtype=jnp.int32), (b, lm))
   full = jnp.ones((b, lm, lm), bool)  # bidirectional; the M padding is attended, as the reference
-  state = _BlockState(canvas=canvas, commit_step=jnp.full(canvas.shape, -1, jnp.int32),
-                      cache=None, blk=jnp.zeros((b,), jnp.int32), bstep=jnp.zeros((b,), jnp.int32),
-                      fuse=jnp.zeros((b,), bool), step=jnp.zeros((b,), jnp.int32),
-                      done=jnp.zeros((b,), bool), calls=jnp.zeros((b,), jnp.int32),
-                      committed=jnp.zeros((b,), jnp.int32), stopped=jnp.zeros((b,), bool), key=key,
-                      carry=policies.carry_init(b, lm), logprob=jnp.zeros((b, lm), jnp.float32))
+  state = _BlockState(
+    canvas=canvas,
+    commit_step=jnp.full(canvas.shape, -1, jnp.int32),
+    cache=None,
+    blk=jnp.zeros((b,), jnp.int32),
+    bstep=jnp.zeros((b,), jnp.int32),
+    fuse=jnp.zeros((b,), bool),
+    step=jnp.zeros((b,), jnp.int32),
+    done=jnp.zeros((b,), bool),
+    calls=jnp.zeros((b,), jnp.int32),
+    committed=jnp.zeros((b,), jnp.int32),
+    stopped=jnp.zeros((b,), bool),
+    key=key,
+    carry=policies.carry_init(b, lm),
+    logprob=jnp.zeros((b, lm), jnp.float32),
+  )
 
   start = _block_start(plen, g, cfg.align_to_blocks)
 
@@ -303,9 +383,16 @@ def _mdlm_core(apply, params, plen, canvas, target, counts, n, key, *, cfg: Samp
     return _block_commit(s, logits, bpos, bin_, target, counts, nblk_steps, n, g, cfg, stop_eos)
 
   state = jax.lax.while_loop(lambda s: jnp.any(~s.done), body, state)
-  return dict(canvas=state.canvas, commit_step=state.commit_step, num_steps=state.step,
-              forward_calls=state.calls, num_committed=state.committed, stopped=state.stopped,
-              plen=plen, token_logprob=state.logprob)
+  return dict(
+    canvas=state.canvas,
+    commit_step=state.commit_step,
+    num_steps=state.step,
+    forward_calls=state.calls,
+    num_committed=state.committed,
+    stopped=state.stopped,
+    plen=plen,
+    token_logprob=state.logprob,
+  )
 
 
 def mdlm_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> SampleOutput:
@@ -323,9 +410,17 @@ def mdlm_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> Sampl
   stop = cfg.stops_at_eos
   mesh = placement.mesh_of(fwd.params)
   with placement.on(mesh):
-    res = _mdlm_core(fwd.apply, fwd.params, *placement.place_rows(mesh, (plen, canvas, target)),
-                     counts, placement.place_rows(mesh, np.int32(n)), _key(rng, cfg),
-                     cfg=loop_cfg(cfg), g=g, stop_eos=stop)
+    res = _mdlm_core(
+      fwd.apply,
+      fwd.params,
+      *placement.place_rows(mesh, (plen, canvas, target)),
+      counts,
+      placement.place_rows(mesh, np.int32(n)),
+      _key(rng, cfg),
+      cfg=loop_cfg(cfg),
+      g=g,
+      stop_eos=stop,
+    )
   return sample_output(dict(res), target, cfg)
 
 

@@ -41,6 +41,7 @@ per-row count; the caller sizes C so that a write never runs past the end (no cl
 On a mesh (`placement.on`), the cache leaves are pinned to batch over (data, fsdp) and heads over
 `tensor` (`placement.constrain_kv`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -61,6 +62,7 @@ ApplyFn = Callable[..., Any]
 @dataclasses.dataclass(frozen=True)
 class Forward:
   """A model as the samplers see it: a hashable `apply` function plus its params."""
+
   apply: ApplyFn
   params: Any = None
 
@@ -68,6 +70,7 @@ class Forward:
 @flax.struct.dataclass
 class DecodeParams:
   """Backbone params plus a decode-only copy of the head kernel, head_vd [V, D] (module doc)."""
+
   params: Any
   head_vd: jax.Array
 
@@ -93,13 +96,30 @@ def backbone_apply_fn(config) -> ApplyFn:
 
   def apply(params, tokens, positions, mask, kv_cache, head_start=0):
     if isinstance(params, DecodeParams):
-      h, kv = model.apply({"params": params.params}, tokens, positions, mask, kv_cache=kv_cache,
-                          head_start=head_start, return_kv=True, return_hidden=True,
-                          deterministic=True, kv_layout="bhsd")
+      h, kv = model.apply(
+        {"params": params.params},
+        tokens,
+        positions,
+        mask,
+        kv_cache=kv_cache,
+        head_start=head_start,
+        return_kv=True,
+        return_hidden=True,
+        deterministic=True,
+        kv_layout="bhsd",
+      )
       return _decode_logits(model, params, h), kv
-    return model.apply({"params": params}, tokens, positions, mask, kv_cache=kv_cache,
-                       head_start=head_start, return_kv=True, deterministic=True,
-                       kv_layout="bhsd")
+    return model.apply(
+      {"params": params},
+      tokens,
+      positions,
+      mask,
+      kv_cache=kv_cache,
+      head_start=head_start,
+      return_kv=True,
+      deterministic=True,
+      kv_layout="bhsd",
+    )
 
   apply.kv_seq_axis = 2  # head-major cache leaves [B, H, C, Dh] (module doc)
 
@@ -113,7 +133,9 @@ def backbone_apply_fn(config) -> ApplyFn:
         return DecodeParams(params, stored)
       # The barrier keeps XLA from folding the transpose back into the head dot.
       return DecodeParams(
-          params, jax.lax.optimization_barrier(jnp.transpose(model.output_head(params)[0])))
+        params, jax.lax.optimization_barrier(jnp.transpose(model.output_head(params)[0]))
+      )
+
     apply.prepare = prepare
   return apply
 
@@ -190,6 +212,7 @@ def as_forward(model, params=None) -> Forward:
 class KVCache:
   """kv: pytree with leaves [B, ..., C, ...] (C slots on axis `seq_axis`: 1 for [B, C, ...], 2 for
   the backbones' head-major [B, H, C, Dh]); positions: int32 [B, C]; length: int32 [B]."""
+
   kv: Any
   positions: jax.Array
   length: jax.Array
@@ -216,10 +239,13 @@ def empty_cache(kv_like, capacity: int, seq_axis: int = 1) -> KVCache:
     shape = list(x.shape)
     shape[0], shape[seq_axis] = batch, capacity
     return jnp.zeros(shape, x.dtype)
-  return KVCache(kv=jax.tree_util.tree_map(lambda x: placement.constrain_kv(zeros(x), seq_axis),
-                                           kv_like),
-                 positions=jnp.zeros((batch, capacity), jnp.int32),
-                 length=jnp.zeros((batch,), jnp.int32), seq_axis=seq_axis)
+
+  return KVCache(
+    kv=jax.tree_util.tree_map(lambda x: placement.constrain_kv(zeros(x), seq_axis), kv_like),
+    positions=jnp.zeros((batch, capacity), jnp.int32),
+    length=jnp.zeros((batch,), jnp.int32),
+    seq_axis=seq_axis,
+  )
 
 
 def _write_rows(buf, new, start, axis: int = 1):
@@ -233,6 +259,7 @@ def _write_rows(buf, new, start, axis: int = 1):
     idx = [0] * b.ndim
     idx[axis - 1] = s
     return jax.lax.dynamic_update_slice(b, n.astype(b.dtype), tuple(idx))
+
   return jax.vmap(one)(buf, new, start)
 
 
@@ -241,8 +268,9 @@ def cache_seq_axis(fwd: Forward) -> int:
   return getattr(fwd.apply, "kv_seq_axis", 1)
 
 
-def append(cache: KVCache, kv, positions: jax.Array, count: jax.Array,
-           num_rows: Optional[int] = None) -> KVCache:
+def append(
+  cache: KVCache, kv, positions: jax.Array, count: jax.Array, num_rows: Optional[int] = None
+) -> KVCache:
   """Appends the first `count[b]` slots of `kv` (leaves with S slots on `cache.seq_axis`) to each
   row's cache.
 
@@ -253,14 +281,17 @@ def append(cache: KVCache, kv, positions: jax.Array, count: jax.Array,
   take = lambda x, a: x if num_rows is None else jax.lax.slice_in_dim(x, 0, num_rows, axis=a)
   start = cache.length
   new_kv = jax.tree_util.tree_map(
-      lambda buf, x: placement.constrain_kv(_write_rows(buf, take(x, axis), start, axis), axis),
-      cache.kv, kv)
+    lambda buf, x: placement.constrain_kv(_write_rows(buf, take(x, axis), start, axis), axis),
+    cache.kv,
+    kv,
+  )
   new_pos = _write_rows(cache.positions, take(positions, 1).astype(jnp.int32), start)
   return cache.replace(kv=new_kv, positions=new_pos, length=cache.length + count.astype(jnp.int32))
 
 
-def prefill(fwd: Forward, tokens, positions, valid, capacity: int, mask=None,
-            want_logits: bool = False):
+def prefill(
+  fwd: Forward, tokens, positions, valid, capacity: int, mask=None, want_logits: bool = False
+):
   """Encodes context tokens into a fresh cache (one model call).
 
   tokens, positions: int [B, S] in cache order; valid: bool [B, S], a prefix of each row.
@@ -276,6 +307,19 @@ def prefill(fwd: Forward, tokens, positions, valid, capacity: int, mask=None,
   return cache, logits
 
 
-__all__ = ["ApplyFn", "Forward", "KVCache", "DecodeParams", "bind", "decode_params",
-           "backbone_apply_fn", "dit_apply_fn", "logits_fn_apply", "as_forward",
-           "empty_cache", "cache_seq_axis", "append", "prefill"]
+__all__ = [
+  "ApplyFn",
+  "Forward",
+  "KVCache",
+  "DecodeParams",
+  "bind",
+  "decode_params",
+  "backbone_apply_fn",
+  "dit_apply_fn",
+  "logits_fn_apply",
+  "as_forward",
+  "empty_cache",
+  "cache_seq_axis",
+  "append",
+  "prefill",
+]

@@ -7,6 +7,7 @@ A jitted loop holds one cache entry per (static config, input shapes / shardings
 so the difference over a decoding run is the number of programs that run compiled (a persistent
 compilation cache may turn a compile into a load; it is still counted).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -15,8 +16,14 @@ from setdiff_jax.sampling import ar_sampler, baselines, reference, set_sampler
 
 # (the package's `mdlm_infill` attribute is the function; the module is imported by name)
 _infill = importlib.import_module("setdiff_jax.sampling.mdlm_infill")
-LOOPS = (set_sampler._set_core, reference._reference_core, ar_sampler._ar_core,
-         baselines._bd3lm_core, baselines._mdlm_core, _infill._mdlm_infill_core)
+LOOPS = (
+  set_sampler._set_core,
+  reference._reference_core,
+  ar_sampler._ar_core,
+  baselines._bd3lm_core,
+  baselines._mdlm_core,
+  _infill._mdlm_infill_core,
+)
 
 
 def compiled_programs() -> int:

@@ -3,6 +3,7 @@
 Everything here is plain Python / NumPy (the policy names and parameter checks come from
 `policies.py`); the jitted samplers treat a `SamplerConfig` as static.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -40,12 +41,17 @@ def check_buckets(buckets, what: str = "length_buckets"):
   """None, "pow2", or a strictly increasing tuple of positive ints; else a ValueError naming it."""
   if buckets is None or buckets == "pow2":
     return
-  ok = isinstance(buckets, tuple) and buckets and all(
-      isinstance(b, (int, np.integer)) and b > 0 for b in buckets) and all(
-          a < b for a, b in zip(buckets, buckets[1:]))
+  ok = (
+    isinstance(buckets, tuple)
+    and buckets
+    and all(isinstance(b, (int, np.integer)) and b > 0 for b in buckets)
+    and all(a < b for a, b in zip(buckets, buckets[1:]))
+  )
   if not ok:
-    raise ValueError(f"{what}={buckets!r}: expected None, 'pow2' or a strictly increasing tuple of "
-                     f"positive lengths, e.g. (64, 128, 256)")
+    raise ValueError(
+      f"{what}={buckets!r}: expected None, 'pow2' or a strictly increasing tuple of "
+      f"positive lengths, e.g. (64, 128, 256)"
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,6 +118,7 @@ class SamplerConfig:
   The jitted loops take the config as a static argument (seed excluded): changing any other field
   compiles a new loop; params, prompts of the same shapes and keys do not.
   """
+
   mask_token_id: int
   eos_token_id: Optional[int] = None
   pad_token_id: int = 0
@@ -149,12 +156,20 @@ class SamplerConfig:
       raise ValueError(f"threshold={self.threshold} must be > 0 (None turns it off)")
     policies.check_arg(self.policy, self.policy_arg)  # names the valid policies / the range
     if self.policy != policies.DEFAULT and self.threshold is not None:
-      raise ValueError(f"threshold={self.threshold} (--threshold) is the parameter of "
-                       f"--policy=threshold; for --policy={self.policy} pass --policy_arg")
-    if (self.policy == policies.DEFAULT and self.threshold is not None
-        and self.policy_arg is not None and float(self.policy_arg) != float(self.threshold)):
-      raise ValueError(f"threshold={self.threshold} and policy_arg={self.policy_arg} both set tau "
-                       "of --policy=threshold and disagree; give one")
+      raise ValueError(
+        f"threshold={self.threshold} (--threshold) is the parameter of "
+        f"--policy=threshold; for --policy={self.policy} pass --policy_arg"
+      )
+    if (
+      self.policy == policies.DEFAULT
+      and self.threshold is not None
+      and self.policy_arg is not None
+      and float(self.policy_arg) != float(self.threshold)
+    ):
+      raise ValueError(
+        f"threshold={self.threshold} and policy_arg={self.policy_arg} both set tau "
+        "of --policy=threshold and disagree; give one"
+      )
     if not 0.0 < self.top_p <= 1.0:
       raise ValueError(f"top_p={self.top_p} must be in (0, 1]")
     if not self.temperature > 0:
@@ -226,6 +241,7 @@ class SampleOutput:
     BD3LM: the index of the call that caches the token (0 = the prompt, b + 1 = decode block b,
     whose tokens attend each other by the grid rule); None where a sampler has no cache (MDLM).
   """
+
   sequences: List[List[int]]
   generated: List[List[int]]
   canvas: np.ndarray
@@ -275,9 +291,18 @@ def count_table(num_tokens, num_steps: Optional[int]) -> np.ndarray:
   k = max(1, max(len(r) for r in rows))
   out = np.zeros((len(rows), k), np.int32)
   for i, r in enumerate(rows):
-    out[i, :len(r)] = r
+    out[i, : len(r)] = r
   return out
 
 
-__all__ = ["SamplerConfig", "SampleOutput", "step_counts", "count_table", "PENALTY_HISTORIES",
-           "CACHE_ORDERS", "bucket_length", "check_buckets", "BUCKET_MIN"]
+__all__ = [
+  "SamplerConfig",
+  "SampleOutput",
+  "step_counts",
+  "count_table",
+  "PENALTY_HISTORIES",
+  "CACHE_ORDERS",
+  "bucket_length",
+  "check_buckets",
+  "BUCKET_MIN",
+]

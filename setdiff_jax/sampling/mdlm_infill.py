@@ -4,6 +4,7 @@ The MDLM sampler's predict-and-noise loop applied to an infill canvas: one sub-b
 positions of the row, no KV cache (bidirectional attention over the real tokens; padding is masked
 out of attention).
 """
+
 from __future__ import annotations
 
 import functools
@@ -36,28 +37,51 @@ def _mdlm_infill_core(apply, params, canvas, target, valid, counts, nsteps, key,
     key, sub = jax.random.split(s["key"])
     hist = (valid & (s["canvas"] != m)) if cfg.repetition_penalty != 1.0 else None
     n_i = processors.schedule_count(counts, s["step"])
-    cand, keep, carry, _ = processors.decide(logits, is_mask, n_i, sub, cfg, s["canvas"], hist,
-                                             s["carry"], positions)
-    canvas, commit_step = processors.scatter_commits(s["canvas"], s["commit_step"], positions, keep,
-                                                     cand, s["step"])
+    cand, keep, carry, _ = processors.decide(
+      logits, is_mask, n_i, sub, cfg, s["canvas"], hist, s["carry"], positions
+    )
+    canvas, commit_step = processors.scatter_commits(
+      s["canvas"], s["commit_step"], positions, keep, cand, s["step"]
+    )
     step = s["step"] + live.astype(jnp.int32)
     done = s["done"] | ~jnp.any(target & (canvas == m), -1) | (step >= nsteps)
-    return dict(canvas=canvas, commit_step=commit_step, step=step, done=done,
-                calls=s["calls"] + live.astype(jnp.int32),
-                committed=s["committed"] + jnp.sum(keep, -1).astype(jnp.int32), key=key,
-                carry=carry)
+    return dict(
+      canvas=canvas,
+      commit_step=commit_step,
+      step=step,
+      done=done,
+      calls=s["calls"] + live.astype(jnp.int32),
+      committed=s["committed"] + jnp.sum(keep, -1).astype(jnp.int32),
+      key=key,
+      carry=carry,
+    )
 
-  init = dict(canvas=canvas, commit_step=jnp.full(canvas.shape, -1, jnp.int32),
-              step=jnp.zeros((b,), jnp.int32), done=~jnp.any(target, -1),
-              calls=jnp.zeros((b,), jnp.int32), committed=jnp.zeros((b,), jnp.int32), key=key,
-              carry=policies.carry_init(b, length))
+  init = dict(
+    canvas=canvas,
+    commit_step=jnp.full(canvas.shape, -1, jnp.int32),
+    step=jnp.zeros((b,), jnp.int32),
+    done=~jnp.any(target, -1),
+    calls=jnp.zeros((b,), jnp.int32),
+    committed=jnp.zeros((b,), jnp.int32),
+    key=key,
+    carry=policies.carry_init(b, length),
+  )
   s = jax.lax.while_loop(cond, body, init)
-  return dict(canvas=s["canvas"], num_steps=s["step"], forward_calls=s["calls"],
-              num_committed=s["committed"])
+  return dict(
+    canvas=s["canvas"], num_steps=s["step"], forward_calls=s["calls"], num_committed=s["committed"]
+  )
 
 
-def mdlm_infill(model, params, canvases: Sequence[Sequence[int]], cfg, rng=None, *,
-                length: Optional[int] = None, max_targets: Optional[int] = None):
+def mdlm_infill(
+  model,
+  params,
+  canvases: Sequence[Sequence[int]],
+  cfg,
+  rng=None,
+  *,
+  length: Optional[int] = None,
+  max_targets: Optional[int] = None,
+):
   """MDLM infilling: every M of each canvas is generated with the whole canvas visible.
 
   Predict-and-noise (SPEC §4.8) over one sub-block = all masked positions of the row: N = the
@@ -76,23 +100,27 @@ def mdlm_infill(model, params, canvases: Sequence[Sequence[int]], cfg, rng=None,
   for i, c in enumerate(rows):
     if len(c) > lc:
       raise ValueError(f"canvas {i} has {len(c)} tokens > length={lc}")
-    canvas[i, :len(c)] = c
-    valid[i, :len(c)] = True
+    canvas[i, : len(c)] = c
+    valid[i, : len(c)] = True
   target = valid & (canvas == cfg.mask_token_id)
   n_target = target.sum(-1)
   counts = count_table(n_target, cfg.num_steps)
   k = max(counts.shape[1], max_targets or 0)
   counts = np.pad(counts, ((0, 0), (0, k - counts.shape[1])))
-  nsteps = np.array([n if cfg.num_steps is None else min(n, cfg.num_steps) for n in n_target],
-                    np.int32)
+  nsteps = np.array(
+    [n if cfg.num_steps is None else min(n, cfg.num_steps) for n in n_target], np.int32
+  )
   fwd = as_forward(model, params)
   key = jax.random.PRNGKey(cfg.seed) if rng is None else rng
   mesh = placement.mesh_of(fwd.params)  # the params' mesh: rows split over (data, fsdp)
   with placement.on(mesh):
     res = _mdlm_infill_core(
-        fwd.apply, fwd.params,
-        *placement.place_rows(mesh, (canvas, target, valid, counts, nsteps)), key,
-        cfg=cfg.static())
+      fwd.apply,
+      fwd.params,
+      *placement.place_rows(mesh, (canvas, target, valid, counts, nsteps)),
+      key,
+      cfg=cfg.static(),
+    )
   return {k: np.asarray(v) for k, v in jax.device_get(res).items()}
 
 

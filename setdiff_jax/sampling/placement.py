@@ -13,6 +13,7 @@ batch over (data, fsdp) and heads over `tensor`, so the cache of a long decode n
 replicated. A batch that does not divide by data x fsdp (or heads by tensor) stays replicated on
 that axis: the same tokens, only not split.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -65,6 +66,7 @@ def place_rows(mesh: Optional[Mesh], tree):
     if x.ndim == 0:
       return jax.device_put(x, NamedSharding(mesh, P()))
     return jax.device_put(x, NamedSharding(mesh, batch_spec(mesh, x.shape[0])))
+
   return jax.tree_util.tree_map(put, tree)
 
 

@@ -47,6 +47,7 @@ p(chosen) == max-probability and `threshold` ranks like the others.
 
 A new policy is one function plus one registry line.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -62,29 +63,32 @@ FLAG = "--policy_arg"
 
 class StepStats(NamedTuple):
   """Per-candidate statistics of one step, all [B, A]."""
-  cand: jax.Array     # int32: the chosen (sampled or argmax) token
-  conf: jax.Array     # fp32: its probability
-  pmax: jax.Array     # fp32: the distribution's max-probability
-  margin: jax.Array   # fp32: p(top1) - p(top2)
+
+  cand: jax.Array  # int32: the chosen (sampled or argmax) token
+  conf: jax.Array  # fp32: its probability
+  pmax: jax.Array  # fp32: the distribution's max-probability
+  margin: jax.Array  # fp32: p(top1) - p(top2)
   entropy: jax.Array  # fp32: entropy in nats
-  argmax: jax.Array   # int32
-  streak: jax.Array   # int32: steps in a row (this one included) this argmax held at the position
+  argmax: jax.Array  # int32
+  streak: jax.Array  # int32: steps in a row (this one included) this argmax held at the position
 
 
 class Carry(NamedTuple):
   """Per-position state carried across steps (history rules): [B, L] each."""
-  argmax: jax.Array   # int32, -1 where never seen
-  streak: jax.Array   # int32
+
+  argmax: jax.Array  # int32, -1 where never seen
+  streak: jax.Array  # int32
 
 
 @dataclasses.dataclass(frozen=True)
 class Param:
   """A policy's parameter: its name, kind ('float' | 'int'), default, bounds, whether None is ok."""
+
   name: str
   kind: str = "float"
   default: Optional[float] = None
   low: Optional[float] = None
-  low_open: bool = False   # low itself is out of range
+  low_open: bool = False  # low itself is out of range
   high: Optional[float] = None
   allow_none: bool = False
 
@@ -184,23 +188,55 @@ def stable(s: StepStats, valid, count, k):
 
 
 POLICIES = {
-    "threshold": Policy(threshold, Param("tau", default=None, low=0.0, low_open=True,
-                                         allow_none=True), token_dependent=True,
-                        doc="n_i most confident + p(chosen) >= tau"),
-    "entropy_bound": Policy(entropy_bound, Param("gamma", default=0.1, low=0.0),
-                            token_dependent=False, doc="EB-sampler prefix: sum H - max H <= gamma"),
-    "factor": Policy(factor, Param("f", default=1.0, low=0.0, low_open=True),
-                     token_dependent=False, doc="top n while p_(n) >= 1 - f / (n + 1)"),
-    "margin": Policy(margin, Param("tau", default=None, low=0.0, low_open=True, allow_none=True),
-                     token_dependent=False, doc="rank by p1 - p2; + margin >= tau"),
-    "topk": Policy(topk, Param("k", kind="int", default=2, low=1), token_dependent=False,
-                   doc="max(k, n_i) per step"),
-    "dilated": Policy(dilated, Param("d", kind="int", default=2, low=1), token_dependent=False,
-                      doc="slots d apart from the first valid one"),
-    "stable": Policy(stable, Param("k", kind="int", default=2, low=1), token_dependent=False,
-                     stateful=True, doc="argmax unchanged for k steps"),
-    "pmax": Policy(pmax, Param("tau", default=None, low=0.0, low_open=True, allow_none=True),
-                   token_dependent=False, doc="n_i highest max-probability + pmax >= tau"),
+  "threshold": Policy(
+    threshold,
+    Param("tau", default=None, low=0.0, low_open=True, allow_none=True),
+    token_dependent=True,
+    doc="n_i most confident + p(chosen) >= tau",
+  ),
+  "entropy_bound": Policy(
+    entropy_bound,
+    Param("gamma", default=0.1, low=0.0),
+    token_dependent=False,
+    doc="EB-sampler prefix: sum H - max H <= gamma",
+  ),
+  "factor": Policy(
+    factor,
+    Param("f", default=1.0, low=0.0, low_open=True),
+    token_dependent=False,
+    doc="top n while p_(n) >= 1 - f / (n + 1)",
+  ),
+  "margin": Policy(
+    margin,
+    Param("tau", default=None, low=0.0, low_open=True, allow_none=True),
+    token_dependent=False,
+    doc="rank by p1 - p2; + margin >= tau",
+  ),
+  "topk": Policy(
+    topk,
+    Param("k", kind="int", default=2, low=1),
+    token_dependent=False,
+    doc="max(k, n_i) per step",
+  ),
+  "dilated": Policy(
+    dilated,
+    Param("d", kind="int", default=2, low=1),
+    token_dependent=False,
+    doc="slots d apart from the first valid one",
+  ),
+  "stable": Policy(
+    stable,
+    Param("k", kind="int", default=2, low=1),
+    token_dependent=False,
+    stateful=True,
+    doc="argmax unchanged for k steps",
+  ),
+  "pmax": Policy(
+    pmax,
+    Param("tau", default=None, low=0.0, low_open=True, allow_none=True),
+    token_dependent=False,
+    doc="n_i highest max-probability + pmax >= tau",
+  ),
 }
 
 
@@ -257,13 +293,18 @@ def distribution_stats(probs: jax.Array):
   """(pmax, margin, entropy, argmax) of probabilities [..., V]."""
   top2 = jax.lax.top_k(probs, 2)[0]
   plogp = jnp.where(probs > 0, probs * jnp.log(jnp.where(probs > 0, probs, 1.0)), 0.0)
-  return (top2[..., 0], top2[..., 0] - top2[..., 1], -jnp.sum(plogp, -1),
-          jnp.argmax(probs, -1).astype(jnp.int32))
+  return (
+    top2[..., 0],
+    top2[..., 0] - top2[..., 1],
+    -jnp.sum(plogp, -1),
+    jnp.argmax(probs, -1).astype(jnp.int32),
+  )
 
 
 def carry_init(batch: int, length: int) -> Carry:
-  return Carry(argmax=jnp.full((batch, length), -1, jnp.int32),
-               streak=jnp.zeros((batch, length), jnp.int32))
+  return Carry(
+    argmax=jnp.full((batch, length), -1, jnp.int32), streak=jnp.zeros((batch, length), jnp.int32)
+  )
 
 
 def streaks(carry: Optional[Carry], pos: jax.Array, argmax: jax.Array) -> jax.Array:
@@ -276,14 +317,17 @@ def streaks(carry: Optional[Carry], pos: jax.Array, argmax: jax.Array) -> jax.Ar
   return jnp.where(prev == argmax, run + 1, 1)
 
 
-def carry_update(carry: Carry, pos: jax.Array, valid: jax.Array, argmax: jax.Array,
-                 streak: jax.Array) -> Carry:
+def carry_update(
+  carry: Carry, pos: jax.Array, valid: jax.Array, argmax: jax.Array, streak: jax.Array
+) -> Carry:
   """Writes the valid slots' argmax / streak at their positions (others dropped)."""
   b, length = carry.argmax.shape
   rows = jnp.broadcast_to(jnp.arange(b)[:, None], pos.shape)
   where = jnp.where(valid, pos, length)
-  return Carry(argmax=carry.argmax.at[rows, where].set(argmax, mode="drop"),
-               streak=carry.streak.at[rows, where].set(streak, mode="drop"))
+  return Carry(
+    argmax=carry.argmax.at[rows, where].set(argmax, mode="drop"),
+    streak=carry.streak.at[rows, where].set(streak, mode="drop"),
+  )
 
 
 # ----------------------------------------------------------------------------- the entry point
@@ -298,6 +342,24 @@ def commit(name: str, arg, s: StepStats, valid: jax.Array, count: jax.Array) -> 
   return get(name).fn(s, valid, count, arg)
 
 
-__all__ = ["StepStats", "Carry", "Param", "Policy", "POLICIES", "DEFAULT", "get", "check_arg",
-           "parse_arg", "label", "distribution_stats", "carry_init", "streaks", "carry_update",
-           "commit", "ranks", "top_n", "with_floor", "token_dependent"]
+__all__ = [
+  "StepStats",
+  "Carry",
+  "Param",
+  "Policy",
+  "POLICIES",
+  "DEFAULT",
+  "get",
+  "check_arg",
+  "parse_arg",
+  "label",
+  "distribution_stats",
+  "carry_init",
+  "streaks",
+  "carry_update",
+  "commit",
+  "ranks",
+  "top_n",
+  "with_floor",
+  "token_dependent",
+]

@@ -5,6 +5,7 @@ M logit set to -1e12 -> temperature (sampling only) -> softmax -> nucleus filter
 argmax or sample -> confidence = probability of the chosen token -> the commit policy
 (`policies.py`; the default `threshold` is the predict-and-noise rule of SPEC §4.2).
 """
+
 from __future__ import annotations
 
 from typing import Optional, Tuple
@@ -54,8 +55,9 @@ def nucleus(probs: jax.Array, top_p: float) -> jax.Array:
   return filtered / jnp.sum(filtered, axis=-1, keepdims=True)
 
 
-def choose(logits: jax.Array, key: Optional[jax.Array],
-           cfg: SamplerConfig) -> Tuple[jax.Array, jax.Array, jax.Array]:
+def choose(
+  logits: jax.Array, key: Optional[jax.Array], cfg: SamplerConfig
+) -> Tuple[jax.Array, jax.Array, jax.Array]:
   """Candidate token, its confidence and its log-probability for each row of logits [..., V]
   (M already suppressed).
 
@@ -93,9 +95,17 @@ def probabilities(z: jax.Array, cfg: SamplerConfig) -> jax.Array:
   return nucleus(probs, cfg.top_p) if cfg.top_p < 1.0 else probs
 
 
-def decide(logits: jax.Array, active: jax.Array, count: jax.Array, key, cfg: SamplerConfig,
-           history_tokens: Optional[jax.Array] = None, history_mask: Optional[jax.Array] = None,
-           carry: Optional[policies.Carry] = None, pos: Optional[jax.Array] = None):
+def decide(
+  logits: jax.Array,
+  active: jax.Array,
+  count: jax.Array,
+  key,
+  cfg: SamplerConfig,
+  history_tokens: Optional[jax.Array] = None,
+  history_mask: Optional[jax.Array] = None,
+  carry: Optional[policies.Carry] = None,
+  pos: Optional[jax.Array] = None,
+):
   """Processors + choice + the commit policy (`cfg.policy`, `policies.commit`) for active slots.
 
   logits: raw fp32 [B, A, V]; active: bool [B, A]; count: n_i [B]; history_*: [B, L] (tokens and
@@ -124,8 +134,14 @@ def decide(logits: jax.Array, active: jax.Array, count: jax.Array, key, cfg: Sam
   return cand, keep, carry, logp
 
 
-def scatter_commits(canvas: jax.Array, commit_step: jax.Array, pos: jax.Array, keep: jax.Array,
-                    cand: jax.Array, step: jax.Array):
+def scatter_commits(
+  canvas: jax.Array,
+  commit_step: jax.Array,
+  pos: jax.Array,
+  keep: jax.Array,
+  cand: jax.Array,
+  step: jax.Array,
+):
   """Writes kept candidates at positions pos [B, A] (out-of-range positions are dropped).
 
   Returns (canvas, commit_step) with commit_step = step [B] at the written positions.
@@ -134,8 +150,9 @@ def scatter_commits(canvas: jax.Array, commit_step: jax.Array, pos: jax.Array, k
   rows = jnp.broadcast_to(jnp.arange(b)[:, None], pos.shape)
   where = jnp.where(keep, pos, length)  # only kept slots are written
   canvas = canvas.at[rows, where].set(cand, mode="drop")
-  commit_step = commit_step.at[rows, where].set(jnp.broadcast_to(step[:, None], pos.shape),
-                                                mode="drop")
+  commit_step = commit_step.at[rows, where].set(
+    jnp.broadcast_to(step[:, None], pos.shape), mode="drop"
+  )
   return canvas, commit_step
 
 
@@ -165,5 +182,16 @@ def first_index(flag: jax.Array, default) -> jax.Array:
   return jnp.where(jnp.any(flag, -1), jnp.argmax(flag, -1), default).astype(jnp.int32)
 
 
-__all__ = ["seen_tokens", "repetition_penalty", "nucleus", "choose", "probabilities",
-           "decide", "scatter_commits", "scatter_kept", "schedule_count", "eos_stop", "first_index"]
+__all__ = [
+  "seen_tokens",
+  "repetition_penalty",
+  "nucleus",
+  "choose",
+  "probabilities",
+  "decide",
+  "scatter_commits",
+  "scatter_kept",
+  "schedule_count",
+  "eos_stop",
+  "first_index",
+]

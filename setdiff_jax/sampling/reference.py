@@ -12,6 +12,7 @@ Its model state is (commit_rank int32 [B, Lc], next_rank int32 [B]): the rank of
 position in commit order (context first, in position order; BIG = not committed). Forward calls
 per row = the steps the row ran (no context-encoding call).
 """
+
 from __future__ import annotations
 
 import functools
@@ -23,8 +24,16 @@ from setdiff_jax.diffusion import masks
 from setdiff_jax.sampling.cache import Forward, bind
 from setdiff_jax.sampling.config import SampleOutput, SamplerConfig
 from setdiff_jax.sampling.set_inputs import SetInputs
-from setdiff_jax.sampling.set_sampler import (BIG, SetState, advance, generate_with, infill_with,
-                                              initial_state, run_loop, step_window)
+from setdiff_jax.sampling.set_sampler import (
+  BIG,
+  SetState,
+  advance,
+  generate_with,
+  infill_with,
+  initial_state,
+  run_loop,
+  step_window,
+)
 
 
 def reference_init(inp: SetInputs, window_size: int, key) -> SetState:
@@ -37,13 +46,21 @@ def reference_init(inp: SetInputs, window_size: int, key) -> SetState:
   vis_valid = jnp.arange(vis_pos.shape[1])[None] < n_vis[:, None]
   rows = jnp.broadcast_to(jnp.arange(b)[:, None], vis_pos.shape)
   cols = jnp.where(vis_valid, vis_pos, lc)  # out of range -> dropped
-  rank = rank.at[rows, cols].set(jnp.broadcast_to(jnp.arange(vis_pos.shape[1]), vis_pos.shape),
-                                 mode="drop")
+  rank = rank.at[rows, cols].set(
+    jnp.broadcast_to(jnp.arange(vis_pos.shape[1]), vis_pos.shape), mode="drop"
+  )
   return initial_state(inp, window_size, key, (rank, n_vis), jnp.zeros((b,), jnp.int32))
 
 
-def reference_step(fwd: Forward, state: SetState, inp: SetInputs, cfg: SamplerConfig, *,
-                   stop_eos: bool = False, history: str = "generated"):
+def reference_step(
+  fwd: Forward,
+  state: SetState,
+  inp: SetInputs,
+  cfg: SamplerConfig,
+  *,
+  stop_eos: bool = False,
+  history: str = "generated",
+):
   """One uncached decoding step for every row that is not done; returns as `set_step`."""
   w = cfg.window
   canvas = state.canvas
@@ -53,26 +70,31 @@ def reference_step(fwd: Forward, state: SetState, inp: SetInputs, cfg: SamplerCo
   rank, next_rank = state.model
   cols = jnp.where(win.pend_valid, state.pending_pos, lc)
   rank = rank.at[jnp.broadcast_to(rows, cols.shape), cols].set(
-      next_rank[:, None] + jnp.arange(w)[None], mode="drop")
+    next_rank[:, None] + jnp.arange(w)[None], mode="drop"
+  )
   next_rank = next_rank + win.pend_n
   order = jnp.argsort(rank, axis=-1, stable=True).astype(jnp.int32)  # commit order
   clean_valid = jnp.take_along_axis(rank, order, -1) < BIG
-  tokens = jnp.concatenate([jnp.take_along_axis(canvas, order, -1),
-                            jnp.full((b, w), cfg.mask_token_id, jnp.int32)], -1)
+  tokens = jnp.concatenate(
+    [jnp.take_along_axis(canvas, order, -1), jnp.full((b, w), cfg.mask_token_id, jnp.int32)], -1
+  )
   positions = jnp.concatenate([order, win.pos_c], -1)
   mask = masks.cached_step_mask(jnp.zeros((b, 0), bool), clean_valid, win.valid)
   logits, _ = fwd.apply(fwd.params, tokens, positions, mask, None, lc)
-  return advance(state, inp, cfg, win, logits, (rank, next_rank), stop_eos=stop_eos,
-                 history=history)
+  return advance(
+    state, inp, cfg, win, logits, (rank, next_rank), stop_eos=stop_eos, history=history
+  )
 
 
 @functools.partial(jax.jit, static_argnames=("apply", "cfg", "stop_eos", "history"))
-def _reference_core(apply, params, inp: SetInputs, key, *, cfg: SamplerConfig, stop_eos: bool,
-                    history: str):
+def _reference_core(
+  apply, params, inp: SetInputs, key, *, cfg: SamplerConfig, stop_eos: bool, history: str
+):
   fwd = bind(apply, params)
   state = reference_init(inp, cfg.window, key)
-  return run_loop(state, lambda s: reference_step(fwd, s, inp, cfg, stop_eos=stop_eos,
-                                                  history=history)[0])
+  return run_loop(
+    state, lambda s: reference_step(fwd, s, inp, cfg, stop_eos=stop_eos, history=history)[0]
+  )
 
 
 def reference_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> SampleOutput:

@@ -6,6 +6,7 @@ schedules, the cache order of committed sets); `prompted_inputs` (prompt ++ [M] 
 `_fht_keys` draws the 'fht' cache order. Plain NumPy, never jitted; the samplers
 (`set_sampler`, `reference`, `baselines`) read these arrays.
 """
+
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -26,6 +27,7 @@ class SetInputs:
   order, padded); n_vis int32 [B]; counts int32 [B, K] (n_i per row); nsteps int32 [B];
   cache_key int32 [B, Lc] (order of a committed set in the cache; smaller first).
   """
+
   canvas: Any
   target: Any
   valid: Any
@@ -65,8 +67,13 @@ def _fht_keys(target: np.ndarray, cfg: SamplerConfig, length: int, seed: int) ->
   return keys
 
 
-def build_inputs(canvases: Sequence[np.ndarray], target_rows: Sequence[np.ndarray],
-                 cfg: SamplerConfig, seed: int = 0, width: int | None = None) -> SetInputs:
+def build_inputs(
+  canvases: Sequence[np.ndarray],
+  target_rows: Sequence[np.ndarray],
+  cfg: SamplerConfig,
+  seed: int = 0,
+  width: int | None = None,
+) -> SetInputs:
   """Pads per-row canvases into fixed arrays and computes the per-row step schedules.
 
   Lc = `width` (default: the longest canvas, bucketed by `cfg.length_buckets`); Vc and K are
@@ -79,9 +86,9 @@ def build_inputs(canvases: Sequence[np.ndarray], target_rows: Sequence[np.ndarra
   target = np.zeros((b, lc), bool)
   valid = np.zeros((b, lc), bool)
   for i, (c, t) in enumerate(zip(canvases, target_rows)):
-    canvas[i, :len(c)] = c
-    target[i, :len(c)] = t
-    valid[i, :len(c)] = True
+    canvas[i, : len(c)] = c
+    target[i, : len(c)] = t
+    valid[i, : len(c)] = True
   canvas[target] = cfg.mask_token_id
   vis = valid & ~target
   n_vis = vis.sum(-1)
@@ -89,20 +96,28 @@ def build_inputs(canvases: Sequence[np.ndarray], target_rows: Sequence[np.ndarra
   vis_pos = np.zeros((b, vc), np.int32)
   for i in range(b):
     p = np.nonzero(vis[i])[0]
-    vis_pos[i, :len(p)] = p
+    vis_pos[i, : len(p)] = p
   n_target = target.sum(-1)
   counts = count_table(n_target, cfg.num_steps)
   k = bucket_length(counts.shape[1], cfg.length_buckets)
   counts = np.pad(counts, ((0, 0), (0, k - counts.shape[1])))  # zeros: never read past nsteps
-  nsteps = np.array([n if cfg.num_steps is None else min(n, cfg.num_steps) for n in n_target],
-                    np.int32)  # min(T, N) steps per row
+  nsteps = np.array(
+    [n if cfg.num_steps is None else min(n, cfg.num_steps) for n in n_target], np.int32
+  )  # min(T, N) steps per row
   if cfg.cache_order == "fht":
     cache_key = _fht_keys(target, cfg, cfg.max_length or lc, seed)
   else:
     cache_key = np.tile(np.arange(lc), (b, 1))
-  return SetInputs(canvas=canvas, target=target, valid=valid, vis_pos=vis_pos,
-                   n_vis=n_vis.astype(np.int32), counts=counts, nsteps=nsteps,
-                   cache_key=cache_key.astype(np.int32))
+  return SetInputs(
+    canvas=canvas,
+    target=target,
+    valid=valid,
+    vis_pos=vis_pos,
+    n_vis=n_vis.astype(np.int32),
+    counts=counts,
+    nsteps=nsteps,
+    cache_key=cache_key.astype(np.int32),
+  )
 
 
 def check_prompts(rows, cfg: SamplerConfig, n: int):
@@ -114,8 +129,10 @@ def check_prompts(rows, cfg: SamplerConfig, n: int):
     if np.any(p == cfg.mask_token_id):
       raise ValueError(f"prompt {i} contains the mask token id {cfg.mask_token_id}")
     if cfg.max_length is not None and len(p) + n > cfg.max_length:
-      raise ValueError(f"prompt {i} has {len(p)} tokens; with max_new_tokens={n} that is "
-                       f"{len(p) + n} > the model's context length max_length={cfg.max_length}")
+      raise ValueError(
+        f"prompt {i} has {len(p)} tokens; with max_new_tokens={n} that is "
+        f"{len(p) + n} > the model's context length max_length={cfg.max_length}"
+      )
 
 
 def prompted_inputs(prompts, cfg: SamplerConfig, seed: int = 0) -> SetInputs:
@@ -144,16 +161,19 @@ def infill_inputs(canvases, cfg: SamplerConfig, seed: int = 0) -> SetInputs:
   for i, c in enumerate(rows):
     _check_ids(c, f"canvas {i}")
     if not np.any(c == cfg.mask_token_id):
-      raise ValueError(f"canvas {i} has no masked position (mask id {cfg.mask_token_id}): "
-                       "the gap is empty")
+      raise ValueError(
+        f"canvas {i} has no masked position (mask id {cfg.mask_token_id}): the gap is empty"
+      )
     if cfg.max_length is not None and len(c) > cfg.max_length:
-      raise ValueError(f"canvas {i} has {len(c)} tokens > the model's context length "
-                       f"max_length={cfg.max_length}")
+      raise ValueError(
+        f"canvas {i} has {len(c)} tokens > the model's context length max_length={cfg.max_length}"
+      )
   return build_inputs(rows, [c == cfg.mask_token_id for c in rows], cfg, seed)
 
 
-def cache_ranks(valid: np.ndarray, target: np.ndarray, commit_step: np.ndarray,
-                cache_key: np.ndarray) -> np.ndarray:
+def cache_ranks(
+  valid: np.ndarray, target: np.ndarray, commit_step: np.ndarray, cache_key: np.ndarray
+) -> np.ndarray:
   """The order in which each clean token entered the set sampler's KV cache, int32 [B, Lc].
 
   Context first in position order (the prefill), then step by step the committed sets, each in
@@ -173,5 +193,12 @@ def cache_ranks(valid: np.ndarray, target: np.ndarray, commit_step: np.ndarray,
   return out
 
 
-__all__ = ["SetInputs", "cache_ranks", "build_inputs", "check_prompts", "prompted_inputs",
-           "prompt_width", "infill_inputs"]
+__all__ = [
+  "SetInputs",
+  "cache_ranks",
+  "build_inputs",
+  "check_prompts",
+  "prompted_inputs",
+  "prompt_width",
+  "infill_inputs",
+]

@@ -38,6 +38,7 @@ change. Prompted generation is the special case with no suffix.
 
 Forward calls per row = 1 context-encoding call (cached mode) + the steps the row ran.
 """
+
 from __future__ import annotations
 
 import functools
@@ -54,7 +55,7 @@ from setdiff_jax.sampling.cache import Forward, KVCache, append, as_forward, bin
 from setdiff_jax.sampling.config import SampleOutput, SamplerConfig
 from setdiff_jax.sampling.set_inputs import SetInputs, cache_ranks, infill_inputs, prompted_inputs
 
-BIG = np.int32(2 ** 30)
+BIG = np.int32(2**30)
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -62,19 +63,20 @@ BIG = np.int32(2 ** 30)
 class SetState:
   """Loop state; every field is per row. `model` is the KVCache (`reference.py`: its
   (commit_rank int32 [B, Lc], next_rank int32 [B]) instead)."""
-  canvas: jax.Array       # int32 [B, Lc]
+
+  canvas: jax.Array  # int32 [B, Lc]
   commit_step: jax.Array  # int32 [B, Lc]
   pending_pos: jax.Array  # int32 [B, W] committed last step, in cache order
-  pending_n: jax.Array    # int32 [B]
+  pending_n: jax.Array  # int32 [B]
   model: Any
-  step: jax.Array         # int32 [B]
-  done: jax.Array         # bool [B]
-  calls: jax.Array        # int32 [B]
-  committed: jax.Array    # int32 [B]
-  stopped: jax.Array      # bool [B]
+  step: jax.Array  # int32 [B]
+  done: jax.Array  # bool [B]
+  calls: jax.Array  # int32 [B]
+  committed: jax.Array  # int32 [B]
+  stopped: jax.Array  # bool [B]
   key: jax.Array
-  carry: Any = None       # policies.Carry [B, Lc] (the history policies' state)
-  logprob: Any = None     # fp32 [B, Lc]: log-probability of each committed token (0 elsewhere)
+  carry: Any = None  # policies.Carry [B, Lc] (the history policies' state)
+  logprob: Any = None  # fp32 [B, Lc]: log-probability of each committed token (0 elsewhere)
 
 
 def set_init(fwd: Forward, inp: SetInputs, window: int, key) -> SetState:
@@ -96,12 +98,21 @@ def initial_state(inp: SetInputs, window: int, key, model, calls: jax.Array) -> 
   b, lc = canvas.shape
   target = jnp.asarray(inp.target, bool)
   done = ~jnp.any(target, -1)
-  return SetState(canvas=canvas, commit_step=jnp.full((b, lc), -1, jnp.int32),
-                  pending_pos=jnp.zeros((b, window), jnp.int32),
-                  pending_n=jnp.zeros((b,), jnp.int32), model=model,
-                  step=jnp.zeros((b,), jnp.int32), done=done, calls=calls,
-                  committed=jnp.zeros((b,), jnp.int32), stopped=jnp.zeros((b,), bool), key=key,
-                  carry=policies.carry_init(b, lc), logprob=jnp.zeros((b, lc), jnp.float32))
+  return SetState(
+    canvas=canvas,
+    commit_step=jnp.full((b, lc), -1, jnp.int32),
+    pending_pos=jnp.zeros((b, window), jnp.int32),
+    pending_n=jnp.zeros((b,), jnp.int32),
+    model=model,
+    step=jnp.zeros((b,), jnp.int32),
+    done=done,
+    calls=calls,
+    committed=jnp.zeros((b,), jnp.int32),
+    stopped=jnp.zeros((b,), bool),
+    key=key,
+    carry=policies.carry_init(b, lc),
+    logprob=jnp.zeros((b, lc), jnp.float32),
+  )
 
 
 def _history_mask(state: SetState, target, valid, history: str, mask_id: int):
@@ -132,12 +143,13 @@ def _pad_slots(x: jax.Array, p: int, w: int, axis: int) -> jax.Array:
 
 class Window(NamedTuple):
   """This step's active window and pending set, per row."""
-  pos: jax.Array         # int32 [B, W] active positions f, f + 1, ... (may run past Lc)
-  pos_c: jax.Array       # int32 [B, W] the same, clipped to Lc - 1
-  valid: jax.Array       # bool [B, W] active slot: a masked target position of a live row
+
+  pos: jax.Array  # int32 [B, W] active positions f, f + 1, ... (may run past Lc)
+  pos_c: jax.Array  # int32 [B, W] the same, clipped to Lc - 1
+  valid: jax.Array  # bool [B, W] active slot: a masked target position of a live row
   pend_valid: jax.Array  # bool [B, W] pending slot holds a token committed last step
-  pend_n: jax.Array      # int32 [B] pending tokens (0 for rows that are done)
-  live: jax.Array        # bool [B] rows not done
+  pend_n: jax.Array  # int32 [B] pending tokens (0 for rows that are done)
+  live: jax.Array  # bool [B] rows not done
 
 
 def step_window(state: SetState, inp: SetInputs, cfg: SamplerConfig) -> Window:
@@ -159,8 +171,15 @@ def step_window(state: SetState, inp: SetInputs, cfg: SamplerConfig) -> Window:
   return Window(act_pos, act_pos_c, act_valid, pend_valid, pend_n, live)
 
 
-def set_step(fwd: Forward, state: SetState, inp: SetInputs, cfg: SamplerConfig, *,
-             stop_eos: bool = False, history: str = "generated"):
+def set_step(
+  fwd: Forward,
+  state: SetState,
+  inp: SetInputs,
+  cfg: SamplerConfig,
+  *,
+  stop_eos: bool = False,
+  history: str = "generated",
+):
   """One cached decoding step for every row that is not done. Returns (new state, info dict).
 
   info: logits fp32 [B, W, V] (raw logits of the active slots), active_pos int32 [B, W],
@@ -177,14 +196,17 @@ def set_step(fwd: Forward, state: SetState, inp: SetInputs, cfg: SamplerConfig, 
   def feed(p: int):
     """The forward with P = p pending slots (the valid ones come first in pending_pos).
     Returns the logits and the pending slots' kv padded to W slots."""
+
     def run():
       pos = state.pending_pos[:, :p]
-      tokens = jnp.concatenate([jnp.take_along_axis(canvas, pos, -1),
-                                jnp.full((b, w), m, jnp.int32)], -1)
+      tokens = jnp.concatenate(
+        [jnp.take_along_axis(canvas, pos, -1), jnp.full((b, w), m, jnp.int32)], -1
+      )
       positions = jnp.concatenate([pos, win.pos_c], -1)
       mask = masks.cached_step_mask(cache.valid, win.pend_valid[:, :p], win.valid)
       logits, kv = fwd.apply(fwd.params, tokens, positions, mask, cache.kv, p)
       return logits, jax.tree_util.tree_map(lambda x: _pad_slots(x, p, w, axis), kv)
+
     return run
 
   # Pending slots sized to what the previous step committed (the batch maximum), rounded up to
@@ -200,8 +222,17 @@ def set_step(fwd: Forward, state: SetState, inp: SetInputs, cfg: SamplerConfig, 
   return advance(state, inp, cfg, win, logits, model, stop_eos=stop_eos, history=history)
 
 
-def advance(state: SetState, inp: SetInputs, cfg: SamplerConfig, win: Window, logits: jax.Array,
-            model: Any, *, stop_eos: bool, history: str):
+def advance(
+  state: SetState,
+  inp: SetInputs,
+  cfg: SamplerConfig,
+  win: Window,
+  logits: jax.Array,
+  model: Any,
+  *,
+  stop_eos: bool,
+  history: str,
+):
   """The rest of a step from the active slots' raw logits fp32 [B, W, V]: processors, choice,
   commit, the next pending set and stopping; `model` is the sampler's new model state.
   Returns (new state, info dict) as `set_step`."""
@@ -215,10 +246,12 @@ def advance(state: SetState, inp: SetInputs, cfg: SamplerConfig, win: Window, lo
   key, sub = jax.random.split(state.key)
   hist = _history_mask(state, target, valid, history, m) if cfg.repetition_penalty != 1.0 else None
   n_i = processors.schedule_count(jnp.asarray(inp.counts, jnp.int32), state.step)
-  cand, keep, carry, logp = processors.decide(logits, win.valid, n_i, sub, cfg, canvas, hist,
-                                              state.carry, win.pos)
-  canvas, commit_step = processors.scatter_commits(canvas, state.commit_step, win.pos, keep, cand,
-                                                   state.step)
+  cand, keep, carry, logp = processors.decide(
+    logits, win.valid, n_i, sub, cfg, canvas, hist, state.carry, win.pos
+  )
+  canvas, commit_step = processors.scatter_commits(
+    canvas, state.commit_step, win.pos, keep, cand, state.step
+  )
   logprob = processors.scatter_kept(state.logprob, win.pos, keep, logp)
 
   # -- next pending set, in cache order
@@ -236,12 +269,21 @@ def advance(state: SetState, inp: SetInputs, cfg: SamplerConfig, win: Window, lo
   nsteps = jnp.asarray(inp.nsteps, jnp.int32)
   done = state.done | ~jnp.any(still_mask, -1) | (step >= nsteps) | stopped
 
-  new = SetState(canvas=canvas, commit_step=commit_step,
-                 pending_pos=jnp.where(live[:, None], pending_pos, state.pending_pos),
-                 pending_n=jnp.where(live, n_keep, state.pending_n), model=model, step=step,
-                 done=done, calls=state.calls + live.astype(jnp.int32),
-                 committed=state.committed + n_keep, stopped=stopped, key=key, carry=carry,
-                 logprob=logprob)
+  new = SetState(
+    canvas=canvas,
+    commit_step=commit_step,
+    pending_pos=jnp.where(live[:, None], pending_pos, state.pending_pos),
+    pending_n=jnp.where(live, n_keep, state.pending_n),
+    model=model,
+    step=step,
+    done=done,
+    calls=state.calls + live.astype(jnp.int32),
+    committed=state.committed + n_keep,
+    stopped=stopped,
+    key=key,
+    carry=carry,
+    logprob=logprob,
+  )
   info = dict(logits=logits, active_pos=win.pos, active_valid=win.valid, keep=keep, cand=cand)
   return new, info
 
@@ -249,18 +291,26 @@ def advance(state: SetState, inp: SetInputs, cfg: SamplerConfig, win: Window, lo
 def run_loop(state: SetState, step) -> dict:
   """`step(state) -> state` until every row is done; the arrays `finalize` reads."""
   state = jax.lax.while_loop(lambda s: jnp.any(~s.done), step, state)
-  return dict(canvas=state.canvas, commit_step=state.commit_step, num_steps=state.step,
-              forward_calls=state.calls, num_committed=state.committed, stopped=state.stopped,
-              token_logprob=state.logprob)
+  return dict(
+    canvas=state.canvas,
+    commit_step=state.commit_step,
+    num_steps=state.step,
+    forward_calls=state.calls,
+    num_committed=state.committed,
+    stopped=state.stopped,
+    token_logprob=state.logprob,
+  )
 
 
 @functools.partial(jax.jit, static_argnames=("apply", "cfg", "stop_eos", "history"))
-def _set_core(apply, params, inp: SetInputs, key, *, cfg: SamplerConfig, stop_eos: bool,
-              history: str):
+def _set_core(
+  apply, params, inp: SetInputs, key, *, cfg: SamplerConfig, stop_eos: bool, history: str
+):
   fwd = bind(apply, params)
   state = set_init(fwd, inp, cfg.window, key)
-  return run_loop(state, lambda s: set_step(fwd, s, inp, cfg, stop_eos=stop_eos,
-                                            history=history)[0])
+  return run_loop(
+    state, lambda s: set_step(fwd, s, inp, cfg, stop_eos=stop_eos, history=history)[0]
+  )
 
 
 # ----------------------------------------------------------------------------- outputs
@@ -277,12 +327,18 @@ def finalize(res, target: np.ndarray, valid: np.ndarray, cfg: SamplerConfig) -> 
       keep &= np.arange(canvas.shape[1]) <= eos[0]
     sequences.append(canvas[b][keep].tolist())
     generated.append(canvas[b][keep & target[b]].tolist())
-  return SampleOutput(sequences=sequences, generated=generated, canvas=canvas, target=target,
-                      commit_step=np.asarray(res["commit_step"]),
-                      num_steps=np.asarray(res["num_steps"]),
-                      forward_calls=np.asarray(res["forward_calls"]),
-                      num_committed=np.asarray(res["num_committed"]), stopped=stopped,
-                      token_logprob=_host(res.get("token_logprob"), np.float32))
+  return SampleOutput(
+    sequences=sequences,
+    generated=generated,
+    canvas=canvas,
+    target=target,
+    commit_step=np.asarray(res["commit_step"]),
+    num_steps=np.asarray(res["num_steps"]),
+    forward_calls=np.asarray(res["forward_calls"]),
+    num_committed=np.asarray(res["num_committed"]),
+    stopped=stopped,
+    token_logprob=_host(res.get("token_logprob"), np.float32),
+  )
 
 
 def _host(x, dtype):
@@ -304,18 +360,27 @@ def _key(rng, cfg: SamplerConfig):
   return jax.random.PRNGKey(cfg.seed) if rng is None else rng
 
 
-def _run(core, model, params, inp: SetInputs, cfg: SamplerConfig, rng, stop_eos: bool,
-         history: str) -> SampleOutput:
+def _run(
+  core, model, params, inp: SetInputs, cfg: SamplerConfig, rng, stop_eos: bool, history: str
+) -> SampleOutput:
   fwd = as_forward(model, params)
   # N and L are host-side only here (the canvas holds them): one program per canvas bucket.
   static = cfg.static().replace(max_new_tokens=1, max_length=None)
   mesh = placement.mesh_of(fwd.params)  # the params' mesh: rows split over (data, fsdp)
   with placement.on(mesh):
-    res = core(fwd.apply, fwd.params, placement.place_rows(mesh, inp), _key(rng, cfg),
-               cfg=static, stop_eos=stop_eos, history=history)
+    res = core(
+      fwd.apply,
+      fwd.params,
+      placement.place_rows(mesh, inp),
+      _key(rng, cfg),
+      cfg=static,
+      stop_eos=stop_eos,
+      history=history,
+    )
   out = finalize(res, np.asarray(inp.target), np.asarray(inp.valid), cfg)
-  out.cache_order = cache_ranks(np.asarray(inp.valid), np.asarray(inp.target), out.commit_step,
-                                np.asarray(inp.cache_key))
+  out.cache_order = cache_ranks(
+    np.asarray(inp.valid), np.asarray(inp.target), out.commit_step, np.asarray(inp.cache_key)
+  )
   return out
 
 
@@ -358,6 +423,19 @@ def set_infill(model, params, canvases, cfg: SamplerConfig, rng=None) -> SampleO
   return infill_with(_set_core, model, params, canvases, cfg, rng)
 
 
-__all__ = ["SetState", "Window", "set_init", "initial_state", "step_window", "set_step", "advance",
-           "run_loop", "finalize", "compact", "generate_with", "infill_with", "set_generate",
-           "set_infill"]
+__all__ = [
+  "SetState",
+  "Window",
+  "set_init",
+  "initial_state",
+  "step_window",
+  "set_step",
+  "advance",
+  "run_loop",
+  "finalize",
+  "compact",
+  "generate_with",
+  "infill_with",
+  "set_generate",
+  "set_infill",
+]

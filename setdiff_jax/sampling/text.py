@@ -12,6 +12,7 @@ The canvas is BOS + enc(text before) + M * n + enc(text after) (+ EOS), each tex
 its own so the gap sits on token boundaries; the printed result re-inserts the decoded middle into
 the original text, which is thus unchanged around the gap.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,6 +26,7 @@ _GAP_LIKE = re.compile(r"\[\s*gap\b[^\]]*\]?", re.IGNORECASE)
 @dataclasses.dataclass
 class InfillTemplate:
   """A parsed infill text: segments[i] precedes gap i (len(segments) == len(gaps) + 1)."""
+
   segments: List[str]
   gaps: List[int]
 
@@ -55,15 +57,17 @@ def parse_infill(text: str) -> InfillTemplate:
   """Splits `text` at its `[GAP:n]` markers. ValueError on no gap, an empty gap or bad syntax."""
   segments, gaps, last = [], [], 0
   for mt in _GAP.finditer(text):
-    segments.append(text[last:mt.start()])
+    segments.append(text[last : mt.start()])
     gaps.append(int(mt.group(1)))
     last = mt.end()
   segments.append(text[last:])
   for seg in segments:
     bad = _GAP_LIKE.search(seg)
     if bad:
-      raise ValueError(f"unknown infill mask syntax {bad.group(0)!r}; write each gap as "
-                       "[GAP:n] with n >= 1 the number of tokens to generate")
+      raise ValueError(
+        f"unknown infill mask syntax {bad.group(0)!r}; write each gap as "
+        "[GAP:n] with n >= 1 the number of tokens to generate"
+      )
   if not gaps:
     raise ValueError("the infill text has no gap; mark the span to generate as [GAP:n]")
   for n in gaps:

@@ -1,4 +1,5 @@
 """The one timed decode loop: untimed warm-up (compilation), then each call timed to its result."""
+
 from __future__ import annotations
 
 import time
@@ -7,8 +8,9 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import jax
 
 
-def time_calls(fn: Callable[..., Any], calls: Sequence[Tuple], *,
-               warmup: Optional[Tuple] = None) -> Tuple[List[Any], List[float], float]:
+def time_calls(
+  fn: Callable[..., Any], calls: Sequence[Tuple], *, warmup: Optional[Tuple] = None
+) -> Tuple[List[Any], List[float], float]:
   """Runs fn(*args) for every args in `calls`, each timed until its result is on the host.
 
   `warmup` args (if given) run first, untimed, so compilation is not counted.
@@ -29,4 +31,3 @@ def time_calls(fn: Callable[..., Any], calls: Sequence[Tuple], *,
 
 
 __all__ = ["time_calls"]
-

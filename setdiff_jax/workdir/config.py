@@ -8,6 +8,7 @@
 Shared by training and by inference loading (`workdir.py`), so neither imports the other. The
 defaults live in the package (not in configs/) so an installed wheel needs no source tree.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple, Optional, Tuple
@@ -24,6 +25,8 @@ from setdiff_jax.sampling import policies
 
 def default_config() -> ml_collections.ConfigDict:
   """The base run config; every config in configs/ starts from it (see configs/default.py)."""
+  # One field a line with its comment aligned (the table users read): not formatted.
+  # fmt: off
   c = ml_collections.ConfigDict()
 
   # ---- what is trained
@@ -131,13 +134,15 @@ def default_config() -> ml_collections.ConfigDict:
   # Logical axis -> mesh axis rules for parameters, e.g. (("embed", "fsdp"), ("mlp", "tensor"));
   # () = setdiff_jax.sharding.DEFAULT_RULES (FSDP over the model dim, TP over heads/MLP/vocab).
   c.sharding_rules = ()
+  # fmt: on
   return c
 
 
 # ----------------------------------------------------------------------------- field ranges
 class Range(NamedTuple):
   """Allowed values of a numeric field: lo <= v (< or <=) hi, plus `also` (e.g. -1 = all)."""
-  kind: type                      # int or float (an int is accepted for a float field)
+
+  kind: type  # int or float (an int is accepted for a float field)
   lo: Optional[float] = None
   hi: Optional[float] = None
   lo_open: bool = False
@@ -157,19 +162,24 @@ class Range(NamedTuple):
     fmt = (lambda v: str(int(v))) if self.kind is int else (lambda v: f"{v:g}")  # noqa: E731
     lo = "-inf" if self.lo is None else fmt(self.lo)
     hi = "inf" if self.hi is None else fmt(self.hi)
-    text = (f"{'an integer' if self.kind is int else 'a number'} in "
-            f"{'(' if self.lo_open or self.lo is None else '['}{lo}, {hi}"
-            f"{')' if self.hi_open or self.hi is None else ']'}")
+    text = (
+      f"{'an integer' if self.kind is int else 'a number'} in "
+      f"{'(' if self.lo_open or self.lo is None else '['}{lo}, {hi}"
+      f"{')' if self.hi_open or self.hi is None else ']'}"
+    )
     return text + "".join(f" or {a}" for a in self.also)
 
 
 class Choice(NamedTuple):
   """Allowed values of a field with a fixed set of choices (strings, or True / False)."""
+
   values: Tuple
 
   def ok(self, v) -> bool:
-    return any(v is c if isinstance(c, bool) or c is None else (v == c and not isinstance(v, bool))
-               for c in self.values)
+    return any(
+      v is c if isinstance(c, bool) or c is None else (v == c and not isinstance(v, bool))
+      for c in self.values
+    )
 
   def describe(self) -> str:
     return "one of " + ", ".join(repr(c) if isinstance(c, str) else str(c) for c in self.values)
@@ -192,102 +202,108 @@ _PROBABILITY = _num(0, 1, hi_open=True)
 # against seq_len, adaLN per method) follow in `validate_config` and each method's
 # `validate_run`; free-form fields (paths, names, sharding rules) are listed in `FREE_FIELDS`.
 FIELD_RANGES = {
-    "objective": Choice(tuple(methods.NAMES)),
-    "seed": _int(0, 2**32 - 1),
-    "seq_len": _int(4),
-    "model.backbone": Choice(tuple(models.BACKBONES)),
-    "model.vocab_size": _int(0),
-    "model.hidden_size": _int(1),
-    "model.num_layers": _int(0),   # 0 only with init_from_hf (all of the checkpoint's layers)
-    "model.num_heads": _int(1),
-    "model.mlp_ratio": _POSITIVE,
-    "model.cond_dim": _int(1),
-    "model.adaln": _BOOL,
-    "model.dropout": _PROBABILITY,
-    "model.dtype": Choice(("float32", "bfloat16", "float16")),
-    "model.attention": Choice(attention.IMPLEMENTATIONS),
-    "model.scan_layers": _BOOL,
-    "model.head_vocab_chunk": _int(0),
-    "model.rope_base": _POSITIVE,
-    "model.num_kv_heads": _int(0),
-    "model.head_dim": _int(0),
-    "model.intermediate_size": _int(0),
-    "model.rms_norm_eps": _POSITIVE,
-    "model.tie_embeddings": _BOOL,
-    "loss.keep_clean_bos": _BOOL,
-    "loss.desired_set_size": _int(1),
-    "loss.max_set_size": _int(0),
-    "loss.eos_last": _BOOL,
-    "loss.block_size": _int(1),
-    "loss.antithetic": _BOOL,
-    "loss.sampling_eps": _num(0, 1, lo_open=True, hi_open=True),
-    "loss.ar_first_answer_token": _BOOL,
-    "tokenizer.kind": Choice(tokenizers.KINDS),
-    "tokenizer.vocab_size": _int(1),
-    "tokenizer.lowercase": Choice((None, True, False)),
-    "tokenizer.control_tokens_in_text": _BOOL,
-    "data.read_threads": _int(0),
-    "data.prefetch": _int(0),
-    "data.task_operands": _int(1),
-    "data.task_max_operand": _int(1),
-    "data.task_train_examples": _int(1),
-    "data.task_eval_examples": _int(1),
-    "data.task_seed": _int(0),
-    "batch_size": _int(1),
-    "grad_accum_steps": _int(1),
-    "num_train_steps": _int(0),    # >= 1 on a new workdir (train_and_evaluate)
-    "learning_rate": _POSITIVE,
-    "warmup_steps": _int(0),
-    "lr_schedule": Choice(("constant", "cosine")),
-    "cosine_alpha": _num(0, 1),
-    "weight_decay": _num(0),
-    "adam_b1": _PROBABILITY,
-    "adam_b2": _PROBABILITY,
-    "adam_eps": _POSITIVE,
-    "grad_clip_norm": _num(0),
-    "ema_decay": _PROBABILITY,
-    "eval_every_steps": _int(1),
-    "num_eval_steps": _int(1, also=(-1,)),
-    "eval_batch_size": _int(1),
-    "log_every_steps": _int(1),
-    "checkpoint_every_steps": _int(1),
-    "keep_checkpoints": _int(1),
-    "num_eval_samples": _int(0),
-    "eval_params": Choice(("ema", "raw")),
-    "divergence_factor": _num(1, lo_open=True, also=(0,)),
-    "divergence_ceiling": _num(0),
-    "divergence_patience": _int(1),
-    "divergence_window": _int(1),
-    "accept_missing_config": _BOOL,
-    "mesh.data": _int(1, also=(-1,)),
-    "mesh.fsdp": _int(1, also=(-1,)),
-    "mesh.tensor": _int(1, also=(-1,)),
+  "objective": Choice(tuple(methods.NAMES)),
+  "seed": _int(0, 2**32 - 1),
+  "seq_len": _int(4),
+  "model.backbone": Choice(tuple(models.BACKBONES)),
+  "model.vocab_size": _int(0),
+  "model.hidden_size": _int(1),
+  "model.num_layers": _int(0),  # 0 only with init_from_hf (all of the checkpoint's layers)
+  "model.num_heads": _int(1),
+  "model.mlp_ratio": _POSITIVE,
+  "model.cond_dim": _int(1),
+  "model.adaln": _BOOL,
+  "model.dropout": _PROBABILITY,
+  "model.dtype": Choice(("float32", "bfloat16", "float16")),
+  "model.attention": Choice(attention.IMPLEMENTATIONS),
+  "model.scan_layers": _BOOL,
+  "model.head_vocab_chunk": _int(0),
+  "model.rope_base": _POSITIVE,
+  "model.num_kv_heads": _int(0),
+  "model.head_dim": _int(0),
+  "model.intermediate_size": _int(0),
+  "model.rms_norm_eps": _POSITIVE,
+  "model.tie_embeddings": _BOOL,
+  "loss.keep_clean_bos": _BOOL,
+  "loss.desired_set_size": _int(1),
+  "loss.max_set_size": _int(0),
+  "loss.eos_last": _BOOL,
+  "loss.block_size": _int(1),
+  "loss.antithetic": _BOOL,
+  "loss.sampling_eps": _num(0, 1, lo_open=True, hi_open=True),
+  "loss.ar_first_answer_token": _BOOL,
+  "tokenizer.kind": Choice(tokenizers.KINDS),
+  "tokenizer.vocab_size": _int(1),
+  "tokenizer.lowercase": Choice((None, True, False)),
+  "tokenizer.control_tokens_in_text": _BOOL,
+  "data.read_threads": _int(0),
+  "data.prefetch": _int(0),
+  "data.task_operands": _int(1),
+  "data.task_max_operand": _int(1),
+  "data.task_train_examples": _int(1),
+  "data.task_eval_examples": _int(1),
+  "data.task_seed": _int(0),
+  "batch_size": _int(1),
+  "grad_accum_steps": _int(1),
+  "num_train_steps": _int(0),  # >= 1 on a new workdir (train_and_evaluate)
+  "learning_rate": _POSITIVE,
+  "warmup_steps": _int(0),
+  "lr_schedule": Choice(("constant", "cosine")),
+  "cosine_alpha": _num(0, 1),
+  "weight_decay": _num(0),
+  "adam_b1": _PROBABILITY,
+  "adam_b2": _PROBABILITY,
+  "adam_eps": _POSITIVE,
+  "grad_clip_norm": _num(0),
+  "ema_decay": _PROBABILITY,
+  "eval_every_steps": _int(1),
+  "num_eval_steps": _int(1, also=(-1,)),
+  "eval_batch_size": _int(1),
+  "log_every_steps": _int(1),
+  "checkpoint_every_steps": _int(1),
+  "keep_checkpoints": _int(1),
+  "num_eval_samples": _int(0),
+  "eval_params": Choice(("ema", "raw")),
+  "divergence_factor": _num(1, lo_open=True, also=(0,)),
+  "divergence_ceiling": _num(0),
+  "divergence_patience": _int(1),
+  "divergence_window": _int(1),
+  "accept_missing_config": _BOOL,
+  "mesh.data": _int(1, also=(-1,)),
+  "mesh.fsdp": _int(1, also=(-1,)),
+  "mesh.tensor": _int(1, also=(-1,)),
 }
 # The `rl` section of an RL run (launch/rl.py; `setdiff_jax.rl.config` documents each field and
 # holds the defaults). Only RL runs have these fields; `check_field_ranges` checks them with the
 # others.
 RL_FIELD_RANGES = {
-    "rl.step_cost": _num(0),
-    "rl.group_size": _int(2),
-    "rl.prompts_per_step": _int(1),
-    "rl.inner_updates": _int(1),
-    "rl.clip_eps": _POSITIVE,
-    "rl.kl_beta": _num(0),
-    "rl.adv_eps": _POSITIVE,
-    "rl.score_chunk": _int(0),
-    "rl.temperature": _POSITIVE,
-    "rl.top_p": _num(0, 1, lo_open=True),
-    "rl.repetition_penalty": _POSITIVE,
-    "rl.policy": Choice(tuple(policies.POLICIES)),
-    "rl.window": _int(0),
-    "rl.num_steps": _int(0),
-    "rl.max_new_tokens": _int(0),
+  "rl.step_cost": _num(0),
+  "rl.group_size": _int(2),
+  "rl.prompts_per_step": _int(1),
+  "rl.inner_updates": _int(1),
+  "rl.clip_eps": _POSITIVE,
+  "rl.kl_beta": _num(0),
+  "rl.adv_eps": _POSITIVE,
+  "rl.score_chunk": _int(0),
+  "rl.temperature": _POSITIVE,
+  "rl.top_p": _num(0, 1, lo_open=True),
+  "rl.repetition_penalty": _POSITIVE,
+  "rl.policy": Choice(tuple(policies.POLICIES)),
+  "rl.window": _int(0),
+  "rl.num_steps": _int(0),
+  "rl.max_new_tokens": _int(0),
 }
 # Free-form fields (paths, names, rules), checked where they are used; the choice fields of the
 # data config (source, preprocess, ...) are checked by `pipeline.validate_data_config`; the RL
 # run's SFT workdir, reward and policy parameter by `setdiff_jax.rl.config.validate`.
-FREE_FIELDS = ("init_from", "init_from_hf", "sharding_rules", "model.remat",
-               "tokenizer.vocab_path", "tokenizer.merges_path")
+FREE_FIELDS = (
+  "init_from",
+  "init_from_hf",
+  "sharding_rules",
+  "model.remat",
+  "tokenizer.vocab_path",
+  "tokenizer.merges_path",
+)
 RL_FREE_FIELDS = ("rl.init_from", "rl.reward", "rl.policy_arg")
 
 
@@ -305,8 +321,10 @@ def check_field_ranges(config: ml_collections.ConfigDict):
     if name.startswith("model.") and node == 0 and config.get("init_from_hf"):
       continue  # 0 = the Hugging Face checkpoint's value (resolved before training)
     if not allowed.ok(node):
-      raise ValueError(f"invalid config: {name}={node!r} is out of range; allowed: "
-                       f"{allowed.describe()} (set --config.{name})")
+      raise ValueError(
+        f"invalid config: {name}={node!r} is out of range; allowed: "
+        f"{allowed.describe()} (set --config.{name})"
+      )
 
 
 _MISSING = object()
@@ -315,6 +333,7 @@ _MISSING = object()
 def validate_config(config: ml_collections.ConfigDict, num_devices: Optional[int] = None):
   """Raises ValueError naming the conflicting fields, before anything is built or compiled:
   first every field against `FIELD_RANGES`, then the rules between fields."""
+
   def check(ok, msg):
     if not ok:
       raise ValueError(f"invalid config: {msg}")
@@ -327,18 +346,24 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: Optional[int
     except ValueError as e:
       check(False, f"model.{e}")
   _validate_layers(config, check)
-  check(config.batch_size % config.grad_accum_steps == 0,
-        f"batch_size={config.batch_size} is not divisible by grad_accum_steps={config.grad_accum_steps}")
+  check(
+    config.batch_size % config.grad_accum_steps == 0,
+    f"batch_size={config.batch_size} is not divisible by grad_accum_steps={config.grad_accum_steps}",
+  )
   if num_devices is not None:
     mesh_sizes = sharding.mesh_shape(config.mesh, num_devices)
     divisor = mesh_sizes[0] * mesh_sizes[1]
     micro = config.batch_size // config.grad_accum_steps
-    check(micro % divisor == 0,
-          f"micro-batch batch_size/grad_accum_steps={micro} must be divisible by the "
-          f"data x fsdp mesh size {divisor}")
-    check(config.eval_batch_size % divisor == 0,
-          f"eval_batch_size={config.eval_batch_size} must be divisible by the data x fsdp mesh "
-          f"size {divisor}")
+    check(
+      micro % divisor == 0,
+      f"micro-batch batch_size/grad_accum_steps={micro} must be divisible by the "
+      f"data x fsdp mesh size {divisor}",
+    )
+    check(
+      config.eval_batch_size % divisor == 0,
+      f"eval_batch_size={config.eval_batch_size} must be divisible by the data x fsdp mesh "
+      f"size {divisor}",
+    )
   pipeline.validate_data_config(config.data)
   tokenizers.validate_tokenizer_config(config.tokenizer)
 
@@ -354,20 +379,22 @@ def _validate_layers(config, check):
   check(isinstance(scan, bool), f"model.scan_layers={scan!r} must be True or False")
   layers = int(model_cfg.get("num_layers", 1))
   # With init_from_hf, num_layers 0 means all of the checkpoint's (resolved before training).
-  check(not scan or layers >= 1 or (layers == 0 and config.get("init_from_hf")),
-        f"model.scan_layers=True needs model.num_layers >= 1 (got {layers})")
+  check(
+    not scan or layers >= 1 or (layers == 0 and config.get("init_from_hf")),
+    f"model.scan_layers=True needs model.num_layers >= 1 (got {layers})",
+  )
 
 
-def build_tokenizer(config, workdir: Optional[str], *, allow_training: bool = True,
-                    save: bool = True):
+def build_tokenizer(
+  config, workdir: Optional[str], *, allow_training: bool = True, save: bool = True
+):
   """The run's tokenizer (loaded from WORKDIR/tokenizer/; else built, and saved there if
   `save`: the trainer saves it only after its data is validated)."""
   train_texts = None
   if allow_training:
     train_texts = lambda: sources.tokenizer_training_texts(config.data, max_docs=200_000)
   if workdir is None or jax.process_count() == 1:
-    return tokenizers.get_tokenizer(config.tokenizer, workdir, train_texts=train_texts,
-                                    save=save)
+    return tokenizers.get_tokenizer(config.tokenizer, workdir, train_texts=train_texts, save=save)
   # Several processes share the workdir: process 0 trains (or loads) and saves it at once (the
   # others read it from there; `save` cannot defer it), the others wait for it (bounded:
   # `sharding.agree`), check that they see the very files process 0 has (a workdir that is not
@@ -380,8 +407,10 @@ def build_tokenizer(config, workdir: Optional[str], *, allow_training: bool = Tr
       tok = tokenizers.get_tokenizer(config.tokenizer, workdir, train_texts=train_texts)
     except Exception as e:  # noqa: BLE001 - the others must not wait for a tokenizer in vain
       failed = e
-  saved = sharding.agree("tokenizer saved", "!" + str(failed) if failed else
-                         tokenizers.fingerprint(workdir) if me == 0 else "")[0]
+  saved = sharding.agree(
+    "tokenizer saved",
+    "!" + str(failed) if failed else tokenizers.fingerprint(workdir) if me == 0 else "",
+  )[0]
   if failed is not None:
     raise failed
   if saved.startswith("!"):
@@ -391,10 +420,12 @@ def build_tokenizer(config, workdir: Optional[str], *, allow_training: bool = Tr
     seen = tokenizers.fingerprint(workdir)
     if seen != saved:
       where = paths.join(workdir, tokenizers.TOKENIZER_SUBDIR)
-      problem = (f"process {me} of {jax.process_count()} does not see the tokenizer process 0 "
-                 f"saved in {where} ({'nothing there' if not seen else 'other files there'}): "
-                 "every process of a run needs the same --workdir on storage they all share "
-                 "(e.g. gs://bucket/run or a shared file system)")
+      problem = (
+        f"process {me} of {jax.process_count()} does not see the tokenizer process 0 "
+        f"saved in {where} ({'nothing there' if not seen else 'other files there'}): "
+        "every process of a run needs the same --workdir on storage they all share "
+        "(e.g. gs://bucket/run or a shared file system)"
+      )
   problems = [p for p in sharding.agree("tokenizer read", problem) if p]
   if problems:
     raise ValueError(problems[0])
@@ -407,12 +438,20 @@ def model_and_objective(config, tokenizer) -> Tuple[models.BackboneConfig, losse
   """Backbone and objective configs; the vocabulary and special ids come from the tokenizer."""
   vocab = int(config.model.vocab_size) or tokenizer.vocab_size
   if vocab < tokenizer.vocab_size:
-    raise ValueError(f"model.vocab_size={vocab} is smaller than the tokenizer's "
-                     f"{tokenizer.vocab_size}; set model.vocab_size=0 to take it from the tokenizer")
+    raise ValueError(
+      f"model.vocab_size={vocab} is smaller than the tokenizer's "
+      f"{tokenizer.vocab_size}; set model.vocab_size=0 to take it from the tokenizer"
+    )
   model_cfg = models.backbone_config(config.model.to_dict(), vocab)
   loss = config.loss.to_dict()
   loss["max_set_size"] = loss.get("max_set_size") or None
-  obj = losses.ObjectiveConfig.from_config({
-      **loss, "name": config.objective, "mask_token_id": tokenizer.mask_id,
-      "pad_token_id": tokenizer.pad_id, "eos_token_id": tokenizer.eos_id})
+  obj = losses.ObjectiveConfig.from_config(
+    {
+      **loss,
+      "name": config.objective,
+      "mask_token_id": tokenizer.mask_id,
+      "pad_token_id": tokenizer.pad_id,
+      "eos_token_id": tokenizer.eos_id,
+    }
+  )
   return model_cfg, obj

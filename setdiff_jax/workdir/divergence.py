@@ -5,6 +5,7 @@ saves; `logged_losses` seeds it from WORKDIR/metrics.jsonl on a resume.
 The guard is pure Python on host floats (no jax): the loop calls `check(step, loss)` for every
 step's loss and `should_defer(step, final)` before every save.
 """
+
 from __future__ import annotations
 
 import collections
@@ -50,8 +51,9 @@ class DivergenceGuard:
     median = float(np.median(self.recent)) if self.recent else None
     # A near-zero median (a task the model has learnt) would make noise look like divergence:
     # the ratio is taken to at least MEDIAN_FLOOR (nats per token).
-    over_ratio = self.factor > 0 and median is not None and loss > self.factor * max(
-        median, self.MEDIAN_FLOOR)
+    over_ratio = (
+      self.factor > 0 and median is not None and loss > self.factor * max(median, self.MEDIAN_FLOOR)
+    )
     over_ceiling = self.ceiling > 0 and loss > self.ceiling
     if not (over_ratio or over_ceiling):
       self.strikes = 0
@@ -59,17 +61,26 @@ class DivergenceGuard:
       return True
     self.strikes += 1
     if self.strikes < self.patience:
-      logging.warning("loss %.4g at step %d is above the divergence threshold (%d of %d); "
-                      "checkpoints wait until it recovers", loss, step, self.strikes,
-                      self.patience)
+      logging.warning(
+        "loss %.4g at step %d is above the divergence threshold (%d of %d); "
+        "checkpoints wait until it recovers",
+        loss,
+        step,
+        self.strikes,
+        self.patience,
+      )
       return False
-    why = (f"above divergence_factor={self.factor:g} x the median {median:.4g} of the last "
-           f"{len(self.recent)} step losses" if over_ratio else
-           f"above divergence_ceiling={self.ceiling:g}")
+    why = (
+      f"above divergence_factor={self.factor:g} x the median {median:.4g} of the last "
+      f"{len(self.recent)} step losses"
+      if over_ratio
+      else f"above divergence_ceiling={self.ceiling:g}"
+    )
     raise errors.DivergenceError(
-        f"training diverged at step {step}: loss {loss:.4g} {why} for {self.patience} "
-        f"consecutive steps. Stopped before saving; {on_diverged()}. Lower learning_rate, or "
-        f"turn the guard off with --config.divergence_factor=0 --config.divergence_ceiling=0")
+      f"training diverged at step {step}: loss {loss:.4g} {why} for {self.patience} "
+      f"consecutive steps. Stopped before saving; {on_diverged()}. Lower learning_rate, or "
+      f"turn the guard off with --config.divergence_factor=0 --config.divergence_ceiling=0"
+    )
 
   def should_defer(self, step: int, final: bool) -> bool:
     """True while a loss is over the threshold (the final step's save raises instead)."""
@@ -77,9 +88,10 @@ class DivergenceGuard:
       return False
     if final:
       raise errors.DivergenceError(
-          f"the loss at the final step {step} is above the divergence threshold: its checkpoint "
-          "was not saved and the earlier ones are intact. Lower learning_rate, or turn the guard "
-          "off with --config.divergence_factor=0 --config.divergence_ceiling=0")
+        f"the loss at the final step {step} is above the divergence threshold: its checkpoint "
+        "was not saved and the earlier ones are intact. Lower learning_rate, or turn the guard "
+        "off with --config.divergence_factor=0 --config.divergence_ceiling=0"
+      )
     return True  # the warning of `check` said so
 
 
@@ -93,8 +105,11 @@ def logged_losses(workdir: str, up_to_step: int) -> list:
           row = json.loads(line)
         except ValueError:
           continue  # a line cut by a crash
-        if "train/loss" in row and row.get("step", up_to_step + 1) <= up_to_step and \
-            np.isfinite(row["train/loss"]):
+        if (
+          "train/loss" in row
+          and row.get("step", up_to_step + 1) <= up_to_step
+          and np.isfinite(row["train/loss"])
+        ):
           out.append(float(row["train/loss"]))
   except OSError:
     return []

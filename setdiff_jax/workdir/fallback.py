@@ -15,6 +15,7 @@ the train loop (`checkpoints.restore`) and by inference loading (sample, evaluat
 On several processes each step's verdict is agreed (`_agreed`): a step one process finds
 damaged is skipped by all, so they restore the same step.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -28,7 +29,9 @@ import jax
 
 from setdiff_jax import errors, paths, sharding
 
-DAMAGED_SUFFIX = ".damaged"  # checkpoints/<step>.damaged: set aside by the trainer, ignored by orbax
+DAMAGED_SUFFIX = (
+  ".damaged"  # checkpoints/<step>.damaged: set aside by the trainer, ignored by orbax
+)
 
 
 @contextlib.contextmanager
@@ -66,8 +69,11 @@ def _name(entry) -> str:
 def abstract_shapes(abstract_state) -> dict:
   """{'params.blocks_0.attn_out.kernel': shape, ...}: orbax's names for the state's arrays."""
   leaves = jax.tree_util.tree_flatten_with_path(abstract_state)[0]
-  return {".".join(_name(k) for k in path): tuple(leaf.shape) for path, leaf in leaves
-          if hasattr(leaf, "shape")}
+  return {
+    ".".join(_name(k) for k in path): tuple(leaf.shape)
+    for path, leaf in leaves
+    if hasattr(leaf, "shape")
+  }
 
 
 def stored_shapes(tree) -> dict:
@@ -91,8 +97,11 @@ def stored_shapes(tree) -> dict:
 def structure_diff(stored: dict, wanted: dict, limit: int = 4) -> List[str]:
   """The first differences, the parameters' before their EMA and optimizer copies."""
   order = lambda k: (not k.startswith("params."), k)  # noqa: E731
-  diffs = [f"{k}: checkpoint {stored[k]}, config {wanted[k]}" for k in sorted(wanted, key=order)
-           if k in stored and stored[k] != wanted[k]]
+  diffs = [
+    f"{k}: checkpoint {stored[k]}, config {wanted[k]}"
+    for k in sorted(wanted, key=order)
+    if k in stored and stored[k] != wanted[k]
+  ]
   diffs += [f"{k}: only in the config" for k in sorted(set(wanted) - set(stored))]
   diffs += [f"{k}: only in the checkpoint" for k in sorted(set(stored) - set(wanted))]
   if len(diffs) > limit:
@@ -103,6 +112,7 @@ def structure_diff(stored: dict, wanted: dict, limit: int = 4) -> List[str]:
 def iterator_files() -> tuple:
   """Names the data item may hold this process's iterator state in (the global file first)."""
   from setdiff_jax.data import iterator_state  # pylint: disable=g-import-not-at-top
+
   return iterator_state.iterator_state_files(jax.process_index(), jax.process_count())
 
 
@@ -120,8 +130,11 @@ def _file_crc(path: str) -> int:
 def _step_files(where: str) -> List[str]:
   out = []
   for root, _, files in os.walk(where):
-    out += [os.path.relpath(os.path.join(root, f), where) for f in files
-            if not (root == where and f == CHECKSUM_FILE)]
+    out += [
+      os.path.relpath(os.path.join(root, f), where)
+      for f in files
+      if not (root == where and f == CHECKSUM_FILE)
+    ]
   return sorted(out)
 
 
@@ -131,14 +144,17 @@ def write_checksums(manager, step: int):
   orbax reads without complaint). Object-store workdirs have no checksums."""
   where = os.path.join(str(manager.directory), str(step))
   if jax.process_index() == 0 and not paths.is_remote(where):
-    sums = {f: [os.path.getsize(os.path.join(where, f)), _file_crc(os.path.join(where, f))]
-            for f in _step_files(where)}
+    sums = {
+      f: [os.path.getsize(os.path.join(where, f)), _file_crc(os.path.join(where, f))]
+      for f in _step_files(where)
+    }
     tmp = os.path.join(where, CHECKSUM_FILE + ".tmp")
     with open(tmp, "w") as fh:
       json.dump(sums, fh, indent=0, sort_keys=True)
     os.replace(tmp, os.path.join(where, CHECKSUM_FILE))
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils
+
     multihost_utils.sync_global_devices(f"setdiff_jax: checksums of step {step}")
 
 
@@ -162,10 +178,12 @@ def verify_checksums(where: str, step: int, with_data: bool = True):
       raise errors.DamagedCheckpointError(f"step {step}: {f} is missing")
     if os.path.getsize(f) != size:
       raise errors.DamagedCheckpointError(
-          f"step {step}: {f} has {os.path.getsize(f)} bytes, {size} when it was saved")
+        f"step {step}: {f} has {os.path.getsize(f)} bytes, {size} when it was saved"
+      )
     if _file_crc(f) != crc:
       raise errors.DamagedCheckpointError(
-          f"step {step}: {f} differs from what was saved (checksum mismatch)")
+        f"step {step}: {f} differs from what was saved (checksum mismatch)"
+      )
 
 
 def check_saved(manager, step: int):
@@ -191,14 +209,20 @@ def _check_saved(manager, step: int):
       metadata = manager.item_metadata(step)["state"]
   except Exception as e:  # noqa: BLE001 - unreadable metadata is damage
     raise errors.DamagedCheckpointError(
-        f"step {step}: unreadable metadata right after the save ({short(e)})") from e
+      f"step {step}: unreadable metadata right after the save ({short(e)})"
+    ) from e
   if not stored_shapes(getattr(metadata, "tree", metadata)):
     raise errors.DamagedCheckpointError(f"step {step}: no array metadata after the save")
 
 
-_CHECKPOINT_ERRORS = {c.__name__: c for c in (errors.CheckpointStructureError,
-                                                 errors.MissingIteratorStateError,
-                                                 errors.DamagedCheckpointError)}
+_CHECKPOINT_ERRORS = {
+  c.__name__: c
+  for c in (
+    errors.CheckpointStructureError,
+    errors.MissingIteratorStateError,
+    errors.DamagedCheckpointError,
+  )
+}
 
 
 def _agreed(step: int, error: Optional[errors.CheckpointError]):
@@ -219,11 +243,19 @@ def _agreed(step: int, error: Optional[errors.CheckpointError]):
   if i == jax.process_index() and error is not None:
     raise error
   raise _CHECKPOINT_ERRORS[seen[i]["kind"]](
-      f"{seen[i]['error']} (found by process {i} of {len(seen)})")
+    f"{seen[i]['error']} (found by process {i} of {len(seen)})"
+  )
 
 
-def restore_step(manager, step: int, abstract_state, data_iterator=None, *,
-                 restore_fn: Optional[Callable[[int], Any]] = None, partial: bool = False):
+def restore_step(
+  manager,
+  step: int,
+  abstract_state,
+  data_iterator=None,
+  *,
+  restore_fn: Optional[Callable[[int], Any]] = None,
+  partial: bool = False,
+):
   """Restores one step (stages of the module doc); returns the restored state.
 
   `restore_fn(step)` replaces the default full restore of the `state` item (and of the data
@@ -260,9 +292,11 @@ def _check_step(manager, step: int, abstract_state, data_iterator, partial: bool
   if not paths.isdir(paths.join(where, "state")):
     raise errors.DamagedCheckpointError(f"step {step}: {where}/state is missing")
   if data_iterator is not None and not any(
-      paths.isfile(paths.join(where, "data", name)) for name in iterator_files()):
+    paths.isfile(paths.join(where, "data", name)) for name in iterator_files()
+  ):
     raise errors.MissingIteratorStateError(
-        f"step {step}: no data-iterator state {where}/data/{iterator_files()[0]}")
+      f"step {step}: no data-iterator state {where}/data/{iterator_files()[0]}"
+    )
   verify_checksums(where, step, with_data=data_iterator is not None)
   try:
     with _silent_orbax():
@@ -277,15 +311,22 @@ def _check_step(manager, step: int, abstract_state, data_iterator, partial: bool
     stored = {k: v for k, v in stored.items() if k in wanted}
   if stored != wanted:
     raise errors.CheckpointStructureError(
-        f"checkpoint {where} holds a different model/optimizer structure than this config ("
-        + "; ".join(structure_diff(stored, wanted)) + "). Its files are intact: use the config "
-        "it was trained with (the workdir's config.json), or train into another --workdir")
+      f"checkpoint {where} holds a different model/optimizer structure than this config ("
+      + "; ".join(structure_diff(stored, wanted))
+      + "). Its files are intact: use the config "
+      "it was trained with (the workdir's config.json), or train into another --workdir"
+    )
 
 
-def restore_with_fallback(manager, abstract_state, data_iterator=None,
-                          step: Optional[int] = None, *,
-                          restore_fn: Optional[Callable[[int], Any]] = None, partial: bool = False
-                          ) -> Tuple[Optional[Any], Optional[int], List[Tuple[int, str]]]:
+def restore_with_fallback(
+  manager,
+  abstract_state,
+  data_iterator=None,
+  step: Optional[int] = None,
+  *,
+  restore_fn: Optional[Callable[[int], Any]] = None,
+  partial: bool = False,
+) -> Tuple[Optional[Any], Optional[int], List[Tuple[int, str]]]:
   """(restored state, its step, [(damaged newer step, reason)]) for the newest step that loads,
   or for `step`; `restore_fn` / `partial` as in `restore_step`.
 
@@ -296,40 +337,54 @@ def restore_with_fallback(manager, abstract_state, data_iterator=None,
   if not steps:
     return None, None, []
   if step is not None and step not in steps:
-    raise errors.CheckpointError(f"no checkpoint at --step={step} in {manager.directory}; the "
-                                 f"steps there are {sorted(steps)}")
+    raise errors.CheckpointError(
+      f"no checkpoint at --step={step} in {manager.directory}; the steps there are {sorted(steps)}"
+    )
   damaged: List[Tuple[int, str]] = []
   causes: List[errors.DamagedCheckpointError] = []
-  for s in ([step] if step is not None else steps):
+  for s in [step] if step is not None else steps:
     try:
-      state = restore_step(manager, s, abstract_state, data_iterator, restore_fn=restore_fn,
-                           partial=partial)
+      state = restore_step(
+        manager, s, abstract_state, data_iterator, restore_fn=restore_fn, partial=partial
+      )
     except errors.DamagedCheckpointError as e:
       if step is not None:
         raise errors.DamagedCheckpointError(
-            f"checkpoint {e}; other steps there: {[t for t in sorted(steps) if t != s]}") from e
+          f"checkpoint {e}; other steps there: {[t for t in sorted(steps) if t != s]}"
+        ) from e
       damaged.append((s, str(e)))
       causes.append(e)
       continue
     if damaged:
-      logging.warning("damaged checkpoint(s) in %s: %s; falling back to step %d",
-                      manager.directory, "; ".join(r for _, r in damaged), s)
+      logging.warning(
+        "damaged checkpoint(s) in %s: %s; falling back to step %d",
+        manager.directory,
+        "; ".join(r for _, r in damaged),
+        s,
+      )
     return state, s, damaged
   reasons = "; ".join(r for _, r in damaged)
   if all(isinstance(e, errors.MissingIteratorStateError) for e in causes):
     raise errors.MissingIteratorStateError(
-        f"no checkpoint in {manager.directory} has this process's data-iterator state ({reasons})"
-        f". It was saved by an older version with another number of processes, or the files "
-        f"were deleted. Resume with that number of processes, or start a new run from its "
-        f"parameters: "
-        f"--workdir=NEW --config.init_from={os.path.dirname(str(manager.directory))}")
+      f"no checkpoint in {manager.directory} has this process's data-iterator state ({reasons})"
+      f". It was saved by an older version with another number of processes, or the files "
+      f"were deleted. Resume with that number of processes, or start a new run from its "
+      f"parameters: "
+      f"--workdir=NEW --config.init_from={os.path.dirname(str(manager.directory))}"
+    )
   raise errors.DamagedCheckpointError(
-      f"no checkpoint in {manager.directory} loads: {reasons}. Train into another --workdir (or "
-      f"move the damaged checkpoints/<step> folders away to start this one afresh)")
+    f"no checkpoint in {manager.directory} loads: {reasons}. Train into another --workdir (or "
+    f"move the damaged checkpoints/<step> folders away to start this one afresh)"
+  )
 
 
-def set_aside(manager, damaged: List[Tuple[int, str]], suffix: str = DAMAGED_SUFFIX,
-              log: bool = True, sync: bool = False):
+def set_aside(
+  manager,
+  damaged: List[Tuple[int, str]],
+  suffix: str = DAMAGED_SUFFIX,
+  log: bool = True,
+  sync: bool = False,
+):
   """Renames damaged steps to checkpoints/<step>.damaged (or another `suffix`; process 0), so
   training can save those steps again; orbax ignores the renamed folders. Every process then
   re-reads the step list. The processes meet at a barrier when there is something to move, or
@@ -346,14 +401,27 @@ def set_aside(manager, damaged: List[Tuple[int, str]], suffix: str = DAMAGED_SUF
         dst = f"{src}{suffix}{n}"
       paths.rename(src, dst)
       if log:
-        logging.warning("moved %s checkpoint %s to %s (delete it when no longer needed)",
-                        suffix.strip("."), src, dst)
+        logging.warning(
+          "moved %s checkpoint %s to %s (delete it when no longer needed)",
+          suffix.strip("."),
+          src,
+          dst,
+        )
   if (damaged or sync) and jax.process_count() > 1:
     sharding.barrier("damaged checkpoints set aside")
   if damaged:
     manager.reload()
 
 
-__all__ = ["write_checksums", "verify_checksums", "check_saved", "restore_step",
-           "restore_with_fallback", "set_aside", "abstract_shapes",
-           "stored_shapes", "structure_diff", "short"]
+__all__ = [
+  "write_checksums",
+  "verify_checksums",
+  "check_saved",
+  "restore_step",
+  "restore_with_fallback",
+  "set_aside",
+  "abstract_shapes",
+  "stored_shapes",
+  "structure_diff",
+  "short",
+]

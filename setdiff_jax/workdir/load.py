@@ -8,6 +8,7 @@ partial restore, onto a mesh of the current devices, whatever mesh the run was s
 optimizer, no Adam moments (a quarter of the memory of the full train state), no training
 imports.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -39,35 +40,46 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
   return checkpointing.load_config(workdir)
 
 
-def restore_params(workdir: str, abstract_params, *, step: Optional[int] = None,
-                   use_ema: bool = True):
+def restore_params(
+  workdir: str, abstract_params, *, step: Optional[int] = None, use_ema: bool = True
+):
   """(params, step): one parameter set of a checkpoint, restored into `abstract_params`'s
   shardings (a tree of `jax.ShapeDtypeStruct` with `.sharding`), nothing else read."""
   directory = checkpointing.checkpoint_dir(workdir)
   handler = ocp.PyTreeCheckpointHandler()
   options = ocp.CheckpointManagerOptions(create=False, enable_async_checkpointing=False)
   with checkpointing._quiet_orbax():
-    manager = ocp.CheckpointManager(directory, item_names=("state",),
-                                    item_handlers={"state": handler}, options=options)
+    manager = ocp.CheckpointManager(
+      directory, item_names=("state",), item_handlers={"state": handler}, options=options
+    )
   try:
     checkpointing.resolve_step(manager, None if step is None else int(step))
     key = "ema_params" if use_ema else "params"
     item = {key: abstract_params}
     restore_args = jax.tree_util.tree_map(
-        lambda a: ocp.ArrayRestoreArgs(sharding=a.sharding, global_shape=a.shape, dtype=a.dtype),
-        item)
+      lambda a: ocp.ArrayRestoreArgs(sharding=a.sharding, global_shape=a.shape, dtype=a.dtype), item
+    )
     args = ocp.args.PyTreeRestore(item=item, restore_args=restore_args, partial_restore=True)
     # The newest step that loads (damaged newer ones are named in a warning), unless `step`.
     restored, step, _ = fallback.restore_with_fallback(
-        manager, item, step=None if step is None else int(step), partial=True,
-        restore_fn=lambda s: manager.restore(s, args=ocp.args.Composite(state=args))["state"])
+      manager,
+      item,
+      step=None if step is None else int(step),
+      partial=True,
+      restore_fn=lambda s: manager.restore(s, args=ocp.args.Composite(state=args))["state"],
+    )
   finally:
     checkpointing.close(manager)
   return restored[key], step
 
 
-def load_inference_state(workdir: str, *, step: Optional[int] = None, use_ema: bool = True,
-                         mesh_config: Optional[dict] = None) -> InferenceState:
+def load_inference_state(
+  workdir: str,
+  *,
+  step: Optional[int] = None,
+  use_ema: bool = True,
+  mesh_config: Optional[dict] = None,
+) -> InferenceState:
   """Parameters (EMA by default), config and tokenizer of a training workdir's checkpoint.
 
   The parameters are restored onto a mesh of the current devices (`mesh_config`, default: all
@@ -84,7 +96,8 @@ def load_inference_state(workdir: str, *, step: Optional[int] = None, use_ema: b
   abstract = models.param_shapes(model_config)
   shardings = sharding.state_shardings(abstract, mesh, sharding.rules_from_config(config))
   abstract = jax.tree_util.tree_map(
-      lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
+    lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
+  )
   params, step = restore_params(workdir, abstract, step=step, use_ema=use_ema)
   return InferenceState(config, model_config, objective_config, params, tokenizer, int(step))
 
@@ -99,23 +112,28 @@ def load_params(path: str, like, *, use_ema: bool = False):
   path = paths.resolve(path).rstrip("/")
   run = path.rsplit("/", 1)[0] if path.rsplit("/", 1)[-1] == checkpointing.CHECKPOINT_DIR else path
   if not paths.isdir(checkpointing.checkpoint_dir(run)):
-    raise FileNotFoundError(f"init_from={path!r}: no {checkpointing.CHECKPOINT_DIR}/ folder found "
-                            f"there")
+    raise FileNotFoundError(
+      f"init_from={path!r}: no {checkpointing.CHECKPOINT_DIR}/ folder found there"
+    )
   abstract = jax.tree_util.tree_map(
-      lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), like)
+    lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), like
+  )
   want_scanned = layer_names.is_scanned(like)
   source_scanned = want_scanned
   if paths.isfile(paths.join(run, checkpointing.CONFIG_FILE)):
     source_scanned = bool(load_config(run).model.get("scan_layers", False))
   try:
-    restored = restore_params(run, layer_names.to_layout(abstract, source_scanned),
-                              use_ema=use_ema)[0]
+    restored = restore_params(
+      run, layer_names.to_layout(abstract, source_scanned), use_ema=use_ema
+    )[0]
   except FileNotFoundError as e:
     raise FileNotFoundError(f"init_from={path!r}: {e}") from e
   if source_scanned == want_scanned:
     return restored
   shardings = jax.tree_util.tree_map(lambda a: a.sharding, like)
-  return jax.jit(lambda p: layer_names.to_layout(p, want_scanned), out_shardings=shardings)(restored)
+  return jax.jit(lambda p: layer_names.to_layout(p, want_scanned), out_shardings=shardings)(
+    restored
+  )
 
 
 def inference_model(model_config, dtype: Optional[str] = "float32"):
@@ -129,5 +147,11 @@ def inference_model(model_config, dtype: Optional[str] = "float32"):
   return models.build(dataclasses.replace(model_config, **changes) if changes else model_config)
 
 
-__all__ = ["InferenceState", "load_config", "restore_params", "load_inference_state", "load_params",
-           "inference_model"]
+__all__ = [
+  "InferenceState",
+  "load_config",
+  "restore_params",
+  "load_inference_state",
+  "load_params",
+  "inference_model",
+]

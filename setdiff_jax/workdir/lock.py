@@ -11,6 +11,7 @@
 - `absolute_paths(config)`: data / vocabulary paths made absolute, so config.json works from any
   directory (`launch/evaluate.py` run elsewhere).
 """
+
 from __future__ import annotations
 
 import copy
@@ -34,19 +35,45 @@ CHECKPOINT_DIR = "checkpoints"
 # the data stream the iterator state indexes into, and what the objective trains. A "*" entry
 # covers a whole sub-config. Everything else (steps, learning rate, eval/log/checkpoint cadence,
 # mesh, dtype, attention, remat, dropout, EMA decay, ...) may change on resume.
-STRUCTURAL = ("objective", "seq_len", "batch_size",
-              "model.vocab_size", "model.hidden_size", "model.num_layers", "model.num_heads",
-              "model.mlp_ratio", "model.cond_dim", "model.adaln", "model.backbone",
-              "model.head_dim", "model.intermediate_size", "model.num_kv_heads",
-              "model.tie_embeddings", "model.scan_layers",
-              "loss.*", "tokenizer.*",
-              "data.source", "data.tfds_name", "data.train_split", "data.paths",
-              "data.text_unit", "data.jsonl_field", "data.preprocess", "data.wrap_style",
-              "data.overlong")
+STRUCTURAL = (
+  "objective",
+  "seq_len",
+  "batch_size",
+  "model.vocab_size",
+  "model.hidden_size",
+  "model.num_layers",
+  "model.num_heads",
+  "model.mlp_ratio",
+  "model.cond_dim",
+  "model.adaln",
+  "model.backbone",
+  "model.head_dim",
+  "model.intermediate_size",
+  "model.num_kv_heads",
+  "model.tie_embeddings",
+  "model.scan_layers",
+  "loss.*",
+  "tokenizer.*",
+  "data.source",
+  "data.tfds_name",
+  "data.train_split",
+  "data.paths",
+  "data.text_unit",
+  "data.jsonl_field",
+  "data.preprocess",
+  "data.wrap_style",
+  "data.overlong",
+)
 # Zero / non-zero adds or removes an optimizer-chain element (a different state structure).
 ON_OFF = ("grad_clip_norm", "weight_decay")
-PATH_FIELDS = ("data.paths", "data.eval_paths", "data.tfds_data_dir", "tokenizer.vocab_path",
-               "tokenizer.merges_path", "init_from")
+PATH_FIELDS = (
+  "data.paths",
+  "data.eval_paths",
+  "data.tfds_data_dir",
+  "tokenizer.vocab_path",
+  "tokenizer.merges_path",
+  "init_from",
+)
 
 
 # ----------------------------------------------------------------------------- lock
@@ -66,14 +93,17 @@ class WorkdirLock:
     try:
       with open(self.path, encoding="utf-8") as f:
         info = json.load(f)
-      return (f"pid {info['pid']} on {info['host']} (since {info['since']})")
+      return f"pid {info['pid']} on {info['host']} (since {info['since']})"
     except (OSError, ValueError, KeyError):
       return "another process (its pid is not recorded yet)"
 
   def acquire(self) -> "WorkdirLock":
     if _remote(self.workdir):
-      logging.warning("workdir %s is not a local/NFS path: it cannot be locked; make sure no "
-                      "other trainer uses it", self.workdir)
+      logging.warning(
+        "workdir %s is not a local/NFS path: it cannot be locked; make sure no "
+        "other trainer uses it",
+        self.workdir,
+      )
       return self
     os.makedirs(os.path.dirname(self.path), exist_ok=True)
     fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -83,12 +113,16 @@ class WorkdirLock:
       os.close(fd)
       if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
         raise errors.WorkdirInUseError(
-            f"workdir {self.workdir} in use by {self._holder()}: wait for that run to end (or "
-            "stop it), or train into another --workdir") from None
+          f"workdir {self.workdir} in use by {self._holder()}: wait for that run to end (or "
+          "stop it), or train into another --workdir"
+        ) from None
       logging.warning("cannot lock %s (%s); continuing without a workdir lock", self.path, e)
       return self
-    info = {"pid": os.getpid(), "host": socket.gethostname(),
-            "since": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+    info = {
+      "pid": os.getpid(),
+      "host": socket.gethostname(),
+      "since": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+    }
     os.ftruncate(fd, 0)
     os.write(fd, json.dumps(info).encode())
     self._fd = fd
@@ -163,9 +197,11 @@ def check_new_workdir(config, workdir: str):
   """ValueError for num_train_steps < 1 on a workdir without checkpoints (nothing would be
   trained or saved); called before anything is written."""
   if not saved_steps(workdir) and int(config.get("num_train_steps", 1)) < 1:
-    raise ValueError(f"invalid config: num_train_steps={config.num_train_steps} on the new "
-                     f"workdir {workdir} would train nothing and save no checkpoint; allowed: "
-                     "an integer in [1, inf) (set --config.num_train_steps)")
+    raise ValueError(
+      f"invalid config: num_train_steps={config.num_train_steps} on the new "
+      f"workdir {workdir} would train nothing and save no checkpoint; allowed: "
+      "an integer in [1, inf) (set --config.num_train_steps)"
+    )
 
 
 def check_resume(config, workdir: str):
@@ -178,29 +214,36 @@ def check_resume(config, workdir: str):
     return
   if not paths.isfile(path):
     if config.get("accept_missing_config", False):
-      logging.warning("%s is missing: resuming checkpoint steps %s with this run's config as "
-                      "its reconstruction (accept_missing_config=True)", path, steps)
+      logging.warning(
+        "%s is missing: resuming checkpoint steps %s with this run's config as "
+        "its reconstruction (accept_missing_config=True)",
+        path,
+        steps,
+      )
       return
     raise errors.ConfigMismatchError(
-        f"{path} is missing but {workdir} has checkpoint steps {steps}: the structure they were "
-        "trained with cannot be checked. Restore config.json from a backup, or pass the exact "
-        "config they were trained with and --config.accept_missing_config=True to accept it as "
-        "the reconstruction")
+      f"{path} is missing but {workdir} has checkpoint steps {steps}: the structure they were "
+      "trained with cannot be checked. Restore config.json from a backup, or pass the exact "
+      "config they were trained with and --config.accept_missing_config=True to accept it as "
+      "the reconstruction"
+    )
   try:
     old = json.loads(paths.read_text(path))
   except ValueError as e:
     raise errors.ConfigMismatchError(
-        f"{path} is damaged ({e}); it records the config of the checkpoints in {workdir}. "
-        "Restore it, or train into another --workdir") from e
+      f"{path} is damaged ({e}); it records the config of the checkpoints in {workdir}. "
+      "Restore it, or train into another --workdir"
+    ) from e
   changes = structural_changes(old, config)
   if not changes:
     return
   diff = "; ".join(f"{k}: {json.dumps(o)} -> {json.dumps(n)}" for k, o, n in changes)
   raise errors.ConfigMismatchError(
-      f"refusing to resume {workdir} (checkpoint steps {steps}): the config differs from its "
-      f"{CONFIG_FILE} in fields the checkpoints depend on: {diff}. Nothing was written. To "
-      f"resume, drop these overrides; for a new run use another --workdir; to start a new run "
-      f"from this one's parameters (same model shape) add --config.init_from={workdir}")
+    f"refusing to resume {workdir} (checkpoint steps {steps}): the config differs from its "
+    f"{CONFIG_FILE} in fields the checkpoints depend on: {diff}. Nothing was written. To "
+    f"resume, drop these overrides; for a new run use another --workdir; to start a new run "
+    f"from this one's parameters (same model shape) add --config.init_from={workdir}"
+  )
 
 
 def absolute_paths(config):
@@ -217,12 +260,22 @@ def absolute_paths(config):
       continue
     value = node[leaf]
     if isinstance(value, str):
-      node[leaf] = ",".join(p.strip() if _remote(p.strip()) else os.path.abspath(p.strip())
-                            for p in value.split(",") if p.strip())
+      node[leaf] = ",".join(
+        p.strip() if _remote(p.strip()) else os.path.abspath(p.strip())
+        for p in value.split(",")
+        if p.strip()
+      )
     elif isinstance(value, (list, tuple)):
       node[leaf] = type(value)(p if _remote(p) else os.path.abspath(p) for p in value)
   return config
 
 
-__all__ = ["WorkdirLock", "STRUCTURAL", "structural_changes", "check_new_workdir", "check_resume",
-           "absolute_paths", "saved_steps"]
+__all__ = [
+  "WorkdirLock",
+  "STRUCTURAL",
+  "structural_changes",
+  "check_new_workdir",
+  "check_resume",
+  "absolute_paths",
+  "saved_steps",
+]

@@ -2,6 +2,7 @@
 
 metrics.jsonl is what `divergence.logged_losses` reads back on a resume.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,6 +25,7 @@ class MetricWriter:
     if enabled:
       if not paths.is_remote(workdir):
         from tensorboardX import SummaryWriter
+
         self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
       self._jsonl = paths.AppendFile(paths.join(workdir, "metrics.jsonl"))
 
@@ -33,8 +35,9 @@ class MetricWriter:
     for k, v in values.items():
       if self._tb is not None:
         self._tb.add_scalar(k, float(v), step)
-    self._jsonl.write(json.dumps({"step": int(step), **{k: float(v) for k, v in values.items()}})
-                      + "\n")
+    self._jsonl.write(
+      json.dumps({"step": int(step), **{k: float(v) for k, v in values.items()}}) + "\n"
+    )
     self._jsonl.flush()
     if self._tb is not None:
       self._tb.flush()

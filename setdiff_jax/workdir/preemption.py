@@ -4,6 +4,7 @@ The train loop polls `requested` after every step (through `stopping.StopAgreeme
 to one process stops them all), saves a checkpoint, then raises `errors.StoppedBySignal` (exit
 status 128 + signal).
 """
+
 from __future__ import annotations
 
 import os
@@ -39,12 +40,17 @@ class Preemption:
   def _handle(self, signum, frame):
     del frame
     if self.requested and signum == signal.SIGINT:
-      os.write(2, b"aborted: second SIGINT; checkpoints saved before are intact (the one being "
-                  b"written, if any, is not used)\n")
+      os.write(
+        2,
+        b"aborted: second SIGINT; checkpoints saved before are intact (the one being "
+        b"written, if any, is not used)\n",
+      )
       os._exit(128 + signal.SIGINT)
-    logging.warning("%s received: saving a checkpoint, then exiting%s.",
-                    signal.Signals(signum).name,
-                    " (Ctrl-C again aborts at once)" if signum == signal.SIGINT else "")
+    logging.warning(
+      "%s received: saving a checkpoint, then exiting%s.",
+      signal.Signals(signum).name,
+      " (Ctrl-C again aborts at once)" if signum == signal.SIGINT else "",
+    )
     self.requested = True
     self.signum = signum
 

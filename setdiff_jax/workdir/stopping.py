@@ -9,6 +9,7 @@ the same points: the first process's error stops all of them (each with that err
 to any process makes all of them save the same step and stop. The exchange is
 `sharding.agree` (bounded by `$SETDIFF_BARRIER_TIMEOUT_S`); one process exchanges nothing.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,16 +23,15 @@ from setdiff_jax import errors, sharding
 from setdiff_jax.workdir.preemption import Preemption
 
 # The local errors that stop a run at a step (the train loop's NaN check and divergence guard).
-STOP_ERRORS = {"FloatingPointError": FloatingPointError,
-               "DivergenceError": errors.DivergenceError}
+STOP_ERRORS = {"FloatingPointError": FloatingPointError, "DivergenceError": errors.DivergenceError}
 
 
 class StopAgreement:
   """The loop's stop decisions, the same on every process (module doc).
 
-    stop = StopAgreement(preemption)
-    stop.check(flush, step, metrics)     # a stop error is kept, not raised
-    signal_name = stop.agree()           # raises the agreed error; else the agreed signal
+  stop = StopAgreement(preemption)
+  stop.check(flush, step, metrics)     # a stop error is kept, not raised
+  signal_name = stop.agree()           # raises the agreed error; else the agreed signal
   """
 
   def __init__(self, preemption: Preemption):
@@ -53,8 +53,11 @@ class StopAgreement:
     process that saw one (on every process, after `on_error`); else returns the name of the
     signal the first process that got one received (None: go on). Sets the preemption's
     `requested`/`signum` alike on every process."""
-    mine = {"signal": self.preemption.signum if self.preemption.requested else 0,
-            "error": "", "kind": ""}
+    mine = {
+      "signal": self.preemption.signum if self.preemption.requested else 0,
+      "error": "",
+      "kind": "",
+    }
     if self.error is not None:
       mine.update(error=str(self.error), kind=type(self.error).__name__)
     seen = [json.loads(v) for v in sharding.agree("stop", json.dumps(mine))]
@@ -72,8 +75,12 @@ class StopAgreement:
       return None
     i = signalled[0]
     if not self.preemption.requested or self.preemption.signum != seen[i]["signal"]:
-      logging.warning("%s reached process %d of %d: every process saves and stops",
-                      signal.Signals(seen[i]["signal"]).name, i, count)
+      logging.warning(
+        "%s reached process %d of %d: every process saves and stops",
+        signal.Signals(seen[i]["signal"]).name,
+        i,
+        count,
+      )
     self.preemption.requested, self.preemption.signum = True, seen[i]["signal"]
     return self.preemption.name if count == 1 else f"{self.preemption.name} (to process {i})"
 
