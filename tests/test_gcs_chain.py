@@ -63,6 +63,11 @@ def launch(env, cwd, args, timeout=600):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(
+  os.environ.get("SETDIFF_TEST_GCS") != "1",
+  reason="opt-in (SETDIFF_TEST_GCS=1): intermittent on the emulator, process 0 exits with status 1"
+  " during the 2-process run's first checkpoint save in about half the runs (issue 25, open)",
+)
 def test_train_resume_sample_evaluate_export_on_gs(gcs, tmp_path):
   env, bucket = gcs
   cwd = tmp_path / "cwd"
