@@ -98,10 +98,15 @@ def _patch_routes():
   writes = (objects.insert, objects.upload_partial, objects.xml_upload, objects.delete)
   for handler in reads + writes:
     _PATCHED[handler] = _with_preconditions(handler, read=handler in reads)
+  placed = set()
   for _, handlers in server_lib.HANDLERS:
     for method, handler in handlers.items():
       if handler in _PATCHED:
         handlers[method] = _PATCHED[handler]
+        placed.add(handler)
+  missing = sorted(h.__name__ for h in set(_PATCHED) - placed)
+  # Another emulator version may route differently: fail loudly rather than test unpatched.
+  assert not missing, f"gcp-storage-emulator routes no longer use objects.{missing}"
 
 
 def start(port, data_dir, bucket="bucket"):
