@@ -7,9 +7,12 @@ The emulator (2026.7.19) gets two things wrong that tensorstore's `gcs` kvstore 
   conditional write with that generation is refused by tensorstore before it leaves the
   process: `Malformed StorageGeneration` (`IsValidStorageGeneration` wants a uint64 > 0). This
   is what OCDBT's manifest update does whenever the manifest it updates was read rather than
-  written by the same handle: orbax's first 2-process save failed in about half the runs.
+  written by the same handle.
 - `ifGenerationMatch` / `ifGenerationNotMatch` are ignored: a stale conditional write
-  succeeds, and a cached read is never answered `304 Not Modified`.
+  succeeds, and a cached read is never answered `304 Not Modified`. Together with the first:
+  when tensorstore revalidates the manifest it has just written (`ifGenerationNotMatch=G`,
+  timing-dependent), it gets 200 without a generation instead of 304, and its next commit
+  fails as above: an orbax save in tests/test_gcs_chain.py failed in about half the runs.
 
 `start()` patches both into the server's route table (reads: the headers, `412` / `304`;
 writes and deletes: `412`), as the real service documents them
