@@ -2,7 +2,13 @@ r"""The measured RL result of issue 28: GRPO (exact trajectory likelihoods) agai
 with the same compute, on the chain task (configs/reasoning_chain.py: 5 operands in 1..9, L=32).
 
   python benchmarks/rl_result.py --sft_workdirs=D0,D1,D2 --output_dir=/tmp/rl_result  # full
-  python benchmarks/rl_result.py --quick --output_dir=/tmp/rl_quick      # pipeline check (~2 min)
+  python benchmarks/rl_result.py --quick --output_dir=/tmp/rl_quick      # pipeline check (~1 min)
+  # seeds as parallel processes on one output dir (seed 0 chooses the learning rates), then the
+  # report of all three from the caches:
+  python benchmarks/rl_result.py --sft_workdirs=D0 --seeds=0 --output_dir=OUT &
+  python benchmarks/rl_result.py --sft_workdirs=D1 --seeds=1 --lr_seed=0 --wait_minutes=60 \
+      --output_dir=OUT &
+  wait; python benchmarks/rl_result.py --sft_workdirs=D0,D1 --seeds=0,1 --output_dir=OUT
 
 Per seed s of --seeds (default 0,1,2):
   1. SFT: SetDLM S=4 (S_max 8) on the chain task; --sft_workdirs reuses one finished workdir per
@@ -18,9 +24,9 @@ Per seed s of --seeds (default 0,1,2):
      parameters (launch/train.py's loop with `init_from`) with the same optimiser chain, the same
      number of updates (RL steps x rl.inner_updates) and the same rows per update (P prompts x
      G completions of RL = P x G ground-truth rows of the train split). Wall-clock per arm.
-     Learning rates: a grid per arm family (--rl_lrs, --control_lrs) run on the FIRST seed,
-     chosen by greedy tau-off accuracy on its VALIDATION split (never test), then used for every
-     seed ('rl_cost' uses the 'rl' choice).
+     Learning rates: a grid per arm family (--rl_lrs, --control_lrs) run on --lr_seed (default
+     the first of --seeds), chosen by greedy tau-off accuracy on its VALIDATION split (never
+     test), then used for every seed ('rl_cost' uses the 'rl' choice; <output_dir>/lr_choice.json).
   3. Every checkpoint (sft, control, rl, rl_cost) is decoded greedily (as launch/evaluate.py
      --eval=accuracy) on --num_val validation problems over --eval_grid (the choice: the most kept
      tokens per forward call within 1 point of tau off, `speed_accuracy.choose`) and on --num_test
@@ -112,7 +118,7 @@ def parse_args(argv=None):
   p.add_argument("--prompts_per_step", type=int, default=None, help="P (8; quick 4)")
   p.add_argument("--group_size", type=int, default=None, help="G (8; quick 2)")
   p.add_argument("--inner_updates", type=int, default=1, help="mu, updates per RL step")
-  p.add_argument("--rl_lrs", default=None, help="RL learning-rate grid (1e-5,3e-5,1e-4)")
+  p.add_argument("--rl_lrs", default=None, help="RL learning-rate grid (3e-5,1e-4,3e-4)")
   p.add_argument("--control_lrs", default=None, help="control learning-rate grid (2e-5,2e-4)")
   p.add_argument("--step_cost", type=float, default=0.02, help="lambda of the rl_cost arm")
   p.add_argument(
@@ -123,6 +129,21 @@ def parse_args(argv=None):
   p.add_argument("--decode_batch", type=int, default=None, help="rows per decode (100; quick 8)")
   p.add_argument("--eval_grid", default=None, help=f"greedy policy grid ({EVAL_GRID})")
   p.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples")
+  p.add_argument(
+    "--lr_seed",
+    type=int,
+    default=None,
+    help="the seed whose validation split chooses the "
+    "learning rates (default: the first of --seeds); a run without it reads that choice from "
+    "<output_dir>/lr_choice.json (e.g. seeds run as parallel processes on one --output_dir)",
+  )
+  p.add_argument(
+    "--wait_minutes",
+    type=float,
+    default=0.0,
+    help="wait up to this long for each SFT "
+    "workdir's last checkpoint and for lr_choice.json (another process writing them)",
+  )
   return p.parse_args(argv)
 
 
@@ -140,7 +161,7 @@ def plan(args) -> Dict[str, Any]:
     prompts_per_step=args.prompts_per_step or (4 if q else 8),
     group_size=args.group_size or (2 if q else 8),
     inner_updates=int(args.inner_updates),
-    rl_lrs=_floats(args.rl_lrs or ("1e-4" if q else "1e-5,3e-5,1e-4")),
+    rl_lrs=_floats(args.rl_lrs or ("1e-4" if q else "3e-5,1e-4,3e-4")),
     control_lrs=_floats(args.control_lrs or ("2e-4" if q else "2e-5,2e-4")),
     step_cost=float(args.step_cost),
     num_val=args.num_val or (4 if q else 200),
@@ -162,6 +183,8 @@ def plan(args) -> Dict[str, Any]:
       "one per seed, in --seeds order"
     )
   p["sft_workdirs"] = sft
+  p["lr_seed"] = p["seeds"][0] if args.lr_seed is None else int(args.lr_seed)
+  p["wait_minutes"] = float(args.wait_minutes)
   return p
 
 
@@ -331,8 +354,11 @@ def _has_checkpoint(workdir: str) -> bool:
 def sft_workdir(seed: int, p, out_dir: str, log) -> str:
   if p["sft_workdirs"]:
     d = os.path.abspath(p["sft_workdirs"][p["seeds"].index(seed)])
-    if not (_has_checkpoint(d) and os.path.isfile(os.path.join(d, "config.json"))):
-      raise FileNotFoundError(f"--sft_workdirs: {d} has no config.json or no checkpoint")
+    if not _wait(lambda: sft_finished(d), p["wait_minutes"], log, f"the SFT run {d}"):
+      raise FileNotFoundError(
+        f"--sft_workdirs: {d} has no config.json or no checkpoint of its last step (waited "
+        f"{p['wait_minutes']:g} min; --wait_minutes waits longer)"
+      )
     return d
   sp = dict(
     steps=p["sft_steps"],
@@ -346,6 +372,29 @@ def sft_workdir(seed: int, p, out_dir: str, log) -> str:
   sub = os.path.join(out_dir, f"seed{seed}")
   info = train_method("sft", c, sub, shared_tokenizer(out_dir, c), log)
   return info["workdir"]
+
+
+def sft_finished(workdir: str) -> bool:
+  """config.json and the checkpoint of its num_train_steps are there (training finished)."""
+  try:
+    steps = int(checkpointing.load_config(workdir).num_train_steps)
+  except (OSError, ValueError):
+    return False
+  return os.path.isdir(os.path.join(checkpointing.checkpoint_dir(workdir), str(steps)))
+
+
+def _wait(ready, minutes: float, log, what: str, every: float = 30.0) -> bool:
+  """Polls `ready()` until it holds or `minutes` have passed (a bounded wait)."""
+  deadline = time.time() + 60.0 * minutes
+  said = False
+  while not ready():
+    if time.time() >= deadline:
+      return False
+    if not said:
+      log(f"waiting up to {minutes:g} min for {what}")
+      said = True
+    time.sleep(min(every, max(deadline - time.time(), 0.1)))
+  return True
 
 
 def train_rl_arm(workdir: str, c, log) -> Dict[str, Any]:
@@ -464,12 +513,12 @@ def _lr_tag(lr: float) -> str:
   return f"lr{lr:g}"
 
 
-def _key(p, arm: str, lr=None):
+def _key(p, arm: str, lr=None, sft_dir: str = ""):
   keys = ("rl_steps", "prompts_per_step", "group_size", "inner_updates", "num_val", "num_test")
-  keys += ("eval_grid", "decode_batch", "sft_steps", "sft_workdirs")
+  keys += ("eval_grid", "decode_batch", "sft_steps")
   if arm == "rl_cost":
     keys += ("step_cost", "cost_policy")
-  return json.loads(json.dumps({"arm": arm, "lr": lr, **{k: p[k] for k in keys}}))
+  return json.loads(json.dumps({"arm": arm, "lr": lr, "sft": sft_dir, **{k: p[k] for k in keys}}))
 
 
 def run_arm(arm: str, lr, seed: int, sft_dir: str, p, out_dir: str, full: bool, log):
@@ -478,7 +527,7 @@ def run_arm(arm: str, lr, seed: int, sft_dir: str, p, out_dir: str, full: bool, 
   sub = os.path.join(out_dir, f"seed{seed}")
   name = arm if arm == "sft" else f"{arm}_{_lr_tag(lr)}"
   cache = os.path.join(sub, f"{'arm' if full else 'cand'}_{name}.json")
-  key = _key(p, arm, lr)
+  key = _key(p, arm, lr, sft_dir)
   saved = _load(cache, key)
   if saved:
     return saved["record"]
@@ -509,10 +558,25 @@ def run_arm(arm: str, lr, seed: int, sft_dir: str, p, out_dir: str, full: bool, 
   return rec
 
 
+def _lr_key(p):
+  return {k: p[k] for k in ("rl_lrs", "control_lrs")} | {"seed": p["lr_seed"], **_key(p, "lr")}
+
+
+def read_lrs(p, out_dir: str, log) -> Dict[str, Any]:
+  """The choice another run (on --lr_seed) wrote to <output_dir>/lr_choice.json (bounded wait)."""
+  path = os.path.join(out_dir, "lr_choice.json")
+  if not _wait(lambda: _load(path, _lr_key(p)) is not None, p["wait_minutes"], log, path):
+    raise FileNotFoundError(
+      f"--lr_seed={p['lr_seed']} is not among --seeds={p['seeds']} and {path} holds no choice "
+      "for this plan: run that seed first (or with these seeds), or wait longer (--wait_minutes)"
+    )
+  return _load(path, _lr_key(p))["record"]
+
+
 def choose_lrs(seed: int, sft_dir: str, p, out_dir: str, log) -> Dict[str, Any]:
   """The learning rates of every seed, chosen on `seed`'s validation split (cached)."""
   path = os.path.join(out_dir, "lr_choice.json")
-  key = {k: p[k] for k in ("rl_lrs", "control_lrs")} | {"seed": seed, **_key(p, "choice")}
+  key = _lr_key(p)
   saved = _load(path, key)
   if saved:
     return saved["record"]
@@ -753,8 +817,10 @@ def main(argv=None, log=print) -> Dict[str, Any]:
   curves: Dict[str, List[Dict[str, Any]]] = {}
   plat: Dict[int, Any] = {}
   lrs, done, recipe = None, [], ""
+  # the learning-rate seed first (its validation split chooses for all)
+  order = sorted(p["seeds"], key=lambda s: s != p["lr_seed"])
   with _jax_settings({"jax_disable_most_optimizations": True} if p["quick"] else {}):
-    for seed in p["seeds"]:
+    for seed in order:
       sft_dir = sft_workdir(seed, p, out_dir, log)
       names.setdefault(sft_dir, f"SFT{seed}")
       sft_cfg = checkpointing.load_config(sft_dir)
@@ -766,13 +832,15 @@ def main(argv=None, log=print) -> Dict[str, Any]:
       )
       plat[seed] = plateau(_metrics(sft_dir), steps=sorted({*PLATEAU_STEPS, p["sft_steps"]}))
       records.append(run_arm("sft", None, seed, sft_dir, p, out_dir, True, log))
-      if lrs is None:
-        lrs = choose_lrs(seed, sft_dir, p, out_dir, log)
+      if lrs is None:  # another run's choice is read after this seed's SFT evaluation
+        own = seed == p["lr_seed"]
+        lrs = choose_lrs(seed, sft_dir, p, out_dir, log) if own else read_lrs(p, out_dir, log)
       for arm in ("control", "rl", "rl_cost"):
         rec = run_arm(arm, lrs[arm]["chosen"], seed, sft_dir, p, out_dir, True, log)
         records.append(rec)
         curves[f"{arm} s{seed}"] = _metrics(os.path.join(out_dir, rec["workdir"]))
       done.append(seed)
+      done = [s for s in p["seeds"] if s in done]  # the order of --seeds
       comps = [
         compare(records, a, b, which, done, p["bootstrap"])
         for which in ("off", "chosen")
