@@ -124,6 +124,14 @@ def parse_args(argv=None):
   p.add_argument(
     "--cost_policy", default="pmax:0.7", help="the rl_cost arm's RL commit policy NAME[:ARG]"
   )
+  p.add_argument(
+    "--cost_adv_eps",
+    type=float,
+    default=1.0,
+    help="rl.adv_eps of the rl_cost arm: advantages "
+    "(r - mean) / (std + eps); with the default 1e-6 a group whose rows are all right or all "
+    "wrong is ranked by step count alone at full strength, whatever lambda (its scale cancels)",
+  )
   p.add_argument("--num_val", type=int, default=None, help="validation problems (200; quick 4)")
   p.add_argument("--num_test", type=int, default=None, help="test problems (1000; quick 8)")
   p.add_argument("--decode_batch", type=int, default=None, help="rows per decode (100; quick 8)")
@@ -164,6 +172,7 @@ def plan(args) -> Dict[str, Any]:
     rl_lrs=_floats(args.rl_lrs or ("1e-4" if q else "3e-5,1e-4,3e-4")),
     control_lrs=_floats(args.control_lrs or ("2e-4" if q else "2e-5,2e-4")),
     step_cost=float(args.step_cost),
+    cost_adv_eps=float(args.cost_adv_eps),
     num_val=args.num_val or (4 if q else 200),
     num_test=args.num_test or (8 if q else 1000),
     decode_batch=args.decode_batch or (8 if q else 100),
@@ -209,6 +218,7 @@ def rl_run_config(sft_dir: str, seed: int, lr: float, p, cost: bool) -> ml_colle
   r.policy, r.policy_arg = "pmax", None
   if cost:
     r.step_cost = float(p["step_cost"])
+    r.adv_eps = float(p["cost_adv_eps"])
     r.policy, r.policy_arg = p["cost_policy"][0], p["cost_policy"][1]
   return c
 
@@ -325,9 +335,10 @@ def scrub(text: str, names: Dict[str, str]) -> str:
 # ----------------------------------------------------------------------------- runs
 def _dump(path: str, obj) -> None:
   os.makedirs(os.path.dirname(path), exist_ok=True)
-  with open(path + ".tmp", "w") as f:
+  tmp = f"{path}.{os.getpid()}.tmp"
+  with open(tmp, "w") as f:
     json.dump(obj, f, default=float)
-  os.replace(path + ".tmp", path)
+  os.replace(tmp, path)
 
 
 def _load(path: str, key) -> Optional[Dict[str, Any]]:
@@ -517,7 +528,7 @@ def _key(p, arm: str, lr=None, sft_dir: str = ""):
   keys = ("rl_steps", "prompts_per_step", "group_size", "inner_updates", "num_val", "num_test")
   keys += ("eval_grid", "decode_batch", "sft_steps")
   if arm == "rl_cost":
-    keys += ("step_cost", "cost_policy")
+    keys += ("step_cost", "cost_policy", "cost_adv_eps")
   return json.loads(json.dumps({"arm": arm, "lr": lr, "sft": sft_dir, **{k: p[k] for k in keys}}))
 
 
@@ -761,7 +772,8 @@ def write_report(out_dir: str, record: Dict[str, Any], names: Dict[str, str]) ->
     f"the train split, {p['rl_steps']} steps x {p['inner_updates']} update(s), temperature 1, "
     "exact_match reward; lambda = 0: policy pmax (tau off); lambda > 0: reward - "
     f"{p['step_cost']:g} x decoding steps, policy {p['cost_policy'][0]} "
-    f"{p['cost_policy'][1]}. Control: continued SFT from the same parameters, the same "
+    f"{p['cost_policy'][1]}, advantages (r - mean) / (std + {p['cost_adv_eps']:g}) (so lambda "
+    "stays a price in groups of equal correctness). Control: continued SFT from the same parameters, the same "
     f"optimiser chain and number of updates, {p['prompts_per_step'] * p['group_size']} "
     "ground-truth train rows per update. Learning rates chosen on seed "
     f"{lr.get('seed', '-')}'s validation split (greedy, tau off): RL {{{grid('rl')}}} -> "
@@ -866,9 +878,10 @@ def main(argv=None, log=print) -> Dict[str, Any]:
       plot(curves, os.path.join(out_dir, f"{NAME}.png"))
       text = write_report(out_dir, record, names)
       record["markdown"] = text
-      with open(os.path.join(out_dir, f"{NAME}.json.tmp"), "w") as f:
+      tmp = os.path.join(out_dir, f"{NAME}.json.{os.getpid()}.tmp")
+      with open(tmp, "w") as f:
         f.write(scrub(json.dumps(record, indent=1, default=float), names))
-      os.replace(os.path.join(out_dir, f"{NAME}.json.tmp"), os.path.join(out_dir, f"{NAME}.json"))
+      os.replace(tmp, os.path.join(out_dir, f"{NAME}.json"))
   results_dir = args.results_dir or (None if p["quick"] else sa.RESULTS_DIR)
   if results_dir and results_dir != "none":
     os.makedirs(results_dir, exist_ok=True)

@@ -56,6 +56,7 @@ def test_control_config_matches_the_rl_compute(bench):
     inner_updates=2,
     step_cost=0.02,
     cost_policy=["pmax", 0.7],
+    cost_adv_eps=1.0,
   )
   rl = bench.rl_run_config("/x/sft", 1, 3e-5, p, False)
   sft = _sft_config()
@@ -73,6 +74,7 @@ def test_control_config_matches_the_rl_compute(bench):
   assert (rl.rl.prompts_per_step, rl.rl.group_size, rl.rl.inner_updates) == (3, 4, 2)
   cost = bench.rl_run_config("/x/sft", 1, 3e-5, p, True)
   assert (cost.rl.step_cost, cost.rl.policy, cost.rl.policy_arg) == (0.02, "pmax", 0.7)
+  assert (cost.rl.adv_eps, rl.rl.adv_eps) == (1.0, 1e-6)
 
 
 def test_choose_lr_best_validation_accuracy_ties_to_the_smaller(bench):
