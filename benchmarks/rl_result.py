@@ -110,8 +110,9 @@ def parse_args(argv=None):
   p.add_argument(
     "--sft_workdirs",
     default=None,
-    help="one finished SetDLM chain SFT workdir per seed "
-    "(comma-separated, in --seeds order); default: train --sft_steps here",
+    help="one finished SetDLM chain SFT workdir per seed (comma-separated, in --seeds order; "
+    "'-' = train that seed's here); default: train --sft_steps here (recipe: speed_accuracy's "
+    "setdlm4 on chain, eval NLL every 600 steps)",
   )
   p.add_argument("--sft_steps", type=int, default=None, help="SFT steps when training (2000)")
   p.add_argument("--rl_steps", type=int, default=None, help="RL steps per run (300; quick 2)")
@@ -363,8 +364,9 @@ def _has_checkpoint(workdir: str) -> bool:
 
 
 def sft_workdir(seed: int, p, out_dir: str, log) -> str:
-  if p["sft_workdirs"]:
-    d = os.path.abspath(p["sft_workdirs"][p["seeds"].index(seed)])
+  given = p["sft_workdirs"][p["seeds"].index(seed)] if p["sft_workdirs"] else "-"
+  if given != "-":
+    d = os.path.abspath(given)
     if not _wait(lambda: sft_finished(d), p["wait_minutes"], log, f"the SFT run {d}"):
       raise FileNotFoundError(
         f"--sft_workdirs: {d} has no config.json or no checkpoint of its last step (waited "
@@ -380,6 +382,7 @@ def sft_workdir(seed: int, p, out_dir: str, log) -> str:
     num_test=p["num_test"],
   )
   c = sa.task_config(sa.method_config("setdlm4", sp, seed, p["quick"]), "chain")
+  c.eval_every_steps = min(600, int(c.num_train_steps))  # plateau evidence (eval NLL)
   sub = os.path.join(out_dir, f"seed{seed}")
   info = train_method("sft", c, sub, shared_tokenizer(out_dir, c), log)
   return info["workdir"]
@@ -559,6 +562,7 @@ def run_arm(arm: str, lr, seed: int, sft_dir: str, p, out_dir: str, full: bool, 
     "seed": seed,
     "lr": lr,
     "workdir": os.path.relpath(workdir, out_dir) if workdir != sft_dir else f"SFT{seed}",
+    "commit": sa._commit(),  # pylint: disable=protected-access
     "train_seconds": float(info.get("train_seconds", 0.0)),
     "resumed": bool(info.get("resumed", False)),
     "updates": 0 if arm == "sft" else int(p["rl_steps"]) * int(p["inner_updates"]),
@@ -818,8 +822,9 @@ def main(argv=None, log=print) -> Dict[str, Any]:
   os.makedirs(out_dir, exist_ok=True)
   names = {out_dir: "OUT"}
   for s, d in zip(p["seeds"], p["sft_workdirs"]):
-    names[os.path.abspath(d)] = f"SFT{s}"
-    names[d] = f"SFT{s}"
+    if d != "-":
+      names[os.path.abspath(d)] = f"SFT{s}"
+      names[d] = f"SFT{s}"
   command = scrub(
     "python benchmarks/rl_result.py " + " ".join(argv if argv is not None else sys.argv[1:]),
     {**names, args.output_dir: "OUT"},
