@@ -119,7 +119,7 @@ def parse_args(argv=None):
   p.add_argument("--prompts_per_step", type=int, default=None, help="P (8; quick 4)")
   p.add_argument("--group_size", type=int, default=None, help="G (8; quick 2)")
   p.add_argument("--inner_updates", type=int, default=1, help="mu, updates per RL step")
-  p.add_argument("--rl_lrs", default=None, help="RL learning-rate grid (3e-5,1e-4,3e-4)")
+  p.add_argument("--rl_lrs", default=None, help="RL learning-rate grid (1e-5,3e-5,1e-4)")
   p.add_argument("--control_lrs", default=None, help="control learning-rate grid (2e-5,2e-4)")
   p.add_argument("--step_cost", type=float, default=0.02, help="lambda of the rl_cost arm")
   p.add_argument(
@@ -170,7 +170,7 @@ def plan(args) -> Dict[str, Any]:
     prompts_per_step=args.prompts_per_step or (4 if q else 8),
     group_size=args.group_size or (2 if q else 8),
     inner_updates=int(args.inner_updates),
-    rl_lrs=_floats(args.rl_lrs or ("1e-4" if q else "3e-5,1e-4,3e-4")),
+    rl_lrs=_floats(args.rl_lrs or ("1e-4" if q else "1e-5,3e-5,1e-4")),
     control_lrs=_floats(args.control_lrs or ("2e-4" if q else "2e-5,2e-4")),
     step_cost=float(args.step_cost),
     cost_adv_eps=float(args.cost_adv_eps),
