@@ -439,7 +439,8 @@ def train_rl_arm(workdir: str, c, log) -> Dict[str, Any]:
 
 def train_control_arm(runs_dir: str, name: str, c, sft_dir: str, log) -> Dict[str, Any]:
   workdir = os.path.join(runs_dir, "runs", name)
-  resumed = _has_checkpoint(workdir)
+  finished = os.path.isfile(os.path.join(workdir, "train_info.json"))
+  resumed = _has_checkpoint(workdir) and not finished  # an interrupted run goes on
   info = train_method(name, c, runs_dir, os.path.join(sft_dir, tokenizers.TOKENIZER_SUBDIR), log)
   info.setdefault("resumed", resumed)
   return info
@@ -761,7 +762,9 @@ def write_report(out_dir: str, record: Dict[str, Any], names: Dict[str, str]) ->
   md = [
     f"## RL vs continued SFT on the chain task ({'quick' if p['quick'] else 'full'} run)",
     "",
-    f"Command: `{record['command']}` at commit {record['commit']}",
+    f"Command: `{record['command']}` at commit {record['commit']} (the arms were trained and "
+    f"evaluated at {', '.join(sorted({str(r.get('commit')) for r in record['records']}))}; each "
+    "(seed, arm) is cached).",
     "",
     f"Seeds done: {seeds} of {p['seeds']}. Hardware: {hw['cpu']} ({hw['cpu_count']} cores "
     f"visible), jax {hw['jax']} on {hw['backend']}. Load (`uptime`) at start: "
@@ -790,7 +793,8 @@ def write_report(out_dir: str, record: Dict[str, Any], names: Dict[str, str]) ->
     "train split of the RL prompts and control rows, checked) at tau off and at the choice. "
     f"CIs: paired bootstrap ({p['bootstrap']} resamples) over the pooled (seed, problem) pairs.",
     "",
-    "Per arm (mean ± std over seeds):",
+    "Per arm (mean ± std over seeds; wall-clock of the training call on the shared machine, "
+    "seeds run as parallel processes, so it is not a clean compute measure):",
     "",
     arm_table(record["records"], seeds),
     "",
