@@ -738,7 +738,7 @@ def plot(curves: Dict[str, List[Dict[str, Any]]], path: str, smooth: int = 10):
     ax.grid(alpha=0.3)
     ax.legend(fontsize=6)
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
+  fig.savefig(path, dpi=80)
   plt.close(fig)
 
 
@@ -889,7 +889,7 @@ def main(argv=None, log=print) -> Dict[str, Any]:
       record["markdown"] = text
       tmp = os.path.join(out_dir, f"{NAME}.json.{os.getpid()}.tmp")
       with open(tmp, "w") as f:
-        f.write(scrub(json.dumps(record, indent=1, default=float), names))
+        f.write(scrub(json.dumps(record, separators=(",", ":"), default=float), names))
       os.replace(tmp, os.path.join(out_dir, f"{NAME}.json"))
   results_dir = args.results_dir or (None if p["quick"] else sa.RESULTS_DIR)
   if results_dir and results_dir != "none":
