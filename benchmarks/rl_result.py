@@ -115,7 +115,7 @@ def parse_args(argv=None):
     "setdlm4 on chain, eval NLL every 600 steps)",
   )
   p.add_argument("--sft_steps", type=int, default=None, help="SFT steps when training (2000)")
-  p.add_argument("--rl_steps", type=int, default=None, help="RL steps per run (300; quick 2)")
+  p.add_argument("--rl_steps", type=int, default=None, help="RL steps per run (250; quick 2)")
   p.add_argument("--prompts_per_step", type=int, default=None, help="P (8; quick 4)")
   p.add_argument("--group_size", type=int, default=None, help="G (8; quick 2)")
   p.add_argument("--inner_updates", type=int, default=1, help="mu, updates per RL step")
@@ -166,7 +166,7 @@ def plan(args) -> Dict[str, Any]:
     quick=q,
     seeds=[int(x) for x in (args.seeds or ("0" if q else "0,1,2")).split(",") if x.strip()],
     sft_steps=args.sft_steps or (4 if q else 2000),
-    rl_steps=args.rl_steps or (2 if q else 300),
+    rl_steps=args.rl_steps or (2 if q else 250),
     prompts_per_step=args.prompts_per_step or (4 if q else 8),
     group_size=args.group_size or (2 if q else 8),
     inner_updates=int(args.inner_updates),
