@@ -851,7 +851,11 @@ def main(argv=None, log=print) -> Dict[str, Any]:
         f"{sft_cfg.learning_rate:g} {sft_cfg.lr_schedule}, chain {sft_cfg.data.task_operands} x "
         f"1..{sft_cfg.data.task_max_operand}"
       )
-      plat[seed] = plateau(_metrics(sft_dir), steps=sorted({*PLATEAU_STEPS, p["sft_steps"]}))
+      lines = _metrics(sft_dir)  # the evidence at the SFT run's own eval steps and last step
+      own_steps = {int(x["step"]) for x in lines if "eval/nll" in x} | {
+        int(sft_cfg.num_train_steps)
+      }
+      plat[seed] = plateau(lines, steps=sorted({*PLATEAU_STEPS, *own_steps}))
       records.append(run_arm("sft", None, seed, sft_dir, p, out_dir, True, log))
       if lrs is None:  # another run's choice is read after this seed's SFT evaluation
         own = seed == p["lr_seed"]
