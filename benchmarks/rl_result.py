@@ -46,7 +46,6 @@ import argparse
 import copy
 import json
 import os
-import shutil
 import sys
 import time
 from typing import Any, Dict, List, Optional
@@ -895,11 +894,7 @@ def main(argv=None, log=print) -> Dict[str, Any]:
       with open(tmp, "w") as f:
         f.write(scrub(json.dumps(record, separators=(",", ":"), default=float), names))
       os.replace(tmp, os.path.join(out_dir, f"{NAME}.json"))
-  results_dir = args.results_dir or (None if p["quick"] else sa.RESULTS_DIR)
-  if results_dir and results_dir != "none":
-    os.makedirs(results_dir, exist_ok=True)
-    for ext in ("md", "json", "png"):
-      shutil.copy(os.path.join(out_dir, f"{NAME}.{ext}"), results_dir)
+  sa.publish(out_dir, NAME, args.results_dir or (None if p["quick"] else sa.RESULTS_DIR))
   log(text)
   log(f"\nwrote {out_dir}/{NAME}.md, .json, .png ({record['total_seconds'] / 60:.1f} min)")
   return record

@@ -1239,13 +1239,8 @@ def policy_main(args, argv, log) -> Dict[str, Any]:
         record = write_policy_report(
           out_dir, args, p, command, methods, load_start, t_start, train_seconds, records, done, log
         )
-  results_dir = args.results_dir or (None if args.quick else RESULTS_DIR)
   name = f"{NAME}_policies"
-  if results_dir and results_dir != "none":
-    os.makedirs(results_dir, exist_ok=True)
-    for ext in ("md", "json", "png"):
-      if os.path.isfile(os.path.join(out_dir, f"{name}.{ext}")):
-        shutil.copy(os.path.join(out_dir, f"{name}.{ext}"), results_dir)
+  publish(out_dir, name, args.results_dir or (None if args.quick else RESULTS_DIR))
   log(record["markdown"])
   log(f"\nwrote {out_dir}/{name}.md, .json, .png ({record['total_seconds'] / 60:.1f} min)")
   return record
@@ -1328,6 +1323,17 @@ def _recipe(c0) -> str:
   )
 
 
+def publish(out_dir: str, name: str, results_dir) -> None:
+  """Copies the report `<out_dir>/<name>.{md,json,png}` (those written) to `results_dir`
+  (None or 'none': nowhere)."""
+  if not results_dir or results_dir == "none":
+    return
+  os.makedirs(results_dir, exist_ok=True)
+  for ext in ("md", "json", "png"):
+    if os.path.isfile(os.path.join(out_dir, f"{name}.{ext}")):
+      shutil.copy(os.path.join(out_dir, f"{name}.{ext}"), results_dir)
+
+
 def _save(out_dir: str, record) -> str:
   """Writes speed_accuracy.{json,png,md} for the seeds done so far; returns the markdown."""
   with open(os.path.join(out_dir, f"{NAME}.json"), "w") as f:
@@ -1391,11 +1397,7 @@ def main(argv=None, log=print) -> Dict[str, Any]:
         "summary": summarize_seeds(runs) if len(runs) > 1 else None,
       }
       text = _save(out_dir, record)
-  results_dir = args.results_dir or (None if args.quick else RESULTS_DIR)
-  if results_dir and results_dir != "none":
-    os.makedirs(results_dir, exist_ok=True)
-    for ext in ("md", "json", "png"):
-      shutil.copy(os.path.join(out_dir, f"{NAME}.{ext}"), results_dir)
+  publish(out_dir, NAME, args.results_dir or (None if args.quick else RESULTS_DIR))
   log(text)
   log(f"\nwrote {out_dir}/{NAME}.md, .json, .png ({record['total_seconds'] / 60:.1f} min)")
   return record
