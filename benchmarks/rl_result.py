@@ -333,14 +333,6 @@ def scrub(text: str, names: Dict[str, str]) -> str:
 
 
 # ----------------------------------------------------------------------------- runs
-def _dump(path: str, obj) -> None:
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  tmp = f"{path}.{os.getpid()}.tmp"
-  with open(tmp, "w") as f:
-    json.dump(obj, f, default=float)
-  os.replace(tmp, path)
-
-
 def _load(path: str, key) -> Optional[Dict[str, Any]]:
   if not os.path.isfile(path):
     return None
@@ -431,7 +423,7 @@ def train_rl_arm(workdir: str, c, log) -> Dict[str, Any]:
       sum(x.get("rl/step_seconds", 0.0) for x in _metrics(workdir) if "rl/step_seconds" in x)
     ),
   }
-  _dump(info_path, info)
+  sa._dump(info_path, info)
   log(f"  RL {os.path.basename(workdir)}: {info['train_seconds']:.0f}s")
   return info
 
@@ -569,7 +561,7 @@ def run_arm(arm: str, lr, seed: int, sft_dir: str, p, out_dir: str, full: bool, 
     "rows_per_update": 0 if arm == "sft" else int(p["prompts_per_step"]) * int(p["group_size"]),
     **evaluate(workdir, p, seed, full, log, label),
   }
-  _dump(cache, {"key": key, "record": rec})
+  sa._dump(cache, {"key": key, "record": rec})
   return rec
 
 
@@ -603,7 +595,7 @@ def choose_lrs(seed: int, sft_dir: str, p, out_dir: str, log) -> Dict[str, Any]:
       val[lr] = rec["val_off"]["accuracy"]
     out[arm] = {"grid": [[lr, a] for lr, a in val.items()], "chosen": choose_lr(val)}
   out["rl_cost"] = {"grid": [], "chosen": out["rl"]["chosen"], "from": "rl"}
-  _dump(path, {"key": key, "record": out})
+  sa._dump(path, {"key": key, "record": out})
   return out
 
 

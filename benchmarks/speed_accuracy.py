@@ -1134,9 +1134,10 @@ def plot_policies(rows, curve, path: str):
 def _dump(path: str, obj) -> None:
   """Writes json atomically (a killed run leaves the previous file, never half of one)."""
   os.makedirs(os.path.dirname(path), exist_ok=True)
-  with open(path + ".tmp", "w") as f:
+  tmp = f"{path}.{os.getpid()}.tmp"  # per process: parallel runs may share an output dir
+  with open(tmp, "w") as f:
     json.dump(obj, f, default=float)
-  os.replace(path + ".tmp", path)
+  os.replace(tmp, path)
 
 
 def _plan_key(p, task: str, method: str) -> Dict[str, Any]:
