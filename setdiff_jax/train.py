@@ -1,16 +1,17 @@
-"""Training: `train_and_evaluate`, the loop that every method of the registry shares.
+"""Training (SFT): `train_and_evaluate`, the step function and hooks every method of the registry
+shares, run by `setdiff_jax.trainer` (the loop SFT and GRPO share).
 
-The loop resumes from WORKDIR/checkpoints, runs the jitted step of `train_step.py` (TrainState,
-optimizer, sharded setup) with metrics pulled one step behind, guards against NaN and divergence,
-evaluates with `evaluation.likelihood.evaluate` (the same bound and rows as `launch/evaluate.py
---eval=likelihood`), writes metrics with `workdir.metrics.MetricWriter`, saves checkpoints, and
-saves then stops on SIGTERM / Ctrl-C (`workdir.preemption`).
+The step is the jitted one of `train_step.py` (TrainState, optimizer, sharded setup); the hooks log
+the mean loss, steps/s, tokens/s and ETA, evaluate with `evaluation.likelihood.evaluate` (the same
+bound and rows as `launch/evaluate.py --eval=likelihood`) and write sample texts. The trainer
+resumes from WORKDIR/checkpoints, guards against NaN and divergence, saves checkpoints (with the
+data iterator's state) and saves then stops on SIGTERM / Ctrl-C.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Dict, Optional
+from typing import Dict
 
 from absl import logging
 import jax
@@ -18,32 +19,19 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from setdiff_jax import decoding, errors, models, paths, sharding
+from setdiff_jax import decoding, models, sharding, trainer
 from setdiff_jax.train_step import create_sharded_state, jit_train_step, make_optimizer
-from setdiff_jax.workdir import fallback, stopping
 from setdiff_jax.workdir.divergence import DivergenceGuard, logged_losses
 from setdiff_jax.workdir.metrics import MetricWriter
-from setdiff_jax.workdir.preemption import Preemption
 from setdiff_jax.workdir import checkpoints as checkpointing
 from setdiff_jax.evaluation import likelihood
 from setdiff_jax.interop import pretrained
 from setdiff_jax.workdir import config as run_config
-from setdiff_jax.workdir import lock as workdir_lock
 from setdiff_jax.workdir import load as workdir_lib
 from setdiff_jax.data import pipeline, tokenizers
 
 
 # --------------------------------------------------------------------------------- loop
-def _check_finite(step: int, metrics: Dict[str, float]):
-  bad = {k: v for k, v in metrics.items() if not np.isfinite(v)}
-  if bad:
-    raise FloatingPointError(
-      f"non-finite training metrics at step {step}: {bad}. Training stopped; the last saved "
-      f"checkpoint is intact. Try a lower learning_rate, grad_clip_norm > 0, or model.dtype="
-      f"float32."
-    )
-
-
 def _pauses_ahead(config, step_done: int, num_steps: int, pauses) -> float:
   """Seconds the evals and saves still to come take (each as long as the latest one); those of
   `step_done` itself count (the log line comes before them)."""
@@ -55,6 +43,56 @@ def _pauses_ahead(config, step_done: int, num_steps: int, pauses) -> float:
   return total
 
 
+class _Progress:
+  """The training log: mean loss, steps/s, tokens/s and ETA over the steps since the last line,
+  the time of compilation, evaluations and saves left out (`pause`)."""
+
+  def __init__(self, config, writer: MetricWriter, last: Dict[str, float]):
+    self.config, self.writer, self.last = config, writer, last
+    self.num_steps = int(config.num_train_steps)
+    self.pauses = {"eval": [], "save": []}  # seconds of each: not training time, but ETA
+    self._reset()
+
+  def _reset(self):
+    self.losses, self.tokens, self.steps, self.t0 = [], 0.0, 0, time.time()
+
+  def pause(self, kind: str, seconds: float):
+    if kind in self.pauses:
+      self.pauses[kind].append(seconds)
+    self.t0 += seconds  # the next steps/s excludes the pause
+
+  def log(self, step_done: int, host: Dict[str, float]):
+    self.losses.append(host["loss"])
+    self.tokens += host["clean_tokens"]
+    self.steps += 1
+    if step_done % self.config.log_every_steps and step_done != self.num_steps:
+      return
+    elapsed = max(time.time() - self.t0, 1e-9)
+    steps_per_s = self.steps / elapsed
+    values = {
+      "train/loss": float(np.mean(self.losses)),
+      "train/grad_norm": host["grad_norm"],
+      "train/lr": host["lr"],
+      "train/steps_per_sec": steps_per_s,
+      "train/tokens_per_sec": self.tokens / elapsed,
+    }
+    self.writer.scalars(step_done, values)
+    eta = (self.num_steps - step_done) / max(steps_per_s, 1e-9) + _pauses_ahead(
+      self.config, step_done, self.num_steps, self.pauses
+    )
+    logging.info(
+      "step %d/%d  loss %.4f  %.2f steps/s  %.0f tokens/s  ETA %s",
+      step_done,
+      self.num_steps,
+      values["train/loss"],
+      steps_per_s,
+      values["train/tokens_per_sec"],
+      time.strftime("%H:%M:%S", time.gmtime(eta)),
+    )
+    self.last.update(values)
+    self._reset()
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[str, float]:
   """Trains (resuming from WORKDIR/checkpoints if present) and evaluates; returns last metrics.
 
@@ -64,14 +102,32 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[
   if config.get("init_from_hf"):  # model fields 0 -> the HF checkpoint's (before validation)
     config = pretrained.resolve_run_config(config)
   run_config.validate_config(config, jax.device_count())
-  workdir = paths.resolve(workdir)
-  workdir_lock.check_new_workdir(config, workdir)
-  if jax.process_index() == 0:
-    paths.makedirs(workdir)
-  with workdir_lock.WorkdirLock(workdir, jax.process_index()):
-    config = workdir_lock.absolute_paths(config)
-    workdir_lock.check_resume(config, workdir)
-    return _train_and_evaluate(config, workdir)
+  return trainer.locked(config, workdir, _train_and_evaluate)
+
+
+def _initialise(config, model_cfg, state_shardings):
+  """The state of a run without checkpoints: its own init, or parameters from `init_from` /
+  `init_from_hf` (EMA = a copy of them)."""
+
+  def initialise(state):
+    if config.init_from:
+      params = workdir_lib.load_params(config.init_from, state.params)
+      logging.info("initialised parameters from %s", config.init_from)
+      return state.replace(params=params, ema_params=jax.tree_util.tree_map(jnp.copy, params))
+    if config.get("init_from_hf"):  # tensor by tensor, straight into the state's shardings
+      params = pretrained.load_params_sharded(
+        config.init_from_hf, model_cfg, state_shardings.params
+      )
+      ema = jax.device_put(jax.tree_util.tree_map(jnp.copy, params), state_shardings.ema_params)
+      logging.info(
+        "initialised %d layers from the Hugging Face checkpoint %s",
+        model_cfg.num_layers,
+        config.init_from_hf,
+      )
+      return state.replace(params=params, ema_params=ema)
+    return state
+
+  return initialise
 
 
 def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[str, float]:
@@ -109,30 +165,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict
   # materialised whole on one device.
   state, state_shardings = create_sharded_state(config, model_cfg, mesh)
   manager = checkpointing.make_manager(workdir, keep=config.keep_checkpoints)
-  try:
-    restored, _, damaged = fallback.restore_with_fallback(manager, state, train_iter)
-    fallback.set_aside(manager, damaged)  # so those steps can be saved again
-    if restored is not None:
-      state = restored
-      logging.info("resumed from %s at step %d", manager.directory, int(state.step))
-    elif config.init_from:
-      params = workdir_lib.load_params(config.init_from, state.params)
-      state = state.replace(params=params, ema_params=jax.tree_util.tree_map(jnp.copy, params))
-      logging.info("initialised parameters from %s", config.init_from)
-    elif config.get("init_from_hf"):  # tensor by tensor, straight into the state's shardings
-      params = pretrained.load_params_sharded(
-        config.init_from_hf, model_cfg, state_shardings.params
-      )
-      ema = jax.device_put(jax.tree_util.tree_map(jnp.copy, params), state_shardings.ema_params)
-      state = state.replace(params=params, ema_params=ema)
-      logging.info(
-        "initialised %d layers from the Hugging Face checkpoint %s",
-        model_cfg.num_layers,
-        config.init_from_hf,
-      )
-  except BaseException:
-    checkpointing.close(manager)  # before the error propagates: no orbax noise at exit
-    raise
+  state = trainer.restore(
+    manager, state, train_iter, _initialise(config, model_cfg, state_shardings)
+  )
   if new_tokenizer and not tokenizers.saved_in(workdir):  # the data are validated (datasets
     tokenizers.save_in(tokenizer, workdir)  # and eval rows built); 1 process
   if is_main:  # only now: a failed restore must leave the config of the checkpoints in place
@@ -142,77 +177,16 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict
   train_step = jit_train_step(config, model, obj_cfg, mesh, state_shardings, optimizer)
   writer = MetricWriter(workdir, is_main)
   step_rng = jax.random.fold_in(jax.random.key(config.seed), 1)
-
   start_step = int(state.step)
-  num_steps = int(config.num_train_steps)
   last: Dict[str, float] = {}
-  pending = None  # metrics of the previous step, pulled one step behind
-  window = {"loss": [], "tokens": 0.0, "t0": time.time(), "steps": 0}
-  pauses = {"eval": [], "save": []}  # seconds of each eval / save: not training time, but ETA
-  t_start = time.time()
-  compile_time = None
+  progress = _Progress(config, writer, last)
 
-  guard = DivergenceGuard(config, logged_losses(workdir, start_step) if start_step else ())
-  # "healthy": the newest saved step whose loss was seen healthy (the loss of step s + 1 is that
-  # of the state saved as step s); rotation never deletes it.
-  saved = {"steps": [start_step] if start_step else [], "healthy": start_step or None}
+  def step(state, i: int):
+    del i  # the step's randomness folds in state.step
+    batch = sharding.global_batch(next(train_iter), mesh)
+    return train_step(state, batch, step_rng)
 
-  def diverged() -> str:
-    """Says what is kept; the saved steps after the newest healthy one are set aside once the
-    stop is agreed (`stop.on_error`, on every process)."""
-    suspect = [s for s in saved["steps"] if saved["healthy"] is None or s > saved["healthy"]]
-    stop.on_error = lambda: fallback.set_aside(  # the error line says so
-      manager, [(s, "diverged") for s in suspect], suffix=".diverged", log=False, sync=True
-    )
-    kept = (
-      f"checkpoint step {saved['healthy']} (the newest whose loss was seen healthy) is intact"
-      if saved["healthy"]
-      else "no healthy checkpoint was saved"
-    )
-    moved = (
-      f"; step(s) {suspect}, saved before their loss was seen, were moved to "
-      f"checkpoints/<step>.diverged"
-      if suspect
-      else ""
-    )
-    return kept + moved
-
-  def flush(step_done: int, metrics):
-    nonlocal last
-    host = {k: float(v) for k, v in jax.device_get(metrics).items()}
-    _check_finite(step_done, host)
-    if guard.check(step_done, host["loss"], diverged) and step_done - 1 in saved["steps"]:
-      saved["healthy"] = step_done - 1
-    window["loss"].append(host["loss"])
-    window["tokens"] += host["clean_tokens"]
-    window["steps"] += 1
-    if step_done % config.log_every_steps == 0 or step_done == num_steps:
-      elapsed = max(time.time() - window["t0"], 1e-9)
-      steps_per_s = window["steps"] / elapsed
-      values = {
-        "train/loss": float(np.mean(window["loss"])),
-        "train/grad_norm": host["grad_norm"],
-        "train/lr": host["lr"],
-        "train/steps_per_sec": steps_per_s,
-        "train/tokens_per_sec": window["tokens"] / elapsed,
-      }
-      writer.scalars(step_done, values)
-      eta = (num_steps - step_done) / max(steps_per_s, 1e-9) + _pauses_ahead(
-        config, step_done, num_steps, pauses
-      )
-      logging.info(
-        "step %d/%d  loss %.4f  %.2f steps/s  %.0f tokens/s  ETA %s",
-        step_done,
-        num_steps,
-        values["train/loss"],
-        steps_per_s,
-        values["train/tokens_per_sec"],
-        time.strftime("%H:%M:%S", time.gmtime(eta)),
-      )
-      last.update(values)
-      window.update(loss=[], tokens=0.0, t0=time.time(), steps=0)
-
-  def run_eval(step_done: int):
+  def run_eval(step_done: int, state):
     params = state.ema_params if config.eval_params == "ema" else state.params
     values = likelihood.evaluate(
       model,
@@ -248,71 +222,17 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict
       logging.info("sample %d at step %d: %s", i, step_done, text)
     writer.texts(step_done, "samples", samples)
 
-  def save(step_done: int):
-    if guard.should_defer(step_done, final=step_done == num_steps):
-      return
-    checkpointing.save(manager, step_done, state, train_iter, protect=(saved["healthy"],))
-    saved["steps"].append(step_done)
-    logging.info("saved checkpoint %s/%d", manager.directory, step_done)
-
-  stopped: Optional[errors.StoppedBySignal] = None
-  try:
-    with Preemption() as preemption:
-      # Every stop decision is agreed across processes (stopping.py): the loop acts on `agree`.
-      stop = stopping.StopAgreement(preemption)
-      for step in range(start_step, num_steps):
-        local = next(train_iter)
-        batch = sharding.global_batch(local, mesh)
-        t_dispatch = time.time()
-        state, metrics = train_step(state, batch, step_rng)
-        if compile_time is None:
-          jax.block_until_ready(metrics)
-          compile_time = time.time() - t_dispatch
-          window["t0"] += compile_time  # steps/s (and the ETA) without compilation
-          logging.info("first step (compile + run) took %.1fs", compile_time)
-        if pending is not None:
-          stop.check(flush, *pending)
-        pending = (step + 1, metrics)
-        step_done = step + 1
-        need_save = step_done % config.checkpoint_every_steps == 0 or step_done == num_steps
-        need_eval = step_done % config.eval_every_steps == 0 or step_done == num_steps
-        signalled = stop.agree()
-        if need_save or need_eval or signalled:
-          stop.check(flush, *pending)  # never save or evaluate a state whose loss was not checked
-          pending = None
-          stop.agree()
-        if signalled:  # save first: the grace period after SIGTERM is short
-          save(step_done)
-          kept = (
-            f"checkpoint {manager.directory}/{step_done} saved"
-            if saved["steps"] and saved["steps"][-1] == step_done
-            else f"no checkpoint saved at this step (last: {saved['steps'][-1:] or 'none'})"
-          )
-          stopped = errors.StoppedBySignal(
-            f"{signalled} at step {step_done}/{num_steps}; {kept}. Run the same "
-            "command again to resume",
-            preemption.signum,
-          )
-          break
-        for kind, needed, fn in (("eval", need_eval, run_eval), ("save", need_save, save)):
-          if needed:
-            t_pause = time.time()
-            fn(step_done)
-            pauses[kind].append(time.time() - t_pause)
-            window["t0"] += pauses[kind][-1]  # the next steps/s excludes the pause
-      if pending is not None:
-        stop.check(flush, *pending)
-        stop.agree()
-    if start_step >= num_steps and num_steps > 0:
-      logging.info("nothing to do: checkpoint step %d >= num_train_steps %d", start_step, num_steps)
-    logging.info("training finished in %.1fs", time.time() - t_start)
-  finally:
-    try:
-      writer.close()
-    except OSError as e:  # e.g. the disk is full: do not hide the error that got us here
-      logging.warning("closing the metric writer failed: %s", e)
-    checkpointing.close(manager)
-  if stopped is not None:  # after the cleanup: one `stopped:` line, exit status 128 + signal
-    raise stopped
+  hooks = trainer.Hooks(step=step, log=progress.log, evaluate=run_eval, on_pause=progress.pause)
+  schedule = trainer.Schedule(
+    start=start_step,
+    stop=int(config.num_train_steps),
+    total=int(config.num_train_steps),
+    save_every=int(config.checkpoint_every_steps),
+    eval_every=int(config.eval_every_steps),
+  )
+  guard = DivergenceGuard(config, logged_losses(workdir, start_step) if start_step else ())
+  state, _ = trainer.run(
+    state, hooks, schedule, manager=manager, writer=writer, guard=guard, data_iterator=train_iter
+  )
   last["step"] = int(state.step)
   return last

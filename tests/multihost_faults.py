@@ -18,7 +18,8 @@ sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "launch"))
 
 import train as train_launcher  # noqa: E402  (launch/train.py)
-from setdiff_jax import cli, errors, train  # noqa: E402
+from setdiff_jax import cli, errors  # noqa: E402
+from setdiff_jax.trainer import loop  # noqa: E402
 from setdiff_jax.data import iterator_state  # noqa: E402
 from setdiff_jax.workdir import fallback  # noqa: E402
 
@@ -27,14 +28,14 @@ victim, at = int(victim), int(at)
 mine = int(os.environ.get("SETDIFF_PROCESS_ID", "0")) == victim
 
 if mine and kind == "nan":
-  check_finite = train._check_finite
+  check_finite = loop.check_finite
 
-  def _nan_at(step, metrics):
+  def _nan_at(name, step, metrics):
     if step == at:
       metrics = dict(metrics, loss=float("nan"))
-    return check_finite(step, metrics)
+    return check_finite(name, step, metrics)
 
-  train._check_finite = _nan_at
+  loop.check_finite = _nan_at
 elif mine and kind == "damaged":
   verify = fallback.verify_checksums
   newest = {}

@@ -189,6 +189,7 @@ LAYERS = [
   ("sampling", ("setdiff_jax.sampling",)),
   ("methods", ("setdiff_jax.methods",)),
   ("workdir", ("setdiff_jax.workdir",)),
+  ("trainer", ("setdiff_jax.trainer",)),
   ("decoding", ("setdiff_jax.decoding",)),
   ("uses", ("setdiff_jax.evaluation", "setdiff_jax.interop")),
   ("train", ("setdiff_jax.train", "setdiff_jax.train_step", "setdiff_jax.rl")),

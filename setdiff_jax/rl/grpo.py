@@ -44,7 +44,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from setdiff_jax import decoding, errors, methods, paths, sharding, train_step
+from setdiff_jax import decoding, methods, sharding, train_step, trainer
 from setdiff_jax.data import pairs, tokenizers
 from setdiff_jax.evaluation import accuracy
 from setdiff_jax.rl import config as rl_config
@@ -52,11 +52,9 @@ from setdiff_jax.rl import objective, rewards, scoring
 from setdiff_jax.sampling import compiles
 from setdiff_jax.workdir import checkpoints as checkpointing
 from setdiff_jax.workdir import config as run_config
-from setdiff_jax.workdir import fallback
 from setdiff_jax.workdir import load as workdir_lib
-from setdiff_jax.workdir import lock as workdir_lock
 from setdiff_jax.workdir.metrics import MetricWriter
-from setdiff_jax.workdir.preemption import Preemption
+from setdiff_jax.workdir.divergence import DivergenceGuard, logged_losses
 
 TIMING_METRICS = ("rl/rollout_tokens_per_sec", "rl/compiled_programs", "rl/step_seconds")
 
@@ -163,13 +161,7 @@ def train_rl(
       f"divisible by the data x fsdp mesh size {sizes[0] * sizes[1]}"
     )
   run_config.validate_config(run, jax.device_count())
-  workdir = paths.resolve(workdir)
-  workdir_lock.check_new_workdir(run, workdir)
-  if jax.process_index() == 0:
-    paths.makedirs(workdir)
-  with workdir_lock.WorkdirLock(workdir, jax.process_index()):
-    workdir_lock.check_resume(run, workdir)
-    return _train_rl(run, workdir, max_steps)
+  return trainer.locked(run, workdir, lambda run, workdir: _train_rl(run, workdir, max_steps))
 
 
 def _setup(run, workdir):
@@ -218,9 +210,7 @@ def _train_rl(run, workdir: str, max_steps: Optional[int]) -> Dict[str, float]:
   model = workdir_lib.inference_model(model_cfg, dtype=None)  # the run's dtype; CPU-safe attention
   opt_run = _optimizer_config(run)
   optimizer = train_step.make_optimizer(opt_run)
-  schedule = train_step.learning_rate_schedule(opt_run)
   r = run.rl
-  group, num_prompts, mu = int(r.group_size), int(r.prompts_per_step), int(r.inner_updates)
 
   init, shardings = train_step.create_sharded_state(run, model_cfg, mesh)
   key_data = jax.random.key_data(jax.random.key(int(run.seed)))
@@ -232,30 +222,107 @@ def _train_rl(run, workdir: str, max_steps: Optional[int]) -> Dict[str, float]:
     rng=key_data,
   )
   del init
+
+  def from_sft(state):
+    params = workdir_lib.load_params(r.init_from, state.params)
+    logging.info("initialised parameters from the SFT run %s", r.init_from)
+    return state.replace(params=params, ema_params=params)
+
   manager = checkpointing.make_manager(workdir, keep=run.keep_checkpoints, with_data=False)
-  try:
-    restored, _, damaged = fallback.restore_with_fallback(manager, state)
-    fallback.set_aside(manager, damaged)
-    ref_params = None
-    if restored is not None:
-      state = restored.replace(ema_params=restored.params)
-      logging.info("resumed RL from %s at step %d", manager.directory, int(state.step))
-    else:
-      params = workdir_lib.load_params(r.init_from, state.params)
-      state = state.replace(params=params, ema_params=params)
-      logging.info("initialised parameters from the SFT run %s", r.init_from)
-    if float(r.kl_beta) > 0:  # the frozen SFT reference (a copy: params are donated)
+  state = trainer.restore(manager, state, initialise=from_sft)
+  state = state.replace(ema_params=state.params)
+  ref_params = None
+  if float(r.kl_beta) > 0:  # the frozen SFT reference (a copy: params are donated)
+    try:
       ref_params = workdir_lib.load_params(r.init_from, state.params)
-  except BaseException:
-    checkpointing.close(manager)
-    raise
+    except BaseException:
+      checkpointing.close(manager)
+      raise
   if is_main:
     if not tokenizers.saved_in(workdir):
       tokenizers.save_in(tokenizer, workdir)
     checkpointing.save_config(run, workdir)
 
+  step = _rl_step(
+    run,
+    method,
+    model,
+    tokenizer,
+    pool,
+    encoded,
+    sampler_cfg,
+    mesh,
+    shardings,
+    functions=make_functions(run, method, model, optimizer, sampler_cfg),
+    ref_params=ref_params,
+    schedule=train_step.learning_rate_schedule(opt_run),
+  )
+  writer = MetricWriter(workdir, is_main)
+  num_steps = int(run.num_train_steps)
+  start = int(state.step)
+  schedule = trainer.Schedule(
+    start=start,
+    stop=num_steps if max_steps is None else min(num_steps, start + int(max_steps)),
+    total=num_steps,
+    save_every=int(run.checkpoint_every_steps),
+  )
+  last: Dict[str, float] = {}
+
+  def log(done: int, values: Dict[str, float]):
+    if done % int(run.log_every_steps) and done != schedule.stop:
+      return
+    writer.scalars(done, values)
+    last.clear()
+    last.update(values)
+    logging.info(
+      "RL step %d/%d  reward %.3f  accuracy %.3f  kept tok/call %.2f  clip %.3f",
+      done,
+      num_steps,
+      values["rl/reward_mean"],
+      values["rl/accuracy"],
+      values["rl/kept_tokens_per_call"],
+      values["rl/clip_fraction"],
+    )
+
+  hooks = trainer.Hooks(
+    step=step,
+    log=log,
+    to_save=lambda state: state.replace(ema_params=state.params),
+    monitor="rl/loss",
+    name="RL",
+    unit="RL step",
+    lag=False,  # the metrics are host values already (rewards need the sampled texts)
+  )
+  guard = DivergenceGuard(run, logged_losses(workdir, start, "rl/loss") if start else ())
+  state, saved = trainer.run(state, hooks, schedule, manager=manager, writer=writer, guard=guard)
+  last["step"] = int(state.step)
+  if saved is not None:
+    last["checkpoint"] = saved
+  return last
+
+
+def _rl_step(
+  run,
+  method,
+  model,
+  tokenizer,
+  pool,
+  encoded,
+  sampler_cfg,
+  mesh,
+  shardings,
+  *,
+  functions,
+  ref_params,
+  schedule,
+):
+  """The RL step function `step(state, i) -> (state, host metrics)` (`trainer.Hooks.step`):
+  rollouts, rewards, pi_old, rl.inner_updates updates of `functions` (`make_functions`, jitted
+  here on the mesh); the RL metrics of the module doc."""
+  r = run.rl
+  group, num_prompts, mu = int(r.group_size), int(r.prompts_per_step), int(r.inner_updates)
   rows_sharding = sharding.batch_sharding(mesh)
-  score, ref_fn, update = make_functions(run, method, model, optimizer, sampler_cfg)
+  score, ref_fn, update = functions
   score = jax.jit(score, in_shardings=(shardings.params, rows_sharding))
   ref_fn = jax.jit(ref_fn, in_shardings=(shardings.params, rows_sharding))
   update = jax.jit(
@@ -273,121 +340,68 @@ def _train_rl(run, workdir: str, max_steps: Optional[int]) -> Dict[str, float]:
     donate_argnums=(0, 1),
   )
   programs0 = compiles.compiled_programs()
-  writer = MetricWriter(workdir, is_main)
-  num_steps = int(run.num_train_steps)
-  start = int(state.step)
-  stop = num_steps if max_steps is None else min(num_steps, start + int(max_steps))
-  last: Dict[str, float] = {}
-  saved = None
 
-  def save(step_done: int):
-    nonlocal saved
-    checkpointing.save(manager, step_done, state.replace(ema_params=state.params))
-    saved = step_done
+  def step(state: RLState, i: int):
+    t0 = time.time()
+    rng, k_prompt, k_sample = jax.random.split(_rng(state), 3)
+    draw = np.random.default_rng(np.asarray(jax.random.key_data(k_prompt)).tolist())
+    chosen = draw.integers(0, len(pool), num_prompts)
+    rows = [int(c) for c in chosen for _ in range(group)]
+    out = methods.get(method).generate(
+      model, state.params, [encoded[c] for c in rows], sampler_cfg, k_sample
+    )
+    t_sample = time.time() - t0
+    rollout = host = scoring.rollout_from_output(out)
+    texts = [tokenizer.decode(g) for g in out.generated]
+    refs = [pool[c].answer for c in rows]
+    reward = rewards.compute(r.reward, texts, refs, out.num_steps, float(r.step_cost))
+    correct = np.array([accuracy.exact_match(t, a, "hash") for t, a in zip(texts, refs)])
+    adv = objective.group_advantages(reward, group, float(r.adv_eps))
+    rollout = jax.device_put(rollout, rows_sharding)
+    adv = jax.device_put(adv, rows_sharding)
+    old_logp = score(state.params, rollout)
+    ref = ref_fn(ref_params, rollout) if ref_params is not None else None
+    params, opt_state, inner = state.params, state.opt_state, []
+    for _ in range(mu):
+      params, opt_state, m = update(params, opt_state, rollout, adv, old_logp, ref, ref_params)
+      inner.append(m)
+    state = RLState(
+      step=state.step + 1,
+      params=params,
+      ema_params=params,
+      opt_state=opt_state,
+      rng=jax.random.key_data(rng),
+    )
+    inner = {k: float(np.mean([float(m[k]) for m in inner])) for k in inner[0]}
+    kept = sum(len(g) for g in out.generated)
+    gap = 0.0  # the sampler's own log-probs vs the scorer's (informative: updates use pi_old)
+    if out.token_logprob is not None:
+      diff = np.abs(np.asarray(out.token_logprob) - np.asarray(old_logp))
+      gap = float(np.max(diff[np.asarray(host.generated)], initial=0.0))
+    values = {
+      "rl/reward_mean": float(np.mean(reward)),
+      "rl/reward_std": float(np.std(reward)),
+      "rl/accuracy": float(np.mean(correct)),
+      "rl/kept_tokens_per_call": kept / max(int(np.sum(out.forward_calls)), 1),
+      "rl/tokens_per_step": float(out.tokens_per_step),
+      "rl/steps_mean": float(np.mean(out.num_steps)),
+      "rl/zero_adv_fraction": float(np.mean(np.all(np.asarray(adv).reshape(-1, group) == 0, 1))),
+      **{f"rl/{k}": v for k, v in inner.items()},
+      "rl/lr": float(schedule(i * mu)),
+      "rl/sampler_logprob_gap": gap,
+      "rl/rollout_tokens_per_sec": kept / max(t_sample, 1e-9),
+      "rl/compiled_programs": float(
+        compiles.compiled_programs()
+        - programs0
+        + score._cache_size()
+        + update._cache_size()
+        + ref_fn._cache_size()
+      ),
+      "rl/step_seconds": time.time() - t0,
+    }
+    return state, values
 
-  stopped = None
-  try:
-    with Preemption() as preemption:
-      for step in range(start, stop):
-        t0 = time.time()
-        rng, k_prompt, k_sample = jax.random.split(_rng(state), 3)
-        draw = np.random.default_rng(np.asarray(jax.random.key_data(k_prompt)).tolist())
-        chosen = draw.integers(0, len(pool), num_prompts)
-        rows = [int(i) for i in chosen for _ in range(group)]
-        out = methods.get(method).generate(
-          model, state.params, [encoded[i] for i in rows], sampler_cfg, k_sample
-        )
-        t_sample = time.time() - t0
-        rollout = host = scoring.rollout_from_output(out)
-        texts = [tokenizer.decode(g) for g in out.generated]
-        refs = [pool[i].answer for i in rows]
-        reward = rewards.compute(r.reward, texts, refs, out.num_steps, float(r.step_cost))
-        correct = np.array([accuracy.exact_match(t, a, "hash") for t, a in zip(texts, refs)])
-        adv = objective.group_advantages(reward, group, float(r.adv_eps))
-        rollout = jax.device_put(rollout, rows_sharding)
-        adv = jax.device_put(adv, rows_sharding)
-        old_logp = score(state.params, rollout)
-        ref = ref_fn(ref_params, rollout) if ref_params is not None else None
-        params, opt_state, inner = state.params, state.opt_state, []
-        for _ in range(mu):
-          params, opt_state, m = update(params, opt_state, rollout, adv, old_logp, ref, ref_params)
-          inner.append(m)
-        state = RLState(
-          step=state.step + 1,
-          params=params,
-          ema_params=params,
-          opt_state=opt_state,
-          rng=jax.random.key_data(rng),
-        )
-        inner = {k: float(np.mean([float(m[k]) for m in inner])) for k in inner[0]}
-        kept = sum(len(g) for g in out.generated)
-        gap = 0.0  # the sampler's own log-probs vs the scorer's (informative: updates use pi_old)
-        if out.token_logprob is not None:
-          diff = np.abs(np.asarray(out.token_logprob) - np.asarray(old_logp))
-          gap = float(np.max(diff[np.asarray(host.generated)], initial=0.0))
-        values = {
-          "rl/reward_mean": float(np.mean(reward)),
-          "rl/reward_std": float(np.std(reward)),
-          "rl/accuracy": float(np.mean(correct)),
-          "rl/kept_tokens_per_call": kept / max(int(np.sum(out.forward_calls)), 1),
-          "rl/tokens_per_step": float(out.tokens_per_step),
-          "rl/steps_mean": float(np.mean(out.num_steps)),
-          "rl/zero_adv_fraction": float(
-            np.mean(np.all(np.asarray(adv).reshape(-1, group) == 0, 1))
-          ),
-          **{f"rl/{k}": v for k, v in inner.items()},
-          "rl/lr": float(schedule(step * mu)),
-          "rl/sampler_logprob_gap": gap,
-          "rl/rollout_tokens_per_sec": kept / max(t_sample, 1e-9),
-          "rl/compiled_programs": float(
-            compiles.compiled_programs()
-            - programs0
-            + score._cache_size()
-            + update._cache_size()
-            + ref_fn._cache_size()
-          ),
-          "rl/step_seconds": time.time() - t0,
-        }
-        bad = {k: v for k, v in values.items() if not np.isfinite(v)}
-        if bad:
-          raise FloatingPointError(
-            f"non-finite RL metrics at step {step + 1}: {bad}; stopped, the "
-            f"last saved checkpoint is intact. Try a lower learning_rate"
-          )
-        done = step + 1
-        if done % int(run.log_every_steps) == 0 or done == stop:
-          writer.scalars(done, values)
-          last = dict(values)
-          logging.info(
-            "RL step %d/%d  reward %.3f  accuracy %.3f  kept tok/call %.2f  clip %.3f",
-            done,
-            num_steps,
-            values["rl/reward_mean"],
-            values["rl/accuracy"],
-            values["rl/kept_tokens_per_call"],
-            values["rl/clip_fraction"],
-          )
-        if done % int(run.checkpoint_every_steps) == 0 or done == stop or preemption.requested:
-          save(done)
-        if preemption.requested:  # SIGTERM / Ctrl-C: saved above, now stop
-          stopped = errors.StoppedBySignal(
-            f"{preemption.name} at RL step {done}/{num_steps}; checkpoint "
-            f"{manager.directory}/{done} saved. Run the same command again to resume",
-            preemption.signum,
-          )
-          break
-  finally:
-    try:
-      writer.close()
-    except OSError as e:
-      logging.warning("closing the metric writer failed: %s", e)
-    checkpointing.close(manager)
-  if stopped is not None:  # after the cleanup: one `stopped:` line, exit status 128 + signal
-    raise stopped
-  last["step"] = int(state.step)
-  if saved is not None:
-    last["checkpoint"] = saved
-  return last
+  return step
 
 
 __all__ = ["RLState", "train_rl", "make_functions", "prompt_pool", "TIMING_METRICS"]

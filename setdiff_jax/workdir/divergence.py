@@ -20,7 +20,7 @@ from setdiff_jax import errors
 
 
 class DivergenceGuard:
-  """Stops a diverging run before it saves (beside the NaN guard `_check_finite`).
+  """Stops a diverging run before it saves (beside the NaN guard `trainer.loop.check_finite`).
 
   A step's loss is *over* when it exceeds `divergence_factor` x the median of the last
   `divergence_window` accepted step losses (a median below MEDIAN_FLOOR counts as the floor), or
@@ -95,8 +95,9 @@ class DivergenceGuard:
     return True  # the warning of `check` said so
 
 
-def logged_losses(workdir: str, up_to_step: int) -> list:
-  """train/loss values of WORKDIR/metrics.jsonl at steps <= up_to_step (the resumed history)."""
+def logged_losses(workdir: str, up_to_step: int, key: str = "train/loss") -> list:
+  """The `key` values (the loss the guard watches) of WORKDIR/metrics.jsonl at steps <=
+  up_to_step (the resumed history)."""
   out = []
   try:
     with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
@@ -106,11 +107,11 @@ def logged_losses(workdir: str, up_to_step: int) -> list:
         except ValueError:
           continue  # a line cut by a crash
         if (
-          "train/loss" in row
+          key in row
           and row.get("step", up_to_step + 1) <= up_to_step
-          and np.isfinite(row["train/loss"])
+          and np.isfinite(row[key])
         ):
-          out.append(float(row["train/loss"]))
+          out.append(float(row[key]))
   except OSError:
     return []
   return out

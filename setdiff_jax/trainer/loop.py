@@ -1,0 +1,207 @@
+"""`run`: the step loop that SFT and GRPO share (the package doc says what it owns).
+
+The loop is plain Python around the caller's jitted step: `hooks.step(state, i)` returns the next
+state and the step's metrics (device scalars, pulled one step behind so the host never waits on
+the step it just dispatched, or host floats with `Hooks.lag=False`). Every stop decision is agreed
+across processes (`workdir.stopping`): a signal to any process saves the same step everywhere,
+an error seen by one process (a non-finite metric, divergence) stops all of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+
+from absl import logging
+import jax
+import numpy as np
+
+from setdiff_jax import errors
+from setdiff_jax.workdir import checkpoints as checkpointing
+from setdiff_jax.workdir import fallback, stopping
+from setdiff_jax.workdir.divergence import DivergenceGuard
+from setdiff_jax.workdir.preemption import Preemption
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+  """Which steps one call runs and when it evaluates and saves.
+
+  start: steps done at entry (the restored state's step); the call runs steps start+1 .. stop.
+  stop: the last step of this call (saved); total: the run's last step (num_train_steps), whose
+  save is never deferred by the divergence guard. eval_every 0: no evaluation.
+  """
+
+  start: int
+  stop: int
+  total: int
+  save_every: int
+  eval_every: int = 0
+
+  def save_at(self, done: int) -> bool:
+    return done % self.save_every == 0 or done == self.stop
+
+  def eval_at(self, done: int) -> bool:
+    return self.eval_every > 0 and (done % self.eval_every == 0 or done == self.total)
+
+
+@dataclasses.dataclass(frozen=True)
+class Hooks:
+  """What one kind of run adds to the loop.
+
+  step(state, i) -> (state, metrics): step i (0-based) of the run; metrics a flat dict of
+    scalars, `monitor` among them (the value the divergence guard watches).
+  log(done, host_metrics): the checked host metrics of step `done` (write / print them).
+  evaluate(done, state): at `Schedule.eval_at` steps, after the metrics were checked.
+  to_save(state): the pytree a checkpoint holds (RL: EMA = the raw parameters).
+  on_pause(kind, seconds): time that was not training ("compile", "eval", "save"): throughput.
+  name / unit: in messages ("non-finite training metrics at step 3"; "SIGTERM at RL step 2/4").
+  lag: metrics are device values pulled one step behind (False: host values, checked at once).
+  """
+
+  step: Callable[[Any, int], Tuple[Any, Mapping[str, Any]]]
+  log: Callable[[int, Dict[str, float]], None]
+  evaluate: Optional[Callable[[int, Any], None]] = None
+  to_save: Callable[[Any], Any] = lambda state: state
+  on_pause: Callable[[str, float], None] = lambda kind, seconds: None
+  monitor: str = "loss"
+  name: str = "training"
+  unit: str = "step"
+  lag: bool = True
+
+
+def check_finite(name: str, step: int, metrics: Dict[str, float]):
+  """FloatingPointError naming the non-finite metrics of `step` (the loop's NaN guard)."""
+  bad = {k: v for k, v in metrics.items() if not np.isfinite(v)}
+  if bad:
+    raise FloatingPointError(
+      f"non-finite {name} metrics at step {step}: {bad}. Training stopped; the last saved "
+      f"checkpoint is intact. Try a lower learning_rate, grad_clip_norm > 0, or model.dtype="
+      f"float32."
+    )
+
+
+def run(
+  state,
+  hooks: Hooks,
+  schedule: Schedule,
+  *,
+  manager,
+  writer,
+  guard: DivergenceGuard,
+  data_iterator=None,
+) -> Tuple[Any, Optional[int]]:
+  """Runs `schedule`'s steps; returns (the last state, the newest step this call saved or None).
+
+  Closes `writer` and `manager` on the way out, whatever happens. Raises StoppedBySignal (after
+  saving the step) on SIGTERM / Ctrl-C, FloatingPointError / DivergenceError as agreed."""
+  # "healthy": the newest saved step whose loss was seen healthy (the loss of step s + 1 is that
+  # of the state saved as step s); rotation never deletes it.
+  start = schedule.start
+  saved = {"steps": [start] if start else [], "healthy": start or None, "now": None}
+  stop = None  # the StopAgreement, once the signal handlers are in place
+
+  def diverged() -> str:
+    """Says what is kept; the saved steps after the newest healthy one are set aside once the
+    stop is agreed (`stop.on_error`, on every process)."""
+    suspect = [s for s in saved["steps"] if saved["healthy"] is None or s > saved["healthy"]]
+    stop.on_error = lambda: fallback.set_aside(  # the error line says so
+      manager, [(s, "diverged") for s in suspect], suffix=".diverged", log=False, sync=True
+    )
+    kept = (
+      f"checkpoint step {saved['healthy']} (the newest whose loss was seen healthy) is intact"
+      if saved["healthy"]
+      else "no healthy checkpoint was saved"
+    )
+    moved = (
+      f"; step(s) {suspect}, saved before their loss was seen, were moved to "
+      f"checkpoints/<step>.diverged"
+      if suspect
+      else ""
+    )
+    return kept + moved
+
+  def flush(done: int, metrics):
+    host = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    check_finite(hooks.name, done, host)
+    if guard.check(done, host[hooks.monitor], diverged) and done - 1 in saved["steps"]:
+      saved["healthy"] = done - 1
+    hooks.log(done, host)
+
+  def save(done: int):
+    if guard.should_defer(done, final=done == schedule.total):
+      return
+    checkpointing.save(
+      manager, done, hooks.to_save(state), data_iterator, protect=(saved["healthy"],)
+    )
+    saved["steps"].append(done)
+    saved["now"] = done
+    logging.info("saved checkpoint %s/%d", manager.directory, done)
+
+  t_start = time.time()
+  stopped: Optional[errors.StoppedBySignal] = None
+  pending = None  # (step, metrics) of the previous step, pulled one step behind
+  try:
+    with Preemption() as preemption:
+      # Every stop decision is agreed across processes: the loop acts on `agree`.
+      stop = stopping.StopAgreement(preemption)
+      for step in range(start, schedule.stop):
+        t_dispatch = time.time()
+        state, metrics = hooks.step(state, step)
+        if step == start:
+          jax.block_until_ready(metrics)
+          hooks.on_pause("compile", time.time() - t_dispatch)  # steps/s without compilation
+          logging.info("first step (compile + run) took %.1fs", time.time() - t_dispatch)
+        done = step + 1
+        if pending is not None:
+          stop.check(flush, *pending)
+        pending = (done, metrics)
+        if not hooks.lag:
+          stop.check(flush, *pending)
+          pending = None
+        need_save, need_eval = schedule.save_at(done), schedule.eval_at(done)
+        signalled = stop.agree()
+        if pending is not None and (need_save or need_eval or signalled):
+          stop.check(flush, *pending)  # never save or evaluate a state whose loss was not checked
+          pending = None
+          stop.agree()
+        if signalled:  # save first: the grace period after SIGTERM is short
+          save(done)
+          kept = (
+            f"checkpoint {manager.directory}/{done} saved"
+            if saved["steps"] and saved["steps"][-1] == done
+            else f"no checkpoint saved at this step (last: {saved['steps'][-1:] or 'none'})"
+          )
+          stopped = errors.StoppedBySignal(
+            f"{signalled} at {hooks.unit} {done}/{schedule.total}; {kept}. Run the same "
+            "command again to resume",
+            preemption.signum,
+          )
+          break
+        if need_eval and hooks.evaluate is not None:
+          t_pause = time.time()
+          hooks.evaluate(done, state)
+          hooks.on_pause("eval", time.time() - t_pause)
+        if need_save:
+          t_pause = time.time()
+          save(done)
+          hooks.on_pause("save", time.time() - t_pause)
+      if pending is not None:
+        stop.check(flush, *pending)
+        stop.agree()
+    if start >= schedule.total and schedule.total > 0:
+      logging.info("nothing to do: checkpoint step %d >= num_train_steps %d", start, schedule.total)
+    logging.info("%s finished in %.1fs", hooks.name, time.time() - t_start)
+  finally:
+    try:
+      writer.close()
+    except OSError as e:  # e.g. the disk is full: do not hide the error that got us here
+      logging.warning("closing the metric writer failed: %s", e)
+    checkpointing.close(manager)
+  if stopped is not None:  # after the cleanup: one `stopped:` line, exit status 128 + signal
+    raise stopped
+  return state, saved["now"]
+
+
+__all__ = ["Hooks", "Schedule", "run", "check_finite"]

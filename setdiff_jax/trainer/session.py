@@ -1,0 +1,52 @@
+"""A run's hold on its workdir: the lock and resume checks around the whole run, and the state
+it starts from (the newest checkpoint that loads, damaged newer ones set aside, else a fresh
+initialisation)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, TypeVar
+
+from absl import logging
+import jax
+
+from setdiff_jax import paths
+from setdiff_jax.workdir import checkpoints as checkpointing
+from setdiff_jax.workdir import fallback
+from setdiff_jax.workdir import lock as workdir_lock
+
+T = TypeVar("T")
+
+
+def locked(config, workdir: str, body: Callable[[Any, str], T]) -> T:
+  """`body(config, workdir)` under WORKDIR's lock (one run per workdir), with WORKDIR resolved and
+  created (process 0), local paths of `config` made absolute, and refused before anything is
+  written: a new workdir that would train nothing, a resume whose config changes a field the
+  checkpoints depend on."""
+  workdir = paths.resolve(workdir)
+  workdir_lock.check_new_workdir(config, workdir)
+  if jax.process_index() == 0:
+    paths.makedirs(workdir)
+  with workdir_lock.WorkdirLock(workdir, jax.process_index()):
+    config = workdir_lock.absolute_paths(config)
+    workdir_lock.check_resume(config, workdir)
+    return body(config, workdir)
+
+
+def restore(manager, state, data_iterator=None, initialise: Callable[[Any], Any] = lambda s: s):
+  """The newest checkpoint of `manager` that loads into `state`'s structure (with the data
+  iterator's state), damaged newer steps set aside so they can be saved again; without a
+  checkpoint, `initialise(state)` (e.g. parameters from another run). Closes the manager before
+  an error propagates (no orbax noise at exit)."""
+  try:
+    restored, _, damaged = fallback.restore_with_fallback(manager, state, data_iterator)
+    fallback.set_aside(manager, damaged)
+    if restored is not None:
+      logging.info("resumed from %s at step %d", manager.directory, int(restored.step))
+      return restored
+    return initialise(state)
+  except BaseException:
+    checkpointing.close(manager)
+    raise
+
+
+__all__ = ["locked", "restore"]
