@@ -224,3 +224,30 @@ def test_one_rl_step_of_the_other_scored_methods(objective, tmp_path):
   assert abs(out["rl/ratio_mean"] - 1.0) < 1e-5 and out["rl/clip_fraction"] == 0.0
   assert np.isfinite(out["rl/loss"]) and out["rl/kept_tokens_per_call"] > 0
   assert out["rl/sampler_logprob_gap"] < 1e-4  # the scorer replays this sampler (fp32)
+
+
+@pytest.mark.slow
+def test_divergence_guard_stops_rl_keeping_the_healthy_checkpoint(sft, tmp_path, monkeypatch):
+  """The trainer's guard in RL: rl/loss over the threshold from step 3 on (patience 2, a
+  checkpoint every step, keep 1) stops at step 4 before saving; step 1 (the newest whose loss was
+  seen healthy) is kept and loads, step 2 (saved before step 3's loss was seen) is set aside."""
+  build = grpo._rl_step
+
+  def inflated(*args, **kwargs):
+    step = build(*args, **kwargs)
+
+    def diverging(state, i):
+      state, values = step(state, i)
+      return state, dict(values, **{"rl/loss": 1e3 if i >= 2 else values["rl/loss"]})
+
+    return diverging
+
+  monkeypatch.setattr(grpo, "_rl_step", inflated)
+  c = tiny_rl(sft)
+  c.num_train_steps, c.checkpoint_every_steps, c.keep_checkpoints = 6, 1, 1
+  c.divergence_patience = 2
+  workdir = str(tmp_path / "rl")
+  with pytest.raises(errors.DivergenceError, match=r"diverged at step 4: loss 1000 .*step 1"):
+    grpo.train_rl(c, workdir)
+  assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["1", "2.diverged"]
+  assert int(workdir_lib.load_inference_state(workdir, use_ema=False).step) == 1

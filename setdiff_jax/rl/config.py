@@ -41,6 +41,10 @@ OWN_FIELDS = (
   "log_every_steps",
   "checkpoint_every_steps",
   "keep_checkpoints",
+  "divergence_factor",
+  "divergence_ceiling",
+  "divergence_patience",
+  "divergence_window",
   "mesh",
   "sharding_rules",
 )
@@ -64,6 +68,14 @@ def default_config() -> ml_collections.ConfigDict:
   c.log_every_steps = 1
   c.checkpoint_every_steps = 50
   c.keep_checkpoints = 2
+  # The divergence guard (as in training) watches rl/loss: checkpoints wait while it is above
+  # divergence_factor x the median of the last divergence_window values (taken as >= 1) or above
+  # divergence_ceiling; divergence_patience such steps in a row stop the run, the newest
+  # checkpoint whose loss was seen healthy kept. 0 and 0 turn it off.
+  c.divergence_factor = 10.0
+  c.divergence_ceiling = 0.0
+  c.divergence_patience = 3
+  c.divergence_window = 50
   c.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})
   c.sharding_rules = ()
 

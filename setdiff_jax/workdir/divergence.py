@@ -106,11 +106,7 @@ def logged_losses(workdir: str, up_to_step: int, key: str = "train/loss") -> lis
           row = json.loads(line)
         except ValueError:
           continue  # a line cut by a crash
-        if (
-          key in row
-          and row.get("step", up_to_step + 1) <= up_to_step
-          and np.isfinite(row[key])
-        ):
+        if key in row and row.get("step", up_to_step + 1) <= up_to_step and np.isfinite(row[key]):
           out.append(float(row[key]))
   except OSError:
     return []
