@@ -9,6 +9,7 @@ step 2, and resumed ends with parameters and metrics bitwise equal to the uninte
 import json
 import os
 import signal
+import sys
 
 import jax
 import numpy as np
@@ -73,16 +74,6 @@ def test_bad_input_one_error_line_each(tmp_path):
   for (args, expected), result in zip(cases, harness("rl.py", [base + a for a, _ in cases])):
     assert_one_error_line(result, expected, args)
   assert not os.path.exists(tmp_path / "rl")  # nothing written for bad input
-
-
-def test_several_processes_are_refused(tmp_path, monkeypatch):
-  # Each process would sample the whole batch on its host: rows duplicated, never a silent result.
-  from setdiff_jax.rl import grpo
-
-  monkeypatch.setattr(grpo.jax, "process_count", lambda: 2)
-  with pytest.raises(ValueError, match=r"RL runs in one process \(this is process 0 of 2\)"):
-    grpo.train_rl(tiny_rl(str(tmp_path)), str(tmp_path / "rl"))
-  assert not os.path.exists(tmp_path / "rl")
 
 
 def test_config_fields_have_ranges():
@@ -251,3 +242,50 @@ def test_divergence_guard_stops_rl_keeping_the_healthy_checkpoint(sft, tmp_path,
     grpo.train_rl(c, workdir)
   assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["1", "2.diverged"]
   assert int(workdir_lib.load_inference_state(workdir, use_ema=False).step) == 1
+
+
+@pytest.mark.slow
+def test_two_processes_run_rl_like_one(sft, tmp_path):
+  """launch/rl.py on 2 processes x 2 devices = 1 process x 4 devices (the local cluster, gloo):
+  the same rollouts, rewards and updates (metrics <= 1e-5 relative), the same parameters."""
+  from test_multihost import cluster
+
+  args = [
+    "launch/rl.py",
+    "--config=configs/rl_arithmetic.py",
+    f"--config.rl.init_from={sft}",
+    "--config.rl.prompts_per_step=2",
+    "--config.rl.group_size=4",
+    "--config.rl.max_new_tokens=12",
+    "--config.rl.reward=exact_match+format",
+    "--config.rl.step_cost=0.01",
+    "--config.num_train_steps=2",
+    "--config.learning_rate=1e-2",
+    "--config.checkpoint_every_steps=2",
+  ]
+  runs = {}
+  for processes, devices in ((1, 4), (2, 2)):
+    workdir = str(tmp_path / f"rl_{processes}")
+    r, elapsed = cluster(
+      [f"--num_processes={processes}", f"--devices_per_process={devices}", "--timeout=500"]
+      + ["--", sys.executable]
+      + args
+      + [f"--workdir={workdir}"],
+      timeout=600,
+    )
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    assert r.stdout.count("done: RL step 2") == 1, r.stdout[-2000:]  # process 0 prints
+    print(f"RL {processes} x {devices}: {elapsed:.1f}s")
+    rows = [json.loads(l) for l in open(os.path.join(workdir, "metrics.jsonl"))]
+    runs[processes] = (rows, workdir)
+  (one, w1), (two, w2) = runs[1], runs[2]
+  assert [r["step"] for r in one] == [r["step"] for r in two] == [1, 2]
+  for a, b in zip(one, two):
+    for k, v in a.items():
+      if k not in grpo.TIMING_METRICS:
+        assert b[k] == pytest.approx(v, rel=1e-5, abs=1e-7), k
+  assert any(r["rl/reward_std"] > 0 for r in one)  # the groups' rewards differ: a real update
+  pa = workdir_lib.load_inference_state(w1, use_ema=False).params
+  pb = workdir_lib.load_inference_state(w2, use_ema=False).params
+  for x, y in zip(jax.tree_util.tree_leaves(pa), jax.tree_util.tree_leaves(pb)):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6)

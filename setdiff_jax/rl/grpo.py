@@ -49,7 +49,7 @@ from setdiff_jax.data import pairs, tokenizers
 from setdiff_jax.evaluation import accuracy
 from setdiff_jax.rl import config as rl_config
 from setdiff_jax.rl import objective, rewards, scoring
-from setdiff_jax.sampling import compiles
+from setdiff_jax.sampling import compiles, placement
 from setdiff_jax.workdir import checkpoints as checkpointing
 from setdiff_jax.workdir import config as run_config
 from setdiff_jax.workdir import load as workdir_lib
@@ -144,13 +144,6 @@ def train_rl(
   split over time slots; the result is the same as one uninterrupted call.
   """
   rl_config.validate(config)
-  if jax.process_count() > 1:
-    # Every process would sample the whole batch and device_put it: rows would be duplicated.
-    raise ValueError(
-      f"RL runs in one process (this is process {jax.process_index()} of "
-      f"{jax.process_count()}): launch/rl.py samples every row on the host before putting it "
-      "on the mesh; run it as one process over the host's devices"
-    )
   sft = rl_config.load_sft_config(config.rl.init_from)
   run = rl_config.run_config_for(config, sft)
   sizes = sharding.mesh_shape(run.mesh, jax.device_count())
@@ -213,7 +206,12 @@ def _train_rl(run, workdir: str, max_steps: Optional[int]) -> Dict[str, float]:
   r = run.rl
 
   init, shardings = train_step.create_sharded_state(run, model_cfg, mesh)
-  key_data = jax.random.key_data(jax.random.key(int(run.seed)))
+  # The rollout key lives replicated on the mesh: every process holds it and saves it (orbax
+  # saves global arrays only).
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  key_data = jax.device_put(
+    np.asarray(jax.random.key_data(jax.random.key(int(run.seed)))), replicated
+  )
   state = RLState(
     step=init.step,
     params=init.params,
@@ -322,6 +320,7 @@ def _rl_step(
   r = run.rl
   group, num_prompts, mu = int(r.group_size), int(r.prompts_per_step), int(r.inner_updates)
   rows_sharding = sharding.batch_sharding(mesh)
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   score, ref_fn, update = functions
   score = jax.jit(score, in_shardings=(shardings.params, rows_sharding))
   ref_fn = jax.jit(ref_fn, in_shardings=(shardings.params, rows_sharding))
@@ -356,9 +355,9 @@ def _rl_step(
     refs = [pool[c].answer for c in rows]
     reward = rewards.compute(r.reward, texts, refs, out.num_steps, float(r.step_cost))
     correct = np.array([accuracy.exact_match(t, a, "hash") for t, a in zip(texts, refs)])
-    adv = objective.group_advantages(reward, group, float(r.adv_eps))
+    adv_host = np.asarray(objective.group_advantages(reward, group, float(r.adv_eps)))
     rollout = jax.device_put(rollout, rows_sharding)
-    adv = jax.device_put(adv, rows_sharding)
+    adv = jax.device_put(adv_host, rows_sharding)
     old_logp = score(state.params, rollout)
     ref = ref_fn(ref_params, rollout) if ref_params is not None else None
     params, opt_state, inner = state.params, state.opt_state, []
@@ -370,13 +369,14 @@ def _rl_step(
       params=params,
       ema_params=params,
       opt_state=opt_state,
-      rng=jax.random.key_data(rng),
+      rng=jax.device_put(np.asarray(jax.random.key_data(rng)), replicated),
     )
-    inner = {k: float(np.mean([float(m[k]) for m in inner])) for k in inner[0]}
+    inner = placement.to_host(inner)  # the same on every process
+    inner = {k: float(np.mean([m[k] for m in inner])) for k in inner[0]}
     kept = sum(len(g) for g in out.generated)
     gap = 0.0  # the sampler's own log-probs vs the scorer's (informative: updates use pi_old)
     if out.token_logprob is not None:
-      diff = np.abs(np.asarray(out.token_logprob) - np.asarray(old_logp))
+      diff = np.abs(np.asarray(out.token_logprob) - placement.to_host(old_logp))
       gap = float(np.max(diff[np.asarray(host.generated)], initial=0.0))
     values = {
       "rl/reward_mean": float(np.mean(reward)),
@@ -385,7 +385,7 @@ def _rl_step(
       "rl/kept_tokens_per_call": kept / max(int(np.sum(out.forward_calls)), 1),
       "rl/tokens_per_step": float(out.tokens_per_step),
       "rl/steps_mean": float(np.mean(out.num_steps)),
-      "rl/zero_adv_fraction": float(np.mean(np.all(np.asarray(adv).reshape(-1, group) == 0, 1))),
+      "rl/zero_adv_fraction": float(np.mean(np.all(adv_host.reshape(-1, group) == 0, 1))),
       **{f"rl/{k}": v for k, v in inner.items()},
       "rl/lr": float(schedule(i * mu)),
       "rl/sampler_logprob_gap": gap,

@@ -134,7 +134,7 @@ def ar_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> SampleO
       cfg=loop_cfg(cfg),
       stop_eos=stop,
     )
-  out = sample_output(jax.device_get(res), target, cfg, prompt.shape[1] + n)
+  out = sample_output(placement.to_host(res), target, cfg, prompt.shape[1] + n)
   # The cache holds the prompt, then each generated token in turn: its position is its rank.
   lc = out.target.shape[1]
   known = (np.arange(lc)[None] < plen[:, None]) | (out.commit_step >= 0)

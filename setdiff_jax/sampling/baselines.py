@@ -328,7 +328,7 @@ def bd3lm_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> Samp
       g=g,
       stop_eos=stop,
     )
-  out = sample_output(jax.device_get(res), target, cfg, prompt.shape[1] + n)
+  out = sample_output(placement.to_host(res), target, cfg, prompt.shape[1] + n)
   out.cache_order = block_cache_calls(plen, out.target, out.commit_step, g, cfg.align_to_blocks)
   return out
 

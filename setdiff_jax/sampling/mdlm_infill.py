@@ -121,7 +121,7 @@ def mdlm_infill(
       key,
       cfg=cfg.static(),
     )
-  return {k: np.asarray(v) for k, v in jax.device_get(res).items()}
+  return placement.to_host(res)
 
 
 __all__ = ["mdlm_infill"]

@@ -7,6 +7,7 @@ them with the training rules, `sharding.state_shardings`): no mesh argument is t
   with on(mesh):                    # jax.set_mesh; a no-op for None
     rows = place_rows(mesh, inputs) # host arrays [B, ...] -> batch over (data, fsdp)
     out = jitted_loop(params, rows, ...)
+  host = to_host(out)               # numpy on every process (gathered across processes)
 
 Inside the jitted loops `constrain_kv` pins each KV-cache leaf [B, H, C, Dh] (or [B, C, ...]) to
 batch over (data, fsdp) and heads over `tensor`, so the cache of a long decode never sits
@@ -20,6 +21,7 @@ import contextlib
 from typing import Optional
 
 import jax
+from jax.experimental import multihost_utils
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
@@ -70,6 +72,18 @@ def place_rows(mesh: Optional[Mesh], tree):
   return jax.tree_util.tree_map(put, tree)
 
 
+def to_host(tree):
+  """Device arrays -> numpy, the same on every process: rows split over the devices of several
+  processes are gathered (every process's host code, e.g. RL rewards, sees the whole batch)."""
+
+  def get(x):
+    if isinstance(x, jax.Array) and not (x.is_fully_addressable or x.is_fully_replicated):
+      return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(jax.device_get(x))
+
+  return jax.tree_util.tree_map(get, tree)
+
+
 def constrain_kv(x: jax.Array, seq_axis: int) -> jax.Array:
   """A KV-cache leaf [B, ..., C, ...]: batch over (data, fsdp), heads (axis 1 of a head-major
   [B, H, C, Dh] leaf, seq_axis 2) over `tensor`. Identity outside `on(mesh)`."""
@@ -85,4 +99,4 @@ def constrain_kv(x: jax.Array, seq_axis: int) -> jax.Array:
   return jax.lax.with_sharding_constraint(x, P(*axes))
 
 
-__all__ = ["mesh_of", "on", "batch_spec", "place_rows", "constrain_kv"]
+__all__ = ["mesh_of", "on", "batch_spec", "place_rows", "to_host", "constrain_kv"]

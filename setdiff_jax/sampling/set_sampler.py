@@ -316,7 +316,7 @@ def _set_core(
 # ----------------------------------------------------------------------------- outputs
 def finalize(res, target: np.ndarray, valid: np.ndarray, cfg: SamplerConfig) -> SampleOutput:
   """Host-side compaction: drop leftover masks; cut after the stopping EOS."""
-  res = jax.device_get(res)
+  res = placement.to_host(res)
   canvas = np.asarray(res["canvas"])
   stopped = np.asarray(res["stopped"]).astype(bool)
   sequences, generated = [], []
