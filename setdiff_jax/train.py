@@ -130,61 +130,10 @@ def _initialise(config, model_cfg, state_shardings):
   return initialise
 
 
-def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[str, float]:
-  is_main = jax.process_index() == 0
-  # A tokenizer built here (first run) is written only once the data has been validated below,
-  # so a run that fails on its data leaves no derived state for the corrected rerun to reuse.
-  new_tokenizer = not tokenizers.saved_in(workdir)
-  tokenizer = run_config.build_tokenizer(config, workdir, save=False)
-  model_cfg, obj_cfg = run_config.model_and_objective(config, tokenizer)
-  model = models.build(model_cfg)
-  optimizer = make_optimizer(config)
-  mesh = sharding.make_mesh(config.mesh)
-  logging.info("mesh %s; model %s; objective %s", dict(mesh.shape), model_cfg, obj_cfg)
-
-  train_iter = iter(
-    pipeline.make_dataset(
-      config.data,
-      tokenizer,
-      split="train",
-      seq_len=config.seq_len,
-      global_batch_size=config.batch_size,
-      seed=config.seed,
-      process_index=jax.process_index(),
-      process_count=jax.process_count(),
-      shuffle=True,
-      num_epochs=None,
-      drop_remainder=True,
-    )
-  )
-
-  # The eval rows, built once per run.
-  eval_tokens, eval_attention, eval_context = likelihood.eval_rows_for(config, tokenizer)
-
-  # The state is created directly in its shardings (FSDP / tensor-parallel rules): never
-  # materialised whole on one device.
-  state, state_shardings = create_sharded_state(config, model_cfg, mesh)
-  manager = checkpointing.make_manager(workdir, keep=config.keep_checkpoints)
-  state = trainer.restore(
-    manager, state, train_iter, _initialise(config, model_cfg, state_shardings)
-  )
-  if new_tokenizer and not tokenizers.saved_in(workdir):  # the data are validated (datasets
-    tokenizers.save_in(tokenizer, workdir)  # and eval rows built); 1 process
-  if is_main:  # only now: a failed restore must leave the config of the checkpoints in place
-    checkpointing.save_config(config, workdir)
-
-  batch_sharding = sharding.batch_sharding(mesh)
-  train_step = jit_train_step(config, model, obj_cfg, mesh, state_shardings, optimizer)
-  writer = MetricWriter(workdir, is_main)
-  step_rng = jax.random.fold_in(jax.random.key(config.seed), 1)
-  start_step = int(state.step)
-  last: Dict[str, float] = {}
-  progress = _Progress(config, writer, last)
-
-  def step(state, i: int):
-    del i  # the step's randomness folds in state.step
-    batch = sharding.global_batch(next(train_iter), mesh)
-    return train_step(state, batch, step_rng)
+def _evaluator(config, model, obj_cfg, tokenizer, eval_rows, writer, last, batch_sharding):
+  """The eval hook: the likelihood bound on the run's eval rows (`likelihood.eval_rows_for`),
+  logged and written, then `num_eval_samples` sample texts."""
+  eval_tokens, eval_attention, eval_context = eval_rows
 
   def run_eval(step_done: int, state):
     params = state.ema_params if config.eval_params == "ema" else state.params
@@ -222,7 +171,66 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict
       logging.info("sample %d at step %d: %s", i, step_done, text)
     writer.texts(step_done, "samples", samples)
 
-  hooks = trainer.Hooks(step=step, log=progress.log, evaluate=run_eval, on_pause=progress.pause)
+  return run_eval
+
+
+def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[str, float]:
+  is_main = jax.process_index() == 0
+  # A tokenizer built here (first run) is written only once the data has been validated below,
+  # so a run that fails on its data leaves no derived state for the corrected rerun to reuse.
+  new_tokenizer = not tokenizers.saved_in(workdir)
+  tokenizer = run_config.build_tokenizer(config, workdir, save=False)
+  model_cfg, obj_cfg = run_config.model_and_objective(config, tokenizer)
+  model = models.build(model_cfg)
+  optimizer = make_optimizer(config)
+  mesh = sharding.make_mesh(config.mesh)
+  logging.info("mesh %s; model %s; objective %s", dict(mesh.shape), model_cfg, obj_cfg)
+
+  train_iter = iter(
+    pipeline.make_dataset(
+      config.data,
+      tokenizer,
+      split="train",
+      seq_len=config.seq_len,
+      global_batch_size=config.batch_size,
+      seed=config.seed,
+      process_index=jax.process_index(),
+      process_count=jax.process_count(),
+      shuffle=True,
+      num_epochs=None,
+      drop_remainder=True,
+    )
+  )
+
+  eval_rows = likelihood.eval_rows_for(config, tokenizer)  # built once per run
+
+  # The state is created directly in its shardings (FSDP / tensor-parallel rules): never
+  # materialised whole on one device.
+  state, state_shardings = create_sharded_state(config, model_cfg, mesh)
+  manager = checkpointing.make_manager(workdir, keep=config.keep_checkpoints)
+  state = trainer.restore(
+    manager, state, train_iter, _initialise(config, model_cfg, state_shardings)
+  )
+  if new_tokenizer and not tokenizers.saved_in(workdir):  # the data are validated (datasets
+    tokenizers.save_in(tokenizer, workdir)  # and eval rows built); 1 process
+  if is_main:  # only now: a failed restore must leave the config of the checkpoints in place
+    checkpointing.save_config(config, workdir)
+
+  batch_sharding = sharding.batch_sharding(mesh)
+  train_step = jit_train_step(config, model, obj_cfg, mesh, state_shardings, optimizer)
+  writer = MetricWriter(workdir, is_main)
+  step_rng = jax.random.fold_in(jax.random.key(config.seed), 1)
+  start_step = int(state.step)
+  last: Dict[str, float] = {}
+  progress = _Progress(config, writer, last)
+
+  def step(state, i: int):
+    del i  # the step's randomness folds in state.step
+    batch = sharding.global_batch(next(train_iter), mesh)
+    return train_step(state, batch, step_rng)
+
+  evaluate = _evaluator(config, model, obj_cfg, tokenizer, eval_rows, writer, last, batch_sharding)
+  hooks = trainer.Hooks(step=step, log=progress.log, evaluate=evaluate, on_pause=progress.pause)
   schedule = trainer.Schedule(
     start=start_step,
     stop=int(config.num_train_steps),

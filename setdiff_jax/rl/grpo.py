@@ -196,6 +196,22 @@ def _setup(run, workdir):
   return tokenizer, model_cfg, obj_cfg, mesh, pool, encoded, sampler_cfg
 
 
+def _fresh_state(run, model_cfg, mesh):
+  """(RLState at step 0 in the run's shardings, the TrainState shardings); the rollout key lives
+  replicated on the mesh: every process holds it and saves it (orbax saves global arrays only)."""
+  init, shardings = train_step.create_sharded_state(run, model_cfg, mesh)
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  key = np.asarray(jax.random.key_data(jax.random.key(int(run.seed))))
+  state = RLState(
+    step=init.step,
+    params=init.params,
+    ema_params=init.params,
+    opt_state=init.opt_state,
+    rng=jax.device_put(key, replicated),
+  )
+  return state, shardings
+
+
 def _train_rl(run, workdir: str, max_steps: Optional[int]) -> Dict[str, float]:
   is_main = jax.process_index() == 0
   tokenizer, model_cfg, obj_cfg, mesh, pool, encoded, sampler_cfg = _setup(run, workdir)
@@ -205,21 +221,7 @@ def _train_rl(run, workdir: str, max_steps: Optional[int]) -> Dict[str, float]:
   optimizer = train_step.make_optimizer(opt_run)
   r = run.rl
 
-  init, shardings = train_step.create_sharded_state(run, model_cfg, mesh)
-  # The rollout key lives replicated on the mesh: every process holds it and saves it (orbax
-  # saves global arrays only).
-  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  key_data = jax.device_put(
-    np.asarray(jax.random.key_data(jax.random.key(int(run.seed)))), replicated
-  )
-  state = RLState(
-    step=init.step,
-    params=init.params,
-    ema_params=init.params,
-    opt_state=init.opt_state,
-    rng=key_data,
-  )
-  del init
+  state, shardings = _fresh_state(run, model_cfg, mesh)
 
   def from_sft(state):
     params = workdir_lib.load_params(r.init_from, state.params)
@@ -299,6 +301,26 @@ def _train_rl(run, workdir: str, max_steps: Optional[int]) -> Dict[str, float]:
   return last
 
 
+def _rollout_metrics(out, rollout, reward, correct, adv, group: int, old_logp) -> Dict[str, float]:
+  """The rollouts' metrics of a step (module doc): rewards, accuracy, speed, and the sampler's
+  own log-probs vs the scorer's pi_old (informative: the updates use pi_old)."""
+  kept = sum(len(g) for g in out.generated)
+  gap = 0.0
+  if out.token_logprob is not None:
+    diff = np.abs(np.asarray(out.token_logprob) - placement.to_host(old_logp))
+    gap = float(np.max(diff[np.asarray(rollout.generated)], initial=0.0))
+  return {
+    "rl/reward_mean": float(np.mean(reward)),
+    "rl/reward_std": float(np.std(reward)),
+    "rl/accuracy": float(np.mean(correct)),
+    "rl/kept_tokens_per_call": kept / max(int(np.sum(out.forward_calls)), 1),
+    "rl/tokens_per_step": float(out.tokens_per_step),
+    "rl/steps_mean": float(np.mean(out.num_steps)),
+    "rl/zero_adv_fraction": float(np.mean(np.all(adv.reshape(-1, group) == 0, 1))),
+    "rl/sampler_logprob_gap": gap,
+  }
+
+
 def _rl_step(
   run,
   method,
@@ -373,23 +395,11 @@ def _rl_step(
     )
     inner = placement.to_host(inner)  # the same on every process
     inner = {k: float(np.mean([m[k] for m in inner])) for k in inner[0]}
-    kept = sum(len(g) for g in out.generated)
-    gap = 0.0  # the sampler's own log-probs vs the scorer's (informative: updates use pi_old)
-    if out.token_logprob is not None:
-      diff = np.abs(np.asarray(out.token_logprob) - placement.to_host(old_logp))
-      gap = float(np.max(diff[np.asarray(host.generated)], initial=0.0))
     values = {
-      "rl/reward_mean": float(np.mean(reward)),
-      "rl/reward_std": float(np.std(reward)),
-      "rl/accuracy": float(np.mean(correct)),
-      "rl/kept_tokens_per_call": kept / max(int(np.sum(out.forward_calls)), 1),
-      "rl/tokens_per_step": float(out.tokens_per_step),
-      "rl/steps_mean": float(np.mean(out.num_steps)),
-      "rl/zero_adv_fraction": float(np.mean(np.all(adv_host.reshape(-1, group) == 0, 1))),
+      **_rollout_metrics(out, host, reward, correct, adv_host, group, old_logp),
       **{f"rl/{k}": v for k, v in inner.items()},
       "rl/lr": float(schedule(i * mu)),
-      "rl/sampler_logprob_gap": gap,
-      "rl/rollout_tokens_per_sec": kept / max(t_sample, 1e-9),
+      "rl/rollout_tokens_per_sec": sum(len(g) for g in out.generated) / max(t_sample, 1e-9),
       "rl/compiled_programs": float(
         compiles.compiled_programs()
         - programs0

@@ -82,6 +82,62 @@ def check_finite(name: str, step: int, metrics: Dict[str, float]):
     )
 
 
+class _Saves:
+  """The checkpoints of a run as the loop sees them: the steps saved, and the newest whose loss
+  was seen healthy (the loss of step s + 1 is that of the state saved as step s), which rotation
+  never deletes and a divergence keeps."""
+
+  def __init__(self, manager, schedule: Schedule, guard: DivergenceGuard, data_iterator):
+    self.manager, self.schedule, self.guard = manager, schedule, guard
+    self.data_iterator = data_iterator
+    self.steps = [schedule.start] if schedule.start else []
+    self.healthy = schedule.start or None
+    self.newest = None  # the newest step this call saved
+
+  def checked(self, done: int, healthy: bool):
+    if healthy and done - 1 in self.steps:
+      self.healthy = done - 1
+
+  def save(self, done: int, state):
+    if self.guard.should_defer(done, final=done == self.schedule.total):
+      return
+    checkpointing.save(self.manager, done, state, self.data_iterator, protect=(self.healthy,))
+    self.steps.append(done)
+    self.newest = done
+    logging.info("saved checkpoint %s/%d", self.manager.directory, done)
+
+  def diverged(self, stop: stopping.StopAgreement) -> str:
+    """Says what is kept; the saved steps after the newest healthy one are set aside once the
+    stop is agreed (`stop.on_error`, on every process)."""
+    suspect = [s for s in self.steps if self.healthy is None or s > self.healthy]
+    stop.on_error = lambda: fallback.set_aside(  # the error line says so
+      self.manager, [(s, "diverged") for s in suspect], suffix=".diverged", log=False, sync=True
+    )
+    kept = (
+      f"checkpoint step {self.healthy} (the newest whose loss was seen healthy) is intact"
+      if self.healthy
+      else "no healthy checkpoint was saved"
+    )
+    moved = (
+      f"; step(s) {suspect}, saved before their loss was seen, were moved to "
+      f"checkpoints/<step>.diverged"
+      if suspect
+      else ""
+    )
+    return kept + moved
+
+  def after_signal(self, done: int) -> str:
+    if self.steps and self.steps[-1] == done:
+      return f"checkpoint {self.manager.directory}/{done} saved"
+    return f"no checkpoint saved at this step (last: {self.steps[-1:] or 'none'})"
+
+
+def _timed(hooks: Hooks, kind: str, fn, *args):
+  t0 = time.time()
+  fn(*args)
+  hooks.on_pause(kind, time.time() - t0)
+
+
 def run(
   state,
   hooks: Hooks,
@@ -96,60 +152,24 @@ def run(
 
   Closes `writer` and `manager` on the way out, whatever happens. Raises StoppedBySignal (after
   saving the step) on SIGTERM / Ctrl-C, FloatingPointError / DivergenceError as agreed."""
-  # "healthy": the newest saved step whose loss was seen healthy (the loss of step s + 1 is that
-  # of the state saved as step s); rotation never deletes it.
-  start = schedule.start
-  saved = {"steps": [start] if start else [], "healthy": start or None, "now": None}
-  stop = None  # the StopAgreement, once the signal handlers are in place
-
-  def diverged() -> str:
-    """Says what is kept; the saved steps after the newest healthy one are set aside once the
-    stop is agreed (`stop.on_error`, on every process)."""
-    suspect = [s for s in saved["steps"] if saved["healthy"] is None or s > saved["healthy"]]
-    stop.on_error = lambda: fallback.set_aside(  # the error line says so
-      manager, [(s, "diverged") for s in suspect], suffix=".diverged", log=False, sync=True
-    )
-    kept = (
-      f"checkpoint step {saved['healthy']} (the newest whose loss was seen healthy) is intact"
-      if saved["healthy"]
-      else "no healthy checkpoint was saved"
-    )
-    moved = (
-      f"; step(s) {suspect}, saved before their loss was seen, were moved to "
-      f"checkpoints/<step>.diverged"
-      if suspect
-      else ""
-    )
-    return kept + moved
-
-  def flush(done: int, metrics):
-    host = {k: float(v) for k, v in jax.device_get(metrics).items()}
-    check_finite(hooks.name, done, host)
-    if guard.check(done, host[hooks.monitor], diverged) and done - 1 in saved["steps"]:
-      saved["healthy"] = done - 1
-    hooks.log(done, host)
-
-  def save(done: int):
-    if guard.should_defer(done, final=done == schedule.total):
-      return
-    checkpointing.save(
-      manager, done, hooks.to_save(state), data_iterator, protect=(saved["healthy"],)
-    )
-    saved["steps"].append(done)
-    saved["now"] = done
-    logging.info("saved checkpoint %s/%d", manager.directory, done)
-
+  saves = _Saves(manager, schedule, guard, data_iterator)
   t_start = time.time()
   stopped: Optional[errors.StoppedBySignal] = None
-  pending = None  # (step, metrics) of the previous step, pulled one step behind
   try:
     with Preemption() as preemption:
-      # Every stop decision is agreed across processes: the loop acts on `agree`.
-      stop = stopping.StopAgreement(preemption)
-      for step in range(start, schedule.stop):
+      stop = stopping.StopAgreement(preemption)  # the loop acts on what `agree` returns
+
+      def flush(done: int, metrics):
+        host = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        check_finite(hooks.name, done, host)
+        saves.checked(done, guard.check(done, host[hooks.monitor], lambda: saves.diverged(stop)))
+        hooks.log(done, host)
+
+      pending = None  # (step, metrics) of the previous step, pulled one step behind
+      for step in range(schedule.start, schedule.stop):
         t_dispatch = time.time()
         state, metrics = hooks.step(state, step)
-        if step == start:
+        if step == schedule.start:
           jax.block_until_ready(metrics)
           hooks.on_pause("compile", time.time() - t_dispatch)  # steps/s without compilation
           logging.info("first step (compile + run) took %.1fs", time.time() - t_dispatch)
@@ -167,31 +187,24 @@ def run(
           pending = None
           stop.agree()
         if signalled:  # save first: the grace period after SIGTERM is short
-          save(done)
-          kept = (
-            f"checkpoint {manager.directory}/{done} saved"
-            if saved["steps"] and saved["steps"][-1] == done
-            else f"no checkpoint saved at this step (last: {saved['steps'][-1:] or 'none'})"
-          )
+          saves.save(done, hooks.to_save(state))
           stopped = errors.StoppedBySignal(
-            f"{signalled} at {hooks.unit} {done}/{schedule.total}; {kept}. Run the same "
-            "command again to resume",
+            f"{signalled} at {hooks.unit} {done}/{schedule.total}; {saves.after_signal(done)}. "
+            "Run the same command again to resume",
             preemption.signum,
           )
           break
         if need_eval and hooks.evaluate is not None:
-          t_pause = time.time()
-          hooks.evaluate(done, state)
-          hooks.on_pause("eval", time.time() - t_pause)
+          _timed(hooks, "eval", hooks.evaluate, done, state)
         if need_save:
-          t_pause = time.time()
-          save(done)
-          hooks.on_pause("save", time.time() - t_pause)
+          _timed(hooks, "save", saves.save, done, hooks.to_save(state))
       if pending is not None:
         stop.check(flush, *pending)
         stop.agree()
-    if start >= schedule.total and schedule.total > 0:
-      logging.info("nothing to do: checkpoint step %d >= num_train_steps %d", start, schedule.total)
+    if schedule.start >= schedule.total > 0:
+      logging.info(
+        "nothing to do: checkpoint step %d >= num_train_steps %d", schedule.start, schedule.total
+      )
     logging.info("%s finished in %.1fs", hooks.name, time.time() - t_start)
   finally:
     try:
@@ -201,7 +214,7 @@ def run(
     checkpointing.close(manager)
   if stopped is not None:  # after the cleanup: one `stopped:` line, exit status 128 + signal
     raise stopped
-  return state, saved["now"]
+  return state, saves.newest
 
 
 __all__ = ["Hooks", "Schedule", "run", "check_finite"]
