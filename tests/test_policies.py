@@ -326,6 +326,10 @@ def test_evaluation_settings_and_labels():
   out = generation.with_policy(oc, base, "entropy_bound", [0.1, 0.5])
   assert [(s["window"], s["policy_arg"]) for s in out] == [(4, 0.1), (4, 0.5), (8, 0.1), (8, 0.5)]
   assert generation.setting_name(oc, out[1]) == "W=4 entropy_bound gamma=0.5"
+  # the threshold rule's tau given as policy_arg (rl_result's settings) is the label's tau
+  tau = {"window": 4, "threshold": None, "policy": "threshold", "policy_arg": 0.7}
+  assert generation.setting_name(oc, tau) == "W=4 tau=0.7"
+  assert generation.setting_name(oc, dict(tau, policy_arg=None)) == "W=4 tau=off"
   assert generation.with_policy(oc, base, "threshold") == base
   with pytest.raises(ValueError, match="--thresholds"):
     generation.with_policy(oc, generation.decoding_settings(oc, thresholds=[0.9]), "margin")
