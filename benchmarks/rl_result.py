@@ -325,6 +325,13 @@ def targets(comps: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
   return out
 
 
+def sft_steps(records: List[Dict[str, Any]]):
+  """The step of the SFT checkpoints RL started from, as the record's plan states it (one number
+  when the seeds agree): --sft_steps only applies when this benchmark trains the SFT itself."""
+  steps = sorted({int(r["step"]) for r in records if r["arm"] == "sft"})
+  return steps[0] if len(steps) == 1 else steps
+
+
 def scrub(text: str, names: Dict[str, str]) -> str:
   """Replaces machine paths (longest first) by their names: no /tmp or /work in results files."""
   for path in sorted(names, key=len, reverse=True):
@@ -865,7 +872,10 @@ def main(argv=None, log=print) -> Dict[str, Any]:
       record = {
         "command": command,
         "commit": sa._commit(),  # pylint: disable=protected-access
-        "plan": {k: v for k, v in p.items() if k != "sft_workdirs"},
+        "plan": {
+          **{k: v for k, v in p.items() if k != "sft_workdirs"},
+          "sft_steps": sft_steps(records),
+        },
         "sft_workdirs": [f"SFT{s}" for s in p["seeds"]] if p["sft_workdirs"] else None,
         "sft_recipe": recipe,
         "seeds_done": done,

@@ -110,3 +110,12 @@ def test_the_merged_issue22_table_is_what_its_sources_give():
   for run in runs:
     run["results"].sort(key=lambda r: order.index(r["method"]))
   assert sa.summary_table(sa.summarize_seeds(runs)) in merged["markdown"]
+
+
+@needs_history
+def test_every_record_has_a_reachable_commit_or_says_why_it_stays():
+  for name, rec in publish.load_records(str(RESULTS)).items():
+    _, on_history, _ = publish.commit_status(rec, str(REPO))
+    prov = rec.get("provenance") or {}
+    assert on_history or (prov.get("measured") and prov.get("why_kept")), name
+    assert rec.get("measured_paths") and rec.get("markdown") and rec.get("date"), name
