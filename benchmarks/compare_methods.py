@@ -1,8 +1,8 @@
 r"""Side-by-side comparison of AR, MDLM, BD3LM (S=4) and SetDLM (S = 2, 4, 8) on the embedded corpus.
 
-  python benchmarks/compare_methods.py                      # the full run (~30-60 min, 2 CPU cores)
-  python benchmarks/compare_methods.py --quick              # a tiny end-to-end check (~1-2 min)
-  python benchmarks/compare_methods.py --output_dir=DIR --methods=ar,setdlm4 --steps=200
+  python -m benchmarks.compare_methods                      # the full run (~30-60 min, 2 CPU cores)
+  python -m benchmarks.compare_methods --quick              # a tiny end-to-end check (~1-2 min)
+  python -m benchmarks.compare_methods --output_dir=DIR --methods=ar,setdlm4 --steps=200
 
 Every method is trained with the same recipe (configs/compare.py: 2 x 128 backbone, L = 128, the
 embedded Jane Austen corpus, batch 16, 700 steps, seed 0; one tokenizer trained once and shared),
@@ -33,7 +33,11 @@ import sys
 import time
 from typing import Any, Dict, List
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+if __name__ == "__main__" and not __package__:  # a file run cannot import configs/, benchmarks/
+  sys.exit(
+    "error: run it from the repository root as `python -m benchmarks.compare_methods [flags]`"
+  )
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
@@ -102,7 +106,7 @@ def parse_args(argv=None):
 
 
 @contextlib.contextmanager
-def _jax_settings(settings: Dict[str, Any]):
+def jax_settings(settings: Dict[str, Any]):
   """Temporarily changes jax config values (restored afterwards)."""
   from jax.experimental.compilation_cache import compilation_cache
 
@@ -229,7 +233,7 @@ def evaluate_method(method: str, workdir: str, judge, args, p: Dict[str, Any], l
   """Likelihood, speed (+ sample quality) and infill of one trained run."""
   state = workdir_lib.load_inference_state(workdir, use_ema=False)
   oc = state.objective_config
-  lik_model, gen_model = run._models(state)
+  lik_model, gen_model = run.inference_models(state)
   res: Dict[str, Any] = {
     "method": method,
     "objective": oc.name,
@@ -511,7 +515,7 @@ def main(argv=None, log=print) -> Dict[str, Any]:
   methods = sorted(methods, key=lambda m: m != "ar")  # the AR run is the judge: train it first
   settings = {"jax_disable_most_optimizations": True} if args.quick else {}
   t_start = time.perf_counter()
-  with _jax_settings(settings):
+  with jax_settings(settings):
     configs = {m: method_config(m, args, p) for m in methods}
     tok_dir = shared_tokenizer(out_dir, configs[methods[0]])
     t0 = time.perf_counter()
@@ -531,7 +535,7 @@ def main(argv=None, log=print) -> Dict[str, Any]:
     eval_seconds = time.perf_counter() - t0
   cfg0 = configs[methods[0]]
   record = {
-    "command": "python benchmarks/compare_methods.py "
+    "command": "python -m benchmarks.compare_methods "
     + " ".join(argv if argv is not None else sys.argv[1:]),
     "quick": bool(args.quick),
     "seed": args.seed,

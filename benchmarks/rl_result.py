@@ -1,14 +1,14 @@
 r"""The measured RL result of issue 28: GRPO (exact trajectory likelihoods) against continued SFT
 with the same compute, on the chain task (configs/reasoning_chain.py: 5 operands in 1..9, L=32).
 
-  python benchmarks/rl_result.py --sft_workdirs=D0,D1,D2 --output_dir=/tmp/rl_result  # full
-  python benchmarks/rl_result.py --quick --output_dir=/tmp/rl_quick      # pipeline check (~1 min)
+  python -m benchmarks.rl_result --sft_workdirs=D0,D1,D2 --output_dir=/tmp/rl_result  # full
+  python -m benchmarks.rl_result --quick --output_dir=/tmp/rl_quick      # pipeline check (~1 min)
   # seeds as parallel processes on one output dir (seed 0 chooses the learning rates), then the
   # report of all three from the caches:
-  python benchmarks/rl_result.py --sft_workdirs=D0 --seeds=0 --output_dir=OUT &
-  python benchmarks/rl_result.py --sft_workdirs=D1 --seeds=1 --lr_seed=0 --wait_minutes=60 \
+  python -m benchmarks.rl_result --sft_workdirs=D0 --seeds=0 --output_dir=OUT &
+  python -m benchmarks.rl_result --sft_workdirs=D1 --seeds=1 --lr_seed=0 --wait_minutes=60 \
       --output_dir=OUT &
-  wait; python benchmarks/rl_result.py --sft_workdirs=D0,D1 --seeds=0,1 --output_dir=OUT
+  wait; python -m benchmarks.rl_result --sft_workdirs=D0,D1 --seeds=0,1 --output_dir=OUT
 
 Per seed s of --seeds (default 0,1,2):
   1. SFT: SetDLM S=4 (S_max 8) on the chain task; --sft_workdirs reuses one finished workdir per
@@ -50,13 +50,15 @@ import sys
 import time
 from typing import Any, Dict, List, Optional
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+if __name__ == "__main__" and not __package__:  # a file run cannot import configs/, benchmarks/
+  sys.exit("error: run it from the repository root as `python -m benchmarks.rl_result [flags]`")
 
 import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks import speed_accuracy as sa  # noqa: E402
-from benchmarks.compare_methods import _jax_settings, shared_tokenizer, train_method  # noqa: E402
+from benchmarks.compare_methods import jax_settings, shared_tokenizer, train_method  # noqa: E402
 from setdiff_jax.data import pairs as pairs_lib  # noqa: E402
 from setdiff_jax.data import tokenizers  # noqa: E402
 from setdiff_jax.evaluation import accuracy, run  # noqa: E402
@@ -430,7 +432,7 @@ def train_rl_arm(workdir: str, c, log) -> Dict[str, Any]:
       sum(x.get("rl/step_seconds", 0.0) for x in _metrics(workdir) if "rl/step_seconds" in x)
     ),
   }
-  sa._dump(info_path, info)
+  sa.dump_json(info_path, info)
   log(f"  RL {os.path.basename(workdir)}: {info['train_seconds']:.0f}s")
   return info
 
@@ -470,7 +472,7 @@ def evaluate(workdir: str, p, seed: int, full: bool, log, label: str) -> Dict[st
   learning-rate candidate); test at tau off and at the validation choice (full)."""
   state = workdir_lib.load_inference_state(workdir, use_ema=False)
   val, test, split_info = splits(state.config.data, p)
-  _, model = run._models(state)  # pylint: disable=protected-access
+  _, model = run.inference_models(state)
   w = int(state.config.loss.desired_set_size)
 
   def ev(problems, settings):
@@ -561,14 +563,14 @@ def run_arm(arm: str, lr, seed: int, sft_dir: str, p, out_dir: str, full: bool, 
     "seed": seed,
     "lr": lr,
     "workdir": os.path.relpath(workdir, out_dir) if workdir != sft_dir else f"SFT{seed}",
-    "commit": sa._commit(),  # pylint: disable=protected-access
+    "commit": sa.commit_label(),
     "train_seconds": float(info.get("train_seconds", 0.0)),
     "resumed": bool(info.get("resumed", False)),
     "updates": 0 if arm == "sft" else int(p["rl_steps"]) * int(p["inner_updates"]),
     "rows_per_update": 0 if arm == "sft" else int(p["prompts_per_step"]) * int(p["group_size"]),
     **evaluate(workdir, p, seed, full, log, label),
   }
-  sa._dump(cache, {"key": key, "record": rec})
+  sa.dump_json(cache, {"key": key, "record": rec})
   return rec
 
 
@@ -602,7 +604,7 @@ def choose_lrs(seed: int, sft_dir: str, p, out_dir: str, log) -> Dict[str, Any]:
       val[lr] = rec["val_off"]["accuracy"]
     out[arm] = {"grid": [[lr, a] for lr, a in val.items()], "chosen": choose_lr(val)}
   out["rl_cost"] = {"grid": [], "chosen": out["rl"]["chosen"], "from": "rl"}
-  sa._dump(path, {"key": key, "record": out})
+  sa.dump_json(path, {"key": key, "record": out})
   return out
 
 
@@ -680,8 +682,8 @@ def comparison_table(comps) -> str:
     [
       f"{c['a']} - {c['b']}",
       "tau off" if c["which"] == "off" else "each arm's validation choice",
-      sa._ci(c, "acc_diff"),  # pylint: disable=protected-access
-      sa._ci(c, "speedup", 1.0, "{:.2f}"),  # pylint: disable=protected-access
+      sa.ci_cell(c, "acc_diff"),
+      sa.ci_cell(c, "speedup", 1.0, "{:.2f}"),
       c["n"],
     ]
     for c in comps
@@ -693,8 +695,8 @@ def target_table(rows) -> str:
   body = [
     [
       t["target"],
-      sa._ci(t["measured"], "acc_diff"),  # pylint: disable=protected-access
-      sa._ci(t["measured"], "speedup", 1.0, "{:.2f}"),  # pylint: disable=protected-access
+      sa.ci_cell(t["measured"], "acc_diff"),
+      sa.ci_cell(t["measured"], "speedup", 1.0, "{:.2f}"),
       "met" if t["met"] else "not met",
     ]
     for t in rows
@@ -828,17 +830,17 @@ def main(argv=None, log=print) -> Dict[str, Any]:
       names[os.path.abspath(d)] = f"SFT{s}"
       names[d] = f"SFT{s}"
   command = scrub(
-    "python benchmarks/rl_result.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+    "python -m benchmarks.rl_result " + " ".join(argv if argv is not None else sys.argv[1:]),
     {**names, args.output_dir: "OUT"},
   )
-  load_start, t_start = sa._uptime(), time.perf_counter()  # pylint: disable=protected-access
+  load_start, t_start = sa.uptime(), time.perf_counter()
   records: List[Dict[str, Any]] = []
   curves: Dict[str, List[Dict[str, Any]]] = {}
   plat: Dict[int, Any] = {}
   lrs, done, recipe = None, [], ""
   # the learning-rate seed first (its validation split chooses for all)
   order = sorted(p["seeds"], key=lambda s: s != p["lr_seed"])
-  with _jax_settings({"jax_disable_most_optimizations": True} if p["quick"] else {}):
+  with jax_settings({"jax_disable_most_optimizations": True} if p["quick"] else {}):
     for seed in order:
       sft_dir = sft_workdir(seed, p, out_dir, log)
       names.setdefault(sft_dir, f"SFT{seed}")
@@ -871,7 +873,7 @@ def main(argv=None, log=print) -> Dict[str, Any]:
       ]
       record = {
         "command": command,
-        "commit": sa._commit(),  # pylint: disable=protected-access
+        "commit": sa.commit_label(),
         "plan": {
           **{k: v for k, v in p.items() if k != "sft_workdirs"},
           "sft_steps": sft_steps(records),
@@ -881,7 +883,7 @@ def main(argv=None, log=print) -> Dict[str, Any]:
         "seeds_done": done,
         "hardware": hardware(),
         "load_start": load_start,
-        "load_end": sa._uptime(),  # pylint: disable=protected-access
+        "load_end": sa.uptime(),
         "total_seconds": time.perf_counter() - t_start,
         "lr_choice": lrs,
         "plateau": {str(k): v for k, v in plat.items()},

@@ -1,8 +1,8 @@
 r"""The speed-accuracy trade-off of SPEC §7.1 on the procedural arithmetic task (CPU scale).
 
-  python benchmarks/speed_accuracy.py --output_dir=/tmp/speed_accuracy   # full (~45 min, 2 cores)
-  python benchmarks/speed_accuracy.py --quick --output_dir=/tmp/sa_quick  # pipeline check (<2 min)
-  python benchmarks/speed_accuracy.py --methods=bd3lm4,mdlm,mdlm+eos --align_to_blocks=both \
+  python -m benchmarks.speed_accuracy --output_dir=/tmp/speed_accuracy   # full (~45 min, 2 cores)
+  python -m benchmarks.speed_accuracy --quick --output_dir=/tmp/sa_quick  # pipeline check (<2 min)
+  python -m benchmarks.speed_accuracy --methods=bd3lm4,mdlm,mdlm+eos --align_to_blocks=both \
       --seeds=0,1,2 --output_dir=/tmp/sa_baselines   # the baselines as the paper ran them
 
 Trains AR, MDLM, BD3LM-4 and SetDLM S=4 (S_max=8) with one recipe (configs/reasoning_common.py:
@@ -28,10 +28,10 @@ per method), runs/<method>/ (training workdirs; a re-run skips finished training
 
 Commit policies (issue 27; `setdiff_jax/sampling/policies.py`):
 
-  python benchmarks/speed_accuracy.py \
+  python -m benchmarks.speed_accuracy \
       --policies=threshold,entropy_bound,factor,margin,topk,dilated,stable \
       --tasks=arithmetic,chain --seeds=0,1,2 --output_dir=/tmp/sa_policies
-  python benchmarks/speed_accuracy.py --quick --policies=threshold,entropy_bound \
+  python -m benchmarks.speed_accuracy --quick --policies=threshold,entropy_bound \
       --output_dir=/tmp/sa_policies_quick        # pipeline check: chain task, BD3LM + SetDLM
 
 With --policies the benchmark trains --methods (default ar, bd3lm4, setdlm4) once per task
@@ -68,12 +68,16 @@ import sys
 import time
 from typing import Any, Dict, List
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+if __name__ == "__main__" and not __package__:  # a file run cannot import configs/, benchmarks/
+  sys.exit(
+    "error: run it from the repository root as `python -m benchmarks.speed_accuracy [flags]`"
+  )
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from benchmarks.compare_methods import _jax_settings, shared_tokenizer, train_method  # noqa: E402
+from benchmarks.compare_methods import jax_settings, shared_tokenizer, train_method  # noqa: E402
 from configs import compare, reasoning_chain, reasoning_common  # noqa: E402
 from setdiff_jax.workdir import load as workdir_lib  # noqa: E402
 from setdiff_jax.data import pairs as pairs_lib  # noqa: E402
@@ -296,7 +300,7 @@ def evaluate_method(
   state = workdir_lib.load_inference_state(workdir, use_ema=False)
   name, s, _ = parse_spec(method)
   test = pairs_lib.load_pairs(state.config.data, "eval")
-  _, gen_model = run._models(state)  # pylint: disable=protected-access
+  _, gen_model = run.inference_models(state)
   t0 = time.perf_counter()
   rows = []
   for aligned in ALIGN[align] if name == "bd3lm" else ALIGN[align][:1]:  # no-op for the others
@@ -513,7 +517,7 @@ def plot(results, path: str):
   plt.close(fig)
 
 
-def _commit() -> str:
+def commit_label() -> str:
   """The checkout's commit (with '+dirty' for uncommitted changes), or 'unknown'."""
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   try:
@@ -532,7 +536,7 @@ def _commit() -> str:
   return (head + ("+dirty" if dirty else "")) if head else "unknown"
 
 
-def _uptime() -> str:
+def uptime() -> str:
   try:
     return subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
   except (OSError, subprocess.SubprocessError):
@@ -769,7 +773,7 @@ def policy_eval(
       num_test=p["num_test"],
     )
   test = pairs_lib.load_pairs(state.config.data, "eval")
-  _, model = run._models(state)  # pylint: disable=protected-access
+  _, model = run.inference_models(state)
   seq_len = int(state.config.seq_len)
   ev = lambda pairs, settings: accuracy.accuracy_eval(
     model,
@@ -971,7 +975,7 @@ def threshold_curve(records) -> List[Dict[str, Any]]:
   ]
 
 
-def _ci(c, key, scale=100.0, fmt="{:+.1f}") -> str:
+def ci_cell(c, key, scale=100.0, fmt="{:+.1f}") -> str:
   lo, hi = c[key + "_ci"]
   return f"{fmt.format(scale * c[key])} [{fmt.format(scale * lo)}, {fmt.format(scale * hi)}]"
 
@@ -1010,10 +1014,10 @@ def policy_table(rows) -> str:
         f"{100 * r['accuracy_ms'][0]:.1f} ± {100 * r['accuracy_ms'][1]:.1f}",
         f"{r['kept_tokens_per_call_ms'][0]:.2f} ± {r['kept_tokens_per_call_ms'][1]:.2f}",
         r["forward_calls"],
-        _ci(r, "acc_diff"),
-        _ci(r, "speedup", 1.0, "{:.2f}"),
-        _ci(v, "acc_diff") if v else "-",
-        _ci(v, "speedup", 1.0, "{:.2f}") if v else "-",
+        ci_cell(r, "acc_diff"),
+        ci_cell(r, "speedup", 1.0, "{:.2f}"),
+        ci_cell(v, "acc_diff") if v else "-",
+        ci_cell(v, "speedup", 1.0, "{:.2f}") if v else "-",
         r["copy_fraction"],
         f"{r['num_test']} ({len(r['seeds'])} x {r['num_test_per_seed']})",
       ]
@@ -1041,8 +1045,8 @@ def matched_table(rows) -> str:
       r["policy"],
       _args(r["chosen_args"]),
       _args(r["match_args"]),
-      _ci(r["vs_match"], "acc_diff"),
-      _ci(r["vs_match"], "speedup", 1.0, "{:.2f}"),
+      ci_cell(r["vs_match"], "acc_diff"),
+      ci_cell(r["vs_match"], "speedup", 1.0, "{:.2f}"),
       r["num_test"],
     ]
     for r in rows
@@ -1131,7 +1135,7 @@ def plot_policies(rows, curve, path: str):
   plt.close(fig)
 
 
-def _dump(path: str, obj) -> None:
+def dump_json(path: str, obj) -> None:
   """Writes json atomically (a killed run leaves the previous file, never half of one)."""
   os.makedirs(os.path.dirname(path), exist_ok=True)
   tmp = f"{path}.{os.getpid()}.tmp"  # per process: parallel runs may share an output dir
@@ -1169,13 +1173,13 @@ def policy_main(args, argv, log) -> Dict[str, Any]:
     methods = list(QUICK_POLICY_METHODS if args.quick else POLICY_METHODS)
   for m in methods:
     compare.parse_method(m)
-  command = "python benchmarks/speed_accuracy.py " + " ".join(
+  command = "python -m benchmarks.speed_accuracy " + " ".join(
     argv if argv is not None else sys.argv[1:]
   )
-  load_start = _uptime()
+  load_start = uptime()
   t_start = time.perf_counter()
   records, train_seconds, done = [], 0.0, []
-  with _jax_settings({"jax_disable_most_optimizations": True} if args.quick else {}):
+  with jax_settings({"jax_disable_most_optimizations": True} if args.quick else {}):
     for task in p["tasks"]:
       pt = p
       if task == "arithmetic":  # its 3 x 1..9 family holds 207 held-out problems in all
@@ -1214,7 +1218,7 @@ def policy_main(args, argv, log) -> Dict[str, Any]:
           t0 = time.perf_counter()
           info = train_method(m, configs[m], sub, tok_dir, log)
           train_seconds += time.perf_counter() - t0
-          dump = lambda recs, complete, info=info, key=key, cache=cache: _dump(
+          dump = lambda recs, complete, info=info, key=key, cache=cache: dump_json(
             cache,
             {
               "key": key,
@@ -1255,13 +1259,13 @@ def write_policy_report(
   name = f"{NAME}_policies"
   record = {
     "command": command,
-    "commit": _commit(),
+    "commit": commit_label(),
     "quick": bool(args.quick),
     "methods": methods,
     "plan": p,
     "hardware": hardware(),
     "load_start": load_start,
-    "load_end": _uptime(),
+    "load_end": uptime(),
     "train_seconds": train_seconds,
     "total_seconds": time.perf_counter() - t_start,
     "finished": done,
@@ -1354,11 +1358,11 @@ def main(argv=None, log=print) -> Dict[str, Any]:
   for m in methods:
     parse_spec(m)
   seeds = [int(x) for x in args.seeds.split(",") if x.strip()] if args.seeds else [args.seed]
-  load_start, commit = _uptime(), _commit()
+  load_start, commit = uptime(), commit_label()
   t_start = time.perf_counter()
   train_seconds = eval_seconds = 0.0
   runs = []
-  with _jax_settings({"jax_disable_most_optimizations": True} if args.quick else {}):
+  with jax_settings({"jax_disable_most_optimizations": True} if args.quick else {}):
     for seed in seeds:
       seed_dir = out_dir if len(seeds) == 1 else os.path.join(out_dir, f"seed{seed}")
       configs = {m: method_config(m, p, seed, args.quick) for m in methods}
@@ -1376,7 +1380,7 @@ def main(argv=None, log=print) -> Dict[str, Any]:
       runs.append({"seed": seed, "results": results})
       # every finished seed is on disk (a run cut short keeps its complete seeds)
       record = {
-        "command": "python benchmarks/speed_accuracy.py "
+        "command": "python -m benchmarks.speed_accuracy "
         + " ".join(argv if argv is not None else sys.argv[1:]),
         "commit": commit,
         "quick": bool(args.quick),
@@ -1389,7 +1393,7 @@ def main(argv=None, log=print) -> Dict[str, Any]:
         "recipe": _recipe(configs[methods[0]]),
         "hardware": hardware(),
         "load_start": load_start,
-        "load_end": _uptime(),
+        "load_end": uptime(),
         "train_seconds": train_seconds,
         "eval_seconds": eval_seconds,
         "total_seconds": time.perf_counter() - t_start,
