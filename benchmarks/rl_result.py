@@ -35,8 +35,8 @@ Per seed s of --seeds (default 0,1,2):
      problem) pairs (`speed_accuracy.paired_ci`): accuracy difference and kept-tokens-per-call
      ratio of rl - control, rl - sft, control - sft (and rl_cost likewise), at tau off and at each
      arm's own validation choice, against the issue's targets.
-Writes rl_chain.{md,json,png} to --output_dir (and a copy to --results_dir, default
-benchmarks/results for a full run; no machine paths inside). Each (seed, arm) is cached in
+Writes rl_chain.{md,json,png} to --output_dir (no machine paths inside); --record=NAME publishes
+them as the record benchmarks/results/NAME.json (+ .png; see speed_accuracy's docstring). Each (seed, arm) is cached in
 <output_dir>/seed<s>/arm_<arm>.json (atomic; RL / control workdirs resume), so a killed run resumes.
 """
 
@@ -58,7 +58,7 @@ import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks import speed_accuracy as sa  # noqa: E402
-from benchmarks.compare_methods import jax_settings, shared_tokenizer, train_method  # noqa: E402
+from benchmarks.compare_methods import jax_settings, publish, shared_tokenizer, train_method  # noqa: E402
 from setdiff_jax.data import pairs as pairs_lib  # noqa: E402
 from setdiff_jax.data import tokenizers  # noqa: E402
 from setdiff_jax.evaluation import accuracy, run  # noqa: E402
@@ -69,6 +69,7 @@ from setdiff_jax.workdir import checkpoints as checkpointing  # noqa: E402
 from setdiff_jax.workdir import load as workdir_lib  # noqa: E402
 
 NAME = "rl_chain"
+MEASURED = sa.MEASURED[:3] + sa.MEASURED[4:] + ("benchmarks/rl_result.py",)  # + setdiff_jax/rl
 ARMS = ("sft", "control", "rl", "rl_cost")
 LABELS = {
   "sft": "SFT checkpoint",
@@ -101,11 +102,15 @@ def parse_args(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--output_dir", default="/tmp/setdiff_rl_result")
   p.add_argument(
-    "--results_dir",
+    "--record",
     default=None,
-    help="copy rl_chain.* here (default: benchmarks/results for "
-    "a full run, none for --quick; 'none' disables)",
+    help="publish the report as the record RESULTS_DIR/RECORD.json (+ .png): only from a clean "
+    "commit on main's history, never over another record",
   )
+  p.add_argument(
+    "--record_resume", action="store_true", help="--record: replace a re-report of the same commit"
+  )
+  p.add_argument("--results_dir", default=None, help="where --record writes (benchmarks/results)")
   p.add_argument("--quick", action="store_true", help="tiny model, few steps and problems")
   p.add_argument("--seeds", default=None, help="comma-separated (default 0,1,2; quick 0)")
   p.add_argument(
@@ -898,7 +903,7 @@ def main(argv=None, log=print) -> Dict[str, Any]:
       with open(tmp, "w") as f:
         f.write(scrub(json.dumps(record, separators=(",", ":"), default=float), names))
       os.replace(tmp, os.path.join(out_dir, f"{NAME}.json"))
-  sa.publish(out_dir, NAME, args.results_dir or (None if p["quick"] else sa.RESULTS_DIR))
+  publish(out_dir, NAME, args, MEASURED, compact=True)
   log(text)
   log(f"\nwrote {out_dir}/{NAME}.md, .json, .png ({record['total_seconds'] / 60:.1f} min)")
   return record

@@ -24,7 +24,9 @@ a table of mean +- std over the seeds.
 Writes to --output_dir: speed_accuracy.json (everything), speed_accuracy.md (table, command,
 machine load), speed_accuracy.png (accuracy vs tokens/s at batch 1, and vs tokens/step; one curve
 per method), runs/<method>/ (training workdirs; a re-run skips finished training) and tokenizer/.
---results_dir (default benchmarks/results for a full run) receives copies of the three files.
+--record=NAME publishes the report as the record benchmarks/results/NAME.json (+ .png; only
+from a clean commit on main's history, never over another record); then
+`python -m setdiff_jax.experiments.publish` regenerates its table in docs/results/NAME.md.
 
 Commit policies (issue 27; `setdiff_jax/sampling/policies.py`):
 
@@ -62,7 +64,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -77,7 +78,7 @@ if __name__ == "__main__" and not __package__:  # a file run cannot import confi
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from benchmarks.compare_methods import jax_settings, shared_tokenizer, train_method  # noqa: E402
+from benchmarks.compare_methods import jax_settings, publish, shared_tokenizer, train_method  # noqa: E402
 from configs import compare, reasoning_chain, reasoning_common  # noqa: E402
 from setdiff_jax.workdir import load as workdir_lib  # noqa: E402
 from setdiff_jax.data import pairs as pairs_lib  # noqa: E402
@@ -111,17 +112,35 @@ ARITH_HELD_OUT, ARITH_MIN_VAL = 207, 57  # arithmetic: held-out problems in all;
 THRESHOLDS = (None, 0.99, 0.95, 0.9, 0.85, 0.8, 0.7, 0.6)
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 NAME = "speed_accuracy"
+# The code the numbers depend on (git pathspecs): a record is marked stale once a later commit
+# touches one (python -m setdiff_jax.experiments.publish).
+MEASURED = (
+  "setdiff_jax",
+  ":(exclude)setdiff_jax/experiments",
+  ":(exclude)setdiff_jax/interop",
+  ":(exclude)setdiff_jax/rl",
+  "configs/reasoning_common.py",
+  "configs/reasoning_chain.py",
+  "configs/compare.py",
+  "benchmarks/speed_accuracy.py",
+  "benchmarks/compare_methods.py",
+)
 
 
 def parse_args(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--output_dir", default="/tmp/setdiff_speed_accuracy")
   p.add_argument(
-    "--results_dir",
+    "--record",
     default=None,
-    help="copy the table/plot/json here (default: benchmarks/results for a full "
-    "run, none for --quick; 'none' disables)",
+    help="publish this run's report as the record RESULTS_DIR/RECORD.json (+ .png): only from "
+    "a clean commit on main's history, never over another record (setdiff_jax/experiments); "
+    "without it nothing leaves --output_dir",
   )
+  p.add_argument(
+    "--record_resume", action="store_true", help="--record: replace a re-report of the same commit"
+  )
+  p.add_argument("--results_dir", default=None, help="where --record writes (benchmarks/results)")
   p.add_argument("--quick", action="store_true", help="tiny models and few steps / problems")
   p.add_argument(
     "--methods",
@@ -1245,7 +1264,7 @@ def policy_main(args, argv, log) -> Dict[str, Any]:
           out_dir, args, p, command, methods, load_start, t_start, train_seconds, records, done, log
         )
   name = f"{NAME}_policies"
-  publish(out_dir, name, args.results_dir or (None if args.quick else RESULTS_DIR))
+  publish(out_dir, name, args, MEASURED)
   log(record["markdown"])
   log(f"\nwrote {out_dir}/{name}.md, .json, .png ({record['total_seconds'] / 60:.1f} min)")
   return record
@@ -1328,23 +1347,14 @@ def _recipe(c0) -> str:
   )
 
 
-def publish(out_dir: str, name: str, results_dir) -> None:
-  """Copies the report `<out_dir>/<name>.{md,json,png}` (those written) to `results_dir`
-  (None or 'none': nowhere)."""
-  if not results_dir or results_dir == "none":
-    return
-  os.makedirs(results_dir, exist_ok=True)
-  for ext in ("md", "json", "png"):
-    if os.path.isfile(os.path.join(out_dir, f"{name}.{ext}")):
-      shutil.copy(os.path.join(out_dir, f"{name}.{ext}"), results_dir)
-
-
 def _save(out_dir: str, record) -> str:
-  """Writes speed_accuracy.{json,png,md} for the seeds done so far; returns the markdown."""
+  """Writes speed_accuracy.{json,png,md} for the seeds done so far (the json with its rendered
+  markdown); returns the markdown."""
+  plot(record["summary"] or record["runs"][0]["results"], os.path.join(out_dir, f"{NAME}.png"))
+  record["markdown"] = write_report(out_dir, record)
   with open(os.path.join(out_dir, f"{NAME}.json"), "w") as f:
     json.dump(record, f, indent=2, default=float)
-  plot(record["summary"] or record["runs"][0]["results"], os.path.join(out_dir, f"{NAME}.png"))
-  return write_report(out_dir, record)
+  return record["markdown"]
 
 
 def main(argv=None, log=print) -> Dict[str, Any]:
@@ -1402,7 +1412,7 @@ def main(argv=None, log=print) -> Dict[str, Any]:
         "summary": summarize_seeds(runs) if len(runs) > 1 else None,
       }
       text = _save(out_dir, record)
-  publish(out_dir, NAME, args.results_dir or (None if args.quick else RESULTS_DIR))
+  publish(out_dir, NAME, args, MEASURED)
   log(text)
   log(f"\nwrote {out_dir}/{NAME}.md, .json, .png ({record['total_seconds'] / 60:.1f} min)")
   return record

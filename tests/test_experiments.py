@@ -176,3 +176,26 @@ def test_holm_against_a_hand_worked_example():
 def test_p_value_is_two_sided():
   assert stats.p_value(np.array([1.0, 2.0, 3.0, -1.0])) == pytest.approx(0.5)
   assert stats.p_value(np.array([1.0, 2.0])) == 0.0
+
+
+def test_publish_report_stamps_the_commit_and_never_overwrites(repo, tmp_path):
+  png = tmp_path / "plot.png"
+  png.write_bytes(b"\x89PNG")
+  report = {"command": "python -m benchmarks.x", "markdown": "## T\n\n![p](x.png)\n", "v": 1}
+  path = record.publish_report(
+    report, "t_one", str(repo / "results"), ["code.py"], {"x.png": str(png)}
+  )
+  data = json.loads(open(path).read())
+  assert len(data["commit"]) == 40 and data["measured_paths"] == ["code.py"] and data["date"]
+  assert (
+    data["markdown"] == "## T\n\n![p](t_one.png)\n" and (repo / "results" / "t_one.png").exists()
+  )
+  with pytest.raises(record.RecordError, match="exists"):
+    record.publish_report(report, "t_one", str(repo / "results"), ["code.py"])
+  record.publish_report(dict(report, v=2), "t_one", str(repo / "results"), ["code.py"], resume=True)
+  assert json.loads(open(path).read())["v"] == 2
+  with pytest.raises(record.RecordError, match="no 'markdown'"):
+    record.publish_report({"v": 1}, "t_two", str(repo / "results"), ["code.py"])
+  (repo / "code.py").write_text("x = 5\n")
+  with pytest.raises(record.RecordError, match="uncommitted"):
+    record.publish_report(report, "t_three", str(repo / "results"), ["code.py"])

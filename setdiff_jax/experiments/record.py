@@ -65,13 +65,15 @@ def _jsonable(x):
   raise TypeError(f"not JSON serialisable: {type(x).__name__}")
 
 
-def write_json(path: str, obj) -> None:
+def write_json(path: str, obj, compact: bool = False) -> None:
   """Writes json atomically (a killed run leaves the previous file, never half of one); the
-  temporary name is per process, as parallel runs may share a folder."""
+  temporary name is per process, as parallel runs may share a folder. `compact`: no
+  indentation (records with per-problem lists)."""
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   tmp = f"{path}.{os.getpid()}.tmp"
   with open(tmp, "w") as f:
-    json.dump(obj, f, indent=1, default=_jsonable)
+    layout = {"separators": (",", ":")} if compact else {"indent": 1}
+    json.dump(obj, f, default=_jsonable, **layout)
     f.write("\n")
   os.replace(tmp, path)
 
@@ -212,3 +214,66 @@ class RunRecord:
 
   def save(self) -> None:
     write_json(self.path, self.data)
+
+
+def publish_report(
+  report: Dict[str, Any],
+  name: str,
+  results_dir: str,
+  measured_paths: Sequence[str],
+  images: Optional[Dict[str, str]] = None,
+  resume: bool = False,
+  repo: Optional[str] = None,
+  main_ref: str = MAIN_REF,
+  compact: bool = False,
+) -> str:
+  """The one publish step of a benchmark: writes `report` (its JSON object, holding the
+  'markdown' its tables were rendered into) as the record `<results_dir>/<name>.json`, stamped
+  with the clean commit on main's history, the date and the measured paths; `images` ({the file
+  name the markdown links: its path}) are copied beside it as `<name>.png` (`<name>_<k>.png`)
+  and relinked. Refuses what `RunRecord.create` refuses; `resume=True` replaces a record of the
+  same name made at the same commit (a re-report). Returns the record's path.
+  `python -m setdiff_jax.experiments.publish` then regenerates docs/results."""
+  if not NAME_RE.match(name or ""):
+    raise RecordError(
+      f"record name {name!r}: use lowercase letters, digits, '_', '.', '-' (e.g. chain_lr_grid)"
+    )
+  if not report.get("markdown"):
+    raise RecordError(f"record {name}: the report has no 'markdown' (its rendered tables)")
+  results_dir = os.path.abspath(results_dir)
+  os.makedirs(results_dir, exist_ok=True)
+  repo = git.top_level(repo or results_dir)
+  inside = os.path.relpath(results_dir, repo)
+  commit = clean_commit(repo, main_ref, exclude=() if inside.startswith("..") else (inside,))
+  path = os.path.join(results_dir, f"{name}.json")
+  if os.path.exists(path):
+    with open(path) as f:
+      old = json.load(f)
+    if not resume:
+      raise RecordError(
+        f"a record named {name!r} exists ({path}): choose another name (--record=NEW), or "
+        "pass --record_resume to replace it with a re-report of the same commit"
+      )
+    if old.get("commit") != commit:
+      raise RecordError(
+        f"record {name!r} was made at commit {str(old.get('commit'))[:10]}, this checkout is at "
+        f"{commit[:10]}: a record holds one commit; start a new name"
+      )
+  data = dict(report)
+  markdown = data["markdown"]
+  for k, (link, src) in enumerate(sorted((images or {}).items())):
+    if not os.path.isfile(src):
+      continue
+    dest = f"{name}.png" if k == 0 else f"{name}_{k}.png"
+    with open(src, "rb") as fin, open(os.path.join(results_dir, dest), "wb") as fout:
+      fout.write(fin.read())
+    markdown = markdown.replace(f"]({link})", f"]({dest})")
+  data.update(
+    name=name,
+    commit=commit,
+    markdown=markdown,
+    measured_paths=list(measured_paths),
+    date=data.get("date") or dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+  )
+  write_json(path, data, compact)
+  return path
