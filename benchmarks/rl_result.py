@@ -31,8 +31,8 @@ Per seed s of --seeds (default 0,1,2):
      --eval=accuracy) on --num_val validation problems over --eval_grid (the choice: the most kept
      tokens per forward call within 1 point of tau off, `speed_accuracy.choose`) and on --num_test
      test problems at tau off and at that choice. The RL prompts come from the task's train split
-     (checked disjoint from both at run time). Paired bootstrap CIs over the pooled (seed,
-     problem) pairs (`speed_accuracy.paired_ci`): accuracy difference and kept-tokens-per-call
+     (checked disjoint from both at run time). Paired hierarchical bootstrap CIs (seeds, then
+     the problems they share: `speed_accuracy.paired_ci`): accuracy difference and kept-tokens-per-call
      ratio of rl - control, rl - sft, control - sft (and rl_cost likewise), at tau off and at each
      arm's own validation choice, against the issue's targets.
 Writes rl_chain.{md,json,png} to --output_dir (no machine paths inside); --record=NAME publishes
@@ -296,11 +296,13 @@ def pooled(records: List[Dict[str, Any]], arm: str, which: str, seeds) -> Dict[s
 
 def compare(records, a: str, b: str, which: str, seeds, n_boot: int) -> Dict[str, Any]:
   """Arm a vs arm b on the same (seed, problem) pairs: accuracy difference and kept/call ratio
-  with 95 % bootstrap intervals (`speed_accuracy.paired_ci`)."""
+  with 95 % paired hierarchical bootstrap intervals (seeds, then problems:
+  `speed_accuracy.paired_ci`)."""
   x, y = pooled(records, a, which, seeds), pooled(records, b, which, seeds)
   if len(x["correct"]) != len(y["correct"]):
     raise ValueError(f"{a} and {b} were not evaluated on the same problems")
-  return {"a": a, "b": b, "which": which, "n": len(x["correct"]), **sa.paired_ci(x, y, n_boot)}
+  ci = sa.paired_ci(x, y, n_boot, 0, len(seeds))
+  return {"a": a, "b": b, "which": which, "n": len(x["correct"]), **ci}
 
 
 def targets(comps: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
@@ -796,7 +798,7 @@ def write_report(out_dir: str, record: Dict[str, Any], names: Dict[str, str]) ->
     f"{p['eval_grid']} (choice: most kept tokens per forward call within 1 point of tau off), "
     f"{p['num_test']} test problems per seed (the same for every arm and seed; disjoint from the "
     "train split of the RL prompts and control rows, checked) at tau off and at the choice. "
-    f"CIs: paired bootstrap ({p['bootstrap']} resamples) over the pooled (seed, problem) pairs.",
+    f"CIs: paired hierarchical bootstrap ({p['bootstrap']} resamples: seeds, then the problems they share).",
     "",
     "Per arm (mean ± std over seeds; wall-clock of the training call on the shared machine, "
     "seeds run as parallel processes, so it is not a clean compute measure):",

@@ -46,8 +46,8 @@ accuracy is at most 1 point below the threshold rule with tau off (else the most
 and measures that choice once on the TEST split; the threshold rule is measured on test at every
 grid tau (its curve). Speed = kept tokens per forward call (generated tokens that come back,
 nothing after the answer's EOS; the prompt-encoding call counts), forward calls per example
-beside it. Paired comparisons (same checkpoints and problems; 95 % bootstrap confidence intervals
-over the pooled (seed, problem) pairs; accuracy difference and kept-tokens-per-call ratio) of each
+beside it. Paired comparisons (same checkpoints and problems; 95 % intervals of the paired
+hierarchical bootstrap: seeds, then the problems they share; accuracy difference and kept-tokens-per-call ratio) of each
 policy against (1) tau off, (2) the threshold rule's own validation choice, (3) the threshold rule
 at matched speed: the tau whose validation kept tokens per call is nearest to the policy's (per
 seed). Also: mean +- std over seeds, tau-off accuracy per seed (seed agreement), copy fraction per
@@ -88,6 +88,7 @@ from setdiff_jax.evaluation import accuracy, run  # noqa: E402
 from setdiff_jax.evaluation.results import hardware  # noqa: E402
 from setdiff_jax.evaluation.tables import markdown_table  # noqa: E402
 from setdiff_jax.evaluation.generation import threshold_label  # noqa: E402
+from setdiff_jax.experiments import stats  # noqa: E402
 
 METHODS = ("ar", "mdlm", "bd3lm4", "setdlm4")
 POLICY_METHODS = ("ar", "bd3lm4", "setdlm4")
@@ -741,26 +742,30 @@ def matched(rows: List[Dict[str, Any]], kept_per_call: float) -> Dict[str, Any]:
   )
 
 
-def paired_ci(a: Dict[str, list], b: Dict[str, list], n_boot: int, seed: int = 0):
+def paired_ci(a: Dict[str, list], b: Dict[str, list], n_boot: int, seed: int = 0, n_seeds: int = 1):
   """Policy a vs reference b on the same problems: (accuracy difference, kept-tokens-per-call
-  ratio), each with a 95 % percentile bootstrap interval over problems."""
-  ca, cb = np.asarray(a["correct"], float), np.asarray(b["correct"], float)
-  ka, kb = np.asarray(a["kept"], float), np.asarray(b["kept"], float)
-  fa, fb = np.asarray(a["calls"], float), np.asarray(b["calls"], float)
-  stat = lambda i: (
-    ca[i].mean() - cb[i].mean(),
-    (ka[i].sum() / fa[i].sum()) / (kb[i].sum() / fb[i].sum()),
+  ratio), each with a 95 % interval of the paired hierarchical bootstrap
+  (`experiments.stats`: the `n_seeds` training runs resampled, then the problems they share).
+  a, b: {'correct', 'kept', 'calls'} lists pooled seed after seed, the same problems per seed."""
+  arrays = [np.asarray(x[k], float) for k in ("correct", "kept", "calls") for x in (a, b)]
+  if len(arrays[0]) % n_seeds or any(len(x) != len(arrays[0]) for x in arrays):
+    raise ValueError(
+      f"paired CI: {len(arrays[0])} and {len(arrays[1])} results are not {n_seeds} seeds x "
+      "the same problems"
+    )
+  arrays = [x.reshape(n_seeds, -1) for x in arrays]
+  stat = lambda ca, cb, ka, kb, fa, fb: (  # noqa: E731
+    ca.mean() - cb.mean(),
+    (ka.sum() / fa.sum()) / (kb.sum() / fb.sum()),
   )
-  rng = np.random.default_rng(seed)
-  n = len(ca)
-  boots = np.array([stat(rng.integers(0, n, n)) for _ in range(n_boot)])
-  point = stat(np.arange(n))
+  boots = stats.hierarchical_bootstrap(arrays, stat, n_boot, seed)
+  point = stat(*arrays)
   lo, hi = np.percentile(boots, [2.5, 97.5], axis=0)
   return {
-    "acc_diff": point[0],
-    "acc_diff_ci": [lo[0], hi[0]],
-    "speedup": point[1],
-    "speedup_ci": [lo[1], hi[1]],
+    "acc_diff": float(point[0]),
+    "acc_diff_ci": [float(lo[0]), float(hi[0])],
+    "speedup": float(point[1]),
+    "speedup_ci": [float(lo[1]), float(hi[1])],
   }
 
 
@@ -948,13 +953,16 @@ def summarize(records: List[Dict[str, Any]], n_boot: int) -> List[Dict[str, Any]
       "num_test": len(a["correct"]),
       "num_test_per_seed": len(recs[0]["per_example"]["correct"]),
     }
-    row.update(paired_ci(a, _merge([thr[x["seed"]]["ref_per_example"] for x in recs]), n_boot))
+    k = len(recs)  # seeds
+    row.update(
+      paired_ci(a, _merge([thr[x["seed"]]["ref_per_example"] for x in recs]), n_boot, 0, k)
+    )
     if method.startswith("ar") or policy == policies_lib.DEFAULT:
       row["ref_seed_accuracies"] = [x["ref_test"]["accuracy"] for x in recs]  # seed agreement
       rows.append(row)
       continue
     chosen = _merge([thr[x["seed"]]["per_example"] for x in recs])
-    row["vs_thr"] = paired_ci(a, chosen, n_boot)
+    row["vs_thr"] = paired_ci(a, chosen, n_boot, 0, k)
     row["thr_args"] = [thr[x["seed"]]["chosen_arg"] for x in recs]
     taus, per = [], []
     for x in recs:
@@ -964,7 +972,7 @@ def summarize(records: List[Dict[str, Any]], n_boot: int) -> List[Dict[str, Any]
         [g for g in thr[x["seed"]]["grid_test"] if g["arg"] == m["policy_arg"]][0]["per_example"]
       )
     row["match_args"] = taus
-    row["vs_match"] = paired_ci(a, _merge(per), n_boot)
+    row["vs_match"] = paired_ci(a, _merge(per), n_boot, 0, k)
     rows.append(row)
   return rows
 
@@ -1312,8 +1320,8 @@ def write_policy_report(
       + f". The validation split chooses each policy's parameter (grid {p['grid']}; the most "
       "kept tokens per call within 1 point of tau off, else the most accurate); the test split "
       "measures the choice once (and the threshold rule at every grid tau, for its curve). "
-      f"CIs: paired bootstrap ({args.bootstrap} resamples) over the pooled (seed, problem) "
-      "pairs, same checkpoints and problems; accuracy differences in points, speed as the ratio "
+      f"CIs: paired hierarchical bootstrap ({args.bootstrap} resamples: seeds, then the problems "
+      "they share), same checkpoints and problems; accuracy differences in points, speed as the ratio "
       "of kept tokens per forward call. tok/s is not reported here (a shared, loaded machine).",
       "",
       policy_table(rows),

@@ -28,23 +28,27 @@ needs_history = pytest.mark.skipif(
 )
 
 
+@pytest.fixture(scope="module")
+def generated():
+  return publish.generate(str(RESULTS), str(DOCS), str(REPO))
+
+
 @needs_history
-def test_docs_results_equal_what_the_records_give():
-  wanted = publish.generate(str(RESULTS), str(DOCS), str(REPO))
-  assert publish.differences(wanted, str(DOCS)) == [], (
+def test_docs_results_equal_what_the_records_give(generated):
+  assert publish.differences(generated, str(DOCS)) == [], (
     "docs/results is out of date or edited by hand: run `python -m setdiff_jax.experiments."
     "publish` and commit docs/results"
   )
 
 
 @needs_history
-def test_a_hand_edit_is_caught(tmp_path):
+def test_a_hand_edit_is_caught(tmp_path, generated):
   docs = tmp_path / "docs"
   shutil.copytree(DOCS, docs)
   target = docs / "rl_chain_5000.md"
   target.write_text(target.read_text().replace("0.3", "0.4", 1))
   (docs / "orphan.md").write_text("# a table with no record\n")
-  problems = publish.differences(publish.generate(str(RESULTS), str(DOCS), str(REPO)), str(docs))
+  problems = publish.differences(generated, str(docs))
   assert any("rl_chain_5000.md differs" in p for p in problems)
   assert any("orphan.md has no record" in p for p in problems)
   assert publish.main(["--results_dir", str(RESULTS), "--docs_dir", str(docs), "--check"]) == 1

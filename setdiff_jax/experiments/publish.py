@@ -107,8 +107,11 @@ def _cell(text: Any) -> str:
   return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def render(name: str, rec: Dict[str, Any], repo: str, source: str, images: Sequence[str]) -> str:
-  """The markdown of docs/results/<name>.md (`images`: the image files beside the record)."""
+def render(
+  name: str, rec: Dict[str, Any], repo: str, source: str, images: Sequence[str], st=None
+) -> str:
+  """The markdown of docs/results/<name>.md (`images`: the image files beside the record; `st`:
+  its `status`, computed here when not given)."""
   if not rec.get("markdown"):
     raise ValueError(
       f"{source} has no 'markdown' (the tables its benchmark rendered from its data): rerun "
@@ -118,7 +121,7 @@ def render(name: str, rec: Dict[str, Any], repo: str, source: str, images: Seque
   rel = os.path.relpath(os.path.dirname(source), DOCS_DIR).replace(os.sep, "/")
   for img in images:  # the benchmark wrote links relative to its own folder
     body = body.replace(f"]({img})", f"]({rel}/{img})")
-  st = status(rec, repo)
+  st = st or status(rec, repo)
   prov = rec.get("provenance") or {}
   rows = [
     ("record", f"`{source}`"),
@@ -166,12 +169,13 @@ def generate(results_dir: str = RESULTS_DIR, docs_dir: str = DOCS_DIR, repo: Opt
   for name, rec in records.items():
     source = os.path.join(results_dir, f"{name}.json").replace(os.sep, "/")
     source = os.path.relpath(source, repo) if os.path.isabs(source) else source
-    out[f"{name}.md"] = render(name, rec, repo, source, images)
+    st = status(rec, repo)
+    out[f"{name}.md"] = render(name, rec, repo, source, images, st)
     entries.append(
       {
         "name": name,
         "title": _title_and_body(rec["markdown"], name)[0],
-        "status": status(rec, repo)["label"],
+        "status": st["label"],
         "commit": rec.get("commit") or "none",
         "date": rec.get("date") or "-",
       }

@@ -40,21 +40,22 @@ def hierarchical_bootstrap(
   seed: int = 0,
   problems: str = "shared",
 ) -> np.ndarray:
-  """[n_boot] draws of `stat(*resampled)`, each resampled array [seeds, problems] taken with the
-  same seed and problem indices from `arrays` (the arms, each [seeds, problems])."""
+  """[n_boot] (or [n_boot, k] for a statistic of k numbers) draws of `stat(*resampled)`, each
+  resampled array [seeds, problems] taken with the same seed and problem indices from `arrays`
+  (the arms, each [seeds, problems])."""
   arrays = _check(arrays, problems)
   n_s, n_p = arrays[0].shape
   rng = np.random.default_rng(seed)
-  draws = np.empty(n_boot)
-  for b in range(n_boot):
+  draws = []
+  for _ in range(n_boot):
     s = rng.integers(0, n_s, n_s)
     if problems == "shared":
       p = np.broadcast_to(rng.integers(0, n_p, n_p), (n_s, n_p))
     else:
       p = rng.integers(0, n_p, (n_s, n_p))
     rows = s[:, None]
-    draws[b] = stat(*(a[rows, p] for a in arrays))
-  return draws
+    draws.append(stat(*(a[rows, p] for a in arrays)))
+  return np.asarray(draws, float)
 
 
 def flat_bootstrap(
