@@ -2,8 +2,8 @@
 
   python -m venv --system-site-packages /tmp/tpu_venv
   /tmp/tpu_venv/bin/pip install "libtpu==0.0.42.*"     # the version jax 0.10.2's [tpu] extra pins
-  /tmp/tpu_venv/bin/python benchmarks/aot_compile.py    # every program x every topology
-  /tmp/tpu_venv/bin/python benchmarks/aot_compile.py --topologies=v5e-8 --programs=lm1b_sw_train
+  /tmp/tpu_venv/bin/python -m benchmarks.aot_compile    # every program x every topology
+  /tmp/tpu_venv/bin/python -m benchmarks.aot_compile --topologies=v5e-8 --programs=lm1b_sw_train
 
 libtpu ships the TPU compiler; `jax.experimental.topologies.get_topology_desc` describes a slice
 (v5e-8 = 8 v5e chips 2x4; v4-8 = 4 v4 chips 2x2x1 in megacore mode, one device per chip) with
@@ -22,7 +22,7 @@ Programs:
   gsm8k_sw_qwen3_train   configs/gsm8k_sw_qwen3.py with Qwen3-1.7B-Base's shapes (28 x 2048,
                          16 / 8 heads, head_dim 128, MLP 6144, V=151,936, tied head): the SetDLM
                          training step, L=1024, global batch 16, remat full, mesh fsdp=-1.
-  gsm8k_sw_qwen3_decode  the same model's cached SetDLM decoding loop (`set_sampler._set_core`:
+  gsm8k_sw_qwen3_decode  the same model's cached SetDLM decoding loop (`set_sampler.set_core`:
                          context prefill + every cached step in a while loop, W = S = 4 from
                          `decoding.sampler_config_for`) for --decode_batch prompts of
                          --decode_prompt tokens and --decode_new_tokens new tokens, parameters
@@ -40,11 +40,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 import traceback
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
@@ -181,7 +179,7 @@ def lower_decode(config, model_cfg, obj_cfg, mesh, args):
   apply = cache.backbone_apply_fn(models.build(model_cfg).config)
   static = cfg.static().replace(max_new_tokens=1, max_length=None)  # as set_sampler._run
   with placement.on(mesh):
-    lowered = set_sampler._set_core.lower(
+    lowered = set_sampler.set_core.lower(
       apply, params, inp, key, cfg=static, stop_eos=cfg.stops_at_eos, history="generated"
     )
   return lowered, f"batch {b}, prompt {plen} + N {n}, W {cfg.window}"

@@ -1,7 +1,7 @@
 """Attention forward + backward on the static training masks: dense vs blocksparse (vs splash).
 
-  python benchmarks/attention.py                                # L = 128 and 1024, set + block
-  python benchmarks/attention.py --lengths=1024 --batch_size=4 --impls=dense,blocksparse,splash
+  python -m benchmarks.attention                                # L = 128 and 1024, set + block
+  python -m benchmarks.attention --lengths=1024 --batch_size=4 --impls=dense,blocksparse,splash
 
 Times `jax.grad` of sum(w * attend(q, k, v, mask)) on the two-stream set-causal (SetDLM) and
 block (BD3LM, S = --block_size) masks, 2L slots, --num_heads x --head_dim, fp32, random inputs;
@@ -15,10 +15,8 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

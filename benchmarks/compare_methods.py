@@ -1,8 +1,8 @@
 r"""Side-by-side comparison of AR, MDLM, BD3LM (S=4) and SetDLM (S = 2, 4, 8) on the embedded corpus.
 
-  python benchmarks/compare_methods.py                      # the full run (~30-60 min, 2 CPU cores)
-  python benchmarks/compare_methods.py --quick              # a tiny end-to-end check (~1-2 min)
-  python benchmarks/compare_methods.py --output_dir=DIR --methods=ar,setdlm4 --steps=200
+  python -m benchmarks.compare_methods                      # the full run (~30-60 min, 2 CPU cores)
+  python -m benchmarks.compare_methods --quick              # a tiny end-to-end check (~1-2 min)
+  python -m benchmarks.compare_methods --output_dir=DIR --methods=ar,setdlm4 --steps=200
 
 Every method is trained with the same recipe (configs/compare.py: 2 x 128 backbone, L = 128, the
 embedded Jane Austen corpus, batch 16, 700 steps, seed 0; one tokenizer trained once and shared),
@@ -33,7 +33,11 @@ import sys
 import time
 from typing import Any, Dict, List
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+if __name__ == "__main__" and not __package__:  # a file run cannot import configs/, benchmarks/
+  sys.exit(
+    "error: run it from the repository root as `python -m benchmarks.compare_methods [flags]`"
+  )
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
@@ -45,6 +49,7 @@ from setdiff_jax.data import sources, tokenizers  # noqa: E402
 from setdiff_jax.evaluation import generation, run  # noqa: E402
 from setdiff_jax.evaluation.results import hardware  # noqa: E402
 from setdiff_jax.evaluation.tables import markdown_table  # noqa: E402
+from setdiff_jax.experiments import record as record_lib  # noqa: E402
 
 DEFAULT_CLOZE = os.path.join(
   os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -52,6 +57,17 @@ DEFAULT_CLOZE = os.path.join(
   "shared",
   "data",
   "rocstories-cloze-val-2016.csv",
+)
+RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+# The code the numbers depend on (git pathspecs): a record is marked stale once a later commit
+# touches one (python -m setdiff_jax.experiments.publish).
+MEASURED = (
+  "setdiff_jax",
+  ":(exclude)setdiff_jax/experiments",
+  ":(exclude)setdiff_jax/interop",
+  ":(exclude)setdiff_jax/rl",
+  "configs/compare.py",
+  "benchmarks/compare_methods.py",
 )
 SPEED_THRESHOLDS = (None, 0.9, 0.7, 0.5)  # the table reports off and 0.9; the plot the sweep
 INFILL_THRESHOLDS = (None, 0.9, 0.7)
@@ -98,11 +114,43 @@ def parse_args(argv=None):
     "MDLM's steps)",
   )
   p.add_argument("--cloze_path", default=DEFAULT_CLOZE)
+  p.add_argument(
+    "--lrs",
+    default=None,
+    help="learning rates per method, METHOD:LR,... (e.g. ar:1e-3,bd3lm4:5e-4; others keep "
+    "configs/compare.py's)",
+  )
+  p.add_argument(
+    "--record",
+    default=None,
+    help="publish the report as the record RESULTS_DIR/RECORD.json (+ .png): only from a clean "
+    "commit on main's history, never over another record",
+  )
+  p.add_argument(
+    "--record_resume", action="store_true", help="--record: replace a re-report of the same commit"
+  )
+  p.add_argument("--results_dir", default=None, help="where --record writes (benchmarks/results)")
   return p.parse_args(argv)
 
 
+def parse_lrs(text) -> Dict[str, float]:
+  """'ar:1e-3,bd3lm4:5e-4' -> {'ar': 0.001, 'bd3lm4': 0.0005}."""
+  out = {}
+  for item in (text or "").split(","):
+    if not item.strip():
+      continue
+    name, sep, value = item.partition(":")
+    try:
+      out[name.strip()] = float(value)
+    except ValueError:
+      sep = ""
+    if not sep:
+      raise ValueError(f"--lrs: {item!r} is not METHOD:LR (e.g. ar:1e-3,setdlm4:2e-3)")
+  return out
+
+
 @contextlib.contextmanager
-def _jax_settings(settings: Dict[str, Any]):
+def jax_settings(settings: Dict[str, Any]):
   """Temporarily changes jax config values (restored afterwards)."""
   from jax.experimental.compilation_cache import compilation_cache
 
@@ -175,6 +223,9 @@ def method_config(method: str, args, p: Dict[str, Any]):
   c.checkpoint_every_steps = p["steps"]
   c.warmup_steps = min(c.warmup_steps, max(p["steps"] // 4, 1))
   c.num_eval_steps = 1  # one batch in the train loop: evaluate_method evaluates afterwards
+  lr = parse_lrs(getattr(args, "lrs", None)).get(method)
+  if lr:
+    c.learning_rate = lr
   if args.quick:
     c.model.hidden_size = 32
     c.model.num_layers = 1
@@ -229,7 +280,7 @@ def evaluate_method(method: str, workdir: str, judge, args, p: Dict[str, Any], l
   """Likelihood, speed (+ sample quality) and infill of one trained run."""
   state = workdir_lib.load_inference_state(workdir, use_ema=False)
   oc = state.objective_config
-  lik_model, gen_model = run._models(state)
+  lik_model, gen_model = run.inference_models(state)
   res: Dict[str, Any] = {
     "method": method,
     "objective": oc.name,
@@ -500,6 +551,28 @@ def write_report(out_dir: str, record: Dict[str, Any]):
   return "\n".join(md)
 
 
+def publish(out_dir: str, name: str, args, measured, images=None, compact: bool = False) -> None:
+  """--record=NAME: publishes `<out_dir>/<name>.json` (and its plot) as the record NAME
+  (`experiments.record.publish_report`; `measured`: the code the numbers depend on, git
+  pathspecs); without --record nothing leaves out_dir. Every benchmark publishes through here."""
+  if not getattr(args, "record", None):
+    return
+  if args.results_dir == "none":
+    raise ValueError("--record writes into --results_dir: give a folder (not 'none')")
+  with open(os.path.join(out_dir, f"{name}.json")) as f:
+    report = json.load(f)
+  path = record_lib.publish_report(
+    report,
+    args.record,
+    args.results_dir or RESULTS_DIR,
+    measured,
+    images=images or {f"{name}.png": os.path.join(out_dir, f"{name}.png")},
+    resume=args.record_resume,
+    compact=compact,
+  )
+  print(f"recorded {path}; now run `python -m setdiff_jax.experiments.publish`")
+
+
 def main(argv=None, log=print) -> Dict[str, Any]:
   args = parse_args(argv)
   p = plan(args)
@@ -511,7 +584,7 @@ def main(argv=None, log=print) -> Dict[str, Any]:
   methods = sorted(methods, key=lambda m: m != "ar")  # the AR run is the judge: train it first
   settings = {"jax_disable_most_optimizations": True} if args.quick else {}
   t_start = time.perf_counter()
-  with _jax_settings(settings):
+  with jax_settings(settings):
     configs = {m: method_config(m, args, p) for m in methods}
     tok_dir = shared_tokenizer(out_dir, configs[methods[0]])
     t0 = time.perf_counter()
@@ -531,8 +604,9 @@ def main(argv=None, log=print) -> Dict[str, Any]:
     eval_seconds = time.perf_counter() - t0
   cfg0 = configs[methods[0]]
   record = {
-    "command": "python benchmarks/compare_methods.py "
+    "command": "python -m benchmarks.compare_methods "
     + " ".join(argv if argv is not None else sys.argv[1:]),
+    "lrs": {m: float(configs[m].learning_rate) for m in methods},
     "quick": bool(args.quick),
     "seed": args.seed,
     "methods": methods,
@@ -549,10 +623,12 @@ def main(argv=None, log=print) -> Dict[str, Any]:
     "total_seconds": time.perf_counter() - t_start,
     "results": results,
   }
+  plot(results, p, os.path.join(out_dir, "speed_quality.png"))
+  text = record["markdown"] = write_report(out_dir, record)
   with open(os.path.join(out_dir, "results.json"), "w") as f:
     json.dump(record, f, indent=2, default=float)
-  plot(results, p, os.path.join(out_dir, "speed_quality.png"))
-  text = write_report(out_dir, record)
+  images = {"speed_quality.png": os.path.join(out_dir, "speed_quality.png")}
+  publish(out_dir, "results", args, MEASURED, images)
   log(text)
   log(
     f"\nwrote {out_dir}/results.md, results.json, speed_quality.png "

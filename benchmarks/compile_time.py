@@ -1,9 +1,9 @@
 """Compile time and step time of the training step, `model.scan_layers` vs unrolled, by depth;
 and the remat policies' peak memory (`compiled.memory_analysis()`) and step time.
 
-  python benchmarks/compile_time.py                           # 4/12/28 layers x 128, L=64, B=8
-  python benchmarks/compile_time.py --layers=4,12 --rounds=2 --objective=ar
-  python benchmarks/compile_time.py --remat_layers=0          # depth table only
+  python -m benchmarks.compile_time                           # 4/12/28 layers x 128, L=64, B=8
+  python -m benchmarks.compile_time --layers=4,12 --rounds=2 --objective=ar
+  python -m benchmarks.compile_time --remat_layers=0          # depth table only
 
 Each configuration is the jitted `train_step.make_train_step` exactly as `benchmarks/training.py`
 times it (same state / batch shardings, donated state, random tokens, no tokenizer), lowered and
@@ -23,12 +23,13 @@ import statistics
 import sys
 import types
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+if __name__ == "__main__" and not __package__:  # a file run cannot import configs/, benchmarks/
+  sys.exit("error: run it from the repository root as `python -m benchmarks.compile_time [flags]`")
 
 import jax  # noqa: E402
 
-import training  # noqa: E402  (benchmarks/training.py: config, state, step and timing helpers)
+from benchmarks import training  # noqa: E402  (benchmarks/training.py: config, state, step and timing helpers)
 from setdiff_jax.models import layer_stack  # noqa: E402
 
 

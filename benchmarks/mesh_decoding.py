@@ -1,9 +1,9 @@
 """Decoding on a mesh of 1, 2, 4 and 8 devices: tok/s and compiled programs on a GSM8K-like
 prompt-length mix (not a test).
 
-  python benchmarks/mesh_decoding.py                 # 8 emulated CPU devices unless XLA_FLAGS say
-  python benchmarks/mesh_decoding.py --devices=1,8 --samplers=set --num_prompts=64
-  python benchmarks/mesh_decoding.py --quick         # tiny shapes (a smoke run)
+  python -m benchmarks.mesh_decoding                 # 8 emulated CPU devices unless XLA_FLAGS say
+  python -m benchmarks.mesh_decoding --devices=1,8 --samplers=set --num_prompts=64
+  python -m benchmarks.mesh_decoding --quick         # tiny shapes (a smoke run)
 
 A random-init DiT (--num_layers x --hidden_size, random output head so predictions differ) decodes
 --num_prompts prompts whose lengths follow a GSM8K-like long-tailed mix (lognormal around
@@ -24,13 +24,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
   )
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402

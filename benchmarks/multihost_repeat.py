@@ -2,8 +2,8 @@
 same run on 2 processes x 4 devices several times; a table of each repeat's worst train-loss
 and grad-norm difference and its final-parameter distance (norm-relative) to the 1-process run.
 
-  python benchmarks/multihost_repeat.py                       # fsdp=8, SetDLM, 20 steps, 5 x
-  python benchmarks/multihost_repeat.py --mesh=data=2,fsdp=2,tensor=2 --objective=ar --repeats=3
+  python -m benchmarks.multihost_repeat                       # fsdp=8, SetDLM, 20 steps, 5 x
+  python -m benchmarks.multihost_repeat --mesh=data=2,fsdp=2,tensor=2 --objective=ar --repeats=3
 
 The model is the tiny one of tests/test_multihost.py (d=32, 1 layer, vocab 384). Every process
 runs on one compute thread (launch/local_cluster.py), so on a shared machine the wall times are
@@ -22,7 +22,6 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
 if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"

@@ -475,7 +475,7 @@ def ours_train(train_bench, method: str, sizes: dict, args):
 def ours_decoder(sampling_bench, work: str, sizes: dict):
   from setdiff_jax.sampling import SamplerConfig, ar_generate, bd3lm_generate, set_generate
 
-  model, params, seq_len, ids, _ = sampling_bench._model()
+  model, params, seq_len, ids, _ = sampling_bench.build_model()
   base = SamplerConfig(
     **ids, max_new_tokens=seq_len - 1, max_length=seq_len, stop_at_eos=False, greedy=True, seed=0
   )
@@ -617,10 +617,9 @@ def main(argv=None):
   if args.worker:
     return worker_main(args)
   load_before = os.getloadavg()
-  sys.path.insert(0, HERE)
   import numpy as np
-  import training as train_bench  # benchmarks/training.py (puts the repo root on sys.path)
-  import sampling as sampling_bench  # benchmarks/sampling.py
+  from benchmarks import training as train_bench
+  from benchmarks import sampling as sampling_bench
   import jax
 
   sizes = args.sizes
@@ -746,7 +745,7 @@ def main(argv=None):
 def run_check(args, official, tmp, info):
   """--check=align|exports: run it, print its table and the versions."""
   import jax
-  import official_checks
+  from benchmarks import official_checks
 
   if args.check == "align":
     print(official_checks.align_table(official_checks.run_align(args, official, tmp)))

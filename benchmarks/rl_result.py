@@ -1,14 +1,14 @@
 r"""The measured RL result of issue 28: GRPO (exact trajectory likelihoods) against continued SFT
 with the same compute, on the chain task (configs/reasoning_chain.py: 5 operands in 1..9, L=32).
 
-  python benchmarks/rl_result.py --sft_workdirs=D0,D1,D2 --output_dir=/tmp/rl_result  # full
-  python benchmarks/rl_result.py --quick --output_dir=/tmp/rl_quick      # pipeline check (~1 min)
+  python -m benchmarks.rl_result --sft_workdirs=D0,D1,D2 --output_dir=/tmp/rl_result  # full
+  python -m benchmarks.rl_result --quick --output_dir=/tmp/rl_quick      # pipeline check (~1 min)
   # seeds as parallel processes on one output dir (seed 0 chooses the learning rates), then the
   # report of all three from the caches:
-  python benchmarks/rl_result.py --sft_workdirs=D0 --seeds=0 --output_dir=OUT &
-  python benchmarks/rl_result.py --sft_workdirs=D1 --seeds=1 --lr_seed=0 --wait_minutes=60 \
+  python -m benchmarks.rl_result --sft_workdirs=D0 --seeds=0 --output_dir=OUT &
+  python -m benchmarks.rl_result --sft_workdirs=D1 --seeds=1 --lr_seed=0 --wait_minutes=60 \
       --output_dir=OUT &
-  wait; python benchmarks/rl_result.py --sft_workdirs=D0,D1 --seeds=0,1 --output_dir=OUT
+  wait; python -m benchmarks.rl_result --sft_workdirs=D0,D1 --seeds=0,1 --output_dir=OUT
 
 Per seed s of --seeds (default 0,1,2):
   1. SFT: SetDLM S=4 (S_max 8) on the chain task; --sft_workdirs reuses one finished workdir per
@@ -31,12 +31,12 @@ Per seed s of --seeds (default 0,1,2):
      --eval=accuracy) on --num_val validation problems over --eval_grid (the choice: the most kept
      tokens per forward call within 1 point of tau off, `speed_accuracy.choose`) and on --num_test
      test problems at tau off and at that choice. The RL prompts come from the task's train split
-     (checked disjoint from both at run time). Paired bootstrap CIs over the pooled (seed,
-     problem) pairs (`speed_accuracy.paired_ci`): accuracy difference and kept-tokens-per-call
+     (checked disjoint from both at run time). Paired hierarchical bootstrap CIs (seeds, then
+     the problems they share: `speed_accuracy.paired_ci`): accuracy difference and kept-tokens-per-call
      ratio of rl - control, rl - sft, control - sft (and rl_cost likewise), at tau off and at each
      arm's own validation choice, against the issue's targets.
-Writes rl_chain.{md,json,png} to --output_dir (and a copy to --results_dir, default
-benchmarks/results for a full run; no machine paths inside). Each (seed, arm) is cached in
+Writes rl_chain.{md,json,png} to --output_dir (no machine paths inside); --record=NAME publishes
+them as the record benchmarks/results/NAME.json (+ .png; see speed_accuracy's docstring). Each (seed, arm) is cached in
 <output_dir>/seed<s>/arm_<arm>.json (atomic; RL / control workdirs resume), so a killed run resumes.
 """
 
@@ -50,13 +50,15 @@ import sys
 import time
 from typing import Any, Dict, List, Optional
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+if __name__ == "__main__" and not __package__:  # a file run cannot import configs/, benchmarks/
+  sys.exit("error: run it from the repository root as `python -m benchmarks.rl_result [flags]`")
 
 import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks import speed_accuracy as sa  # noqa: E402
-from benchmarks.compare_methods import _jax_settings, shared_tokenizer, train_method  # noqa: E402
+from benchmarks.compare_methods import jax_settings, publish, shared_tokenizer, train_method  # noqa: E402
 from setdiff_jax.data import pairs as pairs_lib  # noqa: E402
 from setdiff_jax.data import tokenizers  # noqa: E402
 from setdiff_jax.evaluation import accuracy, run  # noqa: E402
@@ -67,6 +69,7 @@ from setdiff_jax.workdir import checkpoints as checkpointing  # noqa: E402
 from setdiff_jax.workdir import load as workdir_lib  # noqa: E402
 
 NAME = "rl_chain"
+MEASURED = sa.MEASURED[:3] + sa.MEASURED[4:] + ("benchmarks/rl_result.py",)  # + setdiff_jax/rl
 ARMS = ("sft", "control", "rl", "rl_cost")
 LABELS = {
   "sft": "SFT checkpoint",
@@ -99,11 +102,15 @@ def parse_args(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--output_dir", default="/tmp/setdiff_rl_result")
   p.add_argument(
-    "--results_dir",
+    "--record",
     default=None,
-    help="copy rl_chain.* here (default: benchmarks/results for "
-    "a full run, none for --quick; 'none' disables)",
+    help="publish the report as the record RESULTS_DIR/RECORD.json (+ .png): only from a clean "
+    "commit on main's history, never over another record",
   )
+  p.add_argument(
+    "--record_resume", action="store_true", help="--record: replace a re-report of the same commit"
+  )
+  p.add_argument("--results_dir", default=None, help="where --record writes (benchmarks/results)")
   p.add_argument("--quick", action="store_true", help="tiny model, few steps and problems")
   p.add_argument("--seeds", default=None, help="comma-separated (default 0,1,2; quick 0)")
   p.add_argument(
@@ -289,11 +296,13 @@ def pooled(records: List[Dict[str, Any]], arm: str, which: str, seeds) -> Dict[s
 
 def compare(records, a: str, b: str, which: str, seeds, n_boot: int) -> Dict[str, Any]:
   """Arm a vs arm b on the same (seed, problem) pairs: accuracy difference and kept/call ratio
-  with 95 % bootstrap intervals (`speed_accuracy.paired_ci`)."""
+  with 95 % paired hierarchical bootstrap intervals (seeds, then problems:
+  `speed_accuracy.paired_ci`)."""
   x, y = pooled(records, a, which, seeds), pooled(records, b, which, seeds)
   if len(x["correct"]) != len(y["correct"]):
     raise ValueError(f"{a} and {b} were not evaluated on the same problems")
-  return {"a": a, "b": b, "which": which, "n": len(x["correct"]), **sa.paired_ci(x, y, n_boot)}
+  ci = sa.paired_ci(x, y, n_boot, 0, len(seeds))
+  return {"a": a, "b": b, "which": which, "n": len(x["correct"]), **ci}
 
 
 def targets(comps: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
@@ -323,6 +332,13 @@ def targets(comps: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         }
       )
   return out
+
+
+def sft_steps(records: List[Dict[str, Any]]):
+  """The step of the SFT checkpoints RL started from, as the record's plan states it (one number
+  when the seeds agree): --sft_steps only applies when this benchmark trains the SFT itself."""
+  steps = sorted({int(r["step"]) for r in records if r["arm"] == "sft"})
+  return steps[0] if len(steps) == 1 else steps
 
 
 def scrub(text: str, names: Dict[str, str]) -> str:
@@ -423,7 +439,7 @@ def train_rl_arm(workdir: str, c, log) -> Dict[str, Any]:
       sum(x.get("rl/step_seconds", 0.0) for x in _metrics(workdir) if "rl/step_seconds" in x)
     ),
   }
-  sa._dump(info_path, info)
+  sa.dump_json(info_path, info)
   log(f"  RL {os.path.basename(workdir)}: {info['train_seconds']:.0f}s")
   return info
 
@@ -463,7 +479,7 @@ def evaluate(workdir: str, p, seed: int, full: bool, log, label: str) -> Dict[st
   learning-rate candidate); test at tau off and at the validation choice (full)."""
   state = workdir_lib.load_inference_state(workdir, use_ema=False)
   val, test, split_info = splits(state.config.data, p)
-  _, model = run._models(state)  # pylint: disable=protected-access
+  _, model = run.inference_models(state)
   w = int(state.config.loss.desired_set_size)
 
   def ev(problems, settings):
@@ -554,14 +570,14 @@ def run_arm(arm: str, lr, seed: int, sft_dir: str, p, out_dir: str, full: bool, 
     "seed": seed,
     "lr": lr,
     "workdir": os.path.relpath(workdir, out_dir) if workdir != sft_dir else f"SFT{seed}",
-    "commit": sa._commit(),  # pylint: disable=protected-access
+    "commit": sa.commit_label(),
     "train_seconds": float(info.get("train_seconds", 0.0)),
     "resumed": bool(info.get("resumed", False)),
     "updates": 0 if arm == "sft" else int(p["rl_steps"]) * int(p["inner_updates"]),
     "rows_per_update": 0 if arm == "sft" else int(p["prompts_per_step"]) * int(p["group_size"]),
     **evaluate(workdir, p, seed, full, log, label),
   }
-  sa._dump(cache, {"key": key, "record": rec})
+  sa.dump_json(cache, {"key": key, "record": rec})
   return rec
 
 
@@ -595,7 +611,7 @@ def choose_lrs(seed: int, sft_dir: str, p, out_dir: str, log) -> Dict[str, Any]:
       val[lr] = rec["val_off"]["accuracy"]
     out[arm] = {"grid": [[lr, a] for lr, a in val.items()], "chosen": choose_lr(val)}
   out["rl_cost"] = {"grid": [], "chosen": out["rl"]["chosen"], "from": "rl"}
-  sa._dump(path, {"key": key, "record": out})
+  sa.dump_json(path, {"key": key, "record": out})
   return out
 
 
@@ -673,8 +689,8 @@ def comparison_table(comps) -> str:
     [
       f"{c['a']} - {c['b']}",
       "tau off" if c["which"] == "off" else "each arm's validation choice",
-      sa._ci(c, "acc_diff"),  # pylint: disable=protected-access
-      sa._ci(c, "speedup", 1.0, "{:.2f}"),  # pylint: disable=protected-access
+      sa.ci_cell(c, "acc_diff"),
+      sa.ci_cell(c, "speedup", 1.0, "{:.2f}"),
       c["n"],
     ]
     for c in comps
@@ -686,8 +702,8 @@ def target_table(rows) -> str:
   body = [
     [
       t["target"],
-      sa._ci(t["measured"], "acc_diff"),  # pylint: disable=protected-access
-      sa._ci(t["measured"], "speedup", 1.0, "{:.2f}"),  # pylint: disable=protected-access
+      sa.ci_cell(t["measured"], "acc_diff"),
+      sa.ci_cell(t["measured"], "speedup", 1.0, "{:.2f}"),
       "met" if t["met"] else "not met",
     ]
     for t in rows
@@ -782,7 +798,7 @@ def write_report(out_dir: str, record: Dict[str, Any], names: Dict[str, str]) ->
     f"{p['eval_grid']} (choice: most kept tokens per forward call within 1 point of tau off), "
     f"{p['num_test']} test problems per seed (the same for every arm and seed; disjoint from the "
     "train split of the RL prompts and control rows, checked) at tau off and at the choice. "
-    f"CIs: paired bootstrap ({p['bootstrap']} resamples) over the pooled (seed, problem) pairs.",
+    f"CIs: paired hierarchical bootstrap ({p['bootstrap']} resamples: seeds, then the problems they share).",
     "",
     "Per arm (mean ± std over seeds; wall-clock of the training call on the shared machine, "
     "seeds run as parallel processes, so it is not a clean compute measure):",
@@ -821,17 +837,17 @@ def main(argv=None, log=print) -> Dict[str, Any]:
       names[os.path.abspath(d)] = f"SFT{s}"
       names[d] = f"SFT{s}"
   command = scrub(
-    "python benchmarks/rl_result.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+    "python -m benchmarks.rl_result " + " ".join(argv if argv is not None else sys.argv[1:]),
     {**names, args.output_dir: "OUT"},
   )
-  load_start, t_start = sa._uptime(), time.perf_counter()  # pylint: disable=protected-access
+  load_start, t_start = sa.uptime(), time.perf_counter()
   records: List[Dict[str, Any]] = []
   curves: Dict[str, List[Dict[str, Any]]] = {}
   plat: Dict[int, Any] = {}
   lrs, done, recipe = None, [], ""
   # the learning-rate seed first (its validation split chooses for all)
   order = sorted(p["seeds"], key=lambda s: s != p["lr_seed"])
-  with _jax_settings({"jax_disable_most_optimizations": True} if p["quick"] else {}):
+  with jax_settings({"jax_disable_most_optimizations": True} if p["quick"] else {}):
     for seed in order:
       sft_dir = sft_workdir(seed, p, out_dir, log)
       names.setdefault(sft_dir, f"SFT{seed}")
@@ -864,14 +880,17 @@ def main(argv=None, log=print) -> Dict[str, Any]:
       ]
       record = {
         "command": command,
-        "commit": sa._commit(),  # pylint: disable=protected-access
-        "plan": {k: v for k, v in p.items() if k != "sft_workdirs"},
+        "commit": sa.commit_label(),
+        "plan": {
+          **{k: v for k, v in p.items() if k != "sft_workdirs"},
+          "sft_steps": sft_steps(records),
+        },
         "sft_workdirs": [f"SFT{s}" for s in p["seeds"]] if p["sft_workdirs"] else None,
         "sft_recipe": recipe,
         "seeds_done": done,
         "hardware": hardware(),
         "load_start": load_start,
-        "load_end": sa._uptime(),  # pylint: disable=protected-access
+        "load_end": sa.uptime(),
         "total_seconds": time.perf_counter() - t_start,
         "lr_choice": lrs,
         "plateau": {str(k): v for k, v in plat.items()},
@@ -886,7 +905,7 @@ def main(argv=None, log=print) -> Dict[str, Any]:
       with open(tmp, "w") as f:
         f.write(scrub(json.dumps(record, separators=(",", ":"), default=float), names))
       os.replace(tmp, os.path.join(out_dir, f"{NAME}.json"))
-  sa.publish(out_dir, NAME, args.results_dir or (None if p["quick"] else sa.RESULTS_DIR))
+  publish(out_dir, NAME, args, MEASURED, compact=True)
   log(text)
   log(f"\nwrote {out_dir}/{NAME}.md, .json, .png ({record['total_seconds'] / 60:.1f} min)")
   return record

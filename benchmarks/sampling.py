@@ -1,8 +1,8 @@
 r"""Sampler speed: tokens/s, forward calls and tokens/step of every sampler (not a test).
 
-  python benchmarks/sampling.py                       # random-init 4 x 256, 4 heads, L=128, V=30522
-  python benchmarks/sampling.py --workdir=/tmp/setdiff_tiny   # a trained run (workdir.py)
-  python benchmarks/sampling.py --num_layers=2 --hidden_size=64 --vocab_size=2048 --seq_len=64
+  python -m benchmarks.sampling                       # random-init 4 x 256, 4 heads, L=128, V=30522
+  python -m benchmarks.sampling --workdir=/tmp/setdiff_tiny   # a trained run (workdir.py)
+  python -m benchmarks.sampling --num_layers=2 --hidden_size=64 --vocab_size=2048 --seq_len=64
 
 Rows: set sampler (KV cache) for W in --windows and tau in --thresholds, the no-cache set sampler
 (one uncached forward over all committed tokens per step) for the same settings, BD3LM (S =
@@ -34,7 +34,9 @@ import sys
 import time
 from typing import Callable, List
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+if __name__ == "__main__" and not __package__:  # a file run cannot import configs/, benchmarks/
+  sys.exit("error: run it from the repository root as `python -m benchmarks.sampling [flags]`")
 
 from absl import app, flags  # noqa: E402
 
@@ -64,7 +66,7 @@ flags.DEFINE_float(
 flags.DEFINE_bool("scan_layers", False, "Random init: nn.scan over the blocks (model.scan_layers).")
 
 
-def _model():
+def build_model():
   import jax
   import jax.numpy as jnp
   import numpy as np
@@ -170,7 +172,7 @@ def main(argv):
     set_generate,
   )
 
-  model, params, seq_len, ids, desc = _model()
+  model, params, seq_len, ids, desc = build_model()
   n = FLAGS.max_new_tokens or seq_len - 1
   base = SamplerConfig(
     **ids, max_new_tokens=n, max_length=seq_len, stop_at_eos=False, greedy=True, seed=FLAGS.seed
@@ -182,7 +184,7 @@ def main(argv):
   taus = [None if t == "off" else float(t) for t in FLAGS.thresholds]
   rows: List[dict] = []
 
-  import training  # benchmarks/training.py: the matmul peak probe
+  from benchmarks import training  # the matmul peak probe
 
   peak = FLAGS.peak_gflops or training.matmul_peak_gflops()
 

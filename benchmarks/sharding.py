@@ -1,10 +1,10 @@
 """Per-device memory of the training step under several mesh layouts (data / fsdp / tensor).
 
-  python benchmarks/sharding.py                                   # lm1b_sw sizes, compile only
-  python benchmarks/sharding.py --config=configs/lm1b_sw.py --batch_size=256
-  python benchmarks/sharding.py --layouts="fsdp=8;fsdp=4,tensor=2" --num_layers=24
-  python benchmarks/sharding.py --time_steps=5                    # + step time, tiny_sw sizes
-  python benchmarks/sharding.py --config=configs/gsm8k_sw_qwen3.py --preset=qwen3-1.7b \
+  python -m benchmarks.sharding                                   # lm1b_sw sizes, compile only
+  python -m benchmarks.sharding --config=configs/lm1b_sw.py --batch_size=256
+  python -m benchmarks.sharding --layouts="fsdp=8;fsdp=4,tensor=2" --num_layers=24
+  python -m benchmarks.sharding --time_steps=5                    # + step time, tiny_sw sizes
+  python -m benchmarks.sharding --config=configs/gsm8k_sw_qwen3.py --preset=qwen3-1.7b \
       --layouts="fsdp=8;fsdp=4,tensor=2" --batch_size=8           # Qwen3-1.7B fine-tuning
 
 For each layout the train step is jitted exactly as `train.train_and_evaluate` jits it (state in
@@ -49,7 +49,9 @@ import sys  # noqa: E402
 import time  # noqa: E402
 import types  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+if __name__ == "__main__" and not __package__:  # a file run cannot import configs/, benchmarks/
+  sys.exit("error: run it from the repository root as `python -m benchmarks.sharding [flags]`")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -180,7 +182,6 @@ def layout_name(mesh_cfg) -> str:
 def load_config(path, args, *, timing=False):
   spec = importlib.util.spec_from_file_location("bench_config", path)
   module = importlib.util.module_from_spec(spec)
-  sys.path.insert(0, REPO)  # configs import `configs.default`
   spec.loader.exec_module(module)
   config = module.get_config()
   if not timing and args.preset:

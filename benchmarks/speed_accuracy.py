@@ -1,8 +1,8 @@
 r"""The speed-accuracy trade-off of SPEC §7.1 on the procedural arithmetic task (CPU scale).
 
-  python benchmarks/speed_accuracy.py --output_dir=/tmp/speed_accuracy   # full (~45 min, 2 cores)
-  python benchmarks/speed_accuracy.py --quick --output_dir=/tmp/sa_quick  # pipeline check (<2 min)
-  python benchmarks/speed_accuracy.py --methods=bd3lm4,mdlm,mdlm+eos --align_to_blocks=both \
+  python -m benchmarks.speed_accuracy --output_dir=/tmp/speed_accuracy   # full (~45 min, 2 cores)
+  python -m benchmarks.speed_accuracy --quick --output_dir=/tmp/sa_quick  # pipeline check (<2 min)
+  python -m benchmarks.speed_accuracy --methods=bd3lm4,mdlm,mdlm+eos --align_to_blocks=both \
       --seeds=0,1,2 --output_dir=/tmp/sa_baselines   # the baselines as the paper ran them
 
 Trains AR, MDLM, BD3LM-4 and SetDLM S=4 (S_max=8) with one recipe (configs/reasoning_common.py:
@@ -24,14 +24,16 @@ a table of mean +- std over the seeds.
 Writes to --output_dir: speed_accuracy.json (everything), speed_accuracy.md (table, command,
 machine load), speed_accuracy.png (accuracy vs tokens/s at batch 1, and vs tokens/step; one curve
 per method), runs/<method>/ (training workdirs; a re-run skips finished training) and tokenizer/.
---results_dir (default benchmarks/results for a full run) receives copies of the three files.
+--record=NAME publishes the report as the record benchmarks/results/NAME.json (+ .png; only
+from a clean commit on main's history, never over another record); then
+`python -m setdiff_jax.experiments.publish` regenerates its table in docs/results/NAME.md.
 
 Commit policies (issue 27; `setdiff_jax/sampling/policies.py`):
 
-  python benchmarks/speed_accuracy.py \
+  python -m benchmarks.speed_accuracy \
       --policies=threshold,entropy_bound,factor,margin,topk,dilated,stable \
       --tasks=arithmetic,chain --seeds=0,1,2 --output_dir=/tmp/sa_policies
-  python benchmarks/speed_accuracy.py --quick --policies=threshold,entropy_bound \
+  python -m benchmarks.speed_accuracy --quick --policies=threshold,entropy_bound \
       --output_dir=/tmp/sa_policies_quick        # pipeline check: chain task, BD3LM + SetDLM
 
 With --policies the benchmark trains --methods (default ar, bd3lm4, setdlm4) once per task
@@ -44,8 +46,8 @@ accuracy is at most 1 point below the threshold rule with tau off (else the most
 and measures that choice once on the TEST split; the threshold rule is measured on test at every
 grid tau (its curve). Speed = kept tokens per forward call (generated tokens that come back,
 nothing after the answer's EOS; the prompt-encoding call counts), forward calls per example
-beside it. Paired comparisons (same checkpoints and problems; 95 % bootstrap confidence intervals
-over the pooled (seed, problem) pairs; accuracy difference and kept-tokens-per-call ratio) of each
+beside it. Paired comparisons (same checkpoints and problems; 95 % intervals of the paired
+hierarchical bootstrap: seeds, then the problems they share; accuracy difference and kept-tokens-per-call ratio) of each
 policy against (1) tau off, (2) the threshold rule's own validation choice, (3) the threshold rule
 at matched speed: the tau whose validation kept tokens per call is nearest to the policy's (per
 seed). Also: mean +- std over seeds, tau-off accuracy per seed (seed agreement), copy fraction per
@@ -62,18 +64,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
 from typing import Any, Dict, List
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+if __name__ == "__main__" and not __package__:  # a file run cannot import configs/, benchmarks/
+  sys.exit(
+    "error: run it from the repository root as `python -m benchmarks.speed_accuracy [flags]`"
+  )
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from benchmarks.compare_methods import _jax_settings, shared_tokenizer, train_method  # noqa: E402
+from benchmarks.compare_methods import jax_settings, publish, shared_tokenizer, train_method  # noqa: E402
 from configs import compare, reasoning_chain, reasoning_common  # noqa: E402
 from setdiff_jax.workdir import load as workdir_lib  # noqa: E402
 from setdiff_jax.data import pairs as pairs_lib  # noqa: E402
@@ -83,6 +88,7 @@ from setdiff_jax.evaluation import accuracy, run  # noqa: E402
 from setdiff_jax.evaluation.results import hardware  # noqa: E402
 from setdiff_jax.evaluation.tables import markdown_table  # noqa: E402
 from setdiff_jax.evaluation.generation import threshold_label  # noqa: E402
+from setdiff_jax.experiments import stats  # noqa: E402
 
 METHODS = ("ar", "mdlm", "bd3lm4", "setdlm4")
 POLICY_METHODS = ("ar", "bd3lm4", "setdlm4")
@@ -107,17 +113,35 @@ ARITH_HELD_OUT, ARITH_MIN_VAL = 207, 57  # arithmetic: held-out problems in all;
 THRESHOLDS = (None, 0.99, 0.95, 0.9, 0.85, 0.8, 0.7, 0.6)
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 NAME = "speed_accuracy"
+# The code the numbers depend on (git pathspecs): a record is marked stale once a later commit
+# touches one (python -m setdiff_jax.experiments.publish).
+MEASURED = (
+  "setdiff_jax",
+  ":(exclude)setdiff_jax/experiments",
+  ":(exclude)setdiff_jax/interop",
+  ":(exclude)setdiff_jax/rl",
+  "configs/reasoning_common.py",
+  "configs/reasoning_chain.py",
+  "configs/compare.py",
+  "benchmarks/speed_accuracy.py",
+  "benchmarks/compare_methods.py",
+)
 
 
 def parse_args(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--output_dir", default="/tmp/setdiff_speed_accuracy")
   p.add_argument(
-    "--results_dir",
+    "--record",
     default=None,
-    help="copy the table/plot/json here (default: benchmarks/results for a full "
-    "run, none for --quick; 'none' disables)",
+    help="publish this run's report as the record RESULTS_DIR/RECORD.json (+ .png): only from "
+    "a clean commit on main's history, never over another record (setdiff_jax/experiments); "
+    "without it nothing leaves --output_dir",
   )
+  p.add_argument(
+    "--record_resume", action="store_true", help="--record: replace a re-report of the same commit"
+  )
+  p.add_argument("--results_dir", default=None, help="where --record writes (benchmarks/results)")
   p.add_argument("--quick", action="store_true", help="tiny models and few steps / problems")
   p.add_argument(
     "--methods",
@@ -296,7 +320,7 @@ def evaluate_method(
   state = workdir_lib.load_inference_state(workdir, use_ema=False)
   name, s, _ = parse_spec(method)
   test = pairs_lib.load_pairs(state.config.data, "eval")
-  _, gen_model = run._models(state)  # pylint: disable=protected-access
+  _, gen_model = run.inference_models(state)
   t0 = time.perf_counter()
   rows = []
   for aligned in ALIGN[align] if name == "bd3lm" else ALIGN[align][:1]:  # no-op for the others
@@ -513,7 +537,7 @@ def plot(results, path: str):
   plt.close(fig)
 
 
-def _commit() -> str:
+def commit_label() -> str:
   """The checkout's commit (with '+dirty' for uncommitted changes), or 'unknown'."""
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   try:
@@ -532,7 +556,7 @@ def _commit() -> str:
   return (head + ("+dirty" if dirty else "")) if head else "unknown"
 
 
-def _uptime() -> str:
+def uptime() -> str:
   try:
     return subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
   except (OSError, subprocess.SubprocessError):
@@ -718,26 +742,30 @@ def matched(rows: List[Dict[str, Any]], kept_per_call: float) -> Dict[str, Any]:
   )
 
 
-def paired_ci(a: Dict[str, list], b: Dict[str, list], n_boot: int, seed: int = 0):
+def paired_ci(a: Dict[str, list], b: Dict[str, list], n_boot: int, seed: int = 0, n_seeds: int = 1):
   """Policy a vs reference b on the same problems: (accuracy difference, kept-tokens-per-call
-  ratio), each with a 95 % percentile bootstrap interval over problems."""
-  ca, cb = np.asarray(a["correct"], float), np.asarray(b["correct"], float)
-  ka, kb = np.asarray(a["kept"], float), np.asarray(b["kept"], float)
-  fa, fb = np.asarray(a["calls"], float), np.asarray(b["calls"], float)
-  stat = lambda i: (
-    ca[i].mean() - cb[i].mean(),
-    (ka[i].sum() / fa[i].sum()) / (kb[i].sum() / fb[i].sum()),
+  ratio), each with a 95 % interval of the paired hierarchical bootstrap
+  (`experiments.stats`: the `n_seeds` training runs resampled, then the problems they share).
+  a, b: {'correct', 'kept', 'calls'} lists pooled seed after seed, the same problems per seed."""
+  arrays = [np.asarray(x[k], float) for k in ("correct", "kept", "calls") for x in (a, b)]
+  if len(arrays[0]) % n_seeds or any(len(x) != len(arrays[0]) for x in arrays):
+    raise ValueError(
+      f"paired CI: {len(arrays[0])} and {len(arrays[1])} results are not {n_seeds} seeds x "
+      "the same problems"
+    )
+  arrays = [x.reshape(n_seeds, -1) for x in arrays]
+  stat = lambda ca, cb, ka, kb, fa, fb: (  # noqa: E731
+    ca.mean() - cb.mean(),
+    (ka.sum() / fa.sum()) / (kb.sum() / fb.sum()),
   )
-  rng = np.random.default_rng(seed)
-  n = len(ca)
-  boots = np.array([stat(rng.integers(0, n, n)) for _ in range(n_boot)])
-  point = stat(np.arange(n))
+  boots = stats.hierarchical_bootstrap(arrays, stat, n_boot, seed)
+  point = stat(*arrays)
   lo, hi = np.percentile(boots, [2.5, 97.5], axis=0)
   return {
-    "acc_diff": point[0],
-    "acc_diff_ci": [lo[0], hi[0]],
-    "speedup": point[1],
-    "speedup_ci": [lo[1], hi[1]],
+    "acc_diff": float(point[0]),
+    "acc_diff_ci": [float(lo[0]), float(hi[0])],
+    "speedup": float(point[1]),
+    "speedup_ci": [float(lo[1]), float(hi[1])],
   }
 
 
@@ -769,7 +797,7 @@ def policy_eval(
       num_test=p["num_test"],
     )
   test = pairs_lib.load_pairs(state.config.data, "eval")
-  _, model = run._models(state)  # pylint: disable=protected-access
+  _, model = run.inference_models(state)
   seq_len = int(state.config.seq_len)
   ev = lambda pairs, settings: accuracy.accuracy_eval(
     model,
@@ -925,13 +953,16 @@ def summarize(records: List[Dict[str, Any]], n_boot: int) -> List[Dict[str, Any]
       "num_test": len(a["correct"]),
       "num_test_per_seed": len(recs[0]["per_example"]["correct"]),
     }
-    row.update(paired_ci(a, _merge([thr[x["seed"]]["ref_per_example"] for x in recs]), n_boot))
+    k = len(recs)  # seeds
+    row.update(
+      paired_ci(a, _merge([thr[x["seed"]]["ref_per_example"] for x in recs]), n_boot, 0, k)
+    )
     if method.startswith("ar") or policy == policies_lib.DEFAULT:
       row["ref_seed_accuracies"] = [x["ref_test"]["accuracy"] for x in recs]  # seed agreement
       rows.append(row)
       continue
     chosen = _merge([thr[x["seed"]]["per_example"] for x in recs])
-    row["vs_thr"] = paired_ci(a, chosen, n_boot)
+    row["vs_thr"] = paired_ci(a, chosen, n_boot, 0, k)
     row["thr_args"] = [thr[x["seed"]]["chosen_arg"] for x in recs]
     taus, per = [], []
     for x in recs:
@@ -941,7 +972,7 @@ def summarize(records: List[Dict[str, Any]], n_boot: int) -> List[Dict[str, Any]
         [g for g in thr[x["seed"]]["grid_test"] if g["arg"] == m["policy_arg"]][0]["per_example"]
       )
     row["match_args"] = taus
-    row["vs_match"] = paired_ci(a, _merge(per), n_boot)
+    row["vs_match"] = paired_ci(a, _merge(per), n_boot, 0, k)
     rows.append(row)
   return rows
 
@@ -971,7 +1002,7 @@ def threshold_curve(records) -> List[Dict[str, Any]]:
   ]
 
 
-def _ci(c, key, scale=100.0, fmt="{:+.1f}") -> str:
+def ci_cell(c, key, scale=100.0, fmt="{:+.1f}") -> str:
   lo, hi = c[key + "_ci"]
   return f"{fmt.format(scale * c[key])} [{fmt.format(scale * lo)}, {fmt.format(scale * hi)}]"
 
@@ -1010,10 +1041,10 @@ def policy_table(rows) -> str:
         f"{100 * r['accuracy_ms'][0]:.1f} ± {100 * r['accuracy_ms'][1]:.1f}",
         f"{r['kept_tokens_per_call_ms'][0]:.2f} ± {r['kept_tokens_per_call_ms'][1]:.2f}",
         r["forward_calls"],
-        _ci(r, "acc_diff"),
-        _ci(r, "speedup", 1.0, "{:.2f}"),
-        _ci(v, "acc_diff") if v else "-",
-        _ci(v, "speedup", 1.0, "{:.2f}") if v else "-",
+        ci_cell(r, "acc_diff"),
+        ci_cell(r, "speedup", 1.0, "{:.2f}"),
+        ci_cell(v, "acc_diff") if v else "-",
+        ci_cell(v, "speedup", 1.0, "{:.2f}") if v else "-",
         r["copy_fraction"],
         f"{r['num_test']} ({len(r['seeds'])} x {r['num_test_per_seed']})",
       ]
@@ -1041,8 +1072,8 @@ def matched_table(rows) -> str:
       r["policy"],
       _args(r["chosen_args"]),
       _args(r["match_args"]),
-      _ci(r["vs_match"], "acc_diff"),
-      _ci(r["vs_match"], "speedup", 1.0, "{:.2f}"),
+      ci_cell(r["vs_match"], "acc_diff"),
+      ci_cell(r["vs_match"], "speedup", 1.0, "{:.2f}"),
       r["num_test"],
     ]
     for r in rows
@@ -1131,7 +1162,7 @@ def plot_policies(rows, curve, path: str):
   plt.close(fig)
 
 
-def _dump(path: str, obj) -> None:
+def dump_json(path: str, obj) -> None:
   """Writes json atomically (a killed run leaves the previous file, never half of one)."""
   os.makedirs(os.path.dirname(path), exist_ok=True)
   tmp = f"{path}.{os.getpid()}.tmp"  # per process: parallel runs may share an output dir
@@ -1169,13 +1200,13 @@ def policy_main(args, argv, log) -> Dict[str, Any]:
     methods = list(QUICK_POLICY_METHODS if args.quick else POLICY_METHODS)
   for m in methods:
     compare.parse_method(m)
-  command = "python benchmarks/speed_accuracy.py " + " ".join(
+  command = "python -m benchmarks.speed_accuracy " + " ".join(
     argv if argv is not None else sys.argv[1:]
   )
-  load_start = _uptime()
+  load_start = uptime()
   t_start = time.perf_counter()
   records, train_seconds, done = [], 0.0, []
-  with _jax_settings({"jax_disable_most_optimizations": True} if args.quick else {}):
+  with jax_settings({"jax_disable_most_optimizations": True} if args.quick else {}):
     for task in p["tasks"]:
       pt = p
       if task == "arithmetic":  # its 3 x 1..9 family holds 207 held-out problems in all
@@ -1214,7 +1245,7 @@ def policy_main(args, argv, log) -> Dict[str, Any]:
           t0 = time.perf_counter()
           info = train_method(m, configs[m], sub, tok_dir, log)
           train_seconds += time.perf_counter() - t0
-          dump = lambda recs, complete, info=info, key=key, cache=cache: _dump(
+          dump = lambda recs, complete, info=info, key=key, cache=cache: dump_json(
             cache,
             {
               "key": key,
@@ -1241,7 +1272,7 @@ def policy_main(args, argv, log) -> Dict[str, Any]:
           out_dir, args, p, command, methods, load_start, t_start, train_seconds, records, done, log
         )
   name = f"{NAME}_policies"
-  publish(out_dir, name, args.results_dir or (None if args.quick else RESULTS_DIR))
+  publish(out_dir, name, args, MEASURED)
   log(record["markdown"])
   log(f"\nwrote {out_dir}/{name}.md, .json, .png ({record['total_seconds'] / 60:.1f} min)")
   return record
@@ -1255,13 +1286,13 @@ def write_policy_report(
   name = f"{NAME}_policies"
   record = {
     "command": command,
-    "commit": _commit(),
+    "commit": commit_label(),
     "quick": bool(args.quick),
     "methods": methods,
     "plan": p,
     "hardware": hardware(),
     "load_start": load_start,
-    "load_end": _uptime(),
+    "load_end": uptime(),
     "train_seconds": train_seconds,
     "total_seconds": time.perf_counter() - t_start,
     "finished": done,
@@ -1289,8 +1320,8 @@ def write_policy_report(
       + f". The validation split chooses each policy's parameter (grid {p['grid']}; the most "
       "kept tokens per call within 1 point of tau off, else the most accurate); the test split "
       "measures the choice once (and the threshold rule at every grid tau, for its curve). "
-      f"CIs: paired bootstrap ({args.bootstrap} resamples) over the pooled (seed, problem) "
-      "pairs, same checkpoints and problems; accuracy differences in points, speed as the ratio "
+      f"CIs: paired hierarchical bootstrap ({args.bootstrap} resamples: seeds, then the problems "
+      "they share), same checkpoints and problems; accuracy differences in points, speed as the ratio "
       "of kept tokens per forward call. tok/s is not reported here (a shared, loaded machine).",
       "",
       policy_table(rows),
@@ -1324,23 +1355,14 @@ def _recipe(c0) -> str:
   )
 
 
-def publish(out_dir: str, name: str, results_dir) -> None:
-  """Copies the report `<out_dir>/<name>.{md,json,png}` (those written) to `results_dir`
-  (None or 'none': nowhere)."""
-  if not results_dir or results_dir == "none":
-    return
-  os.makedirs(results_dir, exist_ok=True)
-  for ext in ("md", "json", "png"):
-    if os.path.isfile(os.path.join(out_dir, f"{name}.{ext}")):
-      shutil.copy(os.path.join(out_dir, f"{name}.{ext}"), results_dir)
-
-
 def _save(out_dir: str, record) -> str:
-  """Writes speed_accuracy.{json,png,md} for the seeds done so far; returns the markdown."""
+  """Writes speed_accuracy.{json,png,md} for the seeds done so far (the json with its rendered
+  markdown); returns the markdown."""
+  plot(record["summary"] or record["runs"][0]["results"], os.path.join(out_dir, f"{NAME}.png"))
+  record["markdown"] = write_report(out_dir, record)
   with open(os.path.join(out_dir, f"{NAME}.json"), "w") as f:
     json.dump(record, f, indent=2, default=float)
-  plot(record["summary"] or record["runs"][0]["results"], os.path.join(out_dir, f"{NAME}.png"))
-  return write_report(out_dir, record)
+  return record["markdown"]
 
 
 def main(argv=None, log=print) -> Dict[str, Any]:
@@ -1354,11 +1376,11 @@ def main(argv=None, log=print) -> Dict[str, Any]:
   for m in methods:
     parse_spec(m)
   seeds = [int(x) for x in args.seeds.split(",") if x.strip()] if args.seeds else [args.seed]
-  load_start, commit = _uptime(), _commit()
+  load_start, commit = uptime(), commit_label()
   t_start = time.perf_counter()
   train_seconds = eval_seconds = 0.0
   runs = []
-  with _jax_settings({"jax_disable_most_optimizations": True} if args.quick else {}):
+  with jax_settings({"jax_disable_most_optimizations": True} if args.quick else {}):
     for seed in seeds:
       seed_dir = out_dir if len(seeds) == 1 else os.path.join(out_dir, f"seed{seed}")
       configs = {m: method_config(m, p, seed, args.quick) for m in methods}
@@ -1376,7 +1398,7 @@ def main(argv=None, log=print) -> Dict[str, Any]:
       runs.append({"seed": seed, "results": results})
       # every finished seed is on disk (a run cut short keeps its complete seeds)
       record = {
-        "command": "python benchmarks/speed_accuracy.py "
+        "command": "python -m benchmarks.speed_accuracy "
         + " ".join(argv if argv is not None else sys.argv[1:]),
         "commit": commit,
         "quick": bool(args.quick),
@@ -1389,7 +1411,7 @@ def main(argv=None, log=print) -> Dict[str, Any]:
         "recipe": _recipe(configs[methods[0]]),
         "hardware": hardware(),
         "load_start": load_start,
-        "load_end": _uptime(),
+        "load_end": uptime(),
         "train_seconds": train_seconds,
         "eval_seconds": eval_seconds,
         "total_seconds": time.perf_counter() - t_start,
@@ -1398,7 +1420,7 @@ def main(argv=None, log=print) -> Dict[str, Any]:
         "summary": summarize_seeds(runs) if len(runs) > 1 else None,
       }
       text = _save(out_dir, record)
-  publish(out_dir, NAME, args.results_dir or (None if args.quick else RESULTS_DIR))
+  publish(out_dir, NAME, args, MEASURED)
   log(text)
   log(f"\nwrote {out_dir}/{NAME}.md, .json, .png ({record['total_seconds'] / 60:.1f} min)")
   return record

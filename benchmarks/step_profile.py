@@ -1,8 +1,8 @@
 """Where a training step's time goes on XLA:CPU, and what its matmuls alone cost.
 
-  python benchmarks/step_profile.py                               # 4 objectives, V = 30,522
-  python benchmarks/step_profile.py --objectives=ar,setdlm --vocab_size=4096
-  python benchmarks/step_profile.py --decode_rows=1,5,9,40 --objectives=   # decoding floor only
+  python -m benchmarks.step_profile                               # 4 objectives, V = 30,522
+  python -m benchmarks.step_profile --objectives=ar,setdlm --vocab_size=4096
+  python -m benchmarks.step_profile --decode_rows=1,5,9,40 --objectives=   # decoding floor only
 
 Training: builds and compiles the step exactly as `benchmarks/training.py` does (same flags),
 runs it under `jax.profiler.trace`, and sums the duration of every executed XLA thunk by what
@@ -40,13 +40,15 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+if __name__ == "__main__" and not __package__:  # a file run cannot import configs/, benchmarks/
+  sys.exit("error: run it from the repository root as `python -m benchmarks.step_profile [flags]`")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-import training  # noqa: E402  (the training benchmark's config, step and timing)
+from benchmarks import training  # noqa: E402  (the training benchmark's config, step and timing)
 
 CATEGORIES = ("dense matmul", "batched matmul", "rotary", "RNG", "layout copies", "other")
 _LAYOUT_OPS = {

@@ -1,10 +1,10 @@
 """Training-step throughput of each objective: steps/s and clean tokens/s, compile time apart.
 
-  python benchmarks/training.py                       # 4 x 256, 4 heads, L=128, V=30522, B=16
-  python benchmarks/training.py --objectives=setdlm,ar --batch_size=32 --steps=20
-  python benchmarks/training.py --config=configs/tiny_sw.py   # sizes from a config file
-  python benchmarks/training.py --vocab_size=4096 --rounds=2 --steps=5   # interleaved rounds
-  python benchmarks/training.py --seq_len=1024 --batch_size=2 --attention=blocksparse
+  python -m benchmarks.training                       # 4 x 256, 4 heads, L=128, V=30522, B=16
+  python -m benchmarks.training --objectives=setdlm,ar --batch_size=32 --steps=20
+  python -m benchmarks.training --config=configs/tiny_sw.py   # sizes from a config file
+  python -m benchmarks.training --vocab_size=4096 --rounds=2 --steps=5   # interleaved rounds
+  python -m benchmarks.training --seq_len=1024 --batch_size=2 --attention=blocksparse
 
 Times the jitted `train_step.make_train_step` exactly as `train_and_evaluate` runs it (state
 replicated, batch sharded over data x fsdp of all local devices, state donated) on random tokens,
@@ -28,7 +28,9 @@ import sys
 import time
 import types
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+if __name__ == "__main__" and not __package__:  # a file run cannot import configs/, benchmarks/
+  sys.exit("error: run it from the repository root as `python -m benchmarks.training [flags]`")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

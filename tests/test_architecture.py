@@ -192,6 +192,7 @@ LAYERS = [
   ("trainer", ("setdiff_jax.trainer",)),
   ("decoding", ("setdiff_jax.decoding",)),
   ("uses", ("setdiff_jax.evaluation", "setdiff_jax.interop")),
+  ("experiments", ("setdiff_jax.experiments",)),
   ("train", ("setdiff_jax.train", "setdiff_jax.train_step", "setdiff_jax.rl")),
 ]
 

@@ -108,7 +108,7 @@ def _compiled_set_loop(tiny, mesh_cfg):
   fwd = as_forward(model, placed)
   inp = set_inputs.prompted_inputs(prompts(), cfg)
   with placement.on(mesh):
-    lowered = set_sampler._set_core.lower(
+    lowered = set_sampler.set_core.lower(
       fwd.apply,
       fwd.params,
       placement.place_rows(mesh, inp),

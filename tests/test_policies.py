@@ -326,6 +326,10 @@ def test_evaluation_settings_and_labels():
   out = generation.with_policy(oc, base, "entropy_bound", [0.1, 0.5])
   assert [(s["window"], s["policy_arg"]) for s in out] == [(4, 0.1), (4, 0.5), (8, 0.1), (8, 0.5)]
   assert generation.setting_name(oc, out[1]) == "W=4 entropy_bound gamma=0.5"
+  # the threshold rule's tau given as policy_arg (rl_result's settings) is the label's tau
+  tau = {"window": 4, "threshold": None, "policy": "threshold", "policy_arg": 0.7}
+  assert generation.setting_name(oc, tau) == "W=4 tau=0.7"
+  assert generation.setting_name(oc, dict(tau, policy_arg=None)) == "W=4 tau=off"
   assert generation.with_policy(oc, base, "threshold") == base
   with pytest.raises(ValueError, match="--thresholds"):
     generation.with_policy(oc, generation.decoding_settings(oc, thresholds=[0.9]), "margin")
@@ -363,6 +367,17 @@ def test_benchmark_choice_rule_and_paired_bootstrap():
   assert 0.0 <= ci["acc_diff_ci"][0] <= 0.25 <= ci["acc_diff_ci"][1] <= 1.0  # per-problem 0 or 1
   same = bench.paired_ci(a, a, 50)
   assert same["acc_diff_ci"] == [0.0, 0.0] and same["speedup"] == 1.0
+  # two seeds that disagree (a: 2/2 right on seed 0, 0/2 on seed 1): resampling seeds puts
+  # both extremes in the interval; the pooled-pairs view (one "seed") cannot reach them
+  a20 = {"correct": [1] * 10 + [0] * 10, "kept": [4] * 20, "calls": [2] * 20}
+  b20 = {"correct": [0] * 20, "kept": [4] * 20, "calls": [2] * 20}
+  two = bench.paired_ci(a20, b20, 400, n_seeds=2)
+  flat = bench.paired_ci(a20, b20, 400, n_seeds=1)
+  assert (
+    two["acc_diff_ci"] == [0.0, 1.0] and 0.2 < flat["acc_diff_ci"][0] < flat["acc_diff_ci"][1] < 0.8
+  )
+  with pytest.raises(ValueError, match="3 seeds"):
+    bench.paired_ci(a, b, 10, n_seeds=3)  # 4 results are not 3 seeds x the same problems
 
 
 def test_benchmark_matched_speed_pairing_and_grid_flag():

@@ -138,6 +138,13 @@ def test_target_verdicts(bench):
   assert verdicts == [True, False, True, False]
 
 
+def test_sft_steps_are_the_checkpoints_steps(bench):
+  # the 5000-step record once said 2000: the flag's default, not the checkpoints RL started from
+  recs = [{"arm": "sft", "step": 5000}, {"arm": "rl", "step": 250}, {"arm": "sft", "step": 5000}]
+  assert bench.sft_steps(recs) == 5000
+  assert bench.sft_steps(recs + [{"arm": "sft", "step": 2000}]) == [2000, 5000]
+
+
 def test_scrub_replaces_the_longest_path_first(bench):
   names = {"/tmp/o": "OUT", "/tmp/o/seed0/runs/sft": "SFT0"}
   text = "a /tmp/o/seed0/runs/sft/x and /tmp/o/y"
@@ -168,6 +175,10 @@ def test_quick_run_writes_table_json_png_and_resumes_from_its_caches(bench, tmp_
   rl_metrics = (out / arms["rl_cost"]["workdir"] / "metrics.jsonl").read_text().splitlines()
   assert [json.loads(x)["step"] for x in rl_metrics] == [1, 2]
   assert len(saved["comparisons"]) == 10 and len(saved["targets"]) == 4
+  assert saved["plan"]["sft_steps"] == 4  # the quick SFT's steps
+  for r in arms["sft"]["val"]:  # each threshold setting is labelled with its own tau
+    if r["policy"] == "threshold" and r["policy_arg"] is not None:
+      assert r["setting"] == f"W=4 tau={r['policy_arg']:g}"
   # a rerun finds every arm in its cache: nothing is trained or decoded again
   lines = []
   again = bench.main(["--quick", f"--output_dir={out}"], log=lines.append)

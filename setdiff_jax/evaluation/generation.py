@@ -114,8 +114,11 @@ def setting_name(obj_cfg, setting: Dict[str, Any]) -> str:
   policy = setting.get("policy") or policies.DEFAULT
   if policy != policies.DEFAULT:
     parts.append(policies.label(policy, setting.get("policy_arg")))
-  elif methods.get(obj_cfg.name).uses_threshold:
-    parts.append(f"tau={threshold_label(setting.get('threshold'))}")
+  elif methods.get(
+    obj_cfg.name
+  ).uses_threshold:  # the threshold rule: tau = policy_arg, else threshold
+    tau = setting.get("policy_arg")
+    parts.append(f"tau={threshold_label(setting.get('threshold') if tau is None else tau)}")
   return " ".join(parts) or "-"
 
 

@@ -79,8 +79,8 @@ class EvalOptions:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
 
 
-def _models(state):
-  """(likelihood model in the run's dtype, decoding model in fp32)."""
+def inference_models(state):
+  """A run's models for evaluation: (likelihood model in the run's dtype, decoding model in fp32)."""
   return (
     workdir_lib.inference_model(state.model_config, None),
     workdir_lib.inference_model(state.model_config, "float32"),
@@ -107,7 +107,7 @@ def infill_items(state, setting: str, opts: EvalOptions):
 
 
 def run_likelihood(state, opts: EvalOptions, model=None) -> Dict[str, Any]:
-  model = model or _models(state)[0]
+  model = model or inference_models(state)[0]
   tokens, att, ctx = likelihood.eval_rows(state.config, state.tokenizer, max_rows=opts.max_rows)
   return likelihood.likelihood_eval(
     model,
@@ -123,7 +123,7 @@ def run_likelihood(state, opts: EvalOptions, model=None) -> Dict[str, Any]:
 
 
 def run_infill(state, opts: EvalOptions, model=None) -> List[Dict[str, Any]]:
-  model = model or _models(state)[1]
+  model = model or inference_models(state)[1]
   oc = state.objective_config
   method = methods.get(oc.name)
   length = int(state.config.seq_len)
@@ -172,7 +172,7 @@ def _settings(state, opts: EvalOptions):
 
 
 def run_speed(state, opts: EvalOptions, model=None) -> List[Dict[str, Any]]:
-  model = model or _models(state)[1]
+  model = model or inference_models(state)[1]
   return generation.speed_eval(
     model,
     state.params,
@@ -211,7 +211,7 @@ def accuracy_pairs(state, opts: EvalOptions):
 
 
 def run_accuracy(state, opts: EvalOptions, model=None) -> List[Dict[str, Any]]:
-  model = model or _models(state)[1]
+  model = model or inference_models(state)[1]
   seq_len = int(state.config.seq_len)
   extra = gsm8k.resolve_preset(opts.preset, seq_len)
   thresholds = [extra.pop("threshold")] if opts.preset else list(opts.thresholds)
@@ -252,7 +252,7 @@ def load_judge(path: Optional[str]):
 
 
 def run_samples(state, opts: EvalOptions, model=None, judge=None) -> List[Dict[str, Any]]:
-  model = model or _models(state)[1]
+  model = model or inference_models(state)[1]
   judge = judge if judge is not None else load_judge(opts.judge_workdir)
   return generation.samples_eval(
     model,
@@ -293,7 +293,7 @@ def evaluate_state(
   if bad:
     raise ValueError(f"unknown eval(s) {bad}; expected some of {EVALS}")
   check_options(opts, int(state.config.seq_len))
-  lik_model, gen_model = _models(state)
+  lik_model, gen_model = inference_models(state)
   out: Dict[str, Any] = {}
   for name in evals:
     t0 = time.perf_counter()

@@ -17,7 +17,7 @@ from setdiff_jax.sampling import ar_sampler, baselines, reference, set_sampler
 # (the package's `mdlm_infill` attribute is the function; the module is imported by name)
 _infill = importlib.import_module("setdiff_jax.sampling.mdlm_infill")
 LOOPS = (
-  set_sampler._set_core,
+  set_sampler.set_core,
   reference._reference_core,
   ar_sampler._ar_core,
   baselines._bd3lm_core,

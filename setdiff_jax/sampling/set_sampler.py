@@ -303,7 +303,7 @@ def run_loop(state: SetState, step) -> dict:
 
 
 @functools.partial(jax.jit, static_argnames=("apply", "cfg", "stop_eos", "history"))
-def _set_core(
+def set_core(
   apply, params, inp: SetInputs, key, *, cfg: SamplerConfig, stop_eos: bool, history: str
 ):
   fwd = bind(apply, params)
@@ -385,14 +385,14 @@ def _run(
 
 
 def generate_with(core, model, params, prompts, cfg: SamplerConfig, rng=None) -> SampleOutput:
-  """Prompted generation with a jitted `core` (this module's `_set_core` or the reference's)."""
+  """Prompted generation with a jitted `core` (this module's `set_core` or the reference's)."""
   inp = prompted_inputs(prompts, cfg, cfg.seed)
   history = "generated" if cfg.penalty_history == "auto" else cfg.penalty_history
   return _run(core, model, params, inp, cfg, rng, cfg.stops_at_eos, history)
 
 
 def infill_with(core, model, params, canvases, cfg: SamplerConfig, rng=None) -> SampleOutput:
-  """Infilling with a jitted `core` (this module's `_set_core` or the reference's)."""
+  """Infilling with a jitted `core` (this module's `set_core` or the reference's)."""
   inp = infill_inputs(canvases, cfg, cfg.seed)
   history = "cached" if cfg.penalty_history == "auto" else cfg.penalty_history
   return _run(core, model, params, inp, cfg, rng, False, history)
@@ -410,7 +410,7 @@ def set_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> Sample
     rng: PRNG key for sampling (default `PRNGKey(cfg.seed)`).
   The no-cache reference is `reference.reference_generate` (same arguments).
   """
-  return generate_with(_set_core, model, params, prompts, cfg, rng)
+  return generate_with(set_core, model, params, prompts, cfg, rng)
 
 
 def set_infill(model, params, canvases, cfg: SamplerConfig, rng=None) -> SampleOutput:
@@ -420,7 +420,7 @@ def set_infill(model, params, canvases, cfg: SamplerConfig, rng=None) -> SampleO
   masks (`cfg.max_new_tokens` is ignored); no EOS stopping. `sequences` are the filled canvases.
   The no-cache reference is `reference.reference_infill` (same arguments).
   """
-  return infill_with(_set_core, model, params, canvases, cfg, rng)
+  return infill_with(set_core, model, params, canvases, cfg, rng)
 
 
 __all__ = [

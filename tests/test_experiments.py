@@ -1,0 +1,201 @@
+"""The experiments library: records only from clean commits on main and never over another
+record; the hierarchical (seeds, then problems) bootstrap against an exact enumeration and
+against the flat one; Holm's adjustment against a hand-worked example."""
+
+import itertools
+import json
+import subprocess
+
+import numpy as np
+import pytest
+
+from setdiff_jax.experiments import record, stats
+
+DEVICE = {"backend": "cpu", "cpu": "test", "cpu_count": 1}
+
+
+def _git(repo, *args):
+  subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
+
+
+@pytest.fixture
+def repo(tmp_path):
+  """A git repository on branch main with one commit, and an empty results folder."""
+  r = tmp_path / "repo"
+  r.mkdir()
+  _git(r, "init", "-q", "-b", "main")
+  _git(r, "config", "user.email", "t@t")
+  _git(r, "config", "user.name", "t")
+  (r / "code.py").write_text("x = 1\n")
+  _git(r, "add", "code.py")
+  _git(r, "commit", "-q", "-m", "one")
+  (r / "results").mkdir()
+  return r
+
+
+def _create(repo, name="run_a", **kw):
+  return record.RunRecord.create(
+    name=name,
+    results_dir=str(repo / "results"),
+    command="python bench.py --x=1",
+    config=kw.pop("config", {"lr": 2e-3}),
+    seeds=[0, 1],
+    measured_paths=["code.py"],
+    device=DEVICE,
+    **kw,
+  )
+
+
+def test_a_record_holds_commit_command_config_seeds_outcomes(repo):
+  rec = _create(repo)
+  rec.add_outcomes("a", 0, ["p1", "p2"], [1, 0], seconds=[0.5, 0.25])
+  rec.add_outcomes("a", 1, ["p2", "p1"], [1, 1])
+  rec.set_timing("train_seconds", 12.0)
+  rec.save()
+  data = json.loads((repo / "results" / "run_a.json").read_text())
+  head = subprocess.run(
+    ["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True
+  ).stdout.strip()
+  assert data["commit"] == head and data["command"] == "python bench.py --x=1"
+  assert data["config"] == {"lr": 2e-3} and data["seeds"] == [0, 1]
+  assert data["device"] == DEVICE and data["measured_paths"] == ["code.py"] and data["date"]
+  assert data["outcomes"][0]["seconds"] == [0.5, 0.25]
+  # problems are aligned by id across seeds (the paired bootstrap's precondition)
+  np.testing.assert_array_equal(rec.matrix("a"), [[1, 0], [1, 1]])
+  with pytest.raises(record.RecordError, match="already recorded"):
+    rec.add_outcomes("a", 0, ["p1"], [1])
+
+
+def test_a_dirty_tree_refuses(repo):
+  (repo / "code.py").write_text("x = 2\n")
+  with pytest.raises(record.RecordError, match="uncommitted changes.*code.py"):
+    _create(repo)
+  assert not (repo / "results" / "run_a.json").exists()
+  _git(repo, "checkout", "code.py")
+  (repo / "new_module.py").write_text("y = 1\n")  # untracked code counts too
+  with pytest.raises(record.RecordError, match="new_module.py"):
+    _create(repo)
+
+
+def test_a_commit_off_main_refuses(repo):
+  _git(repo, "checkout", "-q", "-b", "side")
+  (repo / "code.py").write_text("x = 3\n")
+  _git(repo, "commit", "-qam", "side")
+  with pytest.raises(record.RecordError, match="not on main's history"):
+    _create(repo)
+  _git(repo, "checkout", "-q", "main")
+  _git(repo, "merge", "-q", "side")
+  assert _create(repo).data["commit"]  # merged: now reachable
+
+
+def test_an_existing_name_refuses_unless_resumed(repo):
+  rec = _create(repo)
+  rec.add_outcomes("a", 0, ["p1"], [1])
+  rec.save()
+  with pytest.raises(record.RecordError, match="exists"):
+    _create(repo)
+  again = _create(repo, resume=True)
+  assert again.has("a", 0) and not again.has("a", 1)
+  with pytest.raises(record.RecordError, match="another config"):
+    _create(repo, resume=True, config={"lr": 1e-3})
+  (repo / "code.py").write_text("x = 4\n")
+  _git(repo, "commit", "-qam", "two")
+  with pytest.raises(record.RecordError, match="one commit"):
+    _create(repo, resume=True)
+  with pytest.raises(record.RecordError, match="record name"):
+    _create(repo, name="Bad Name")
+
+
+def test_bootstrap_matches_an_exact_enumeration():
+  """2 seeds x 3 shared problems: all 2^2 seed draws x 3^3 problem draws are equally likely;
+  the bootstrap's mean and variance of the grand mean match the enumeration's."""
+  x = np.array([[1.0, 0.0, 1.0], [0.0, 0.0, 1.0]])
+  exact = []
+  for s in itertools.product(range(2), repeat=2):
+    for p in itertools.product(range(3), repeat=3):
+      exact.append(x[np.ix_(s, p)].mean())
+  exact = np.array(exact)
+  draws = stats.hierarchical_bootstrap([x], np.mean, n_boot=20000, seed=1)
+  assert abs(draws.mean() - exact.mean()) < 0.01
+  assert abs(draws.var() - exact.var()) < 0.1 * exact.var()
+  # per-seed problems (nested): 2^2 seed draws x (3^3)^2 problem draws, enumerated by seed row
+  per_row = [
+    np.array([x[r, list(p)].mean() for p in itertools.product(range(3), repeat=3)])
+    for r in range(2)
+  ]
+  nested = np.array(
+    [
+      (per_row[a][:, None] + per_row[b][None, :]).ravel() / 2
+      for a, b in itertools.product(range(2), repeat=2)
+    ]
+  ).ravel()
+  draws = stats.hierarchical_bootstrap([x], np.mean, n_boot=20000, seed=2, problems="per_seed")
+  assert abs(draws.var() - nested.var()) < 0.1 * nested.var()
+
+
+def test_the_interval_widens_with_seed_variance_where_the_flat_one_does_not():
+  rng = np.random.default_rng(0)
+  n_p = 400
+  # three training runs of very different quality, the same 400 problems
+  seedy = np.stack([rng.random(n_p) < q for q in (0.3, 0.6, 0.9)]).astype(float)
+  # the same cells with the seed structure removed (shuffled across seeds)
+  mixed = rng.permutation(seedy.ravel()).reshape(seedy.shape)
+  width = lambda d: np.subtract(*np.percentile(d, [97.5, 2.5]))
+  flat_seedy = width(stats.flat_bootstrap([seedy], np.mean, 2000))
+  flat_mixed = width(stats.flat_bootstrap([mixed], np.mean, 2000))
+  hier_seedy = width(stats.hierarchical_bootstrap([seedy], np.mean, 2000))
+  hier_mixed = width(stats.hierarchical_bootstrap([mixed], np.mean, 2000))
+  assert abs(flat_seedy - flat_mixed) < 0.15 * flat_mixed  # the flat one cannot see seeds
+  assert hier_seedy > 4 * flat_seedy  # three runs spread 0.3..0.9: the mean is barely known
+  assert hier_mixed < 1.6 * flat_mixed  # no seed effect: about the flat width (two-way: <= 2x)
+
+
+def test_paired_difference_uses_the_same_indices():
+  rng = np.random.default_rng(1)
+  a = (rng.random((3, 200)) < 0.7).astype(float)
+  shift = stats.paired_difference(a + 0.1, a, n_boot=500)
+  assert shift["point"] == pytest.approx(0.1)
+  assert shift["lo"] == pytest.approx(0.1) and shift["hi"] == pytest.approx(0.1)
+  assert shift["p"] == 0.0
+  same = stats.paired_difference(a, a, n_boot=200)
+  assert same["lo"] == same["hi"] == 0.0 and same["p"] == 1.0
+  with pytest.raises(ValueError, match="same seeds x problems"):
+    stats.paired_difference(a, a[:, :10])
+
+
+def test_holm_against_a_hand_worked_example():
+  # sorted: 0.005 x 4 = 0.02; 0.01 x 3 = 0.03; 0.03 x 2 = 0.06; 0.04 x 1 = 0.04 -> max(0.06, 0.04)
+  adj = stats.holm([0.01, 0.04, 0.03, 0.005])
+  np.testing.assert_allclose(adj, [0.03, 0.06, 0.06, 0.02])
+  assert list(adj <= 0.05) == [True, False, False, True]
+  np.testing.assert_allclose(stats.holm([0.5, 0.6]), [1.0, 1.0])
+  with pytest.raises(ValueError):
+    stats.holm([1.5])
+
+
+def test_p_value_is_two_sided():
+  assert stats.p_value(np.array([1.0, 2.0, 3.0, -1.0])) == pytest.approx(0.5)
+  assert stats.p_value(np.array([1.0, 2.0])) == 0.0
+
+
+def test_publish_report_stamps_the_commit_and_never_overwrites(repo, tmp_path):
+  png = tmp_path / "plot.png"
+  png.write_bytes(b"\x89PNG")
+  report = {"command": "python -m benchmarks.x", "markdown": "## T\n\n![p](x.png)\n", "v": 1}
+  path = record.publish_report(
+    report, "t_one", str(repo / "results"), ["code.py"], {"x.png": str(png)}
+  )
+  data = json.loads(open(path).read())
+  assert len(data["commit"]) == 40 and data["measured_paths"] == ["code.py"] and data["date"]
+  assert (
+    data["markdown"] == "## T\n\n![p](t_one.png)\n" and (repo / "results" / "t_one.png").exists()
+  )
+  with pytest.raises(record.RecordError, match="exists"):
+    record.publish_report(report, "t_one", str(repo / "results"), ["code.py"])
+  record.publish_report(dict(report, v=2), "t_one", str(repo / "results"), ["code.py"], resume=True)
+  assert json.loads(open(path).read())["v"] == 2
+  with pytest.raises(record.RecordError, match="no 'markdown'"):
+    record.publish_report({"v": 1}, "t_two", str(repo / "results"), ["code.py"])
+  (repo / "code.py").write_text("x = 5\n")
+  with pytest.raises(record.RecordError, match="uncommitted"):
+    record.publish_report(report, "t_three", str(repo / "results"), ["code.py"])

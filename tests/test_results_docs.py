@@ -1,0 +1,125 @@
+"""docs/results is generated from benchmarks/results (issue 35): the committed tables equal what
+the records give (edited by hand or out of date fails here), staleness comes from git, and every
+record either carries a commit on main's history or says what it measured and why it stays."""
+
+import json
+import pathlib
+import shutil
+import subprocess
+
+import pytest
+
+from setdiff_jax.experiments import git, publish
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+RESULTS, DOCS = REPO / "benchmarks" / "results", REPO / "docs" / "results"
+
+
+def _full_history():
+  try:
+    shallow = git._git(str(REPO), "rev-parse", "--is-shallow-repository").stdout.strip()
+  except git.GitError:
+    return False
+  return shallow == "false"
+
+
+needs_history = pytest.mark.skipif(
+  not _full_history(), reason="needs the repository's full git history (not a wheel, not shallow)"
+)
+
+
+@pytest.fixture(scope="module")
+def generated():
+  return publish.generate(str(RESULTS), str(DOCS), str(REPO))
+
+
+@needs_history
+def test_docs_results_equal_what_the_records_give(generated):
+  assert publish.differences(generated, str(DOCS)) == [], (
+    "docs/results is out of date or edited by hand: run `python -m setdiff_jax.experiments."
+    "publish` and commit docs/results"
+  )
+
+
+@needs_history
+def test_a_hand_edit_is_caught(tmp_path, generated):
+  docs = tmp_path / "docs"
+  shutil.copytree(DOCS, docs)
+  target = docs / "rl_chain_5000.md"
+  target.write_text(target.read_text().replace("0.3", "0.4", 1))
+  (docs / "orphan.md").write_text("# a table with no record\n")
+  problems = publish.differences(generated, str(docs))
+  assert any("rl_chain_5000.md differs" in p for p in problems)
+  assert any("orphan.md has no record" in p for p in problems)
+  assert publish.main(["--results_dir", str(RESULTS), "--docs_dir", str(docs), "--check"]) == 1
+
+
+def _git(repo, *args):
+  subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
+
+
+def _commit(repo, path, text, msg):
+  (repo / path).write_text(text)
+  _git(repo, "add", path)
+  _git(repo, "commit", "-qm", msg)
+  return subprocess.run(
+    ["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True
+  ).stdout.strip()
+
+
+def test_staleness_follows_the_measured_paths(tmp_path):
+  repo = tmp_path / "repo"
+  repo.mkdir()
+  _git(repo, "init", "-q", "-b", "main")
+  _git(repo, "config", "user.email", "t@t")
+  _git(repo, "config", "user.name", "t")
+  c0 = _commit(repo, "code.py", "x = 1\n", "code")
+  rec = {"commit": c0[:7], "measured_paths": ["code.py"], "markdown": "## T\n\nbody\n"}
+  assert publish.status(rec, str(repo))["label"] == "current"
+  _commit(repo, "other.py", "y = 1\n", "unrelated")
+  assert publish.status(rec, str(repo))["label"] == "current"
+  _commit(repo, "code.py", "x = 2\n", "measured code changes")
+  st = publish.status(rec, str(repo))
+  assert st["label"] == "stale" and f"git log {c0[:7]}..HEAD -- code.py" in st["text"]
+  _commit(repo, "code.py", "x = 3\n", "again")  # once stale, the text no longer moves
+  assert publish.status(rec, str(repo)) == st
+  # a commit that is not on the history: kept, judged from its provenance's base when named
+  gone = {"commit": "deadbee", "measured_paths": ["code.py"], "markdown": "## T\n"}
+  assert publish.status(gone, str(repo))["label"] == "kept"
+  assert "cannot be judged" in publish.status(gone, str(repo))["text"]
+  gone["provenance"] = {"base": c0[:7], "why_kept": "w"}
+  assert "**stale**" in publish.status(gone, str(repo))["text"]
+  dirty = dict(rec, commit=c0[:7] + "+dirty")
+  assert publish.status(dirty, str(repo))["label"] == "kept"
+  doc = publish.render("t", dict(gone, command="python b.py"), str(repo), "results/t.json", [])
+  assert "| provenance: why kept | w |" in doc and "| command | `python b.py` |" in doc
+  with pytest.raises(ValueError, match="no 'markdown'"):
+    publish.render("t", {"commit": c0}, str(repo), "results/t.json", [])
+
+
+def test_the_merged_issue22_table_is_what_its_sources_give():
+  """speed_accuracy_i22 has no run of its own: its table must equal the three-seed summary of
+  its nine source records (so a source cannot change without this table changing)."""
+  from benchmarks import speed_accuracy as sa
+
+  merged = json.loads((RESULTS / "speed_accuracy_i22.json").read_text())
+  src = {n: json.loads((RESULTS / f"{n}.json").read_text()) for n in merged["sources"]}
+  runs = []
+  for k in range(3):
+    results = []
+    for rec in src.values():
+      results += [r for run in rec["runs"] if run["seed"] == k for r in run["results"]]
+    runs.append({"seed": k, "results": results})
+  order = ["ar", "mdlm", "mdlm+eos", "bd3lm4", "setdlm4"]
+  for run in runs:
+    run["results"].sort(key=lambda r: order.index(r["method"]))
+  assert sa.summary_table(sa.summarize_seeds(runs)) in merged["markdown"]
+
+
+@needs_history
+def test_every_record_has_a_reachable_commit_or_says_why_it_stays():
+  for name, rec in publish.load_records(str(RESULTS)).items():
+    _, on_history, _ = publish.commit_status(rec, str(REPO))
+    prov = rec.get("provenance") or {}
+    assert on_history or (prov.get("measured") and prov.get("why_kept")), name
+    assert rec.get("measured_paths") and rec.get("markdown") and rec.get("date"), name
