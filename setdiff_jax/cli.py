@@ -232,7 +232,7 @@ def _config_of(argv: Sequence[str]):
   if hasattr(value, "keys"):
     return value
   for arg in argv:
-    m = re.match(r"^--?config=(.+\.py)$", arg)
+    m = re.match(r"^--?config=(.+\.py)(?::(.*))?$", arg)  # FILE.py or FILE.py:VARIANT
     if m and os.path.isfile(m.group(1)):
       import importlib.util
 
@@ -240,7 +240,7 @@ def _config_of(argv: Sequence[str]):
         spec = importlib.util.spec_from_file_location("_setdiff_cli_config", m.group(1))
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        return module.get_config()
+        return module.get_config(m.group(2)) if m.group(2) else module.get_config()
       except Exception:  # noqa: BLE001 - the original error is reported instead
         return None
   return None
