@@ -82,3 +82,23 @@ def test_export_label_and_verify_verdict():
   ):
     passed, line = export.verify_verdict(bad)
     assert not passed and line.startswith("verify: FAIL (") and why in line, line
+
+
+def test_library_info_lines_are_told_apart_by_path():
+  """The launchers' quiet logs keep INFO lines of the package and launch/ only, by absolute path:
+  a clone named setdiff_jax with its venv inside (issue 37) showed orbax's INFO lines, whose
+  files .../setdiff_jax/.venv/.../orbax/... contain '/setdiff_jax/'."""
+  import logging
+
+  from setdiff_jax import cli
+
+  def record(path, level=logging.INFO):
+    return logging.LogRecord("absl", level, path, 1, "message", None, None)
+
+  clone = os.path.dirname(cli._PACKAGE_DIR)
+  venv_orbax = os.path.join(clone, ".venv", "lib", "python3.11", "site-packages", "orbax", "x.py")
+  assert not cli._FILTER.filter(record(venv_orbax))
+  assert not cli._FILTER.filter(record("/elsewhere/setdiff_jax/orbax/checkpoint/x.py"))
+  assert cli._FILTER.filter(record(venv_orbax, logging.WARNING))  # warnings always pass
+  assert cli._FILTER.filter(record(os.path.join(cli._PACKAGE_DIR, "train.py")))
+  assert cli._FILTER.filter(record(os.path.join(clone, "launch", "train.py")))
