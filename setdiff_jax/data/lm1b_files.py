@@ -3,8 +3,8 @@
 `tfds build lm1b` needs TensorFlow (its builder globs with `tf.io.gfile`) and downloads the 1.8 GB
 archive itself. This module writes the same dataset from an archive you downloaded and unpacked:
 `lm1b/1.1.0/` under a TFDS data_dir, the features, split names and example keys of the TFDS
-builder (`train`: `training-monolingual.tokenized.shuffled/news.en-*`, 30,301,028 sentences;
-`test`: `heldout-monolingual.tokenized.shuffled/news.en.heldout-*`, 306,688; one example per
+builder (`train`: `training-monolingual.tokenized.shuffled/news.en-*`;
+`test`: `heldout-monolingual.tokenized.shuffled/news.en.heldout-*`; one example per
 line, stripped; key `<file name>_<line index>`), so `data.source=tfds` reads it as if TFDS had
 built it. `launch/prepare_lm1b.py` is the command.
 """

@@ -148,8 +148,8 @@ def tfds_texts(
       how = (
         "build it once without TensorFlow from the released text files (1.8 GB download: "
         "README, LM1B): python launch/prepare_lm1b.py --text_dir=UNPACKED_ARCHIVE --data_dir=DIR; "
-        "or with TFDS's builder, which needs TensorFlow (not installed by this package) and "
-        "downloads the archive itself: tfds build lm1b --data_dir=DIR --file_format=array_record"
+        "or with TFDS's own lm1b builder, which needs TensorFlow (not installed by this package; "
+        "README, LM1B) and downloads the archive itself"
       )
     else:
       how = (
