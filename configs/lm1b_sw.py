@@ -1,8 +1,10 @@
 """SetDLM on LM1B with the reference recipe (SPEC §3.1, §5): the `lm1b-setdlm-smax8` setting.
 
-Prepare LM1B once (building needs TensorFlow and a 1.7 GB download; reading it does not; see
-the README, "LM1B"):
-  tfds build lm1b --file_format=array_record --data_dir=$TFDS_DIR
+Prepare LM1B once as TFDS array_record (reading needs no TensorFlow): from the released text
+files (the 1.8 GB archive from statmt.org, unpacked), with no TensorFlow,
+  python launch/prepare_lm1b.py --text_dir=1-billion-word-language-modeling-benchmark-r13output \
+      --data_dir=$TFDS_DIR
+or with TFDS's own builder in an environment with TensorFlow (README, "LM1B").
 Run (every host of a pod runs the same command):
   python launch/train.py --config=configs/lm1b_sw.py --workdir=$WORKDIR \
       --config.data.tfds_data_dir=$TFDS_DIR [--config.loss.desired_set_size=8]
