@@ -66,7 +66,7 @@ def test_step_limits_go_on_training_commands_only():
   assert sample == "python launch/sample.py --workdir=runs/a"
 
 
-@pytest.mark.slow  # every README block, training cut to 2 steps: ~8-10 min on 2 shared cores
+@pytest.mark.slow  # every README block, 2 training steps: 20 min on 2 cores at load ~14 (lm1b-cpu ~6)
 def test_readme_commands_run_as_written(tmp_path, monkeypatch):
   runner = _runner()
   copy = str(tmp_path / "copy")
