@@ -7,5 +7,5 @@
 from configs import lm1b_sw
 
 
-def get_config():
-  return lm1b_sw.lm1b_base("ar")
+def get_config(variant: str = ""):  # "cpu": see lm1b_sw.cpu_smoke
+  return lm1b_sw.lm1b_base("ar", variant)

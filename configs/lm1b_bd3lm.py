@@ -9,8 +9,8 @@ One t per block, block-causal two-stream mask, empty blocks re-masked in trainin
 from configs import lm1b_sw
 
 
-def get_config():
-  c = lm1b_sw.lm1b_base("bd3lm")
+def get_config(variant: str = ""):  # "cpu": see lm1b_sw.cpu_smoke
+  c = lm1b_sw.lm1b_base("bd3lm", variant)
   c.model.adaln = True
   c.loss.block_size = 4
   c.loss.antithetic = True  # the only baseline run with antithetic t (SPEC §5)

@@ -9,8 +9,8 @@ Training loss: unweighted CE over masked tokens; eval: the 1/t NELBO per real to
 from configs import lm1b_sw
 
 
-def get_config():
-  c = lm1b_sw.lm1b_base("mdlm")
+def get_config(variant: str = ""):  # "cpu": see lm1b_sw.cpu_smoke
+  c = lm1b_sw.lm1b_base("mdlm", variant)
   c.model.adaln = True
   c.loss.antithetic = False  # off in the reference run despite its "antithetic" tag
   return c

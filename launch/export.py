@@ -9,8 +9,8 @@ model.backbone=qwen3 run is written in the official Qwen3-SetDLM layout (`backbo
 safetensors only; SPEC §3.10). EMA
 parameters are exported by default (--noema for the raw ones). --verify reloads the export in the
 PyTorch reference and prints the max relative logits error for a two-stream input and a cached
-decoding step, the likelihood-bound difference, and whether importing it back is bit-exact; it
-(and --format=bin) needs the torch extra, `pip install -e ".[torch]"` (without it: one error line,
+decoding step, the likelihood-bound difference, and whether importing it back is bit-exact, then
+one `verify: PASS` or `verify: FAIL (...)` line (exit status 1 on FAIL); it (and --format=bin) needs the torch extra, `pip install -e ".[torch]"` (without it: one error line,
 before anything is written). --out must be a new or empty directory (--overwrite: a non-empty
 one), never a training workdir. Load it back with `setdiff_jax.interop.import_checkpoint(OUT)`.
 """
@@ -64,7 +64,7 @@ def main(argv):
       else "--format=bin (--format=safetensors needs only numpy)",
     )
   from setdiff_jax import sharding
-  from setdiff_jax.interop.export import export_workdir
+  from setdiff_jax.interop.export import export_workdir, verify_verdict
 
   sharding.initialize_distributed()  # every host of a multi-host run exports together
 
@@ -79,6 +79,10 @@ def main(argv):
   )
   if report is not None:
     print(json.dumps(report, indent=2))
+    passed, line = verify_verdict(report)
+    print(line, flush=True)
+    if not passed:
+      sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -35,8 +35,10 @@ def summary(result, workdir: str, config) -> str:
   if "eval/ppl" in result:
     parts.append(f"eval PPL {result['eval/ppl']:.2f} (NLL {result['eval/nll']:.4f})")
   parts.append(f"checkpoint {paths.join(workdir, 'checkpoints', str(step))}")
-  # Sample (and evaluate) with the parameters training evaluated.
-  raw = " --nouse_ema" if str(config.get("eval_params", "ema")) == "raw" else ""
+  # Sample (and evaluate) with the parameters training evaluated (with ema_decay = 0 the EMA copy
+  # is the raw parameters: nothing to choose).
+  ema_is_raw = float(config.get("ema_decay", 1.0) or 0.0) == 0.0
+  raw = " --nouse_ema" if str(config.get("eval_params", "ema")) == "raw" and not ema_is_raw else ""
   if str(config.data.get("source", "")) in pairs.PAIR_SOURCES:  # a conditional (prompt) run
     parts.append(
       f"evaluate with: python launch/evaluate.py --workdir={workdir} --eval=accuracy; "

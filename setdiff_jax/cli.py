@@ -232,7 +232,7 @@ def _config_of(argv: Sequence[str]):
   if hasattr(value, "keys"):
     return value
   for arg in argv:
-    m = re.match(r"^--?config=(.+\.py)$", arg)
+    m = re.match(r"^--?config=(.+\.py)(?::(.*))?$", arg)  # FILE.py or FILE.py:VARIANT
     if m and os.path.isfile(m.group(1)):
       import importlib.util
 
@@ -240,7 +240,7 @@ def _config_of(argv: Sequence[str]):
         spec = importlib.util.spec_from_file_location("_setdiff_cli_config", m.group(1))
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        return module.get_config()
+        return module.get_config(m.group(2)) if m.group(2) else module.get_config()
       except Exception:  # noqa: BLE001 - the original error is reported instead
         return None
   return None
@@ -255,15 +255,20 @@ def check_no_positional(args: Sequence[str]):
 
 
 # ----------------------------------------------------------------------------- logs
-class _LibraryInfoFilter(std_logging.Filter):
-  """Drops INFO (and lower) records that do not come from this repository's code."""
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
-  _OURS = (os.sep + "setdiff_jax" + os.sep, os.sep + "launch" + os.sep)
+
+class _LibraryInfoFilter(std_logging.Filter):
+  """Drops INFO (and lower) records that do not come from this repository's code: the package's
+  folder and the launchers' beside it, by absolute path (a clone named setdiff_jax with its venv
+  inside, .../setdiff_jax/.venv/.../orbax/..., is not ours)."""
+
+  _OURS = (_PACKAGE_DIR + os.sep, os.path.join(os.path.dirname(_PACKAGE_DIR), "launch") + os.sep)
 
   def filter(self, record):
     if record.levelno >= std_logging.WARNING:
       return True
-    return any(part in (record.pathname or "") for part in self._OURS)
+    return bool(record.pathname) and os.path.abspath(record.pathname).startswith(self._OURS)
 
 
 _FILTER = _LibraryInfoFilter()

@@ -97,7 +97,9 @@ def test_missing_files_raise_clear_errors(tmp_path, tok):
   with pytest.raises(ValueError, match="needs data.eval_paths"):
     P.make_dataset(cfg, tok, split="eval", seq_len=8, global_batch_size=2, seed=0)
   # tfds without prepared data: a clear error, and no download attempt.
-  with pytest.raises(FileNotFoundError, match="tfds build lm1b"):
+  with pytest.raises(
+    FileNotFoundError, match="without TensorFlow.*launch/prepare_lm1b.py.*needs TensorFlow"
+  ):
     S.tfds_texts("lm1b", "train", data_dir=str(tmp_path / "tfds"))
 
 
@@ -403,6 +405,42 @@ def test_tfds_prepared_array_record(tok, tmp_path):
     tok.decode(r) for r, m in zip(batches[0]["tokens"], batches[0]["attention_mask"]) if m.any()
   )
   assert got == [f"sentence {i} ünï" for i in range(3)]
+
+
+LM1B_LAYOUT = os.path.join(os.path.dirname(__file__), "data", "lm1b_layout")
+
+
+def test_lm1b_from_text_files_is_the_tfds_build(tmp_path):
+  """launch/prepare_lm1b.py's builder on a small tree in the released archive's layout (3 train,
+  2 held-out shards; lines with outer spaces): the records, in order, that TFDS's own lm1b
+  builder (tfds 4.9.10 with TensorFlow 2.21, its download pointed at this tree) wrote from the
+  same files (tfds_order.json, recorded once), read back by the LM1B configs' data path."""
+  from configs import lm1b_sw
+  from setdiff_jax.data import lm1b_files
+
+  data_dir = str(tmp_path / "tfds")
+  out = lm1b_files.build(LM1B_LAYOUT, data_dir)
+  assert out == os.path.join(data_dir, "lm1b", "1.1.0")
+  with open(os.path.join(LM1B_LAYOUT, "tfds_order.json"), encoding="utf-8") as f:
+    expected = json.load(f)
+  for split in ("train", "test"):
+    assert list(S.tfds_texts("lm1b", split, data_dir=data_dir)) == expected[split], split
+  assert len(expected["train"]) == 24 and expected["train"][0] == (
+    "Sentence 11 mentions the market ( and a café ) ."  # stripped, as TFDS strips
+  )
+  config = lm1b_sw.get_config()
+  config.data.tfds_data_dir = data_dir
+  bert = T.get_tokenizer(config.tokenizer)
+  batches = list(
+    P.make_dataset(
+      config.data, bert, split="eval", seq_len=16, global_batch_size=2, seed=0, num_epochs=1
+    )
+  )
+  rows = np.concatenate([b["tokens"][b["attention_mask"][:, 0] == 1] for b in batches])
+  assert len(rows) == 5 and (rows[:, 0] == bert.bos_id).all()  # wrapped rows: [CLS] ... [SEP]
+  assert "held - out line" in bert.decode(rows[0])
+  with pytest.raises(FileNotFoundError, match="no LM1B train files.*--text_dir"):
+    lm1b_files.build(str(tmp_path), data_dir)
 
 
 def test_make_dataset_argument_errors(tok):

@@ -22,6 +22,8 @@ from setdiff_jax.evaluation import generation, infill, likelihood
 from setdiff_jax.models import init_params
 from setdiff_jax.models.dit import DiT, DiTConfig
 
+from conftest import CLOZE_FIXTURE
+
 V = 40
 PAD, BOS, EOS, MASK = 0, 2, 3, 4
 
@@ -224,12 +226,44 @@ def bpe():
   return tokenizers.train_tokenizer(sources.embedded_corpus("validation"), 512)
 
 
-def test_cloze_examples_on_real_rows(shared_data):
-  path = str(shared_data / "rocstories-cloze-val-2016.csv")
+def _check_cloze_settings(path, n):
+  """Both settings cut each story into prefix / middle / suffix that join back to it."""
   stories = infill.read_cloze(path)
-  assert len(stories) == 1871
   one = infill.cloze_examples(path, "1sent")
   three = infill.cloze_examples(path, "3sent")
+  assert len(stories) == len(one) == len(three) == n
+  for ex1, ex3, s in zip(one[:50], three[:50], stories[:50]):
+    story = " ".join(s[f"s{i}"] for i in range(1, 6))
+    assert " ".join([ex1.prefix, ex1.middle, ex1.suffix]) == story
+    assert " ".join([ex3.prefix, ex3.middle, ex3.suffix]) == story
+  return one, three
+
+
+def test_cloze_examples_on_fixture_rows():
+  """The committed stand-in (tests/data/cloze_fixture.csv: the Story Cloze columns, stories
+  written for the tests, quoted commas, both AnswerRightEnding values)."""
+  one, three = _check_cloze_settings(str(CLOZE_FIXTURE), 24)
+  assert one[0].prefix == (
+    "Tom wanted to learn to bake bread. He bought flour, yeast and a large bowl."
+  )
+  assert one[0].middle == "His first loaf came out flat and hard."
+  assert one[0].suffix == (
+    "He read about kneading and tried again. The second loaf rose high and tasted good."
+  )
+  assert three[0].prefix == "Tom wanted to learn to bake bread."
+  assert three[0].middle == (
+    "He bought flour, yeast and a large bowl. His first loaf came out flat and hard. "
+    "He read about kneading and tried again."
+  )
+  # Story 2 has AnswerRightEnding = 2: its suffix ends with the second candidate.
+  assert one[1].suffix.endswith("Mia thanked him and went inside.")
+  assert three[0].suffix == "The second loaf rose high and tasted good."
+
+
+def test_cloze_examples_on_real_rows(shared_data):
+  """The real file (not redistributable, so not in the repository): its layout and first rows."""
+  path = str(shared_data / "rocstories-cloze-val-2016.csv")
+  one, three = _check_cloze_settings(path, 1871)
   assert one[0].prefix == (
     "Rick grew up in a troubled household. He never found good support in "
     "family, and turned to gangs."
@@ -245,14 +279,10 @@ def test_cloze_examples_on_real_rows(shared_data):
   assert three[0].suffix == "He is happy now."
   # Story 3 has AnswerRightEnding = 2: its suffix ends with the second candidate.
   assert one[2].suffix.endswith("Sarah decided that she preferred her home over Europe.")
-  for ex1, ex3, s in zip(one[:50], three[:50], stories[:50]):
-    story = " ".join(s[f"s{i}"] for i in range(1, 6))
-    assert " ".join([ex1.prefix, ex1.middle, ex1.suffix]) == story
-    assert " ".join([ex3.prefix, ex3.middle, ex3.suffix]) == story
 
 
-def test_cloze_canvas_construction(shared_data, bpe):
-  path = str(shared_data / "rocstories-cloze-val-2016.csv")
+def test_cloze_canvas_construction(bpe):
+  path = str(CLOZE_FIXTURE)
   for setting in infill.CLOZE_SETTINGS:
     for ex in infill.cloze_examples(path, setting)[:20]:
       t = infill.tokenize_example(bpe, ex, bpe.mask_id)
@@ -266,7 +296,7 @@ def test_cloze_canvas_construction(shared_data, bpe):
       assert t.prompt == [bpe.bos_id] + pre
       story = " ".join([ex.prefix, ex.middle, ex.suffix])
       assert bpe.decode(pre + mid + suf) == story  # the gap sits on token boundaries
-  examples = infill.cloze_examples(path, "1sent")[:40]
+  examples = infill.cloze_examples(path, "1sent")
   lengths = [len(infill.tokenize_example(bpe, ex, bpe.mask_id).canvas) for ex in examples]
   limit = int(np.median(lengths))
   kept, skipped = infill.tokenize_examples(bpe, examples, bpe.mask_id, limit)

@@ -33,11 +33,13 @@ _SUMMARY = r"""
 import runpy, sys
 import ml_collections
 train = runpy.run_path("launch/train.py", run_name="not_main")
-def cfg(source, eval_params):
-  return ml_collections.ConfigDict({"eval_params": eval_params, "data": {"source": source}})
+def cfg(source, eval_params, ema_decay=0.999):
+  return ml_collections.ConfigDict(
+    {"eval_params": eval_params, "ema_decay": ema_decay, "data": {"source": source}})
 result = {"step": 5, "eval/ppl": 12.0, "eval/nll": 2.4849}
 for source, ev in (("embedded", "ema"), ("arithmetic", "ema"), ("text", "raw")):
   print(train["summary"](result, "/w", cfg(source, ev)))
+print(train["summary"](result, "/w", cfg("embedded", "raw", 0.0)))  # EMA = raw: no choice
 """
 
 
@@ -52,7 +54,7 @@ def test_train_summary_suggests_the_fitting_next_command():
     env=dict(os.environ, PYTHONPATH=REPO),
   )
   assert proc.returncode == 0, proc.stderr[-3000:]
-  plain, conditional, raw = proc.stdout.strip().splitlines()
+  plain, conditional, raw, no_ema = proc.stdout.strip().splitlines()
   assert plain == (
     "done: step 5; eval PPL 12.00 (NLL 2.4849); checkpoint /w/checkpoints/5; "
     "sample with: python launch/sample.py --workdir=/w"
@@ -60,3 +62,43 @@ def test_train_summary_suggests_the_fitting_next_command():
   assert "evaluate with: python launch/evaluate.py --workdir=/w --eval=accuracy" in conditional
   assert "--prompt=" in conditional and conditional.count("sample") == 2
   assert raw.endswith("sample with: python launch/sample.py --workdir=/w --nouse_ema")
+  assert no_ema.endswith("sample with: python launch/sample.py --workdir=/w")  # no --nouse_ema
+
+
+def test_export_label_and_verify_verdict():
+  from setdiff_jax.interop import export
+
+  assert export._params_label(_config(0.9999, "ema"), True) == "EMA"
+  assert export._params_label(_config(0.0, "raw"), True) == "EMA = raw (ema_decay=0)"
+  assert export._params_label(_config(0.9999, "ema"), False) == "raw"
+  good = {"two_stream": 6e-7, "cached_step": 4e-7, "loss": 1e-8, "roundtrip": True}
+  passed, line = export.verify_verdict(good)
+  assert passed and line.startswith("verify: PASS: ") and "two-stream logits 6.0e-07" in line
+  assert export.verify_verdict({"two_stream": 5e-7, "roundtrip": True})[0]  # a Qwen3 report
+  for bad, why in (
+    ({**good, "cached_step": 2e-5}, "cached step error 2.0e-05 >= 1e-05"),
+    ({**good, "two_stream": float("nan")}, "two-stream logits error nan"),
+    ({**good, "roundtrip": False}, "the re-imported parameters differ"),
+  ):
+    passed, line = export.verify_verdict(bad)
+    assert not passed and line.startswith("verify: FAIL (") and why in line, line
+
+
+def test_library_info_lines_are_told_apart_by_path():
+  """The launchers' quiet logs keep INFO lines of the package and launch/ only, by absolute path:
+  a clone named setdiff_jax with its venv inside (issue 37) showed orbax's INFO lines, whose
+  files .../setdiff_jax/.venv/.../orbax/... contain '/setdiff_jax/'."""
+  import logging
+
+  from setdiff_jax import cli
+
+  def record(path, level=logging.INFO):
+    return logging.LogRecord("absl", level, path, 1, "message", None, None)
+
+  clone = os.path.dirname(cli._PACKAGE_DIR)
+  venv_orbax = os.path.join(clone, ".venv", "lib", "python3.11", "site-packages", "orbax", "x.py")
+  assert not cli._FILTER.filter(record(venv_orbax))
+  assert not cli._FILTER.filter(record("/elsewhere/setdiff_jax/orbax/checkpoint/x.py"))
+  assert cli._FILTER.filter(record(venv_orbax, logging.WARNING))  # warnings always pass
+  assert cli._FILTER.filter(record(os.path.join(cli._PACKAGE_DIR, "train.py")))
+  assert cli._FILTER.filter(record(os.path.join(clone, "launch", "train.py")))

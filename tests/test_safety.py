@@ -190,6 +190,43 @@ def test_shipped_configs_are_in_range():
     run_config.check_field_ranges(compare.get_config(method))
 
 
+def test_lm1b_cpu_variants_are_the_recipe_on_the_embedded_corpus():
+  """`--config=configs/lm1b_*.py:cpu` (issue 37): the recipe's model, objective, tokenizer and
+  preprocessing on the embedded corpus with its own splits, valid as a whole run config."""
+  import importlib
+
+  from setdiff_jax.data import pipeline
+
+  for name in ("lm1b_sw", "lm1b_ar", "lm1b_mdlm", "lm1b_bd3lm"):
+    module = importlib.import_module(f"configs.{name}")
+    recipe, cpu = module.get_config(), module.get_config("cpu")
+    for part in ("model", "loss", "tokenizer"):
+      a, b = recipe[part].to_dict(), cpu[part].to_dict()
+      if part == "model":
+        assert (a.pop("dtype"), b.pop("dtype")) == ("bfloat16", "float32")
+      assert a == b, (name, part)
+    assert (recipe.objective, recipe.seq_len, recipe.data.preprocess) == (
+      cpu.objective,
+      cpu.seq_len,
+      cpu.data.preprocess,
+    )
+    assert (cpu.data.source, cpu.data.train_split, cpu.data.eval_split) == (
+      "embedded",
+      "train",
+      "validation",
+    )
+    assert cpu.num_train_steps == 10 and cpu.batch_size == 8
+    run_config.check_field_ranges(cpu)
+    run_config.validate_config(cpu, num_devices=1)
+    with pytest.raises(ValueError, match="config variant 'tpu'.*lm1b_sw.py:cpu"):
+      module.get_config("tpu")
+  # The obvious override without the variant names the field to change.
+  c = importlib.import_module("configs.lm1b_sw").get_config()
+  c.data.source = "embedded"
+  with pytest.raises(ValueError, match="eval_split='test'.*--config.data.eval_split=validation"):
+    pipeline.validate_data_config(c.data)
+
+
 BAD = [  # (field, value, allowed text)
   ("learning_rate", "-1.0", "a number in (0, inf)"),
   ("learning_rate", "0.0", "(0, inf)"),

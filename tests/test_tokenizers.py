@@ -1,11 +1,29 @@
-"""Tokenizers: known ids, special ids, save/load, clear errors."""
+"""Tokenizers: known ids, special ids, save/load, clear errors.
 
+The WordPiece and GPT-2 tests read the vocabularies the package ships (setdiff_jax/data/vocab/),
+so they run on any clone; the files are pinned to the upstream ones by their SHA-256.
+"""
+
+import hashlib
 import json
+import shutil
 
 import pytest
 
 from setdiff_jax.data import sources
 from setdiff_jax.data import tokenizers as T
+
+
+BERT_VOCAB = T.packaged_vocab("bert-base-uncased/vocab.txt")
+GPT2_VOCAB = T.packaged_vocab("gpt2/vocab.json")
+GPT2_MERGES = T.packaged_vocab("gpt2/merges.txt")
+# SHA-256 of the upstream files: bert-base-uncased's vocab.txt (Google BERT) and GPT-2's
+# vocab.json / merges.txt (OpenAI), as distributed by the PyPI packages that ship them.
+UPSTREAM_SHA256 = {
+  "bert-base-uncased/vocab.txt": "07eced375cec144d27c900241f3e339478dec958f92fddbc551f295c992038a3",
+  "gpt2/vocab.json": "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783",
+  "gpt2/merges.txt": "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5",
+}
 
 
 def _cfg(**kw):
@@ -16,21 +34,13 @@ def _cfg(**kw):
 
 
 @pytest.fixture(scope="module")
-def bert(shared_data):
-  return T.get_tokenizer(
-    _cfg(kind="wordpiece", vocab_path=str(shared_data / "bert-base-uncased-vocab.txt"))
-  )
+def bert():
+  return T.get_tokenizer(_cfg(kind="wordpiece", vocab_path=BERT_VOCAB))
 
 
 @pytest.fixture(scope="module")
-def gpt2(shared_data):
-  return T.get_tokenizer(
-    _cfg(
-      kind="gpt2",
-      vocab_path=str(shared_data / "gpt2" / "vocab.json"),
-      merges_path=str(shared_data / "gpt2" / "merges.txt"),
-    )
-  )
+def gpt2():
+  return T.get_tokenizer(_cfg(kind="gpt2", vocab_path=GPT2_VOCAB, merges_path=GPT2_MERGES))
 
 
 def test_wordpiece_known_ids(bert):
@@ -98,7 +108,7 @@ def test_wordpiece_save_load(bert, tmp_path):
   assert tok.kind == "wordpiece"
 
 
-def test_missing_files_raise_clear_errors(tmp_path, shared_data):
+def test_missing_files_raise_clear_errors(tmp_path):
   missing = str(tmp_path / "nope" / "vocab.txt")
   with pytest.raises(FileNotFoundError, match="nope/vocab.txt.*tokenizer.vocab_path"):
     T.get_tokenizer(_cfg(kind="wordpiece", vocab_path=missing))
@@ -106,7 +116,7 @@ def test_missing_files_raise_clear_errors(tmp_path, shared_data):
     T.get_tokenizer(
       _cfg(
         kind="gpt2",
-        vocab_path=str(shared_data / "gpt2" / "vocab.json"),
+        vocab_path=GPT2_VOCAB,
         merges_path=str(tmp_path / "merges.txt"),
       )
     )
@@ -149,21 +159,18 @@ def test_packaged_vocabularies_build_the_config_tokenizers(tmp_path, monkeypatch
     T.packaged_vocab("gpt2/vocab.txt")
 
 
-def test_packaged_vocabularies_equal_the_reference_files(shared_data):
-  for name, ref in (
-    ("bert-base-uncased/vocab.txt", "bert-base-uncased-vocab.txt"),
-    ("gpt2/vocab.json", "gpt2/vocab.json"),
-    ("gpt2/merges.txt", "gpt2/merges.txt"),
-  ):
-    assert (T.PACKAGED_VOCAB_DIR / name).read_bytes() == (shared_data / ref).read_bytes(), name
+def test_packaged_vocabularies_equal_the_reference_files():
+  for name, sha256 in UPSTREAM_SHA256.items():
+    assert hashlib.sha256((T.PACKAGED_VOCAB_DIR / name).read_bytes()).hexdigest() == sha256, name
 
 
-def test_vocab_path_stays_overridable(shared_data):
+def test_vocab_path_stays_overridable(tmp_path):
   """--config.tokenizer.vocab_path still points a packaged-default config elsewhere."""
   from configs import lm1b_sw
 
   c = lm1b_sw.get_config()
-  c.tokenizer.vocab_path = str(shared_data / "bert-base-uncased-vocab.txt")
+  c.tokenizer.vocab_path = shutil.copy(BERT_VOCAB, str(tmp_path / "my-vocab.txt"))
+  assert c.tokenizer.vocab_path != BERT_VOCAB
   assert T.get_tokenizer(c.tokenizer).encode("hello world") == [7592, 2088]
   c.tokenizer.vocab_path = "/nonexistent/vocab.txt"
   with pytest.raises(FileNotFoundError, match="/nonexistent/vocab.txt.*tokenizer.vocab_path"):
@@ -210,19 +217,19 @@ def test_special_token_text_is_text_trained(tmp_path):
   assert control.encode("[MASK]") == [control.mask_id]  # the documented opt-in
 
 
-def test_special_token_text_is_text_wordpiece(bert, shared_data):
+def test_special_token_text_is_text_wordpiece(bert):
   _special_text_cases(bert, ["[MASK]", "[SEP]", "[CLS]", "[PAD]", "[UNK]"])
   control = T.get_tokenizer(
     _cfg(
       kind="wordpiece",
       control_tokens_in_text=True,
-      vocab_path=str(shared_data / "bert-base-uncased-vocab.txt"),
+      vocab_path=BERT_VOCAB,
     )
   )
   assert control.encode("Hello, World! [MASK]") == [7592, 1010, 2088, 999, 103]
 
 
-def test_special_token_text_is_text_gpt2(gpt2, shared_data):
+def test_special_token_text_is_text_gpt2(gpt2):
   _special_text_cases(gpt2, ["<|endoftext|>", "<|fim_middle|>"])
   # Text pieces are encoded as GPT-2 encodes the same characters with no special tokens.
   assert gpt2.encode("<|endoftext|>") == [27, 91, 437, 1659, 5239, 91, 29]
@@ -230,8 +237,8 @@ def test_special_token_text_is_text_gpt2(gpt2, shared_data):
     _cfg(
       kind="gpt2",
       control_tokens_in_text=True,
-      vocab_path=str(shared_data / "gpt2" / "vocab.json"),
-      merges_path=str(shared_data / "gpt2" / "merges.txt"),
+      vocab_path=GPT2_VOCAB,
+      merges_path=GPT2_MERGES,
     )
   )
   assert control.encode("a<|fim_middle|>b<|endoftext|>") == [64, 50257, 65, 50256]

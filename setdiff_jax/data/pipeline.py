@@ -97,8 +97,8 @@ def default_data_config() -> ml_collections.ConfigDict:
   # array_record TFDS dataset) | 'text' (plain text files) | 'jsonl'.
   cfg.source = "embedded"
   # tfds: dataset name and the data_dir it was prepared in (None: tfds default,
-  # ~/tensorflow_datasets). Never downloads; prepare with
-  # `tfds build lm1b --file_format=array_record`.
+  # ~/tensorflow_datasets). Never downloads; prepare LM1B with launch/prepare_lm1b.py (from the
+  # released text files, no TensorFlow) or `tfds build lm1b --file_format=array_record` (TF).
   cfg.tfds_name = "lm1b"
   cfg.tfds_data_dir = ml_collections.FieldReference(None, field_type=str)
   # Split names for 'embedded' ('train' | 'validation') and 'tfds' (lm1b:
@@ -177,7 +177,9 @@ def validate_data_config(cfg):
     for field in ("train_split", "eval_split"):
       check(
         cfg[field] in sources.EMBEDDED_SPLITS,
-        f"data.{field}={cfg[field]!r}: the embedded corpus has splits {sources.EMBEDDED_SPLITS}",
+        f"data.{field}={cfg[field]!r}: the embedded corpus has splits {sources.EMBEDDED_SPLITS}; "
+        f"set --config.data.{field}={'train' if field == 'train_split' else 'validation'}"
+        " (the LM1B configs' :cpu variant sets both)",
       )
   if cfg.source == "tfds":
     check(bool(cfg.get("tfds_name")), "data.source=tfds needs data.tfds_name")

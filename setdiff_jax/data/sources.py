@@ -3,8 +3,8 @@
 - ``embedded_corpus(split)``: the six Jane Austen novels shipped in
   ``setdiff_jax/data/corpus/`` (the default, works offline with no files).
 - ``tfds_texts(name, split, ...)``: a TFDS dataset such as ``lm1b`` read through
-  ``tfds.data_source`` (array_record, random access, no TensorFlow needed, never
-  downloads).
+  ``tfds.data_source`` (array_record, random access, no TensorFlow needed to read,
+  never downloads).
 - ``text_file_texts(paths, unit)`` and ``jsonl_texts(paths, field)``: your own files.
 
 ``load_texts(data_cfg, split, process_index, process_count)`` picks one of them
@@ -136,18 +136,29 @@ def tfds_texts(
   """Texts of a prepared TFDS dataset (e.g. 'lm1b'), this process's shard.
 
   Uses `tfds.data_source` with download=False: the data must already be prepared
-  in array_record format, e.g.
-  `tfds build lm1b --data_dir=DIR --file_format=array_record`.
+  in array_record format (LM1B: `launch/prepare_lm1b.py` from the released text files, or
+  `tfds build lm1b --data_dir=DIR --file_format=array_record`, which needs TensorFlow).
   """
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
   try:
     source = tfds.data_source(name, split=split, data_dir=data_dir, download=False)
   except Exception as e:  # tfds raises several types for "not prepared"
+    if name == "lm1b":
+      how = (
+        "build it once without TensorFlow from the released text files (1.8 GB download: "
+        "README, LM1B): python launch/prepare_lm1b.py --text_dir=UNPACKED_ARCHIVE --data_dir=DIR; "
+        "or with TFDS's own lm1b builder, which needs TensorFlow (not installed by this package; "
+        "README, LM1B) and downloads the archive itself"
+      )
+    else:
+      how = (
+        f"prepare it once with: tfds build {name} --data_dir=DIR --file_format=array_record "
+        "(building may need TensorFlow and a download; reading does not)"
+      )
     raise FileNotFoundError(
       f"TFDS dataset {name!r} split {split!r} is not prepared as array_record "
-      f"under data_dir={data_dir!r} (set data.tfds_data_dir). Prepare it once "
-      f"with: tfds build {name} --data_dir=DIR --file_format=array_record. "
+      f"under data_dir={data_dir!r} (set data.tfds_data_dir); {how}. "
       f"tfds said: {type(e).__name__}: {e}"
     ) from e
   return TfdsTexts(source, field, process_index, process_count)

@@ -400,11 +400,44 @@ def export_workdir(
     log.info(
       "exported step %d (%s params) of %s to %s",
       state.step,
-      "EMA" if use_ema else "raw",
+      _params_label(state.config, use_ema),
       workdir,
       out,
     )
   return out, report
+
+
+# --verify passes when every relative error is below this (fp32 agreement is ~5e-7) and the
+# re-import is bit-exact.
+VERIFY_TOLERANCE = 1e-5
+_VERIFY_ERRORS = {"two_stream": "two-stream logits", "cached_step": "cached step", "loss": "loss"}
+
+
+def verify_verdict(report: dict) -> tuple[bool, str]:
+  """(passed, one line) for a parity report of `export_workdir(..., verify=True)`."""
+  parts, failed = [], []
+  for key, what in _VERIFY_ERRORS.items():
+    if key in report:
+      value = float(report[key])
+      parts.append(f"{what} {value:.1e}")
+      if not value < VERIFY_TOLERANCE:  # NaN fails too
+        failed.append(f"{what} error {value:.1e} >= {VERIFY_TOLERANCE:.0e}")
+  exact = bool(report.get("roundtrip"))
+  parts.append("re-import bit-exact" if exact else "re-import NOT bit-exact")
+  if not exact:
+    failed.append("the re-imported parameters differ")
+  head = "PASS" if not failed else "FAIL (" + "; ".join(failed) + ")"
+  return not failed, (
+    f"verify: {head}: relative errors against the PyTorch reference "
+    f"(tolerance {VERIFY_TOLERANCE:.0e}): " + ", ".join(parts)
+  )
+
+
+def _params_label(config, use_ema: bool) -> str:
+  """Which parameters were exported, in words (with ema_decay = 0 the EMA copy is the raw one)."""
+  if not use_ema:
+    return "raw"
+  return "EMA = raw (ema_decay=0)" if float(config.get("ema_decay", 1.0) or 0.0) == 0.0 else "EMA"
 
 
 def repoint_qwen3_template(export_dir: str) -> str:
@@ -434,4 +467,6 @@ __all__ = [
   "export_qwen3_official",
   "export_qwen3_hf",
   "repoint_qwen3_template",
+  "verify_verdict",
+  "VERIFY_TOLERANCE",
 ]
