@@ -349,6 +349,37 @@ def test_sampling_modes_and_fht_order(tiny):
   assert all(len(g) == 8 and 3 not in g for g in a.generated)
 
 
+ROLLOUT_STATS_SAMPLERS = {
+  "set": (set_generate, dict(window=4, cache_order="fht")),
+  "reference": (reference_generate, dict(window=4)),
+  "ar": (ar_generate, {}),
+  "bd3lm": (bd3lm_generate, dict(block_size=4)),
+  "mdlm": (mdlm_generate, dict(block_size=4)),
+}
+
+
+@pytest.mark.parametrize("name", list(ROLLOUT_STATS_SAMPLERS))
+def test_rollout_stats_flag_leaves_the_tokens_unchanged(tiny, name):
+  """`rollout_stats` only adds outputs: with it off (the default) the same tokens, steps and calls
+  come out (sampling on, threshold firing), and token_logprob / cache_order are None; with it on
+  the log-probs sit exactly at the committed positions."""
+  model, params = tiny
+  sampler, kw = ROLLOUT_STATS_SAMPLERS[name]
+  cfg = tiny_cfg(greedy=False, temperature=0.8, **kw)
+  if name not in ("ar",):
+    cfg = cfg.replace(threshold=0.3)
+  on = sampler(model, params, PROMPTS, cfg.replace(rollout_stats=True), jax.random.PRNGKey(5))
+  off = sampler(model, params, PROMPTS, cfg, jax.random.PRNGKey(5))
+  assert not cfg.rollout_stats
+  assert off.sequences == on.sequences and off.generated == on.generated
+  for field in ("canvas", "commit_step", "num_steps", "forward_calls", "num_committed"):
+    np.testing.assert_array_equal(getattr(off, field), getattr(on, field))
+  assert off.token_logprob is None and off.cache_order is None
+  committed = on.target & (on.commit_step >= 0)
+  assert np.all(on.token_logprob[committed] < 0) and np.all(on.token_logprob[~committed] == 0)
+  assert (on.cache_order is None) == (name == "mdlm")  # MDLM has no cache
+
+
 # ------------------------------------------------------------------------------ baselines
 def _dense_ar(model, params, prompts, n):
   lc = max(len(p) for p in prompts) + n
