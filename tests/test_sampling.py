@@ -492,6 +492,25 @@ def test_bad_inputs():
     bd3lm_generate(TOY_UP, None, [[1]], toy_cfg())
 
 
+def test_argmax_is_jnp_argmax():
+  """processors.argmax == jnp.argmax: random rows, ties (the first maximum wins), -inf rows, a NaN
+  (it counts as the maximum, the first NaN wins), one- and three-axis inputs."""
+  from setdiff_jax.sampling import processors
+
+  rng = np.random.default_rng(0)
+  x = rng.standard_normal((3, 5, 257)).astype(np.float32)
+  x[0, 0, [7, 100, 200]] = 9.0  # ties
+  x[0, 1] = -np.inf
+  x[0, 2, [30, 40]] = np.nan
+  x[1, 3] = np.round(x[1, 3])  # many ties
+  for a in (x, x[1, 2], jnp.asarray(x, jnp.bfloat16)):
+    got = np.asarray(jax.jit(processors.argmax)(a))
+    np.testing.assert_array_equal(got, np.asarray(jnp.argmax(a, -1)))
+  assert (
+    np.asarray(processors.argmax(x))[0, 0] == 7 and np.asarray(processors.argmax(x))[0, 2] == 30
+  )
+
+
 def test_compact():
   tokens = jnp.array([[5, 3, 6, 3], [3, 3, 7, 8]])
   out, n = compact(tokens, tokens != 3, pad_id=0)
