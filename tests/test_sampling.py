@@ -380,6 +380,36 @@ def test_rollout_stats_flag_leaves_the_tokens_unchanged(tiny, name):
   assert (on.cache_order is None) == (name == "mdlm")  # MDLM has no cache
 
 
+@pytest.mark.slow  # four sampler compiles: ~70 s on 2 shared cores
+def test_bf16_decode_weights_against_fp32(tiny):
+  """decoding.decode_weights('bfloat16') with a bf16-compute model: every floating leaf is bf16,
+  the logits stay within bf16 rounding of fp32 (relative to their scale), and greedy set / AR
+  decoding on this tiny model commits the fp32 tokens (its top-2 margins exceed that rounding)."""
+  import dataclasses
+
+  from setdiff_jax.decoding import decode_weights
+
+  model, params = tiny
+  p16 = decode_weights(params, "bfloat16")
+  assert all(x.dtype == jnp.bfloat16 for x in jax.tree_util.tree_leaves(p16))
+  assert decode_weights(params, "float32") is params
+  with pytest.raises(ValueError, match="use one of"):
+    decode_weights(params, "float16")
+  m16 = DiT(dataclasses.replace(model.config, dtype="bfloat16"))
+  b, length = 2, 12
+  tokens = jnp.asarray(np.random.default_rng(1).integers(4, TV, (b, length)), jnp.int32)
+  pos = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (b, length))
+  mask = jnp.asarray(masks.causal_mask(length))[None]
+  ref = np.asarray(_apply(model, params, tokens, pos, mask))
+  got = np.asarray(_apply(m16, p16, tokens, pos, mask), np.float32)
+  assert np.max(np.abs(got - ref)) < 0.03 * np.max(np.abs(ref))
+  cfg = tiny_cfg(window=4)
+  for sampler in (set_generate, ar_generate):
+    a = sampler(model, params, PROMPTS, cfg)
+    h = sampler(m16, p16, PROMPTS, cfg)
+    assert h.generated == a.generated, sampler.__name__
+
+
 # ------------------------------------------------------------------------------ baselines
 def _dense_ar(model, params, prompts, n):
   lc = max(len(p) for p in prompts) + n
