@@ -16,8 +16,8 @@ measures what matters first):
   train         the lm1b_sw SetDLM step (12 x 768 DiT, L = 128, V = 30,522, bf16 compute, dropout
                 0.1, batch --train_batch): ms/step, clean tok/s, MFU = model FLOPs / step time /
                 the published peak, then a `jax.profiler` trace of that step summarised per op
-                class (matmuls, attention, layer norms, head + loss, optimizer, copies, RNG and
-                order sampling, other), then SetDLM and AR at batch 128 (the official rows).
+                class (matmuls, attention, layer norms, head + loss, optimizer, copies + casts, RNG and
+                order sampling, elementwise + other), then SetDLM and AR at batch 128 (the official rows).
                 Model FLOPs (stated, not XLA's count, which credits the masked-out attention):
                   6 * P_matmul * B * 2L  +  12 * layers * d * B * (2L)^2 * f
                 (every matmul parameter fwd + bwd over 2L slots; attention scores and values,
@@ -42,6 +42,13 @@ measures what matters first):
                 and block (BD3LM, S = 4) training masks, 2L slots, forward + backward, bf16 rows
                 first, then fp32: max |diff| of the output and the gradients vs fp32 dense, ms.
                 An implementation that refuses (cudnn off GPU, or a dtype) records its error.
+  levers        speed levers against their reference rows: the train row (SetDLM, batch
+                --train_batch) with cuDNN attention (`model.attention=cudnn`; its error where it
+                refuses): ms/step and the loss after the same steps (same batches and keys) next
+                to the dense row's.
+  levers_xla    (GPU) the same train row and the batch-1 SetDLM S = 4 decode row under XLA:GPU
+                flags (GPU_FLAGS: latency-hiding scheduler, cuBLAS instead of Triton GEMMs,
+                command buffers for the loop bodies), in a child with its own XLA_FLAGS.
   stack         a Qwen3-1.7B-shaped layer stack (28 x 2048, V = 1,024) at L = 1024, batch 1,
                 bf16: forward + backward ms and the compiled program's memory.
 
@@ -78,7 +85,17 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 
-SECTIONS = ("device", "train", "decode_dit", "official", "decode_qwen3", "attention", "stack")
+SECTIONS = (
+  "device",
+  "train",
+  "decode_dit",
+  "official",
+  "decode_qwen3",
+  "attention",
+  "levers",
+  "levers_xla",
+  "stack",
+)
 TEST_SECTIONS = ("sleep",)  # test-only: overruns its limit (the time bound's test)
 # Per-section limits, seconds: (accelerator, --tiny on a shared CPU).
 TIMEOUTS = {
@@ -88,9 +105,17 @@ TIMEOUTS = {
   "official": (150, 300),
   "decode_qwen3": (100, 240),
   "attention": (60, 240),
+  "levers": (80, 240),
+  "levers_xla": (60, 120),
   "stack": (45, 120),
   "sleep": (5, 5),
 }
+# XLA:GPU flags measured by `levers_xla` (its child's environment only; GPU only).
+GPU_FLAGS = (
+  "--xla_gpu_enable_latency_hiding_scheduler=true --xla_gpu_enable_triton_gemm=false "
+  "--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUDNN,CUSTOM_CALL,WHILE,CONDITIONAL"
+)
+SECTION_ENV = {"levers_xla": {"XLA_FLAGS": GPU_FLAGS}}
 # Published dense bf16 peaks per chip, TFLOP/s (vendor data sheets; matched on device_kind).
 PEAKS = (
   ("H200", 989.0),
@@ -282,6 +307,40 @@ def model_flops(params, config) -> float:
   return 6 * p_matmul * b * slots + 12 * config.model.num_layers * d * b * slots**2 * frac
 
 
+def train_row(args, objective: str, batch: int, attention=None):
+  """(row, prep, bargs) of one timed training work (benchmarks/training.py's benchmark)."""
+  import jax
+
+  import training as tb
+
+  bargs, config = _train_args(args, objective, batch)
+  if attention:
+    config.model.attention = attention
+  t0 = time.perf_counter()
+  prep = tb.benchmark(config, objective, bargs)
+  setup_s = time.perf_counter() - t0
+  tb.time_steps(prep, bargs)
+  step_s = prep["times"][-1] / bargs.steps
+  row = {
+    "work": f"train {objective} b{batch} bf16",
+    "objective": objective,
+    "batch": batch,
+    "attention": config.model.attention,
+    "ms_per_step": 1e3 * step_s,
+    "tokens_per_s": prep["clean"] / bargs.steps / step_s,
+    "compile_s": prep["compile_s"],
+    "setup_s": setup_s,
+    "loss": prep["loss"],
+  }
+  if objective == "setdlm":
+    peak = peak_tflops(jax.devices()[0].device_kind)
+    flops = model_flops(prep["state"].params, config)
+    row["model_tflop_per_step"] = flops / 1e12
+    row["tflops"] = flops / step_s / 1e12
+    row["mfu"] = flops / step_s / (peak * 1e12 * jax.device_count()) if peak else None
+  return row, prep, bargs
+
+
 def section_train(args, emit, left):
   import jax
 
@@ -289,7 +348,6 @@ def section_train(args, emit, left):
   from setdiff_jax import sharding, train_step
   from setdiff_jax.workdir import config as run_config
 
-  peak = peak_tflops(jax.devices()[0].device_kind)
   batches = [("setdlm", 8 if args.tiny else args.train_batch, True)]
   batches += [(o, 4 if args.tiny else OFFICIAL_BATCH, False) for o in ("setdlm", "ar")]
   summary = {}
@@ -310,26 +368,7 @@ def section_train(args, emit, left):
         f"train: parameter init (jit of the model's init) {summary['init_s']:.1f} s", flush=True
       )
       del state
-    t0 = time.perf_counter()
-    prep = tb.benchmark(config, objective, bargs)
-    setup_s = time.perf_counter() - t0
-    tb.time_steps(prep, bargs)
-    step_s = prep["times"][-1] / bargs.steps
-    row = {
-      "work": f"train {objective} b{batch} bf16",
-      "objective": objective,
-      "batch": batch,
-      "ms_per_step": 1e3 * step_s,
-      "tokens_per_s": prep["clean"] / bargs.steps / step_s,
-      "compile_s": prep["compile_s"],
-      "setup_s": setup_s,
-      "loss": prep["loss"],
-    }
-    if objective == "setdlm":
-      flops = model_flops(prep["state"].params, config)
-      row["model_tflop_per_step"] = flops / 1e12
-      row["tflops"] = flops / step_s / 1e12
-      row["mfu"] = flops / step_s / (peak * 1e12 * jax.device_count()) if peak else None
+    row, prep, bargs = train_row(args, objective, batch)
     emit("train", row)
     if profile and left() > 20:
       try:
@@ -348,9 +387,9 @@ PROFILE_CLASSES = (
   "layer norms",
   "head + loss",
   "optimizer",
-  "copies",
+  "copies + casts",
   "RNG + order sampling",
-  "other",
+  "elementwise + other",  # GELU, rotary, residual adds, dropout masks, embedding gathers
 )
 _LAYOUT_OPS = {
   "parameter",
@@ -369,6 +408,7 @@ _LAYOUT_OPS = {
   "dynamic-update-slice",
   "copy-start",
   "copy-done",
+  "convert",
 }
 
 
@@ -383,8 +423,8 @@ def hlo_instructions(text: str) -> dict:
     called = re.search(r"calls=%?([\w.\-]+)", line)
     parts = [line] + ([bodies.get(called.group(1), "")] if called else [])
     ops, names = [], []
-    for part in parts:
-      ops += re.findall(r"= \S+ ([\w\-]+)\(", part)
+    for part in parts:  # the opcode: the first `word(` after `=` (types may be tuples)
+      ops += re.findall(r"=[^\n]*?\s([a-z][\w\-]*)\(", part)
       names += re.findall(r'op_name="([^"]+)"', part)
     out[name] = (ops, names)
   return out
@@ -406,24 +446,26 @@ def name_class(op_name: str) -> str:
     return "layer norms"
   if any(s in scope for s in _LAYERS):
     return "matmuls"
-  if re.search(r"bqhd|bhqk|attend|attention|softmax|jit\(_where\)", scope):
+  if re.search(r"bqhd|bhqk|attend|attention|softmax|blocks_\d+/jit\(_where\)", scope):
     return "attention"
   if re.search(r"blocks_\d+$", scope) and prim in _SOFTMAX:
     return "attention"  # the scores' softmax, inlined in the block's scope
   if "DiT" not in scope and "Qwen3" not in scope:
     return "head + loss"
-  return "other"
+  return "elementwise + other"
 
 
 def op_class(ops: list, names: list) -> str:
   """The op class of one executed instruction: layout-only fusions are copies, else the class
   most of its source ops have (ties: PROFILE_CLASSES order)."""
   body = set(ops[1:]) or set(ops)
-  if body <= _LAYOUT_OPS:
-    return "copies"
+  if body and body <= _LAYOUT_OPS:
+    return "copies + casts"
   votes = collections.Counter(name_class(n) for n in names)
+  if len(votes) > 1:
+    votes.pop("elementwise + other", None)  # a fusion's named part wins over its unnamed glue
   if not votes:
-    return "other"
+    return "elementwise + other"
   best = max(votes.values())
   return next(c for c in PROFILE_CLASSES if votes.get(c) == best)
 
@@ -465,6 +507,7 @@ def profile_rows(prep, bargs, args):
   by = collections.Counter()
   for name, us in times.items():
     if name in instrs and instrs[name][0][:1] not in (["while"], ["conditional"], ["call"]):
+      # (loops and calls contain other executed instructions: never counted twice)
       by[op_class(*instrs[name])] += us
   total = sum(by.values())
   rows = [
@@ -857,6 +900,51 @@ def section_official(args, emit, left):
   return {"official": {k: info[k] for k in ("torch", "transformers", "python")}, "device": device}
 
 
+def _lever_rows(args, emit, left, table: str, attention=None, decode=False):
+  row = {"lever": table, "objective": "setdlm"}
+  batch = 8 if args.tiny else args.train_batch
+  if left() < 15:
+    emit(table, {**row, "skipped": "section time spent"})
+    return
+  try:
+    trow, prep, _ = train_row(args, "setdlm", batch, attention)
+    emit(table, {**row, "base_work": trow.pop("work"), **trow})
+    del prep
+  except Exception as e:  # a lever this backend refuses (cudnn off GPU): why
+    emit(table, {**row, "attention": attention, "error": f"{type(e).__name__}: {e}"[:300]})
+  if decode and left() > 15:
+    from setdiff_jax.sampling import SamplerConfig, set_generate
+
+    model, cfg, seq_len = _dit(args)
+    params, _ = random_params(cfg)
+    scfg = SamplerConfig(
+      mask_token_id=103,
+      eos_token_id=102,
+      pad_token_id=0,
+      max_new_tokens=seq_len - 1,
+      max_length=seq_len,
+      stop_at_eos=False,
+      window=4,
+    )
+    drow = decode_row(set_generate, model, params, [[101]], scfg, args.repeats)
+    drow.pop("_out")
+    emit(table, {"lever": table, "base_work": "decode setdlm4 b1 fp32", **drow})
+
+
+def section_levers(args, emit, left):
+  _lever_rows(args, emit, left, "cudnn attention", attention="cudnn")
+  return {}
+
+
+def section_levers_xla(args, emit, left):
+  import jax
+
+  if jax.default_backend() != "gpu":
+    return {"skipped": "XLA:GPU flags (a GPU backend only)"}
+  _lever_rows(args, emit, left, "xla gpu flags", decode=True)
+  return {"xla_flags": os.environ.get("XLA_FLAGS", "")}
+
+
 def section_sleep(args, emit, left):
   """Test-only: one row, then sleeps past any limit (the time bound must cut it)."""
   emit("sleep", {"slept": 0})
@@ -871,6 +959,8 @@ RUNNERS = {
   "official": section_official,
   "decode_qwen3": section_decode_qwen3,
   "attention": section_attention,
+  "levers": section_levers,
+  "levers_xla": section_levers_xla,
   "stack": section_stack,
   "sleep": section_sleep,
 }
@@ -911,7 +1001,10 @@ def run_section(name: str, args, argv, limit: float, log) -> dict:
   t0 = time.perf_counter()
   log.write(f"\n===== {name} (limit {limit:.0f} s)\n")
   log.flush()
-  proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+  env = dict(os.environ, **SECTION_ENV.get(name, {}))
+  proc = subprocess.Popen(
+    cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env
+  )
   status = "ok"
   try:
     rc = proc.wait(timeout=limit)
@@ -939,13 +1032,22 @@ def driver_argv(argv) -> list:
 
 
 def with_ratios(results: dict) -> None:
-  """Adds ours and ours / official to the official rows, matching ours by `work`."""
-  ours = {}
+  """Adds ours and ours / official to the official rows, matching ours by `work`, and to each
+  lever row its speed-up and loss difference against the reference row it names."""
+  ours, base = {}, {}
   for name, res in results.items():
     if name != "official":
       for r in res["rows"]:
         if "work" in r and "tokens_per_s" in r:
           ours[r["work"]] = r["tokens_per_s"]
+          base[r["work"]] = r
+  for name in ("levers", "levers_xla"):
+    for r in results.get(name, {}).get("rows", []):
+      ref = base.get(r.get("base_work"))
+      if ref and r.get("tokens_per_s"):
+        r["speedup"] = r["tokens_per_s"] / ref["tokens_per_s"]
+        if "loss" in r and "loss" in ref:
+          r["loss_minus_base"] = r["loss"] - ref["loss"]
   for r in results.get("official", {}).get("rows", []):
     if r.get("work") in ours:
       r["ours_tokens_per_s"] = ours[r["work"]]
