@@ -471,10 +471,23 @@ def op_class(ops: list, names: list) -> str:
   return next(c for c in PROFILE_CLASSES if votes.get(c) == best)
 
 
+def jax_version() -> str:
+  import jax
+
+  return jax.__version__
+
+
 def trace_times(trace_dir: str):
   """({instruction name: microseconds}, trace path) of the device events in a jax.profiler trace
   (GPU/TPU: the device streams' kernels, named by their `hlo_op`; CPU: the executed thunks)."""
-  path = glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True)[0]
+  found = [
+    p
+    for pattern in ("*.trace.json.gz", "perfetto_trace.json.gz")
+    for p in glob.glob(os.path.join(trace_dir, "**", pattern), recursive=True)
+  ]
+  if not found:
+    raise FileNotFoundError(f"no trace JSON under {trace_dir} (jax {jax_version()})")
+  path = found[0]
   events = json.load(gzip.open(path))["traceEvents"]
   pid_names = {
     e["pid"]: e.get("args", {}).get("name", "")
@@ -500,7 +513,7 @@ def profile_rows(prep, bargs, args):
   instrs = hlo_instructions(prep["compiled"].as_text())
   steps = bargs.steps
   with tempfile.TemporaryDirectory() as d:
-    with jax.profiler.trace(d):
+    with jax.profiler.trace(d, create_perfetto_trace=True):  # (the fallback JSON)
       tb.time_steps(prep, bargs)
     wall = prep["times"][-1]
     times, path = trace_times(d)
