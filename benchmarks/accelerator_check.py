@@ -1,58 +1,122 @@
-"""The prepared accelerator check: one command on one GPU or TPU host, <= 8 minutes, one table.
+"""The prepared accelerator check: one command on one GPU or TPU host, bounded in time, one table.
 
-  python benchmarks/accelerator_check.py                  # on the accelerator host
-  python benchmarks/accelerator_check.py --tiny           # every section on CPU, tiny shapes
+  python benchmarks/accelerator_check.py --output_dir=OUT           # accelerator host, <= 8 min
+  python benchmarks/accelerator_check.py --tiny --output_dir=OUT         # every section, CPU
+  python benchmarks/accelerator_check.py --output_dir=OUT --official=/tmp/setdlms \
+      --official_python=/tmp/setdlms_venv/bin/python                    # + the official code
 
-Sections (each appends one JSON line to OUT.jsonl as soon as it finishes, so a run cut short still
-reports; at the end OUT.json holds them all and OUT.md the table, which is also printed):
+Always finishes, always reports. Each section runs in its own child process with a time limit
+(--timeouts, and never past --budget_s of the whole run); a section that overruns is killed and
+recorded as cut, with the rows it finished (each row is written the moment it is measured). A
+section that fails records its error; the others run on. Sections, in priority order (a short lease
+measures what matters first):
 
-  device      device kind and count, backend, jax version, the published bf16 peak (PEAKS)
-  attention   every attention implementation (models/attention.py IMPLEMENTATIONS) against dense
-              on the set-causal (SetDLM) and block (BD3LM, S=4) training masks, 2L slots, forward
-              + backward of sum(w * attend), fp32, L = 128 and 1024: max |diff| of the output and
-              the gradients vs dense, median ms. An implementation that does not run on this
-              backend (cudnn off GPU) is reported with its error.
-  train       the lm1b_sw SetDLM training step (configs/lm1b_sw.py: 12 x 768 DiT, L=128, bf16,
-              batch --train_batch) on random tokens: ms/step, clean tokens/s, MFU = model FLOPs
-              / step time / the device's published bf16 peak. Model FLOPs (stated, not XLA's
-              count, which credits the masked-out half of attention):
-                6 * P_matmul * B * 2L            (every matmul parameter, fwd + bwd, 2L slots)
-              + 12 * layers * d * B * (2L)^2 * f (attention scores and values, fwd + bwd, f = the
-                                                  fraction of (query, key) pairs the mask allows)
-  decode      set decoding vs AR decoding of the same random-init Qwen3 (0.6B shapes: 28 x
-              1024, 16 / 8 heads, head_dim 128, MLP 3072, V = 151,936, bf16) from a 32-token
-              prompt, N = 128 new tokens, no EOS stop, at batch 1 and 64. Rows: AR; SetDLM W=8
-              with T = N/4 steps (4 tokens committed per step by the schedule; a random-init
-              model's confidences never cross a threshold, so the schedule sets the parallelism).
-              Columns: kept tokens per forward call, tok/s, ms/step (= ms per forward call),
-              compiled programs, compile-inclusive seconds.
-  stack       a Qwen3-1.7B-shaped layer stack (28 x 2048, 16 / 8 heads, head_dim 128, MLP 6144;
-              a 1,024-token vocabulary so that the layers dominate) at L = 1024, batch 1, bf16:
-              forward + backward step time and the compiled program's memory (arguments +
-              outputs + temporaries, XLA's memory_analysis).
+  device        device kind and count, backend, jax version, the published bf16 peak (PEAKS), the
+                measured device copy bandwidth (the decoding memory floor) and a bf16 matmul.
+  train         the lm1b_sw SetDLM step (12 x 768 DiT, L = 128, V = 30,522, bf16 compute, dropout
+                0.1, batch --train_batch): ms/step, clean tok/s, MFU = model FLOPs / step time /
+                the published peak, then a `jax.profiler` trace of that step summarised per op
+                class (matmuls, attention, layer norms, head + loss, optimizer, copies + casts,
+                RNG + order sampling, elementwise + other), then SetDLM and AR at batch 128 (the
+                official rows).
+                Model FLOPs (stated, not XLA's count, which credits the masked-out attention):
+                  6 * P_matmul * B * 2L  +  12 * layers * d * B * (2L)^2 * f
+                (every matmul parameter fwd + bwd over 2L slots; attention scores and values,
+                f = the fraction of (query, key) pairs the set-causal mask allows). The
+                parameter init (`jax.jit` of the model's own init with out-shardings) is timed
+                and printed.
+  decode_dit    KV-cached decoding at the LM1B shapes, batch 1, from BOS, 127 new tokens, greedy,
+                tau off: SetDLM S = 4 (W = 4) and AR, fp32 (the official rows), then with bf16
+                decoding weights (`decoding.decode_weights`): kept tokens per call, ms per call,
+                tok/s, compiled programs, and the memory floor (parameter bytes read per call /
+                the device section's copy bandwidth).
+  official      (--official=PATH) the official PyTorch code in its own process and python
+                (`benchmarks/official.py`'s worker): SetDLM and AR training steps (bf16 autocast,
+                AdamW, clip 1.0, batch 128) and KV-cached decoding (SetDLM S = 4 and AR, batch 1,
+                fp32, 127 tokens, tau off) at the same shapes; the table's ratio column is ours /
+                official.
+  decode_qwen3  set vs AR decoding of the same random-init Qwen3 (0.6B shapes: 28 x 1024, 16 / 8
+                heads, head_dim 128, MLP 3072, V = 151,936, bf16 compute) from a 32-token prompt,
+                N = 128 new tokens, no EOS stop, batch 1 and 64: AR, and SetDLM W = 8 with
+                T = N / 4 steps (4 tokens committed per call by the schedule).
+  attention     every attention implementation (models/attention.py) on the set-causal (SetDLM)
+                and block (BD3LM, S = 4) training masks, 2L slots, forward + backward, bf16 rows
+                first, then fp32: max |diff| of the output and the gradients vs fp32 dense, ms.
+                An implementation that refuses (cudnn off GPU, or a dtype) records its error.
+  levers        speed levers against their reference rows: the train row (SetDLM, batch
+                --train_batch) with cuDNN attention (`model.attention=cudnn`; its error where it
+                refuses): ms/step and the loss after the same steps (same batches and keys) next
+                to the dense row's.
+  levers_xla    (GPU) the same train row and the batch-1 SetDLM S = 4 decode row under XLA:GPU
+                flags (GPU_FLAGS: latency-hiding scheduler, cuBLAS instead of Triton GEMMs,
+                command buffers for the loop bodies), in a child with its own XLA_FLAGS.
+  stack         a Qwen3-1.7B-shaped layer stack (28 x 2048, V = 1,024) at L = 1024, batch 1,
+                bf16: forward + backward ms and the compiled program's memory.
 
---tiny shrinks every shape (CPU, under a minute or two); --sections picks sections; --budget_s
-skips the sections that would start after that many seconds (recorded as skipped).
+Parameters of the decode and stack models are drawn leaf by leaf (one tiny program per distinct
+shape; one program over hundreds of draws compiled for minutes on XLA:GPU); the time is printed.
+
+Output (--output_dir, few files: a device run brings back at most 8): results.jsonl (one line per
+row and one per section, written as they finish), results.json, table.md (also printed),
+check.log (the children's output), train_trace.json.gz (the profiled steps). --tiny shrinks every
+shape (CPU); --sections picks sections (the order stays the priority order).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import functools
+import glob
+import gzip
 import json
 import os
+import re
+import shutil
+import signal
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 import traceback
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+if __name__ == "__main__" and not __package__:  # a file run cannot import configs/, benchmarks/
+  sys.exit("error: run it from the repository root as `python -m benchmarks.accelerator_check`")
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-SECTIONS = ("device", "attention", "train", "decode", "stack")
+SECTIONS = (
+  "device",
+  "train",
+  "decode_dit",
+  "official",
+  "decode_qwen3",
+  "attention",
+  "levers",
+  "levers_xla",
+  "stack",
+)
+TEST_SECTIONS = ("sleep",)  # test-only: overruns its limit (the time bound's test)
+# Per-section limits, seconds: (accelerator, --tiny on a shared CPU).
+TIMEOUTS = {
+  "device": (45, 90),
+  "train": (170, 300),
+  "decode_dit": (70, 240),
+  "official": (100, 300),
+  "decode_qwen3": (90, 240),
+  "attention": (50, 240),
+  "levers": (60, 240),
+  "levers_xla": (60, 120),
+  "stack": (40, 120),
+  "sleep": (5, 5),
+}
+# XLA:GPU flags measured by `levers_xla` (its child's environment only; GPU only).
+GPU_FLAGS = (
+  "--xla_gpu_enable_latency_hiding_scheduler=true --xla_gpu_enable_triton_gemm=false "
+  "--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUDNN,CUSTOM_CALL,WHILE,CONDITIONAL"
+)
+SECTION_ENV = {"levers_xla": {"XLA_FLAGS": GPU_FLAGS}}
 # Published dense bf16 peaks per chip, TFLOP/s (vendor data sheets; matched on device_kind).
 PEAKS = (
   ("H200", 989.0),
@@ -68,6 +132,10 @@ PEAKS = (
   ("TPU v4", 275.0),
   ("TPU v3", 123.0),
 )
+# LM1B shapes of the official recipe (DiT 12 x 768, 12 heads, L = 128, bert-base-uncased).
+LM1B = dict(num_layers=12, hidden_size=768, num_heads=12, seq_len=128, vocab_size=30522)
+TINY = dict(num_layers=1, hidden_size=64, num_heads=2, seq_len=16, vocab_size=512)
+OFFICIAL_BATCH = 128
 
 
 def peak_tflops(kind: str):
@@ -81,14 +149,44 @@ def parse_args(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--tiny", action="store_true", help="tiny shapes (CPU smoke run)")
   p.add_argument("--sections", default=",".join(SECTIONS))
-  p.add_argument("--out", default="accelerator_check", help="OUT.jsonl / OUT.json / OUT.md")
-  p.add_argument("--budget_s", type=float, default=450.0)
+  p.add_argument("--output_dir", default="accelerator_check_out")
+  p.add_argument(
+    "--budget_s",
+    type=float,
+    default=None,
+    help="the whole run's limit (default 450 s; --tiny 1500 s); no section runs past it",
+  )
+  p.add_argument(
+    "--timeouts", default="", help="per-section limits, e.g. train=200,attention=30 (seconds)"
+  )
   p.add_argument("--repeats", type=int, default=3)
   p.add_argument("--train_batch", type=int, default=256)
-  return p.parse_args(argv)
+  p.add_argument("--official", default="", help="the official work tree (kuleshov-group/setdlms)")
+  p.add_argument(
+    "--official_python",
+    default=sys.executable,
+    help="python of the official side (torch + transformers 4.x; default: this one)",
+  )
+  p.add_argument("--child", default="", help=argparse.SUPPRESS)  # internal: run one section
+  p.add_argument("--work", default="", help=argparse.SUPPRESS)
+  p.add_argument("--deadline", type=float, default=0.0, help=argparse.SUPPRESS)
+  args = p.parse_args(argv)
+  if args.budget_s is None:
+    args.budget_s = 1500.0 if args.tiny else 450.0
+  args.limits = {k: v[1 if args.tiny else 0] for k, v in TIMEOUTS.items()}
+  for item in filter(None, (s.strip() for s in args.timeouts.split(","))):
+    name, _, sec = item.partition("=")
+    if name not in args.limits or not sec:
+      raise SystemExit(
+        f"error: --timeouts={args.timeouts!r}: use NAME=SECONDS with NAME in {SECTIONS}"
+      )
+    args.limits[name] = float(sec)
+  return args
 
 
 def _median_ms(fn, *args, repeats: int = 3) -> float:
+  import jax
+
   jax.block_until_ready(fn(*args))
   times = []
   for _ in range(repeats):
@@ -98,131 +196,462 @@ def _median_ms(fn, *args, repeats: int = 3) -> float:
   return 1e3 * statistics.median(times)
 
 
+def random_params(cfg, seed: int = 0):
+  """Random parameters of a backbone config, drawn leaf by leaf (norm scales 1, biases 0, the rest
+  N(0, 0.02), fp32): one small program per distinct leaf shape. Returns (params, seconds)."""
+  import jax
+  import jax.numpy as jnp
+
+  from setdiff_jax import models
+
+  t0 = time.perf_counter()
+  shapes = models.param_shapes(cfg)
+  leaves, tree = jax.tree_util.tree_flatten_with_path(shapes)
+  keys = jax.random.split(jax.random.key(seed), len(leaves))
+  draws = {}
+  out = []
+  for (path, leaf), key in zip(leaves, keys):
+    name = jax.tree_util.keystr(path)
+    if "scale" in name:
+      out.append(jnp.ones(leaf.shape, jnp.float32))
+    elif "bias" in name:
+      out.append(jnp.zeros(leaf.shape, jnp.float32))
+    else:
+      if leaf.shape not in draws:
+        draws[leaf.shape] = jax.jit(
+          lambda k, s=leaf.shape: 0.02 * jax.random.normal(k, s, jnp.float32)
+        )
+      out.append(draws[leaf.shape](key))
+  params = jax.block_until_ready(jax.tree_util.tree_unflatten(tree, out))
+  return params, time.perf_counter() - t0
+
+
+def param_bytes(params, skip=("embed",)) -> int:
+  """Bytes of the parameters a decoding call reads whole (the embedding table is gathered)."""
+  import jax
+
+  return sum(
+    x.size * x.dtype.itemsize
+    for path, x in jax.tree_util.tree_flatten_with_path(params)[0]
+    if not any(s in jax.tree_util.keystr(path) for s in skip)
+  )
+
+
 # ----------------------------------------------------------------------------- sections
-def section_device(args):
+# Each section: fn(args, emit, left) -> summary dict. emit(table, row) records one row at once;
+# left() is the seconds before the section's limit (a row that cannot fit is recorded as skipped).
+
+
+def section_device(args, emit, left):
+  import jax
+  import jax.numpy as jnp
+
   dev = jax.devices()[0]
+  n = (1 << 22) if args.tiny else (1 << 29)  # bf16 elements: 8 MiB / 1 GiB
+  x = jnp.ones((n,), jnp.bfloat16)
+  copy = jax.jit(lambda a: a * 2)
+  ms = _median_ms(copy, x, repeats=max(args.repeats, 5))
+  gbps = 2 * x.nbytes / (ms / 1e3) / 1e9  # read + write
+  m = 512 if args.tiny else 8192
+  a = jnp.ones((m, m), jnp.bfloat16)
+  mm_ms = _median_ms(jax.jit(lambda a, b: a @ b), a, a, repeats=max(args.repeats, 5))
   return {
     "device_kind": dev.device_kind,
     "device_count": jax.device_count(),
     "backend": jax.default_backend(),
     "jax": jax.__version__,
     "peak_bf16_tflops": peak_tflops(dev.device_kind),
+    "copy_gb_per_s": gbps,
+    "bf16_matmul_tflops": 2 * m**3 / (mm_ms / 1e3) / 1e12,
+    "matmul_n": m,
+    "xla_flags": os.environ.get("XLA_FLAGS", ""),
   }
 
 
-def section_attention(args):
+def _train_args(args, objective: str, batch: int):
+  from benchmarks import training as tb
+
+  shape = TINY if args.tiny else LM1B
+  argv = [
+    f"--config={os.path.join(ROOT, 'configs', 'lm1b_sw.py')}",
+    f"--objectives={objective}",
+    f"--num_layers={shape['num_layers']}",
+    f"--hidden_size={shape['hidden_size']}",
+    f"--num_heads={shape['num_heads']}",
+    f"--seq_len={shape['seq_len']}",
+    f"--vocab_size={shape['vocab_size']}",
+    f"--batch_size={batch}",
+    "--dtype=bfloat16",
+    "--dropout=0.1",
+    f"--steps={2 if args.tiny else 10}",
+    f"--warmup={1 if args.tiny else 2}",
+  ]
+  bargs = tb.parse_args(argv)
+  return bargs, tb.load_config(bargs)
+
+
+def model_flops(params, config) -> float:
+  """The module doc's model FLOPs of one SetDLM step."""
+  import jax
+  import numpy as np
+
   from setdiff_jax.diffusion import masks
-  from setdiff_jax.models import attention
 
-  lengths, heads, dh = ((16,), 2, 8) if args.tiny else ((128, 1024), 8, 64)
-  rows = []
-  for length in lengths:
-    b, s = (2 if args.tiny else (16 if length <= 128 else 2)), 2 * length
-    for kind in ("set", "block"):
-      static = (
-        masks.set_causal_mask(length) if kind == "set" else masks.block_causal_mask(length, 4)
-      )
-      q, k, v, w = [
-        jax.random.normal(x, (b, s, heads, dh)) for x in jax.random.split(jax.random.key(0), 4)
-      ]
-      dense = jnp.asarray(static)[None] & masks.two_stream_padding(jnp.ones((b, length), bool))
-      ref = None
-      for impl in attention.IMPLEMENTATIONS:
-        row = {"L": length, "mask": kind, "batch": b, "impl": impl}
-        try:
-          m = attention.with_tiles(dense, static, impl)
-
-          def fwd_bwd(q, k, v, m, impl=impl):
-            """The output and the gradients of sum(w * out) wrt q, k, v: one program."""
-            out, vjp = jax.vjp(lambda q, k, v: attention.attend(q, k, v, m, impl), q, k, v)
-            return out, vjp(w)
-
-          fwd_bwd = jax.jit(fwd_bwd)
-          out, grads = fwd_bwd(q, k, v, m)
-          if ref is None:
-            ref = (out, grads)
-          row["max_abs_diff_out"] = float(jnp.max(jnp.abs(out - ref[0])))
-          row["max_abs_diff_grad"] = max(
-            float(jnp.max(jnp.abs(a - r))) for a, r in zip(grads, ref[1])
-          )
-          row["fwd_bwd_ms"] = _median_ms(fwd_bwd, q, k, v, m, repeats=args.repeats)
-        except Exception as e:  # an implementation this backend lacks: say which and why
-          row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
-        rows.append(row)
-  return {"rows": rows}
-
-
-def section_train(args):
-  import training as tb  # benchmarks/training.py: fake tokenizer, random batches
-  from configs import lm1b_sw
-  from setdiff_jax import models, sharding, train_step
-  from setdiff_jax.diffusion import masks
-  from setdiff_jax.workdir import config as run_config
-
-  config = lm1b_sw.get_config()
-  config.model.vocab_size = 30522
-  config.batch_size = args.train_batch
-  config.mesh.data, config.mesh.fsdp, config.mesh.tensor = -1, 1, 1
-  if args.tiny:
-    config.model.num_layers, config.model.hidden_size, config.model.num_heads = 1, 32, 2
-    config.seq_len, config.model.vocab_size, config.batch_size = 16, 256, 8
-  config.warmup_steps = 0
-  config.model.dropout = 0.0
-  run_config.validate_config(config, jax.device_count())
-  model_cfg, obj_cfg = run_config.model_and_objective(
-    config, tb.fake_tokenizer(config.model.vocab_size)
-  )
-  mesh = sharding.make_mesh(config.mesh)
-  state, shardings = train_step.create_sharded_state(config, model_cfg, mesh)
-  step = train_step.jit_train_step(config, models.build(model_cfg), obj_cfg, mesh, shardings)
-  host = tb.random_batches(config, 2, 0)
-  batches = [sharding.global_batch(b_, mesh) for b_ in host]
-  rng = jax.random.key(1)
-  t0 = time.perf_counter()
-  compiled = step.lower(state, batches[0], rng).compile()
-  compile_s = time.perf_counter() - t0
-  state, metrics = compiled(state, batches[0], rng)
-  jax.block_until_ready(state)
-  n = 3 if args.tiny else 10
-  t0 = time.perf_counter()
-  for i in range(n):
-    state, metrics = compiled(state, batches[i % 2], rng)
-  jax.block_until_ready((state, metrics))
-  step_s = (time.perf_counter() - t0) / n
-  # model FLOPs (module doc): matmul parameters = every parameter of rank >= 2 but the table
   p_matmul = sum(
     int(np.prod(x.shape))
-    for path, x in jax.tree_util.tree_flatten_with_path(state.params)[0]
+    for path, x in jax.tree_util.tree_flatten_with_path(params)[0]
     if x.ndim >= 2 and "embedding" not in jax.tree_util.keystr(path)
   )
   b, length, d = config.batch_size, config.seq_len, config.model.hidden_size
   slots = 2 * length
   frac = float(np.mean(masks.set_causal_mask(length)))
-  flops = 6 * p_matmul * b * slots + 12 * config.model.num_layers * d * b * slots**2 * frac
-  peak = peak_tflops(jax.devices()[0].device_kind)
-  achieved = flops / step_s
+  return 6 * p_matmul * b * slots + 12 * config.model.num_layers * d * b * slots**2 * frac
+
+
+def train_row(args, objective: str, batch: int, attention=None):
+  """(row, prep, bargs) of one timed training work (benchmarks/training.py's benchmark)."""
+  import jax
+
+  from benchmarks import training as tb
+
+  bargs, config = _train_args(args, objective, batch)
+  if attention:
+    config.model.attention = attention
+  t0 = time.perf_counter()
+  prep = tb.benchmark(config, objective, bargs)
+  setup_s = time.perf_counter() - t0
+  tb.time_steps(prep, bargs)
+  step_s = prep["times"][-1] / bargs.steps
+  row = {
+    "work": f"train {objective} b{batch} bf16",
+    "objective": objective,
+    "batch": batch,
+    "attention": config.model.attention,
+    "ms_per_step": 1e3 * step_s,
+    "tokens_per_s": prep["clean"] / bargs.steps / step_s,
+    "compile_s": prep["compile_s"],
+    "setup_s": setup_s,
+    "loss": prep["loss"],
+  }
+  if objective == "setdlm":
+    peak = peak_tflops(jax.devices()[0].device_kind)
+    flops = model_flops(prep["state"].params, config)
+    row["model_tflop_per_step"] = flops / 1e12
+    row["tflops"] = flops / step_s / 1e12
+    row["mfu"] = flops / step_s / (peak * 1e12 * jax.device_count()) if peak else None
+  return row, prep, bargs
+
+
+def section_train(args, emit, left):
+  import jax
+
+  from benchmarks import training as tb
+  from setdiff_jax import sharding, train_step
+  from setdiff_jax.workdir import config as run_config
+
+  batches = [("setdlm", 16 if args.tiny else args.train_batch, True)]
+  batches += [(o, 8 if args.tiny else OFFICIAL_BATCH, False) for o in ("setdlm", "ar")]
+  summary = {}
+  for i, (objective, batch, profile) in enumerate(batches):
+    if left() < 10:
+      emit("train", {"objective": objective, "batch": batch, "skipped": "section time spent"})
+      continue
+    bargs, config = _train_args(args, objective, batch)
+    if i == 0:  # the init alone: jit of the model's own init with out-shardings
+      cfg = config.copy_and_resolve_references()
+      cfg.objective, cfg.model.adaln = objective, tb.ADALN[objective]
+      model_cfg, _ = run_config.model_and_objective(cfg, tb.fake_tokenizer(cfg.model.vocab_size))
+      t0 = time.perf_counter()
+      state, _ = train_step.create_sharded_state(cfg, model_cfg, sharding.make_mesh(cfg.mesh))
+      jax.block_until_ready(state)
+      summary["init_s"] = time.perf_counter() - t0
+      print(
+        f"train: parameter init (jit of the model's init) {summary['init_s']:.1f} s", flush=True
+      )
+      del state
+    row, prep, bargs = train_row(args, objective, batch)
+    emit("train", row)
+    if profile and left() > 20:
+      try:
+        for prow in profile_rows(prep, bargs, args):
+          emit("profile", prow)
+      except Exception as e:  # the profile is a diagnosis: its failure never loses the rows
+        emit("profile", {"op_class": "error", "error": f"{type(e).__name__}: {e}"[:300]})
+    del prep
+  return summary
+
+
+# -- the profile: trace events -> HLO instructions -> op classes
+PROFILE_CLASSES = (
+  "matmuls",
+  "attention",
+  "layer norms",
+  "head + loss",
+  "optimizer",
+  "copies + casts",
+  "RNG + order sampling",
+  "elementwise + other",  # GELU, rotary, residual adds, dropout masks, embedding gathers
+)
+_LAYOUT_OPS = {
+  "parameter",
+  "bitcast",
+  "transpose",
+  "copy",
+  "slice",
+  "dynamic-slice",
+  "concatenate",
+  "pad",
+  "broadcast",
+  "reshape",
+  "constant",
+  "tuple",
+  "get-tuple-element",
+  "dynamic-update-slice",
+  "copy-start",
+  "copy-done",
+  "convert",
+}
+
+
+def hlo_instructions(text: str) -> dict:
+  """{instruction name: (opcodes, op_names)} of a compiled HLO text: the instruction's own
+  opcode and source names plus those of the computation it calls (a fusion's body)."""
+  bodies = {
+    m.group(1): m.group(2) for m in re.finditer(r"\n%?([\w.\-]+) [^\n]*\{\n(.*?)\n\}", text, re.S)
+  }
+  out = {}
+  for name, line in re.findall(r"\n\s+(?:ROOT )?%?([\w.\-]+) = ([^\n]*)", text):
+    called = re.search(r"calls=%?([\w.\-]+)", line)
+    parts = [line] + ([bodies.get(called.group(1), "")] if called else [])
+    ops, names = [], []
+    for part in parts:  # the opcode: the first `word(` after `=` (types may be tuples)
+      ops += re.findall(r"=[^\n]*?\s([a-z][\w\-]*)\(", part)
+      names += re.findall(r'op_name="([^"]+)"', part)
+    out[name] = (ops, names)
+  return out
+
+
+_SOFTMAX = {"exp", "reduce_max", "reduce_sum", "sub", "div", "max", "select_n", "broadcast_in_dim"}
+_LAYERS = ("attn_qkv", "attn_out", "mlp_in", "mlp_out", "adaln", "cond_", "modulation")
+
+
+def name_class(op_name: str) -> str:
+  """The op class of one source op (an HLO op_name: jit(step)/jvp(DiT)/blocks_3/mlp_in/dot_general;
+  the head and the loss run outside the DiT module, in the step's own jvp() scope)."""
+  scope, _, prim = op_name.rpartition("/")
+  if re.search(r"threefry|sample_order|random_|random_bits", scope):
+    return "RNG + order sampling"
+  if "jvp(" not in op_name and "transpose(" not in op_name:
+    return "optimizer"  # after the gradient: clipping, AdamW, EMA
+  if re.search(r"/norm\d*\b|final_norm|layer_?norm", scope):
+    return "layer norms"
+  if any(s in scope for s in _LAYERS):
+    return "matmuls"
+  if re.search(r"bqhd|bhqk|attend|attention|softmax|blocks_\d+/jit\(_where\)", scope):
+    return "attention"
+  if re.search(r"blocks_\d+$", scope) and prim in _SOFTMAX:
+    return "attention"  # the scores' softmax, inlined in the block's scope
+  if "DiT" not in scope and "Qwen3" not in scope:
+    return "head + loss"
+  return "elementwise + other"
+
+
+def op_class(ops: list, names: list) -> str:
+  """The op class of one executed instruction: layout-only fusions are copies, else the class
+  most of its source ops have (ties: PROFILE_CLASSES order)."""
+  body = set(ops[1:]) or set(ops)
+  if body and body <= _LAYOUT_OPS:
+    return "copies + casts"
+  votes = collections.Counter(name_class(n) for n in names)
+  if len(votes) > 1:
+    votes.pop("elementwise + other", None)  # a fusion's named part wins over its unnamed glue
+  if not votes:
+    return "elementwise + other"
+  best = max(votes.values())
+  return next(c for c in PROFILE_CLASSES if votes.get(c) == best)
+
+
+def jax_version() -> str:
+  import jax
+
+  return jax.__version__
+
+
+def trace_times(trace_dir: str):
+  """({instruction name: microseconds}, trace path) of the device events in a jax.profiler trace
+  (GPU/TPU: the device streams' kernels, named by their `hlo_op`; CPU: the executed thunks)."""
+  found = [
+    p
+    for pattern in ("*.trace.json.gz", "perfetto_trace.json.gz")
+    for p in glob.glob(os.path.join(trace_dir, "**", pattern), recursive=True)
+  ]
+  if not found:
+    raise FileNotFoundError(f"no trace JSON under {trace_dir} (jax {jax_version()})")
+  path = found[0]
+  events = json.load(gzip.open(path))["traceEvents"]
+  pid_names = {
+    e["pid"]: e.get("args", {}).get("name", "")
+    for e in events
+    if e.get("ph") == "M" and e.get("name") == "process_name"
+  }
+  devices = {p for p, n in pid_names.items() if re.search(r"/device:(GPU|TPU)", n)}
+  totals = collections.Counter()
+  for e in events:
+    if e.get("ph") != "X" or (devices and e.get("pid") not in devices):
+      continue
+    name = (e.get("args") or {}).get("hlo_op") or e.get("name", "")
+    totals[name.split(":")[0].strip()] += float(e.get("dur", 0.0))
+  return totals, path
+
+
+def profile_rows(prep, bargs, args):
+  """One row per op class: ms per step from a traced run of the compiled step (module doc)."""
+  import jax
+
+  from benchmarks import training as tb
+
+  instrs = hlo_instructions(prep["compiled"].as_text())
+  steps = bargs.steps
+  with tempfile.TemporaryDirectory() as d:
+    with jax.profiler.trace(d, create_perfetto_trace=True):  # (the fallback JSON)
+      tb.time_steps(prep, bargs)
+    wall = prep["times"][-1]
+    times, path = trace_times(d)
+    shutil.copy(path, os.path.join(args.output_dir, "train_trace.json.gz"))
+  by = collections.Counter()
+  for name, us in times.items():
+    if name in instrs and instrs[name][0][:1] not in (["while"], ["conditional"], ["call"]):
+      # (loops and calls contain other executed instructions: never counted twice)
+      by[op_class(*instrs[name])] += us
+  total = sum(by.values())
+  rows = [
+    {
+      "op_class": c,
+      "ms_per_step": by.get(c, 0.0) / 1e3 / steps,
+      "share": by.get(c, 0.0) / total if total else None,
+    }
+    for c in PROFILE_CLASSES
+  ]
+  rows.append({"op_class": "step (traced wall)", "ms_per_step": 1e3 * wall / steps, "share": None})
+  return rows
+
+
+def _dit(args, dtype="float32"):
+  from setdiff_jax.models.dit import DiT, DiTConfig
+
+  s = TINY if args.tiny else LM1B
+  cfg = DiTConfig(
+    vocab_size=s["vocab_size"],
+    hidden_size=s["hidden_size"],
+    num_layers=s["num_layers"],
+    num_heads=s["num_heads"],
+    dropout=0.0,
+    dtype=dtype,
+  )
+  return DiT(cfg), cfg, s["seq_len"]
+
+
+def _device_summary(args):
+  path = os.path.join(args.work, "device.json") if args.work else ""
+  if path and os.path.exists(path):
+    return json.load(open(path))
+  return {}
+
+
+def decode_row(sampler, model, params, prompts, scfg, repeats: int, rng_seed: int = 0) -> dict:
+  """Times one decoding work: a compiling call, then the median of `repeats` calls."""
+  import jax
+  import numpy as np
+
+  from setdiff_jax.sampling import compiles
+
+  before = compiles.compiled_programs()
+  t0 = time.perf_counter()
+  out = sampler(model, params, prompts, scfg, jax.random.key(rng_seed))
+  cold = time.perf_counter() - t0
+  times = []
+  for r in range(repeats):
+    t0 = time.perf_counter()
+    out = sampler(model, params, prompts, scfg, jax.random.key(rng_seed + r + 1))
+    times.append(time.perf_counter() - t0)
+  sec = statistics.median(times)
+  calls = float(np.mean(out.forward_calls))
   return {
-    "layers": config.model.num_layers,
-    "hidden": d,
-    "L": length,
-    "batch": b,
-    "dtype": config.model.dtype,
-    "compile_s": compile_s,
-    "step_ms": 1e3 * step_s,
-    "tokens_per_s": b * length / step_s,
-    "model_tflops_per_step": flops / 1e12,
-    "mask_fraction": frac,
-    "achieved_tflops": achieved / 1e12,
-    "mfu": achieved / (peak * 1e12 * jax.device_count()) if peak else None,
-    "loss": float(metrics["loss"]),
+    "batch": len(prompts),
+    "new_tokens": int(scfg.max_new_tokens),
+    "kept_tokens_per_call": float(np.sum(out.num_committed)) / float(np.sum(out.forward_calls)),
+    "tokens_per_s": out.num_generated / sec,
+    "ms_per_call": 1e3 * sec / calls,
+    "forward_calls": calls,
+    "compiled_programs": compiles.compiled_programs() - before,
+    "seconds_with_compile": cold,
+    "_out": out,
   }
 
 
-def _qwen3(tiny: bool, **shape):
-  from setdiff_jax.models.qwen3 import Qwen3Config
+def section_decode_dit(args, emit, left):
+  from setdiff_jax import decoding
+  from setdiff_jax.sampling import SamplerConfig, ar_generate, set_generate
 
-  if tiny:
-    base = dict(
+  summary = {}
+  bw = _device_summary(args).get("copy_gb_per_s")
+  fp32 = {}
+  for weights in ("float32", "bfloat16"):
+    model, cfg, seq_len = _dit(args, weights)
+    params, init_s = random_params(cfg)
+    summary.setdefault("init_s", init_s)
+    params = decoding.decode_weights(params, weights)
+    base = SamplerConfig(
+      mask_token_id=103,
+      eos_token_id=102,
+      pad_token_id=0,
+      bos_token_id=101,
+      max_new_tokens=seq_len - 1,
+      max_length=seq_len,
+      stop_at_eos=False,
+      greedy=True,
+    )
+    nbytes = param_bytes(params)
+    for name, sampler, scfg in (
+      ("setdlm S=4", set_generate, base.replace(window=4, threshold=None)),
+      ("ar", ar_generate, base),
+    ):
+      if left() < 10:
+        emit("decode_dit", {"sampler": name, "weights": weights, "skipped": "section time spent"})
+        continue
+      row = decode_row(sampler, model, params, [[101]], scfg, args.repeats)
+      out = row.pop("_out")
+      tag = "setdlm4" if name.startswith("setdlm") else "ar"
+      row = {
+        "work": f"decode {tag} b1 {'fp32' if weights == 'float32' else 'bf16 weights'}",
+        "sampler": name,
+        "weights": weights,
+        **row,
+      }
+      row["weight_mb_per_call"] = nbytes / 2**20
+      if bw:
+        row["floor_ms"] = nbytes / (bw * 1e9) * 1e3
+        row["x_floor"] = row["ms_per_call"] / row["floor_ms"]
+      if weights == "float32":
+        fp32[name] = out
+      else:  # bf16 weights: do the tokens stay those of fp32?
+        ref = fp32.get(name)
+        if ref is not None:
+          same = sum(a == b for a, b in zip(ref.generated[0], out.generated[0]))
+          row["tokens_equal_fp32"] = f"{same}/{len(ref.generated[0])}"
+      emit("decode_dit", row)
+  return summary
+
+
+def section_decode_qwen3(args, emit, left):
+  import numpy as np
+
+  from setdiff_jax import models
+  from setdiff_jax.models.qwen3 import Qwen3Config
+  from setdiff_jax.sampling import SamplerConfig, ar_generate, set_generate
+
+  shape = (
+    dict(
       vocab_size=512,
       hidden_size=64,
       num_layers=2,
@@ -231,8 +660,8 @@ def _qwen3(tiny: bool, **shape):
       head_dim=16,
       intermediate_size=128,
     )
-  else:
-    base = dict(
+    if args.tiny
+    else dict(
       vocab_size=151936,
       hidden_size=1024,
       num_layers=28,
@@ -241,39 +670,11 @@ def _qwen3(tiny: bool, **shape):
       head_dim=128,
       intermediate_size=3072,
     )
-  base.update(shape)
-  return Qwen3Config(dtype="bfloat16", **base)
-
-
-def _random_params(cfg, seed: int = 0):
-  """Random-init parameters drawn on the device (norm scales 1, matrices N(0, 0.02))."""
-  from setdiff_jax import models
-
-  shapes = models.param_shapes(cfg)
-  leaves, tree = jax.tree_util.tree_flatten_with_path(shapes)
-  keys = jax.random.split(jax.random.key(seed), len(leaves))
-
-  @jax.jit
-  def draw(keys):
-    out = []
-    for (path, leaf), key in zip(leaves, keys):
-      if "scale" in jax.tree_util.keystr(path):
-        out.append(jnp.ones(leaf.shape, jnp.float32))
-      else:
-        out.append(0.02 * jax.random.normal(key, leaf.shape, jnp.float32))
-    return out
-
-  return jax.tree_util.tree_unflatten(tree, draw(keys))
-
-
-def section_decode(args):
-  from setdiff_jax import models
-  from setdiff_jax.sampling import SamplerConfig, ar_generate, set_generate
-  from setdiff_jax.sampling import compiles
-
-  cfg = _qwen3(args.tiny)
+  )
+  cfg = Qwen3Config(dtype="bfloat16", **shape)
   model = models.build(cfg)
-  params = _random_params(cfg)
+  params, init_s = random_params(cfg)
+  print(f"decode_qwen3: parameters drawn leaf by leaf in {init_s:.1f} s", flush=True)
   n, plen, window = (16, 8, 4) if args.tiny else (128, 32, 8)
   mask_id = cfg.vocab_size - 1
   base = SamplerConfig(
@@ -287,50 +688,120 @@ def section_decode(args):
     window=window,
   )
   runs = [("ar", ar_generate, base), ("setdlm T=N/4", set_generate, base.replace(num_steps=n // 4))]
-  rows = []
   rng = np.random.default_rng(0)
-  for batch in (1, 64 if not args.tiny else 8):
+  for batch in (1, 8 if args.tiny else 64):
     prompts = [list(rng.integers(1, mask_id, plen)) for _ in range(batch)]
     for name, sampler, scfg in runs:
-      before = compiles.compiled_programs()
-      t0 = time.perf_counter()
-      out = sampler(model, params, prompts, scfg, jax.random.key(0))
-      cold = time.perf_counter() - t0
-      times = []
-      for r in range(args.repeats):
-        t0 = time.perf_counter()
-        out = sampler(model, params, prompts, scfg, jax.random.key(r + 1))
-        times.append(time.perf_counter() - t0)
-      sec = statistics.median(times)
-      calls = float(np.mean(out.forward_calls))
-      rows.append(
-        {
-          "sampler": name,
-          "batch": batch,
-          "new_tokens": n,
-          "kept_tokens_per_call": float(np.sum(out.num_committed))
-          / float(np.sum(out.forward_calls)),
-          "tokens_per_s": out.num_generated / sec,
-          "ms_per_step": 1e3 * sec / calls,
-          "forward_calls": calls,
-          "compiled_programs": compiles.compiled_programs() - before,
-          "seconds_with_compile": cold,
-        }
-      )
-  return {"model": "qwen3-0.6B-shaped random init" if not args.tiny else "qwen3 tiny", "rows": rows}
+      if left() < 15:
+        emit("decode_qwen3", {"sampler": name, "batch": batch, "skipped": "section time spent"})
+        continue
+      row = decode_row(sampler, model, params, prompts, scfg, args.repeats)
+      row.pop("_out")
+      emit("decode_qwen3", {"sampler": name, **row})
+  return {"model": "qwen3 tiny" if args.tiny else "qwen3-0.6B-shaped random init", "init_s": init_s}
 
 
-def section_stack(args):
+@functools.lru_cache(maxsize=None)
+def _attention_program():
+  import jax
+
+  from setdiff_jax.models import attention
+
+  @functools.partial(jax.jit, static_argnums=(5,))
+  def run(q, k, v, w, m, impl):
+    out, vjp = jax.vjp(lambda q, k, v: attention.attend(q, k, v, m, impl), q, k, v)
+    return out, vjp(w)
+
+  return run
+
+
+def _attention_fwd_bwd(q, k, v, w, m, impl):
+  """The output and the gradients of sum(w * out) wrt q, k, v (one jitted program per impl)."""
+  return _attention_program()(q, k, v, w, m, impl)
+
+
+def section_attention(args, emit, left):
+  import jax
+  import jax.numpy as jnp
+
+  from setdiff_jax.diffusion import masks
+  from setdiff_jax.models import attention
+
+  lengths, heads, dh = ((16,), 2, 8) if args.tiny else ((128, 1024), 8, 64)
+  cases = {}
+  for dtype in ("bfloat16", "float32"):
+    for length in lengths:
+      b, s = (2 if args.tiny else (16 if length <= 128 else 2)), 2 * length
+      for kind in ("set", "block"):
+        if (length, kind) not in cases:  # inputs and the fp32 dense reference
+          static = (
+            masks.set_causal_mask(length) if kind == "set" else masks.block_causal_mask(length, 4)
+          )
+          xs = [
+            jax.random.normal(x, (b, s, heads, dh)) for x in jax.random.split(jax.random.key(0), 4)
+          ]
+          dense = jnp.asarray(static)[None] & masks.two_stream_padding(jnp.ones((b, length), bool))
+          cases[(length, kind)] = (static, xs, dense, None)
+        static, xs, dense, ref = cases[(length, kind)]
+        for impl in attention.IMPLEMENTATIONS:
+          row = {"dtype": dtype, "L": length, "mask": kind, "batch": b, "impl": impl}
+          if left() < 5:
+            emit("attention", {**row, "skipped": "section time spent"})
+            continue
+          try:
+            if ref is None:  # fp32 dense: the reference of every row
+              ref = _attention_fwd_bwd(*xs, attention.with_tiles(dense, static, "dense"), "dense")
+              cases[(length, kind)] = (static, xs, dense, ref)
+            q, k, v, w = [x.astype(dtype) for x in xs]
+            m = attention.with_tiles(dense, static, impl)
+            out, grads = _attention_fwd_bwd(q, k, v, w, m, impl)
+            f32 = lambda a: a.astype(jnp.float32)  # noqa: E731
+            row["max_abs_diff_out"] = float(jnp.max(jnp.abs(f32(out) - ref[0])))
+            row["max_abs_diff_grad"] = max(
+              float(jnp.max(jnp.abs(f32(a) - r))) for a, r in zip(grads, ref[1])
+            )
+            row["fwd_bwd_ms"] = _median_ms(
+              _attention_fwd_bwd, q, k, v, w, m, impl, repeats=args.repeats
+            )
+          except Exception as e:  # an implementation this backend or dtype lacks: why
+            row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+          emit("attention", row)
+  return {}
+
+
+def section_stack(args, emit, left):
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
   from setdiff_jax import models
+  from setdiff_jax.models.qwen3 import Qwen3Config
 
-  cfg = _qwen3(
-    args.tiny,
-    vocab_size=1024 if not args.tiny else 512,
-    **({} if args.tiny else dict(hidden_size=2048, intermediate_size=6144)),
-  )
+  if args.tiny:
+    cfg = Qwen3Config(
+      dtype="bfloat16",
+      vocab_size=512,
+      hidden_size=64,
+      num_layers=2,
+      num_heads=4,
+      num_kv_heads=2,
+      head_dim=16,
+      intermediate_size=128,
+    )
+  else:
+    cfg = Qwen3Config(
+      dtype="bfloat16",
+      vocab_size=1024,
+      hidden_size=2048,
+      num_layers=28,
+      num_heads=16,
+      num_kv_heads=8,
+      head_dim=128,
+      intermediate_size=6144,
+    )
   length = 64 if args.tiny else 1024
   model = models.build(cfg)
-  params = _random_params(cfg)
+  params, init_s = random_params(cfg)
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (1, length)), jnp.int32)
   positions = jnp.arange(length, dtype=jnp.int32)[None]
   mask = jnp.tril(jnp.ones((1, length, length), bool))
@@ -350,132 +821,367 @@ def section_stack(args):
       int(getattr(mem, f, 0) or 0)
       for f in ("argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes")
     )
-  return {
-    "layers": cfg.num_layers,
-    "hidden": cfg.hidden_size,
-    "L": length,
-    "batch": 1,
-    "compile_s": compile_s,
-    "step_ms": _median_ms(compiled, params, repeats=args.repeats),
-    "compiled_memory_gib": None if total is None else total / 2**30,
-  }
+  emit(
+    "stack",
+    {
+      "layers": cfg.num_layers,
+      "hidden": cfg.hidden_size,
+      "L": length,
+      "batch": 1,
+      "init_s": init_s,
+      "compile_s": compile_s,
+      "fwd_bwd_ms": _median_ms(compiled, params, repeats=args.repeats),
+      "compiled_memory_gib": None if total is None else total / 2**30,
+    },
+  )
+  return {}
+
+
+def section_official(args, emit, left):
+  """The official code's works (benchmarks/official.py's worker, its own python)."""
+  import numpy as np
+
+  from benchmarks import official as off
+  from benchmarks import training as tb
+
+  if not args.official:
+    return {"skipped": "no --official=PATH (the official work tree)"}
+  shape = TINY if args.tiny else LM1B
+  batch = 8 if args.tiny else OFFICIAL_BATCH
+  import jax
+
+  device = "cuda" if jax.default_backend() == "gpu" else "cpu"
+  argv = [
+    f"--official_dir={args.official}",
+    f"--official_python={args.official_python}",
+    f"--device={device}",
+    "--train_precision=bf16",
+    f"--num_layers={shape['num_layers']}",
+    f"--hidden_size={shape['hidden_size']}",
+    f"--num_heads={shape['num_heads']}",
+    f"--seq_len={shape['seq_len']}",
+    f"--vocab_size={shape['vocab_size']}",
+    f"--batch_size={batch}",
+    f"--steps={2 if args.tiny else 10}",
+    f"--warmup={1 if args.tiny else 3}",
+  ]
+  oargs = off.parse_args(argv)
+  worker = off.OfficialWorker(oargs, argv)
+  tmp = tempfile.mkdtemp(prefix="acc_official_")
+  try:
+    info = worker("info")
+    off.check_official_env(info, oargs.official_python)
+    print(f"official: {info}", flush=True)
+    for method in ("setdlm", "ar"):
+      if left() < 20:
+        emit("official", {"work": f"train {method} b{batch} bf16", "skipped": "section time spent"})
+        continue
+      _, config = _train_args(args, method, batch)
+      host = tb.random_batches(config, 4, 0)
+      path = os.path.join(tmp, f"{method}.npz")
+      arrays = {f"tokens{i}": b["tokens"] for i, b in enumerate(host)}
+      arrays.update({f"mask{i}": b["attention_mask"] for i, b in enumerate(host)})
+      np.savez(path, n=len(host), **arrays)
+      clean = worker("prepare_train", name=method, batches=path)["clean"]
+      res = worker("time_train", name=method)
+      emit(
+        "official",
+        {
+          "work": f"train {method} b{batch} bf16",
+          "official_tokens_per_s": clean * oargs.steps / res["seconds"],
+          "official_ms": 1e3 * res["seconds"] / oargs.steps,
+          "official_loss": res["loss"],
+        },
+      )
+    for work, tag in (("set4", "setdlm4"), ("ar", "ar")):
+      if left() < 20:
+        emit("official", {"work": f"decode {tag} b1 fp32", "skipped": "section time spent"})
+        continue
+      worker("prepare_decode", name=work)
+      runs = [worker("time_decode", name=work) for _ in range(max(1, min(args.repeats, 3)))]
+      rate = statistics.median(r["tokens"] / r["seconds"] for r in runs)
+      emit(
+        "official",
+        {
+          "work": f"decode {tag} b1 fp32",
+          "official_tokens_per_s": rate,
+          "official_ms": 1e3 / rate,
+        },
+      )
+  finally:
+    worker.close()
+    shutil.rmtree(tmp, ignore_errors=True)
+  return {"official": {k: info[k] for k in ("torch", "transformers", "python")}, "device": device}
+
+
+def _lever_rows(args, emit, left, table: str, attention=None, decode=False):
+  row = {"lever": table, "objective": "setdlm"}
+  batch = 16 if args.tiny else args.train_batch
+  if left() < 15:
+    emit(table, {**row, "skipped": "section time spent"})
+    return
+  try:
+    trow, prep, _ = train_row(args, "setdlm", batch, attention)
+    emit(table, {**row, "base_work": trow.pop("work"), **trow})
+    del prep
+  except Exception as e:  # a lever this backend refuses (cudnn off GPU): why
+    emit(table, {**row, "attention": attention, "error": f"{type(e).__name__}: {e}"[:300]})
+  if decode and left() > 15:
+    from setdiff_jax.sampling import SamplerConfig, set_generate
+
+    model, cfg, seq_len = _dit(args)
+    params, _ = random_params(cfg)
+    scfg = SamplerConfig(
+      mask_token_id=103,
+      eos_token_id=102,
+      pad_token_id=0,
+      max_new_tokens=seq_len - 1,
+      max_length=seq_len,
+      stop_at_eos=False,
+      window=4,
+    )
+    drow = decode_row(set_generate, model, params, [[101]], scfg, args.repeats)
+    drow.pop("_out")
+    emit(table, {"lever": table, "base_work": "decode setdlm4 b1 fp32", **drow})
+
+
+def section_levers(args, emit, left):
+  _lever_rows(args, emit, left, "cudnn attention", attention="cudnn")
+  return {}
+
+
+def section_levers_xla(args, emit, left):
+  import jax
+
+  if jax.default_backend() != "gpu":
+    return {"skipped": "XLA:GPU flags (a GPU backend only)"}
+  _lever_rows(args, emit, left, "xla gpu flags", decode=True)
+  return {"xla_flags": os.environ.get("XLA_FLAGS", "")}
+
+
+def section_sleep(args, emit, left):
+  """Test-only: one row, then sleeps past any limit (the time bound must cut it)."""
+  emit("sleep", {"slept": 0})
+  time.sleep(3600)
+  return {}
 
 
 RUNNERS = {
   "device": section_device,
-  "attention": section_attention,
   "train": section_train,
-  "decode": section_decode,
+  "decode_dit": section_decode_dit,
+  "official": section_official,
+  "decode_qwen3": section_decode_qwen3,
+  "attention": section_attention,
+  "levers": section_levers,
+  "levers_xla": section_levers_xla,
   "stack": section_stack,
+  "sleep": section_sleep,
 }
 
 
-# ----------------------------------------------------------------------------- report
-def _f(x, spec=".2f"):
-  return "-" if x is None else format(x, spec)
+# ----------------------------------------------------------------------------- child / driver
+def child_main(args):
+  """Runs one section; rows go to WORK/NAME.rows.jsonl as they come, the summary to NAME.json."""
+  name = args.child
+  rows_path = os.path.join(args.work, f"{name}.rows.jsonl")
+
+  def emit(table, row):
+    with open(rows_path, "a") as f:
+      f.write(json.dumps({"table": table, **row}, default=float) + "\n")
+      f.flush()
+      os.fsync(f.fileno())
+    print(f"{name}: {json.dumps(row, default=float)[:300]}", flush=True)
+
+  def left():
+    return args.deadline - time.time()
+
+  try:
+    summary = RUNNERS[name](args, emit, left)
+  except Exception as e:  # recorded; the driver reports it and runs the next section
+    summary = {
+      "error": f"{type(e).__name__}: {e}"[:500],
+      "traceback": traceback.format_exc()[-3000:],
+    }
+  with open(os.path.join(args.work, f"{name}.json"), "w") as f:
+    json.dump(summary, f, default=float)
+
+
+def run_section(name: str, args, argv, limit: float, log) -> dict:
+  """The section in a child process killed at `limit` seconds; its rows and status."""
+  deadline = time.time() + limit
+  cmd = [sys.executable, "-m", "benchmarks.accelerator_check", *argv]
+  cmd += [f"--child={name}", f"--work={args.work}", f"--deadline={deadline}"]
+  t0 = time.perf_counter()
+  log.write(f"\n===== {name} (limit {limit:.0f} s)\n")
+  log.flush()
+  env = dict(os.environ, **SECTION_ENV.get(name, {}))
+  proc = subprocess.Popen(
+    cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env, cwd=ROOT
+  )
+  status = "ok"
+  try:
+    rc = proc.wait(timeout=limit)
+    if rc != 0:
+      status = f"error: the child exited with {rc} (check.log)"
+  except subprocess.TimeoutExpired:
+    os.killpg(proc.pid, signal.SIGKILL)  # the child and anything it started
+    proc.wait()
+    status = f"cut at its {limit:.0f} s limit"
+  seconds = time.perf_counter() - t0
+  rows_path = os.path.join(args.work, f"{name}.rows.jsonl")
+  rows = [json.loads(x) for x in open(rows_path)] if os.path.exists(rows_path) else []
+  summary_path = os.path.join(args.work, f"{name}.json")
+  summary = json.load(open(summary_path)) if os.path.exists(summary_path) else {}
+  if "error" in summary:
+    status = "error: " + summary["error"]
+  elif "skipped" in summary:
+    status = "skipped: " + summary["skipped"]
+  return {"section": name, "status": status, "seconds": seconds, "summary": summary, "rows": rows}
+
+
+def driver_argv(argv) -> list:
+  """The user's arguments, for the children (the internal ones dropped)."""
+  return [a for a in argv if not a.startswith(("--child", "--work", "--deadline"))]
+
+
+def with_ratios(results: dict) -> None:
+  """Adds ours and ours / official to the official rows, matching ours by `work`, and to each
+  lever row its speed-up and loss difference against the reference row it names."""
+  ours, base = {}, {}
+  for name, res in results.items():
+    if name != "official":
+      for r in res["rows"]:
+        if "work" in r and "tokens_per_s" in r:
+          ours[r["work"]] = r["tokens_per_s"]
+          base[r["work"]] = r
+  for name in ("levers", "levers_xla"):
+    for r in results.get(name, {}).get("rows", []):
+      ref = base.get(r.get("base_work"))
+      if ref and r.get("tokens_per_s"):
+        r["speedup"] = r["tokens_per_s"] / ref["tokens_per_s"]
+        if "loss" in r and "loss" in ref:
+          r["loss_minus_base"] = r["loss"] - ref["loss"]
+  for r in results.get("official", {}).get("rows", []):
+    if r.get("work") in ours:
+      r["ours_tokens_per_s"] = ours[r["work"]]
+      if r.get("official_tokens_per_s"):
+        r["ours_over_official"] = ours[r["work"]] / r["official_tokens_per_s"]
+
+
+def _cell(x) -> str:
+  if x is None:
+    return "-"
+  if isinstance(x, bool):
+    return str(x)
+  if isinstance(x, float):
+    if x != x:
+      return "nan"
+    a = abs(x)
+    if a == 0:
+      return "0"
+    if a >= 1000:
+      return f"{x:,.0f}"
+    if a >= 1:
+      return f"{x:.3g}" if a < 100 else f"{x:.1f}"
+    return f"{x:.2e}" if a < 1e-3 else f"{x:.3f}"
+  return str(x).replace("|", "/")
 
 
 def markdown(results: dict) -> str:
   lines = []
-  dev = results.get("device", {})
+  dev = results.get("device", {}).get("summary", {})
   if "device_kind" in dev:
     lines.append(
-      f"device: {dev['device_count']} x {dev['device_kind']} ({dev['backend']}), "
-      f"jax {dev['jax']}, published bf16 peak {_f(dev['peak_bf16_tflops'], '.0f')} "
-      "TFLOP/s per chip"
+      f"device: {dev['device_count']} x {dev['device_kind']} ({dev['backend']}), jax {dev['jax']}, "
+      f"published bf16 peak {_cell(dev['peak_bf16_tflops'])} TFLOP/s per chip, measured copy "
+      f"{_cell(dev['copy_gb_per_s'])} GB/s, bf16 {dev['matmul_n']}^3 matmul "
+      f"{_cell(dev['bf16_matmul_tflops'])} TFLOP/s; XLA_FLAGS={dev.get('xla_flags')!r}"
     )
-  for name in SECTIONS[1:]:
-    r = results.get(name)
-    if r is None:
-      continue
-    lines.append(f"\n{name}")
-    if "error" in r or "skipped" in r:
-      lines.append(f"  {r.get('error') or r.get('skipped')}")
-      continue
-    if name == "attention":
-      lines += [
-        "| L | mask | batch | impl | fwd+bwd ms | max diff out | max diff grad | error |",
-        "| ---: | --- | ---: | --- | ---: | ---: | ---: | --- |",
-      ]
-      lines += [
-        f"| {x['L']} | {x['mask']} | {x['batch']} | {x['impl']} | "
-        f"{_f(x.get('fwd_bwd_ms'))} | {_f(x.get('max_abs_diff_out'), '.1e')} | "
-        f"{_f(x.get('max_abs_diff_grad'), '.1e')} | {x.get('error', '')} |"
-        for x in r["rows"]
-      ]
-    elif name == "train":
-      lines += [
-        "| layers x d | L | batch | dtype | ms/step | tok/s | model TFLOP/step | "
-        "TFLOP/s | MFU | compile s |",
-        "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
-        f"| {r['layers']} x {r['hidden']} | {r['L']} | {r['batch']} | {r['dtype']} | "
-        f"{_f(r['step_ms'], '.1f')} | {_f(r['tokens_per_s'], ',.0f')} | "
-        f"{_f(r['model_tflops_per_step'], '.3f')} | {_f(r['achieved_tflops'])} | "
-        f"{_f(r['mfu'], '.1%')} | {_f(r['compile_s'], '.1f')} |",
-      ]
-    elif name == "decode":
-      lines += [
-        f"model: {r['model']}",
-        "| sampler | batch | kept tok/call | tok/s | ms/step | calls | programs | s with compile |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-      ]
-      lines += [
-        f"| {x['sampler']} | {x['batch']} | {_f(x['kept_tokens_per_call'])} | "
-        f"{_f(x['tokens_per_s'], ',.1f')} | {_f(x['ms_per_step'])} | "
-        f"{_f(x['forward_calls'], '.0f')} | {x['compiled_programs']} | "
-        f"{_f(x['seconds_with_compile'], '.1f')} |"
-        for x in r["rows"]
-      ]
-    elif name == "stack":
-      lines += [
-        "| layers x d | L | batch | fwd+bwd ms | compiled memory GiB | compile s |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
-        f"| {r['layers']} x {r['hidden']} | {r['L']} | {r['batch']} | "
-        f"{_f(r['step_ms'], '.1f')} | {_f(r['compiled_memory_gib'])} | "
-        f"{_f(r['compile_s'], '.1f')} |",
-      ]
+  for name, res in results.items():
+    lines.append(f"\n{name}: {res['status']} ({res['seconds']:.0f} s)")
+    extra = {k: v for k, v in res["summary"].items() if k not in ("traceback",)}
+    if name != "device" and extra:
+      lines.append("  " + ", ".join(f"{k} {_cell(v)}" for k, v in extra.items()))
+    tables = collections.OrderedDict()
+    for r in res["rows"]:
+      tables.setdefault(r["table"], []).append(r)
+    for table, rows in tables.items():
+      cols = []
+      for r in rows:
+        cols += [k for k in r if k != "table" and k not in cols]
+      lines.append(f"\n{table}")
+      lines.append("| " + " | ".join(cols) + " |")
+      lines.append("| " + " | ".join("---" for _ in cols) + " |")
+      lines += ["| " + " | ".join(_cell(r.get(c)) for c in cols) + " |" for r in rows]
   return "\n".join(lines)
 
 
 def main(argv=None) -> dict:
+  argv = sys.argv[1:] if argv is None else list(argv)
   args = parse_args(argv)
+  if args.child:
+    child_main(args)
+    return {}
   wanted = [s.strip() for s in args.sections.split(",") if s.strip()]
-  bad = [s for s in wanted if s not in SECTIONS]
+  bad = [s for s in wanted if s not in SECTIONS + TEST_SECTIONS]
   if bad:
     raise SystemExit(f"error: --sections={args.sections!r}: unknown {bad}; choose from {SECTIONS}")
-  if "device" not in wanted:
-    wanted.insert(0, "device")
+  order = [s for s in SECTIONS + TEST_SECTIONS if s in wanted or s == "device"]
+  os.makedirs(args.output_dir, exist_ok=True)
+  args.work = tempfile.mkdtemp(prefix="acc_check_")
+  child_argv = driver_argv(argv)
+  if not any(a.startswith("--output_dir") for a in child_argv):
+    child_argv.append(f"--output_dir={args.output_dir}")
   start = time.perf_counter()
   results = {}
-  with open(args.out + ".jsonl", "a") as log:
-    for name in wanted:
-      elapsed = time.perf_counter() - start
-      t0 = time.perf_counter()
-      if elapsed > args.budget_s:
-        result = {"skipped": f"--budget_s={args.budget_s:g} spent ({elapsed:.0f} s)"}
+  jsonl = open(os.path.join(args.output_dir, "results.jsonl"), "w")
+  log = open(os.path.join(args.output_dir, "check.log"), "w")
+  try:
+    for name in order:
+      left = args.budget_s - (time.perf_counter() - start)
+      limit = min(args.limits[name], left)
+      if left < 5:
+        res = {
+          "section": name,
+          "status": f"not started: --budget_s={args.budget_s:g} spent",
+          "seconds": 0.0,
+          "summary": {},
+          "rows": [],
+        }
       else:
-        try:
-          result = RUNNERS[name](args)
-        except Exception as e:  # one broken section never loses the others
-          result = {
-            "error": f"{type(e).__name__}: {e}"[:500],
-            "traceback": traceback.format_exc()[-2000:],
-          }
-      result["section_seconds"] = time.perf_counter() - t0
-      results[name] = result
-      log.write(json.dumps({"section": name, "tiny": args.tiny, **result}) + "\n")
-      log.flush()
+        res = run_section(name, args, child_argv, limit, log)
+      if name == "device" and res["summary"]:
+        with open(os.path.join(args.work, "device.json"), "w") as f:
+          json.dump(res["summary"], f)
+      results[name] = res
+      for r in res["rows"]:
+        jsonl.write(json.dumps({"section": name, **r}, default=float) + "\n")
+      jsonl.write(
+        json.dumps(
+          {"section": name, "status": res["status"], "seconds": res["seconds"], **res["summary"]},
+          default=float,
+        )
+        + "\n"
+      )
+      jsonl.flush()
       print(
-        f"[{time.perf_counter() - start:6.1f} s] {name} done"
-        f"{' (' + result['error'] + ')' if 'error' in result else ''}",
+        f"[{time.perf_counter() - start:6.1f} s] {name}: {res['status']} "
+        f"({len(res['rows'])} rows, {res['seconds']:.0f} s)",
         flush=True,
       )
+  finally:
+    jsonl.close()
+    log.close()
+    shutil.rmtree(args.work, ignore_errors=True)
+  with_ratios(results)
   table = markdown(results)
-  with open(args.out + ".json", "w") as f:
-    json.dump(results, f, indent=1)
-  with open(args.out + ".md", "w") as f:
+  with open(os.path.join(args.output_dir, "results.json"), "w") as f:
+    json.dump(results, f, indent=1, default=float)
+  with open(os.path.join(args.output_dir, "table.md"), "w") as f:
     f.write(table + "\n")
   print("\n" + table)
+  print(f"\ntotal {time.perf_counter() - start:.0f} s (--budget_s {args.budget_s:g})")
   return results
 
 

@@ -7,6 +7,10 @@ r"""Side by side with the official PyTorch code (kuleshov-group/setdlms), one pr
   python benchmarks/official.py --official_dir=/tmp/setdlms --check=exports    # exports, offline
 
 --check=align|exports are correctness checks, not timings: see benchmarks/official_checks.py.
+--device=cuda, --train_precision=bf16 (autocast around the official forward, as Composer's
+amp_bf16) and the size flags (--num_layers, --hidden_size, --num_heads, --seq_len, --batch_size)
+serve `benchmarks/accelerator_check.py --official=PATH`, which drives this script's worker on an
+accelerator at the LM1B shapes.
 
 The official code is never part of this repository: fetch kuleshov-group/setdlms, extract it
 outside the repo and point --official_dir at it (benchmarks/README.md, "Side by side with the
@@ -106,6 +110,17 @@ def parse_args(argv=None):
   )
   p.add_argument("--seed", type=int, default=0)
   p.add_argument(
+    "--device", default="cpu", choices=("cpu", "cuda"), help="the official side's torch device"
+  )
+  p.add_argument(
+    "--train_precision",
+    default="fp32",
+    choices=("fp32", "bf16"),
+    help="official training: fp32, or bf16 autocast around the forward (Composer amp_bf16)",
+  )
+  for name in ("num_layers", "hidden_size", "num_heads", "seq_len", "batch_size"):
+    p.add_argument(f"--{name}", type=int, default=None, help="overrides the preset size")
+  p.add_argument(
     "--check",
     default="speed",
     choices=("speed", "align", "exports"),
@@ -142,6 +157,9 @@ def parse_args(argv=None):
       batch_size=16,
       vocab_size=args.vocab_size,
     )
+  for name in ("num_layers", "hidden_size", "num_heads", "seq_len", "batch_size"):
+    if getattr(args, name) is not None:
+      args.sizes[name] = getattr(args, name)
   if args.sizes["vocab_size"] <= MASK_ID + 1:
     p.error(
       f"--vocab_size={args.sizes['vocab_size']} must exceed {MASK_ID + 1} (random tokens "
@@ -323,6 +341,7 @@ def official_train(mods, method: str, sizes: dict, host_batches, args) -> dict:
 
   torch.manual_seed(args.seed)
   model, block = official_model(mods, method, sizes)
+  model.to(args.device)
   model.train()
   params = [p for p in model.parameters() if p.requires_grad]
   opt = torch.optim.AdamW(params, lr=LR, betas=BETAS, eps=EPS, weight_decay=0.0)
@@ -345,8 +364,10 @@ def official_train(mods, method: str, sizes: dict, host_batches, args) -> dict:
       }
       for t, a in zip(hb["tokens"], hb["attention_mask"])
     ]
-    batches.append(collator(feats))
+    batches.append({k: v.to(args.device) for k, v in collator(feats).items()})
   prep = {
+    "device": args.device,
+    "bf16": args.train_precision == "bf16",
     "model": model,
     "params": params,
     "opt": opt,
@@ -366,7 +387,8 @@ def official_step(prep) -> float:
 
   batch = prep["batches"][prep["i"] % len(prep["batches"])]
   prep["i"] += 1
-  loss = prep["model"](**batch).loss  # composer HuggingFaceModel: outputs = model(**batch)
+  with torch.autocast(device_type=prep["device"], dtype=torch.bfloat16, enabled=prep["bf16"]):
+    loss = prep["model"](**batch).loss  # composer HuggingFaceModel: outputs = model(**batch)
   loss.backward()
   torch.nn.utils.clip_grad_norm_(prep["params"], CLIP)
   prep["opt"].step()
@@ -377,18 +399,27 @@ def official_step(prep) -> float:
   return float(loss.detach())
 
 
+def _sync(device: str):
+  if device == "cuda":
+    import torch
+
+    torch.cuda.synchronize()
+
+
 def official_time_train(prep, args):
+  _sync(prep["device"])
   t0 = time.perf_counter()
   for _ in range(args.steps):
     loss = official_step(prep)
+  _sync(prep["device"])
   prep["times"].append(time.perf_counter() - t0)
   if loss != loss:
     raise FloatingPointError("official: non-finite loss")
   prep["loss"] = loss
 
 
-def official_decoder(mods, work: str, sizes: dict):
-  """(generate thunk returning the number of new tokens) for one decoding work, batch 1."""
+def official_decoder(mods, work: str, sizes: dict, device: str = "cpu"):
+  """(generate thunk returning the number of new tokens) for one decoding work, batch 1, fp32."""
   import torch
   from transformers import GenerationConfig
 
@@ -397,9 +428,10 @@ def official_decoder(mods, work: str, sizes: dict):
   method = {"set4": "setdlm", "set8": "setdlm", "bd3lm": "bd3lm", "ar": "ar"}[work]
   torch.manual_seed(0)
   model, _ = official_model(mods, method, sizes)
+  model.to(device)
   model.eval()
   tok = official_tokenizer()
-  prompt = torch.tensor([[BOS_ID]])
+  prompt = torch.tensor([[BOS_ID]], device=device)
   common = dict(
     num_steps=L,
     first_hitting=False,
@@ -433,7 +465,7 @@ def official_decoder(mods, work: str, sizes: dict):
         stopping_criteria=None,
         max_new_tokens=n,
         return_dict_in_generate=True,
-        device="cpu",
+        device=device,
         tokenizer=tok,
         disable_pbar=True,
       )
@@ -544,12 +576,14 @@ def worker_main(args):
         official_time_train(prep, args)
         out = {"seconds": prep["times"][-1], "loss": prep["loss"]}
       elif cmd == "prepare_decode":
-        decode[req["name"]] = official_decoder(mods, req["name"], args.sizes)
+        decode[req["name"]] = official_decoder(mods, req["name"], args.sizes, args.device)
         decode[req["name"]]()  # warm-up
         out = {}
       elif cmd == "time_decode":
+        _sync(args.device)
         t0 = time.perf_counter()
         n = decode[req["name"]]()
+        _sync(args.device)
         out = {"tokens": n, "seconds": time.perf_counter() - t0}
       elif cmd in ("align", "exports"):
         import official_checks  # benchmarks/official_checks.py (numpy, torch, official code)

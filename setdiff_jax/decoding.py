@@ -47,6 +47,24 @@ def sampler_config_for(objective_config, tokenizer, seq_len: int, **overrides) -
   return SamplerConfig(**fields)
 
 
+DECODE_WEIGHTS = ("float32", "bfloat16")
+
+
+def decode_weights(params, dtype: str = "float32"):
+  """The parameters a sampler decodes with: 'float32' as they are; 'bfloat16' every floating leaf
+  cast to bf16, half the bytes a memory-bound decoding step reads (batch 1 reads every weight
+  once per call). Pair it with the backbone's compute dtype 'bfloat16' (`DiTConfig.dtype`,
+  `Qwen3Config.dtype`): an fp32-compute model would convert the weights back on every call.
+  The tokens can differ from fp32 where two candidates' probabilities are within bf16 rounding
+  (tests/test_sampling.py: logits within bf16 tolerance, tokens equal on a tiny model)."""
+  if dtype not in DECODE_WEIGHTS:
+    raise ValueError(f"decode weights {dtype!r}: use one of {DECODE_WEIGHTS}")
+  if dtype == "float32":
+    return params
+  cast = lambda x: x.astype(dtype) if jax.numpy.issubdtype(x.dtype, jax.numpy.floating) else x  # noqa: E731
+  return jax.tree_util.tree_map(cast, params)
+
+
 def sampler_for(objective: str) -> Callable[..., SampleOutput]:
   """The sampler of a method: generate(model, params, prompts, cfg, rng) -> SampleOutput."""
   return methods.get(objective).generate
@@ -312,6 +330,8 @@ def sample_from_workdir(
 
 
 __all__ = [
+  "DECODE_WEIGHTS",
+  "decode_weights",
   "sampler_config_for",
   "sampler_for",
   "generate_text",

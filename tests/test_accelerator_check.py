@@ -1,43 +1,124 @@
-"""benchmarks/accelerator_check.py --tiny: every section runs on CPU at tiny shapes and reports
-(per-section JSON lines, the final JSON and table); the attention implementations agree with
-dense. Slow tier (a whole benchmark run)."""
+"""benchmarks/accelerator_check.py: the time bound (an overrunning section is cut, recorded as cut,
+and the table is still written), the profile's op classes, and --tiny end to end (slow tier: every
+section on CPU at tiny shapes)."""
 
 import json
-import os
-import sys
 
 import pytest
 
-sys.path.insert(
-  0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
-)
+from benchmarks import accelerator_check
+
+
+def test_overrunning_section_is_cut_and_the_table_is_written(tmp_path, capsys):
+  """The test-only `sleep` section writes one row, then sleeps for an hour: killed at its 3 s
+  limit, it is recorded as cut with that row; the device section before it still reports, and
+  results.jsonl, results.json and table.md are written. A later section past --budget_s is never
+  started."""
+
+  out = tmp_path / "out"
+  results = accelerator_check.main(
+    [
+      "--tiny",
+      "--sections=sleep",
+      f"--output_dir={out}",
+      "--timeouts=sleep=3,device=120",
+    ]
+  )
+  assert list(results) == ["device", "sleep"]
+  assert results["device"]["status"] == "ok" and results["device"]["summary"]["device_count"] >= 1
+  cut = results["sleep"]
+  assert cut["status"] == "cut at its 3 s limit" and 3 <= cut["seconds"] < 60
+  assert [r["slept"] for r in cut["rows"]] == [0]  # the row it finished before the cut
+  table = (out / "table.md").read_text()
+  assert "sleep: cut at its 3 s limit" in table and "device: " in table
+  lines = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+  assert {"section": "sleep", "table": "sleep", "slept": 0} in lines
+  assert any(x.get("status", "").startswith("cut") for x in lines)
+  assert json.loads((out / "results.json").read_text())["sleep"]["status"].startswith("cut")
+  assert "sleep: cut" in capsys.readouterr().out
+
+  spent = accelerator_check.main(
+    ["--tiny", "--sections=sleep", f"--output_dir={tmp_path / 'b'}", "--budget_s=1"]
+  )
+  assert spent["sleep"]["status"].startswith("not started: --budget_s=1 spent")
+
+
+def test_profile_op_classes():
+  from benchmarks.accelerator_check import name_class, op_class
+
+  dit = "jit(step)/jvp(DiT)/blocks_3"
+  assert name_class(f"{dit}/mlp_in/dot_general") == "matmuls"
+  assert name_class("jit(step)/transpose(jvp(DiT))/blocks_0/attn_qkv/dot_general") == "matmuls"
+  assert name_class(f"{dit}/bqhd,bkhd->bhqk/dot_general") == "attention"
+  assert name_class(f"{dit}/jit(_where)/select_n") == "attention"
+  assert name_class(f"{dit}/exp") == "attention"
+  assert name_class(f"{dit}/norm1/reduce_sum") == "layer norms"
+  assert name_class("jit(step)/jvp(DiT)/final_norm/mul") == "layer norms"
+  assert name_class("jit(step)/jvp()/dot_general") == "head + loss"
+  assert name_class("jit(step)/transpose(jvp())/reduce_sum") == "head + loss"
+  assert name_class("jit(step)/jit(clip)/max") == "optimizer"
+  assert name_class("jit(step)/mul") == "optimizer"
+  assert (
+    name_class("jit(step)/jvp()/jit(_threefry_split)/setdlm_loss/xor") == "RNG + order sampling"
+  )
+  assert name_class("jit(step)/jvp(jit(sample_order))/jit(argsort)/sort") == "RNG + order sampling"
+  assert op_class(["fusion", "transpose", "copy", "parameter"], [f"{dit}/mlp_in/dot_general"]) == (
+    "copies + casts"
+  )
+  names = [f"{dit}/mlp_in/dot_general", f"{dit}/mlp_in/add", "jit(step)/jvp()/exp"]
+  assert op_class(["fusion", "dot", "add"], names) == "matmuls"  # the majority of its ops
+  assert op_class(["fusion", "add"], []) == "elementwise + other"
+
+
+def test_bad_arguments_are_one_error_line(tmp_path):
+
+  with pytest.raises(SystemExit, match="error: --sections='bogus'"):
+    accelerator_check.main(["--tiny", "--sections=bogus", f"--output_dir={tmp_path / 'x'}"])
+  with pytest.raises(SystemExit, match="error: --timeouts='train'"):
+    accelerator_check.main(["--tiny", "--timeouts=train", f"--output_dir={tmp_path / 'x'}"])
 
 
 @pytest.mark.slow
-def test_accelerator_check_tiny(tmp_path, capsys):
-  import accelerator_check
+def test_accelerator_check_tiny(tmp_path):
+  """Every section on CPU at tiny shapes (the official one skipped without --official): each
+  reports ok; the attention implementations agree with fp32 dense (fp32 rows to 1e-4, bf16 rows
+  to bf16 rounding); the profile's classes cover the traced step; the decoding rows have their
+  columns, bf16 decoding weights included."""
 
-  out = str(tmp_path / "check")
-  results = accelerator_check.main(["--tiny", f"--out={out}", "--repeats=1"])
-  lines = [json.loads(l) for l in open(out + ".jsonl")]
-  assert [l["section"] for l in lines] == list(accelerator_check.SECTIONS)
-  for name in accelerator_check.SECTIONS:
-    assert "error" not in results[name], (name, results[name].get("traceback"))
-  assert json.load(open(out + ".json"))["device"]["device_count"] >= 1
-  ran = [r for r in results["attention"]["rows"] if "error" not in r]
-  assert {r["impl"] for r in ran} >= {"dense", "xla", "blocksparse"}
-  for r in ran:  # every implementation computes dense attention's output and gradients
-    assert r["max_abs_diff_out"] < 1e-4 and r["max_abs_diff_grad"] < 1e-4, r
-  rows = {(r["sampler"], r["batch"]): r for r in results["decode"]["rows"]}
-  assert rows[("ar", 1)]["kept_tokens_per_call"] <= 1.0
-  assert rows[("setdlm T=N/4", 1)]["kept_tokens_per_call"] > 2.0  # 4 per step, + the prefill
-  assert results["train"]["tokens_per_s"] > 0 and results["stack"]["step_ms"] > 0
-  assert "| sampler | batch | kept tok/call |" in open(out + ".md").read()
-  assert "decode" in capsys.readouterr().out
-
-
-def test_unknown_section_is_one_error_line(tmp_path):
-  import accelerator_check
-
-  with pytest.raises(SystemExit, match="error: --sections='bogus'"):
-    accelerator_check.main(["--tiny", "--sections=bogus", f"--out={tmp_path / 'x'}"])
+  out = tmp_path / "check"
+  results = accelerator_check.main(["--tiny", f"--output_dir={out}", "--repeats=1"])
+  assert list(results) == list(accelerator_check.SECTIONS)
+  for name, res in results.items():
+    want = {"official": "skipped: no --official", "levers_xla": "skipped: XLA:GPU"}.get(name, "ok")
+    assert res["status"].startswith(want), (name, res["status"], res["summary"].get("traceback"))
+  rows = {s: [r for r in results[s]["rows"]] for s in results}
+  train = [r for r in rows["train"] if r["table"] == "train"]
+  assert [r["objective"] for r in train] == ["setdlm", "setdlm", "ar"]
+  assert all(r["tokens_per_s"] > 0 and r["loss"] > 0 for r in train)
+  assert results["train"]["summary"]["init_s"] > 0
+  profile = {r["op_class"]: r for r in rows["train"] if r["table"] == "profile"}
+  assert set(accelerator_check.PROFILE_CLASSES) <= set(profile)
+  assert profile["matmuls"]["ms_per_step"] > 0 and profile["attention"]["ms_per_step"] > 0
+  assert profile["head + loss"]["ms_per_step"] > 0 and profile["optimizer"]["ms_per_step"] > 0
+  assert abs(sum(profile[c]["share"] for c in accelerator_check.PROFILE_CLASSES) - 1) < 1e-6
+  assert (out / "train_trace.json.gz").exists()
+  ran = [r for r in rows["attention"] if "error" not in r]
+  assert {(r["impl"], r["dtype"]) for r in ran} >= {
+    (i, d) for i in ("dense", "xla", "blocksparse") for d in ("bfloat16", "float32")
+  }
+  assert [r["dtype"] for r in rows["attention"]][0] == "bfloat16"  # bf16 rows first
+  for r in ran:  # every implementation computes fp32 dense attention's output and gradients
+    tol = 1e-4 if r["dtype"] == "float32" else 5e-2
+    assert r["max_abs_diff_out"] < tol and r["max_abs_diff_grad"] < tol, r
+  dit = {(r["sampler"], r["weights"]): r for r in rows["decode_dit"]}
+  assert set(dit) == {(s, w) for s in ("setdlm S=4", "ar") for w in ("float32", "bfloat16")}
+  assert dit[("setdlm S=4", "float32")]["kept_tokens_per_call"] < 1.0  # 1 per step + prefill
+  assert dit[("ar", "float32")]["floor_ms"] > 0 and "tokens_equal_fp32" in dit[("ar", "bfloat16")]
+  qwen = {(r["sampler"], r["batch"]): r for r in rows["decode_qwen3"]}
+  assert qwen[("ar", 1)]["kept_tokens_per_call"] <= 1.0
+  assert qwen[("setdlm T=N/4", 1)]["kept_tokens_per_call"] > 2.0  # 4 per step, + the prefill
+  assert rows["stack"][0]["fwd_bwd_ms"] > 0
+  (cudnn,) = rows["levers"]  # refused on CPU, with its reason
+  assert cudnn["attention"] == "cudnn" and "error" in cudnn
+  table = (out / "table.md").read_text()
+  assert "| op_class | ms_per_step | share |" in table and "decode_qwen3: ok" in table

@@ -117,6 +117,7 @@ def test_generation_lengths_share_one_program(tiny, name):
     greedy=False,
     temperature=1.0,
     length_buckets=(16, 32),
+    rollout_stats=True,
     **kw,
   )
   cfgs = [base.replace(max_new_tokens=n, seed=n) for n in (5, 7)]
@@ -137,10 +138,9 @@ def test_generation_lengths_share_one_program(tiny, name):
     for b in range(len(prompts)):
       np.testing.assert_array_equal(p.canvas[b][p.target[b]], e.canvas[b][e.target[b]])
       np.testing.assert_array_equal(p.commit_step[b][p.target[b]], e.commit_step[b][e.target[b]])
-      if e.token_logprob is not None:
-        np.testing.assert_allclose(
-          p.token_logprob[b][p.target[b]], e.token_logprob[b][e.target[b]], rtol=1e-5, atol=1e-6
-        )
+      np.testing.assert_allclose(
+        p.token_logprob[b][p.target[b]], e.token_logprob[b][e.target[b]], rtol=1e-5, atol=1e-6
+      )
   assert padded[0].generated != padded[1].generated
 
 

@@ -56,6 +56,7 @@ def rl_cfg(**kw):
     temperature=0.7,
     window=4,
     stop_at_eos=False,
+    rollout_stats=True,
   )
   base.update(kw)
   return SamplerConfig(**base)
@@ -277,6 +278,7 @@ def test_monte_carlo_frequencies_match_exp_score():
     window=3,
     stop_at_eos=False,
     temperature=1.5,
+    rollout_stats=True,
   )
   rows = 100_000
   exact = {

@@ -349,6 +349,67 @@ def test_sampling_modes_and_fht_order(tiny):
   assert all(len(g) == 8 and 3 not in g for g in a.generated)
 
 
+ROLLOUT_STATS_SAMPLERS = {
+  "set": (set_generate, dict(window=4, cache_order="fht")),
+  "reference": (reference_generate, dict(window=4)),
+  "ar": (ar_generate, {}),
+  "bd3lm": (bd3lm_generate, dict(block_size=4)),
+  "mdlm": (mdlm_generate, dict(block_size=4)),
+}
+
+
+@pytest.mark.parametrize("name", list(ROLLOUT_STATS_SAMPLERS))
+def test_rollout_stats_flag_leaves_the_tokens_unchanged(tiny, name):
+  """`rollout_stats` only adds outputs: with it off (the default) the same tokens, steps and calls
+  come out (sampling on, threshold firing), and token_logprob / cache_order are None; with it on
+  the log-probs sit exactly at the committed positions."""
+  model, params = tiny
+  sampler, kw = ROLLOUT_STATS_SAMPLERS[name]
+  cfg = tiny_cfg(greedy=False, temperature=0.8, **kw)
+  if name not in ("ar",):
+    cfg = cfg.replace(threshold=0.3)
+  on = sampler(model, params, PROMPTS, cfg.replace(rollout_stats=True), jax.random.PRNGKey(5))
+  off = sampler(model, params, PROMPTS, cfg, jax.random.PRNGKey(5))
+  assert not cfg.rollout_stats
+  assert off.sequences == on.sequences and off.generated == on.generated
+  for field in ("canvas", "commit_step", "num_steps", "forward_calls", "num_committed"):
+    np.testing.assert_array_equal(getattr(off, field), getattr(on, field))
+  assert off.token_logprob is None and off.cache_order is None
+  committed = on.target & (on.commit_step >= 0)
+  assert np.all(on.token_logprob[committed] < 0) and np.all(on.token_logprob[~committed] == 0)
+  assert (on.cache_order is None) == (name == "mdlm")  # MDLM has no cache
+
+
+@pytest.mark.slow  # four sampler compiles: ~70 s on 2 shared cores
+def test_bf16_decode_weights_against_fp32(tiny):
+  """decoding.decode_weights('bfloat16') with a bf16-compute model: every floating leaf is bf16,
+  the logits stay within bf16 rounding of fp32 (relative to their scale), and greedy set / AR
+  decoding on this tiny model commits the fp32 tokens (its top-2 margins exceed that rounding)."""
+  import dataclasses
+
+  from setdiff_jax.decoding import decode_weights
+
+  model, params = tiny
+  p16 = decode_weights(params, "bfloat16")
+  assert all(x.dtype == jnp.bfloat16 for x in jax.tree_util.tree_leaves(p16))
+  assert decode_weights(params, "float32") is params
+  with pytest.raises(ValueError, match="use one of"):
+    decode_weights(params, "float16")
+  m16 = DiT(dataclasses.replace(model.config, dtype="bfloat16"))
+  b, length = 2, 12
+  tokens = jnp.asarray(np.random.default_rng(1).integers(4, TV, (b, length)), jnp.int32)
+  pos = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (b, length))
+  mask = jnp.asarray(masks.causal_mask(length))[None]
+  ref = np.asarray(_apply(model, params, tokens, pos, mask))
+  got = np.asarray(_apply(m16, p16, tokens, pos, mask), np.float32)
+  assert np.max(np.abs(got - ref)) < 0.03 * np.max(np.abs(ref))
+  cfg = tiny_cfg(window=4)
+  for sampler in (set_generate, ar_generate):
+    a = sampler(model, params, PROMPTS, cfg)
+    h = sampler(m16, p16, PROMPTS, cfg)
+    assert h.generated == a.generated, sampler.__name__
+
+
 # ------------------------------------------------------------------------------ baselines
 def _dense_ar(model, params, prompts, n):
   lc = max(len(p) for p in prompts) + n
@@ -459,6 +520,25 @@ def test_bad_inputs():
     parse_infill("no gap here")
   with pytest.raises(ValueError, match="block_size"):
     bd3lm_generate(TOY_UP, None, [[1]], toy_cfg())
+
+
+def test_argmax_is_jnp_argmax():
+  """processors.argmax == jnp.argmax: random rows, ties (the first maximum wins), -inf rows, a NaN
+  (it counts as the maximum, the first NaN wins), one- and three-axis inputs."""
+  from setdiff_jax.sampling import processors
+
+  rng = np.random.default_rng(0)
+  x = rng.standard_normal((3, 5, 257)).astype(np.float32)
+  x[0, 0, [7, 100, 200]] = 9.0  # ties
+  x[0, 1] = -np.inf
+  x[0, 2, [30, 40]] = np.nan
+  x[1, 3] = np.round(x[1, 3])  # many ties
+  for a in (x, x[1, 2], jnp.asarray(x, jnp.bfloat16)):
+    got = np.asarray(jax.jit(processors.argmax)(a))
+    np.testing.assert_array_equal(got, np.asarray(jnp.argmax(a, -1)))
+  assert (
+    np.asarray(processors.argmax(x))[0, 0] == 7 and np.asarray(processors.argmax(x))[0, 2] == 30
+  )
 
 
 def test_compact():

@@ -191,6 +191,7 @@ def _setup(run, workdir):
     window=int(r.window) or None,
     num_steps=int(r.num_steps) or None,
     max_new_tokens=n,
+    rollout_stats=True,  # the rollouts' cache order (scoring) and log-probs (the gap metric)
   )
   scoring.check_exact(obj_cfg.name, sampler_cfg)  # the RL mode: the rollouts' likelihood is exact
   return tokenizer, model_cfg, obj_cfg, mesh, pool, encoded, sampler_cfg

@@ -92,12 +92,14 @@ class Rollout(NamedTuple):
 
 def rollout_from_output(out: SampleOutput) -> Rollout:
   """The rollout of a sampler's output (`set_generate`, `set_infill`, `reference_*`,
-  `ar_generate`, `bd3lm_generate`), as NumPy arrays; every committed token is included, those
-  committed after a stopping EOS too (they were drawn)."""
+  `ar_generate`, `bd3lm_generate`, sampled with `SamplerConfig.rollout_stats`), as NumPy
+  arrays; every committed token is included, those committed after a stopping EOS too (they were
+  drawn)."""
   if out.cache_order is None:
     raise ValueError(
-      "this sampler's output has no cache order (MDLM has no cache): exact "
-      f"scoring supports the samplers of {', '.join(supported())}"
+      "this sampler's output has no cache order: sample the rollouts with "
+      "SamplerConfig(rollout_stats=True) (MDLM has no cache: exact scoring supports the "
+      f"samplers of {', '.join(supported())})"
     )
   order = np.asarray(out.cache_order, np.int32)
   step = np.asarray(out.commit_step, np.int32)

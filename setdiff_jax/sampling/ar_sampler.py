@@ -10,6 +10,7 @@ bucket share a compiled program with unchanged tokens.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import flax.struct
 import jax
@@ -33,7 +34,7 @@ class _ARState:
   calls: jax.Array
   stopped: jax.Array
   key: jax.Array
-  logprob: jax.Array  # fp32 [B, Lc]: log-probability of each generated token
+  logprob: Any  # fp32 [B, Lc]: log-probability of each generated token (cfg.rollout_stats)
 
 
 def _ar_choose(logits, canvas, seen_upto, key, cfg: SamplerConfig):
@@ -63,7 +64,9 @@ def _ar_core(apply, params, prompt, plen, canvas, n, key, *, cfg: SamplerConfig,
   key, sub = jax.random.split(key)
   tok, lp = _ar_choose(last, canvas, plen, sub, cfg)
   canvas = canvas.at[rows, plen].set(tok)
-  logprob = jnp.zeros(canvas.shape, jnp.float32).at[rows, plen].set(lp)
+  logprob = None
+  if cfg.rollout_stats:
+    logprob = jnp.zeros(canvas.shape, jnp.float32).at[rows, plen].set(lp)
   n_gen = jnp.ones((b,), jnp.int32)
   stopped = (tok == cfg.eos_token_id) if stop_eos else jnp.zeros((b,), bool)
   state = _ARState(
@@ -88,7 +91,9 @@ def _ar_core(apply, params, prompt, plen, canvas, n, key, *, cfg: SamplerConfig,
     tok, lp = _ar_choose(logits[:, 0], s.canvas, cur + 1, sub, cfg)
     nxt = jnp.where(live, cur + 1, lc)  # dropped when not live
     canvas = s.canvas.at[rows, nxt].set(tok, mode="drop")
-    logprob = s.logprob.at[rows, nxt].set(lp, mode="drop")
+    logprob = s.logprob
+    if cfg.rollout_stats:
+      logprob = logprob.at[rows, nxt].set(lp, mode="drop")
     n_gen = s.n_gen + live.astype(jnp.int32)
     stopped = s.stopped | (live & (tok == cfg.eos_token_id)) if stop_eos else s.stopped
     return _ARState(
@@ -135,8 +140,9 @@ def ar_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> SampleO
       stop_eos=stop,
     )
   out = sample_output(placement.to_host(res), target, cfg, prompt.shape[1] + n)
-  # The cache holds the prompt, then each generated token in turn: its position is its rank.
-  lc = out.target.shape[1]
-  known = (np.arange(lc)[None] < plen[:, None]) | (out.commit_step >= 0)
-  out.cache_order = np.where(known, np.arange(lc)[None], -1).astype(np.int32)
+  if cfg.rollout_stats:
+    # The cache holds the prompt, then each generated token in turn: its position is its rank.
+    lc = out.target.shape[1]
+    known = (np.arange(lc)[None] < plen[:, None]) | (out.commit_step >= 0)
+    out.cache_order = np.where(known, np.arange(lc)[None], -1).astype(np.int32)
   return out

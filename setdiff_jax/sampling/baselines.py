@@ -129,7 +129,7 @@ class _BlockState:
   stopped: jax.Array
   key: jax.Array
   carry: Any = None  # policies.Carry [B, Lc] (the history policies' state)
-  logprob: Any = None  # fp32 [B, Lc]: log-probability of each committed token
+  logprob: Any = None  # fp32 [B, Lc]: log-probability of each committed token (rollout_stats)
 
 
 def _block_commit(
@@ -180,7 +180,7 @@ def _block_commit(
     stopped=stopped,
     key=key,
     carry=carry,
-    logprob=processors.scatter_kept(s.logprob, bpos, keep, logp),
+    logprob=processors.scatter_kept(s.logprob, bpos, keep, logp) if cfg.rollout_stats else None,
   )
 
 
@@ -244,7 +244,7 @@ def _bd3lm_core(
     stopped=jnp.zeros((b,), bool),
     key=key,
     carry=policies.carry_init(b, lc),
-    logprob=jnp.zeros((b, lc), jnp.float32),
+    logprob=jnp.zeros((b, lc), jnp.float32) if cfg.rollout_stats else None,
   )
 
   def body(s: _BlockState):
@@ -329,7 +329,8 @@ def bd3lm_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> Samp
       stop_eos=stop,
     )
   out = sample_output(placement.to_host(res), target, cfg, prompt.shape[1] + n)
-  out.cache_order = block_cache_calls(plen, out.target, out.commit_step, g, cfg.align_to_blocks)
+  if cfg.rollout_stats:
+    out.cache_order = block_cache_calls(plen, out.target, out.commit_step, g, cfg.align_to_blocks)
   return out
 
 
@@ -371,7 +372,7 @@ def _mdlm_core(
     stopped=jnp.zeros((b,), bool),
     key=key,
     carry=policies.carry_init(b, lm),
-    logprob=jnp.zeros((b, lm), jnp.float32),
+    logprob=jnp.zeros((b, lm), jnp.float32) if cfg.rollout_stats else None,
   )
 
   start = _block_start(plen, g, cfg.align_to_blocks)

@@ -106,6 +106,10 @@ class SamplerConfig:
       last positions may stay undecoded). No effect for MDLM without block_size (one sub-block)
       nor for the set and AR samplers. False: blocks start at P (see `baselines.py`).
     seed: default PRNG seed when no key is passed (and the seed of the 'fht' reveal times).
+    rollout_stats: also return each committed token's log-probability (`token_logprob`) and the
+      KV cache order (`cache_order`), what exact trajectory scoring reads (`rl.scoring`; the RL
+      loop turns it on). Off (default): both are None and the decoding loop neither carries nor
+      writes them; the tokens are the same either way.
     length_buckets: how the host pads a batch's ragged axes (prompt / context width, canvas,
       schedule) before the jitted loop: None = to the batch's longest row (one compile per
       distinct length), "pow2" or a tuple of lengths (`bucket_length`; the decode paths of
@@ -142,6 +146,7 @@ class SamplerConfig:
   align_to_blocks: bool = False
   seed: int = 0
   length_buckets: Optional[object] = None
+  rollout_stats: bool = False
 
   def __post_init__(self):
     if int(self.window) < 1:
@@ -234,7 +239,8 @@ class SampleOutput:
   token_logprob: fp32 [B, Lc], the log-probability of each committed token under the distribution
     it was drawn from (processed logits, M suppressed, temperature when sampling, nucleus-
     renormalised when top_p < 1); 0 for context and never-committed positions. Tokens committed
-    after a stopping EOS are included (they were drawn). What `rl.scoring` reproduces.
+    after a stopping EOS are included (they were drawn). What `rl.scoring` reproduces. None
+    unless `SamplerConfig.rollout_stats` (as `cache_order`).
   cache_order: int [B, Lc], when each clean token's K/V entered the KV cache, as a rank, context
     first (-1: never committed). Set sampler: a strict order (context in position order, then
     each step's committed set in its cache order, `set_inputs.cache_ranks`); AR: the position;

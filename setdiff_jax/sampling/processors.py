@@ -55,6 +55,17 @@ def nucleus(probs: jax.Array, top_p: float) -> jax.Array:
   return filtered / jnp.sum(filtered, axis=-1, keepdims=True)
 
 
+def argmax(x: jax.Array) -> jax.Array:
+  """int32 index of the first maximum on the last axis, exactly `jnp.argmax` (a NaN counts as the
+  maximum). Two plain reductions (max, then the smallest index that holds it): XLA:CPU runs
+  `jnp.argmax`'s variadic (value, index) reduce ~8x slower over a 30k vocabulary (1.0 vs 0.12 ms
+  for [4, 30522]), a tenth of a batch-1 decoding step."""
+  top = jnp.max(x, axis=-1, keepdims=True)
+  hit = (x == top) | jnp.isnan(x)
+  idx = jnp.arange(x.shape[-1], dtype=jnp.int32)
+  return jnp.min(jnp.where(hit, idx, x.shape[-1]), axis=-1)
+
+
 def choose(
   logits: jax.Array, key: Optional[jax.Array], cfg: SamplerConfig
 ) -> Tuple[jax.Array, jax.Array, jax.Array]:
@@ -71,14 +82,14 @@ def choose(
   if cfg.top_p < 1.0:
     probs = nucleus(jax.nn.softmax(z, axis=-1), cfg.top_p)
     if cfg.greedy:
-      cand = jnp.argmax(probs, axis=-1)
+      cand = argmax(probs)
     else:
       cand = jax.random.categorical(key, jnp.log(probs), axis=-1)
     conf = jnp.take_along_axis(probs, cand[..., None], axis=-1)[..., 0]
     return cand.astype(jnp.int32), conf, jnp.log(conf)
   logp = jax.nn.log_softmax(z, axis=-1)
   if cfg.greedy:
-    cand = jnp.argmax(z, axis=-1)
+    cand = argmax(z)
   else:
     cand = jax.random.categorical(key, logp, axis=-1)
   lp = jnp.take_along_axis(logp, cand[..., None], axis=-1)[..., 0]
@@ -183,6 +194,7 @@ def first_index(flag: jax.Array, default) -> jax.Array:
 
 
 __all__ = [
+  "argmax",
   "seen_tokens",
   "repetition_penalty",
   "nucleus",

@@ -36,8 +36,9 @@ from setdiff_jax.sampling.set_sampler import (
 )
 
 
-def reference_init(inp: SetInputs, window_size: int, key) -> SetState:
-  """The initial state: the visible context ranked first, in position order (no forward call)."""
+def reference_init(inp: SetInputs, window_size: int, key, logprobs: bool = False) -> SetState:
+  """The initial state: the visible context ranked first, in position order (no forward call);
+  `logprobs` as `set_sampler.initial_state`."""
   canvas = jnp.asarray(inp.canvas, jnp.int32)
   b, lc = canvas.shape
   vis_pos = jnp.asarray(inp.vis_pos, jnp.int32)
@@ -49,7 +50,8 @@ def reference_init(inp: SetInputs, window_size: int, key) -> SetState:
   rank = rank.at[rows, cols].set(
     jnp.broadcast_to(jnp.arange(vis_pos.shape[1]), vis_pos.shape), mode="drop"
   )
-  return initial_state(inp, window_size, key, (rank, n_vis), jnp.zeros((b,), jnp.int32))
+  calls = jnp.zeros((b,), jnp.int32)
+  return initial_state(inp, window_size, key, (rank, n_vis), calls, logprobs)
 
 
 def reference_step(
@@ -91,7 +93,7 @@ def _reference_core(
   apply, params, inp: SetInputs, key, *, cfg: SamplerConfig, stop_eos: bool, history: str
 ):
   fwd = bind(apply, params)
-  state = reference_init(inp, cfg.window, key)
+  state = reference_init(inp, cfg.window, key, cfg.rollout_stats)
   return run_loop(
     state, lambda s: reference_step(fwd, s, inp, cfg, stop_eos=stop_eos, history=history)[0]
   )

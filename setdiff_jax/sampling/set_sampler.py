@@ -76,11 +76,13 @@ class SetState:
   stopped: jax.Array  # bool [B]
   key: jax.Array
   carry: Any = None  # policies.Carry [B, Lc] (the history policies' state)
-  logprob: Any = None  # fp32 [B, Lc]: log-probability of each committed token (0 elsewhere)
+  logprob: Any = None  # fp32 [B, Lc]: log-probability of each committed token (0 elsewhere);
+  # None unless cfg.rollout_stats
 
 
-def set_init(fwd: Forward, inp: SetInputs, window: int, key) -> SetState:
-  """Encodes the context into the cache (one call) and builds the initial state."""
+def set_init(fwd: Forward, inp: SetInputs, window: int, key, logprobs: bool = False) -> SetState:
+  """Encodes the context into the cache (one call) and builds the initial state (with a
+  log-probability buffer when `logprobs`)."""
   canvas = jnp.asarray(inp.canvas, jnp.int32)
   b, lc = canvas.shape
   vis_pos = jnp.asarray(inp.vis_pos, jnp.int32)
@@ -89,11 +91,14 @@ def set_init(fwd: Forward, inp: SetInputs, window: int, key) -> SetState:
   tokens = jnp.take_along_axis(canvas, vis_pos, -1)
   # Capacity: each position is cached once (<= Lc) and a write covers W slots past the length.
   model, _ = prefill(fwd, tokens, vis_pos, vis_valid, lc + window)
-  return initial_state(inp, window, key, model, jnp.ones((b,), jnp.int32))
+  return initial_state(inp, window, key, model, jnp.ones((b,), jnp.int32), logprobs)
 
 
-def initial_state(inp: SetInputs, window: int, key, model, calls: jax.Array) -> SetState:
-  """The state before the first step, given the sampler's `model` state and calls so far [B]."""
+def initial_state(
+  inp: SetInputs, window: int, key, model, calls: jax.Array, logprobs: bool = False
+) -> SetState:
+  """The state before the first step, given the sampler's `model` state and calls so far [B];
+  `logprobs`: carry the committed tokens' log-probabilities (`SamplerConfig.rollout_stats`)."""
   canvas = jnp.asarray(inp.canvas, jnp.int32)
   b, lc = canvas.shape
   target = jnp.asarray(inp.target, bool)
@@ -111,7 +116,7 @@ def initial_state(inp: SetInputs, window: int, key, model, calls: jax.Array) -> 
     stopped=jnp.zeros((b,), bool),
     key=key,
     carry=policies.carry_init(b, lc),
-    logprob=jnp.zeros((b, lc), jnp.float32),
+    logprob=jnp.zeros((b, lc), jnp.float32) if logprobs else None,
   )
 
 
@@ -252,7 +257,9 @@ def advance(
   canvas, commit_step = processors.scatter_commits(
     canvas, state.commit_step, win.pos, keep, cand, state.step
   )
-  logprob = processors.scatter_kept(state.logprob, win.pos, keep, logp)
+  logprob = state.logprob
+  if cfg.rollout_stats:
+    logprob = processors.scatter_kept(logprob, win.pos, keep, logp)
 
   # -- next pending set, in cache order
   ckey = jnp.take_along_axis(jnp.asarray(inp.cache_key, jnp.int32), win.pos_c, -1)
@@ -307,7 +314,7 @@ def set_core(
   apply, params, inp: SetInputs, key, *, cfg: SamplerConfig, stop_eos: bool, history: str
 ):
   fwd = bind(apply, params)
-  state = set_init(fwd, inp, cfg.window, key)
+  state = set_init(fwd, inp, cfg.window, key, cfg.rollout_stats)
   return run_loop(
     state, lambda s: set_step(fwd, s, inp, cfg, stop_eos=stop_eos, history=history)[0]
   )
@@ -378,9 +385,10 @@ def _run(
       history=history,
     )
   out = finalize(res, np.asarray(inp.target), np.asarray(inp.valid), cfg)
-  out.cache_order = cache_ranks(
-    np.asarray(inp.valid), np.asarray(inp.target), out.commit_step, np.asarray(inp.cache_key)
-  )
+  if cfg.rollout_stats:
+    out.cache_order = cache_ranks(
+      np.asarray(inp.valid), np.asarray(inp.target), out.commit_step, np.asarray(inp.cache_key)
+    )
   return out
 
 
