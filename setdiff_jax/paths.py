@@ -70,6 +70,11 @@ def read_bytes(path) -> bytes:
   return _p(path).read_bytes()
 
 
+def open_binary(path):
+  """The file for reading bytes (a context manager), local or remote."""
+  return _p(path).open("rb")
+
+
 def write_text(path, text: str):
   """Writes a whole file: locally to a temporary file renamed into place, remotely as one
   object (uploads are atomic)."""

@@ -89,10 +89,30 @@ def _read_bin(file: str) -> Dict[str, np.ndarray]:
   return {k: _torch_to_numpy(v) for k, v in state.items() if hasattr(v, "shape")}
 
 
+def check_tensor(file: str, key: str, array) -> np.ndarray:
+  """`array` if it is floating point with finite values; else a ValueError naming the file and
+  the tensor (integer weights, or NaN / Inf: a damaged or diverged checkpoint)."""
+  array = np.asarray(array)
+  if not np.issubdtype(array.dtype, np.floating):
+    raise ValueError(
+      f"{file}: tensor {key!r} is {array.dtype}, not floating point; weights must be "
+      "float32 / float16 / bfloat16: export the checkpoint with float weights"
+    )
+  bad = ~np.isfinite(array)
+  if bad.any():
+    nan, inf = int(np.isnan(array).sum()), int(bad.sum() - np.isnan(array).sum())
+    raise ValueError(
+      f"{file}: tensor {key!r} holds {nan} NaN and {inf} Inf values; the weights are "
+      "damaged or diverged: export them again from a finite checkpoint"
+    )
+  return array
+
+
 def read_state_dict(path: str) -> Dict[str, np.ndarray]:
   """All tensors of the checkpoint directory `path` (or a single weight file) as numpy arrays.
 
-  fp16/bf16 tensors are returned as float32 (numpy has no bfloat16).
+  fp16/bf16 tensors are returned as float32 (numpy has no bfloat16). Integer tensors and
+  NaN / Inf values are refused, naming the tensor (`check_tensor`); the rotary buffer is a float.
   """
   if os.path.isfile(path):
     fmt, files = ("safetensors" if path.endswith(".safetensors") else "bin"), [path]
@@ -100,7 +120,8 @@ def read_state_dict(path: str) -> Dict[str, np.ndarray]:
     fmt, files = weight_files(path)
   state: Dict[str, np.ndarray] = {}
   for file in files:
-    state.update(_read_safetensors(file) if fmt == "safetensors" else _read_bin(file))
+    tensors = _read_safetensors(file) if fmt == "safetensors" else _read_bin(file)
+    state.update({k: check_tensor(file, k, v) for k, v in tensors.items()})
   return state
 
 
@@ -141,6 +162,7 @@ def write_json(obj, path: str):
 
 
 __all__ = [
+  "check_tensor",
   "read_state_dict",
   "write_state_dict",
   "weight_files",
