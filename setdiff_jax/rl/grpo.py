@@ -146,6 +146,12 @@ def train_rl(
   split over time slots; the result is the same as one uninterrupted call.
   """
   rl_config.validate(config)
+  workdir_lock.check_workdir_path(workdir)
+  if paths.resolve(workdir).rstrip("/") == paths.resolve(config.rl.init_from).rstrip("/"):
+    raise ValueError(
+      f"--workdir={workdir} is the run's own --config.rl.init_from: the RL run would write into "
+      "the SFT run it starts from; pass a new --workdir (init_from is the SFT workdir)"
+    )
   if jax.process_count() > 1:
     # Every process would sample the whole batch and device_put it: rows would be duplicated.
     raise ValueError(
