@@ -122,12 +122,30 @@ flags.DEFINE_bool(
 )
 
 
+# flag -> its field in the launchers' shared range table (setdiff_jax/ranges.py)
+RANGED = {
+  "step": "step",
+  "seed": "seed",
+  "sampling_seed": "seed",
+  "batch_size": "batch_size",
+  "batch_sizes": "batch_size",
+  "infill_batch_size": "batch_size",
+  "accuracy_batch_size": "batch_size",
+  "num_samples": "num_samples",
+  "max_new_tokens": "max_new_tokens",
+  "window": "window",
+  "top_p": "top_p",
+  "repetition_penalty": "repetition_penalty",
+}
+
+
 def main(argv):
   del argv  # cli.run rejects positional arguments
   from setdiff_jax import sharding
   from setdiff_jax.evaluation import generation, run
   from setdiff_jax.sampling import policies
 
+  cli.check_flag_ranges(RANGED)
   sharding.initialize_distributed()
   check_data_flags_used()
   thresholds = FLAGS.thresholds

@@ -70,12 +70,28 @@ flags.DEFINE_bool(
 )
 
 
+# flag -> its field in the launchers' shared range table (setdiff_jax/ranges.py)
+RANGED = {
+  "step": "step",
+  "num_samples": "num_samples",
+  "batch_size": "batch_size",
+  "max_new_tokens": "max_new_tokens",
+  "window": "window",
+  "threshold": "threshold",
+  "seed": "seed",
+  "top_p": "top_p",
+  "temperature": "temperature",
+  "repetition_penalty": "repetition_penalty",
+}
+
+
 def main(argv):
   del argv  # cli.run rejects positional arguments
   from setdiff_jax import sharding
   from setdiff_jax.decoding import sample_from_workdir
   from setdiff_jax.sampling import policies
 
+  cli.check_flag_ranges(RANGED, also={"seed": (-1,)})
   sharding.initialize_distributed()
   import jax  # pylint: disable=g-import-not-at-top
 

@@ -29,12 +29,12 @@ import re
 import sys
 import time
 import traceback
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 from absl import app, flags
 from absl import logging
 
-from setdiff_jax import errors
+from setdiff_jax import errors, ranges
 
 VERBOSE_ENV = "SETDIFF_VERBOSE"
 EXPECTED = (errors.SetdiffError, ValueError, OSError, FloatingPointError, app.UsageError)
@@ -203,6 +203,20 @@ def unknown_config_fields(argv: Sequence[str], config, flag: str = "config") -> 
   return problems
 
 
+# ----------------------------------------------------------------------------- ranges
+def check_flag_ranges(flag_fields: Dict[str, str], also: Optional[Dict[str, tuple]] = None):
+  """Every flag of `flag_fields` ({flag: field of `ranges.SHARED`}) that has a value (None is
+  "unset"; a list flag: each item) is checked against the shared range of its field, so every
+  launcher taking the field refuses the same values (`also`: extra values a flag allows)."""
+  for flag, field in flag_fields.items():
+    value = FLAGS[flag].value
+    for v in value if isinstance(value, list) else [value]:
+      if v is not None:
+        ranges.check(
+          field, int(v) if isinstance(v, str) else v, f"--{flag}", (also or {}).get(flag, ())
+        )
+
+
 # ----------------------------------------------------------------------------- parsing
 def parse_flags(argv: Sequence[str]) -> List[str]:
   """FLAGS(argv) with every failure turned into a one-line `UsageError`; returns the positional
@@ -357,6 +371,7 @@ __all__ = [
   "describe",
   "closest_fields",
   "unknown_config_fields",
+  "check_flag_ranges",
   "parse_flags",
   "check_no_positional",
   "quiet_library_logs",

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from setdiff_jax import decoding, methods
+from setdiff_jax import decoding, methods, ranges
 from setdiff_jax.sampling import policies
 from setdiff_jax.workdir import load as workdir_lib
 from setdiff_jax.sampling import compiles
@@ -55,10 +55,10 @@ def parse_thresholds(values: Sequence[str], flag: str = "--thresholds") -> List[
       tau = float(v)
     except ValueError:
       tau = float("nan")
-    if not 0.0 < tau <= 1.0:  # NaN too
+    if not ranges.SHARED["threshold"].ok(tau):  # NaN too
       raise ValueError(
         f"{flag}={','.join(map(str, values))}: {v!r} is not a threshold; each "
-        "value is a number in (0, 1] or 'off'"
+        f"value is {ranges.SHARED['threshold'].describe()} or 'off'"
       )
     out.append(tau)
   return out
