@@ -122,7 +122,8 @@ flags.DEFINE_bool(
 )
 
 
-# flag -> its field in the launchers' shared range table (setdiff_jax/ranges.py)
+# flag -> its field in the launchers' shared range table (setdiff_jax/ranges.py); --window and
+# --max_new_tokens are checked against the run's seq_len (decoding.check_sampling_flags)
 RANGED = {
   "step": "step",
   "seed": "seed",
@@ -132,8 +133,6 @@ RANGED = {
   "infill_batch_size": "batch_size",
   "accuracy_batch_size": "batch_size",
   "num_samples": "num_samples",
-  "max_new_tokens": "max_new_tokens",
-  "window": "window",
   "top_p": "top_p",
   "repetition_penalty": "repetition_penalty",
 }

@@ -70,13 +70,12 @@ flags.DEFINE_bool(
 )
 
 
-# flag -> its field in the launchers' shared range table (setdiff_jax/ranges.py)
+# flag -> its field in the launchers' shared range table (setdiff_jax/ranges.py); --window and
+# --max_new_tokens are checked against the run's seq_len (decoding.check_sampling_flags)
 RANGED = {
   "step": "step",
   "num_samples": "num_samples",
   "batch_size": "batch_size",
-  "max_new_tokens": "max_new_tokens",
-  "window": "window",
   "threshold": "threshold",
   "seed": "seed",
   "top_p": "top_p",

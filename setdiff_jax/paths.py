@@ -87,9 +87,14 @@ def write_text(path, text: str):
   fd, tmp = tempfile.mkstemp(
     dir=os.path.dirname(os.path.abspath(path)), prefix=os.path.basename(path) + ".tmp"
   )
-  with os.fdopen(fd, "w", encoding="utf-8") as f:
-    f.write(text)
-  os.replace(tmp, path)
+  try:
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+      f.write(text)
+    os.replace(tmp, path)
+  except BaseException:  # disk full, file too large, ...: no half-written temporary file stays
+    with contextlib.suppress(OSError):
+      os.remove(tmp)
+    raise
 
 
 def rename(src, dst):

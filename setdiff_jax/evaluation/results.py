@@ -17,7 +17,7 @@ from typing import Any, Dict, Optional
 
 import jax
 
-from setdiff_jax import paths
+from setdiff_jax import errors, paths
 
 EVALS = ("likelihood", "infill", "speed", "samples", "accuracy")
 RESULTS_FILE = "eval_results.json"
@@ -131,16 +131,20 @@ def write_results(record: Dict[str, Any], path: str):
       os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     paths.write_text(path, text)
   except OSError as e:
-    fd, kept = tempfile.mkstemp(prefix="setdiff_eval_results_", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-      f.write(text)
-    raise OSError(
-      e.errno,
-      f"could not write the evaluation results to {path} ({e.strerror or e})"
-      f"; they are printed above and kept in {kept}. Copy them from there, or pass "
-      f"--output=A_WRITABLE_FILE.json next time",
-      path,
-    ) from e
+    why = errors.write_limit(e) or (e.strerror or str(e))
+    try:
+      fd, kept = tempfile.mkstemp(prefix="setdiff_eval_results_", suffix=".json")
+      with os.fdopen(fd, "w") as f:
+        f.write(text)
+      where = f"kept in {kept}. Copy them from there, or"
+    except (OSError, FileNotFoundError) as e2:  # the temporary directory fails too
+      where = f"no copy could be kept ({errors.write_limit(e2) or e2}); save them from above, or"
+    msg = (
+      f"could not write the evaluation results to {path} ({why}); the earlier results there "
+      f"are intact; the new ones are printed above and {where} pass "
+      f"--output=A_WRITABLE_FILE.json next time"
+    )
+    raise (errors.DiskFullError(msg) if errors.write_limit(e) else OSError(e.errno, msg)) from e
 
 
 __all__ = [

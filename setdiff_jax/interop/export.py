@@ -380,15 +380,25 @@ def export_workdir(
   if jax.process_index() == 0:
     # An object-store --out: written to a local folder, uploaded when complete (paths.staged_dir).
     with paths.staged_dir(out) as local:
-      export_checkpoint(
-        state.config,
-        params,
-        local,
-        tokenizer=state.tokenizer,
-        fmt=fmt,
-        step=state.step,
-        ema=use_ema,
-      )
+      try:
+        export_checkpoint(
+          state.config,
+          params,
+          local,
+          tokenizer=state.tokenizer,
+          fmt=fmt,
+          step=state.step,
+          ema=use_ema,
+        )
+      except Exception as e:  # noqa: BLE001 - ENOSPC / EFBIG in whatever writer type
+        what = errors.write_limit(e)
+        if what is None:
+          raise
+        raise errors.DiskFullError(
+          f"{what} while exporting to {out} ({fallback.short(e)}); the export there is "
+          f"incomplete (delete it), the run {workdir} is intact: {errors.limit_fix(what)} and "
+          "export again (--overwrite)"
+        ) from e
       if verify and qwen3:
         from setdiff_jax.interop import qwen3_parity  # torch + transformers: optional extras
 
