@@ -24,6 +24,7 @@ import jax
 
 from setdiff_jax import errors, methods, paths
 from setdiff_jax import layer_names
+from setdiff_jax.workdir import fallback
 from setdiff_jax.workdir import load as workdir_lib
 from setdiff_jax.interop import pretrained
 from setdiff_jax.interop import hf_config, name_map, qwen3_hf, qwen3_map
