@@ -532,7 +532,9 @@ def _keep_log(exc: BaseException) -> Optional[str]:
   workdir = FLAGS["workdir"].value if "workdir" in FLAGS else None
   if not workdir or paths.is_remote(workdir) or not os.path.isdir(workdir):
     return None
-  path = os.path.join(workdir, "logs", f"error-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log")
+  path = os.path.join(
+    os.path.abspath(workdir), "logs", f"error-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+  )
   text = (
     "\n".join(_HELD) + "\n" + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
   )
