@@ -90,6 +90,11 @@ def with_policy(
   policies.get(policy)
   for a in policy_args:
     policies.check_arg(policy, a, "--policy_args")
+  if policy == policies.DEFAULT and any(a is not None for a in policy_args):
+    raise ValueError(  # never dropped without a word
+      "--policy_args sets tau of --policy=threshold, which the settings' thresholds hold: pass "
+      "the values as --thresholds"
+    )
   if policy == policies.DEFAULT or not methods.get(obj_cfg.name).uses_threshold:
     return settings
   if any(s.get("threshold") is not None for s in settings):
