@@ -145,6 +145,8 @@ def main(argv):
   from setdiff_jax.sampling import policies
 
   cli.check_flag_ranges(RANGED)
+  if FLAGS.preset and FLAGS["thresholds"].present:  # the preset sets tau
+    raise ValueError(f"--preset={FLAGS.preset} sets tau, so --thresholds would be unused; give one")
   sharding.initialize_distributed()
   check_data_flags_used()
   thresholds = FLAGS.thresholds

@@ -91,6 +91,11 @@ def main(argv):
   from setdiff_jax.sampling import policies
 
   cli.check_flag_ranges(RANGED, also={"seed": (-1,)})
+  ignored = [f"--{n}" for n in ("temperature", "top_p") if FLAGS.greedy and FLAGS[n].present]
+  if ignored:  # honoured or refused, never dropped
+    raise ValueError(
+      f"--greedy takes the argmax, so {' and '.join(ignored)} would be unused; give one"
+    )
   sharding.initialize_distributed()
   import jax  # pylint: disable=g-import-not-at-top
 
