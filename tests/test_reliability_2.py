@@ -130,7 +130,9 @@ def test_eval_history_is_keyed_by_data(text_run, tmp_path):
   with open(changed, "a") as f:
     f.write("\n\nOne more paragraph, so the same name holds other data now.\n")
   evaluate(str(changed))
-  history = json.load(open(out))["history"]
+  record = json.load(open(out))
+  assert record["data"]["likelihood"]["files"][0]["path"] == str(changed)  # the latest eval's
+  history = record["history"]
   assert len(history) == 4, list(history)
   files = [entry["data"]["files"][0] for entry in history.values()]
   assert [f["path"] for f in files] == [eval_file, other, str(changed), str(changed)]

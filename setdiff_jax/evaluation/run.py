@@ -380,9 +380,11 @@ def evaluate_workdir(
     time=now,
   )
   record.setdefault("options", {}).update({e: opts.to_json() for e in evals})
+  data_of = {e: eval_data(state, e, opts) for e in evals}
+  record.setdefault("data", {}).update(data_of)
   record.update(results)
   for name in evals:
-    data = eval_data(state, name, opts)
+    data = data_of[name]
     history[history_key(state.step, use_ema, name, opts.to_json(), data)] = {
       "step": state.step,
       "use_ema": use_ema,
