@@ -161,6 +161,9 @@ def describe(exc: BaseException) -> str:
   """The one-line message of an expected error."""
   if lost_process(exc):
     return _describe_lost_process(exc)
+  remote = _unreachable_store(exc)
+  if remote:
+    return remote
   if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EFBIG):
     what = errors.write_limit(exc)
     where = f" writing {exc.filename}" if exc.filename else ""
@@ -514,6 +517,33 @@ def probe_remote(path: str, label: str, timeout_s: Optional[float] = None):
     f"{label}={path}: cannot reach the object store after {time.monotonic() - t0:.1f}s "
     f"({cause[:200]}); check the network, the credentials (gcloud auth application-default "
     "login, or $GOOGLE_APPLICATION_CREDENTIALS) and the bucket name"
+  )
+
+
+_CONNECTION = re.compile(
+  r"Cannot connect to host|credentials were not found|DefaultCredentialsError|"
+  r"Name or service not known|Temporary failure in name resolution",
+  re.IGNORECASE,
+)
+
+
+def _unreachable_store(exc: BaseException) -> str:
+  """For a connection or credential failure of an object store met during the run (after the
+  probe passed): the line naming the remote path flags; '' otherwise."""
+  try:
+    remote = [
+      f"{label}={value}"
+      for label, value, _ in _path_values()
+      if any(_SCHEME.match(str(v).strip()) for v in (value if isinstance(value, list) else [value]))
+    ]
+  except Exception:  # noqa: BLE001 - flags not parsed (a library caller)
+    remote = []
+  if not remote or not _CONNECTION.search(str(exc)):
+    return ""
+  return one_line(
+    f"cannot reach the object store of {', '.join(remote)} ({str(exc)[:200]}); check the "
+    "network, the credentials (gcloud auth application-default login, or "
+    "$GOOGLE_APPLICATION_CREDENTIALS) and the bucket name, then run the same command again"
   )
 
 

@@ -728,3 +728,21 @@ def test_storage_library_errors_are_caught_at_the_launcher_edge():
     [sys.executable, "-c", EDGE, "mine"], capture_output=True, text=True, env=env(), timeout=120
   )
   assert r.returncode == 1 and "Traceback" in r.stderr
+
+
+MID_RUN = """
+from absl import flags
+from setdiff_jax import cli
+flags.DEFINE_string("workdir", None, "")
+cli.FLAGS(["prog", "--workdir=gs://bucket/run"])
+print(cli.describe(OSError(111, "Cannot connect to host 127.0.0.1:9 ssl:default")))
+"""
+
+
+def test_store_lost_during_a_run_names_the_path_and_flag():
+  """After the probe passed (the store went away mid-run): still the path and the flag."""
+  r = subprocess.run(
+    [sys.executable, "-c", MID_RUN], capture_output=True, text=True, env=env(), timeout=120
+  )
+  assert r.stdout.startswith("cannot reach the object store of --workdir=gs://bucket/run"), r
+  assert "credentials" in r.stdout and r.stdout.count("\n") == 1
