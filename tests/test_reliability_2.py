@@ -13,9 +13,7 @@ import errno
 import io
 import json
 import os
-import resource
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -626,12 +624,19 @@ def test_results_file_write_failure_says_what_is_kept(tmp_path, monkeypatch, cod
   assert json.load(open(out)) == {"earlier": 1}
 
 
-def _limited(nbytes):
-  def pre():
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of a killed process
-    resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, nbytes))
+LIMITED = """
+import os, resource, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of a killed process (kept by exec)
+n = int(sys.argv[1])
+resource.setrlimit(resource.RLIMIT_FSIZE, (n, n))
+os.execv(sys.executable, [sys.executable] + sys.argv[2:])
+"""
 
-  return pre
+
+def _limited(nbytes):
+  """The command prefix that runs a command under a file size limit (no fork in this process:
+  jax is multithreaded)."""
+  return [sys.executable, "-c", LIMITED, str(nbytes)]
 
 
 @pytest.mark.slow
@@ -640,13 +645,13 @@ def test_file_size_limit_during_training_and_export_saves(run_dir, tmp_path):
   with one error line saying what is intact; the libraries' tracebacks go to WORKDIR/logs."""
   workdir = copy_of(run_dir, tmp_path)
   r = subprocess.run(
-    [sys.executable, os.path.join(REPO, "launch", "train.py")]
+    _limited(100_000)
+    + [os.path.join(REPO, "launch", "train.py")]
     + tiny_args(workdir, num_train_steps=3),
     capture_output=True,
     text=True,
     cwd=REPO,
     env=env(),
-    preexec_fn=_limited(100_000),
     timeout=600,
   )
   lines = error_lines(r.stderr)
@@ -659,13 +664,13 @@ def test_file_size_limit_during_training_and_export_saves(run_dir, tmp_path):
   assert workdir_lib.load_inference_state(workdir).step == 2
   out = tmp_path / "export"
   r = subprocess.run(
-    [sys.executable, os.path.join(REPO, "launch", "export.py"), f"--workdir={workdir}"]
+    _limited(60_000)
+    + [os.path.join(REPO, "launch", "export.py"), f"--workdir={workdir}"]
     + [f"--out={out}"],
     capture_output=True,
     text=True,
     cwd=REPO,
     env=env(),
-    preexec_fn=_limited(60_000),
     timeout=600,
   )
   lines = error_lines(r.stderr)
