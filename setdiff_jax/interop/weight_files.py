@@ -108,11 +108,19 @@ def check_tensor(file: str, key: str, array) -> np.ndarray:
   return array
 
 
+def label(path: str) -> str:
+  """The weights file of a checkpoint directory (or the directory, when sharded) for errors."""
+  if os.path.isfile(path):
+    return path
+  files = weight_files(path)[1]
+  return files[0] if len(files) == 1 else path
+
+
 def read_state_dict(path: str) -> Dict[str, np.ndarray]:
   """All tensors of the checkpoint directory `path` (or a single weight file) as numpy arrays.
 
-  fp16/bf16 tensors are returned as float32 (numpy has no bfloat16). Integer tensors and
-  NaN / Inf values are refused, naming the tensor (`check_tensor`); the rotary buffer is a float.
+  fp16/bf16 tensors are returned as float32 (numpy has no bfloat16). The importers check the
+  parameters (not the known buffers, e.g. a bool attention mask) with `check_tensor`.
   """
   if os.path.isfile(path):
     fmt, files = ("safetensors" if path.endswith(".safetensors") else "bin"), [path]
@@ -120,8 +128,7 @@ def read_state_dict(path: str) -> Dict[str, np.ndarray]:
     fmt, files = weight_files(path)
   state: Dict[str, np.ndarray] = {}
   for file in files:
-    tensors = _read_safetensors(file) if fmt == "safetensors" else _read_bin(file)
-    state.update({k: check_tensor(file, k, v) for k, v in tensors.items()})
+    state.update(_read_safetensors(file) if fmt == "safetensors" else _read_bin(file))
   return state
 
 
@@ -163,6 +170,7 @@ def write_json(obj, path: str):
 
 __all__ = [
   "check_tensor",
+  "label",
   "read_state_dict",
   "write_state_dict",
   "weight_files",
