@@ -161,7 +161,7 @@ def describe(exc: BaseException) -> str:
   """The one-line message of an expected error."""
   if lost_process(exc):
     return _describe_lost_process(exc)
-  remote = _unreachable_store(exc)
+  remote = "" if isinstance(exc, StorageError) else _unreachable_store(exc)  # not named twice
   if remote:
     return remote
   if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EFBIG):
