@@ -27,23 +27,20 @@
 
 from __future__ import annotations
 
-import collections
 import difflib
 import errno
 import logging as std_logging
 import os
 import re
 import sys
-import threading
 import time
 import traceback
-import urllib.parse
 from typing import Callable, Dict, List, Optional, Sequence
 
 from absl import app, flags
 from absl import logging
 
-from setdiff_jax import errors, paths, ranges
+from setdiff_jax import cli_storage, errors, ranges
 
 VERBOSE_ENV = "SETDIFF_VERBOSE"
 EXPECTED = (errors.SetdiffError, ValueError, OSError, FloatingPointError, app.UsageError)
@@ -161,7 +158,9 @@ def describe(exc: BaseException) -> str:
   """The one-line message of an expected error."""
   if lost_process(exc):
     return _describe_lost_process(exc)
-  remote = "" if isinstance(exc, StorageError) else _unreachable_store(exc)  # not named twice
+  remote = (
+    "" if isinstance(exc, cli_storage.StorageError) else cli_storage.unreachable_store(exc)
+  )  # not named twice
   if remote:
     return remote
   if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EFBIG):
@@ -282,29 +281,18 @@ def check_no_positional(args: Sequence[str]):
 
 
 # ----------------------------------------------------------------------------- logs
-# The storage and checkpoint libraries: their warnings and tracebacks (gcsfs retries, orbax's
-# failing background threads) are held back from the terminal unless verbose, and written to a
-# log file in the workdir if the run ends with an error (`_keep_log`).
-STORAGE_LIBS = ("orbax", "tensorstore", "gcsfs", "fsspec", "aiohttp", "google", "etils")
-_HELD: "collections.deque[str]" = collections.deque(maxlen=500)
-
-
-def _storage_lib_file(pathname: str) -> bool:
-  return any(f"{os.sep}{lib}{os.sep}" in (pathname or "") for lib in STORAGE_LIBS)
-
-
 class _LibraryInfoFilter(std_logging.Filter):
   """Drops INFO (and lower) records that do not come from this repository's code, and holds
-  the storage libraries' warnings and errors back (`_HELD`)."""
+  the storage libraries' warnings and errors back (`cli_storage.HELD`)."""
 
   _OURS = (os.sep + "setdiff_jax" + os.sep, os.sep + "launch" + os.sep)
 
   def filter(self, record):
-    if record.levelno >= std_logging.WARNING and _storage_lib_file(record.pathname):
+    if record.levelno >= std_logging.WARNING and cli_storage.storage_lib_file(record.pathname):
       text = f"{record.levelname} {record.pathname}:{record.lineno} {record.getMessage()}"
       if record.exc_info:
         text += "\n" + "".join(traceback.format_exception(*record.exc_info))
-      _HELD.append(text)
+      cli_storage.HELD.append(text)
       return False
     if record.levelno >= std_logging.WARNING:
       return True
@@ -347,7 +335,7 @@ def report(exc: BaseException, stream=None) -> int:
     traceback.print_exception(type(exc), exc, exc.__traceback__, file=stream)
   line = describe(exc)
   if not verbose():
-    log = _keep_log(exc)
+    log = cli_storage.keep_log(exc)
     if log:
       line += f" (library details: {log})"
   stream.write(f"{getattr(exc, 'prefix', 'error')}: {line}\n")
@@ -355,227 +343,6 @@ def report(exc: BaseException, stream=None) -> int:
   if getattr(exc, "exit_code", None):
     return int(exc.exit_code)  # e.g. 143 / 130: stopped by SIGTERM / SIGINT after saving
   return 2 if isinstance(exc, (UsageError, app.UsageError)) else 1
-
-
-# ----------------------------------------------------------------------------- storage
-# The flags and config fields that name files or folders (checked by `check_path_flags`).
-PATH_FLAGS = (
-  "workdir",
-  "out",
-  "output",
-  "eval_paths",
-  "tfds_data_dir",
-  "accuracy_data",
-  "cloze_path",
-  "judge_workdir",
-)
-PATH_FIELDS = (
-  "init_from",
-  "init_from_hf",
-  "data.paths",
-  "data.eval_paths",
-  "data.tfds_data_dir",
-  "tokenizer.vocab_path",
-  "tokenizer.merges_path",
-  "rl.init_from",
-)
-REMOTE_SCHEMES = ("gs",)  # object stores the path layer (etils.epath + gcsfs) and orbax reach
-STORAGE_TIMEOUT_ENV = "SETDIFF_STORAGE_TIMEOUT_S"
-_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
-
-
-class StorageError(errors.SetdiffError):
-  """An object store that cannot be reached (network, credentials, bucket)."""
-
-
-def _config_field(config, name):
-  node = config
-  for part in name.split("."):
-    if not hasattr(node, "get") or node.get(part) is None:
-      return None
-    node = node[part]
-  return node
-
-
-def _set_config_field(config, name, value):
-  *parents, leaf = name.split(".")
-  node = config
-  for part in parents:
-    node = node[part]
-  node[leaf] = value
-
-
-def _path_values():
-  """[(label, current value, setter)] of the path flags and config fields given."""
-  out = []
-  for name in PATH_FLAGS:
-    if name in FLAGS and FLAGS[name].value not in (None, "", []):
-      value = FLAGS[name].value
-
-      def set_flag(v, name=name):
-        FLAGS[name].value = v
-
-      out.append((f"--{name}", value, set_flag))
-  config = FLAGS["config"].value if "config" in FLAGS else None
-  if hasattr(config, "keys"):
-    for name in PATH_FIELDS:
-      value = _config_field(config, name)
-      if isinstance(value, str) and value:
-        out.append(
-          (f"--config.{name}", value, lambda v, name=name: _set_config_field(config, name, v))
-        )
-  return out
-
-
-def _local_file_url(url: str) -> str:
-  parsed = urllib.parse.urlparse(url)
-  if parsed.netloc not in ("", "localhost"):
-    raise UsageError(
-      f"{url}: a file:// URL names a local path (file:///abs/path); host {parsed.netloc!r} "
-      "is not supported"
-    )
-  return urllib.parse.unquote(parsed.path)
-
-
-def check_path_flags():
-  """Before a launcher runs: `file://` paths become local paths; a URL scheme the path layer
-  does not support is refused; every object-store path is probed once (bounded by
-  $SETDIFF_STORAGE_TIMEOUT_S, default 60 s; the library's retries quiet), so an unreachable
-  store or missing credentials is one line naming the path and the flag."""
-  probed = set()
-  for label, value, set_value in _path_values():
-    items = value if isinstance(value, list) else str(value).split(",")
-    new = []
-    for item in items:
-      item = str(item).strip()
-      m = _SCHEME.match(item)
-      if m and m.group(1).lower() == "file":
-        item = _local_file_url(item)
-      elif m and m.group(1).lower() not in REMOTE_SCHEMES:
-        raise UsageError(
-          f"{label}={item}: the {m.group(1)}:// scheme is not supported; use a local path, "
-          f"file:///abs/path or {', '.join(s + '://bucket/path' for s in REMOTE_SCHEMES)}"
-        )
-      elif m:
-        bucket = item.split("/")[2] if item.count("/") >= 2 else item
-        if bucket not in probed:
-          probed.add(bucket)
-          probe_remote(item, label)
-      new.append(item)
-    if new != items:
-      set_value(new if isinstance(value, list) else ",".join(new))
-
-
-class _Capture(std_logging.Handler):
-  """The gcsfs records of a probe (its retry messages name the failure)."""
-
-  def __init__(self):
-    super().__init__(std_logging.DEBUG)
-    self.messages = []
-    self.failed = threading.Event()
-
-  def emit(self, record):
-    message = record.getMessage()
-    self.messages.append(message)
-    if "exception" in message or "error" in message.lower():
-      self.failed.set()
-
-
-def probe_remote(path: str, label: str, timeout_s: Optional[float] = None):
-  """Raises StorageError naming `path` and `label` unless the object store answers whether
-  `path` exists. Returns at the first connection or credential failure (no retries), or after
-  `timeout_s`."""
-  if timeout_s is None:
-    timeout_s = float(os.environ.get(STORAGE_TIMEOUT_ENV, "60"))
-  logger = std_logging.getLogger("gcsfs")
-  capture, saved = _Capture(), (logger.level, logger.propagate)
-  logger.addHandler(capture)
-  logger.setLevel(std_logging.DEBUG)
-  logger.propagate = verbose()
-  result = {}
-
-  def run():
-    try:
-      result["exists"] = paths.exists(path)
-    except BaseException as e:  # noqa: BLE001 - reported below
-      result["error"] = e
-    capture.failed.set()
-
-  t0 = time.monotonic()
-  threading.Thread(target=run, daemon=True).start()
-  capture.failed.wait(timeout_s)
-  logger.removeHandler(capture)
-  logger.setLevel(saved[0])
-  logger.propagate = saved[1]
-  if "exists" in result:
-    return
-  cause = result.get("error") or (capture.messages[-1] if capture.messages else None)
-  if cause is None:
-    cause = f"no answer within {timeout_s:g}s (${STORAGE_TIMEOUT_ENV})"
-  cause = one_line(str(cause)).split(" retrying after exception: ")[-1]
-  raise StorageError(
-    f"{label}={path}: cannot reach the object store after {time.monotonic() - t0:.1f}s "
-    f"({cause[:200]}); check the network, the credentials (gcloud auth application-default "
-    "login, or $GOOGLE_APPLICATION_CREDENTIALS) and the bucket name"
-  )
-
-
-_CONNECTION = re.compile(
-  r"Cannot connect to host|credentials were not found|DefaultCredentialsError|"
-  r"Name or service not known|Temporary failure in name resolution",
-  re.IGNORECASE,
-)
-
-
-def _unreachable_store(exc: BaseException) -> str:
-  """For a connection or credential failure of an object store met during the run (after the
-  probe passed): the line naming the remote path flags; '' otherwise."""
-  try:
-    remote = [
-      f"{label}={value}"
-      for label, value, _ in _path_values()
-      if any(_SCHEME.match(str(v).strip()) for v in (value if isinstance(value, list) else [value]))
-    ]
-  except Exception:  # noqa: BLE001 - flags not parsed (a library caller)
-    remote = []
-  if not remote or not _CONNECTION.search(str(exc)):
-    return ""
-  return one_line(
-    f"cannot reach the object store of {', '.join(remote)} ({str(exc)[:200]}); check the "
-    "network, the credentials (gcloud auth application-default login, or "
-    "$GOOGLE_APPLICATION_CREDENTIALS) and the bucket name, then run the same command again"
-  )
-
-
-def _storage_error(exc: BaseException) -> bool:
-  """An exception raised by a storage library itself (not one of ours wrapping it)."""
-  module = type(exc).__module__ or ""
-  return module.split(".")[0] in STORAGE_LIBS
-
-
-def _keep_log(exc: BaseException) -> Optional[str]:
-  """Writes the held library records and the traceback of `exc` to
-  WORKDIR/logs/error-<time>-<pid>.log when the run's workdir is a local folder and there is
-  something a user would want (held records, or a storage library's error); returns its path."""
-  if not _HELD and not _storage_error(exc):
-    return None
-  workdir = FLAGS["workdir"].value if "workdir" in FLAGS else None
-  if not workdir or paths.is_remote(workdir) or not os.path.isdir(workdir):
-    return None
-  path = os.path.join(
-    os.path.abspath(workdir), "logs", f"error-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
-  )
-  text = (
-    "\n".join(_HELD) + "\n" + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-  )
-  try:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-      f.write(text)
-  except OSError:  # e.g. the disk that is full: the line alone has to do
-    return None
-  _HELD.clear()
-  return path
 
 
 # ----------------------------------------------------------------------------- entry points
@@ -588,10 +355,10 @@ def call(main: Callable[[List[str]], Optional[int]], argv: Sequence[str], stream
     args = parse_flags(argv)
     check_no_positional(args)
     quiet_library_logs()
-    check_path_flags()
+    cli_storage.check_path_flags(verbose())
     return int(main(args) or 0)
   except Exception as e:  # noqa: BLE001
-    if not isinstance(e, EXPECTED) and not _storage_error(e):
+    if not isinstance(e, EXPECTED) and not cli_storage.storage_error(e):
       raise  # a bug: keep its traceback
     return report(e, stream)
 
@@ -609,10 +376,10 @@ def run(main: Callable[[List[str]], Optional[int]]):
     try:
       check_no_positional(args)
       quiet_library_logs()
-      check_path_flags()
+      cli_storage.check_path_flags(verbose())
       return main(args)
     except Exception as e:  # noqa: BLE001
-      if not isinstance(e, EXPECTED) and not lost_process(e) and not _storage_error(e):
+      if not isinstance(e, EXPECTED) and not lost_process(e) and not cli_storage.storage_error(e):
         raise  # a bug: keep its traceback
       code = report(e)
       sys.stdout.flush()
@@ -633,9 +400,6 @@ __all__ = [
   "closest_fields",
   "unknown_config_fields",
   "check_flag_ranges",
-  "StorageError",
-  "check_path_flags",
-  "probe_remote",
   "parse_flags",
   "check_no_positional",
   "quiet_library_logs",

@@ -184,7 +184,7 @@ LAYERS = [
     "base",
     ("setdiff_jax.errors", "setdiff_jax.paths", "setdiff_jax.layer_names", "setdiff_jax.ranges"),
   ),
-  ("cli", ("setdiff_jax.cli",)),
+  ("cli", ("setdiff_jax.cli", "setdiff_jax.cli_storage")),
   ("data", ("setdiff_jax.data",)),
   ("models", ("setdiff_jax.models",)),
   ("diffusion", ("setdiff_jax.diffusion",)),
