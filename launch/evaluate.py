@@ -122,17 +122,44 @@ flags.DEFINE_bool(
 )
 
 
+# flag -> its field in the launchers' shared range table (setdiff_jax/ranges.py); --window and
+# --max_new_tokens are checked against the run's seq_len (decoding.check_sampling_flags)
+RANGED = {
+  "step": "step",
+  "seed": "seed",
+  "sampling_seed": "seed",
+  "batch_size": "batch_size",
+  "batch_sizes": "batch_size",
+  "infill_batch_size": "batch_size",
+  "accuracy_batch_size": "batch_size",
+  "num_samples": "num_samples",
+  "top_p": "top_p",
+  "repetition_penalty": "repetition_penalty",
+}
+
+
 def main(argv):
   del argv  # cli.run rejects positional arguments
   from setdiff_jax import sharding
   from setdiff_jax.evaluation import generation, run
   from setdiff_jax.sampling import policies
 
+  cli.check_flag_ranges(RANGED)
+  if FLAGS.preset and FLAGS["thresholds"].present:  # the preset sets tau
+    raise ValueError(f"--preset={FLAGS.preset} sets tau, so --thresholds would be unused; give one")
   sharding.initialize_distributed()
+  check_data_flags_used()
   thresholds = FLAGS.thresholds
   if FLAGS.policy != policies.DEFAULT and not FLAGS["thresholds"].present:
     thresholds = ["off"]  # tau belongs to --policy=threshold
   policy_args = tuple(policies.parse_arg(a) for a in FLAGS.policy_args)
+  if FLAGS.policy == policies.DEFAULT and FLAGS["policy_args"].present:
+    # --policy_args of the threshold policy are its tau values: one setting, one name
+    if FLAGS["thresholds"].present:
+      raise ValueError(
+        "--thresholds and --policy_args both set tau of --policy=threshold; give one"
+      )
+    thresholds, policy_args = list(FLAGS.policy_args), (None,)
   opts = run.EvalOptions(
     seed=FLAGS.seed,
     num_orders=FLAGS.num_orders,
@@ -180,12 +207,38 @@ def main(argv):
   print(f"\nresults written to {record['path']}")
 
 
+# data flag -> the evals that read it (a flag no requested eval reads is refused, not ignored)
+DATA_FLAG_EVALS = {
+  "eval_paths": ("likelihood", "accuracy"),
+  "tfds_data_dir": ("likelihood", "accuracy"),
+  "accuracy_data": ("accuracy",),
+  "cloze_path": ("infill",),
+  "judge_workdir": ("samples",),
+}
+
+
+def check_data_flags_used():
+  from setdiff_jax.data import data_flags
+
+  for flag, readers in DATA_FLAG_EVALS.items():
+    if FLAGS[flag].present and not set(readers) & set(FLAGS.eval):
+      raise ValueError(
+        f"--{flag} is read by --eval={' or '.join(readers)} only, not by --eval="
+        f"{','.join(FLAGS.eval)}: drop it, or add that eval"
+      )
+  if FLAGS.accuracy_data is not None:
+    data_flags.check_text_file(FLAGS.accuracy_data, "--accuracy_data")
+  if FLAGS["cloze_path"].present:
+    data_flags.check_text_file(FLAGS.cloze_path, "--cloze_path")
+
+
 def data_overrides():
   out = {}
   if FLAGS.eval_paths is not None:
-    out["eval_paths"] = ",".join(os.path.abspath(p) for p in FLAGS.eval_paths)
+    value = ",".join(p if "://" in p else os.path.abspath(p) for p in FLAGS.eval_paths)
+    out["eval_paths"] = ("--eval_paths", value)
   if FLAGS.tfds_data_dir is not None:
-    out["tfds_data_dir"] = FLAGS.tfds_data_dir
+    out["tfds_data_dir"] = ("--tfds_data_dir", FLAGS.tfds_data_dir)
   return out
 
 

@@ -23,6 +23,7 @@ import argparse
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -256,6 +257,14 @@ def main(argv: Sequence[str]) -> int:
     args, command = parse_args(argv)
   except _Usage as e:
     print(f"error: {e} (see --help)", file=sys.stderr, flush=True)
+    return 2
+  if shutil.which(command[0]) is None:  # before any process starts: no traceback per process
+    print(
+      f"error: the command after -- ({command[0]!r}) is not an executable file or on PATH; "
+      "give the program each process runs, e.g. -- python launch/train.py ... (see --help)",
+      file=sys.stderr,
+      flush=True,
+    )
     return 2
   return run(args, command)
 

@@ -70,12 +70,32 @@ flags.DEFINE_bool(
 )
 
 
+# flag -> its field in the launchers' shared range table (setdiff_jax/ranges.py); --window and
+# --max_new_tokens are checked against the run's seq_len (decoding.check_sampling_flags)
+RANGED = {
+  "step": "step",
+  "num_samples": "num_samples",
+  "batch_size": "batch_size",
+  "threshold": "threshold",
+  "seed": "seed",
+  "top_p": "top_p",
+  "temperature": "temperature",
+  "repetition_penalty": "repetition_penalty",
+}
+
+
 def main(argv):
   del argv  # cli.run rejects positional arguments
   from setdiff_jax import sharding
   from setdiff_jax.decoding import sample_from_workdir
   from setdiff_jax.sampling import policies
 
+  cli.check_flag_ranges(RANGED, also={"seed": (-1,)})
+  ignored = [f"--{n}" for n in ("temperature", "top_p") if FLAGS.greedy and FLAGS[n].present]
+  if ignored:  # honoured or refused, never dropped
+    raise ValueError(
+      f"--greedy takes the argmax, so {' and '.join(ignored)} would be unused; give one"
+    )
   sharding.initialize_distributed()
   import jax  # pylint: disable=g-import-not-at-top
 

@@ -14,7 +14,13 @@
 - Positional arguments are rejected (every option is a `--flag=value`), and an unknown
   `--config.field` names the closest valid fields.
 - INFO lines of the libraries (jax backend probing, orbax, grain) are dropped unless verbose;
-  warnings and the package's own INFO lines stay.
+  warnings and the package's own INFO lines stay. The storage libraries' warnings and tracebacks
+  (orbax, tensorstore, gcsfs: retries, failing background threads) are held back: after an error
+  they go to WORKDIR/logs/error-*.log (named on the error line) when the workdir is a local
+  folder. An error raised by those libraries themselves is one line too.
+- Path flags and fields (`PATH_FLAGS`, `PATH_FIELDS`): `file://` URLs become local paths, other
+  schemes than gs:// are refused, and each bucket is probed once before the launcher runs (one
+  line naming the path and the flag when it cannot be reached; bounded, retries quiet).
 
 `call(main, argv)` does the same in-process and returns the exit status (for tests).
 """
@@ -29,12 +35,12 @@ import re
 import sys
 import time
 import traceback
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 from absl import app, flags
 from absl import logging
 
-from setdiff_jax import errors
+from setdiff_jax import cli_storage, errors, ranges
 
 VERBOSE_ENV = "SETDIFF_VERBOSE"
 EXPECTED = (errors.SetdiffError, ValueError, OSError, FloatingPointError, app.UsageError)
@@ -152,10 +158,16 @@ def describe(exc: BaseException) -> str:
   """The one-line message of an expected error."""
   if lost_process(exc):
     return _describe_lost_process(exc)
-  if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+  remote = (
+    "" if isinstance(exc, cli_storage.StorageError) else cli_storage.unreachable_store(exc)
+  )  # not named twice
+  if remote:
+    return remote
+  if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EFBIG):
+    what = errors.write_limit(exc)
     where = f" writing {exc.filename}" if exc.filename else ""
     return one_line(
-      f"disk full{where} ({exc}); free space (or use a larger disk) and run the same command again"
+      f"{what}{where} ({exc}); {errors.limit_fix(what)} and run the same command again"
     )
   return one_line(str(exc) or type(exc).__name__)
 
@@ -201,6 +213,20 @@ def unknown_config_fields(argv: Sequence[str], config, flag: str = "config") -> 
     )
     problems.append(f"--{flag}.{m.group(1)} is not a config field ({hint})")
   return problems
+
+
+# ----------------------------------------------------------------------------- ranges
+def check_flag_ranges(flag_fields: Dict[str, str], also: Optional[Dict[str, tuple]] = None):
+  """Every flag of `flag_fields` ({flag: field of `ranges.SHARED`}) that has a value (None is
+  "unset"; a list flag: each item) is checked against the shared range of its field, so every
+  launcher taking the field refuses the same values (`also`: extra values a flag allows)."""
+  for flag, field in flag_fields.items():
+    value = FLAGS[flag].value
+    for v in value if isinstance(value, list) else [value]:
+      if v is not None:
+        ranges.check(
+          field, int(v) if isinstance(v, str) else v, f"--{flag}", (also or {}).get(flag, ())
+        )
 
 
 # ----------------------------------------------------------------------------- parsing
@@ -261,11 +287,18 @@ _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 class _LibraryInfoFilter(std_logging.Filter):
   """Drops INFO (and lower) records that do not come from this repository's code: the package's
   folder and the launchers' beside it, by absolute path (a clone named setdiff_jax with its venv
-  inside, .../setdiff_jax/.venv/.../orbax/..., is not ours)."""
+  inside, .../setdiff_jax/.venv/.../orbax/..., is not ours); holds the storage libraries'
+  warnings and errors back (`cli_storage.HELD`)."""
 
   _OURS = (_PACKAGE_DIR + os.sep, os.path.join(os.path.dirname(_PACKAGE_DIR), "launch") + os.sep)
 
   def filter(self, record):
+    if record.levelno >= std_logging.WARNING and cli_storage.storage_lib_file(record.pathname):
+      text = f"{record.levelname} {record.pathname}:{record.lineno} {record.getMessage()}"
+      if record.exc_info:
+        text += "\n" + "".join(traceback.format_exception(*record.exc_info))
+      cli_storage.HELD.append(text)
+      return False
     if record.levelno >= std_logging.WARNING:
       return True
     return bool(record.pathname) and os.path.abspath(record.pathname).startswith(self._OURS)
@@ -281,7 +314,7 @@ def quiet_library_logs():
     handler.removeFilter(_FILTER)
   elif _FILTER not in handler.filters:
     handler.addFilter(_FILTER)
-  for name in ("jax._src.xla_bridge", "jax._src.distributed", "orbax", "grain"):
+  for name in ("jax._src.xla_bridge", "jax._src.distributed", "orbax", "grain", "gcsfs"):
     std_logging.getLogger(name).setLevel(std_logging.DEBUG if verbose() else std_logging.WARNING)
   sys.unraisablehook = sys.__unraisablehook__ if verbose() else _quiet_unraisable
 
@@ -305,7 +338,12 @@ def report(exc: BaseException, stream=None) -> int:
   stream = stream or sys.stderr
   if verbose():
     traceback.print_exception(type(exc), exc, exc.__traceback__, file=stream)
-  stream.write(f"{getattr(exc, 'prefix', 'error')}: {describe(exc)}\n")
+  line = describe(exc)
+  if not verbose():
+    log = cli_storage.keep_log(exc)
+    if log:
+      line += f" (library details: {log})"
+  stream.write(f"{getattr(exc, 'prefix', 'error')}: {line}\n")
   stream.flush()
   if getattr(exc, "exit_code", None):
     return int(exc.exit_code)  # e.g. 143 / 130: stopped by SIGTERM / SIGINT after saving
@@ -322,8 +360,11 @@ def call(main: Callable[[List[str]], Optional[int]], argv: Sequence[str], stream
     args = parse_flags(argv)
     check_no_positional(args)
     quiet_library_logs()
+    cli_storage.check_path_flags(verbose())
     return int(main(args) or 0)
-  except EXPECTED as e:
+  except Exception as e:  # noqa: BLE001
+    if not isinstance(e, EXPECTED) and not cli_storage.storage_error(e):
+      raise  # a bug: keep its traceback
     return report(e, stream)
 
 
@@ -340,9 +381,10 @@ def run(main: Callable[[List[str]], Optional[int]]):
     try:
       check_no_positional(args)
       quiet_library_logs()
+      cli_storage.check_path_flags(verbose())
       return main(args)
     except Exception as e:  # noqa: BLE001
-      if not isinstance(e, EXPECTED) and not lost_process(e):
+      if not isinstance(e, EXPECTED) and not lost_process(e) and not cli_storage.storage_error(e):
         raise  # a bug: keep its traceback
       code = report(e)
       sys.stdout.flush()
@@ -362,6 +404,7 @@ __all__ = [
   "describe",
   "closest_fields",
   "unknown_config_fields",
+  "check_flag_ranges",
   "parse_flags",
   "check_no_positional",
   "quiet_library_logs",

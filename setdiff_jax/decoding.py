@@ -276,8 +276,9 @@ def sampler_settings(method, objective_config, cfg: SamplerConfig, infill: bool 
   ]
   if method.uses_threshold and cfg.policy != policies.DEFAULT:
     parts.append(f"policy={policies.label(cfg.policy, cfg.policy_arg)}")
-  elif method.uses_threshold:
-    parts.append(f"tau={'off' if cfg.threshold is None else cfg.threshold}")
+  elif method.uses_threshold:  # tau as the sampler reads it: --threshold or --policy_arg
+    tau = cfg.policy_param
+    parts.append(f"tau={'off' if tau is None else tau}")
   parts.append("greedy" if cfg.greedy else f"top_p={cfg.top_p} temperature={cfg.temperature}")
   parts += [
     f"repetition_penalty={cfg.repetition_penalty}",

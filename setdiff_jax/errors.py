@@ -54,7 +54,40 @@ class StoppedBySignal(SetdiffError):
 
 
 class DiskFullError(SetdiffError):
-  """A write failed with ENOSPC; the message says what is still intact."""
+  """A write failed with ENOSPC or EFBIG (`write_limit`); the message says what is intact."""
+
+
+# How ENOSPC / EFBIG read when a library wraps them in its own error (tensorstore, orbax).
+_LIMITS = (
+  (28, ("No space left on device", "RESOURCE_EXHAUSTED", "ENOSPC"), "disk full"),
+  (
+    27,
+    ("File too large", "EFBIG", "os_error_code='27'"),
+    "file too large (EFBIG: over the file system's or `ulimit -f`'s largest file size)",
+  ),
+)
+
+
+def write_limit(exc: BaseException):
+  """'disk full' / 'file too large (...)' if ENOSPC / EFBIG is anywhere in the exception's
+  chain (as an OSError's errno or in a wrapping library error's text), else None."""
+  seen = set()
+  e = exc
+  while e is not None and id(e) not in seen:
+    seen.add(id(e))
+    text = str(e)
+    for code, words, what in _LIMITS:
+      if (isinstance(e, OSError) and e.errno == code) or any(w in text for w in words):
+        return what
+    e = e.__cause__ or e.__context__
+  return None
+
+
+def limit_fix(what: str) -> str:
+  """The fix for a `write_limit` kind."""
+  if what.startswith("disk full"):
+    return "free space (or use a larger disk)"
+  return "raise the file size limit (ulimit -f) or use a file system that allows larger files"
 
 
 class MissingExtraError(SetdiffError, ImportError):
@@ -103,6 +136,8 @@ __all__ = [
   "DivergenceError",
   "StoppedBySignal",
   "DiskFullError",
+  "write_limit",
+  "limit_fix",
   "MissingExtraError",
   "require_extra",
   "missing_extra",

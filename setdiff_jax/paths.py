@@ -70,6 +70,11 @@ def read_bytes(path) -> bytes:
   return _p(path).read_bytes()
 
 
+def open_binary(path):
+  """The file for reading bytes (a context manager), local or remote."""
+  return _p(path).open("rb")
+
+
 def write_text(path, text: str):
   """Writes a whole file: locally to a temporary file renamed into place, remotely as one
   object (uploads are atomic)."""
@@ -82,9 +87,14 @@ def write_text(path, text: str):
   fd, tmp = tempfile.mkstemp(
     dir=os.path.dirname(os.path.abspath(path)), prefix=os.path.basename(path) + ".tmp"
   )
-  with os.fdopen(fd, "w", encoding="utf-8") as f:
-    f.write(text)
-  os.replace(tmp, path)
+  try:
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+      f.write(text)
+    os.replace(tmp, path)
+  except BaseException:  # disk full, file too large, ...: no half-written temporary file stays
+    with contextlib.suppress(OSError):
+      os.remove(tmp)
+    raise
 
 
 def rename(src, dst):

@@ -180,8 +180,11 @@ def test_literal_check_can_fail(tmp_path):
 # The layers of DESIGN §1, bottom to top. A module may import its own layer and the ones below;
 # function-level imports count (a lazy import is still a dependency).
 LAYERS = [
-  ("base", ("setdiff_jax.errors", "setdiff_jax.paths", "setdiff_jax.layer_names")),
-  ("cli", ("setdiff_jax.cli",)),
+  (
+    "base",
+    ("setdiff_jax.errors", "setdiff_jax.paths", "setdiff_jax.layer_names", "setdiff_jax.ranges"),
+  ),
+  ("cli", ("setdiff_jax.cli", "setdiff_jax.cli_storage")),
   ("data", ("setdiff_jax.data",)),
   ("models", ("setdiff_jax.models",)),
   ("diffusion", ("setdiff_jax.diffusion",)),

@@ -70,7 +70,7 @@ import ml_collections
 import numpy as np
 from grain.experimental import ConcatThenSplitIterDataset
 
-from setdiff_jax.data import pairs, sources
+from setdiff_jax.data import data_flags, pairs, sources
 from setdiff_jax.data.global_order import process_rows
 from setdiff_jax.data.rows import (
   OVERLONG_RULES,
@@ -163,6 +163,7 @@ def validate_data_config(cfg):
       raise ValueError(msg)
 
   check(cfg.source in SOURCES, f"data.source={cfg.source!r}; expected one of {SOURCES}")
+  data_flags.check_fields(cfg)  # a path field the source would ignore
   check(
     cfg.preprocess in PREPROCESS,
     f"data.preprocess={cfg.preprocess!r}; expected one of {PREPROCESS}",

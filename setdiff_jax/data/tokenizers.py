@@ -227,6 +227,13 @@ class Tokenizer:
         f"{directory / _SPECIALS_FILE} is damaged ({e}); copy the tokenizer/ "
         "folder of the run again"
       ) from e
+    needed = ("kind", "bos_id", "eos_id", "pad_id", "mask_id")
+    missing = [k for k in needed if k not in meta] if isinstance(meta, dict) else list(needed)
+    if missing:
+      raise ValueError(
+        f"{directory / _SPECIALS_FILE} is damaged (no {', '.join(missing)}); copy the "
+        "tokenizer/ folder of the run again"
+      )
     try:
       tok = hf.Tokenizer.from_file(str(directory / _TOKENIZER_FILE))
     except Exception as e:  # the Rust loader raises a plain Exception
@@ -479,6 +486,11 @@ def get_tokenizer(
           f"says tokenizer.kind={cfg.kind!r}; use a fresh workdir"
         )
       return tok
+    if train_texts is None and cfg.kind == "trained":
+      raise ValueError(
+        f"no saved tokenizer in {tok_dir} (tokenizer/{_SPECIALS_FILE} is missing): the run's "
+        f"tokenizer was deleted or not copied; copy the run's tokenizer/ folder to {tok_dir}"
+      )
   tok = build_tokenizer(cfg, train_texts)
   if workdir is not None and save:
     save_in(tok, workdir)

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from setdiff_jax import decoding, methods
+from setdiff_jax import decoding, methods, ranges
 from setdiff_jax.sampling import policies
 from setdiff_jax.workdir import load as workdir_lib
 from setdiff_jax.sampling import compiles
@@ -55,10 +55,10 @@ def parse_thresholds(values: Sequence[str], flag: str = "--thresholds") -> List[
       tau = float(v)
     except ValueError:
       tau = float("nan")
-    if not 0.0 < tau <= 1.0:  # NaN too
+    if not ranges.SHARED["threshold"].ok(tau):  # NaN too
       raise ValueError(
         f"{flag}={','.join(map(str, values))}: {v!r} is not a threshold; each "
-        "value is a number in (0, 1] or 'off'"
+        f"value is {ranges.SHARED['threshold'].describe()} or 'off'"
       )
     out.append(tau)
   return out
@@ -90,6 +90,11 @@ def with_policy(
   policies.get(policy)
   for a in policy_args:
     policies.check_arg(policy, a, "--policy_args")
+  if policy == policies.DEFAULT and any(a is not None for a in policy_args):
+    raise ValueError(  # never dropped without a word
+      "--policy_args sets tau of --policy=threshold, which the settings' thresholds hold: pass "
+      "the values as --thresholds"
+    )
   if policy == policies.DEFAULT or not methods.get(obj_cfg.name).uses_threshold:
     return settings
   if any(s.get("threshold") is not None for s in settings):

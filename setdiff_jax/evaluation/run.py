@@ -18,14 +18,17 @@ import jax
 
 from setdiff_jax import decoding, methods, paths
 from setdiff_jax.workdir import load as workdir_lib
+from setdiff_jax.data import data_flags
 from setdiff_jax.data import pairs as pairs_lib
 from setdiff_jax.evaluation import accuracy, generation, gsm8k, infill, likelihood
 from setdiff_jax.evaluation.results import (
   EVALS,
   RESULTS_FILE,
   hardware,
+  file_identity,
   history_key,
   read_record,
+  split_identity,
   write_results,
 )
 from setdiff_jax.evaluation.tables import format_results
@@ -270,6 +273,24 @@ def run_samples(state, opts: EvalOptions, model=None, judge=None) -> List[Dict[s
   )
 
 
+def eval_data(state, name: str, opts: EvalOptions) -> Optional[Dict[str, Any]]:
+  """The data an eval read, as stored with its result (and in its history key): files by path
+  and content hash; None for evals that read none (speed, samples)."""
+  data = state.config.data
+  if name == "likelihood":
+    return split_identity(data)
+  if name == "accuracy":
+    return file_identity(opts.accuracy_data) if opts.accuracy_data else split_identity(data)
+  if name == "infill":
+    out = {}
+    if any(s != "corpus" for s in opts.infill_settings) and paths.exists(opts.cloze_path):
+      out["cloze"] = file_identity(opts.cloze_path)
+    if "corpus" in opts.infill_settings:
+      out["corpus"] = {"source": "embedded", "split": "validation"}
+    return out
+  return None
+
+
 def check_options(opts: EvalOptions, seq_len: int):
   """Explicit values are checked, never replaced by defaults (None means the default)."""
   from setdiff_jax.decoding import check_sampling_flags
@@ -327,12 +348,14 @@ def evaluate_workdir(
 ) -> Dict[str, Any]:
   """Loads WORKDIR's checkpoint, runs `evals`, appends them to the JSON file, returns the record.
 
-  The file keeps every result in `history`, keyed by (step, EMA/raw, eval kind, settings): a new
+  The file keeps every result in `history`, keyed by (step, EMA/raw, eval kind, settings, data;
+  each entry names its data: `eval_data`): a new
   evaluation adds or refreshes its own keys and never replaces another one. Its top level mirrors
   the latest evaluation (merged with earlier evals of the same step and parameters). `show`, if
   given, receives the markdown tables before anything is written (a failed write keeps them:
-  `write_results`). `data_overrides` replaces fields of the run's `data` config (e.g.
-  eval_paths, tfds_data_dir: the data moved since training). `mesh`: the decoding mesh
+  `write_results`). `data_overrides`, {field: (flag, value)}, replaces fields of the run's `data`
+  config (eval_paths, tfds_data_dir: the data moved since training); a field the run's source does
+  not read, or an unusable file, is refused (`data_flags.apply_overrides`). `mesh`: the decoding mesh
   ({"data", "fsdp", "tensor"} sizes; default all devices on data), the parameters placed with
   their training sharding (`workdir.load_inference_state`).
   """
@@ -340,8 +363,7 @@ def evaluate_workdir(
   path = output or paths.join(workdir, RESULTS_FILE)
   record = read_record(path)  # before the evaluation: a bad file fails fast
   state = workdir_lib.load_inference_state(workdir, step=step, use_ema=use_ema, mesh_config=mesh)
-  for key, value in (data_overrides or {}).items():
-    state.config.data[key] = value
+  data_flags.apply_overrides(state.config.data, data_overrides or {})
   results = evaluate_state(state, evals, opts, log=log)
   if show is not None:
     show(format_results(results))
@@ -358,13 +380,17 @@ def evaluate_workdir(
     time=now,
   )
   record.setdefault("options", {}).update({e: opts.to_json() for e in evals})
+  data_of = {e: eval_data(state, e, opts) for e in evals}
+  record.setdefault("data", {}).update(data_of)
   record.update(results)
   for name in evals:
-    history[history_key(state.step, use_ema, name, opts.to_json())] = {
+    data = data_of[name]
+    history[history_key(state.step, use_ema, name, opts.to_json(), data)] = {
       "step": state.step,
       "use_ema": use_ema,
       "eval": name,
       "settings": opts.to_json(),
+      "data": data,
       "time": now,
       "result": results[name],
     }
@@ -385,6 +411,7 @@ __all__ = [
   "accuracy_pairs",
   "run_accuracy",
   "load_judge",
+  "eval_data",
   "check_options",
   "evaluate_state",
   "evaluate_workdir",

@@ -24,6 +24,7 @@ import jax
 
 from setdiff_jax import errors, methods, paths
 from setdiff_jax import layer_names
+from setdiff_jax.workdir import fallback
 from setdiff_jax.workdir import load as workdir_lib
 from setdiff_jax.interop import pretrained
 from setdiff_jax.interop import hf_config, name_map, qwen3_hf, qwen3_map
@@ -380,15 +381,25 @@ def export_workdir(
   if jax.process_index() == 0:
     # An object-store --out: written to a local folder, uploaded when complete (paths.staged_dir).
     with paths.staged_dir(out) as local:
-      export_checkpoint(
-        state.config,
-        params,
-        local,
-        tokenizer=state.tokenizer,
-        fmt=fmt,
-        step=state.step,
-        ema=use_ema,
-      )
+      try:
+        export_checkpoint(
+          state.config,
+          params,
+          local,
+          tokenizer=state.tokenizer,
+          fmt=fmt,
+          step=state.step,
+          ema=use_ema,
+        )
+      except Exception as e:  # noqa: BLE001 - ENOSPC / EFBIG in whatever writer type
+        what = errors.write_limit(e)
+        if what is None:
+          raise
+        raise errors.DiskFullError(
+          f"{what} while exporting to {out} ({fallback.short(e)}); the export there is "
+          f"incomplete (delete it), the run {workdir} is intact: {errors.limit_fix(what)} and "
+          "export again (--overwrite)"
+        ) from e
       if verify and qwen3:
         from setdiff_jax.interop import qwen3_parity  # torch + transformers: optional extras
 

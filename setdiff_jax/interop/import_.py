@@ -196,8 +196,12 @@ def _dit_import(path: str, raw):
   for n in notes:
     _warn(n)
 
-  state = name_map.strip_prefix(weight_files.read_state_dict(path))
-  state, buffers = name_map.split_known_buffers(state)
+  raw = weight_files.read_state_dict(path)
+  state, buffers = name_map.split_known_buffers(name_map.strip_prefix(raw))
+  where, known = weight_files.label(path), {id(b) for b in buffers.values()}
+  for k, v in raw.items():  # parameters (by their names in the file): float and finite
+    if id(v) not in known:
+      weight_files.check_tensor(where, k, v)
   m = fields["model"]
   _check_hidden_size(state, int(m["hidden_size"]), os.path.join(path, weight_files.CONFIG_FILE))
   head_dim = int(m["hidden_size"]) // int(m["num_heads"])

@@ -66,7 +66,7 @@ def _read_rows(shards, rows, stripped_to_key, layout_keys):
   for file in shards:
     with safe_open(file, framework="np") as f:
       for r, key in by_file.get(file, []):
-        a = np.asarray(f.get_tensor(key), np.float32)
+        a = np.asarray(weight_files.check_tensor(file, key, f.get_tensor(key)), np.float32)
         flat[r.flax_path] = np.ascontiguousarray(a.T) if r.transpose else a
   return flat
 

@@ -89,10 +89,38 @@ def _read_bin(file: str) -> Dict[str, np.ndarray]:
   return {k: _torch_to_numpy(v) for k, v in state.items() if hasattr(v, "shape")}
 
 
+def check_tensor(file: str, key: str, array) -> np.ndarray:
+  """`array` if it is floating point with finite values; else a ValueError naming the file and
+  the tensor (integer weights, or NaN / Inf: a damaged or diverged checkpoint)."""
+  array = np.asarray(array)
+  if not np.issubdtype(array.dtype, np.floating):
+    raise ValueError(
+      f"{file}: tensor {key!r} is {array.dtype}, not floating point; weights must be "
+      "float32 / float16 / bfloat16: export the checkpoint with float weights"
+    )
+  bad = ~np.isfinite(array)
+  if bad.any():
+    nan, inf = int(np.isnan(array).sum()), int(bad.sum() - np.isnan(array).sum())
+    raise ValueError(
+      f"{file}: tensor {key!r} holds {nan} NaN and {inf} Inf values; the weights are "
+      "damaged or diverged: export them again from a finite checkpoint"
+    )
+  return array
+
+
+def label(path: str) -> str:
+  """The weights file of a checkpoint directory (or the directory, when sharded) for errors."""
+  if os.path.isfile(path):
+    return path
+  files = weight_files(path)[1]
+  return files[0] if len(files) == 1 else path
+
+
 def read_state_dict(path: str) -> Dict[str, np.ndarray]:
   """All tensors of the checkpoint directory `path` (or a single weight file) as numpy arrays.
 
-  fp16/bf16 tensors are returned as float32 (numpy has no bfloat16).
+  fp16/bf16 tensors are returned as float32 (numpy has no bfloat16). The importers check the
+  parameters (not the known buffers, e.g. a bool attention mask) with `check_tensor`.
   """
   if os.path.isfile(path):
     fmt, files = ("safetensors" if path.endswith(".safetensors") else "bin"), [path]
@@ -141,6 +169,8 @@ def write_json(obj, path: str):
 
 
 __all__ = [
+  "check_tensor",
+  "label",
   "read_state_dict",
   "write_state_dict",
   "weight_files",

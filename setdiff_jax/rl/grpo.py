@@ -44,7 +44,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from setdiff_jax import decoding, methods, sharding, train_step, trainer
+from setdiff_jax import decoding, methods, paths, sharding, train_step, trainer
 from setdiff_jax.data import pairs, tokenizers
 from setdiff_jax.evaluation import accuracy
 from setdiff_jax.rl import config as rl_config
@@ -53,6 +53,7 @@ from setdiff_jax.sampling import compiles, placement
 from setdiff_jax.workdir import checkpoints as checkpointing
 from setdiff_jax.workdir import config as run_config
 from setdiff_jax.workdir import load as workdir_lib
+from setdiff_jax.workdir import lock as workdir_lock
 from setdiff_jax.workdir.metrics import MetricWriter
 from setdiff_jax.workdir.divergence import DivergenceGuard, logged_losses
 
@@ -144,6 +145,12 @@ def train_rl(
   split over time slots; the result is the same as one uninterrupted call.
   """
   rl_config.validate(config)
+  workdir_lock.check_workdir_path(workdir)
+  if paths.resolve(workdir).rstrip("/") == paths.resolve(config.rl.init_from).rstrip("/"):
+    raise ValueError(
+      f"--workdir={workdir} is the run's own --config.rl.init_from: the RL run would write into "
+      "the SFT run it starts from; pass a new --workdir (init_from is the SFT workdir)"
+    )
   sft = rl_config.load_sft_config(config.rl.init_from)
   run = rl_config.run_config_for(config, sft)
   sizes = sharding.mesh_shape(run.mesh, jax.device_count())

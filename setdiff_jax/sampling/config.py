@@ -157,8 +157,8 @@ class SamplerConfig:
       raise ValueError(f"num_steps={self.num_steps} must be >= 1 (or None for one step per token)")
     if self.block_size is not None and int(self.block_size) < 1:
       raise ValueError(f"block_size={self.block_size} must be >= 1")
-    if self.threshold is not None and not self.threshold > 0:
-      raise ValueError(f"threshold={self.threshold} must be > 0 (None turns it off)")
+    if self.threshold is not None and not 0 < self.threshold <= 1:
+      raise ValueError(f"threshold={self.threshold} must be in (0, 1] (None turns it off)")
     policies.check_arg(self.policy, self.policy_arg)  # names the valid policies / the range
     if self.policy != policies.DEFAULT and self.threshold is not None:
       raise ValueError(

@@ -57,6 +57,8 @@ from typing import Callable, NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
+from setdiff_jax import ranges
+
 DEFAULT = "threshold"
 FLAG = "--policy_arg"
 
@@ -187,10 +189,20 @@ def stable(s: StepStats, valid, count, k):
   return with_floor(s.streak >= int(k), s.pmax, valid, count)
 
 
+# tau of every policy with one: a probability (or a margin of two) in the launchers' shared range
+_TAU = Param(
+  "tau",
+  default=None,
+  low=ranges.SHARED["threshold"].lo,
+  low_open=True,
+  high=ranges.SHARED["threshold"].hi,
+  allow_none=True,
+)
+
 POLICIES = {
   "threshold": Policy(
     threshold,
-    Param("tau", default=None, low=0.0, low_open=True, allow_none=True),
+    _TAU,
     token_dependent=True,
     doc="n_i most confident + p(chosen) >= tau",
   ),
@@ -208,7 +220,7 @@ POLICIES = {
   ),
   "margin": Policy(
     margin,
-    Param("tau", default=None, low=0.0, low_open=True, allow_none=True),
+    _TAU,
     token_dependent=False,
     doc="rank by p1 - p2; + margin >= tau",
   ),
@@ -233,7 +245,7 @@ POLICIES = {
   ),
   "pmax": Policy(
     pmax,
-    Param("tau", default=None, low=0.0, low_open=True, allow_none=True),
+    _TAU,
     token_dependent=False,
     doc="n_i highest max-probability + pmax >= tau",
   ),
@@ -263,7 +275,8 @@ def check_arg(name: str, arg, flag: str = FLAG) -> Optional[float]:
   bad_low = p.low is not None and (x <= p.low if p.low_open else x < p.low)
   if bad_low or (p.high is not None and x > p.high) or not math.isfinite(float(x)):
     rel = ">" if p.low_open else ">="
-    raise ValueError(f"{flag}={arg} for --policy={name}: {p.name} must be {rel} {p.low:g}")
+    high = "" if p.high is None else f" and <= {p.high:g}"
+    raise ValueError(f"{flag}={arg} for --policy={name}: {p.name} must be {rel} {p.low:g}{high}")
   return x
 
 

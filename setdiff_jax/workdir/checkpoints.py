@@ -12,7 +12,6 @@ steps (`workdir/fallback.py`); a save that runs out of disk raises `errors.DiskF
 
 from __future__ import annotations
 
-import errno
 import json
 from typing import Optional
 
@@ -64,26 +63,11 @@ def make_manager(workdir: str, *, keep: int = 3, with_data: bool = True) -> ocp.
   return manager
 
 
-def _disk_full(e: BaseException) -> bool:
-  """ENOSPC anywhere in the exception chain, or in the text of a wrapped error (tensorstore's
-  RESOURCE_EXHAUSTED, an orbax ValueError around an OSError, ...)."""
-  seen = set()
-  while e is not None and id(e) not in seen:
-    seen.add(id(e))
-    if isinstance(e, OSError) and e.errno == errno.ENOSPC:
-      return True
-    text = str(e)
-    if "No space left on device" in text or "RESOURCE_EXHAUSTED" in text or "ENOSPC" in text:
-      return True
-    e = e.__cause__ or e.__context__
-  return False
-
-
 def save(
   manager: ocp.CheckpointManager, step: int, state, data_iterator=None, *, force=True, protect=()
 ) -> bool:
   """Saves `step`, writes its checksums, checks it, then deletes steps beyond the newest
-  `keep` (never the one just verified, nor the steps in `protect`). A full disk raises
+  `keep` (never the one just verified, nor the steps in `protect`). A full disk (or EFBIG) raises
   `errors.DiskFullError` naming what is still intact; a new step that fails its check raises
   DamagedCheckpointError and deletes nothing.
   """
@@ -97,7 +81,8 @@ def save(
     if saved:
       fallback.write_checksums(manager, step)
   except Exception as e:  # noqa: BLE001 - whatever type carries ENOSPC (OSError, tensorstore)
-    if not _disk_full(e):
+    what = errors.write_limit(e)
+    if what is None:
       raise
     previous = [s for s in manager.all_steps() if s < step]
     intact = (
@@ -106,8 +91,8 @@ def save(
       else "no earlier checkpoint exists"
     )
     raise errors.DiskFullError(
-      f"disk full while saving checkpoint {step} to {manager.directory} ({fallback.short(e)}); "
-      f"{intact}. Free space and run the same command again to resume"
+      f"{what} while saving checkpoint {step} to {manager.directory} ({fallback.short(e)}); "
+      f"{intact}. {errors.limit_fix(what).capitalize()} and run the same command again to resume"
     ) from e
   if saved:
     fallback.check_saved(manager, step)  # raises (and deletes nothing) if the new step is bad

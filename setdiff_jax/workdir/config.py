@@ -11,12 +11,12 @@ defaults live in the package (not in configs/) so an installed wheel needs no so
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Tuple
+from typing import Optional, Tuple
 
 import jax
 import ml_collections
 
-from setdiff_jax import methods, models, paths, sharding
+from setdiff_jax import methods, models, paths, ranges, sharding
 from setdiff_jax.models import attention, layer_stack
 from setdiff_jax.diffusion import losses
 from setdiff_jax.data import pipeline, sources, tokenizers
@@ -139,61 +139,11 @@ def default_config() -> ml_collections.ConfigDict:
 
 
 # ----------------------------------------------------------------------------- field ranges
-class Range(NamedTuple):
-  """Allowed values of a numeric field: lo <= v (< or <=) hi, plus `also` (e.g. -1 = all)."""
-
-  kind: type  # int or float (an int is accepted for a float field)
-  lo: Optional[float] = None
-  hi: Optional[float] = None
-  lo_open: bool = False
-  hi_open: bool = False
-  also: Tuple = ()
-
-  def ok(self, v) -> bool:
-    if isinstance(v, bool) or not isinstance(v, (int, float) if self.kind is float else int):
-      return False
-    if v in self.also:
-      return True
-    lo_ok = self.lo is None or (v > self.lo if self.lo_open else v >= self.lo)
-    hi_ok = self.hi is None or (v < self.hi if self.hi_open else v <= self.hi)
-    return bool(lo_ok and hi_ok)  # NaN fails both
-
-  def describe(self) -> str:
-    fmt = (lambda v: str(int(v))) if self.kind is int else (lambda v: f"{v:g}")  # noqa: E731
-    lo = "-inf" if self.lo is None else fmt(self.lo)
-    hi = "inf" if self.hi is None else fmt(self.hi)
-    text = (
-      f"{'an integer' if self.kind is int else 'a number'} in "
-      f"{'(' if self.lo_open or self.lo is None else '['}{lo}, {hi}"
-      f"{')' if self.hi_open or self.hi is None else ']'}"
-    )
-    return text + "".join(f" or {a}" for a in self.also)
+# The types and the fields several launchers share live in `setdiff_jax/ranges.py`.
+_int, _num = ranges.integer, ranges.number
 
 
-class Choice(NamedTuple):
-  """Allowed values of a field with a fixed set of choices (strings, or True / False)."""
-
-  values: Tuple
-
-  def ok(self, v) -> bool:
-    return any(
-      v is c if isinstance(c, bool) or c is None else (v == c and not isinstance(v, bool))
-      for c in self.values
-    )
-
-  def describe(self) -> str:
-    return "one of " + ", ".join(repr(c) if isinstance(c, str) else str(c) for c in self.values)
-
-
-def _int(lo=None, hi=None, also=()):
-  return Range(int, lo, hi, also=also)
-
-
-def _num(lo=None, hi=None, lo_open=False, hi_open=False, also=()):
-  return Range(float, lo, hi, lo_open, hi_open, also)
-
-
-_BOOL = Choice((True, False))
+_BOOL = ranges.Choice((True, False))
 _POSITIVE = _num(0, lo_open=True)
 _PROBABILITY = _num(0, 1, hi_open=True)
 
@@ -202,10 +152,10 @@ _PROBABILITY = _num(0, 1, hi_open=True)
 # against seq_len, adaLN per method) follow in `validate_config` and each method's
 # `validate_run`; free-form fields (paths, names, sharding rules) are listed in `FREE_FIELDS`.
 FIELD_RANGES = {
-  "objective": Choice(tuple(methods.NAMES)),
-  "seed": _int(0, 2**32 - 1),
+  "objective": ranges.Choice(tuple(methods.NAMES)),
+  "seed": ranges.SHARED["seed"],
   "seq_len": _int(4),
-  "model.backbone": Choice(tuple(models.BACKBONES)),
+  "model.backbone": ranges.Choice(tuple(models.BACKBONES)),
   "model.vocab_size": _int(0),
   "model.hidden_size": _int(1),
   "model.num_layers": _int(0),  # 0 only with init_from_hf (all of the checkpoint's layers)
@@ -214,8 +164,8 @@ FIELD_RANGES = {
   "model.cond_dim": _int(1),
   "model.adaln": _BOOL,
   "model.dropout": _PROBABILITY,
-  "model.dtype": Choice(("float32", "bfloat16", "float16")),
-  "model.attention": Choice(attention.IMPLEMENTATIONS),
+  "model.dtype": ranges.Choice(("float32", "bfloat16", "float16")),
+  "model.attention": ranges.Choice(attention.IMPLEMENTATIONS),
   "model.scan_layers": _BOOL,
   "model.head_vocab_chunk": _int(0),
   "model.rope_base": _POSITIVE,
@@ -232,9 +182,9 @@ FIELD_RANGES = {
   "loss.antithetic": _BOOL,
   "loss.sampling_eps": _num(0, 1, lo_open=True, hi_open=True),
   "loss.ar_first_answer_token": _BOOL,
-  "tokenizer.kind": Choice(tokenizers.KINDS),
+  "tokenizer.kind": ranges.Choice(tokenizers.KINDS),
   "tokenizer.vocab_size": _int(1),
-  "tokenizer.lowercase": Choice((None, True, False)),
+  "tokenizer.lowercase": ranges.Choice((None, True, False)),
   "tokenizer.control_tokens_in_text": _BOOL,
   "data.read_threads": _int(0),
   "data.prefetch": _int(0),
@@ -243,12 +193,12 @@ FIELD_RANGES = {
   "data.task_train_examples": _int(1),
   "data.task_eval_examples": _int(1),
   "data.task_seed": _int(0),
-  "batch_size": _int(1),
+  "batch_size": ranges.SHARED["batch_size"],
   "grad_accum_steps": _int(1),
   "num_train_steps": _int(0),  # >= 1 on a new workdir (train_and_evaluate)
   "learning_rate": _POSITIVE,
   "warmup_steps": _int(0),
-  "lr_schedule": Choice(("constant", "cosine")),
+  "lr_schedule": ranges.Choice(("constant", "cosine")),
   "cosine_alpha": _num(0, 1),
   "weight_decay": _num(0),
   "adam_b1": _PROBABILITY,
@@ -263,7 +213,7 @@ FIELD_RANGES = {
   "checkpoint_every_steps": _int(1),
   "keep_checkpoints": _int(1),
   "num_eval_samples": _int(0),
-  "eval_params": Choice(("ema", "raw")),
+  "eval_params": ranges.Choice(("ema", "raw")),
   "divergence_factor": _num(1, lo_open=True, also=(0,)),
   "divergence_ceiling": _num(0),
   "divergence_patience": _int(1),
@@ -285,13 +235,13 @@ RL_FIELD_RANGES = {
   "rl.kl_beta": _num(0),
   "rl.adv_eps": _POSITIVE,
   "rl.score_chunk": _int(0),
-  "rl.temperature": _POSITIVE,
-  "rl.top_p": _num(0, 1, lo_open=True),
-  "rl.repetition_penalty": _POSITIVE,
-  "rl.policy": Choice(tuple(policies.POLICIES)),
-  "rl.window": _int(0),
+  "rl.temperature": ranges.SHARED["temperature"],
+  "rl.top_p": ranges.SHARED["top_p"],
+  "rl.repetition_penalty": ranges.SHARED["repetition_penalty"],
+  "rl.policy": ranges.Choice(tuple(policies.POLICIES)),
+  "rl.window": ranges.SHARED["window"].with_also(0),  # 0: the default
   "rl.num_steps": _int(0),
-  "rl.max_new_tokens": _int(0),
+  "rl.max_new_tokens": ranges.SHARED["max_new_tokens"].with_also(0),  # 0: the default
 }
 # Free-form fields (paths, names, rules), checked where they are used; the choice fields of the
 # data config (source, preprocess, ...) are checked by `pipeline.validate_data_config`; the RL

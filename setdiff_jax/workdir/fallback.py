@@ -372,10 +372,12 @@ def restore_with_fallback(
       f"parameters: "
       f"--workdir=NEW --config.init_from={os.path.dirname(str(manager.directory))}"
     )
-  raise errors.DamagedCheckpointError(
+  error = errors.DamagedCheckpointError(
     f"no checkpoint in {manager.directory} loads: {reasons}. Train into another --workdir (or "
     f"move the damaged checkpoints/<step> folders away to start this one afresh)"
   )
+  error.none_loads = f"no checkpoint in {manager.directory} loads: {reasons}"  # without advice
+  raise error
 
 
 def set_aside(

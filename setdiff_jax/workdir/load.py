@@ -18,7 +18,7 @@ import jax
 import ml_collections
 import orbax.checkpoint as ocp
 
-from setdiff_jax import models, paths, sharding
+from setdiff_jax import errors, models, paths, sharding
 from setdiff_jax.workdir import fallback
 from setdiff_jax.workdir import checkpoints as checkpointing
 from setdiff_jax import layer_names
@@ -128,6 +128,14 @@ def load_params(path: str, like, *, use_ema: bool = False):
     )[0]
   except FileNotFoundError as e:
     raise FileNotFoundError(f"init_from={path!r}: {e}") from e
+  except errors.DamagedCheckpointError as e:
+    if not hasattr(e, "none_loads"):
+      raise
+    raise errors.DamagedCheckpointError(
+      f"init_from={path!r}, the run this one starts from, has no intact checkpoint "
+      f"({e.none_loads}): restore that run's checkpoints/ from a backup, or set init_from to "
+      "another run"
+    ) from e
   if source_scanned == want_scanned:
     return restored
   shardings = jax.tree_util.tree_map(lambda a: a.sharding, like)

@@ -193,9 +193,25 @@ def saved_steps(workdir: str) -> List[int]:
   return sorted(int(s) for s in paths.listdir(d) if s.isdigit())
 
 
+def check_workdir_path(workdir: str, flag: str = "--workdir"):
+  """ValueError if `workdir` (or a folder above it) is an existing regular file."""
+  if paths.is_remote(workdir):
+    return
+  node = os.path.abspath(workdir)
+  while not os.path.exists(node) and os.path.dirname(node) != node:
+    node = os.path.dirname(node)
+  if os.path.exists(node) and not os.path.isdir(node):
+    what = "is" if node == os.path.abspath(workdir) else f"is inside {node}, which is"
+    raise ValueError(
+      f"{flag}={workdir} {what} a regular file, not a directory: pass a directory (a new one, "
+      "or a run's)"
+    )
+
+
 def check_new_workdir(config, workdir: str):
-  """ValueError for num_train_steps < 1 on a workdir without checkpoints (nothing would be
-  trained or saved); called before anything is written."""
+  """ValueError for a workdir that is a file, or for num_train_steps < 1 on a workdir without
+  checkpoints (nothing would be trained or saved); called before anything is written."""
+  check_workdir_path(workdir)
   if not saved_steps(workdir) and int(config.get("num_train_steps", 1)) < 1:
     raise ValueError(
       f"invalid config: num_train_steps={config.num_train_steps} on the new "
@@ -274,6 +290,7 @@ __all__ = [
   "WorkdirLock",
   "STRUCTURAL",
   "structural_changes",
+  "check_workdir_path",
   "check_new_workdir",
   "check_resume",
   "absolute_paths",

@@ -1,0 +1,90 @@
+"""Which data source reads which data-path field, and the checks of a data file given by a flag.
+
+Every data-path field (`data.paths`, `data.eval_paths`, `data.tfds_data_dir`) is read by some
+sources only; set on another source it would be silently ignored, so it is refused instead
+(training: `check_fields`, from `pipeline.validate_data_config`; evaluation: `apply_overrides`,
+for `launch/evaluate.py --eval_paths / --tfds_data_dir`). A file named by a flag is checked
+before anything is computed (`check_text_file`): missing, a directory, empty or not UTF-8 text
+is one error naming the flag and the file.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Dict, Tuple
+
+from setdiff_jax.data import text_files
+
+# field -> the data sources that read it
+READERS: Dict[str, Tuple[str, ...]] = {
+  "paths": ("text", "jsonl", "pairs_jsonl"),
+  "eval_paths": ("text", "jsonl", "pairs_jsonl"),
+  "tfds_data_dir": ("tfds", "gsm8k"),
+}
+_SNIFF_BYTES = 1 << 20  # how much of a file the UTF-8 check reads
+
+
+def _given(value) -> bool:
+  return bool(text_files.parse_paths(value)) if value is not None else False
+
+
+def _not_read(source: str, field: str, name: str) -> str:
+  readers = ", ".join(READERS[field])
+  what = {
+    "embedded": "the embedded corpus",
+    "arithmetic": "a procedural task (no files)",
+    "chain": "a procedural task (no files)",
+  }.get(source, f"data.source={source}")
+  return (
+    f"{name} is not read by this run: data.source={source} reads {what}; {name} applies "
+    f"to data.source {readers} only: drop it"
+  )
+
+
+def check_fields(data_cfg):
+  """Refuses a data-path field set on a source that does not read it (a training config)."""
+  source = data_cfg.get("source")
+  for field, readers in READERS.items():
+    if source not in readers and _given(data_cfg.get(field)):
+      raise ValueError(_not_read(source, field, f"data.{field}"))
+
+
+def check_text_file(path: str, flag: str):
+  """Raises ValueError (naming `flag` and the file) unless `path` is a non-empty UTF-8 text file
+  (.gz / .xz / .bz2 decompressed); remote paths are left to their reader."""
+  if "://" in path:
+    return
+  if os.path.isdir(path):
+    raise ValueError(f"{flag}={path} is a directory; it takes files (comma-separated): list them")
+  if not os.path.isfile(path):
+    raise ValueError(f"{flag}={path}: no such file; pass an existing file")
+  with text_files.open_text(path, flag.lstrip("-")) as f:
+    try:
+      head = f.read(_SNIFF_BYTES)
+    except UnicodeDecodeError as e:
+      raise ValueError(
+        f"{flag}={path} is not UTF-8 text (byte {e.start}: {e.reason}); pass a text file"
+      ) from e
+  if not head.strip():
+    raise ValueError(f"{flag}={path} is empty; pass a file with data")
+  if "\x00" in head:
+    raise ValueError(f"{flag}={path} is binary (it holds NUL bytes), not text; pass a text file")
+
+
+def apply_overrides(data_cfg, overrides: Dict[str, Tuple[str, str]]):
+  """Sets data fields from flags, {field: (flag, value)}, refusing a flag the run's data source
+  does not read and, for file lists, a file that is not usable text."""
+  source = data_cfg.get("source")
+  for field, (flag, value) in overrides.items():
+    if source not in READERS[field]:
+      raise ValueError(_not_read(source, field, flag))
+    if field in ("paths", "eval_paths"):
+      files = text_files.parse_paths(value)
+      if not files:
+        raise ValueError(f"{flag} is empty; pass one or more files (comma-separated)")
+      for path in files:
+        check_text_file(path, flag)
+    data_cfg[field] = value
+
+
+__all__ = ["READERS", "check_fields", "check_text_file", "apply_overrides"]
