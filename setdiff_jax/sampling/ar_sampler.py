@@ -51,15 +51,15 @@ def _ar_choose(logits, canvas, seen_upto, key, cfg: SamplerConfig):
 
 
 def _ar_draw(logits, canvas, seen_upto, key, cfg: SamplerConfig):
-  """One draw for the whole batch from one key: (next key, token int32 [B], log-prob fp32 [B])."""
-  key, sub = jax.random.split(key)
+  """(next key, token int32 [B], log-prob fp32 [B]) from one key, or per-row keys [B, 2]."""
+  key, sub = processors.split_key(key)
   tok, lp = _ar_choose(logits, canvas, seen_upto, sub, cfg)
   return key, tok, lp
 
 
-def ar_step(fwd, s: _ARState, plen, n, cfg: SamplerConfig, stop_eos: bool, draw=_ar_draw):
+def ar_step(fwd, s: _ARState, plen, n, cfg: SamplerConfig, stop_eos: bool):
   """One decoding step: every live row feeds its last token against its cache and draws the
-  next one (`draw(logits [B, V], canvas, seen_upto [B], key) -> (key, token, log-prob)`)."""
+  next one (`s.key`: one key, or per-row keys [B, 2])."""
   b, lc = s.canvas.shape
   rows = jnp.arange(b)
   live = ~s.done
@@ -68,7 +68,7 @@ def ar_step(fwd, s: _ARState, plen, n, cfg: SamplerConfig, stop_eos: bool, draw=
   mask = jnp.concatenate([s.cache.valid, jnp.ones((b, 1), bool)], -1)[:, None, :]
   logits, kv = fwd.apply(fwd.params, tokens, cur[:, None], mask, s.cache.kv, 0)
   cache = append(s.cache, kv, cur[:, None], live.astype(jnp.int32))
-  key, tok, lp = draw(logits[:, 0], s.canvas, cur + 1, s.key, cfg)
+  key, tok, lp = _ar_draw(logits[:, 0], s.canvas, cur + 1, s.key, cfg)
   nxt = jnp.where(live, cur + 1, lc)  # dropped when not live
   canvas = s.canvas.at[rows, nxt].set(tok, mode="drop")
   logprob = s.logprob.at[rows, nxt].set(lp, mode="drop")
@@ -86,17 +86,18 @@ def ar_step(fwd, s: _ARState, plen, n, cfg: SamplerConfig, stop_eos: bool, draw=
   )
 
 
-def ar_start(fwd, prompt, plen, canvas, n, key, cfg: SamplerConfig, stop_eos: bool, draw=_ar_draw):
+def ar_start(fwd, prompt, plen, canvas, n, key, cfg: SamplerConfig, stop_eos: bool):
   """The prompt pass (one call) and the first token: the state before the first step.
 
-  prompt int32 [B, Pmax] (left-aligned), plen int32 [B], canvas int32 [B, Lc], n: new tokens."""
+  prompt int32 [B, Pmax] (left-aligned), plen int32 [B], canvas int32 [B, Lc], n: new tokens;
+  key: one key, or per-row keys [B, 2]."""
   b, pmax = prompt.shape
   lc = canvas.shape[1]
   rows = jnp.arange(b)
   pos = jnp.broadcast_to(jnp.arange(pmax, dtype=jnp.int32), (b, pmax))
   cache, logits = prefill(fwd, prompt, pos, pos < plen[:, None], lc, want_logits=True)
   last = jnp.take_along_axis(logits, (plen - 1)[:, None, None], 1)[:, 0]
-  key, tok, lp = draw(last, canvas, plen, key, cfg)
+  key, tok, lp = _ar_draw(last, canvas, plen, key, cfg)
   canvas = canvas.at[rows, plen].set(tok)
   logprob = jnp.zeros(canvas.shape, jnp.float32).at[rows, plen].set(lp)
   n_gen = jnp.ones((b,), jnp.int32)

@@ -20,12 +20,13 @@ iteration is:
   harvest rows that ended this step (EOS, budget, no mask left) are written to the output
           buffers at their input index and their slots become free.
 
-Per-row RNG: row r draws from key_r = fold_in(key, r), split once per step exactly as the
-static sampler splits its batch key, and the step's choice runs per row (`jax.vmap` over slots,
-each with batch 1). So row r's tokens, commit steps and log-probabilities are those of decoding
-prompt r alone (batch 1) with rng = key_r, independent of its slot and of its neighbours
-(tests/test_continuous.py). Greedy decoding ignores the key: the rows then equal the static
-batches' rows too (the static batches share one key per batch, so sampled rows differ from them).
+Per-row RNG: row r draws from key_r = fold_in(key, r): the slots' state holds per-row keys
+[S, 2], which the samplers' own step code splits row by row (`processors.split_key`) and draws
+from with a batch of one per row (`processors.choose`). So row r's tokens, commit steps and
+log-probabilities are those of decoding prompt r alone (batch 1) with rng = key_r, independent of
+its slot and of its neighbours (tests/test_continuous.py). Greedy decoding ignores the key: the
+rows then equal the static batches' rows too (static batches share one key per batch, so sampled
+rows differ from them).
 
 Shapes are fixed per call: S slots, K refill rows, the canvas width (longest bucketed prompt +
 the largest budget), rows padded to a power of two (`n_rows` is an argument): one compiled
@@ -104,38 +105,6 @@ def _scatter(tree, new, dest):
 
 def _row_keys(key, rows):
   return jax.vmap(lambda r: jax.random.fold_in(key, r))(rows)
-
-
-def _per_row(fn):
-  """fn over a batch of one, mapped over rows: what a row alone (batch 1) computes. Every
-  argument and result leaf gets a batch axis of 1, except PRNG keys (`_Key`), which a batch
-  holds once, not per row."""
-
-  def one(*args):
-    return _unbatch(fn(*_batch1(args)))
-
-  return jax.vmap(one)
-
-
-@flax.struct.dataclass
-class _Key:
-  """A row's PRNG key [2], kept unbatched by `_per_row`."""
-
-  key: jax.Array
-
-
-def _batch1(tree):
-  return jax.tree_util.tree_map(
-    lambda x: x if isinstance(x, _Key) else x[None], tree, is_leaf=lambda x: isinstance(x, _Key)
-  )
-
-
-def _unbatch(tree):
-  return jax.tree_util.tree_map(
-    lambda x: x if isinstance(x, _Key) else x[0],
-    tree,
-    is_leaf=lambda x: isinstance(x, _Key),
-  )
 
 
 def _run_slots(rows_in, n_rows, key, *, slots: int, refill: int, start, step, extra_of, outputs):
@@ -224,16 +193,12 @@ def _set_slots_core(
   def start(inp, keys):
     return set_sampler.set_init(fwd, inp, cfg.window, keys)
 
-  def advance_row(st, inp, win, logits):
-    st = st.replace(key=st.key.key)
-    new = set_sampler.advance(st, inp, cfg, win, logits, None, stop_eos=stop_eos, history=history)
-    return new[0].replace(key=_Key(new[0].key))
-
   def step(st, inp):
     win = set_sampler.step_window(st, inp, cfg)
     logits, model = set_sampler.cached_forward(fwd, st, cfg, win)
-    new = _per_row(advance_row)(st.replace(model=None, key=_Key(st.key)), inp, win, logits)
-    return new.replace(model=model, key=new.key.key)
+    return set_sampler.advance(
+      st, inp, cfg, win, logits, model, stop_eos=stop_eos, history=history
+    )[0]
 
   def outputs(st):
     return dict(
@@ -263,21 +228,13 @@ def _set_slots_core(
 def _ar_slots_core(apply, params, rows_in, n_rows, key, *, cfg, stop_eos, slots, refill):
   fwd = bind(apply, params)
 
-  def draw_row(z, canvas, seen, key):
-    key, tok, lp = ar_sampler._ar_draw(z, canvas, seen, key.key, cfg)
-    return _Key(key), tok, lp
-
-  def draw_rows(z, canvas, seen, keys, _cfg):
-    keys, tok, lp = _per_row(draw_row)(z, canvas, seen, _Key(keys))
-    return keys.key, tok, lp
-
   def start(inp, keys):
     prompt, plen, canvas, n = inp
-    return ar_sampler.ar_start(fwd, prompt, plen, canvas, n, keys, cfg, stop_eos, draw_rows)
+    return ar_sampler.ar_start(fwd, prompt, plen, canvas, n, keys, cfg, stop_eos)
 
   def step(st, extra):
     plen, n = extra
-    return ar_sampler.ar_step(fwd, st, plen, n, cfg, stop_eos, draw_rows)
+    return ar_sampler.ar_step(fwd, st, plen, n, cfg, stop_eos)
 
   def outputs(st):
     return dict(
@@ -326,24 +283,27 @@ def _budgets(rows, cfg: SamplerConfig, budgets) -> np.ndarray:
   return n.astype(np.int32)
 
 
-def set_rows(prompts, cfg: SamplerConfig, budgets=None) -> SetInputs:
+def set_rows(prompts, cfg: SamplerConfig, budgets=None, width: Optional[int] = None) -> SetInputs:
   """Every row's set-sampler inputs, one shared width: prompt ++ [M] * N_r (N_r = the row's
-  budget, default cfg.max_new_tokens); width = the bucketed longest prompt + the largest N_r."""
+  budget, default cfg.max_new_tokens); width (default) = the bucketed longest prompt + the
+  largest N_r."""
   rows = _as_rows(prompts, "prompts")
   n = _budgets(rows, cfg, budgets)
   check_prompts(rows, cfg, int(n.max()))
   canvases = [np.concatenate([p, np.full(b, cfg.mask_token_id)]) for p, b in zip(rows, n)]
   targets = [np.arange(len(p) + b) >= len(p) for p, b in zip(rows, n)]
-  width = prompt_width(rows, cfg.replace(max_new_tokens=int(n.max()))) + int(n.max())
+  if width is None:
+    width = prompt_width(rows, cfg.replace(max_new_tokens=int(n.max()))) + int(n.max())
   return build_inputs(canvases, targets, cfg, cfg.seed, width=width)
 
 
-def ar_rows(prompts, cfg: SamplerConfig, budgets=None):
-  """Every row's AR inputs: (prompt [R, Pmax], plen [R], canvas [R, Lc], n [R]) and target."""
+def ar_rows(prompts, cfg: SamplerConfig, budgets=None, width: Optional[int] = None):
+  """Every row's AR inputs: (prompt [R, Pmax], plen [R], canvas [R, Lc], n [R]) and target;
+  Lc = the bucketed longest prompt + the largest budget, or `width` if wider."""
   rows = _as_rows(prompts, "prompts")
   n = _budgets(rows, cfg, budgets)
   prompt, plen, canvas, target = prompt_arrays(
-    rows, cfg.replace(max_new_tokens=int(n.max())), int(n.max())
+    rows, cfg.replace(max_new_tokens=int(n.max())), int(n.max()), width
   )
   target &= (np.arange(target.shape[1])[None] - plen[:, None]) < n[:, None]
   return (prompt, plen, canvas, n), target

@@ -249,7 +249,7 @@ def advance(
   live = win.live
 
   # -- processors, choice, commit
-  key, sub = jax.random.split(state.key)
+  key, sub = processors.split_key(state.key)  # one key, or per-row keys [B, 2]
   hist = _history_mask(state, target, valid, history, m) if cfg.repetition_penalty != 1.0 else None
   n_i = processors.schedule_count(jnp.asarray(inp.counts, jnp.int32), state.step)
   cand, keep, carry, logp = processors.decide(

@@ -290,6 +290,7 @@ RL_FIELD_RANGES = {
   "rl.repetition_penalty": _POSITIVE,
   "rl.policy": Choice(tuple(policies.POLICIES)),
   "rl.window": _int(0),
+  "rl.continuous_slots": _int(0),
   "rl.num_steps": _int(0),
   "rl.max_new_tokens": _int(0),
 }
