@@ -206,3 +206,56 @@ def test_rows_equal_rows_alone_dit(kind):
     )
     assert_rows_alone(kind, model, params, prompts, budgets, cfg, key, out, exact=False)
     check_counters(kind, out, len(prompts))
+
+
+@pytest.mark.slow
+def test_benchmark_quick(tmp_path):
+  """benchmarks/continuous_batching.py --quick: identical rows (checked inside), exact counters,
+  continuous batching busier and needing fewer decode steps than static batches."""
+  import importlib.util
+  import os
+  import sys
+
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  sys.path.insert(0, os.path.join(repo, "benchmarks"))
+  spec = importlib.util.spec_from_file_location(
+    "continuous_batching", os.path.join(repo, "benchmarks", "continuous_batching.py")
+  )
+  bench = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(bench)
+  table = bench.main(["--quick", "--samplers=set", f"--out={tmp_path}"])
+  static, flow = table
+  assert static["mode"] == "static" and flow["mode"] == "continuous"
+  assert static["identical_rows"] and flow["identical_rows"]
+  assert flow["utilisation"] > static["utilisation"]
+  assert flow["decode_steps"] < static["decode_steps"]
+  assert flow["compiled_programs"] == 1
+  assert os.path.exists(tmp_path / "continuous_batching.json")
+  assert "| set | continuous |" in (tmp_path / "continuous_batching.md").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mesh_cfg", [{"data": 8}, {"data": 2, "tensor": 4}])
+def test_mesh_gives_the_single_device_rows(mesh_cfg):
+  """Parameters placed by the training rules on 8 emulated devices: slots split over data (x
+  heads over tensor), the same rows and counters as on one device."""
+  from helpers import random_dit
+  from setdiff_jax import sharding
+  from setdiff_jax.models.dit import DiTConfig
+
+  model, params = random_dit(
+    DiTConfig(vocab_size=48, hidden_size=32, num_layers=1, num_heads=4, dropout=0.0), 2
+  )
+  prompts, budgets = mixed_rows(12, seed=4)
+  prompts = [[min(t, 47) for t in p] for p in prompts]
+  cfg = cfg_of(greedy=False, threshold=0.3)
+  key = jax.random.PRNGKey(0)
+  run = lambda p: continuous.continuous_generate(
+    "set", model, p, prompts, cfg, key, slots=8, refill=2, budgets=budgets
+  )
+  one = run(params)
+  mesh = sharding.make_mesh(mesh_cfg)
+  flow = run(jax.device_put(params, sharding.state_shardings(params, mesh)))
+  assert flow.result.generated == one.result.generated
+  np.testing.assert_allclose(flow.result.token_logprob, one.result.token_logprob, atol=2e-5)
+  assert flow.counters == one.counters

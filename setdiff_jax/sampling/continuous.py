@@ -48,7 +48,7 @@ import numpy as np
 
 from setdiff_jax.sampling import ar_sampler, placement, set_sampler
 from setdiff_jax.sampling.baselines import loop_cfg, prompt_arrays, sample_output
-from setdiff_jax.sampling.cache import as_forward, bind
+from setdiff_jax.sampling.cache import KVCache, as_forward, bind
 from setdiff_jax.sampling.config import SampleOutput, SamplerConfig, bucket_length
 from setdiff_jax.sampling.set_inputs import (
   SetInputs,
@@ -107,6 +107,20 @@ def _row_keys(key, rows):
   return jax.vmap(lambda r: jax.random.fold_in(key, r))(rows)
 
 
+def _shard_cache(state):
+  """The slots' KV cache pinned like the static samplers' (slots over data x fsdp, heads over
+  tensor; `placement.constrain_kv`; identity off a mesh)."""
+
+  def pin(c):
+    if not isinstance(c, KVCache):
+      return c
+    return c.replace(
+      kv=jax.tree_util.tree_map(lambda x: placement.constrain_kv(x, c.seq_axis), c.kv)
+    )
+
+  return jax.tree_util.tree_map(pin, state, is_leaf=lambda x: isinstance(x, KVCache))
+
+
 def _run_slots(rows_in, n_rows, key, *, slots: int, refill: int, start, step, extra_of, outputs):
   """The loop (module doc). rows_in: every row's inputs [R, ...]; start(inputs [K], keys [K]) ->
   fresh sampler state [K]; step(state, extra) -> state; extra_of(inputs) -> per-slot extra;
@@ -119,7 +133,7 @@ def _run_slots(rows_in, n_rows, key, *, slots: int, refill: int, start, step, ex
   zeros = lambda shapes, n: jax.tree_util.tree_map(
     lambda s: jnp.zeros((n,) + s.shape[1:], s.dtype), shapes
   )
-  state0 = zeros(shape_k, slots).replace(done=jnp.ones((slots,), bool))
+  state0 = _shard_cache(zeros(shape_k, slots).replace(done=jnp.ones((slots,), bool)))
   out0 = {
     name: jnp.zeros((n_pad,) + s.shape[1:], s.dtype)
     for name, s in jax.eval_shape(outputs, shape_k).items()
