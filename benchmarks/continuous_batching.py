@@ -1,6 +1,6 @@
 """Static vs continuous batching on a GSM8K-like answer-length mix (issue 38).
 
-  python benchmarks/continuous_batching.py                 # 256 rows, 32 slots, set + AR
+  python benchmarks/continuous_batching.py                 # 1319 rows (GSM8K test), 32 slots, set + AR
   python benchmarks/continuous_batching.py --quick         # 48 rows, 8 slots (the slow-tier test)
 
 The same rows are decoded two ways with the same sampler (greedy):
@@ -50,7 +50,7 @@ PAD, BOS, EOS, MASK = 0, 1, 2, 3
 
 def parse_args(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-  p.add_argument("--rows", type=int, default=256)
+  p.add_argument("--rows", type=int, default=1319, help="default: the GSM8K test set's size")
   p.add_argument("--slots", type=int, default=32)
   p.add_argument("--refill", type=int, default=None, help="rows per refill call (default S/8)")
   p.add_argument("--samplers", default="set,ar")

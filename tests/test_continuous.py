@@ -193,11 +193,11 @@ def test_rows_equal_rows_alone_dit(kind):
   model, params = random_dit(
     DiTConfig(vocab_size=48, hidden_size=32, num_layers=2, num_heads=2, dropout=0.0), 0
   )
-  rng = np.random.default_rng(2)
+  rng = np.random.default_rng(2)  # one prompt bucket, two budgets: few batch-1 programs
   prompts = [
-    [BOS] + [int(t) for t in rng.integers(4, 48, size=rng.integers(1, 9))] for _ in range(7)
+    [BOS] + [int(t) for t in rng.integers(4, 48, size=rng.integers(1, 7))] for _ in range(6)
   ]
-  budgets = [int(b) for b in rng.integers(2, 10, size=7)]
+  budgets = [int(b) for b in rng.choice([3, 7], size=6)]
   key = jax.random.PRNGKey(3)
   for setting in (dict(greedy=True, threshold=0.3), dict(greedy=False, top_p=0.9)):
     cfg = cfg_of(**setting)
