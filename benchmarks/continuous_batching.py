@@ -46,6 +46,7 @@ from setdiff_jax.sampling.cache import as_forward
 from setdiff_jax.sampling.config import SamplerConfig
 
 PAD, BOS, EOS, MASK = 0, 1, 2, 3
+KIND = {"set": "set", "ar": "causal"}  # --samplers name -> `continuous` loop
 
 
 def parse_args(argv=None):
@@ -191,7 +192,7 @@ def run(args):
     static_programs = compiles.compiled_programs() - before
     before = compiles.compiled_programs()
     flow = lambda: continuous.continuous_generate(
-      kind,
+      KIND[kind],
       model,
       params,
       prompts,

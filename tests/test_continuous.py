@@ -74,7 +74,7 @@ def mixed_rows(n: int, seed: int):
   return prompts, budgets
 
 
-GENERATE = {"set": set_sampler.set_generate, "ar": ar_sampler.ar_generate}
+GENERATE = {"set": set_sampler.set_generate, "causal": ar_sampler.ar_generate}
 SETTINGS = [
   dict(greedy=True),
   dict(greedy=True, threshold=0.2, repetition_penalty=1.3),
@@ -114,13 +114,13 @@ def check_counters(kind, out, n_rows):
   assert c["forward_calls"] == c["decode_steps"] + c["prefill_calls"]
 
 
-@pytest.mark.parametrize("kind", ["set", "ar"])
+@pytest.mark.parametrize("kind", ["set", "causal"])
 @pytest.mark.parametrize(
   "setting",
   [0, 2, pytest.param(1, marks=pytest.mark.slow), pytest.param(3, marks=pytest.mark.slow)],
 )
 def test_rows_equal_rows_alone_toy(kind, setting):
-  if kind == "ar" and "policy" in SETTINGS[setting]:
+  if kind == "causal" and "policy" in SETTINGS[setting]:
     pytest.skip("AR has no commit policy")
   prompts, budgets = mixed_rows(8, seed=setting)
   cfg = cfg_of(**SETTINGS[setting])
@@ -137,7 +137,7 @@ def test_greedy_equals_static_batches():
   """Greedy rows do not depend on the key: continuous = the static sampler's batches."""
   prompts, _ = mixed_rows(9, seed=3)
   cfg = cfg_of(threshold=0.3)
-  for kind in ("set", "ar"):
+  for kind in ("set", "causal"):
     out = continuous.continuous_generate(kind, toy, None, prompts, cfg, slots=3, refill=1)
     static = [GENERATE[kind](toy, None, prompts[i : i + 4], cfg) for i in range(0, 9, 4)]
     assert out.result.generated == sum((s.generated for s in static), [])
@@ -180,11 +180,11 @@ def test_bad_inputs():
   with pytest.raises(ValueError, match="budgets"):
     continuous.continuous_generate("set", toy, None, prompts, cfg_of(), budgets=[1, 2])
   with pytest.raises(ValueError, match="refill"):
-    continuous.continuous_generate("ar", toy, None, prompts, cfg_of(), slots=2, refill=3)
+    continuous.continuous_generate("causal", toy, None, prompts, cfg_of(), slots=2, refill=3)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["set", "ar"])
+@pytest.mark.parametrize("kind", ["set", "causal"])
 def test_rows_equal_rows_alone_dit(kind):
   """The tiny random DiT: equal tokens, commit steps, steps; log-probs to fp32 rounding."""
   from helpers import random_dit

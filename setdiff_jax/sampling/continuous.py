@@ -1,6 +1,6 @@
 """Continuous batching: a fixed number of decoding slots, refilled inside one jitted loop.
 
-  out = continuous_generate("set", model, params, prompts, cfg, rng, slots=32)
+  out = continuous_generate("set", model, params, prompts, cfg, rng, slots=32)  # or "causal" (AR)
   out.result            # SampleOutput, rows in input order
   out.counters          # decode_steps, prefill_calls, live_slot_steps, slots, ...
 
@@ -59,7 +59,7 @@ from setdiff_jax.sampling.set_inputs import (
   prompt_width,
 )
 
-KINDS = ("set", "ar")
+KINDS = ("set", "causal")  # the set sampler, the causal (AR) loop
 
 
 def unsupported(kind: Optional[str], cfg: SamplerConfig) -> Optional[str]:
@@ -345,7 +345,7 @@ def continuous_generate(
 ) -> ContinuousOutput:
   """Decodes every prompt with `slots` continuously refilled slots (module doc).
 
-  kind: 'set' (the SetDLM sampler) or 'ar'. rng: the base key (default PRNGKey(cfg.seed));
+  kind: 'set' (the SetDLM sampler) or 'causal' (AR). rng: the base key (default PRNGKey(cfg.seed));
   row r draws from fold_in(rng, r). refill: rows per prompt-encoding call (default
   max(1, slots // 8)). budgets: per-row max new tokens (default cfg.max_new_tokens each).
   """
