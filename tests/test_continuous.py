@@ -143,6 +143,16 @@ def test_greedy_equals_static_batches():
     assert out.result.generated == sum((s.generated for s in static), [])
 
 
+def test_typed_key_is_its_key_data():
+  prompts, budgets = mixed_rows(5, seed=6)
+  cfg = cfg_of(greedy=False, threshold=0.4)
+  run = lambda key: continuous.continuous_generate(
+    "set", toy, None, prompts, cfg, key, slots=5, refill=5, budgets=budgets
+  )
+  typed, raw = run(jax.random.key(4)), run(jax.random.PRNGKey(4))
+  assert typed.result.generated == raw.result.generated
+
+
 def test_slot_count_and_refill_do_not_change_rows():
   prompts, budgets = mixed_rows(10, seed=5)
   cfg = cfg_of(greedy=False, threshold=0.4)

@@ -362,6 +362,8 @@ def continuous_generate(
   n_pad = max(bucket_length(n_rows, "pow2"), slots)
   fwd = as_forward(model, params)
   key = set_sampler._key(rng, cfg)
+  if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):  # a typed key: its data, uint32 [2]
+    key = jax.random.key_data(key)
   static = loop_cfg(cfg)
   mesh = placement.mesh_of(fwd.params)
   if kind == "set":
