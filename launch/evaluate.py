@@ -101,7 +101,13 @@ flags.DEFINE_string(
   "JSONL of prompt/answer pairs (default: the run's eval split of its pair source).",
 )
 flags.DEFINE_integer("num_examples", None, "Evaluate the first test pairs only.")
-flags.DEFINE_integer("accuracy_batch_size", 32, "Prompts decoded per call.")
+flags.DEFINE_integer("accuracy_batch_size", 32, "Prompts decoded per call (or slots).")
+flags.DEFINE_bool(
+  "continuous",
+  True,
+  "Accuracy: continuous batching (--accuracy_batch_size slots refilled as rows end) for the set "
+  "sampler and AR, the same greedy tokens; --nocontinuous decodes static batches.",
+)
 flags.DEFINE_integer("speed_examples", 16, "Prompts timed one per call (batch 1).")
 flags.DEFINE_enum("extractor", "auto", ["hash", "boxed", "auto"], "Final-answer extractor.")
 flags.DEFINE_enum("preset", None, ["gsm8k_shell", "gsm8k_repro"], "GSM8K decode setting.")
@@ -188,6 +194,7 @@ def main(argv):
     accuracy_data=FLAGS.accuracy_data,
     num_examples=FLAGS.num_examples,
     accuracy_batch_size=FLAGS.accuracy_batch_size,
+    continuous=FLAGS.continuous,
     speed_examples=FLAGS.speed_examples,
     extractor=FLAGS.extractor,
     preset=FLAGS.preset,

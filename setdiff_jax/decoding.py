@@ -13,6 +13,7 @@ special tokens), `decode(ids) -> str` (drops specials), `bos_id`, `eos_id`, `pad
 from __future__ import annotations
 
 import dataclasses
+import functools
 import secrets
 from typing import Any, Callable, List, Optional
 
@@ -21,7 +22,7 @@ import numpy as np
 
 from setdiff_jax import methods, paths
 from setdiff_jax.workdir import load as workdir_lib
-from setdiff_jax.sampling import compiles, policies
+from setdiff_jax.sampling import compiles, continuous, policies
 from setdiff_jax.sampling.config import SampleOutput, SamplerConfig
 from setdiff_jax.sampling.text import parse_infill, prompt_ids
 from setdiff_jax.sampling.timing import time_calls
@@ -68,6 +69,16 @@ def decode_weights(params, dtype: str = "float32"):
 def sampler_for(objective: str) -> Callable[..., SampleOutput]:
   """The sampler of a method: generate(model, params, prompts, cfg, rng) -> SampleOutput."""
   return methods.get(objective).generate
+
+
+def continuous_for(objective: str, cfg: SamplerConfig) -> Optional[Callable[..., Any]]:
+  """The continuous-batching decoder of a method when it is exact for this config
+  (`sampling.continuous`): generate(model, params, prompts, cfg, rng, slots=B) ->
+  ContinuousOutput; None when the method or config needs static batches."""
+  kind = methods.get(objective).continuous_kind
+  if continuous.unsupported(kind, cfg) is not None:
+    return None
+  return functools.partial(continuous.continuous_generate, kind)
 
 
 def generate_text(
@@ -335,6 +346,7 @@ __all__ = [
   "decode_weights",
   "sampler_config_for",
   "sampler_for",
+  "continuous_for",
   "generate_text",
   "SamplingReport",
   "run_sampling",

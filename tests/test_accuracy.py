@@ -129,6 +129,13 @@ def test_batch_of_mixed_prompts_equals_each_alone(name, setting):
   assert batched["generated"] == alone["generated"]
   assert batched["num_steps"] == alone["num_steps"]
   assert all(len(g) >= 1 for g in batched["generated"])
+  cont = decoding.continuous_for(name, scfg)  # continuous batching: the same rows
+  assert (cont is None) == (name not in ("setdlm", "ar"))
+  if cont is not None:
+    flow = accuracy.decode_all(sampler, model, params, prompts, scfg, batch_size=2, continuous=cont)
+    for key in ("generated", "num_steps", "num_committed", "forward_calls", "commit_steps"):
+      assert flow[key] == batched[key], key
+    assert flow["continuous"]["slots"] == 2 and flow["padded_rows"] == 0
   if name == "setdlm" and setting["threshold"] is None:  # one sampler is enough for the fill
     two = accuracy.decode_all(sampler, model, params, prompts, scfg, batch_size=2)  # padded last
     assert two["generated"] == batched["generated"] and two["padded_rows"] == 1
@@ -168,6 +175,23 @@ def test_accuracy_eval_counts_a_known_model():
     speed_examples=2,
   )
   off, tau = rows
+  assert off["decoding"] == tau["decoding"] == "continuous"
+  static = accuracy.accuracy_eval(
+    logits_fn,
+    None,
+    Tok(),
+    oc,
+    12,
+    test,
+    settings=[{"window": 4, "threshold": 0.9}],
+    batch_size=2,
+    speed_examples=0,
+    continuous=False,
+    per_example=True,
+  )[0]
+  assert static["decoding"] == "static" and static["slot_utilisation"] is None
+  for key in ("num_correct", "mean_generated_tokens", "tokens_per_step", "forward_calls"):
+    assert static[key] == tau[key], key
   assert off["num_correct"] == tau["num_correct"] == 2 and off["accuracy"] == pytest.approx(2 / 3)
   assert off["mean_generated_tokens"] == 4  # 3 answer tokens + EOS
   assert off["tokens_per_step"] == pytest.approx(1.0) and tau["tokens_per_step"] > 1.5

@@ -167,6 +167,16 @@ def test_is_greedy_and_errors(run):
   [out] = lm.generate_until([Req(prompt, {"until": [], "max_gen_toks": 16})])
   ctx = [lm.tokenizer.bos_id] + lm.tokenizer.encode(prompt)
   [gen] = lm._decode([ctx], lm._sampler_config(16))  # the greedy sampler's own tokens
+  # Continuous batching by default; continuous=false (static batches) gives the same texts.
+  reqs = [
+    Req(p.prompt, {"until": [], "max_gen_toks": 16}) for p in tasks.arithmetic_pairs("test", 5, 0)
+  ]
+  flow = lem.SetDiffLM.from_state(lm.state, window=4, threshold=0.9, batch_size=2)
+  static = lem.SetDiffLM.from_state(
+    lm.state, window=4, threshold=0.9, batch_size=2, continuous="false"
+  )
+  assert flow.continuous and not static.continuous
+  assert flow.generate_until(reqs) == static.generate_until(reqs)
   assert lm.tokenizer.decode(gen) == out and len(gen) >= 1
   other = [gen[0] + 1 if gen[0] + 1 < lm.tokenizer.vocab_size else gen[0] - 1] + gen[1:]
   assert lm._is_greedy([(ctx, gen), (ctx, other)]) == [True, False]

@@ -102,6 +102,7 @@ def test_one_rl_step_through_the_launcher(sft, tmp_path):
       "--config.rl.max_new_tokens=12",
       "--config.rl.reward=exact_match+format",
       "--config.rl.step_cost=0.01",
+      "--config.rl.continuous_slots=4",  # rollouts continuously batched, scored exactly
     ],
   )
   assert r.returncode == 0, r.stderr[-3000:]

@@ -73,6 +73,20 @@ def test_evaluate_accuracy_cli(quick_run):
   )
   saved = json.loads((workdir / "eval_results.json").read_text())
   assert saved["accuracy"][0]["num_examples"] == 3 and saved["accuracy"][0]["max_new_tokens"] == 20
+  assert saved["accuracy"][0]["decoding"] == "continuous"  # the default; static: the same rows
+  static = subprocess.run(
+    result.args + ["--nocontinuous"],
+    capture_output=True,
+    text=True,
+    timeout=600,
+    cwd=REPO,
+    env={**os.environ, "PYTHONPATH": REPO, "JAX_PLATFORMS": "cpu"},
+  )
+  assert static.returncode == 0, static.stderr[-2000:]
+  again = json.loads((workdir / "eval_results.json").read_text())["accuracy"][0]
+  assert again["decoding"] == "static"
+  for key in ("num_correct", "mean_generated_tokens", "forward_calls", "kept_tokens_per_step"):
+    assert again[key] == saved["accuracy"][0][key], key
 
 
 @pytest.fixture(scope="module")

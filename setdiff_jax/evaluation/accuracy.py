@@ -5,7 +5,9 @@ r"""Conditional decoding and exact-match accuracy on prompt/answer pairs.
 
 Every test prompt ([BOS] + encode(prompt), the training context) is decoded with the run's sampler
 (the prompt is cached, each row stops at its own EOS, batches of `batch_size` rows of mixed prompt
-lengths), greedy. BD3LM and block-wise MDLM decode with blocks on the grid by default
+lengths, by default continuously batched: `batch_size` slots refilled as rows end,
+`sampling.continuous`, for the set sampler and AR; `continuous=False` decodes static batches,
+the same tokens), greedy. BD3LM and block-wise MDLM decode with blocks on the grid by default
 (`align_to_blocks=True`, the official harness's `align_inputs_to_blocks=true` for every non-SetDLM
 model, which made the paper's BD3LM GSM8K numbers; `SamplerConfig.align_to_blocks`). The final
 answer is extracted from the decoded text and from the reference
@@ -143,55 +145,77 @@ def _batches(n: int, size: int):
 
 
 def decode_all(
-  sampler, model, params, prompts: Sequence[Sequence[int]], cfg, *, batch_size: int, seed: int = 0
+  sampler,
+  model,
+  params,
+  prompts: Sequence[Sequence[int]],
+  cfg,
+  *,
+  batch_size: int,
+  seed: int = 0,
+  continuous=None,
 ) -> Dict[str, Any]:
-  """Decodes every prompt in batches (the last one padded with copies of the first prompt so
-  every call has one batch size) and returns per-row generated ids and counters plus timings.
+  """Decodes every prompt and returns per-row generated ids and counters plus timings.
 
-  The samplers pad a batch's prompts to a length bucket (`cfg.length_buckets`), so the data set
-  compiles at most one program per bucket. Every batch is decoded once, timed (`wall_seconds`:
-  the compile-inclusive wall clock of a cold run); a batch that compiled a program (the jitted
-  loops' cache grew) is decoded again with the same key and that warm time replaces its cold
-  one in `seconds` (compile-free; the same tokens). `compiled_programs`: programs compiled.
+  Static batches (`continuous=None`): batches of `batch_size` rows (the last one padded with
+  copies of the first prompt so every call has one batch size). The samplers pad a batch's
+  prompts to a length bucket (`cfg.length_buckets`), so the data set compiles at most one
+  program per bucket. `continuous` (`decoding.continuous_for`): one continuous-batching call
+  over every prompt with `batch_size` slots (`sampling.continuous`; row r draws from
+  fold_in(key, r), so greedy rows equal the static batches' rows); its counters come back as
+  `continuous` (decode steps, prefill calls, slot utilisation).
+  Every call is timed (`wall_seconds`: the compile-inclusive wall clock of a cold run); a call
+  that compiled a program (the jitted loops' cache grew) is decoded again with the same key and
+  that warm time replaces its cold one in `seconds` (compile-free; the same tokens).
+  `compiled_programs`: programs compiled.
   """
   n = len(prompts)
   key = jax.random.PRNGKey(seed)
-  batches = _batches(n, batch_size)
-  fill = lambda idx: [prompts[i] for i in idx] + [prompts[0]] * (batch_size - len(idx))
-  generated, steps, committed, calls, gen_steps = [], [], [], [], []
-  seconds, wall, start = 0.0, 0.0, compiles.compiled_programs()
-  for j, idx in enumerate(batches):
+  if continuous is not None:
+    calls = [(list(prompts), key, n)]
+    run = lambda rows, k: continuous(model, params, rows, cfg, k, slots=batch_size)
+  else:
+    fill = lambda idx: [prompts[i] for i in idx] + [prompts[0]] * (batch_size - len(idx))
+    calls = [
+      (fill(idx), jax.random.fold_in(key, j), len(idx))
+      for j, idx in enumerate(_batches(n, batch_size))
+    ]
+    run = lambda rows, k: sampler(model, params, rows, cfg, k)
+  generated, steps, committed, forward, gen_steps = [], [], [], [], []
+  seconds, wall, start, counters = 0.0, 0.0, compiles.compiled_programs(), None
+  for rows, k_j, k in calls:
     before = compiles.compiled_programs()
-    args = (model, params, fill(idx), cfg, jax.random.fold_in(key, j))
     t0 = time.perf_counter()
-    out = sampler(*args)
+    out = run(rows, k_j)
     dt = time.perf_counter() - t0
     wall += dt
     if compiles.compiled_programs() > before:  # this call compiled: time it again, warm
       t0 = time.perf_counter()
-      out = sampler(*args)
+      out = run(rows, k_j)
       dt = time.perf_counter() - t0
     seconds += dt
-    k = len(idx)
+    if continuous is not None:
+      out, counters = out.result, out.counters
     generated += [list(map(int, g)) for g in out.generated[:k]]
     for b, g in enumerate(out.generated[:k]):  # the kept tokens' positions, in order
       pos = np.nonzero(out.target[b] & (out.canvas[b] != cfg.mask_token_id))[0][: len(g)]
       gen_steps.append([int(s) for s in out.commit_step[b][pos]])
     steps += [int(s) for s in out.num_steps[:k]]
     committed += [int(c) for c in out.num_committed[:k]]
-    calls += [int(c) for c in out.forward_calls[:k]]
+    forward += [int(c) for c in out.forward_calls[:k]]
   # Rows added to fill the last batch are decoded but not counted: tokens/s counts real rows.
-  padded_rows = len(batches) * batch_size - n
+  padded_rows = 0 if continuous is not None else len(calls) * batch_size - n
   return {
     "generated": generated,
     "num_steps": steps,
     "num_committed": committed,
-    "forward_calls": calls,
+    "forward_calls": forward,
     "seconds": seconds,
     "wall_seconds": wall,
     "compiled_programs": compiles.compiled_programs() - start,
     "padded_rows": padded_rows,
     "commit_steps": gen_steps,
+    "continuous": counters,
   }
 
 
@@ -241,8 +265,13 @@ def accuracy_eval(
   num_shown: int = 3,
   per_example: bool = False,
   align_to_blocks: bool = True,
+  continuous: bool = True,
 ) -> List[Dict[str, Any]]:
   """One row of metrics per decoding setting (see the module docstring).
+
+  continuous: decode with continuous batching (`batch_size` slots refilled as rows end,
+    `sampling.continuous`) where it is exact for the method and setting (set sampler, AR; the
+    same greedy tokens as static batches); False: static batches of `batch_size` rows.
 
   max_new_tokens: N (None: seq_len - the longest prompt, so every prompt fits the context).
   stop_strings: the decoded text is cut at the first of these before extraction.
@@ -266,7 +295,10 @@ def accuracy_eval(
     cfg = _sampler_config(
       obj_cfg, tokenizer, seq_len, setting, n, cache_order, seed, align_to_blocks
     )
-    res = decode_all(sampler, model, params, prompts, cfg, batch_size=batch_size, seed=seed)
+    cont = decoding.continuous_for(obj_cfg.name, cfg) if continuous else None
+    res = decode_all(
+      sampler, model, params, prompts, cfg, batch_size=batch_size, seed=seed, continuous=cont
+    )
     texts = tokenizer.decode_batch([g for g in res["generated"]])
     for stop in stop_strings:
       texts = [t.split(stop, 1)[0] for t in texts]
@@ -302,6 +334,8 @@ def accuracy_eval(
         total("parallel_copies") / total("parallel") if total("parallel") else None
       ),
       "batch_size": batch_size,
+      "decoding": "continuous" if cont is not None else "static",
+      "slot_utilisation": (res["continuous"] or {}).get("utilisation"),
       "tokens_per_second": sum(num_gen) / res["seconds"] if res["seconds"] else 0.0,
       "compiled_programs": res["compiled_programs"],
       "wall_seconds_with_compile": res["wall_seconds"],

@@ -32,6 +32,10 @@ model_args (all optional except workdir):
   greedy_check     true (default): is_greedy is computed by decoding; false: always False
   overflow         error (default) or truncate_prompt: a context that leaves no room in the
                    model's context L (keep BOS + the context's last tokens; counted in a warning)
+  continuous       true (default) / false: generate_until decodes with continuous batching
+                   (batch_size slots refilled as rows end, `sampling.continuous`) for the set
+                   sampler and AR (greedy: the same text as static batches; sampled: row r
+                   draws from fold_in(key, r)); false: static batches
   mesh             the decoding mesh, AXIS=SIZE joined by ';' (e.g. data=2;tensor=4), as the
                    launchers' --mesh (default: every device on data)
 
@@ -132,6 +136,7 @@ class SetDiffLM(LM):
     overflow: str = "error",
     mesh: Optional[str] = None,
     align_to_blocks=True,
+    continuous=True,
     max_batch_size=None,
     device=None,
     **unknown,
@@ -142,7 +147,7 @@ class SetDiffLM(LM):
         f"unknown model_args {sorted(unknown)} for --model {NAME}; known: workdir, "
         "step, ema, window (W), threshold (tau), policy, policy_arg, "
         "max_new_tokens, batch_size, seed, "
-        "cache_order, num_orders, greedy_check, overflow, mesh, align_to_blocks"
+        "cache_order, num_orders, greedy_check, overflow, mesh, align_to_blocks, continuous"
       )
     if not workdir:
       raise ValueError(
@@ -182,6 +187,7 @@ class SetDiffLM(LM):
       greedy_check=greedy_check,
       overflow=overflow,
       align_to_blocks=align_to_blocks,
+      continuous=continuous,
     )
 
   @classmethod
@@ -213,6 +219,7 @@ class SetDiffLM(LM):
     greedy_check=True,
     overflow="error",
     align_to_blocks=True,
+    continuous=True,
   ):
     if overflow not in OVERFLOW_RULES:
       raise ValueError(f"model_args overflow={overflow!r}; expected one of {OVERFLOW_RULES}")
@@ -245,6 +252,7 @@ class SetDiffLM(LM):
     }
     policies.check_arg(str(policy), self.sampler_overrides["policy_arg"], "model_args policy_arg")
     self.sampler = decoding.sampler_for(self.obj_cfg.name)
+    self.continuous = parse_bool("continuous", continuous)
     self._truncated = 0
 
   @classmethod
@@ -317,9 +325,15 @@ class SetDiffLM(LM):
     )
 
   def _decode(self, prompts: Sequence[List[int]], cfg) -> List[List[int]]:
-    """Generated ids per prompt (cut at the first EOS), in batches of one fixed shape."""
+    """Generated ids per prompt (cut at the first EOS): continuously batched (`batch_size`
+    slots) where exact, else in batches of one fixed shape."""
     out, size, eos = [], self.batch_size, int(self.obj_cfg.eos_token_id)
     key = jax.random.PRNGKey(self.seed)
+    cont = decoding.continuous_for(self.obj_cfg.name, cfg) if self.continuous else None
+    if cont is not None:
+      res = cont(self.decode_model, self.state.params, list(prompts), cfg, key, slots=size)
+      gens = [[int(t) for t in g] for g in res.result.generated]
+      return [g[: g.index(eos)] if eos in g else g for g in gens]
     for j in range(0, len(prompts), size):
       rows = list(prompts[j : j + size])
       fill = rows + [rows[0]] * (size - len(rows))  # one shape per call: one compile

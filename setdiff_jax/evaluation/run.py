@@ -69,7 +69,8 @@ class EvalOptions:
   # window and thresholds above; N = max_new_tokens (None: L - the longest prompt).
   accuracy_data: Optional[str] = None  # JSONL of pairs (default: the run's eval split)
   num_examples: Optional[int] = None  # first test pairs only (None: all)
-  accuracy_batch_size: int = 32  # rows per decoding call
+  accuracy_batch_size: int = 32  # rows per decoding call (continuous batching: slots)
+  continuous: bool = True  # accuracy: continuous batching where exact (False: static batches)
   speed_examples: int = 16  # prompts timed one per call (batch 1)
   extractor: str = "auto"  # hash ('#### n') | boxed | auto
   preset: Optional[str] = None  # gsm8k_shell | gsm8k_repro (SPEC §6.4; overrides tau)
@@ -238,6 +239,7 @@ def run_accuracy(state, opts: EvalOptions, model=None) -> List[Dict[str, Any]]:
     speed_examples=opts.speed_examples,
     seed=opts.sampling_seed,
     align_to_blocks=opts.align_to_blocks,
+    continuous=opts.continuous,
     **extra,
   )
 

@@ -44,5 +44,7 @@ class AR(Method):
     "(the infill evaluation scores it on the prefix only)"
   )
 
+  continuous_kind = "causal"
+
   def generate(self, model, params, prompts, sampler_cfg, rng=None):
     return ar_sampler.ar_generate(model, params, prompts, sampler_cfg, rng)

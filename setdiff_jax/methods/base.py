@@ -148,6 +148,9 @@ class Method:
   def generate(self, model, params, prompts, sampler_cfg, rng=None):
     raise NotImplementedError
 
+  # The `sampling.continuous` loop of its sampler ('set', 'ar'); None: static batches only.
+  continuous_kind: Optional[str] = None
+
   def decoding_settings(
     self, cfg, windows: Optional[Sequence[int]], thresholds: Sequence[Optional[float]]
   ) -> List[Dict[str, Any]]:

@@ -145,6 +145,8 @@ class SetDLM(Method):
   uses_window = True
   rollout_scoring = "two_stream"
 
+  continuous_kind = "set"
+
   def generate(self, model, params, prompts, sampler_cfg, rng=None):
     return set_sampler.set_generate(model, params, prompts, sampler_cfg, rng)
 

@@ -107,6 +107,9 @@ def default_config() -> ml_collections.ConfigDict:
   r.window = 0  # W of the set sampler (0 = the run's S)
   r.num_steps = 0  # T, the step budget (0 = N: the schedule's floor is 1/step)
   r.max_new_tokens = 0  # N (0 = seq_len - the longest prompt of the train split)
+  # Rollouts with continuous batching (sampling/continuous.py) over this many slots, refilled as
+  # rows end (set sampler, AR; every group still comes back complete); 0 = one static batch.
+  r.continuous_slots = 0
   return c
 
 

@@ -201,6 +201,11 @@ def _setup(run, workdir):
     rollout_stats=True,  # the rollouts' cache order (scoring) and log-probs (the gap metric)
   )
   scoring.check_exact(obj_cfg.name, sampler_cfg)  # the RL mode: the rollouts' likelihood is exact
+  if int(r.continuous_slots) and decoding.continuous_for(obj_cfg.name, sampler_cfg) is None:
+    raise ValueError(
+      f"invalid config: rl.continuous_slots={r.continuous_slots}: continuous batching covers the "
+      f"set sampler and AR, not {obj_cfg.name!r}; set --config.rl.continuous_slots=0"
+    )
   return tokenizer, model_cfg, obj_cfg, mesh, pool, encoded, sampler_cfg
 
 
@@ -376,9 +381,13 @@ def _rl_step(
     draw = np.random.default_rng(np.asarray(jax.random.key_data(k_prompt)).tolist())
     chosen = draw.integers(0, len(pool), num_prompts)
     rows = [int(c) for c in chosen for _ in range(group)]
-    out = methods.get(method).generate(
-      model, state.params, [encoded[c] for c in rows], sampler_cfg, k_sample
-    )
+    prompts = [encoded[c] for c in rows]
+    if int(r.continuous_slots):  # rows in input order: every group complete
+      out = decoding.continuous_for(method, sampler_cfg)(
+        model, state.params, prompts, sampler_cfg, k_sample, slots=int(r.continuous_slots)
+      ).result
+    else:
+      out = methods.get(method).generate(model, state.params, prompts, sampler_cfg, k_sample)
     t_sample = time.time() - t0
     rollout = host = scoring.rollout_from_output(out)
     texts = [tokenizer.decode(g) for g in out.generated]

@@ -51,25 +51,63 @@ def _ar_choose(logits, canvas, seen_upto, key, cfg: SamplerConfig):
   return cand, logp
 
 
-@functools.partial(jax.jit, static_argnames=("apply", "cfg", "stop_eos"))
-def _ar_core(apply, params, prompt, plen, canvas, n, key, *, cfg: SamplerConfig, stop_eos: bool):
-  """n: int32 [] new tokens (an argument: the canvas [B, Lc] may be wider, `gen_width`)."""
-  fwd = bind(apply, params)
+def _ar_draw(logits, canvas, seen_upto, key, cfg: SamplerConfig):
+  """(next key, token int32 [B], log-prob fp32 [B]) from one key, or per-row keys [B, 2]."""
+  key, sub = processors.split_key(key)
+  tok, lp = _ar_choose(logits, canvas, seen_upto, sub, cfg)
+  return key, tok, lp
+
+
+def ar_step(fwd, s: _ARState, plen, n, cfg: SamplerConfig, stop_eos: bool):
+  """One decoding step: every live row feeds its last token against its cache and draws the
+  next one (`s.key`: one key, or per-row keys [B, 2])."""
+  b, lc = s.canvas.shape
+  rows = jnp.arange(b)
+  live = ~s.done
+  cur = plen + s.n_gen - 1  # position of the last token
+  tokens = jnp.take_along_axis(s.canvas, cur[:, None], -1)
+  mask = jnp.concatenate([s.cache.valid, jnp.ones((b, 1), bool)], -1)[:, None, :]
+  logits, kv = fwd.apply(fwd.params, tokens, cur[:, None], mask, s.cache.kv, 0)
+  cache = append(s.cache, kv, cur[:, None], live.astype(jnp.int32))
+  key, tok, lp = _ar_draw(logits[:, 0], s.canvas, cur + 1, s.key, cfg)
+  nxt = jnp.where(live, cur + 1, lc)  # dropped when not live
+  canvas = s.canvas.at[rows, nxt].set(tok, mode="drop")
+  logprob = s.logprob
+  if cfg.rollout_stats:
+    logprob = logprob.at[rows, nxt].set(lp, mode="drop")
+  n_gen = s.n_gen + live.astype(jnp.int32)
+  stopped = s.stopped | (live & (tok == cfg.eos_token_id)) if stop_eos else s.stopped
+  return _ARState(
+    canvas=canvas,
+    cache=cache,
+    n_gen=n_gen,
+    done=s.done | (n_gen >= n) | stopped,
+    calls=s.calls + live.astype(jnp.int32),
+    stopped=stopped,
+    key=key,
+    logprob=logprob,
+  )
+
+
+def ar_start(fwd, prompt, plen, canvas, n, key, cfg: SamplerConfig, stop_eos: bool):
+  """The prompt pass (one call) and the first token: the state before the first step.
+
+  prompt int32 [B, Pmax] (left-aligned), plen int32 [B], canvas int32 [B, Lc], n: new tokens;
+  key: one key, or per-row keys [B, 2]."""
   b, pmax = prompt.shape
   lc = canvas.shape[1]
   rows = jnp.arange(b)
   pos = jnp.broadcast_to(jnp.arange(pmax, dtype=jnp.int32), (b, pmax))
   cache, logits = prefill(fwd, prompt, pos, pos < plen[:, None], lc, want_logits=True)
   last = jnp.take_along_axis(logits, (plen - 1)[:, None, None], 1)[:, 0]
-  key, sub = jax.random.split(key)
-  tok, lp = _ar_choose(last, canvas, plen, sub, cfg)
+  key, tok, lp = _ar_draw(last, canvas, plen, key, cfg)
   canvas = canvas.at[rows, plen].set(tok)
   logprob = None
   if cfg.rollout_stats:
     logprob = jnp.zeros(canvas.shape, jnp.float32).at[rows, plen].set(lp)
   n_gen = jnp.ones((b,), jnp.int32)
   stopped = (tok == cfg.eos_token_id) if stop_eos else jnp.zeros((b,), bool)
-  state = _ARState(
+  return _ARState(
     canvas=canvas,
     cache=cache,
     n_gen=n_gen,
@@ -80,33 +118,14 @@ def _ar_core(apply, params, prompt, plen, canvas, n, key, *, cfg: SamplerConfig,
     logprob=logprob,
   )
 
-  def body(s: _ARState):
-    live = ~s.done
-    cur = plen + s.n_gen - 1  # position of the last token
-    tokens = jnp.take_along_axis(s.canvas, cur[:, None], -1)
-    mask = jnp.concatenate([s.cache.valid, jnp.ones((b, 1), bool)], -1)[:, None, :]
-    logits, kv = fwd.apply(fwd.params, tokens, cur[:, None], mask, s.cache.kv, 0)
-    cache = append(s.cache, kv, cur[:, None], live.astype(jnp.int32))
-    key, sub = jax.random.split(s.key)
-    tok, lp = _ar_choose(logits[:, 0], s.canvas, cur + 1, sub, cfg)
-    nxt = jnp.where(live, cur + 1, lc)  # dropped when not live
-    canvas = s.canvas.at[rows, nxt].set(tok, mode="drop")
-    logprob = s.logprob
-    if cfg.rollout_stats:
-      logprob = logprob.at[rows, nxt].set(lp, mode="drop")
-    n_gen = s.n_gen + live.astype(jnp.int32)
-    stopped = s.stopped | (live & (tok == cfg.eos_token_id)) if stop_eos else s.stopped
-    return _ARState(
-      canvas=canvas,
-      cache=cache,
-      n_gen=n_gen,
-      done=s.done | (n_gen >= n) | stopped,
-      calls=s.calls + live.astype(jnp.int32),
-      stopped=stopped,
-      key=key,
-      logprob=logprob,
-    )
 
+@functools.partial(jax.jit, static_argnames=("apply", "cfg", "stop_eos"))
+def _ar_core(apply, params, prompt, plen, canvas, n, key, *, cfg: SamplerConfig, stop_eos: bool):
+  """n: int32 [] new tokens (an argument: the canvas [B, Lc] may be wider, `gen_width`)."""
+  fwd = bind(apply, params)
+  lc = canvas.shape[1]
+  state = ar_start(fwd, prompt, plen, canvas, n, key, cfg, stop_eos)
+  body = lambda s: ar_step(fwd, s, plen, n, cfg, stop_eos)
   state = jax.lax.while_loop(lambda s: jnp.any(~s.done), body, state)
   idx = jnp.arange(lc)[None] - plen[:, None]
   commit_step = jnp.where((idx >= 0) & (idx < state.n_gen[:, None]), idx, -1)

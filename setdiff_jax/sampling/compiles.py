@@ -1,5 +1,6 @@
 """How many decoding programs have been compiled: the summed jit-cache sizes of the samplers'
-jitted loops (set, its no-cache reference, AR, BD3LM, MDLM, MDLM infill).
+jitted loops (set, its no-cache reference, AR, BD3LM, MDLM, MDLM infill, the continuous-batching
+loops).
 
   before = compiled_programs(); ...decode...; new = compiled_programs() - before
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import importlib
 
-from setdiff_jax.sampling import ar_sampler, baselines, reference, set_sampler
+from setdiff_jax.sampling import ar_sampler, baselines, continuous, reference, set_sampler
 
 # (the package's `mdlm_infill` attribute is the function; the module is imported by name)
 _infill = importlib.import_module("setdiff_jax.sampling.mdlm_infill")
@@ -23,6 +24,7 @@ LOOPS = (
   baselines._bd3lm_core,
   baselines._mdlm_core,
   _infill._mdlm_infill_core,
+  *continuous.LOOPS,
 )
 
 

@@ -66,11 +66,29 @@ def argmax(x: jax.Array) -> jax.Array:
   return jnp.min(jnp.where(hit, idx, x.shape[-1]), axis=-1)
 
 
+def split_key(key: jax.Array) -> Tuple[jax.Array, jax.Array]:
+  """(next key, this step's key) from one key, or from per-row keys uint32 [B, 2] (continuous
+  batching: each row splits its own stream, as a batch of one would)."""
+  if jnp.ndim(key) == 2:
+    keys = jax.vmap(jax.random.split)(key)
+    return keys[:, 0], keys[:, 1]
+  key, sub = jax.random.split(key)
+  return key, sub
+
+
+def _categorical(key: jax.Array, logp: jax.Array) -> jax.Array:
+  """Draws from logp [B, ..., V] with one key, or per-row keys [B, 2]: row b then draws what a
+  batch of one (logp[b:b + 1]) draws with key b."""
+  if jnp.ndim(key) == 2:
+    return jax.vmap(lambda k, z: jax.random.categorical(k, z[None], axis=-1)[0])(key, logp)
+  return jax.random.categorical(key, logp, axis=-1)
+
+
 def choose(
   logits: jax.Array, key: Optional[jax.Array], cfg: SamplerConfig
 ) -> Tuple[jax.Array, jax.Array, jax.Array]:
   """Candidate token, its confidence and its log-probability for each row of logits [..., V]
-  (M already suppressed).
+  (M already suppressed); key: one key, or per-row keys [B, 2] (`split_key`).
 
   Returns (cand int32 [...], conf fp32 [...], logp fp32 [...]): conf and logp are the chosen
   token's probability and log-probability under the distribution it was drawn from (temperature
@@ -84,14 +102,14 @@ def choose(
     if cfg.greedy:
       cand = argmax(probs)
     else:
-      cand = jax.random.categorical(key, jnp.log(probs), axis=-1)
+      cand = _categorical(key, jnp.log(probs))
     conf = jnp.take_along_axis(probs, cand[..., None], axis=-1)[..., 0]
     return cand.astype(jnp.int32), conf, jnp.log(conf)
   logp = jax.nn.log_softmax(z, axis=-1)
   if cfg.greedy:
     cand = argmax(z)
   else:
-    cand = jax.random.categorical(key, logp, axis=-1)
+    cand = _categorical(key, logp)
   lp = jnp.take_along_axis(logp, cand[..., None], axis=-1)[..., 0]
   return cand.astype(jnp.int32), jnp.exp(lp), lp
 
@@ -198,6 +216,7 @@ __all__ = [
   "seen_tokens",
   "repetition_penalty",
   "nucleus",
+  "split_key",
   "choose",
   "probabilities",
   "decide",

@@ -190,11 +190,18 @@ def set_step(
   info: logits fp32 [B, W, V] (raw logits of the active slots), active_pos int32 [B, W],
   active_valid bool [B, W], keep bool [B, W], cand int32 [B, W].
   """
+  win = step_window(state, inp, cfg)
+  logits, model = cached_forward(fwd, state, cfg, win)
+  return advance(state, inp, cfg, win, logits, model, stop_eos=stop_eos, history=history)
+
+
+def cached_forward(fwd: Forward, state: SetState, cfg: SamplerConfig, win: Window):
+  """The model call of a cached step: (raw logits fp32 [B, W, V] of the active slots, the cache
+  with the pending tokens appended). `advance` does the rest of the step."""
   w = cfg.window
   m = cfg.mask_token_id
   canvas = state.canvas
   b = canvas.shape[0]
-  win = step_window(state, inp, cfg)
   cache: KVCache = state.model
   axis = cache.seq_axis
 
@@ -223,8 +230,7 @@ def set_step(
   else:
     which = jnp.searchsorted(jnp.asarray(sizes, jnp.int32), jnp.max(win.pend_n))
     logits, new_kv = jax.lax.switch(which, [feed(p) for p in sizes])
-  model = append(cache, new_kv, state.pending_pos, win.pend_n)
-  return advance(state, inp, cfg, win, logits, model, stop_eos=stop_eos, history=history)
+  return logits, append(cache, new_kv, state.pending_pos, win.pend_n)
 
 
 def advance(
@@ -248,7 +254,7 @@ def advance(
   live = win.live
 
   # -- processors, choice, commit
-  key, sub = jax.random.split(state.key)
+  key, sub = processors.split_key(state.key)  # one key, or per-row keys [B, 2]
   hist = _history_mask(state, target, valid, history, m) if cfg.repetition_penalty != 1.0 else None
   n_i = processors.schedule_count(jnp.asarray(inp.counts, jnp.int32), state.step)
   cand, keep, carry, logp = processors.decide(
@@ -438,6 +444,7 @@ __all__ = [
   "initial_state",
   "step_window",
   "set_step",
+  "cached_forward",
   "advance",
   "run_loop",
   "finalize",

@@ -240,6 +240,7 @@ RL_FIELD_RANGES = {
   "rl.repetition_penalty": ranges.SHARED["repetition_penalty"],
   "rl.policy": ranges.Choice(tuple(policies.POLICIES)),
   "rl.window": ranges.SHARED["window"].with_also(0),  # 0: the default
+  "rl.continuous_slots": _int(0),
   "rl.num_steps": _int(0),
   "rl.max_new_tokens": ranges.SHARED["max_new_tokens"].with_also(0),  # 0: the default
 }
