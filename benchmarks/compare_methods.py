@@ -566,7 +566,7 @@ def publish(out_dir: str, name: str, args, measured, images=None, compact: bool 
     args.record,
     args.results_dir or RESULTS_DIR,
     measured,
-    images=images or {f"{name}.png": os.path.join(out_dir, f"{name}.png")},
+    images={f"{name}.png": os.path.join(out_dir, f"{name}.png")} if images is None else images,
     resume=args.record_resume,
     compact=compact,
   )

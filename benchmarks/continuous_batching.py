@@ -1,12 +1,13 @@
 """Static vs continuous batching on a GSM8K-like answer-length mix (issue 38).
 
-  python benchmarks/continuous_batching.py                 # 1319 rows (GSM8K test), 32 slots, set + AR
-  python benchmarks/continuous_batching.py --quick         # 48 rows, 8 slots (the slow-tier test)
+  python -m benchmarks.continuous_batching --out=OUT        # 1319 rows (GSM8K test), 32 slots, set + AR
+  python -m benchmarks.continuous_batching --quick --out=OUT  # 48 rows, 8 slots (the slow-tier test)
+  python -m benchmarks.continuous_batching --out=OUT --record=NAME   # + the record (clean main commit)
 
 The same rows are decoded two ways with the same sampler (greedy):
   static      batches of S rows in input order, each run until its slowest row ends (the last
               batch padded with copies of row 0, as `accuracy.decode_all`): the samplers' own
-              jitted loops (`set_sampler._set_core`, `ar_sampler._ar_core`);
+              jitted loops (`set_sampler.set_core`, `ar_sampler.ar_core`);
   continuous  S slots refilled as rows end (`sampling.continuous`, refill K = S / 8 rows per
               prompt-encoding call).
 
@@ -34,10 +35,14 @@ import os
 import sys
 import time
 
-import jax
-import jax.numpy as jnp
-import numpy as np
+if __name__ == "__main__" and not __package__:  # a file run cannot import benchmarks/
+  sys.exit("error: run it from the repository root as `python -m benchmarks.continuous_batching`")
 
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from benchmarks import compare_methods  # noqa: E402
 from setdiff_jax.models.dit import DiT, DiTConfig
 from setdiff_jax.models import param_shapes
 from setdiff_jax.sampling import ar_sampler, compiles, continuous, set_sampler
@@ -63,7 +68,17 @@ def parse_args(argv=None):
   p.add_argument("--num_layers", type=int, default=2)
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--quick", action="store_true", help="48 rows, 8 slots, answers <= 48, 1 repeat")
-  p.add_argument("--out", default=None, help="write the record (JSON) and table (.md) here")
+  p.add_argument("--out", default=None, help="write the report (JSON) and table (.md) here")
+  p.add_argument(
+    "--record",
+    default=None,
+    help="publish the report as the record RESULTS_DIR/RECORD.json: only from a clean commit on "
+    "main's history, never over another record (needs --out)",
+  )
+  p.add_argument(
+    "--record_resume", action="store_true", help="--record: replace a re-report of the same commit"
+  )
+  p.add_argument("--results_dir", default=None, help="where --record writes (benchmarks/results)")
   args = p.parse_args(argv)
   if args.quick:
     args.rows, args.slots, args.max_answer, args.repeats = 48, 8, 48, 1
@@ -117,13 +132,13 @@ def static_generate(kind, model, params, prompts, budgets, cfg, slots, width):
     if kind == "set":
       inp = continuous.set_rows(rows, cfg, budget, width=width)
       history = "generated" if cfg.penalty_history == "auto" else cfg.penalty_history
-      out = set_sampler._run(
-        set_sampler._set_core, model, params, inp, cfg, key, cfg.stops_at_eos, history
+      out = set_sampler.run_inputs(
+        set_sampler.set_core, model, params, inp, cfg, key, cfg.stops_at_eos, history
       )
       steps = out.num_steps
     else:
       (prompt, plen, canvas, n), target = continuous.ar_rows(rows, cfg, budget, width=width)
-      res = ar_sampler._ar_core(
+      res = ar_sampler.ar_core(
         fwd.apply, fwd.params, prompt, plen, canvas, n, key, cfg=static, stop_eos=cfg.stops_at_eos
       )
       out = sample_output(jax.device_get(res), target, cfg)
@@ -280,7 +295,10 @@ def main(argv=None):
   )
   if args.out:
     os.makedirs(args.out, exist_ok=True)
-    record = dict(args=vars(args), table=table, budgets=budgets)
+    command = "python -m benchmarks.continuous_batching " + " ".join(argv or sys.argv[1:])
+    record = dict(
+      args=vars(args), command=command, table=table, budgets=budgets, markdown=text + "\n"
+    )
     for name, body in (
       ("continuous_batching.json", json.dumps(record, indent=1)),
       ("continuous_batching.md", text + "\n"),
@@ -289,6 +307,10 @@ def main(argv=None):
       with open(tmp, "w") as f:
         f.write(body)
       os.replace(tmp, os.path.join(args.out, name))
+    measured = ["setdiff_jax/sampling", "setdiff_jax/models", "benchmarks/continuous_batching.py"]
+    compare_methods.publish(args.out, "continuous_batching", args, measured, images={})
+  elif args.record:
+    raise SystemExit("error: --record needs --out=DIR (the report is published from there)")
   return table
 
 

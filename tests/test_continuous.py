@@ -223,17 +223,10 @@ def test_rows_equal_rows_alone_dit(kind):
 def test_benchmark_quick(tmp_path):
   """benchmarks/continuous_batching.py --quick: identical rows (checked inside), exact counters,
   continuous batching busier and needing fewer decode steps than static batches."""
-  import importlib.util
   import os
-  import sys
 
-  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  sys.path.insert(0, os.path.join(repo, "benchmarks"))
-  spec = importlib.util.spec_from_file_location(
-    "continuous_batching", os.path.join(repo, "benchmarks", "continuous_batching.py")
-  )
-  bench = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(bench)
+  from benchmarks import continuous_batching as bench
+
   table = bench.main(["--quick", "--samplers=set", f"--out={tmp_path}"])
   static, flow = table
   assert static["mode"] == "static" and flow["mode"] == "continuous"

@@ -120,7 +120,7 @@ def ar_start(fwd, prompt, plen, canvas, n, key, cfg: SamplerConfig, stop_eos: bo
 
 
 @functools.partial(jax.jit, static_argnames=("apply", "cfg", "stop_eos"))
-def _ar_core(apply, params, prompt, plen, canvas, n, key, *, cfg: SamplerConfig, stop_eos: bool):
+def ar_core(apply, params, prompt, plen, canvas, n, key, *, cfg: SamplerConfig, stop_eos: bool):
   """n: int32 [] new tokens (an argument: the canvas [B, Lc] may be wider, `gen_width`)."""
   fwd = bind(apply, params)
   lc = canvas.shape[1]
@@ -149,7 +149,7 @@ def ar_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> SampleO
   stop = cfg.stops_at_eos
   mesh = placement.mesh_of(fwd.params)  # the params' mesh: rows split over (data, fsdp)
   with placement.on(mesh):
-    res = _ar_core(
+    res = ar_core(
       fwd.apply,
       fwd.params,
       *placement.place_rows(mesh, (prompt, plen, canvas)),

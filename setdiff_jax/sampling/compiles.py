@@ -20,7 +20,7 @@ _infill = importlib.import_module("setdiff_jax.sampling.mdlm_infill")
 LOOPS = (
   set_sampler.set_core,
   reference._reference_core,
-  ar_sampler._ar_core,
+  ar_sampler.ar_core,
   baselines._bd3lm_core,
   baselines._mdlm_core,
   _infill._mdlm_infill_core,

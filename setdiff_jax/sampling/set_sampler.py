@@ -373,7 +373,7 @@ def _key(rng, cfg: SamplerConfig):
   return jax.random.PRNGKey(cfg.seed) if rng is None else rng
 
 
-def _run(
+def run_inputs(
   core, model, params, inp: SetInputs, cfg: SamplerConfig, rng, stop_eos: bool, history: str
 ) -> SampleOutput:
   fwd = as_forward(model, params)
@@ -402,14 +402,14 @@ def generate_with(core, model, params, prompts, cfg: SamplerConfig, rng=None) ->
   """Prompted generation with a jitted `core` (this module's `set_core` or the reference's)."""
   inp = prompted_inputs(prompts, cfg, cfg.seed)
   history = "generated" if cfg.penalty_history == "auto" else cfg.penalty_history
-  return _run(core, model, params, inp, cfg, rng, cfg.stops_at_eos, history)
+  return run_inputs(core, model, params, inp, cfg, rng, cfg.stops_at_eos, history)
 
 
 def infill_with(core, model, params, canvases, cfg: SamplerConfig, rng=None) -> SampleOutput:
   """Infilling with a jitted `core` (this module's `set_core` or the reference's)."""
   inp = infill_inputs(canvases, cfg, cfg.seed)
   history = "cached" if cfg.penalty_history == "auto" else cfg.penalty_history
-  return _run(core, model, params, inp, cfg, rng, False, history)
+  return run_inputs(core, model, params, inp, cfg, rng, False, history)
 
 
 def set_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> SampleOutput:
