@@ -376,6 +376,8 @@ def _key(rng, cfg: SamplerConfig):
 def run_inputs(
   core, model, params, inp: SetInputs, cfg: SamplerConfig, rng, stop_eos: bool, history: str
 ) -> SampleOutput:
+  """Decodes prepared rows `inp` (`set_inputs`: e.g. per-row budgets) with a jitted loop `core`
+  (`set_core`) on the parameters' mesh; the host-side SampleOutput."""
   fwd = as_forward(model, params)
   # N and L are host-side only here (the canvas holds them): one program per canvas bucket.
   static = cfg.static().replace(max_new_tokens=1, max_length=None)
@@ -447,6 +449,8 @@ __all__ = [
   "cached_forward",
   "advance",
   "run_loop",
+  "set_core",
+  "run_inputs",
   "finalize",
   "compact",
   "generate_with",
