@@ -68,6 +68,12 @@ def parse_args(argv=None):
   p.add_argument("--num_layers", type=int, default=2)
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--quick", action="store_true", help="48 rows, 8 slots, answers <= 48, 1 repeat")
+  p.add_argument(
+    "--rollout_stats",
+    action="store_true",
+    help="decode with per-token log-probs (RL's mode) and compare them too; default: the plain "
+    "decoding path that evaluation runs",
+  )
   p.add_argument("--out", default=None, help="write the report (JSON) and table (.md) here")
   p.add_argument(
     "--record",
@@ -158,21 +164,24 @@ def static_generate(kind, model, params, prompts, budgets, cfg, slots, width):
 
 
 def _row(out, b):
-  """(generated tokens, commit steps of the target positions, log-probs there) of row b."""
+  """(generated tokens, commit steps of the target positions, log-probs there or None) of row b."""
   t = out.target[b]
-  return out.generated[b], out.commit_step[b][t], out.token_logprob[b][t]
+  lp = None if out.token_logprob is None else out.token_logprob[b][t]
+  return out.generated[b], out.commit_step[b][t], lp
 
 
 def compare(static_rows, cont):
-  """Identical tokens and commit steps per row (raises otherwise); the largest log-prob gap."""
-  gap = 0.0
+  """Identical tokens and commit steps per row (raises otherwise); the largest log-prob gap (None
+  without --rollout_stats: the plain decoding path, as evaluation runs it)."""
+  gap = None
   for r, (out, b) in enumerate(static_rows):
     g, s, lp = _row(out, b)
     g2, s2, lp2 = _row(cont, r)
     n = min(len(s), len(s2))
     if g != g2 or not np.array_equal(s[:n], s2[:n]):
       raise AssertionError(f"row {r}: static and continuous outputs differ")
-    gap = max(gap, float(np.max(np.abs(lp[:n] - lp2[:n]), initial=0.0)))
+    if lp is not None:
+      gap = max(gap or 0.0, float(np.max(np.abs(lp[:n] - lp2[:n]), initial=0.0)))
   return gap
 
 
@@ -191,6 +200,7 @@ def run(args):
     greedy=True,
     max_length=64 + args.max_answer,
     length_buckets="pow2",
+    rollout_stats=args.rollout_stats,
   )
   table = []
   for kind in args.samplers.split(","):
@@ -280,7 +290,7 @@ def markdown(table, args) -> str:
     lines.append(
       f"\n{kind}: {s['forward_calls'] / c['forward_calls']:.2f}x fewer forward calls, "
       f"{c['rows_per_s'] / s['rows_per_s']:.2f}x rows/s; largest log-prob gap "
-      f"{c['max_logprob_gap']:.1e}; load average {c['load_avg'][0]:.1f} -> {c['load_avg'][1]:.1f}"
+      f"{'n/a (no --rollout_stats)' if c['max_logprob_gap'] is None else format(c['max_logprob_gap'], '.1e')}; load average {c['load_avg'][0]:.1f} -> {c['load_avg'][1]:.1f}"
     )
   return "\n".join(lines)
 
