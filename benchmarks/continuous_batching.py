@@ -43,6 +43,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks import compare_methods  # noqa: E402
+from setdiff_jax.evaluation.results import hardware  # noqa: E402
 from setdiff_jax.models.dit import DiT, DiTConfig
 from setdiff_jax.models import param_shapes
 from setdiff_jax.sampling import ar_sampler, compiles, continuous, set_sampler
@@ -51,6 +52,7 @@ from setdiff_jax.sampling.cache import as_forward
 from setdiff_jax.sampling.config import SamplerConfig
 
 PAD, BOS, EOS, MASK = 0, 1, 2, 3
+TITLE = "## Static vs continuous batching on a GSM8K-like answer-length mix (issue 38)"
 KIND = {"set": "set", "ar": "causal"}  # --samplers name -> `continuous` loop
 
 
@@ -307,7 +309,12 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     command = "python -m benchmarks.continuous_batching " + " ".join(argv or sys.argv[1:])
     record = dict(
-      args=vars(args), command=command, table=table, budgets=budgets, markdown=text + "\n"
+      args=vars(args),
+      command=command,
+      hardware=hardware(),
+      table=table,
+      budgets=budgets,
+      markdown=TITLE + "\n\n" + text + "\n",
     )
     for name, body in (
       ("continuous_batching.json", json.dumps(record, indent=1)),
