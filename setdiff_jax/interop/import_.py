@@ -196,10 +196,10 @@ def _dit_import(path: str, raw):
   for n in notes:
     _warn(n)
 
-  raw = weight_files.read_state_dict(path)
-  state, buffers = name_map.split_known_buffers(name_map.strip_prefix(raw))
+  tensors = weight_files.read_state_dict(path)
+  state, buffers = name_map.split_known_buffers(name_map.strip_prefix(tensors))
   where, known = weight_files.label(path), {id(b) for b in buffers.values()}
-  for k, v in raw.items():  # parameters (by their names in the file): float and finite
+  for k, v in tensors.items():  # parameters (by their names in the file): float and finite
     if id(v) not in known:
       weight_files.check_tensor(where, k, v)
   m = fields["model"]
