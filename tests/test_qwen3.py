@@ -590,8 +590,10 @@ def test_end_to_end_finetune_sample_export(tmp_path):
   )
   assert "=== sample 2 ===" in proc.stdout and "tokens/s:" in proc.stdout
   proc = launch("export.py", f"--workdir={workdir}", f"--out={out}", "--noema", "--verify")
-  report = json.loads(proc.stdout[proc.stdout.index("{") :])
+  report, verdict = proc.stdout[proc.stdout.index("{") :].split("\nverify: ")
+  report = json.loads(report)
   assert report["two_stream"] < TOL and report["roundtrip"] is True
+  assert verdict.startswith("PASS")  # export --verify's last line (issue 37)
 
   state = workdir_lib.load_inference_state(str(workdir), use_ema=False)
   assert state.step == 3 and state.config.model.num_layers == 2
