@@ -29,7 +29,14 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 
 import pathlib  # noqa: E402
 
+import jax  # noqa: E402
 import pytest  # noqa: E402
+
+# The persistent cache serves the launcher subprocesses (they read JAX_COMPILATION_CACHE_DIR);
+# this pytest process writes none: on 2026-12-04 two full runs of the merged suite died with a
+# segmentation fault inside XLA:CPU's `executable.serialize()` while this process wrote a cache
+# entry (jax 0.10.2; test_sampling, then test_sharding), which the same files alone never hit.
+jax.config.update("jax_enable_compilation_cache", False)
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 # Real data a clone does not carry (the Story Cloze CSV may not be redistributed): ../shared/data
