@@ -63,7 +63,7 @@ process (the global position), saved beside the train state (`data/iterator_stat
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 
 import grain
 import ml_collections
@@ -274,6 +274,131 @@ def _check_nonempty(n: int, what: str):
     raise ValueError(f"no data: {what}")
 
 
+def _check_arguments(
+  data_cfg, split: str, seq_len: int, global_batch_size: int, process_index: int, process_count: int
+):
+  """Raises ValueError for a split, process or length `make_dataset` cannot serve."""
+  if split not in ("train", "eval"):
+    raise ValueError(f"split={split!r}; expected 'train' or 'eval'")
+  if process_count < 1 or not 0 <= process_index < process_count:
+    raise ValueError(f"bad process_index={process_index} / process_count={process_count}")
+  if global_batch_size % process_count:
+    raise ValueError(
+      f"global_batch_size={global_batch_size} is not divisible by process_count={process_count}"
+    )
+  style = data_cfg.get("wrap_style", "row")
+  min_len = 3 if (data_cfg.preprocess == "wrap" and style == "row") else 2
+  if seq_len < min_len:
+    raise ValueError(f"seq_len={seq_len} is too short (need >= {min_len})")
+
+
+@dataclasses.dataclass(frozen=True)
+class _BatchPlan:
+  """How examples (documents or rows) become this process's batches: one global order from
+  `seed`, global batches of `global_batch_size`, this process's `batch_size` rows of each."""
+
+  global_batch_size: int
+  process_index: int
+  process_count: int
+  shuffle: bool
+  seed: int
+  num_epochs: int | None
+  drop_remainder: bool
+  pad_id: int
+
+  @property
+  def batch_size(self) -> int:
+    return self.global_batch_size // self.process_count
+
+  def order(self, ds: grain.MapDataset) -> grain.MapDataset:
+    """The one global order: shuffled per epoch, repeated."""
+    return _order(ds, self.shuffle, self.seed, self.num_epochs)
+
+  def local_batches(self, ds: grain.MapDataset) -> grain.MapDataset:
+    """Ordered examples -> this process's examples of each global batch (lists)."""
+    return process_rows(
+      ds,
+      global_batch_size=self.global_batch_size,
+      process_index=self.process_index,
+      process_count=self.process_count,
+      drop_remainder=self.drop_remainder,
+    )
+
+  def local_rows(self, rows: np.ndarray) -> np.ndarray:
+    """A global batch's rows [global_batch_size, L] -> this process's [batch_size, L]."""
+    first = self.process_index * self.batch_size
+    return rows[first : first + self.batch_size]
+
+  def fill(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A short (last eval) batch filled to `batch_size` with empty rows."""
+    return _fill_batch(batch, self.batch_size, self.pad_id)
+
+
+def _padded_documents(data_cfg, tok, split: str, seq_len: int, plan: _BatchPlan):
+  """pad: one [BOS] doc [EOS] pad row per document (over-long ones per data.overlong)."""
+  docs = sources.load_texts(data_cfg, split)
+  _check_nonempty(len(docs), f"{data_cfg.source} {split} has no documents")
+  # Tokenized once up front (the texts are in memory already), so over-long documents are
+  # counted, logged and handled (data.overlong) before any row is built.
+  ids, _ = fit_documents(
+    [np.asarray(d, np.int32) for d in tok.encode_batch(docs)],
+    seq_len,
+    data_cfg.get("overlong", "cut"),
+    what=f"{data_cfg.source} {split} documents",
+  )
+  _check_nonempty(
+    len(ids),
+    f"{data_cfg.source} {split}: every document was skipped "
+    f"(data.overlong=skip, seq_len={seq_len})",
+  )
+  # This process's documents of each global batch (one order, whatever the process count).
+  ds = plan.local_batches(plan.order(grain.MapDataset.source(ids)))
+  return ds.map(
+    lambda rows: plan.fill(pad_rows(list(rows), seq_len, tok.bos_id, tok.eos_id, tok.pad_id))
+  )
+
+
+def _wrapped_in_memory(data_cfg, tok, split: str, seq_len: int, style: str, plan: _BatchPlan):
+  """wrap, in-memory sources: the whole split tokenized once and cut into rows; every process
+  builds the same rows, then takes its rows of each global batch."""
+  docs = sources.load_texts(data_cfg, split)
+  rows = wrap_rows(tok.encode_batch(docs), seq_len, tok.bos_id, tok.eos_id, style)
+  _check_nonempty(
+    len(rows), f"{data_cfg.source} {split} has fewer tokens than one row of seq_len={seq_len}"
+  )
+  ds = plan.local_batches(plan.order(grain.MapDataset.source(rows)))
+  return ds.map(lambda r: _stack_rows(r, seq_len)).map(
+    lambda t: plan.fill({"tokens": t, "attention_mask": np.ones_like(t)})
+  )
+
+
+def _wrapped_lazily(
+  data_cfg, tok, split: str, seq_len: int, style: str, plan: _BatchPlan, read_options
+) -> grain.IterDataset:
+  """wrap, tfds: tokenize groups of documents into stream pieces and let grain's
+  concat-then-split cut rows, carrying the remainder between pieces."""
+  docs = sources.load_texts(data_cfg, split)
+  _check_nonempty(len(docs), f"{data_cfg.source} {split} has no documents")
+  chunk = chunk_len(seq_len, style)
+  ds = plan.order(grain.MapDataset.source(docs))
+  ds = ds.batch(DOCS_PER_GROUP, drop_remainder=False, batch_fn=list)
+  ds = ds.map(
+    lambda texts: {"tokens": token_stream(tok.encode_batch(texts), style, tok.bos_id, tok.eos_id)}
+  )
+  ds = ConcatThenSplitIterDataset(ds.to_iter_dataset(read_options), length_struct={"tokens": chunk})
+  # The last row of a finite stream is zero-padded (segment id 0): drop it.
+  ds = ds.filter(lambda x: bool(np.all(x["tokens_segment_ids"] > 0)))
+  ds = ds.map(
+    lambda x: add_row_specials(x["tokens"][None].astype(np.int32), style, tok.bos_id, tok.eos_id)[0]
+  )
+  ds = ds.batch(plan.global_batch_size, drop_remainder=plan.drop_remainder)  # the global batch
+  return ds.map(
+    lambda t: plan.fill(
+      {"tokens": plan.local_rows(t), "attention_mask": np.ones_like(plan.local_rows(t))}
+    )
+  )
+
+
 def make_dataset(
   data_cfg,
   tokenizer,
@@ -311,35 +436,20 @@ def make_dataset(
     'attention_mask', int32 [global_batch_size // process_count, seq_len].
   """
   validate_data_config(data_cfg)
-  if split not in ("train", "eval"):
-    raise ValueError(f"split={split!r}; expected 'train' or 'eval'")
-  if process_count < 1 or not 0 <= process_index < process_count:
-    raise ValueError(f"bad process_index={process_index} / process_count={process_count}")
-  if global_batch_size % process_count:
-    raise ValueError(
-      f"global_batch_size={global_batch_size} is not divisible by process_count={process_count}"
-    )
-  batch_size = global_batch_size // process_count
-  style = data_cfg.get("wrap_style", "row")
-  min_len = 3 if (data_cfg.preprocess == "wrap" and style == "row") else 2
-  if seq_len < min_len:
-    raise ValueError(f"seq_len={seq_len} is too short (need >= {min_len})")
+  _check_arguments(data_cfg, split, seq_len, global_batch_size, process_index, process_count)
   if drop_remainder is None:
     drop_remainder = split == "train"
-  tok = tokenizer
-  finish = functools.partial(_fill_batch, batch_size=batch_size, pad_id=tok.pad_id)
   read_options = grain.ReadOptions(
     num_threads=int(data_cfg.get("read_threads", 2)),
     prefetch_buffer_size=int(data_cfg.get("prefetch", 4)),
   )
-
   if data_cfg.source in pairs.PAIR_SOURCES:  # [BOS] prompt answer [EOS] pad, with context_mask
     return pairs.make_pair_dataset(
       data_cfg,
-      tok,
+      tokenizer,
       split=split,
       seq_len=seq_len,
-      batch_size=batch_size,
+      batch_size=global_batch_size // process_count,
       seed=seed,
       process_index=process_index,
       process_count=process_count,
@@ -348,73 +458,22 @@ def make_dataset(
       drop_remainder=drop_remainder,
       read_options=read_options,
     )
-
-  mine = functools.partial(
-    process_rows,
+  plan = _BatchPlan(
     global_batch_size=global_batch_size,
     process_index=process_index,
     process_count=process_count,
+    shuffle=shuffle,
+    seed=seed,
+    num_epochs=num_epochs,
     drop_remainder=drop_remainder,
+    pad_id=tokenizer.pad_id,
   )
   if data_cfg.preprocess == "pad":
-    docs = sources.load_texts(data_cfg, split)
-    _check_nonempty(len(docs), f"{data_cfg.source} {split} has no documents")
-    # Tokenized once up front (the texts are in memory already), so over-long documents are
-    # counted, logged and handled (data.overlong) before any row is built.
-    ids, _ = fit_documents(
-      [np.asarray(d, np.int32) for d in tok.encode_batch(docs)],
-      seq_len,
-      data_cfg.get("overlong", "cut"),
-      what=f"{data_cfg.source} {split} documents",
+    return _padded_documents(data_cfg, tokenizer, split, seq_len, plan).to_iter_dataset(
+      read_options
     )
-    _check_nonempty(
-      len(ids),
-      f"{data_cfg.source} {split}: every document was skipped "
-      f"(data.overlong=skip, seq_len={seq_len})",
-    )
-    # This process's documents of each global batch (one order, whatever the process count).
-    ds = mine(_order(grain.MapDataset.source(ids), shuffle, seed, num_epochs))
-    ds = ds.map(
-      lambda rows: finish(pad_rows(list(rows), seq_len, tok.bos_id, tok.eos_id, tok.pad_id))
-    )
-    return ds.to_iter_dataset(read_options)
-
+  style = data_cfg.get("wrap_style", "row")
   if data_cfg.source in IN_MEMORY_SOURCES:
-    # Tokenize the whole split once; every process builds the same rows.
-    docs = sources.load_texts(data_cfg, split)
-    rows = wrap_rows(tok.encode_batch(docs), seq_len, tok.bos_id, tok.eos_id, style)
-    _check_nonempty(
-      len(rows), f"{data_cfg.source} {split} has fewer tokens than one row of seq_len={seq_len}"
-    )
-    ds = mine(_order(grain.MapDataset.source(rows), shuffle, seed, num_epochs))
-    ds = ds.map(lambda r: _stack_rows(r, seq_len)).map(
-      lambda t: finish({"tokens": t, "attention_mask": np.ones_like(t)})
-    )
+    ds = _wrapped_in_memory(data_cfg, tokenizer, split, seq_len, style, plan)
     return ds.to_iter_dataset(read_options)
-
-  # Lazy wrap (tfds): tokenize groups of documents into stream pieces and let
-  # grain's concat-then-split cut rows, carrying the remainder between pieces.
-  docs = sources.load_texts(data_cfg, split)
-  _check_nonempty(len(docs), f"{data_cfg.source} {split} has no documents")
-  chunk = chunk_len(seq_len, style)
-  ds = _order(grain.MapDataset.source(docs), shuffle, seed, num_epochs)
-  ds = ds.batch(DOCS_PER_GROUP, drop_remainder=False, batch_fn=list)
-  ds = ds.map(
-    lambda texts: {"tokens": token_stream(tok.encode_batch(texts), style, tok.bos_id, tok.eos_id)}
-  )
-  ds = ConcatThenSplitIterDataset(ds.to_iter_dataset(read_options), length_struct={"tokens": chunk})
-  # The last row of a finite stream is zero-padded (segment id 0): drop it.
-  ds = ds.filter(lambda x: bool(np.all(x["tokens_segment_ids"] > 0)))
-  ds = ds.map(
-    lambda x: add_row_specials(x["tokens"][None].astype(np.int32), style, tok.bos_id, tok.eos_id)[0]
-  )
-  ds = ds.batch(global_batch_size, drop_remainder=drop_remainder)  # the global batch
-  first = process_index * batch_size
-  return ds.map(
-    lambda t: finish(
-      {
-        "tokens": t[first : first + batch_size],
-        "attention_mask": np.ones_like(t[first : first + batch_size]),
-      }
-    )
-  )
+  return _wrapped_lazily(data_cfg, tokenizer, split, seq_len, style, plan, read_options)

@@ -245,6 +245,77 @@ def _sampler_config(
   )
 
 
+def _generation_budget(prompts: Sequence[Sequence[int]], seq_len: int, max_new_tokens) -> int:
+  """N, the tokens each prompt may generate (None: seq_len - the longest prompt); raises
+  ValueError when the longest prompt plus N does not fit the context."""
+  longest = max(len(p) for p in prompts)
+  n = max_new_tokens or seq_len - longest
+  if n < 1 or longest + n > seq_len:
+    raise ValueError(
+      f"the longest test prompt has {longest} tokens; with max_new_tokens={n} it "
+      f"does not fit the model's context seq_len={seq_len}"
+    )
+  return n
+
+
+def _answer_texts(tokenizer, generated, stop_strings: Sequence[str]) -> List[str]:
+  """The decoded texts, each cut at the first of `stop_strings`."""
+  texts = tokenizer.decode_batch(list(generated))
+  for stop in stop_strings:
+    texts = [t.split(stop, 1)[0] for t in texts]
+  return texts
+
+
+def _step_metrics(res: Dict[str, Any], align_to_blocks: bool) -> Dict[str, Any]:
+  """Generated tokens, tokens per step and per forward call of a `decode_all` result."""
+  num_gen = [len(g) for g in res["generated"]]
+  steps, committed = sum(res["num_steps"]), sum(res["num_committed"])
+  return {
+    "mean_generated_tokens": float(np.mean(num_gen)),
+    "tokens_per_step": committed / steps if steps else 0.0,
+    "kept_tokens_per_step": sum(num_gen) / steps if steps else 0.0,
+    "align_to_blocks": align_to_blocks,  # BD3LM / block-wise MDLM only
+    "forward_calls": float(np.mean(res["forward_calls"])),
+    "kept_tokens_per_call": sum(num_gen) / max(sum(res["forward_calls"]), 1),
+  }
+
+
+def _copy_metrics(prompts: Sequence[Sequence[int]], res: Dict[str, Any]) -> Dict[str, Any]:
+  """The fractions of kept tokens copied from the prompt, committed in parallel, or both
+  (`copy_stats` summed over the rows)."""
+  cs = [copy_stats(p, g, s) for p, g, s in zip(prompts, res["generated"], res["commit_steps"])]
+  total = lambda key: sum(c[key] for c in cs)
+  return {
+    "copy_fraction": total("copies") / max(total("kept"), 1),
+    "parallel_fraction": total("parallel") / max(total("kept"), 1),
+    "parallel_copy_fraction": (
+      total("parallel_copies") / total("parallel") if total("parallel") else None
+    ),
+  }
+
+
+def _speed_metrics(
+  res: Dict[str, Any], one: Optional[Dict[str, Any]], k: int, batch_size: int, continuous: bool
+) -> Dict[str, Any]:
+  """tokens/s at the decoding batch (warm and compile-inclusive) and at batch 1 (`one`: the
+  first `k` prompts decoded alone, None when k = 0)."""
+  kept = sum(len(g) for g in res["generated"])
+  return {
+    "batch_size": batch_size,
+    "decoding": "continuous" if continuous else "static",
+    "slot_utilisation": (res["continuous"] or {}).get("utilisation"),
+    "tokens_per_second": kept / res["seconds"] if res["seconds"] else 0.0,
+    "compiled_programs": res["compiled_programs"],
+    "wall_seconds_with_compile": res["wall_seconds"],
+    "tokens_per_second_with_compile": kept / res["wall_seconds"] if res["wall_seconds"] else 0.0,
+    "speed_examples_batch1": k,
+    "tokens_per_second_batch1": (
+      sum(len(g) for g in one["generated"]) / one["seconds"] if one and one["seconds"] else None
+    ),
+    "batch1_matches_batched": (one["generated"] == res["generated"][:k]) if one else None,
+  }
+
+
 def accuracy_eval(
   model,
   params,
@@ -282,13 +353,7 @@ def accuracy_eval(
     raise ValueError("accuracy eval: no test pairs")
   settings = settings or decoding_settings(obj_cfg)
   prompts = encode_prompts(tokenizer, pairs, prompt_style)
-  longest = max(len(p) for p in prompts)
-  n = max_new_tokens or seq_len - longest
-  if n < 1 or longest + n > seq_len:
-    raise ValueError(
-      f"the longest test prompt has {longest} tokens; with max_new_tokens={n} it "
-      f"does not fit the model's context seq_len={seq_len}"
-    )
+  n = _generation_budget(prompts, seq_len, max_new_tokens)
   sampler = decoding.sampler_for(obj_cfg.name)
   rows = []
   for setting in settings:
@@ -299,18 +364,12 @@ def accuracy_eval(
     res = decode_all(
       sampler, model, params, prompts, cfg, batch_size=batch_size, seed=seed, continuous=cont
     )
-    texts = tokenizer.decode_batch([g for g in res["generated"]])
-    for stop in stop_strings:
-      texts = [t.split(stop, 1)[0] for t in texts]
+    texts = _answer_texts(tokenizer, res["generated"], stop_strings)
     correct = [exact_match(t, p.answer, extractor) for t, p in zip(texts, pairs)]
     k = min(speed_examples, len(prompts))
     one = (
       decode_all(sampler, model, params, prompts[:k], cfg, batch_size=1, seed=seed) if k else None
     )
-    num_gen = [len(g) for g in res["generated"]]
-    steps, committed = sum(res["num_steps"]), sum(res["num_committed"])
-    cs = [copy_stats(p, g, s) for p, g, s in zip(prompts, res["generated"], res["commit_steps"])]
-    total = lambda key: sum(c[key] for c in cs)
     row = {
       "method": obj_cfg.name,
       "setting": setting_name(obj_cfg, setting),
@@ -322,31 +381,9 @@ def accuracy_eval(
       "num_correct": int(sum(correct)),
       "accuracy": float(np.mean(correct)),
       "max_new_tokens": n,
-      "mean_generated_tokens": float(np.mean(num_gen)),
-      "tokens_per_step": committed / steps if steps else 0.0,
-      "kept_tokens_per_step": sum(num_gen) / steps if steps else 0.0,
-      "align_to_blocks": cfg.align_to_blocks,  # BD3LM / block-wise MDLM only
-      "forward_calls": float(np.mean(res["forward_calls"])),
-      "kept_tokens_per_call": sum(num_gen) / max(sum(res["forward_calls"]), 1),
-      "copy_fraction": total("copies") / max(total("kept"), 1),
-      "parallel_fraction": total("parallel") / max(total("kept"), 1),
-      "parallel_copy_fraction": (
-        total("parallel_copies") / total("parallel") if total("parallel") else None
-      ),
-      "batch_size": batch_size,
-      "decoding": "continuous" if cont is not None else "static",
-      "slot_utilisation": (res["continuous"] or {}).get("utilisation"),
-      "tokens_per_second": sum(num_gen) / res["seconds"] if res["seconds"] else 0.0,
-      "compiled_programs": res["compiled_programs"],
-      "wall_seconds_with_compile": res["wall_seconds"],
-      "tokens_per_second_with_compile": (
-        sum(num_gen) / res["wall_seconds"] if res["wall_seconds"] else 0.0
-      ),
-      "speed_examples_batch1": k,
-      "tokens_per_second_batch1": (
-        sum(len(g) for g in one["generated"]) / one["seconds"] if one and one["seconds"] else None
-      ),
-      "batch1_matches_batched": (one["generated"] == res["generated"][:k]) if one else None,
+      **_step_metrics(res, cfg.align_to_blocks),
+      **_copy_metrics(prompts, res),
+      **_speed_metrics(res, one, k, batch_size, cont is not None),
       "examples": [
         {"prompt": p.prompt, "output": t, "reference": p.answer, "correct": c}
         for p, t, c in list(zip(pairs, texts, correct))[:num_shown]
@@ -355,7 +392,7 @@ def accuracy_eval(
     if per_example:
       row["per_example"] = {
         "correct": [bool(c) for c in correct],
-        "kept": num_gen,
+        "kept": [len(g) for g in res["generated"]],
         "calls": [int(c) for c in res["forward_calls"]],
       }
     rows.append(row)
