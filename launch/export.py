@@ -16,14 +16,11 @@ one), never a training workdir. Load it back with `setdiff_jax.interop.import_ch
 """
 
 import json
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import flags
 
-from absl import flags  # noqa: E402
-
-from setdiff_jax import cli  # noqa: E402
+from setdiff_jax import cli
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "Training workdir (holds checkpoints/ and config.json).")

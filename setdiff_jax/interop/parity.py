@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from setdiff_jax import methods
+from setdiff_jax import objectives
 from setdiff_jax import layer_names
 from setdiff_jax.diffusion import masks
 from setdiff_jax.diffusion import losses
@@ -196,7 +196,7 @@ def parity_report(
   )
   # The check always scores the SetDLM bound (the torch reference implements that one).
   obj = losses.ObjectiveConfig(
-    name=methods.SetDLM.name,
+    name=objectives.SetDLM.name,
     mask_token_id=mask_id,
     pad_token_id=pad_id,
     keep_clean_bos=bool(config.loss.keep_clean_bos),
