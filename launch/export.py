@@ -62,7 +62,8 @@ def main(argv):
       else "--format=bin (--format=safetensors needs only numpy)",
     )
   from setdiff_jax import sharding
-  from setdiff_jax.interop.export import export_workdir, verify_verdict
+  from setdiff_jax.interop.export import export_workdir
+  from setdiff_jax.testing import verify
 
   sharding.initialize_distributed()  # every host of a multi-host run exports together
 
@@ -72,12 +73,12 @@ def main(argv):
     use_ema=FLAGS.ema,
     step=FLAGS.step,
     fmt=FLAGS.format,
-    verify=FLAGS.verify,
+    verify=verify.export_report if FLAGS.verify else None,
     overwrite=FLAGS.overwrite,
   )
   if report is not None:
     print(json.dumps(report, indent=2))
-    passed, line = verify_verdict(report)
+    passed, line = verify.verdict(report)
     print(line, flush=True)
     if not passed:
       sys.exit(1)

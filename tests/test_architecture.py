@@ -291,6 +291,7 @@ LAYERS = [
   ("trainer", ("setdiff_jax.trainer",)),
   ("decoding", ("setdiff_jax.decoding",)),
   ("uses", ("setdiff_jax.evaluation", "setdiff_jax.interop")),
+  ("testing", ("setdiff_jax.testing",)),
   ("methods", ("setdiff_jax.methods",)),
   ("experiments", ("setdiff_jax.experiments",)),
   ("train", ("setdiff_jax.train", "setdiff_jax.train_step", "setdiff_jax.rl")),
@@ -335,6 +336,18 @@ def test_only_the_registry_imports_the_registry():
     m for m in MODULES if "setdiff_jax.methods" in GRAPH[m][0] | {t for t, _ in GRAPH[m][1]}
   ]
   assert not [m for m in importers if not in_package(m, ("setdiff_jax.methods",))]
+
+
+def test_no_library_module_imports_the_testing_package():
+  """The references and parity checks serve the tests and `launch/export.py --verify` (which
+  hands `testing.verify.export_report` to `interop.export.export_workdir`)."""
+  bad = [
+    m
+    for m in MODULES
+    if not in_package(m, ("setdiff_jax.testing",))
+    and any(in_package(t, ("setdiff_jax.testing",)) for t in reachable(m, include_nested=True))
+  ]
+  assert not bad, bad
 
 
 def pieces_reached(module: str) -> set:

@@ -363,7 +363,7 @@ def test_export_of_scanned_equals_unrolled_and_reimports_stacked(tmp_path, backb
   _, back_a = import_checkpoint(a)
   assert not layer_names.is_scanned(back_a)
   if backbone == "dit":  # the PyTorch reference reads a scanned tree through the name map
-    torch_ref = pytest.importorskip("setdiff_jax.interop.torch_reference")
+    torch_ref = pytest.importorskip("setdiff_jax.testing.torch_reference")
     pytest.importorskip("torch")
     tokens, positions, mask = inputs()
     want = DiT(DIT).apply({"params": p}, tokens, positions, mask)
