@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from typing import Dict
 
+from setdiff_jax import objectives
 from setdiff_jax.decoders.ar import ARDecoder
 from setdiff_jax.decoders.base import DEFAULT_WINDOW, Decoder
 from setdiff_jax.decoders.bd3lm import BD3LMDecoder
 from setdiff_jax.decoders.mdlm import MDLMDecoder
 from setdiff_jax.decoders.setdlm import SetDLMDecoder
-from setdiff_jax import objectives
 
 REGISTRY: Dict[str, Decoder] = {
   d.name: d for d in (SetDLMDecoder(), ARDecoder(), MDLMDecoder(), BD3LMDecoder())

@@ -7,10 +7,11 @@
   method.export      the official config.json fields (`setdiff_jax.interop.formats`)
 
 Each layer of the library imports only the piece it needs (training the objective, decoding the
-decoder, interop the export format), each keyed by the method's name; this package sits above
-them all (tests/test_architecture.py checks that the three tables name the same methods). Adding a method: its objective
-(loss in `diffusion/losses.py`), decoder (sampler in `sampling/`) and export format, each
-registered in its package.
+decoder, interop the export format), each keyed by the method's name; no library module imports
+this package, which sits above them all (tests/test_architecture.py checks both, and that the
+three tables name the same methods). Adding a method: its objective (loss in
+`diffusion/losses.py`), decoder (sampler in `sampling/`) and export format, each registered in
+its package.
 """
 
 from __future__ import annotations
