@@ -37,11 +37,11 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from configs import default  # noqa: E402
-from setdiff_jax import methods, sharding, train_step  # noqa: E402
+from setdiff_jax import objectives, sharding, train_step  # noqa: E402
 from setdiff_jax.workdir import config as run_config  # noqa: E402
 from setdiff_jax.models.dit import DiT  # noqa: E402
 
-ADALN = {name: methods.get(name).adaln for name in methods.NAMES}
+ADALN = {name: objectives.get(name).adaln for name in objectives.NAMES}
 # bert-base-uncased special ids (the LM1B vocabulary of the reference): [PAD] [CLS] [SEP] [MASK].
 PAD_ID, BOS_ID, EOS_ID, MASK_ID = 0, 101, 102, 103
 FIRST_WORD_ID = MASK_ID + 1  # random tokens are drawn from [FIRST_WORD_ID, vocab_size)
@@ -316,8 +316,8 @@ def main(argv=None):
   config = load_config(args)
   names = [s.strip() for s in args.objectives.split(",") if s.strip()]
   for name in names:
-    if name not in methods.NAMES:
-      raise SystemExit(f"--objectives: {name!r} is not one of {methods.NAMES}")
+    if name not in objectives.NAMES:
+      raise SystemExit(f"--objectives: {name!r} is not one of {objectives.NAMES}")
   preps = [benchmark(config, name, args) for name in names]
   peak = args.peak_gflops * 1e9 or matmul_peak_gflops() * 1e9
   for r in range(args.rounds):

@@ -31,13 +31,10 @@ All logic lives in `setdiff_jax.evaluation` (`evaluate_workdir`, `format_results
 """
 
 import os
-import sys
 
 from absl import flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from setdiff_jax import cli  # noqa: E402
+from setdiff_jax import cli
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "Run directory written by launch/train.py.", required=True)

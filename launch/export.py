@@ -16,14 +16,11 @@ one), never a training workdir. Load it back with `setdiff_jax.interop.import_ch
 """
 
 import json
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import flags
 
-from absl import flags  # noqa: E402
-
-from setdiff_jax import cli  # noqa: E402
+from setdiff_jax import cli
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "Training workdir (holds checkpoints/ and config.json).")
@@ -65,7 +62,8 @@ def main(argv):
       else "--format=bin (--format=safetensors needs only numpy)",
     )
   from setdiff_jax import sharding
-  from setdiff_jax.interop.export import export_workdir, verify_verdict
+  from setdiff_jax.interop.export import export_workdir
+  from setdiff_jax.testing import verify
 
   sharding.initialize_distributed()  # every host of a multi-host run exports together
 
@@ -75,12 +73,12 @@ def main(argv):
     use_ema=FLAGS.ema,
     step=FLAGS.step,
     fmt=FLAGS.format,
-    verify=FLAGS.verify,
+    verify=verify.export_report if FLAGS.verify else None,
     overwrite=FLAGS.overwrite,
   )
   if report is not None:
     print(json.dumps(report, indent=2))
-    passed, line = verify_verdict(report)
+    passed, line = verify.verdict(report)
     print(line, flush=True)
     if not passed:
       sys.exit(1)

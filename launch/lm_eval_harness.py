@@ -11,12 +11,9 @@ unchanged. `python -m setdiff_jax.evaluation.lm_eval_model ...` is the same with
 model_args and what each request type computes: `setdiff_jax/evaluation/lm_eval_model.py`.
 """
 
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from setdiff_jax import cli, errors  # noqa: E402
+from setdiff_jax import cli, errors
 
 try:
   from setdiff_jax.evaluation import lm_eval_model  # registers --model setdiff_jax

@@ -10,14 +10,9 @@ same splits, example keys and records: `setdiff_jax/data/lm1b_files.py`), so the
 it with `--config.data.tfds_data_dir=$TFDS_DIR`. Nothing is downloaded.
 """
 
-import os
-import sys
-
 from absl import flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from setdiff_jax import cli  # noqa: E402
+from setdiff_jax import cli
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string(

@@ -11,6 +11,7 @@ split. Re-running with the same workdir resumes exactly. The fields: setdiff_jax
 import os
 import sys
 
+# The repository root: the --config files import `configs.*` (not part of the package).
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import flags  # noqa: E402

@@ -17,14 +17,9 @@ samples on every call; --seed=-1 draws a random seed (printed in that first line
 All logic lives in `setdiff_jax.decoding` (`sample_from_workdir`, `run_sampling`).
 """
 
-import os
-import sys
-
 from absl import flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from setdiff_jax import cli  # noqa: E402
+from setdiff_jax import cli
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "Run directory written by launch/train.py.", required=True)

@@ -11,6 +11,7 @@ cluster from the environment (and is skipped on a single host).
 import os
 import sys
 
+# The repository root: the --config files import `configs.*` (not part of the package).
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import flags, logging  # noqa: E402

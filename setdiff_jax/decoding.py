@@ -20,7 +20,7 @@ from typing import Any, Callable, List, Optional
 import jax
 import numpy as np
 
-from setdiff_jax import methods, paths
+from setdiff_jax import decoders, paths
 from setdiff_jax.workdir import load as workdir_lib
 from setdiff_jax.sampling import compiles, continuous, policies
 from setdiff_jax.sampling.config import SampleOutput, SamplerConfig
@@ -43,7 +43,7 @@ def sampler_config_for(objective_config, tokenizer, seq_len: int, **overrides) -
     max_new_tokens=max(1, int(seq_len) - 1),
     length_buckets="pow2",
   )
-  fields.update(methods.get(oc.name).sampler_fields(oc))
+  fields.update(decoders.get(oc.name).sampler_fields(oc))
   fields.update({k: v for k, v in overrides.items() if v is not None})
   return SamplerConfig(**fields)
 
@@ -68,14 +68,14 @@ def decode_weights(params, dtype: str = "float32"):
 
 def sampler_for(objective: str) -> Callable[..., SampleOutput]:
   """The sampler of a method: generate(model, params, prompts, cfg, rng) -> SampleOutput."""
-  return methods.get(objective).generate
+  return decoders.get(objective).generate
 
 
 def continuous_for(objective: str, cfg: SamplerConfig) -> Optional[Callable[..., Any]]:
   """The continuous-batching decoder of a method when it is exact for this config
   (`sampling.continuous`): generate(model, params, prompts, cfg, rng, slots=B) ->
   ContinuousOutput; None when the method or config needs static batches."""
-  kind = methods.get(objective).continuous_kind
+  kind = decoders.get(objective).continuous_kind
   if continuous.unsupported(kind, cfg) is not None:
     return None
   return functools.partial(continuous.continuous_generate, kind)
@@ -175,7 +175,7 @@ def run_sampling(
   check_sampling_flags(seq_len, window=window, max_new_tokens=max_new_tokens)
   if seed < 0:  # -1: a fresh seed per call, printed in the header
     seed = secrets.randbelow(2**31)
-  method = methods.get(objective_config.name)
+  method = decoders.get(objective_config.name)
   cfg = sampler_config_for(
     objective_config,
     tokenizer,

@@ -298,10 +298,6 @@ def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
 
 
-def batch_divisor(mesh: Mesh) -> int:
-  return mesh.shape["data"] * mesh.shape["fsdp"]
-
-
 def global_batch(local_batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict:
   """Process-local rows -> global jax arrays sharded over the batch axes."""
   sharding = batch_sharding(mesh)

@@ -8,7 +8,7 @@ Setup is two functions used by the loop (`train.py`), the benchmarks and the tes
 Parameters, EMA and optimizer state are sharded by the logical-axis rules of `sharding.py` (FSDP
 over the model dimension, tensor parallelism over heads / MLP / vocabulary; replicated on a
 data-only mesh), the batch over data x fsdp, so the same code runs on 1 CPU, 8 emulated devices,
-a GPU or a TPU slice. The loss is the method's (`setdiff_jax.methods`).
+a GPU or a TPU slice. The loss is the method's objective's (`setdiff_jax.objectives`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from setdiff_jax import methods, models, sharding
+from setdiff_jax import models, objectives, sharding
 from setdiff_jax.diffusion import losses
 from setdiff_jax.models import Backbone, BackboneConfig
 
@@ -79,10 +79,10 @@ def make_train_step(
   ema_decay = float(config.ema_decay)
   schedule = learning_rate_schedule(config)
 
-  method = methods.get(obj_cfg.name)
+  objective = objectives.get(obj_cfg.name)
 
   def loss_fn(params, batch, rng):
-    return method.loss(obj_cfg, model, params, batch, rng, train=True)
+    return objective.loss(obj_cfg, model, params, batch, rng, train=True)
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 

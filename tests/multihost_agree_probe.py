@@ -4,14 +4,11 @@ process seeing something the other does not. Prints one `ok ...` line per check.
 
 import os
 import signal
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import jax
 
-import jax  # noqa: E402
-
-from setdiff_jax import errors, sharding  # noqa: E402
-from setdiff_jax.workdir import fallback, stopping  # noqa: E402
+from setdiff_jax import errors, sharding
+from setdiff_jax.workdir import fallback, stopping
 
 sharding.initialize_distributed()
 me, count = jax.process_index(), jax.process_count()

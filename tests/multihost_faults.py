@@ -14,8 +14,7 @@ import signal
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-sys.path.insert(0, os.path.join(REPO, "launch"))
+sys.path.insert(0, os.path.join(REPO, "launch"))  # launch/ is no package: its train.py by name
 
 import train as train_launcher  # noqa: E402  (launch/train.py)
 from setdiff_jax import cli, errors  # noqa: E402

@@ -4,11 +4,7 @@ Each process contributes its local devices' values 100 * process + local device;
 global sum, computed by one jitted reduction over all devices of all processes.
 """
 
-import os
-import sys
 import time
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 t0 = time.time()
 import jax  # noqa: E402

@@ -7,19 +7,12 @@ and the benchmark's cached set-decoding lowering compiles with the batch split o
 libtpu importable (a separate venv; CI has none) the slow test compiles for a v5e-8 topology.
 """
 
-import os
-import sys
-
 import jax
 import numpy as np
 import pytest
 
-sys.path.insert(
-  0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
-)
-import aot_compile  # noqa: E402
-
-from setdiff_jax import models, sharding, train_step  # noqa: E402
+from benchmarks import aot_compile
+from setdiff_jax import models, sharding, train_step
 
 pytestmark = pytest.mark.usefixtures("fast_compile")
 

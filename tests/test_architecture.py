@@ -1,7 +1,13 @@
-"""The architecture's promises, checked on the source (DESIGN §1, §3; issue 10).
+"""The architecture's promises, checked on the source (DESIGN §1, §3; issues 10, 34).
 
-* The method registry is the only place that tells methods apart: no method-name literal in the
-  library outside `setdiff_jax/methods/` (configs/ are not the library).
+* The method registry is the only place that tells methods apart: no module outside
+  `setdiff_jax/methods/` compares a method name (==, in, a match / startswith, a `case`, a
+  dispatch table keyed by names), and method-name literals appear only where the names and the
+  official config.json values are defined (configs/ are not the library).
+* A method is three pieces, each beside the layer that uses it: its objective
+  (`setdiff_jax/objectives/`), its decoder (`setdiff_jax/decoders/`) and its export format
+  (`setdiff_jax/interop/formats.py`); each layer imports only the piece it needs and nothing but
+  the registry imports all three.
 * The import graph of `setdiff_jax` has no cycle, and no function-level import exists to dodge
   one (an internal import inside a function whose module-level version would close a cycle).
 * Inference never imports the training layer: sampling, evaluation, interop, decoding and
@@ -17,13 +23,21 @@ import sys
 
 import pytest
 
-from setdiff_jax import methods
+from setdiff_jax import decoders, methods, objectives
+from setdiff_jax.interop import formats
 
 PKG = pathlib.Path(__file__).resolve().parents[1] / "setdiff_jax"
-# (module, literal): data defaults, not dispatch. Each must say why.
+# Where method names are defined: the registry and the objectives (each objective's `name`).
+NAME_DEFINITIONS = ("setdiff_jax.methods", "setdiff_jax.objectives")
+# (module, literal): data, not dispatch. Each must say why.
 ALLOWED_LITERALS = {
   # ObjectiveConfig's default method (a dataclass default; the registry validates the name).
   ("setdiff_jax.diffusion.losses", "setdlm"),
+  # The official config.json's `model_type` values and the patterns that read them back.
+  ("setdiff_jax.interop.formats", "ar"),
+  ("setdiff_jax.interop.formats", "mdlm"),
+  ("setdiff_jax.interop.formats", "bd3lm"),
+  ("setdiff_jax.interop.formats", "setdlm"),
 }
 
 
@@ -138,13 +152,17 @@ def reachable(start: str, graph=None, include_nested: bool = False) -> set:
   return seen
 
 
+def in_package(module: str, packages) -> bool:
+  return any(module == p or module.startswith(p + ".") for p in packages)
+
+
 def method_literals(modules: dict) -> list:
-  """`path:line: 'name'` for each method-name string outside methods/ (docstrings and the
-  ALLOWED_LITERALS excepted)."""
+  """`path:line: 'name'` for each method-name string outside the modules that define the names
+  (docstrings and the ALLOWED_LITERALS excepted)."""
   names = set(methods.NAMES)
   found = []
   for module, path in modules.items():
-    if module.startswith("setdiff_jax.methods"):
+    if in_package(module, NAME_DEFINITIONS):
       continue
     tree = ast.parse(path.read_text())
     docs = docstring_nodes(tree)
@@ -160,10 +178,87 @@ def method_literals(modules: dict) -> list:
   return found
 
 
-def test_method_names_appear_only_in_the_registry():
+def test_method_names_appear_only_where_they_are_defined():
   found = method_literals(MODULES)
-  assert not found, "method names outside setdiff_jax/methods/ (ask the registry):\n" + "\n".join(
+  assert not found, "method names outside their definitions (ask the registry):\n" + "\n".join(
     found
+  )
+
+
+MATCH_CALLS = {"startswith", "endswith", "match", "fullmatch", "search"}
+
+
+def named_methods(node) -> list:
+  """The method names among `node`'s string constants (itself, or a tuple / list / set of them)."""
+  names = set(methods.NAMES)
+  elts = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+  return [
+    e.value
+    for e in elts
+    if isinstance(e, ast.Constant) and isinstance(e.value, str) and e.value in names
+  ]
+
+
+def name_comparisons(source: str) -> list:
+  """`line: 'name' (how)` for each comparison of something against a method-name literal:
+  `==` / `!=` / `in` / `not in` (either side), a string match (`x.startswith("ar")`,
+  `re.match("bd3lm", x)`), a `case "mdlm":` and a dispatch table keyed by names."""
+  found = []
+  for node in ast.walk(ast.parse(source)):
+    hits = []
+    if isinstance(node, ast.Compare):
+      hits = [(n, "compare") for o in [node.left, *node.comparators] for n in named_methods(o)]
+    elif isinstance(node, ast.Call):
+      func = node.func
+      called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+      if called in MATCH_CALLS:
+        args = [*node.args, *(k.value for k in node.keywords)]
+        hits = [(n, called) for a in args for n in named_methods(a)]
+    elif isinstance(node, ast.MatchValue):
+      hits = [(n, "case") for n in named_methods(node.value)]
+    elif isinstance(node, ast.Dict):
+      hits = [(n, "dispatch table") for k in node.keys if k is not None for n in named_methods(k)]
+    found += [f"{node.lineno}: {n!r} ({how})" for n, how in hits]
+  return found
+
+
+def test_no_module_outside_the_registry_compares_method_names():
+  """No allow-list: what differs between methods is asked of the registry's pieces. The library
+  and the launchers (benchmarks/ drive the official code by name and are not checked)."""
+  launchers = sorted((PKG.parent / "launch").glob("*.py"))
+  found = [
+    f"{path.relative_to(PKG.parent)}:{hit}"
+    for module, path in [*MODULES.items(), *((p.stem, p) for p in launchers)]
+    if not in_package(module, ("setdiff_jax.methods",))
+    for hit in name_comparisons(path.read_text())
+  ]
+  assert not found, "method-name comparisons outside setdiff_jax/methods/:\n" + "\n".join(found)
+
+
+def test_comparison_check_can_fail():
+  planted = (
+    "import re\n"
+    'NAME = "setdlm"  # a definition, not a comparison\n'
+    "def f(objective, x):\n"
+    '  """ar == x in a docstring"""\n'
+    '  g(objective="ar")\n'
+    '  if objective == "bd3lm" or "mdlm" != objective: pass\n'
+    '  if objective in ("ar", "other"): pass\n'
+    '  if x.startswith("ar") or re.match("setdlm", x): pass\n'
+    "  match objective:\n"
+    '    case "mdlm": pass\n'
+    '  return {"bd3lm": 1}[objective]\n'
+  )
+  assert sorted(name_comparisons(planted)) == sorted(
+    [
+      "6: 'bd3lm' (compare)",
+      "6: 'mdlm' (compare)",
+      "7: 'ar' (compare)",
+      "8: 'ar' (startswith)",
+      "8: 'setdlm' (match)",
+      "10: 'mdlm' (case)",
+      "11: 'bd3lm' (dispatch table)",
+    ]
   )
 
 
@@ -188,13 +283,16 @@ LAYERS = [
   ("data", ("setdiff_jax.data",)),
   ("models", ("setdiff_jax.models",)),
   ("diffusion", ("setdiff_jax.diffusion",)),
+  ("objectives", ("setdiff_jax.objectives",)),
   ("sharding", ("setdiff_jax.sharding",)),
   ("sampling", ("setdiff_jax.sampling",)),
-  ("methods", ("setdiff_jax.methods",)),
+  ("decoders", ("setdiff_jax.decoders",)),
   ("workdir", ("setdiff_jax.workdir",)),
   ("trainer", ("setdiff_jax.trainer",)),
   ("decoding", ("setdiff_jax.decoding",)),
   ("uses", ("setdiff_jax.evaluation", "setdiff_jax.interop")),
+  ("testing", ("setdiff_jax.testing",)),
+  ("methods", ("setdiff_jax.methods",)),
   ("experiments", ("setdiff_jax.experiments",)),
   ("train", ("setdiff_jax.train", "setdiff_jax.train_step", "setdiff_jax.rl")),
 ]
@@ -221,6 +319,64 @@ def upward_imports(graph: dict) -> list:
           f"{module} ({LAYERS[layer_of(module)][0]}) -> {target} ({LAYERS[layer_of(target)][0]})"
         )
   return bad
+
+
+def test_the_registry_binds_three_tables_of_the_same_methods():
+  assert tuple(objectives.REGISTRY) == methods.NAMES
+  assert sorted(decoders.REGISTRY) == sorted(formats.REGISTRY) == sorted(methods.NAMES)
+  for name, entry in methods.REGISTRY.items():
+    assert (entry.objective.name, entry.decoder.name, entry.export.name) == (name,) * 3
+  with pytest.raises(ValueError, match=r"objective='nope'; expected one of \('setdlm'"):
+    methods.get("nope")
+
+
+def test_only_the_registry_imports_the_registry():
+  """Each layer imports the piece of a method it needs, never the three together."""
+  importers = [
+    m for m in MODULES if "setdiff_jax.methods" in GRAPH[m][0] | {t for t, _ in GRAPH[m][1]}
+  ]
+  assert not [m for m in importers if not in_package(m, ("setdiff_jax.methods",))]
+
+
+def test_no_library_module_imports_the_testing_package():
+  """The references and parity checks serve the tests and `launch/export.py --verify` (which
+  hands `testing.verify.export_report` to `interop.export.export_workdir`)."""
+  bad = [
+    m
+    for m in MODULES
+    if not in_package(m, ("setdiff_jax.testing",))
+    and any(in_package(t, ("setdiff_jax.testing",)) for t in reachable(m, include_nested=True))
+  ]
+  assert not bad, bad
+
+
+def pieces_reached(module: str) -> set:
+  """Which pieces of a method (objective, decoder, export format) `module` reaches."""
+  reach = reachable(module, include_nested=True) | {module}
+  kinds = {
+    "objective": ("setdiff_jax.objectives",),
+    "decoder": ("setdiff_jax.decoders",),
+    "export format": ("setdiff_jax.interop.formats",),
+  }
+  return {k for k, pkgs in kinds.items() if any(in_package(m, pkgs) for m in reach)}
+
+
+@pytest.mark.parametrize(
+  "prefix, allowed",
+  [
+    ("setdiff_jax.objectives", {"objective"}),  # a loss needs no sampler nor file format
+    ("setdiff_jax.decoders", {"objective", "decoder"}),  # keyed by the objectives' names
+    ("setdiff_jax.interop", {"objective", "export format"}),  # interop: not the decoder
+    ("setdiff_jax.workdir", {"objective"}),  # the run's config: no decoding defaults
+    ("setdiff_jax.train_step", {"objective"}),  # the training step: the loss only
+    ("setdiff_jax.sampling", set()),  # samplers know no method
+    ("setdiff_jax.diffusion", set()),  # the losses know no registry
+  ],
+)
+def test_each_layer_reaches_only_the_pieces_it_needs(prefix, allowed):
+  bad = {m: sorted(pieces_reached(m) - allowed) for m in MODULES if in_package(m, (prefix,))}
+  bad = {m: p for m, p in bad.items() if p}
+  assert not bad, f"modules reaching pieces of a method they do not need: {bad}"
 
 
 def test_every_module_has_a_layer():
@@ -277,6 +433,8 @@ INFERENCE += [
   "setdiff_jax.decoding",
   "setdiff_jax.workdir.load",
   "setdiff_jax.evaluation.likelihood",
+  "setdiff_jax.objectives",
+  "setdiff_jax.decoders",
   "setdiff_jax.methods",
 ]
 
@@ -306,6 +464,8 @@ def test_checkpoint_code_reaches_no_method_or_inference_code(module):
         "setdiff_jax.evaluation",
         "setdiff_jax.interop",
         "setdiff_jax.methods",
+        "setdiff_jax.objectives",
+        "setdiff_jax.decoders",
       )
     )
   )

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from helpers import random_params
-from setdiff_jax import methods
+from setdiff_jax import objectives
 from setdiff_jax.models import attention
 from setdiff_jax.diffusion import masks
 from setdiff_jax.diffusion import losses
@@ -106,7 +106,7 @@ def test_objective_blocksparse_equals_dense(name, adaln):
     c = dataclasses.replace(cfg, attention=impl)
     fn = jax.jit(
       jax.value_and_grad(
-        lambda p: methods.compute_loss(obj, DiT(c), p, batch, jax.random.key(4), train=True)[0]
+        lambda p: objectives.compute_loss(obj, DiT(c), p, batch, jax.random.key(4), train=True)[0]
       )
     )
     out[impl] = fn(params)

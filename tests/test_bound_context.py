@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from setdiff_jax import methods
+from setdiff_jax import objectives
 from setdiff_jax.data import pairs, tasks, tokenizers
 from setdiff_jax.diffusion import losses, orders
 from setdiff_jax.evaluation import likelihood
@@ -105,7 +105,7 @@ def test_bound_counts_answer_tokens_only_and_equals_hand_sum(name, monkeypatch):
       # 1/t NELBO of the row's draw: the masked positions as the model saw them, t of that draw.
       key = likelihood.row_keys(1, np.array([i]), 0)[0]
       model.calls.clear()
-      methods.compute_loss(
+      objectives.compute_loss(
         cfg,
         model,
         params,

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from helpers import random_params
-from setdiff_jax import methods
+from setdiff_jax import objectives
 from setdiff_jax.diffusion import losses
 from setdiff_jax.models.dit import DiT, DiTConfig
 
@@ -74,7 +74,7 @@ def table_loss(name, batch, seed=0, train=True, table=None, **cfg_kw):
   if table is None:
     table = jnp.asarray(np.random.default_rng(1).normal(size=(length + 1, V)), jnp.float32)
   jb = {k: jnp.asarray(v) for k, v in batch.items()}
-  fn = lambda t: methods.compute_loss(
+  fn = lambda t: objectives.compute_loss(
     cfg_for(name, **cfg_kw), model, {"table": t}, jb, jax.random.key(seed), train=train
   )[0]
   loss, grad = jax.value_and_grad(fn)(table)
@@ -144,7 +144,7 @@ def test_setdlm_loss_with_real_dit_ignores_padding():
   cfg = DiTConfig(vocab_size=V, hidden_size=32, num_layers=1, num_heads=2, dropout=0.0)
   model, params = DiT(cfg), random_params(cfg)
   loss = jax.jit(
-    lambda p, b, train: methods.compute_loss(
+    lambda p, b, train: objectives.compute_loss(
       cfg_for("setdlm"), model, p, b, jax.random.key(0), train=train
     )[0],
     static_argnums=2,
@@ -169,7 +169,7 @@ def test_bd3lm_never_remasks_a_block_with_context():
   batch = pair_rows(prompt_len=5, answer_len=5, seq_len=12, batch=n)  # 1+5 | 5 | EOS at 11
   model = TableModel()
   rng = jax.random.key(0)
-  methods.compute_loss(
+  objectives.compute_loss(
     cfg_for("bd3lm"),
     model,
     {"table": jnp.zeros((13, V))},

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from helpers import random_params
-from setdiff_jax import methods, models
+from setdiff_jax import models, objectives
 from setdiff_jax.models import fused_head
 from setdiff_jax.diffusion import losses
 from setdiff_jax.models.dit import DiT, DiTConfig
@@ -116,7 +116,7 @@ CFG = DiTConfig(vocab_size=V, hidden_size=32, num_layers=2, num_heads=4, cond_di
 
 @functools.lru_cache(maxsize=None)
 def _loss_and_grad(obj_cfg, model_cfg):
-  fn = lambda p, batch, rng: methods.compute_loss(
+  fn = lambda p, batch, rng: objectives.compute_loss(
     obj_cfg, DiT(model_cfg), p, batch, rng, train=True
   )
   return jax.jit(jax.value_and_grad(fn, has_aux=True))
@@ -174,7 +174,7 @@ QWEN = Qwen3Config(
 
 @functools.lru_cache(maxsize=None)
 def _qwen_loss_and_grad(obj_cfg, model_cfg):
-  fn = lambda p, batch, rng: methods.compute_loss(
+  fn = lambda p, batch, rng: objectives.compute_loss(
     obj_cfg, models.build(model_cfg), p, batch, rng, train=True
   )
   return jax.jit(jax.value_and_grad(fn, has_aux=True))

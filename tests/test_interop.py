@@ -287,19 +287,8 @@ def test_import_known_buffers(exported, tmp_path):
 
 
 # ----------------------------------------------------------------------------- parity (torch)
-def test_torch_reference_imports_without_jax():
-  pytest.importorskip("torch")
-  code = (
-    "import sys; import setdiff_jax.interop.torch_reference as t; "
-    "bad = [m for m in ('jax', 'flax', 'ml_collections') if m in sys.modules]; "
-    "assert not bad, bad"
-  )
-  env = {**os.environ, "PYTHONPATH": REPO}
-  subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=REPO)
-
-
 def test_cached_step_mask_matches_masks_module():
-  tr = pytest.importorskip("setdiff_jax.interop.torch_reference")
+  tr = pytest.importorskip("setdiff_jax.testing.torch_reference")
   cache = np.array([[1, 1, 0, 1, 0]], bool)
   pend = np.array([[1, 1, 0]], bool)
   act = np.array([[1, 0, 1]], bool)
@@ -311,7 +300,8 @@ def test_cached_step_mask_matches_masks_module():
 
 def test_parity_two_stream(setdlm, exported):
   pytest.importorskip("torch")
-  from setdiff_jax.interop import forward_logits, parity
+  from setdiff_jax.testing import parity
+  from setdiff_jax.testing.torch_reference import forward_logits
 
   config, params = setdlm
   mcfg = parity.fp32_model_config(config, params)
@@ -330,7 +320,7 @@ def test_parity_two_stream(setdlm, exported):
   print(f"\ntwo-stream logits max rel err (forward_logits): {err:.3g}")
   assert err <= TOL
   # The same through an exported directory loaded with a strict state-dict load.
-  from setdiff_jax.interop import load_reference
+  from setdiff_jax.testing.torch_reference import load_reference
 
   ref = load_reference(exported)
   err_dir = parity.rel_err(jl, ref(*args).detach().numpy())
@@ -340,7 +330,7 @@ def test_parity_two_stream(setdlm, exported):
 
 def test_parity_report_cached_step_and_loss(setdlm, exported):
   pytest.importorskip("torch")
-  from setdiff_jax.interop import parity
+  from setdiff_jax.testing import parity
 
   config, params = setdlm
   report = parity.parity_report(config, params, exported)
@@ -355,7 +345,7 @@ def test_cached_step_equals_uncached_two_stream(setdlm):
   """SPEC §11.6 on the reference: a mask's cached-step logits equal an uncached two-stream forward
   whose clean ranks are the committed tokens (cache then pending) and whose noisy slot is the mask."""
   torch = pytest.importorskip("torch")
-  from setdiff_jax.interop import parity, torch_reference
+  from setdiff_jax.testing import parity, torch_reference
 
   config, params = setdlm
   ref = torch_reference.model_from_params(config, params)
@@ -380,7 +370,8 @@ def test_cached_step_equals_uncached_two_stream(setdlm):
 
 def test_parity_adaln(tmp_path):
   pytest.importorskip("torch")
-  from setdiff_jax.interop import load_reference, parity
+  from setdiff_jax.testing import parity
+  from setdiff_jax.testing.torch_reference import load_reference
 
   config = run_config("bd3lm", adaln=True, block_size=4)
   params = perturbed_params(config, seed=5)
@@ -409,7 +400,8 @@ def test_import_official_style_directory(tmp_path):
   """A checkpoint made entirely on the PyTorch side, in the official layout (pytorch_model.bin,
   `backbone.` keys, static_attention_mask kept, max_block_size = L, no setdiff_jax block)."""
   torch = pytest.importorskip("torch")
-  from setdiff_jax.interop import forward_logits, torch_reference
+  from setdiff_jax.testing import torch_reference
+  from setdiff_jax.testing.torch_reference import forward_logits
 
   torch.manual_seed(0)
   ref = torch_reference.TorchDiT(V, D, LAYERS, HEADS)
@@ -479,7 +471,7 @@ def test_import_official_style_directory(tmp_path):
   pos = np.tile(np.random.default_rng(1).permutation(L), 2)[None]
   allowed = masks.set_causal_mask(L)[None]
   want = ref(tokens, pos, allowed).detach().numpy()
-  from setdiff_jax.interop import parity
+  from setdiff_jax.testing import parity
 
   assert parity.rel_err(forward_logits(config, params, tokens, pos, allowed), want) <= TOL
   jl = np.asarray(
@@ -516,6 +508,17 @@ def test_export_workdir(setdlm, tmp_path, monkeypatch):
   assert os.path.isfile(os.path.join(out, "tokenizer.json"))
   _, params2 = import_checkpoint(out)
   leaves_equal(params, params2)
+
+  # --verify: launch/export.py hands the testing package's report to the exporter.
+  pytest.importorskip("torch")
+  from setdiff_jax.testing import verify
+
+  seen = []
+  check = lambda c, p, d: seen.append(d) or verify.export_report(c, p, d)
+  _, report = export_workdir("WD", str(tmp_path / "v"), use_ema=False, verify=check)
+  assert seen == [str(tmp_path / "v")] and set(report) >= {"two_stream", "cached_step", "loss"}
+  passed, line = verify.verdict(report)
+  assert passed and line.startswith("verify: PASS"), line
 
 
 def test_launch_export_help():

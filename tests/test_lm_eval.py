@@ -25,7 +25,7 @@ lm_eval = pytest.importorskip("lm_eval")
 
 from helpers import random_params  # noqa: E402
 from configs import reasoning_common  # noqa: E402
-from setdiff_jax import decoding, methods, train  # noqa: E402
+from setdiff_jax import decoders, decoding, objectives, train  # noqa: E402
 from setdiff_jax.evaluation import likelihood
 from setdiff_jax.diffusion import masks
 from setdiff_jax.diffusion import losses
@@ -138,7 +138,7 @@ def test_simple_evaluate_matches_our_sampler_and_bound(run, task_dir, tmp_path, 
     assert ours.startswith(context)
     assert s["resps"][0][0] == ours[len(context) :].split("####")[0]
 
-  method = methods.get(oc.name)
+  method = objectives.get(oc.name)
   for s in res["samples"]["arith_mc"]:
     for (context, continuation), [(value, is_greedy)] in zip(s["arguments"], s["resps"]):
       assert is_greedy is False  # greedy_check=false
@@ -356,7 +356,7 @@ def test_align_to_blocks_decodes_on_the_grid(tok):
   for arg, want in (("true", True), ("false", False)):
     lm = lem.SetDiffLM.from_state(state, batch_size=1, align_to_blocks=arg)
     [got] = lm.generate_until([Req(text, {"until": [], "max_gen_toks": 8})])
-    direct = methods.get("bd3lm").generate(
+    direct = decoders.get("bd3lm").generate(
       lm.decode_model,
       state.params,
       [prompt],

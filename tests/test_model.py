@@ -305,7 +305,7 @@ def test_suppress_mask_logit():
 
 def test_torch_reference_mask_logit_is_the_models():
   """The torch reference (which must not import jax) keeps its own copy of the constant."""
-  torch_reference = pytest.importorskip("setdiff_jax.interop.torch_reference")
+  torch_reference = pytest.importorskip("setdiff_jax.testing.torch_reference")
   assert torch_reference.NEG_INF_LOGIT == NEG_INF_LOGIT == -1e12
 
 

@@ -17,7 +17,7 @@ import optax
 import pytest
 
 from helpers import random_params as params_for
-from setdiff_jax import methods
+from setdiff_jax import objectives
 from setdiff_jax.diffusion import losses
 from setdiff_jax.diffusion import orders
 from setdiff_jax.models.dit import DiT, DiTConfig
@@ -41,7 +41,9 @@ def jitted_apply(cfg):
 @functools.lru_cache(maxsize=None)
 def jitted_loss(cfg, model_cfg, train):
   """The objective under jit (one compile per shape), with the model params as an argument."""
-  fn = lambda p, batch, rng: methods.compute_loss(cfg, DiT(model_cfg), p, batch, rng, train=train)
+  fn = lambda p, batch, rng: objectives.compute_loss(
+    cfg, DiT(model_cfg), p, batch, rng, train=train
+  )
   return jax.jit(fn)
 
 
@@ -444,7 +446,7 @@ def test_bd3lm_remask_empty_blocks():
 
 
 # ------------------------------------------------------------------------------------ training
-@pytest.mark.parametrize("name", methods.NAMES)
+@pytest.mark.parametrize("name", objectives.NAMES)
 def test_loss_decreases_with_adam(name):
   model_cfg = DiTConfig(
     vocab_size=V,
@@ -468,7 +470,7 @@ def test_loss_decreases_with_adam(name):
   params = params_for(model_cfg)
   opt = optax.adam(1e-2)
   state = opt.init(params)
-  loss_fn = lambda p, k: methods.compute_loss(cfg, model, p, batch, k, train=True)[0]
+  loss_fn = lambda p, k: objectives.compute_loss(cfg, model, p, batch, k, train=True)[0]
   fixed_key = jax.random.key(99)
 
   @jax.jit

@@ -6,7 +6,7 @@ import pytest
 
 from setdiff_jax.data import pairs, pipeline
 from test_bound_context import BOS, EOS, L, NAMES, PAD, PosTable, V, cfg_for  # noqa: F401
-from setdiff_jax import methods
+from setdiff_jax import objectives
 
 import jax
 import jax.numpy as jnp
@@ -60,7 +60,7 @@ def test_eos_tail_carries_training_loss(name):
     model = PosTable(shift=1 if name == "ar" else 0)
     table = jnp.asarray(np.random.default_rng(1).normal(size=(L + 1, V)), jnp.float32)
     jb = {k: jnp.asarray(v) for k, v in batch.items()}
-    fn = lambda t: methods.compute_loss(
+    fn = lambda t: objectives.compute_loss(
       cfg_for(name), model, {"table": t}, jb, jax.random.key(0), train=True
     )[0]
     grad = np.abs(np.asarray(jax.grad(fn)(table))).sum(-1)[:L]

@@ -315,7 +315,7 @@ def test_bd3lm_last_partial_block_caches_the_whole_previous_block():
 
 def test_evaluation_settings_and_labels():
   from setdiff_jax.decoding import sampler_config_for, sampler_settings
-  from setdiff_jax import methods
+  from setdiff_jax import decoders
   from setdiff_jax.diffusion import losses
   from setdiff_jax.evaluation import generation
 
@@ -340,7 +340,7 @@ def test_evaluation_settings_and_labels():
   assert generation.with_policy(ar, ar_settings, "topk", [2]) == ar_settings  # no commit rule
   cfg = sampler_config_for(oc, None, 32, **generation.policy_fields(out[0]))
   assert (cfg.policy, cfg.policy_arg, cfg.window) == ("entropy_bound", 0.1, 4)
-  assert "policy=entropy_bound gamma=0.1" in sampler_settings(methods.get("setdlm"), oc, cfg)
+  assert "policy=entropy_bound gamma=0.1" in sampler_settings(decoders.get("setdlm"), oc, cfg)
 
 
 def test_benchmark_choice_rule_and_paired_bootstrap():

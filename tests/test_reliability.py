@@ -27,9 +27,7 @@ from setdiff_jax.workdir import load as workdir_lib
 from setdiff_jax.data import iterator_state, tokenizers
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)  # configs/
-
-from configs import tiny_sw  # noqa: E402
+from configs import tiny_sw
 
 pytestmark = pytest.mark.usefixtures("fast_compile")
 

@@ -21,7 +21,7 @@ import time
 import numpy as np
 import pytest
 
-from setdiff_jax import cli, decoding, errors, methods, ranges, train
+from setdiff_jax import cli, decoders, decoding, errors, ranges, train
 from setdiff_jax.data import data_flags, pipeline, sources
 from setdiff_jax.evaluation import generation
 from setdiff_jax.evaluation import results as results_lib
@@ -246,7 +246,7 @@ def test_sampler_header_names_the_tau_the_sampler_reads(run_dir):
   --policy_arg alone."""
   state = workdir_lib.load_inference_state(run_dir)
   oc = state.objective_config
-  method = methods.get(oc.name)
+  method = decoders.get(oc.name)
   ways = {
     "--threshold": dict(threshold=0.5),
     "--policy_arg": dict(policy_arg=0.5),

@@ -67,20 +67,21 @@ def test_train_summary_suggests_the_fitting_next_command():
 
 def test_export_label_and_verify_verdict():
   from setdiff_jax.interop import export
+  from setdiff_jax.testing import verify
 
   assert export._params_label(_config(0.9999, "ema"), True) == "EMA"
   assert export._params_label(_config(0.0, "raw"), True) == "EMA = raw (ema_decay=0)"
   assert export._params_label(_config(0.9999, "ema"), False) == "raw"
   good = {"two_stream": 6e-7, "cached_step": 4e-7, "loss": 1e-8, "roundtrip": True}
-  passed, line = export.verify_verdict(good)
+  passed, line = verify.verdict(good)
   assert passed and line.startswith("verify: PASS: ") and "two-stream logits 6.0e-07" in line
-  assert export.verify_verdict({"two_stream": 5e-7, "roundtrip": True})[0]  # a Qwen3 report
+  assert verify.verdict({"two_stream": 5e-7, "roundtrip": True})[0]  # a Qwen3 report
   for bad, why in (
     ({**good, "cached_step": 2e-5}, "cached step error 2.0e-05 >= 1e-05"),
     ({**good, "two_stream": float("nan")}, "two-stream logits error nan"),
     ({**good, "roundtrip": False}, "the re-imported parameters differ"),
   ):
-    passed, line = export.verify_verdict(bad)
+    passed, line = verify.verdict(bad)
     assert not passed and line.startswith("verify: FAIL (") and why in line, line
 
 

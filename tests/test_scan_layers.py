@@ -17,7 +17,7 @@ import pytest
 
 from configs import default
 from helpers import TINY_VOCAB, assert_trees_close, new_workdir, set_fields
-from setdiff_jax import methods, models, sharding
+from setdiff_jax import models, objectives, sharding
 from setdiff_jax import layer_names
 from setdiff_jax.models import layer_stack
 from setdiff_jax.diffusion import losses
@@ -199,10 +199,10 @@ def test_every_objective_scanned_equals_unrolled():
   @functools.partial(jax.jit, static_argnums=(0, 1))
   def loss(name, c, q):
     obj = losses.ObjectiveConfig(name=name, **IDS, desired_set_size=2, block_size=4)
-    return methods.get(name).loss(obj, DiT(c), q, batch, rng, train=True)[0]
+    return objectives.get(name).loss(obj, DiT(c), q, batch, rng, train=True)[0]
 
-  for name in methods.NAMES:
-    cfg = dataclasses.replace(SMALL, adaln=methods.get(name).adaln)
+  for name in objectives.NAMES:
+    cfg = dataclasses.replace(SMALL, adaln=objectives.get(name).adaln)
     p = random_params(cfg)
     la, lb = loss(name, cfg, p), loss(name, scanned(cfg), layer_names.stack_layers(p))
     assert rel(lb, la) < 1e-6, name
@@ -363,7 +363,7 @@ def test_export_of_scanned_equals_unrolled_and_reimports_stacked(tmp_path, backb
   _, back_a = import_checkpoint(a)
   assert not layer_names.is_scanned(back_a)
   if backbone == "dit":  # the PyTorch reference reads a scanned tree through the name map
-    torch_ref = pytest.importorskip("setdiff_jax.interop.torch_reference")
+    torch_ref = pytest.importorskip("setdiff_jax.testing.torch_reference")
     pytest.importorskip("torch")
     tokens, positions, mask = inputs()
     want = DiT(DIT).apply({"params": p}, tokens, positions, mask)

@@ -15,16 +15,13 @@ time, which the module-scoped fast-compile settings and compilation cache keep s
 import json
 import os
 import shutil
-import sys
 
 import jax
 from jax.sharding import PartitionSpec as P
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # configs/
-
-from configs import default  # noqa: E402
+from configs import default  # the repository root is on sys.path (pytest.ini `pythonpath`)
 from helpers import TINY_VOCAB as VOCAB, assert_trees_close, new_workdir, set_fields  # noqa: E402
 from setdiff_jax import decoding, sharding, train, train_step  # noqa: E402
 from setdiff_jax.workdir import checkpoints as checkpointing

@@ -4,9 +4,7 @@ The profiled tables themselves are a benchmark (benchmarks/README.md); here only
 XLA's compiled HLO text, which decides which row a thunk's time lands in.
 """
 
-import importlib.util
 import os
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -17,13 +15,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.fixture(scope="module")
 def prof():
-  sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-  spec = importlib.util.spec_from_file_location(
-    "step_profile", os.path.join(REPO, "benchmarks", "step_profile.py")
-  )
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  from benchmarks import step_profile
+
+  return step_profile
 
 
 def _categories(prof, fn, *args):

@@ -11,7 +11,6 @@ import glob
 import json
 import os
 import signal
-import sys
 import threading
 
 import jax
@@ -20,15 +19,13 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # configs/
-
-from configs import default  # noqa: E402
-from helpers import TINY_VOCAB as VOCAB, assert_trees_close, new_workdir, set_fields  # noqa: E402
-from setdiff_jax import errors, methods, sharding, train, train_step  # noqa: E402
+from configs import default
+from helpers import TINY_VOCAB as VOCAB, assert_trees_close, new_workdir, set_fields
+from setdiff_jax import errors, objectives, sharding, train, train_step
 from setdiff_jax.workdir import checkpoints as checkpointing
 from setdiff_jax.workdir import config as run_config
-from setdiff_jax.workdir import load as workdir_lib  # noqa: E402
-from setdiff_jax.data import tokenizers  # noqa: E402
+from setdiff_jax.workdir import load as workdir_lib
+from setdiff_jax.data import tokenizers
 from setdiff_jax.models.dit import DiT  # noqa: E402
 
 ADALN = {"setdlm": False, "ar": False, "mdlm": True, "bd3lm": True}
@@ -354,7 +351,7 @@ def test_nan_loss_stops_without_checkpointing_the_bad_state(tmp_path, tokenizer_
 
 
 def test_nan_from_objective_stops_at_first_step(tmp_path, tokenizer_dir, monkeypatch):
-  method = methods.get("ar")
+  method = objectives.get("ar")
   real = method.loss
 
   def poisoned(cfg, model, params, batch, rng, *, train):
@@ -398,7 +395,7 @@ def test_config_validation_errors(tmp_path, objective, overrides, field, monkeyp
 
 
 def test_valid_configs_pass_validation():
-  for objective in methods.NAMES:
+  for objective in objectives.NAMES:
     run_config.validate_config(tiny_config(objective), num_devices=8)
   run_config.validate_config(
     tiny_config("setdlm", batch_size=16, grad_accum_steps=2), num_devices=8

@@ -1,6 +1,6 @@
 """Training objectives and likelihood bounds: SetDLM, AR, MDLM, BD3LM (SPEC §1.4, §1.6).
 
-One loss function per method; `setdiff_jax.methods` maps a method to its loss (nothing here
+One loss function per method; `setdiff_jax.objectives` maps a method to its loss (nothing here
 dispatches on the method's name). All share the backbone and return `(loss, metrics)`:
   loss     scalar: per-sequence mean, then batch mean (as the reference).
   metrics  {"loss", "nll_sum", "num_tokens", "num_sequences"}: summed over the batch, so a
@@ -33,7 +33,7 @@ Metrics = Dict[str, jax.Array]
 class ObjectiveConfig:
   """What distinguishes the methods; the backbone is shared."""
 
-  name: str = "setdlm"  # the method: a key of setdiff_jax.methods.REGISTRY
+  name: str = "setdlm"  # the method: a key of setdiff_jax.objectives.REGISTRY
   mask_token_id: int = 103
   pad_token_id: int = 0
   eos_token_id: int = 102

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from setdiff_jax import decoding, methods, ranges
+from setdiff_jax import decoders, decoding, objectives, ranges
 from setdiff_jax.sampling import policies
 from setdiff_jax.workdir import load as workdir_lib
 from setdiff_jax.sampling import compiles
@@ -70,12 +70,12 @@ def decoding_settings(
   windows: Optional[Sequence[int]] = None,
   thresholds: Sequence[Optional[float]] = (None, 0.9),
 ) -> List[Dict[str, Any]]:
-  """The settings to measure for a run's method (its registry entry decides).
+  """The settings to measure for a run's method (its decoder decides).
 
   setdlm: every window (default [S]) x every tau; bd3lm and mdlm: every tau (BD3LM with its block
   S, MDLM with one sub-block of N); ar: one setting (tau does not apply).
   """
-  return methods.get(obj_cfg.name).decoding_settings(obj_cfg, windows, thresholds)
+  return decoders.get(obj_cfg.name).decoding_settings(obj_cfg, windows, thresholds)
 
 
 def with_policy(
@@ -95,7 +95,7 @@ def with_policy(
       "--policy_args sets tau of --policy=threshold, which the settings' thresholds hold: pass "
       "the values as --thresholds"
     )
-  if policy == policies.DEFAULT or not methods.get(obj_cfg.name).uses_threshold:
+  if policy == policies.DEFAULT or not decoders.get(obj_cfg.name).uses_threshold:
     return settings
   if any(s.get("threshold") is not None for s in settings):
     raise ValueError(
@@ -119,7 +119,7 @@ def setting_name(obj_cfg, setting: Dict[str, Any]) -> str:
   policy = setting.get("policy") or policies.DEFAULT
   if policy != policies.DEFAULT:
     parts.append(policies.label(policy, setting.get("policy_arg")))
-  elif methods.get(
+  elif decoders.get(
     obj_cfg.name
   ).uses_threshold:  # the threshold rule: tau = policy_arg, else threshold
     tau = setting.get("policy_arg")
@@ -189,7 +189,7 @@ def measure(
     max_new_tokens=max_new_tokens,
     repetition_penalty=repetition_penalty,
   )
-  sampler = methods.get(obj_cfg.name).generate
+  sampler = decoders.get(obj_cfg.name).generate
   prompts = [[int(tokenizer.bos_id)]] * batch_size
   key = jax.random.PRNGKey(seed)
   timed = max(1, repeats)
@@ -302,12 +302,12 @@ def same_tokenizer(a, b) -> bool:
 
 def _make_judge_nll(model, obj_cfg):
   """jit(params, tokens, attention) -> (nll_sum [B], num_tokens [B]): the judge's own bound."""
-  method = methods.get(obj_cfg.name)
+  objective = objectives.get(obj_cfg.name)
 
   @jax.jit
   def fn(params, tokens, attention):
     _, m = jax.vmap(
-      lambda t, a: method.loss(
+      lambda t, a: objective.loss(
         obj_cfg,
         model,
         params,
@@ -330,7 +330,7 @@ def generative_perplexity(
   Each sample is scored as BOS + tokens (cut to the judge's context length), every sample token a
   target, BOS excluded. Returns {gen_ppl, gen_nll, num_tokens, retokenized}.
   """
-  if not methods.get(judge.objective_config.name).exact_likelihood:
+  if not objectives.get(judge.objective_config.name).exact_likelihood:
     raise ValueError(
       f"the judge must be an AR run (an exact likelihood); got "
       f"objective={judge.objective_config.name!r}"

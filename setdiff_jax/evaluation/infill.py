@@ -42,7 +42,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import jax
 import numpy as np
 
-from setdiff_jax import methods
+from setdiff_jax import decoders
 from setdiff_jax.data import sources
 from setdiff_jax.sampling.mdlm_infill import mdlm_infill
 from setdiff_jax.sampling import compiles
@@ -255,7 +255,7 @@ def decode_infill(
   """
   if not items:
     raise ValueError("no infill examples to decode")
-  entry = methods.get(method)
+  entry = decoders.get(method)
   key = jax.random.PRNGKey(cfg.seed) if rng is None else rng
   m_max = max(t.middle_len for t in items)
   bos = int(cfg.bos_token_id if cfg.bos_token_id is not None else cfg.pad_token_id)

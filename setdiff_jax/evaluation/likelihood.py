@@ -3,7 +3,7 @@
 The one implementation behind both the training loop's eval (`evaluate` on the rows of
 `eval_rows_for`: `eval/nll` in metrics.jsonl) and `launch/evaluate.py --eval=likelihood`, so the
 two give the same number for the same checkpoint, rows and seed. Which bound and K-draw aggregate
-a method uses is its registry entry's business (`methods.get(name).eval_batch / num_draws /
+a method uses is its objective's business (`objectives.get(name).eval_batch / num_draws /
 aggregate_draws`).
 
 Per method (all reported per token, over the same tokens the training-time eval counts). Prompt
@@ -41,9 +41,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from setdiff_jax import methods
+from setdiff_jax import objectives
 from setdiff_jax.diffusion import losses
-from setdiff_jax.methods.base import logmeanexp
+from setdiff_jax.objectives import logmeanexp
 from setdiff_jax.data import pipeline
 from setdiff_jax import models
 from setdiff_jax.models import Backbone
@@ -79,11 +79,11 @@ def make_row_nll_fn(model: Backbone, obj_cfg: losses.ObjectiveConfig):
   `row_order(obj_cfg, tokens, attention_mask, key)` (the method's `eval_batch`); MDLM/BD3LM draw
   t and the mask from the key.
   """
-  method = methods.get(obj_cfg.name)
+  objective = objectives.get(obj_cfg.name)
 
   def one(params, row, key):
-    batch = method.eval_batch(obj_cfg, {k: v[None] for k, v in row.items()}, key)
-    _, metrics = method.loss(obj_cfg, model, params, batch, key, train=False)
+    batch = objective.eval_batch(obj_cfg, {k: v[None] for k, v in row.items()}, key)
+    _, metrics = objective.loss(obj_cfg, model, params, batch, key, train=False)
     return metrics["nll_sum"], metrics["num_tokens"]
 
   return jax.jit(jax.vmap(one, in_axes=(None, 0, 0)))
@@ -175,20 +175,20 @@ def _fetch(values):
 
 def summarize(obj_name: str, nll: np.ndarray, count: np.ndarray) -> Dict[str, Any]:
   """Dataset-level metrics from per-sequence NLLs [K, N] and token counts [N]."""
-  method = methods.get(obj_name)
+  objective = objectives.get(obj_name)
   k = nll.shape[0]
   tokens = float(np.sum(count))
   out: Dict[str, Any] = {
     "num_sequences": int(nll.shape[1]),
     "num_tokens": tokens,
     "num_draws": int(k),
-    "estimator": method.estimator,
-    "estimator_K": method.estimator_k(k),
+    "estimator": objective.estimator,
+    "estimator_K": objective.estimator_k(k),
   }
   out.update(per_token(float(np.sum(nll[0])), tokens))  # the one-order / one-draw bound
-  if not method.exact_likelihood:
+  if not objective.exact_likelihood:
     out.update(per_token(float(np.sum(np.mean(nll, 0))), tokens, "meanK_"))
-  out.update(per_token(float(np.sum(method.aggregate_draws(nll))), tokens, "K_"))
+  out.update(per_token(float(np.sum(objective.aggregate_draws(nll))), tokens, "K_"))
   return out
 
 
@@ -263,7 +263,7 @@ def likelihood_eval(
   mean of K NELBO draws for MDLM/BD3LM, exact for AR), meanK_* (mean of the K one-draw values),
   token and sequence counts, the seed and a description of both estimators.
   """
-  draws = methods.get(obj_cfg.name).num_draws(num_orders)
+  draws = objectives.get(obj_cfg.name).num_draws(num_orders)
   t0 = time.perf_counter()
   nll, count = sequence_nlls(
     model,

@@ -91,7 +91,7 @@ except ModuleNotFoundError as _e:  # the lmeval extra is not installed: one erro
   raise
 import jax  # noqa: E402
 
-from setdiff_jax import decoding, methods, sharding  # noqa: E402
+from setdiff_jax import decoding, objectives, sharding  # noqa: E402
 from setdiff_jax.evaluation.lm_eval_requests import (
   NAME,
   gen_settings,
@@ -226,7 +226,7 @@ class SetDiffLM(LM):
     self.workdir, self.state, self.use_ema = name, state, use_ema
     self.tokenizer = state.tokenizer
     self.obj_cfg = state.objective_config
-    self.method = methods.get(self.obj_cfg.name)
+    self.objective = objectives.get(self.obj_cfg.name)
     self.seq_len = int(state.config.seq_len)
     self.score_model = workdir_lib.inference_model(state.model_config, None)  # the run's dtype
     self.decode_model = workdir_lib.inference_model(state.model_config, "float32")
@@ -282,9 +282,9 @@ class SetDiffLM(LM):
     return {
       "workdir": self.workdir,
       "step": self.state.step,
-      "method": self.method.name,
+      "method": self.objective.name,
       "params": "EMA" if self.use_ema else "raw",
-      "estimator": self.method.estimator,
+      "estimator": self.objective.estimator,
       **{k: v for k, v in self.sampler_overrides.items()},
     }
 

@@ -11,7 +11,7 @@ from typing import Any, Dict, Sequence, Tuple
 
 import numpy as np
 
-from setdiff_jax import methods
+from setdiff_jax import objectives
 from setdiff_jax.evaluation import likelihood
 
 NAME = "setdiff_jax"  # the model name lm_eval knows the adapter by (--model setdiff_jax)
@@ -82,11 +82,11 @@ def score_pairs(
   indices (`likelihood.row_keys`). K = num_orders draws are combined by the method's
   `aggregate_draws` (SetDLM: log-mean-exp over orders; MDLM / BD3LM: mean NELBO; AR: exact).
   """
-  method = methods.get(obj_cfg.name)
+  objective = objectives.get(obj_cfg.name)
   n = len(pairs)
   tokens = np.full((n, seq_len), int(obj_cfg.pad_token_id), np.int32)
   att, ctx = np.zeros((n, seq_len), np.int32), np.zeros((n, seq_len), np.int32)
-  tail = method.scores_end_of_text  # causal: a real context tail adds no stop label
+  tail = objective.scores_end_of_text  # causal: a real context tail adds no stop label
   for r, (c, x) in enumerate(pairs):
     row = list(c) + list(x)
     if len(row) > seq_len or not c or not x:
@@ -104,7 +104,7 @@ def score_pairs(
     tokens,
     att,
     context_mask=ctx,
-    num_draws=method.num_draws(num_orders),
+    num_draws=objective.num_draws(num_orders),
     seed=seed,
     batch_size=batch_size,
     row_ids=np.asarray(keys, np.int64),
@@ -116,4 +116,4 @@ def score_pairs(
       f"scoring row {bad}: {int(count[bad])} of {int(want[bad])} continuation "
       "tokens are scored (does it contain the pad id?)"
     )
-  return -method.aggregate_draws(nll)
+  return -objective.aggregate_draws(nll)

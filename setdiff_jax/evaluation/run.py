@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import jax
 
-from setdiff_jax import decoding, methods, paths
+from setdiff_jax import decoders, decoding, objectives, paths
 from setdiff_jax.workdir import load as workdir_lib
 from setdiff_jax.data import data_flags
 from setdiff_jax.data import pairs as pairs_lib
@@ -129,7 +129,7 @@ def run_likelihood(state, opts: EvalOptions, model=None) -> Dict[str, Any]:
 def run_infill(state, opts: EvalOptions, model=None) -> List[Dict[str, Any]]:
   model = model or inference_models(state)[1]
   oc = state.objective_config
-  method = methods.get(oc.name)
+  decoder = decoders.get(oc.name)
   length = int(state.config.seq_len)
   rows = []
   for setting in opts.infill_settings:
@@ -137,7 +137,7 @@ def run_infill(state, opts: EvalOptions, model=None) -> List[Dict[str, Any]]:
     if not items:
       rows.append({"method": oc.name, "dataset": setting, "num_examples": 0, "skipped": skipped})
       continue
-    taus = list(opts.infill_thresholds) if method.uses_threshold else [None]
+    taus = list(opts.infill_thresholds) if decoder.uses_threshold else [None]
     for tau in taus:
       cfg = decoding.sampler_config_for(
         oc,
@@ -159,7 +159,7 @@ def run_infill(state, opts: EvalOptions, model=None) -> List[Dict[str, Any]]:
           "method": oc.name,
           "dataset": setting,
           "skipped": skipped,
-          "window": cfg.window if method.uses_window else None,
+          "window": cfg.window if decoder.uses_window else None,
           "threshold": generation.threshold_label(tau),
           **res,
         }
@@ -248,7 +248,7 @@ def load_judge(path: Optional[str]):
   if not path:
     return None
   judge = workdir_lib.load_inference_state(path)
-  if not methods.get(judge.objective_config.name).exact_likelihood:
+  if not objectives.get(judge.objective_config.name).exact_likelihood:
     raise ValueError(
       f"--judge_workdir={path!r} is a {judge.objective_config.name!r} run; the "
       "generative-perplexity judge must be an AR run"

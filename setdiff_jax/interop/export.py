@@ -16,21 +16,23 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
 
 import jax
 
-from setdiff_jax import errors, methods, paths
+from setdiff_jax import errors, objectives, paths
 from setdiff_jax import layer_names
 from setdiff_jax.workdir import fallback
 from setdiff_jax.workdir import load as workdir_lib
 from setdiff_jax.interop import pretrained
-from setdiff_jax.interop import hf_config, name_map, qwen3_hf, qwen3_map
+from setdiff_jax.interop import formats, hf_config, name_map, qwen3_hf, qwen3_map
 from setdiff_jax.interop import weight_files
 
 log = logging.getLogger(__name__)
+# The weight files an export may hold; writing one removes the others (never two around).
+WEIGHT_FILES = (weight_files.SAFETENSORS_FILE, weight_files.BIN_FILE)
 
 
 def _to_numpy_tree(params):
@@ -90,6 +92,56 @@ def _make_readable(out_dir: str):
       os.chmod(path, 0o666 & ~umask)
 
 
+def _check_dims(model_cfg, dims: name_map.Dims, special: Mapping[str, int]) -> float:
+  """Refuses a run config that disagrees with its parameters' dims or special ids outside the
+  vocabulary; warns when the official code cannot load the export. Returns the RoPE base."""
+  for key, got in (
+    ("hidden_size", dims.hidden_size),
+    ("num_layers", dims.num_layers),
+    ("mlp_ratio", dims.mlp_ratio),
+    ("adaln", dims.adaln),
+  ):
+    want = _get(model_cfg, key, None)
+    if want is not None and want != got:
+      raise ValueError(f"config model.{key}={want} but the parameters have {got}")
+  want_vocab = int(_get(model_cfg, "vocab_size", 0) or 0)
+  if want_vocab and want_vocab != dims.vocab_size:
+    raise ValueError(
+      f"config model.vocab_size={want_vocab} but the parameters have {dims.vocab_size}"
+    )
+  rope_base = float(_get(model_cfg, "rope_base", 10000.0) or 10000.0)
+  if dims.mlp_ratio != 4 or rope_base != 10000.0:
+    log.warning(
+      "mlp_ratio=%s / rope_base=%s: the official DIT fixes 4 / 10000, so this export "
+      "loads in our importer and PyTorch reference but not in the official code",
+      dims.mlp_ratio,
+      rope_base,
+    )
+  for k, v in special.items():
+    if not 0 <= v < dims.vocab_size:
+      raise ValueError(f"special id {k}={v} outside the vocabulary (V={dims.vocab_size})")
+  return rope_base
+
+
+def _write_export(
+  out_dir: str, config, state, hf_cfg, special, tokenizer, fmt: str, stale=WEIGHT_FILES
+):
+  """Writes the weight file (removing the `stale` weight files of an earlier export first: never
+  two around), config.json, generation_config.json and the tokenizer files into `out_dir`."""
+  for name in stale:
+    if os.path.exists(os.path.join(out_dir, name)):
+      os.remove(os.path.join(out_dir, name))
+  weight_files.write_state_dict(state, out_dir, fmt)
+  weight_files.write_json(hf_cfg, os.path.join(out_dir, weight_files.CONFIG_FILE))
+  weight_files.write_json(
+    hf_config.generation_config(config, special),
+    os.path.join(out_dir, weight_files.GENERATION_CONFIG_FILE),
+  )
+  if tokenizer is not None:
+    _write_tokenizer(tokenizer, out_dir, special, int(_get(config, "seq_len")))
+  _make_readable(out_dir)
+
+
 def export_checkpoint(
   config,
   params,
@@ -125,39 +177,12 @@ def export_checkpoint(
   special = hf_config.normalize_special_ids(tokenizer, special_ids)
   params = _to_numpy_tree(params)
   model_cfg = _get(config, "model", {})
-  cond = _get(model_cfg, "cond_dim", 128)
-  dims = name_map.dims_from_params(params, cond_dim=cond)
+  dims = name_map.dims_from_params(params, cond_dim=_get(model_cfg, "cond_dim", 128))
   num_heads = int(_get(model_cfg, "num_heads"))
-  for key, got in (
-    ("hidden_size", dims.hidden_size),
-    ("num_layers", dims.num_layers),
-    ("mlp_ratio", dims.mlp_ratio),
-    ("adaln", dims.adaln),
-  ):
-    want = _get(model_cfg, key, None)
-    if want is not None and want != got:
-      raise ValueError(f"config model.{key}={want} but the parameters have {got}")
-  want_vocab = int(_get(model_cfg, "vocab_size", 0) or 0)
-  if want_vocab and want_vocab != dims.vocab_size:
-    raise ValueError(
-      f"config model.vocab_size={want_vocab} but the parameters have {dims.vocab_size}"
-    )
-  rope_base = float(_get(model_cfg, "rope_base", 10000.0) or 10000.0)
-  if dims.mlp_ratio != 4 or rope_base != 10000.0:
-    log.warning(
-      "mlp_ratio=%s / rope_base=%s: the official DIT fixes 4 / 10000, so this export "
-      "loads in our importer and PyTorch reference but not in the official code",
-      dims.mlp_ratio,
-      rope_base,
-    )
-  for k, v in special.items():
-    if not 0 <= v < dims.vocab_size:
-      raise ValueError(f"special id {k}={v} outside the vocabulary (V={dims.vocab_size})")
-
-  loss = _get(config, "loss", {})
+  rope_base = _check_dims(model_cfg, dims, special)
   length = int(_get(config, "seq_len"))
-  method = methods.get(str(_get(config, "objective", methods.DEFAULT)))
-  for warning in method.export.warnings(length, hf_config.loss_dict(loss)):
+  method_format = formats.get(str(_get(config, "objective", objectives.DEFAULT)))
+  for warning in method_format.warnings(length, hf_config.loss_dict(_get(config, "loss", {}))):
     log.warning("%s", warning)
 
   extra = {
@@ -191,22 +216,7 @@ def export_checkpoint(
   if os.path.isdir(out_dir) and os.listdir(out_dir) and not overwrite:
     raise FileExistsError(f"{out_dir} is not empty")
   os.makedirs(out_dir, exist_ok=True)
-  for stale in (
-    weight_files.SAFETENSORS_FILE,
-    weight_files.BIN_FILE,
-  ):  # never leave two weight files around
-    p = os.path.join(out_dir, stale)
-    if os.path.exists(p):
-      os.remove(p)
-  weight_files.write_state_dict(state, out_dir, fmt)
-  weight_files.write_json(cfg, os.path.join(out_dir, weight_files.CONFIG_FILE))
-  weight_files.write_json(
-    hf_config.generation_config(config, special),
-    os.path.join(out_dir, weight_files.GENERATION_CONFIG_FILE),
-  )
-  if tokenizer is not None:
-    _write_tokenizer(tokenizer, out_dir, special, length)
-  _make_readable(out_dir)
+  _write_export(out_dir, config, state, cfg, special, tokenizer, fmt)
   log.info("exported %d tensors to %s (%s)", len(state), out_dir, fmt)
   return out_dir
 
@@ -283,18 +293,8 @@ def export_qwen3_official(
     qwen3_hf.template_config(m), os.path.join(template, weight_files.CONFIG_FILE)
   )
   _make_readable(template)
-  for stale in (weight_files.SAFETENSORS_FILE, weight_files.BIN_FILE, pretrained.INDEX_FILE):
-    if os.path.exists(os.path.join(out_dir, stale)):
-      os.remove(os.path.join(out_dir, stale))
-  weight_files.write_state_dict(state, out_dir, "safetensors")
-  weight_files.write_json(cfg, os.path.join(out_dir, weight_files.CONFIG_FILE))
-  weight_files.write_json(
-    hf_config.generation_config(config, special),
-    os.path.join(out_dir, weight_files.GENERATION_CONFIG_FILE),
-  )
-  if tokenizer is not None:
-    _write_tokenizer(tokenizer, out_dir, special, int(_get(config, "seq_len")))
-  _make_readable(out_dir)
+  stale = WEIGHT_FILES + (pretrained.INDEX_FILE,)
+  _write_export(out_dir, config, state, cfg, special, tokenizer, "safetensors", stale)
   return out_dir
 
 
@@ -350,25 +350,27 @@ def export_workdir(
   use_ema: bool = True,
   step: Optional[int] = None,
   fmt: str = "safetensors",
-  verify: bool = False,
+  verify: Optional[Callable[[Any, Any, str], dict]] = None,
   overwrite: bool = False,
 ):
   """Exports a training workdir's checkpoint (parameters only, `workdir.load_inference_state`).
 
-  On several hosts every process must call this (restoring and gathering are collective); only
-  process 0 writes. Returns (out, parity report or None); `verify` needs torch. `out` must be a
-  new or empty directory (`overwrite`: any directory but a training workdir).
+    On several hosts every process must call this (restoring and gathering are collective); only
+    process 0 writes. Returns (out, report or None): `verify(config, params, local_dir)`, if given,
+  checks the written export on process 0 (`setdiff_jax.testing.verify.export_report`: it needs
+  torch, and transformers for Qwen3). `out` must be a
+    new or empty directory (`overwrite`: any directory but a training workdir).
   """
   check_export_dir(out, workdir, overwrite=overwrite)
   # The optional extras, before anything is restored or written: one error line naming the extra.
-  if verify:
+  if verify is not None:
     errors.require_extra("torch", "torch", "--verify (the PyTorch reference)")
   if fmt == "bin":
     errors.require_extra("torch", "torch", "--format=bin (pytorch_model.bin)")
   state = workdir_lib.load_inference_state(workdir, step=step, use_ema=use_ema)
   if state.params is None:
     raise ValueError(f"checkpoint of {workdir} has no {'EMA ' if use_ema else ''}parameters")
-  if verify and str(state.config.model.get("backbone", "dit")) == "qwen3":
+  if verify is not None and str(state.config.model.get("backbone", "dit")) == "qwen3":
     errors.require_extra("transformers", "torch", "--verify of a Qwen3 export (the HF Qwen3)")
   qwen3 = str(state.config.model.get("backbone", "dit")) == "qwen3"
   if qwen3 and paths.is_remote(out):  # its config.json points at its template folder by path
@@ -400,14 +402,8 @@ def export_workdir(
           f"incomplete (delete it), the run {workdir} is intact: {errors.limit_fix(what)} and "
           "export again (--overwrite)"
         ) from e
-      if verify and qwen3:
-        from setdiff_jax.interop import qwen3_parity  # torch + transformers: optional extras
-
-        report = qwen3_parity.parity_report(state.config, params, local)
-      elif verify:
-        from setdiff_jax.interop import parity  # torch: an optional extra
-
-        report = parity.parity_report(state.config, params, local)
+      if verify is not None:
+        report = verify(state.config, params, local)
     log.info(
       "exported step %d (%s params) of %s to %s",
       state.step,
@@ -416,32 +412,6 @@ def export_workdir(
       out,
     )
   return out, report
-
-
-# --verify passes when every relative error is below this (fp32 agreement is ~5e-7) and the
-# re-import is bit-exact.
-VERIFY_TOLERANCE = 1e-5
-_VERIFY_ERRORS = {"two_stream": "two-stream logits", "cached_step": "cached step", "loss": "loss"}
-
-
-def verify_verdict(report: dict) -> tuple[bool, str]:
-  """(passed, one line) for a parity report of `export_workdir(..., verify=True)`."""
-  parts, failed = [], []
-  for key, what in _VERIFY_ERRORS.items():
-    if key in report:
-      value = float(report[key])
-      parts.append(f"{what} {value:.1e}")
-      if not value < VERIFY_TOLERANCE:  # NaN fails too
-        failed.append(f"{what} error {value:.1e} >= {VERIFY_TOLERANCE:.0e}")
-  exact = bool(report.get("roundtrip"))
-  parts.append("re-import bit-exact" if exact else "re-import NOT bit-exact")
-  if not exact:
-    failed.append("the re-imported parameters differ")
-  head = "PASS" if not failed else "FAIL (" + "; ".join(failed) + ")"
-  return not failed, (
-    f"verify: {head}: relative errors against the PyTorch reference "
-    f"(tolerance {VERIFY_TOLERANCE:.0e}): " + ", ".join(parts)
-  )
 
 
 def _params_label(config, use_ema: bool) -> str:
@@ -478,6 +448,4 @@ __all__ = [
   "export_qwen3_official",
   "export_qwen3_hf",
   "repoint_qwen3_template",
-  "verify_verdict",
-  "VERIFY_TOLERANCE",
 ]

@@ -9,7 +9,7 @@ Official fields written/read (a `BD3LMConfig` for SetDLM/BD3LM, `MDLMConfig`, `A
 Our extras (architecture knobs the official `DIT` cannot express, provenance, the full run config)
 go in a top-level `setdiff_jax` block, which the official `PretrainedConfig` keeps as an unused
 attribute. What differs per method (classes, noise config, block size, sampler knobs, the loss
-fields read back) comes from its registry entry (`setdiff_jax.methods`).
+fields read back) comes from its export format (`interop/formats.py`).
 """
 
 from __future__ import annotations
@@ -17,11 +17,9 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from setdiff_jax import methods
+from setdiff_jax import objectives
+from setdiff_jax.interop import formats
 from setdiff_jax.interop.backbone_config import DIT_TARGET, backbone_fields
-from setdiff_jax.methods.base import LINEAR_TARGET, STAGGERED_TARGET  # noqa: F401 (re-exported)
-from setdiff_jax.methods.base import effective_max_set_size
-from setdiff_jax.methods.setdlm import infer_desired_from_name, normalize_max_set_size
 
 FORMAT_VERSION = 1
 SPECIAL_KEYS = ("bos_id", "eos_id", "pad_id", "mask_id")
@@ -33,9 +31,7 @@ HF_SPECIAL = {
 }
 
 # objective -> (model_type, architecture): SetDLM reuses BD3LMConfig (SPEC §9.2).
-HF_CLASSES = {
-  m.name: (m.export.model_type, m.export.architecture) for m in methods.REGISTRY.values()
-}
+HF_CLASSES = {f.name: (f.model_type, f.architecture) for f in formats.REGISTRY.values()}
 HF_MODEL_TYPES = frozenset(t for t, _ in HF_CLASSES.values())  # the official config.json kinds
 
 
@@ -88,17 +84,17 @@ def to_hf_config(
   extra: Optional[Mapping] = None,
 ) -> Dict[str, Any]:
   """The `config.json` dict for an export of a run with these backbone dims."""
-  objective = str(_get(run_config, "objective", methods.DEFAULT))
+  objective = str(_get(run_config, "objective", objectives.DEFAULT))
   if objective not in HF_CLASSES:
     raise ValueError(f"cannot export objective={objective!r}; expected one of {list(HF_CLASSES)}")
-  method = methods.get(objective)
+  fmt = formats.get(objective)
   model_type, arch = HF_CLASSES[objective]
   length = int(_get(run_config, "seq_len"))
   model = _get(run_config, "model", {})
   loss = loss_dict(_get(run_config, "loss", {}))
-  block = method.export.block_size(length, loss)
+  block = fmt.block_size(length, loss)
   keep_clean_bos = bool(loss.get("keep_clean_bos", True))
-  noise = method.export.noise_config(length, loss)
+  noise = fmt.noise_config(length, loss)
 
   ids = {HF_SPECIAL[k]: int(v) for k, v in special_ids.items()}
   tokenization = {
@@ -109,7 +105,7 @@ def to_hf_config(
   backbone = {
     "_target_": DIT_TARGET,
     "length": length,
-    "causal_attention": method.export.causal_attention,
+    "causal_attention": fmt.causal_attention,
     "adaln": bool(adaln),
     "hidden_size": int(hidden_size),
     "cond_dim": int(cond_dim),
@@ -152,7 +148,7 @@ def to_hf_config(
 
 def generation_config(run_config, special_ids: Mapping[str, int]) -> Dict[str, Any]:
   """A `generation_config.json`: HF fields plus the set-diffusion sampler knobs (SPEC §4.1)."""
-  method = methods.get(str(_get(run_config, "objective", methods.DEFAULT)))
+  fmt = formats.get(str(_get(run_config, "objective", objectives.DEFAULT)))
   length = int(_get(run_config, "seq_len"))
   loss = loss_dict(_get(run_config, "loss", {}))
   sampling = _get(run_config, "sampling", None)
@@ -165,7 +161,7 @@ def generation_config(run_config, special_ids: Mapping[str, int]) -> Dict[str, A
     "use_cache": True,
     "max_length": length,
   }
-  gen.update(method.export.generation_fields(length, loss))
+  gen.update(fmt.generation_fields(length, loss))
   for ours, theirs in (
     ("window_size", "max_window_size"),
     ("max_window_size", "max_window_size"),
@@ -191,9 +187,9 @@ def objective_from_hf(cfg: Mapping, path_hint: str = "") -> str:
     str(cfg.get("model_type", "")).lower(),
     str(path_hint).lower(),
   ):
-    for method in methods.HF_MATCH_ORDER:
-      if re.search(method.export.name_pattern, hay):
-        return method.name
+    for fmt in formats.HF_MATCH_ORDER:
+      if re.search(fmt.name_pattern, hay):
+        return fmt.name
   raise ValueError(
     f"cannot tell the model family from config.json (architectures="
     f"{cfg.get('architectures')}, model_type={cfg.get('model_type')})"
@@ -230,18 +226,18 @@ def from_hf_config(cfg: Mapping, path_hint: str = "") -> Tuple[Dict[str, Any], L
   model["vocab_size"] = int(bb["vocab_size"]) if bb["vocab_size"] is not None else 0
   if bb["rope_base"] != 10000.0:
     model["rope_base"] = bb["rope_base"]
-  method = methods.get(objective)
+  fmt = formats.get(objective)
   loss: Dict[str, Any] = {}
   kcb = cfg.get("keep_clean_bos")
   if isinstance(kcb, bool):
     loss["keep_clean_bos"] = kcb
   else:
-    loss["keep_clean_bos"] = method.export.default_keep_clean_bos
+    loss["keep_clean_bos"] = fmt.default_keep_clean_bos
     warns.append(
       f"config.json keep_clean_bos={kcb!r}; using {loss['keep_clean_bos']} (the "
       f"official eval loader's default)"
     )
-  loss.update(method.export.loss_fields(cfg, length, path_hint, warns))
+  loss.update(fmt.loss_fields(cfg, length, path_hint, warns))
   stored = noise.get("max_block_size")  # only the staggered schedule stores S_max
   tok = cfg.get("tokenization_config") or {}
   special = {}
@@ -267,10 +263,7 @@ __all__ = [
   "from_hf_config",
   "backbone_fields",
   "objective_from_hf",
-  "normalize_max_set_size",
-  "effective_max_set_size",
   "normalize_special_ids",
-  "infer_desired_from_name",
   "HF_CLASSES",
   "FORMAT_VERSION",
 ]

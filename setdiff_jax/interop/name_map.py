@@ -172,18 +172,6 @@ def dims_from_params(params: Mapping, cond_dim: Optional[int] = None) -> Dims:
   return Dims(vocab, hidden, layers, mlp // hidden, 128 if cond_dim is None else cond_dim, adaln)
 
 
-def dims_from_state_dict(state: Mapping[str, object]) -> Dims:
-  """Dims read off an official (prefix-stripped) state dict."""
-  vocab, hidden = tuple(np.shape(state["vocab_embed.embedding"]))
-  layers = 0
-  while f"blocks.{layers}.norm1.weight" in state:
-    layers += 1
-  mlp = tuple(np.shape(state["blocks.0.mlp.0.weight"]))[0] if layers else 4 * hidden
-  adaln = "sigma_map.mlp.0.weight" in state
-  cond = tuple(np.shape(state["sigma_map.mlp.0.weight"]))[0] if adaln else 128
-  return Dims(vocab, hidden, layers, mlp // hidden, cond, adaln)
-
-
 # ----------------------------------------------------------------------------- conversion
 class CheckpointMismatchError(ValueError):
   """Raised when a state dict and the expected parameter set disagree; lists every problem."""
@@ -312,7 +300,6 @@ __all__ = [
   "flatten",
   "unflatten",
   "dims_from_params",
-  "dims_from_state_dict",
   "flax_to_torch",
   "torch_to_flax",
   "split_known_buffers",

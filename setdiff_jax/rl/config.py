@@ -18,7 +18,7 @@ import copy
 
 import ml_collections
 
-from setdiff_jax import methods, paths
+from setdiff_jax import objectives, paths
 from setdiff_jax.data import pairs
 from setdiff_jax.sampling import policies
 from setdiff_jax.workdir import checkpoints as checkpointing
@@ -185,7 +185,7 @@ def run_config_for(
       f"prompt/answer run (data.source in {pairs.PAIR_SOURCES}) whose train split gives "
       f"the prompts"
     )
-  methods.get(run.objective)
+  objectives.get(run.objective)
   with run.unlocked():
     for name in OWN_FIELDS:
       run[name] = copy.deepcopy(config[name])

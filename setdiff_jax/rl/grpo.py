@@ -44,7 +44,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from setdiff_jax import decoding, methods, paths, sharding, train_step, trainer
+from setdiff_jax import decoding, paths, sharding, train_step, trainer
 from setdiff_jax.data import pairs, tokenizers
 from setdiff_jax.evaluation import accuracy
 from setdiff_jax.rl import config as rl_config
@@ -387,7 +387,7 @@ def _rl_step(
         model, state.params, prompts, sampler_cfg, k_sample, slots=int(r.continuous_slots)
       ).result
     else:
-      out = methods.get(method).generate(model, state.params, prompts, sampler_cfg, k_sample)
+      out = decoding.sampler_for(method)(model, state.params, prompts, sampler_cfg, k_sample)
     t_sample = time.time() - t0
     rollout = host = scoring.rollout_from_output(out)
     texts = [tokenizer.decode(g) for g in out.generated]

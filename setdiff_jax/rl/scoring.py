@@ -59,7 +59,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from setdiff_jax import methods, models
+from setdiff_jax import decoders, models
 from setdiff_jax.diffusion import masks
 from setdiff_jax.models import fused_head
 from setdiff_jax.models.layers import suppress_mask_logit
@@ -118,13 +118,13 @@ def rollout_from_output(out: SampleOutput) -> Rollout:
 
 
 def supported() -> tuple:
-  """The registry's methods with an exact rollout scorer."""
-  return tuple(n for n, m in methods.REGISTRY.items() if m.rollout_scoring in SCORERS)
+  """The methods whose decoder has an exact rollout scorer."""
+  return tuple(n for n, d in decoders.REGISTRY.items() if d.rollout_scoring in SCORERS)
 
 
 def scorer(method: str) -> str:
   """The scoring kind of `method` (a registry name); ValueError naming the supported ones."""
-  kind = methods.get(method).rollout_scoring
+  kind = decoders.get(method).rollout_scoring
   if kind not in SCORERS:
     raise ValueError(
       f"objective={method}: exact trajectory scoring supports {', '.join(supported())}"
@@ -151,7 +151,7 @@ def check_exact(method: str, cfg: SamplerConfig):
       f"repetition_penalty={cfg.repetition_penalty}: the scorer does not replay "
       "logits processors; use repetition_penalty=1.0 for exact scoring"
     )
-  if methods.get(method).uses_threshold and policies.token_dependent(cfg.policy):
+  if decoders.get(method).uses_threshold and policies.token_dependent(cfg.policy):
     raise ValueError(
       f"--policy={cfg.policy} decides which positions commit from the sampled "
       "tokens, so the trajectory likelihood is not exact; use a policy that reads "

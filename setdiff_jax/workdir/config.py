@@ -16,7 +16,7 @@ from typing import Optional, Tuple
 import jax
 import ml_collections
 
-from setdiff_jax import methods, models, paths, ranges, sharding
+from setdiff_jax import models, objectives, paths, ranges, sharding
 from setdiff_jax.models import attention, layer_stack
 from setdiff_jax.diffusion import losses
 from setdiff_jax.data import pipeline, sources, tokenizers
@@ -30,7 +30,7 @@ def default_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
 
   # ---- what is trained
-  c.objective = methods.DEFAULT   # setdlm | ar | mdlm | bd3lm (SPEC §1.4, §1.6; methods/)
+  c.objective = objectives.DEFAULT   # setdlm | ar | mdlm | bd3lm (SPEC §1.4, §1.6; objectives/)
   c.seed = 0                      # parameter init, data order, per-step rng (fold_in(step))
   c.seq_len = 128                 # L: tokens per training row
 
@@ -152,7 +152,7 @@ _PROBABILITY = _num(0, 1, hi_open=True)
 # against seq_len, adaLN per method) follow in `validate_config` and each method's
 # `validate_run`; free-form fields (paths, names, sharding rules) are listed in `FREE_FIELDS`.
 FIELD_RANGES = {
-  "objective": ranges.Choice(tuple(methods.NAMES)),
+  "objective": ranges.Choice(tuple(objectives.NAMES)),
   "seed": ranges.SHARED["seed"],
   "seq_len": _int(4),
   "model.backbone": ranges.Choice(tuple(models.BACKBONES)),
@@ -290,7 +290,7 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: Optional[int
       raise ValueError(f"invalid config: {msg}")
 
   check_field_ranges(config)
-  methods.get(config.objective).validate(config, check)
+  objectives.get(config.objective).validate(config, check)
   if models.backbone_name(config.model) == "dit":  # the DiT's own shape rules (head split, rotary)
     try:
       models.backbone_config(config.model.to_dict(), vocab_size=1)

@@ -1,43 +1,17 @@
-"""MDLM: masked diffusion over the whole sequence, bidirectional attention (SPEC §1.6, §4.8)."""
+"""MDLM's decoder: masked diffusion over the whole canvas (SPEC §4.8)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from setdiff_jax.diffusion import losses
-from setdiff_jax.methods.base import LINEAR_TARGET, ExportFormat, Method
+from setdiff_jax.decoders.base import Decoder
+from setdiff_jax.objectives import mdlm as objective
 from setdiff_jax.sampling import baselines
 from setdiff_jax.sampling.mdlm_infill import mdlm_infill
 
 
-class LinearNoiseExport(ExportFormat):
-  """The masked-diffusion baselines' export: a linear noise schedule over `block_size`."""
-
-  def noise_config(self, seq_len, loss):
-    return {
-      "_target_": LINEAR_TARGET,
-      "block_size": self.block_size(seq_len, loss),
-      "length": int(seq_len),
-    }
-
-
-class MDLMExport(LinearNoiseExport):
-  model_type, architecture = "mdlm", "MDLM"
-  name_pattern = "mdlm"
-
-
-class MDLM(Method):
-  name = "mdlm"
-  adaln = True
-  export = MDLMExport()
-
-  def loss(self, cfg, model, params, batch, rng, *, train):
-    return losses.mdlm_loss(cfg, model, params, batch, rng, train=train)
-
-  estimator = "1/t NELBO, one (t, mask) draw per sequence"
-
-  def estimator_k(self, k):
-    return f"mean of K={k} NELBO draws per sequence (same bound, lower variance)"
+class MDLMDecoder(Decoder):
+  name = objective.MDLM.name
 
   def generate(self, model, params, prompts, sampler_cfg, rng=None):
     return baselines.mdlm_generate(model, params, prompts, sampler_cfg, rng)

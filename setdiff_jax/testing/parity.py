@@ -22,12 +22,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from setdiff_jax import methods
+from setdiff_jax import objectives
 from setdiff_jax import layer_names
 from setdiff_jax.diffusion import masks
 from setdiff_jax.diffusion import losses
 from setdiff_jax.models import dit as model_lib
-from setdiff_jax.interop import hf_config, name_map
+from setdiff_jax.interop import hf_config, import_, name_map
 from setdiff_jax.interop import weight_files
 
 
@@ -174,7 +174,7 @@ def parity_report(
   config, params, out_dir: Optional[str] = None, *, special_ids=None, seed: int = 0
 ) -> Dict[str, object]:
   """Runs the checks of the module docstring (see there). `config`: our run ConfigDict."""
-  from setdiff_jax.interop import import_, torch_reference  # torch: an optional extra
+  from setdiff_jax.testing import torch_reference  # torch: an optional extra
 
   model_cfg = fp32_model_config(config, params)
   params = layer_names.to_layout(params, model_cfg.scan_layers)  # the layout the model takes
@@ -196,7 +196,7 @@ def parity_report(
   )
   # The check always scores the SetDLM bound (the torch reference implements that one).
   obj = losses.ObjectiveConfig(
-    name=methods.SetDLM.name,
+    name=objectives.SetDLM.name,
     mask_token_id=mask_id,
     pad_token_id=pad_id,
     keep_clean_bos=bool(config.loss.keep_clean_bos),

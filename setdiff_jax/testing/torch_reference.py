@@ -1,6 +1,7 @@
 """A PyTorch reference of the DiT backbone, written from SPEC §3, for logits parity.
 
-Needs only torch (CPU build) and numpy; never imports jax. Its module tree reproduces the official
+Its code needs only torch (CPU build) and numpy (the key map and weight files it reads are
+`setdiff_jax.interop`'s, which load jax). Its module tree reproduces the official
 `DIT` state-dict names (SPEC §3.9), so an exported or official checkpoint directory loads with
 `load_state_dict(strict=True)` after stripping the `backbone.` prefix: an independent check of the
 name map in `name_map.py`.
