@@ -1,7 +1,7 @@
 """No function in the library is 100 lines or longer (issue 34): a long function is split by job
 into named helpers. Checked on the source with `ast`: every function and method of every module
-of setdiff_jax/, nested ones included, measured as the line span of its body (docstring included,
-the `def` line and signature not)."""
+of setdiff_jax/, nested ones included, measured from its `def` line to its last line (signature
+and docstring included, decorators not)."""
 
 import ast
 import pathlib
@@ -13,14 +13,16 @@ MAX_LINES = 99
 # the lead empties this at merge, and an entry that is no longer over fails
 # `test_allow_list_holds_only_long_functions`, so the list cannot outlive its reason.
 ALLOWED = {
-  "setdiff_jax/interop/export.py::export_checkpoint",
+  "setdiff_jax/decoding.py::run_sampling",
+  "setdiff_jax/sampling/baselines.py::_bd3lm_core",
   "setdiff_jax/workdir/config.py::default_config",
 }
 
 
 def body_lines(fn: ast.FunctionDef) -> int:
-  """Lines from the first statement of the body (the docstring, if any) to the last."""
-  return fn.end_lineno - fn.body[0].lineno + 1
+  """Lines from the `def` line to the last line of the body (signature and docstring included,
+  decorators not)."""
+  return fn.end_lineno - fn.lineno + 1
 
 
 def long_functions(source: str, path: str, max_lines: int = MAX_LINES) -> dict:
@@ -60,14 +62,14 @@ def test_allow_list_holds_only_long_functions():
   assert not stale, f"no longer >= 100 lines, remove from ALLOWED: {sorted(stale)}"
 
 
-def _function(name: str, body_statements: int, indent: str = "") -> str:
-  body = "".join(f"{indent}  x{i} = {i}\n" for i in range(body_statements - 1))
+def _function(name: str, total_lines: int, indent: str = "") -> str:
+  """A function of `total_lines` lines from `def` to its end: a 3-line signature, a docstring."""
+  body = "".join(f"{indent}  x{i} = {i}\n" for i in range(total_lines - 4))
   return f'{indent}def {name}(\n{indent}  a,\n{indent}):\n{indent}  """Doc."""\n{body}'
 
 
 def test_a_new_long_function_is_found():
-  """A synthetic module: 99 body lines pass; 100 fail, also as a method or a nested function;
-  the signature's lines do not count."""
+  """A synthetic module: 99 lines pass; 100 fail, also as a method or a nested function."""
   source = "\n".join(
     [
       _function("short", 99),
@@ -83,5 +85,5 @@ def test_a_new_long_function_is_found():
     "m.py::long": 100,
     "m.py::Model.method": 100,
     "m.py::outer.inner": 100,
-    "m.py::outer": 105,  # inner's signature and body, a blank line, the return
+    "m.py::outer": 103,  # its def line, inner's 100 lines, a blank line, the return
   }
