@@ -282,6 +282,7 @@ BAD = [  # (field, value, allowed text)
   ("eval_params", "best", "one of 'ema', 'raw'"),
   ("model.attention", "flash", "one of 'dense'"),
   ("data.read_threads", "-1", "[0, inf)"),
+  ("objective", "diffusion", "one of 'setdlm'"),  # the registry's names, checked at the edge
 ]
 
 

@@ -271,7 +271,7 @@ def test_remat_names_and_old_bools():
     DiTConfig(remat="dots")
 
 
-def test_validate_config_errors():
+def test_config_layer_errors():
   c = default.get_config()
   edge.from_config_dict(set_fields(c, {"model.scan_layers": True, "model.remat": "full"}))
   with pytest.raises(ValueError, match="model.remat='everything'"):

@@ -33,7 +33,7 @@ class Model(Section):
   PREFIX = "model"
   # dit (setdiff_jax/models/dit.py) | qwen3 (setdiff_jax/models/qwen3.py)
   backbone: str = setting("dit", Choice(tuple(models.BACKBONES)))
-  vocab_size: int = setting(0, integer(0))        # 0 = take it from the tokenizer; else must equal it
+  vocab_size: int = setting(0, integer(0))        # 0 = the tokenizer's; else must equal it
   hidden_size: int = setting(256, integer(1))     # D
   num_layers: int = setting(4, integer(0))        # 0 only with init_from_hf (all of its layers)
   num_heads: int = setting(4, integer(1))         # head dim = D / heads (even, for rotary)
@@ -129,7 +129,7 @@ class Evaluation(Section):
   num_eval_steps: int = setting(20, integer(1, also=(-1,)))
   eval_batch_size: int = setting(32, integer(1))
   log_every_steps: int = setting(50, integer(1))
-  num_eval_samples: int = setting(2, integer(0))  # samples decoded and logged at each eval (0: none)
+  num_eval_samples: int = setting(2, integer(0))  # samples decoded and logged per eval (0: none)
   # evaluate and sample with the "ema" or the "raw" parameters
   eval_params: str = setting("ema", Choice(("ema", "raw")))
 
@@ -148,7 +148,7 @@ class Checkpoints(Section):
   # A workdir with checkpoints but no config.json is refused (its structure cannot be checked);
   # True accepts this run's config as the reconstruction (it is written as the new config.json).
   accept_missing_config: bool = setting(False, BOOL)
-  init_from: str = setting("")                    # a checkpoint to load parameters from (fine-tuning)
+  init_from: str = setting("")                    # a checkpoint to load parameters from (fine-tune)
   # Path of a local Hugging Face Qwen3 directory (config.json, *.safetensors, tokenizer.json) to
   # initialise a model.backbone=qwen3 run from; model fields left 0 are read from its config.json
   # and model.num_layers keeps the first layers. Never downloads (SPEC §3.10; pretrained.py).
@@ -195,37 +195,41 @@ class Mesh(Section):
 
 @dataclasses.dataclass(frozen=True)
 class RL(Section):
-  """The `rl` section of an RL run (launch/rl.py; `setdiff_jax.rl.config` documents each field).
-  The reward, the policy name and its argument are checked by `rl/config.py` (their registries)."""
+  """The `rl` section of an RL run (launch/rl.py; the launcher's other fields and defaults are in
+  `setdiff_jax/rl/config.py`). The reward, the policy and its argument are checked against their
+  registries by `rl/config.validate` and `config/edge.py`."""
 
   PREFIX = "rl"
   init_from: str = setting("")                    # the SFT workdir (launch/train.py, prompt/answer)
   # Reward by name (setdiff_jax/rl/rewards.py): exact_match | format | a sum 'exact_match+format'.
   reward: str = setting("exact_match")
   step_cost: float = setting(0.0, number(0))      # lambda: reward -= lambda * decoding steps
-  group_size: int = setting(8, integer(2))        # G completions per prompt (advantages per group)
+  group_size: int = setting(8, integer(2))        # G completions per prompt (>= 2: per-group adv.)
   prompts_per_step: int = setting(4, integer(1))  # P prompts per step (rows = P * G)
   inner_updates: int = setting(1, integer(1))     # mu: optimiser updates per batch of rollouts
   clip_eps: float = setting(0.2, _POSITIVE)       # PPO clip range of the ratio pi / pi_old
-  kl_beta: float = setting(0.0, number(0))        # beta: exact KL to the frozen SFT parameters
-  adv_eps: float = setting(1e-6, _POSITIVE)       # advantages (r - mean) / (std + adv_eps)
-  # Positions per chunk of the scorer's output head (rl/scoring.head_scores): memory holds
-  # [B, score_chunk, V] logits, never [B, L, V]; 0 = all at once.
+  kl_beta: float = setting(0.0, number(0))        # beta: exact KL to the frozen SFT params (0: off)
+  adv_eps: float = setting(1e-6, _POSITIVE)      # advantages (r - mean) / (std + adv_eps) per group
+  # Positions per chunk of the scorer's output head (rl/scoring.head_scores): log-probs and KL
+  # are computed from the hidden states chunk by chunk, so memory holds [B, score_chunk, V]
+  # logits, never [B, L, V] (~10 GB fp32 per copy at Qwen3's V = 151,936); 0 = all at once.
   score_chunk: int = setting(32, integer(0))
   # ---- the sampler in RL mode: temperature only, a commit policy whose decision reads the
-  # step's distributions, never the sampled tokens, so the scorer's trajectory likelihood is exact.
+  # step's distributions, never the sampled tokens (policies.POLICIES[...].token_dependent False),
+  # so that the scorer's trajectory likelihood is exact.
   temperature: float = setting(1.0, fields.SHARED["temperature"])
-  top_p: float = setting(1.0, fields.SHARED["top_p"])  # must stay 1 (refused in RL)
+  top_p: float = setting(1.0, fields.SHARED["top_p"])  # must stay 1 (nucleus filtering is refused)
   repetition_penalty: float = setting(1.0, fields.SHARED["repetition_penalty"])  # must stay 1
-  # pmax | margin | entropy_bound | factor | topk | dilated | stable (a token-independent policy)
+  # pmax (the n_i highest max-probabilities, + pmax >= tau with policy_arg: threshold's
+  # distribution-only counterpart) | margin | entropy_bound | factor | topk | dilated | stable
   policy: str = setting("pmax")
   policy_arg: Optional[float] = setting(None, none_type=float)  # None = the policy's default
   window: int = setting(0, fields.SHARED["window"].with_also(0))  # W of the set sampler (0 = S)
-  num_steps: int = setting(0, integer(0))         # T, the step budget (0 = N)
+  num_steps: int = setting(0, integer(0))         # T, the step budget (0 = N: 1/step floor)
   # N (0 = seq_len - the longest prompt of the train split)
   max_new_tokens: int = setting(0, fields.SHARED["max_new_tokens"].with_also(0))
   # Rollouts with continuous batching (sampling/continuous.py) over this many slots, refilled as
-  # rows end; 0 = one static batch.
+  # rows end (set sampler, AR; every group still comes back complete); 0 = one static batch.
   continuous_slots: int = setting(0, integer(0))
 # fmt: on
 
