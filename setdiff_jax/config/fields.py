@@ -148,17 +148,15 @@ class Section:
     return tuple(cls.key(f) for f in dataclasses.fields(cls) if f.metadata.get("allowed") is None)
 
   @classmethod
-  def from_config_dict(cls, config, **fixed):
+  def from_config_dict(cls, config):
     """The section of `config` (a ConfigDict or dict); fields it lacks (an older config.json)
     take their defaults."""
     values = {}
     for f in dataclasses.fields(cls):
-      if f.name in fixed:
-        continue
       found = lookup(config, cls.key(f))
       if found is not MISSING:
         values[f.name] = found
-    return cls(**values, **fixed)
+    return cls(**values)
 
   def skip_range_check(self, name: str, value) -> bool:
     """Whether a field's value is exempt from its range (a sentinel a rule between sections
