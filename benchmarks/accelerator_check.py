@@ -347,7 +347,7 @@ def section_train(args, emit, left):
 
   from benchmarks import training as tb
   from setdiff_jax import sharding, train_step
-  from setdiff_jax.workdir import config as run_config
+  from setdiff_jax.config import run as run_config
 
   batches = [("setdlm", 16 if args.tiny else args.train_batch, True)]
   batches += [(o, 8 if args.tiny else OFFICIAL_BATCH, False) for o in ("setdlm", "ar")]
@@ -360,9 +360,11 @@ def section_train(args, emit, left):
     if i == 0:  # the init alone: jit of the model's own init with out-shardings
       cfg = config.copy_and_resolve_references()
       cfg.objective, cfg.model.adaln = objective, tb.ADALN[objective]
+      cfg = run_config.from_config_dict(cfg)
       model_cfg, _ = run_config.model_and_objective(cfg, tb.fake_tokenizer(cfg.model.vocab_size))
       t0 = time.perf_counter()
-      state, _ = train_step.create_sharded_state(cfg, model_cfg, sharding.make_mesh(cfg.mesh))
+      mesh = sharding.make_mesh(cfg.mesh.sizes())
+      state, _ = train_step.create_sharded_state(cfg, model_cfg, mesh)
       jax.block_until_ready(state)
       summary["init_s"] = time.perf_counter() - t0
       print(

@@ -109,9 +109,10 @@ def _fake_tokenizer(vocab: int):
 
 
 def run_config(program: str, tiny: bool):
-  """(config, backbone config, objective config) of a program, shapes resolved without files."""
+  """(typed run config, backbone config, objective config) of a program, shapes resolved
+  without files."""
+  from setdiff_jax.config import run as run_cfg
   from setdiff_jax.interop import pretrained
-  from setdiff_jax.workdir import config as run_cfg
 
   if program.startswith("lm1b_sw"):
     from configs import lm1b_sw
@@ -132,8 +133,9 @@ def run_config(program: str, tiny: bool):
     if config.model.backbone == "qwen3":
       config.model.num_kv_heads = 4
     config.model.vocab_size, config.seq_len, config.batch_size = 512, 64, 16
-  model_cfg, obj_cfg = run_cfg.model_and_objective(config, _fake_tokenizer(config.model.vocab_size))
-  return config, model_cfg, obj_cfg
+  cfg = run_cfg.from_config_dict(config, check_data=False)  # shapes only: no data is read
+  model_cfg, obj_cfg = run_cfg.model_and_objective(cfg, _fake_tokenizer(cfg.model.vocab_size))
+  return cfg, model_cfg, obj_cfg
 
 
 # ----------------------------------------------------------------------------- programs
@@ -141,9 +143,10 @@ def lower_train(config, model_cfg, obj_cfg, mesh):
   from setdiff_jax import models, sharding, train_step
 
   state, shardings = train_step.abstract_sharded_state(config, model_cfg, mesh)
-  step = train_step.jit_train_step(config, models.build(model_cfg), obj_cfg, mesh, shardings)
+  opt = config.optimization
+  step = train_step.jit_train_step(opt, models.build(model_cfg), obj_cfg, mesh, shardings)
   rows = sharding.batch_sharding(mesh)
-  shape = (config.batch_size, config.seq_len)
+  shape = (opt.batch_size, config.seq_len)
   batch = {
     k: jax.ShapeDtypeStruct(shape, np.int32, sharding=rows)
     for k in ("tokens", "attention_mask", "context_mask")
@@ -151,7 +154,7 @@ def lower_train(config, model_cfg, obj_cfg, mesh):
   rng = jax.ShapeDtypeStruct(
     (), jax.eval_shape(lambda: jax.random.key(0)).dtype, sharding=NamedSharding(mesh, P())
   )
-  return step.lower(state, batch, rng), f"batch {config.batch_size} x L {config.seq_len}"
+  return step.lower(state, batch, rng), f"batch {opt.batch_size} x L {config.seq_len}"
 
 
 def lower_decode(config, model_cfg, obj_cfg, mesh, args):
@@ -206,7 +209,7 @@ def one(program: str, topology: str, args) -> dict:
 
   config, model_cfg, obj_cfg = run_config(program, args.tiny)
   devices = topology_devices(topology)
-  mesh = sharding.make_mesh(config.mesh, devices)
+  mesh = sharding.make_mesh(config.mesh.sizes(), devices)
   row = {
     "program": program,
     "topology": topology,

@@ -189,7 +189,7 @@ def worker_exports(mods, req) -> dict:
 
 
 def _align_config(method: str, g: int):
-  from setdiff_jax.workdir.config import default_config
+  from setdiff_jax.config.run import default_config
 
   c = default_config()
   c.objective, c.seq_len = method, ALIGN_L

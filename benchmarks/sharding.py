@@ -58,7 +58,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from setdiff_jax import models, sharding, train_step  # noqa: E402
-from setdiff_jax.workdir import config as run_config  # noqa: E402
+from setdiff_jax.config import edge  # noqa: E402
+from setdiff_jax.config import run as run_config  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_LAYOUTS = "data=8;fsdp=8;fsdp=4,tensor=2;data=2,fsdp=2,tensor=2"
@@ -243,17 +244,18 @@ def shard_bytes(tree, shardings) -> int:
 
 def build(config, mesh_cfg, devices):
   """Jitted step, abstract (sharded) inputs and the state's shardings, as the train loop does."""
-  run_config.validate_config(config, len(devices))
-  model_cfg, obj_cfg = run_config.model_and_objective(
-    config, fake_tokenizer(config.model.vocab_size)
-  )
+  cfg = edge.from_config_dict(config, len(devices))
+  model_cfg, obj_cfg = run_config.model_and_objective(cfg, fake_tokenizer(cfg.model.vocab_size))
   mesh = sharding.make_mesh(mesh_cfg, devices)
-  init = lambda rng: train_step.create_train_state(config, model_cfg, rng)
-  abstract = jax.eval_shape(init, jax.random.key(config.seed))
-  shardings = sharding.state_shardings(abstract, mesh, sharding.rules_from_config(config))
+  init = lambda rng: train_step.create_train_state(cfg.optimization, model_cfg, rng)
+  abstract = jax.eval_shape(init, jax.random.key(cfg.seed))
+  rules = sharding.rules_from_config(cfg.mesh.with_rules())
+  shardings = sharding.state_shardings(abstract, mesh, rules)
   data = sharding.batch_sharding(mesh)
-  step = train_step.jit_train_step(config, models.build(model_cfg), obj_cfg, mesh, shardings)
-  shape = (config.batch_size, config.seq_len)
+  step = train_step.jit_train_step(
+    cfg.optimization, models.build(model_cfg), obj_cfg, mesh, shardings
+  )
+  shape = (cfg.optimization.batch_size, cfg.seq_len)
   batch = {
     k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=data) for k in ("tokens", "attention_mask")
   }

@@ -38,7 +38,8 @@ import numpy as np  # noqa: E402
 
 from configs import default  # noqa: E402
 from setdiff_jax import objectives, sharding, train_step  # noqa: E402
-from setdiff_jax.workdir import config as run_config  # noqa: E402
+from setdiff_jax.config import edge  # noqa: E402
+from setdiff_jax.config import run as run_config  # noqa: E402
 from setdiff_jax.models.dit import DiT  # noqa: E402
 
 ADALN = {name: objectives.get(name).adaln for name in objectives.NAMES}
@@ -177,10 +178,9 @@ def benchmark(config, objective: str, args) -> dict:
   config = config.copy_and_resolve_references()
   config.objective = objective
   config.model.adaln = ADALN[objective]
-  run_config.validate_config(config, jax.device_count())
-  model_cfg, obj_cfg = run_config.model_and_objective(
-    config, fake_tokenizer(config.model.vocab_size)
-  )
+  config.seed = args.seed
+  cfg = edge.from_config_dict(config, jax.device_count())
+  model_cfg, obj_cfg = run_config.model_and_objective(cfg, fake_tokenizer(cfg.model.vocab_size))
   vocab_chunk = args.head_vocab_chunk
   if vocab_chunk is None:
     vocab_chunk = 0 if (args.head_chunk_rows or args.head_recompute) else model_cfg.head_vocab_chunk
@@ -191,11 +191,10 @@ def benchmark(config, objective: str, args) -> dict:
     head_recompute=args.head_recompute,
     head_vocab_chunk=vocab_chunk,
   )
-  mesh = sharding.make_mesh(config.mesh)
-  config.seed = args.seed
-  state, shardings = train_step.create_sharded_state(config, model_cfg, mesh)
+  mesh = sharding.make_mesh(cfg.mesh.sizes())
+  state, shardings = train_step.create_sharded_state(cfg, model_cfg, mesh)
   num_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(state.params))
-  step = train_step.jit_train_step(config, DiT(model_cfg), obj_cfg, mesh, shardings)
+  step = train_step.jit_train_step(cfg.optimization, DiT(model_cfg), obj_cfg, mesh, shardings)
   host = random_batches(config, 4, args.seed)
   batches = [sharding.global_batch(b, mesh) for b in host]
   rng = jax.random.key(args.seed + 1)
@@ -203,7 +202,7 @@ def benchmark(config, objective: str, args) -> dict:
   t0, c0 = time.perf_counter(), time.process_time()
   compiled = step.lower(state, batches[0], rng).compile()
   compile_s, compile_cpu_s = time.perf_counter() - t0, time.process_time() - c0
-  flops = model_flops(config, model_cfg, obj_cfg, mesh, shardings, state, batches[0], rng)
+  flops = model_flops(cfg, model_cfg, obj_cfg, mesh, shardings, state, batches[0], rng)
 
   for i in range(args.warmup):
     state, metrics = compiled(state, batches[i % len(batches)], rng)
@@ -226,14 +225,14 @@ def benchmark(config, objective: str, args) -> dict:
   }
 
 
-def model_flops(config, model_cfg, obj_cfg, mesh, shardings, state, batch, rng) -> float:
+def model_flops(cfg, model_cfg, obj_cfg, mesh, shardings, state, batch, rng) -> float:
   """FLOPs of one step by XLA's cost analysis of the same step without head chunking.
 
   A chunked head is a loop whose body XLA counts once, and the vocabulary-chunked backward
   recomputes the logits (hardware, not model, FLOPs); the unchunked twin counts the model's
   FLOPs. It is only lowered (HLO cost analysis), never compiled."""
   twin = dataclasses.replace(model_cfg, head_vocab_chunk=0, head_chunk_rows=0, head_recompute=False)
-  step = train_step.jit_train_step(config, DiT(twin), obj_cfg, mesh, shardings)
+  step = train_step.jit_train_step(cfg.optimization, DiT(twin), obj_cfg, mesh, shardings)
   cost = step.lower(state, batch, rng).cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   return float((cost or {}).get("flops", 0.0))

@@ -6,9 +6,10 @@ Run:  python launch/train.py --config=configs/default.py --workdir=/tmp/setdiff_
 Any field can be overridden on the command line, e.g. `--config.loss.desired_set_size=8`.
 """
 
-from setdiff_jax.workdir import config as run_config
+from setdiff_jax.config import run as run_config
 
 
 def get_config():
-  """The package defaults (`setdiff_jax.workdir.config.default_config`; every field commented there)."""
+  """The package defaults (`setdiff_jax.config.run.default_config`; every field is commented in
+  `setdiff_jax/config/sections.py`)."""
   return run_config.default_config()

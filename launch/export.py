@@ -52,7 +52,9 @@ def main(argv):
   del argv
   from setdiff_jax import errors
 
-  cli.check_flag_ranges({"step": "step"})  # the launchers' shared range (setdiff_jax/ranges.py)
+  cli.check_flag_ranges(
+    {"step": "step"}
+  )  # the launchers' shared range (setdiff_jax/config/fields.py)
   if FLAGS.verify or FLAGS.format == "bin":  # before jax loads: the line comes at once
     errors.require_extra(
       "torch",

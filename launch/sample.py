@@ -65,7 +65,7 @@ flags.DEFINE_bool(
 )
 
 
-# flag -> its field in the launchers' shared range table (setdiff_jax/ranges.py); --window and
+# flag -> its field in the launchers' shared range table (setdiff_jax/config/fields.py); --window and
 # --max_new_tokens are checked against the run's seq_len (decoding.check_sampling_flags)
 RANGED = {
   "step": "step",

@@ -19,6 +19,7 @@ import jax  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from setdiff_jax import cli, paths, sharding, train  # noqa: E402
+from setdiff_jax.config import run as run_config  # noqa: E402
 from setdiff_jax.data import pairs  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -27,7 +28,7 @@ flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and the
 flags.mark_flags_as_required(["config", "workdir"])
 
 
-def summary(result, workdir: str, config) -> str:
+def summary(result, workdir: str, cfg: run_config.RunConfig) -> str:
   """The last line of a run: where it stopped, its eval PPL, its checkpoint, the next command
   (for a prompt/answer run: the accuracy eval and a prompted sample)."""
   workdir = paths.resolve(workdir)
@@ -38,9 +39,9 @@ def summary(result, workdir: str, config) -> str:
   parts.append(f"checkpoint {paths.join(workdir, 'checkpoints', str(step))}")
   # Sample (and evaluate) with the parameters training evaluated (with ema_decay = 0 the EMA copy
   # is the raw parameters: nothing to choose).
-  ema_is_raw = float(config.get("ema_decay", 1.0) or 0.0) == 0.0
-  raw = " --nouse_ema" if str(config.get("eval_params", "ema")) == "raw" and not ema_is_raw else ""
-  if str(config.data.get("source", "")) in pairs.PAIR_SOURCES:  # a conditional (prompt) run
+  ema_is_raw = cfg.optimization.ema_decay == 0.0
+  raw = " --nouse_ema" if cfg.evaluation.eval_params == "raw" and not ema_is_raw else ""
+  if str(cfg.data.get("source", "")) in pairs.PAIR_SOURCES:  # a conditional (prompt) run
     parts.append(
       f"evaluate with: python launch/evaluate.py --workdir={workdir} --eval=accuracy; "
       f"sample a prompt with: python launch/sample.py --workdir={workdir}{raw} "
@@ -59,7 +60,8 @@ def main(argv):
   )
   result = train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
   if jax.process_index() == 0:
-    print(summary(result, FLAGS.workdir, FLAGS.config), flush=True)
+    cfg = run_config.from_config_dict(FLAGS.config, check_data=False)  # checked by training
+    print(summary(result, FLAGS.workdir, cfg), flush=True)
 
 
 if __name__ == "__main__":

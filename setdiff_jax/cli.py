@@ -40,7 +40,8 @@ from typing import Callable, Dict, List, Optional, Sequence
 from absl import app, flags
 from absl import logging
 
-from setdiff_jax import cli_storage, errors, ranges
+from setdiff_jax import cli_storage, errors
+from setdiff_jax.config import fields as ranges
 
 VERBOSE_ENV = "SETDIFF_VERBOSE"
 EXPECTED = (errors.SetdiffError, ValueError, OSError, FloatingPointError, app.UsageError)

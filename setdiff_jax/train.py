@@ -20,23 +20,31 @@ import ml_collections
 import numpy as np
 
 from setdiff_jax import decoding, models, sharding, trainer
+from setdiff_jax.config import edge
+from setdiff_jax.config import run as run_config
+from setdiff_jax.config.run import RunConfig
+from setdiff_jax.config.sections import Evaluation
 from setdiff_jax.train_step import create_sharded_state, jit_train_step, make_optimizer
 from setdiff_jax.workdir.divergence import DivergenceGuard, logged_losses
 from setdiff_jax.workdir.metrics import MetricWriter
 from setdiff_jax.workdir import checkpoints as checkpointing
 from setdiff_jax.evaluation import likelihood
 from setdiff_jax.interop import pretrained
-from setdiff_jax.workdir import config as run_config
 from setdiff_jax.workdir import load as workdir_lib
+from setdiff_jax.workdir.tokenizer import build_tokenizer
 from setdiff_jax.data import pipeline, tokenizers
 
 
 # --------------------------------------------------------------------------------- loop
-def _pauses_ahead(config, step_done: int, num_steps: int, pauses) -> float:
+def _pauses_ahead(cfg: RunConfig, step_done: int, num_steps: int, pauses) -> float:
   """Seconds the evals and saves still to come take (each as long as the latest one); those of
   `step_done` itself count (the log line comes before them)."""
   total = 0.0
-  for kind, every in (("eval", config.eval_every_steps), ("save", config.checkpoint_every_steps)):
+  cadence = (
+    ("eval", cfg.evaluation.eval_every_steps),
+    ("save", cfg.checkpoints.checkpoint_every_steps),
+  )
+  for kind, every in cadence:
     if pauses[kind]:
       ahead = num_steps // every - (step_done - 1) // every + (num_steps % every != 0)
       total += max(ahead, 0) * pauses[kind][-1]  # the latest: the first one also compiles
@@ -47,9 +55,9 @@ class _Progress:
   """The training log: mean loss, steps/s, tokens/s and ETA over the steps since the last line,
   the time of compilation, evaluations and saves left out (`pause`)."""
 
-  def __init__(self, config, writer: MetricWriter, last: Dict[str, float]):
-    self.config, self.writer, self.last = config, writer, last
-    self.num_steps = int(config.num_train_steps)
+  def __init__(self, cfg: RunConfig, writer: MetricWriter, last: Dict[str, float]):
+    self.cfg, self.writer, self.last = cfg, writer, last
+    self.num_steps = cfg.optimization.num_train_steps
     self.pauses = {"eval": [], "save": []}  # seconds of each: not training time, but ETA
     self._reset()
 
@@ -65,7 +73,7 @@ class _Progress:
     self.losses.append(host["loss"])
     self.tokens += host["clean_tokens"]
     self.steps += 1
-    if step_done % self.config.log_every_steps and step_done != self.num_steps:
+    if step_done % self.cfg.evaluation.log_every_steps and step_done != self.num_steps:
       return
     elapsed = max(time.time() - self.t0, 1e-9)
     steps_per_s = self.steps / elapsed
@@ -78,7 +86,7 @@ class _Progress:
     }
     self.writer.scalars(step_done, values)
     eta = (self.num_steps - step_done) / max(steps_per_s, 1e-9) + _pauses_ahead(
-      self.config, step_done, self.num_steps, self.pauses
+      self.cfg, step_done, self.num_steps, self.pauses
     )
     logging.info(
       "step %d/%d  loss %.4f  %.2f steps/s  %.0f tokens/s  ETA %s",
@@ -101,28 +109,27 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[
   """
   if config.get("init_from_hf"):  # model fields 0 -> the HF checkpoint's (before validation)
     config = pretrained.resolve_run_config(config)
-  run_config.validate_config(config, jax.device_count())
+  edge.from_config_dict(config, jax.device_count())  # every check, before the workdir is touched
   return trainer.locked(config, workdir, _train_and_evaluate)
 
 
-def _initialise(config, model_cfg, state_shardings):
+def _initialise(cfg: RunConfig, model_cfg, state_shardings):
   """The state of a run without checkpoints: its own init, or parameters from `init_from` /
   `init_from_hf` (EMA = a copy of them)."""
+  init_from, init_from_hf = cfg.checkpoints.init_from, cfg.checkpoints.init_from_hf
 
   def initialise(state):
-    if config.init_from:
-      params = workdir_lib.load_params(config.init_from, state.params)
-      logging.info("initialised parameters from %s", config.init_from)
+    if init_from:
+      params = workdir_lib.load_params(init_from, state.params)
+      logging.info("initialised parameters from %s", init_from)
       return state.replace(params=params, ema_params=jax.tree_util.tree_map(jnp.copy, params))
-    if config.get("init_from_hf"):  # tensor by tensor, straight into the state's shardings
-      params = pretrained.load_params_sharded(
-        config.init_from_hf, model_cfg, state_shardings.params
-      )
+    if init_from_hf:  # tensor by tensor, straight into the state's shardings
+      params = pretrained.load_params_sharded(init_from_hf, model_cfg, state_shardings.params)
       ema = jax.device_put(jax.tree_util.tree_map(jnp.copy, params), state_shardings.ema_params)
       logging.info(
         "initialised %d layers from the Hugging Face checkpoint %s",
         model_cfg.num_layers,
-        config.init_from_hf,
+        init_from_hf,
       )
       return state.replace(params=params, ema_params=ema)
     return state
@@ -130,20 +137,21 @@ def _initialise(config, model_cfg, state_shardings):
   return initialise
 
 
-def _evaluator(config, model, obj_cfg, tokenizer, eval_rows, writer, last, batch_sharding):
-  """The eval hook: the likelihood bound on the run's eval rows (`likelihood.eval_rows_for`),
-  logged and written, then `num_eval_samples` sample texts."""
+def _evaluator(cfg: RunConfig, model, obj_cfg, tokenizer, eval_rows, writer, last, batch_sharding):
+  """The eval hook: the likelihood bound on the run's eval rows (`likelihood.eval_rows`, the
+  first `evaluation.max_rows`), logged and written, then `num_eval_samples` sample texts."""
   eval_tokens, eval_attention, eval_context = eval_rows
+  settings: Evaluation = cfg.evaluation
 
   def run_eval(step_done: int, state):
-    params = state.ema_params if config.eval_params == "ema" else state.params
+    params = state.ema_params if settings.eval_params == "ema" else state.params
     values = likelihood.evaluate(
       model,
       params,
       obj_cfg,
       eval_tokens,
       eval_attention,
-      batch_size=config.eval_batch_size,
+      batch_size=settings.eval_batch_size,
       batch_sharding=batch_sharding,
       context_mask=eval_context,
     )
@@ -156,16 +164,16 @@ def _evaluator(config, model, obj_cfg, tokenizer, eval_rows, writer, last, batch
       values["eval/bpd"],
     )
     last.update(values)
-    if config.num_eval_samples <= 0:
+    if settings.num_eval_samples <= 0:
       return
     samples = decoding.generate_text(
       model,
       params,
       tokenizer,
       obj_cfg,
-      config.seq_len,
-      config.num_eval_samples,
-      jax.random.fold_in(jax.random.key(config.seed), step_done),
+      cfg.seq_len,
+      settings.num_eval_samples,
+      jax.random.fold_in(jax.random.key(cfg.seed), step_done),
     )
     for i, text in enumerate(samples):
       logging.info("sample %d at step %d: %s", i, step_done, text)
@@ -175,25 +183,28 @@ def _evaluator(config, model, obj_cfg, tokenizer, eval_rows, writer, last, batch
 
 
 def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[str, float]:
+  """The run of `config` (its local paths made absolute; it is written as config.json)."""
   is_main = jax.process_index() == 0
+  cfg = run_config.from_config_dict(config)
+  opt = cfg.optimization
   # A tokenizer built here (first run) is written only once the data has been validated below,
   # so a run that fails on its data leaves no derived state for the corrected rerun to reuse.
   new_tokenizer = not tokenizers.saved_in(workdir)
-  tokenizer = run_config.build_tokenizer(config, workdir, save=False)
-  model_cfg, obj_cfg = run_config.model_and_objective(config, tokenizer)
+  tokenizer = build_tokenizer(cfg, workdir, save=False)
+  model_cfg, obj_cfg = run_config.model_and_objective(cfg, tokenizer)
   model = models.build(model_cfg)
-  optimizer = make_optimizer(config)
-  mesh = sharding.make_mesh(config.mesh)
+  optimizer = make_optimizer(opt)
+  mesh = sharding.make_mesh(cfg.mesh.sizes())
   logging.info("mesh %s; model %s; objective %s", dict(mesh.shape), model_cfg, obj_cfg)
 
   train_iter = iter(
     pipeline.make_dataset(
-      config.data,
+      cfg.data,
       tokenizer,
       split="train",
-      seq_len=config.seq_len,
-      global_batch_size=config.batch_size,
-      seed=config.seed,
+      seq_len=cfg.seq_len,
+      global_batch_size=opt.batch_size,
+      seed=cfg.seed,
       process_index=jax.process_index(),
       process_count=jax.process_count(),
       shuffle=True,
@@ -202,43 +213,42 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict
     )
   )
 
-  eval_rows = likelihood.eval_rows_for(config, tokenizer)  # built once per run
+  # built once per run
+  eval_rows = likelihood.eval_rows(cfg, tokenizer, max_rows=cfg.evaluation.max_rows)
 
   # The state is created directly in its shardings (FSDP / tensor-parallel rules): never
   # materialised whole on one device.
-  state, state_shardings = create_sharded_state(config, model_cfg, mesh)
-  manager = checkpointing.make_manager(workdir, keep=config.keep_checkpoints)
-  state = trainer.restore(
-    manager, state, train_iter, _initialise(config, model_cfg, state_shardings)
-  )
+  state, state_shardings = create_sharded_state(cfg, model_cfg, mesh)
+  manager = checkpointing.make_manager(workdir, keep=cfg.checkpoints.keep_checkpoints)
+  state = trainer.restore(manager, state, train_iter, _initialise(cfg, model_cfg, state_shardings))
   if new_tokenizer and not tokenizers.saved_in(workdir):  # the data are validated (datasets
     tokenizers.save_in(tokenizer, workdir)  # and eval rows built); 1 process
   if is_main:  # only now: a failed restore must leave the config of the checkpoints in place
     checkpointing.save_config(config, workdir)
 
   batch_sharding = sharding.batch_sharding(mesh)
-  train_step = jit_train_step(config, model, obj_cfg, mesh, state_shardings, optimizer)
+  train_step = jit_train_step(opt, model, obj_cfg, mesh, state_shardings, optimizer)
   writer = MetricWriter(workdir, is_main)
-  step_rng = jax.random.fold_in(jax.random.key(config.seed), 1)
+  step_rng = jax.random.fold_in(jax.random.key(cfg.seed), 1)
   start_step = int(state.step)
   last: Dict[str, float] = {}
-  progress = _Progress(config, writer, last)
+  progress = _Progress(cfg, writer, last)
 
   def step(state, i: int):
     del i  # the step's randomness folds in state.step
     batch = sharding.global_batch(next(train_iter), mesh)
     return train_step(state, batch, step_rng)
 
-  evaluate = _evaluator(config, model, obj_cfg, tokenizer, eval_rows, writer, last, batch_sharding)
+  evaluate = _evaluator(cfg, model, obj_cfg, tokenizer, eval_rows, writer, last, batch_sharding)
   hooks = trainer.Hooks(step=step, log=progress.log, evaluate=evaluate, on_pause=progress.pause)
   schedule = trainer.Schedule(
     start=start_step,
-    stop=int(config.num_train_steps),
-    total=int(config.num_train_steps),
-    save_every=int(config.checkpoint_every_steps),
-    eval_every=int(config.eval_every_steps),
+    stop=opt.num_train_steps,
+    total=opt.num_train_steps,
+    save_every=cfg.checkpoints.checkpoint_every_steps,
+    eval_every=cfg.evaluation.eval_every_steps,
   )
-  guard = DivergenceGuard(config, logged_losses(workdir, start_step) if start_step else ())
+  guard = DivergenceGuard(cfg.divergence, logged_losses(workdir, start_step) if start_step else ())
   state, _ = trainer.run(
     state, hooks, schedule, manager=manager, writer=writer, guard=guard, data_iterator=train_iter
   )

@@ -2,8 +2,11 @@
 
 Setup is two functions used by the loop (`train.py`), the benchmarks and the tests alike:
 
-  state, shardings = create_sharded_state(config, model_cfg, mesh)   # born in its shardings
-  step_fn = jit_train_step(config, model, obj_cfg, mesh, shardings)  # donated state
+  state, shardings = create_sharded_state(cfg, model_cfg, mesh)   # born in its shardings
+  step_fn = jit_train_step(cfg.optimization, model, obj_cfg, mesh, shardings)  # donated state
+
+`cfg` is the typed run config (`setdiff_jax.config.run.RunConfig`); the optimizer, schedule, EMA
+and accumulation read its `optimization` section.
 
 Parameters, EMA and optimizer state are sharded by the logical-axis rules of `sharding.py` (FSDP
 over the model dimension, tensor parallelism over heads / MLP / vocabulary; replicated on a
@@ -23,6 +26,8 @@ import jax.numpy as jnp
 import optax
 
 from setdiff_jax import models, objectives, sharding
+from setdiff_jax.config.run import RunConfig
+from setdiff_jax.config.sections import Optimization
 from setdiff_jax.diffusion import losses
 from setdiff_jax.models import Backbone, BackboneConfig
 
@@ -34,35 +39,35 @@ class TrainState(flax.struct.PyTreeNode):
   opt_state: Any
 
 
-def learning_rate_schedule(config) -> optax.Schedule:
+def learning_rate_schedule(opt: Optimization) -> optax.Schedule:
   """Linear warm-up from 0, then constant or cosine to cosine_alpha * peak (SPEC §5)."""
-  peak, warmup = config.learning_rate, config.warmup_steps
+  peak, warmup = opt.learning_rate, opt.warmup_steps
   warm = optax.linear_schedule(0.0, peak, max(warmup, 1))
-  if config.lr_schedule == "constant":
+  if opt.lr_schedule == "constant":
     after = optax.constant_schedule(peak)
   else:
     after = optax.cosine_decay_schedule(
-      peak, max(config.num_train_steps - warmup, 1), alpha=config.cosine_alpha
+      peak, max(opt.num_train_steps - warmup, 1), alpha=opt.cosine_alpha
     )
   return optax.join_schedules([warm, after], [warmup])
 
 
-def make_optimizer(config) -> optax.GradientTransformation:
+def make_optimizer(opt: Optimization) -> optax.GradientTransformation:
   """Clip -> Adam -> decoupled weight decay scaled by lr/peak (Composer DecoupledAdamW) -> lr."""
-  schedule = learning_rate_schedule(config)
+  schedule = learning_rate_schedule(opt)
   parts = []
-  if config.grad_clip_norm > 0:
-    parts.append(optax.clip_by_global_norm(config.grad_clip_norm))
-  parts.append(optax.scale_by_adam(b1=config.adam_b1, b2=config.adam_b2, eps=config.adam_eps))
-  if config.weight_decay > 0:
-    parts.append(optax.add_decayed_weights(config.weight_decay / config.learning_rate))
+  if opt.grad_clip_norm > 0:
+    parts.append(optax.clip_by_global_norm(opt.grad_clip_norm))
+  parts.append(optax.scale_by_adam(b1=opt.adam_b1, b2=opt.adam_b2, eps=opt.adam_eps))
+  if opt.weight_decay > 0:
+    parts.append(optax.add_decayed_weights(opt.weight_decay / opt.learning_rate))
   parts.append(optax.scale_by_learning_rate(schedule))
   return optax.chain(*parts)
 
 
-def create_train_state(config, model_cfg: BackboneConfig, rng) -> TrainState:
+def create_train_state(opt: Optimization, model_cfg: BackboneConfig, rng) -> TrainState:
   params = models.init_params(model_cfg, rng)
-  opt_state = make_optimizer(config).init(params)
+  opt_state = make_optimizer(opt).init(params)
   return TrainState(
     step=jnp.zeros((), jnp.int32),
     params=params,
@@ -72,12 +77,15 @@ def create_train_state(config, model_cfg: BackboneConfig, rng) -> TrainState:
 
 
 def make_train_step(
-  config, model: Backbone, obj_cfg: losses.ObjectiveConfig, optimizer: optax.GradientTransformation
+  opt: Optimization,
+  model: Backbone,
+  obj_cfg: losses.ObjectiveConfig,
+  optimizer: optax.GradientTransformation,
 ) -> Callable:
   """Pure step(state, batch, base_rng) -> (state, metrics); rng = fold_in(base_rng, step)."""
-  accum = int(config.grad_accum_steps)
-  ema_decay = float(config.ema_decay)
-  schedule = learning_rate_schedule(config)
+  accum = int(opt.grad_accum_steps)
+  ema_decay = float(opt.ema_decay)
+  schedule = learning_rate_schedule(opt)
 
   objective = objectives.get(obj_cfg.name)
 
@@ -132,33 +140,37 @@ def make_train_step(
   return step
 
 
-def abstract_sharded_state(config, model_cfg: BackboneConfig, mesh) -> Tuple[TrainState, Any]:
+def abstract_sharded_state(
+  cfg: RunConfig, model_cfg: BackboneConfig, mesh
+) -> Tuple[TrainState, Any]:
   """The initial TrainState as `jax.ShapeDtypeStruct`s carrying their shardings, nothing
   allocated (ahead-of-time lowering: `jit_train_step(...).lower(state, batch, rng)`).
 
   Returns (abstract state, state_shardings); shardings follow the config's logical-axis rules.
   """
   shapes = jax.eval_shape(
-    functools.partial(create_train_state, config, model_cfg), jax.random.key(config.seed)
+    functools.partial(create_train_state, cfg.optimization, model_cfg), jax.random.key(cfg.seed)
   )
-  shardings = sharding.state_shardings(shapes, mesh, sharding.rules_from_config(config))
+  shardings = sharding.state_shardings(
+    shapes, mesh, sharding.rules_from_config(cfg.mesh.with_rules())
+  )
   return jax.tree_util.tree_map(
     lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings
   ), shardings
 
 
-def create_sharded_state(config, model_cfg: BackboneConfig, mesh) -> Tuple[TrainState, Any]:
+def create_sharded_state(cfg: RunConfig, model_cfg: BackboneConfig, mesh) -> Tuple[TrainState, Any]:
   """The initial TrainState created directly in its shardings (never whole on one device).
 
   Returns (state, state_shardings); shardings follow the config's logical-axis rules.
   """
-  _, shardings = abstract_sharded_state(config, model_cfg, mesh)
-  init_fn = functools.partial(create_train_state, config, model_cfg)
-  return jax.jit(init_fn, out_shardings=shardings)(jax.random.key(config.seed)), shardings
+  _, shardings = abstract_sharded_state(cfg, model_cfg, mesh)
+  init_fn = functools.partial(create_train_state, cfg.optimization, model_cfg)
+  return jax.jit(init_fn, out_shardings=shardings)(jax.random.key(cfg.seed)), shardings
 
 
 def jit_train_step(
-  config,
+  opt: Optimization,
   model: Backbone,
   obj_cfg: losses.ObjectiveConfig,
   mesh,
@@ -169,7 +181,7 @@ def jit_train_step(
 
   Call as step(state, batch, base_rng) -> (state, metrics); batches from `sharding.global_batch`.
   """
-  step = make_train_step(config, model, obj_cfg, optimizer or make_optimizer(config))
+  step = make_train_step(opt, model, obj_cfg, optimizer or make_optimizer(opt))
   return jax.jit(
     step,
     in_shardings=(state_shardings, sharding.batch_sharding(mesh), None),

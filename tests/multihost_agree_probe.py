@@ -71,18 +71,19 @@ print("ok checkpoint", me, flush=True)
 # The tokenizer of a first run: process 0 builds and saves it, the others check they see the
 # same files and read them; a process that sees another workdir (not shared) stops all.
 from setdiff_jax.data import tokenizers  # noqa: E402
-from setdiff_jax.workdir import config as run_config  # noqa: E402
+from setdiff_jax.config import run as run_config  # noqa: E402
+from setdiff_jax.workdir.tokenizer import build_tokenizer  # noqa: E402
 
 c = run_config.default_config()
 c.tokenizer.kind, c.tokenizer.lowercase = "wordpiece", True
 c.tokenizer.vocab_path = tokenizers.packaged_vocab("bert-base-uncased/vocab.txt")
 shared = os.path.join(os.environ["PROBE_DIR"], "shared")
-tok = run_config.build_tokenizer(c, shared)
+tok = build_tokenizer(c, shared)
 assert sharding.agree("vocab", str(tok.vocab_size)) == ["30522", "30522"]
 assert tokenizers.saved_in(shared)
 elsewhere = os.path.join(os.environ["PROBE_DIR"], f"own{me}")  # each its own: not shared
 try:
-  run_config.build_tokenizer(c, shared if me == 0 else elsewhere)
+  build_tokenizer(c, shared if me == 0 else elsewhere)
   raise AssertionError("no error")
 except ValueError as e:
   assert "process 1 of 2 does not see the tokenizer process 0 saved" in str(e), str(e)

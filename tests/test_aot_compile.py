@@ -21,7 +21,7 @@ pytestmark = pytest.mark.usefixtures("fast_compile")
 def tiny():
   """The benchmark's tiny Qwen3 SetDLM config (2 x 64, L=64, batch 16, mesh fsdp=-1 -> 8)."""
   config, model_cfg, obj_cfg = aot_compile.run_config("gsm8k_sw_qwen3_train", tiny=True)
-  return config, model_cfg, obj_cfg, sharding.make_mesh(config.mesh)
+  return config, model_cfg, obj_cfg, sharding.make_mesh(config.mesh.sizes())
 
 
 def test_abstract_state_is_the_created_state(tiny):
@@ -45,11 +45,11 @@ def test_step_lowered_from_abstract_inputs_runs_on_the_real_state(tiny):
   config, model_cfg, obj_cfg, mesh = tiny
   state, shardings = train_step.create_sharded_state(config, model_cfg, mesh)
   lowered, shape = aot_compile.lower_train(config, model_cfg, obj_cfg, mesh)
-  assert shape == f"batch {config.batch_size} x L {config.seq_len}"
+  assert shape == f"batch {config.optimization.batch_size} x L {config.seq_len}"
   compiled = lowered.compile()
   assert aot_compile.memory_row(compiled).get("peak_gib", 1.0) > 0
   rng = np.random.default_rng(0)
-  shp = (config.batch_size, config.seq_len)
+  shp = (config.optimization.batch_size, config.seq_len)
   host = {
     "tokens": rng.integers(4, 500, shp).astype(np.int32),
     "attention_mask": np.ones(shp, np.int32),
@@ -58,7 +58,9 @@ def test_step_lowered_from_abstract_inputs_runs_on_the_real_state(tiny):
   host["context_mask"][:, :8] = 1
   batch = sharding.global_batch(host, mesh)
   key = jax.random.key(3)
-  jitted = train_step.jit_train_step(config, models.build(model_cfg), obj_cfg, mesh, shardings)
+  jitted = train_step.jit_train_step(
+    config.optimization, models.build(model_cfg), obj_cfg, mesh, shardings
+  )
   copy = jax.tree_util.tree_map(lambda x: x.copy(), state)  # both steps donate their state
   _, m_aot = compiled(state, batch, key)
   _, m_jit = jitted(copy, batch, key)

@@ -277,7 +277,12 @@ def test_literal_check_can_fail(tmp_path):
 LAYERS = [
   (
     "base",
-    ("setdiff_jax.errors", "setdiff_jax.paths", "setdiff_jax.layer_names", "setdiff_jax.ranges"),
+    (
+      "setdiff_jax.errors",
+      "setdiff_jax.paths",
+      "setdiff_jax.layer_names",
+      "setdiff_jax.config.fields",
+    ),
   ),
   ("cli", ("setdiff_jax.cli", "setdiff_jax.cli_storage")),
   ("data", ("setdiff_jax.data",)),
@@ -285,8 +290,10 @@ LAYERS = [
   ("diffusion", ("setdiff_jax.diffusion",)),
   ("objectives", ("setdiff_jax.objectives",)),
   ("sharding", ("setdiff_jax.sharding",)),
+  ("config", ("setdiff_jax.config.sections", "setdiff_jax.config.run")),
   ("sampling", ("setdiff_jax.sampling",)),
   ("decoders", ("setdiff_jax.decoders",)),
+  ("config edge", ("setdiff_jax.config.edge",)),
   ("workdir", ("setdiff_jax.workdir",)),
   ("trainer", ("setdiff_jax.trainer",)),
   ("decoding", ("setdiff_jax.decoding",)),
@@ -299,8 +306,9 @@ LAYERS = [
 
 
 def layer_of(module: str):
-  """Index of the module's layer in LAYERS; the package's own __init__ is below everything."""
-  if module == "setdiff_jax":
+  """Index of the module's layer in LAYERS; the package's own __init__s (setdiff_jax, its config
+  package, which imports nothing) are below everything."""
+  if module in ("setdiff_jax", "setdiff_jax.config"):
     return -1
   for i, (_, prefixes) in enumerate(LAYERS):
     if any(module == p or module.startswith(p + ".") for p in prefixes):
@@ -405,6 +413,26 @@ def test_layer_check_finds_a_planted_transitive_upward_import(tmp_path):
   assert "setdiff_jax.layer_names (base) -> setdiff_jax.sampling.cache (sampling)" in bad
   # sharding imports layer_names at module level: it now reaches the sampling layer through it
   assert any(b.startswith("setdiff_jax.sharding (sharding) -> setdiff_jax.sampling") for b in bad)
+
+
+@pytest.mark.parametrize(
+  "module", sorted(m for m in MODULES if m.startswith("setdiff_jax.workdir"))
+)
+def test_workdir_reaches_neither_methods_nor_sampling(module):
+  """The run-directory layer (lock, checkpoints, fallback, load, the run's tokenizer) reads the
+  typed config below the method registry and the samplers: it reaches neither, even through
+  another module or a function-level import (issue 34)."""
+  reach = reachable(module, include_nested=True)
+  bad = sorted(m for m in reach if m.startswith(("setdiff_jax.methods", "setdiff_jax.sampling")))
+  assert not bad, f"{module} reaches {bad}"
+
+
+def test_workdir_check_can_fail():
+  """The check above finds a planted function-level import of the registry, two modules away."""
+  graph = dict(GRAPH)
+  top, nested, ext = graph["setdiff_jax.config.run"]
+  graph["setdiff_jax.config.run"] = (top, nested + [("setdiff_jax.methods", 1)], ext)
+  assert "setdiff_jax.methods" in reachable("setdiff_jax.workdir.load", graph, include_nested=True)
 
 
 def test_import_graph_has_no_cycle():

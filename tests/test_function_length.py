@@ -15,7 +15,6 @@ MAX_LINES = 99
 ALLOWED = {
   "setdiff_jax/decoding.py::run_sampling",
   "setdiff_jax/sampling/baselines.py::_bd3lm_core",
-  "setdiff_jax/workdir/config.py::default_config",
 }
 
 

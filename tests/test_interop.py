@@ -29,7 +29,7 @@ TOL = 1e-5
 
 
 def run_config(objective="setdlm", adaln=False, **loss):
-  from setdiff_jax.workdir.config import default_config
+  from setdiff_jax.config.run import default_config
 
   c = default_config()
   c.objective = objective

@@ -117,7 +117,7 @@ def test_export_to_gs(bucket, monkeypatch):
   import numpy as np
   from setdiff_jax.interop import export_workdir, import_checkpoint
   from setdiff_jax.workdir import load as workdir_lib
-  from setdiff_jax.workdir.config import default_config
+  from setdiff_jax.config.run import default_config
   from setdiff_jax import models
   from setdiff_jax.interop import name_map
 

@@ -21,7 +21,7 @@ import pytest
 
 from setdiff_jax import errors, train, train_step
 from setdiff_jax.workdir import checkpoints as checkpointing
-from setdiff_jax.workdir import config as run_config
+from setdiff_jax.config import run as run_config
 from setdiff_jax.workdir import lock as workdir_lock
 from setdiff_jax.workdir import load as workdir_lib
 from setdiff_jax.data import iterator_state, tokenizers
@@ -303,9 +303,7 @@ def test_mismatched_resume_writes_nothing(tmp_path, monkeypatch):
   checkpointing.save_config(tiny_config(), str(workdir))
   before = {p: (workdir / p).read_bytes() for p in ["config.json"]}
   monkeypatch.setattr(jax, "jit", lambda *a, **k: pytest.fail("compiled something"))
-  monkeypatch.setattr(
-    train.run_config, "build_tokenizer", lambda *a, **k: pytest.fail("built a tokenizer")
-  )
+  monkeypatch.setattr(train, "build_tokenizer", lambda *a, **k: pytest.fail("built a tokenizer"))
   changed = tiny_config(
     **{
       "model.num_layers": 2,
@@ -494,8 +492,11 @@ def _abstract(workdir, **model):
   config = checkpointing.load_config(workdir)
   config.model.update(model)
   tok = tokenizers.Tokenizer.load(os.path.join(workdir, tokenizers.TOKENIZER_SUBDIR))
-  model_cfg, _ = run_config.model_and_objective(config, tok)
-  return jax.eval_shape(lambda: train_step.create_train_state(config, model_cfg, jax.random.key(0)))
+  cfg = run_config.from_config_dict(config)
+  model_cfg, _ = run_config.model_and_objective(cfg, tok)
+  return jax.eval_shape(
+    lambda: train_step.create_train_state(cfg.optimization, model_cfg, jax.random.key(0))
+  )
 
 
 def test_structure_mismatch_is_not_called_damage(run_dir):
@@ -601,7 +602,7 @@ def test_import_names_a_hidden_size_mismatch(run_dir, tmp_path):
 
 
 def test_eta_counts_the_evals_and_saves_ahead():
-  config = tiny_config(eval_every_steps=10, checkpoint_every_steps=5)
+  config = run_config.from_config_dict(tiny_config(eval_every_steps=10, checkpoint_every_steps=5))
   pauses = {"eval": [30.0, 2.0], "save": [1.0]}  # the first eval compiled: the latest counts
   # after step 12 of 30: evals at 20, 30 and saves at 15, 20, 25, 30
   assert train._pauses_ahead(config, 12, 30, pauses) == 2 * 2.0 + 4 * 1.0

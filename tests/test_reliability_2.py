@@ -21,7 +21,8 @@ import time
 import numpy as np
 import pytest
 
-from setdiff_jax import cli, decoders, decoding, errors, ranges, train
+from setdiff_jax import cli, decoders, decoding, errors, train
+from setdiff_jax.config import fields as ranges
 from setdiff_jax.data import data_flags, pipeline, sources
 from setdiff_jax.evaluation import generation
 from setdiff_jax.evaluation import results as results_lib

@@ -77,11 +77,18 @@ def test_bad_input_one_error_line_each(tmp_path):
 
 
 def test_config_fields_have_ranges():
-  from setdiff_jax.workdir import config as run_config
+  from setdiff_jax.config import run as run_config
+  from setdiff_jax.config import sections
 
   c = rl_config.default_config()
   fields = {f"rl.{k}" for k in c.rl.keys()}
-  assert fields == set(run_config.RL_FIELD_RANGES) | set(run_config.RL_FREE_FIELDS)
+  assert fields == set(sections.RL.ranges()) | set(sections.RL.free_fields())
+  assert set(sections.RL.free_fields()) == {
+    "rl.init_from",
+    "rl.reward",
+    "rl.policy",
+    "rl.policy_arg",
+  }
   run_config.check_field_ranges(c)
   assert set(rl_config.OWN_FIELDS) == set(c.keys()) - {"rl"}  # each top-level field is used
 

@@ -14,7 +14,10 @@ import pytest
 
 from setdiff_jax import errors, train
 from setdiff_jax.workdir import checkpoints as checkpointing
-from setdiff_jax.workdir import config as run_config
+from setdiff_jax.config import edge
+from setdiff_jax.config import run as run_config
+from setdiff_jax.config import sections
+from setdiff_jax.config.sections import Divergence
 from setdiff_jax.workdir import divergence
 from setdiff_jax.workdir import fallback
 from setdiff_jax.workdir import load as workdir_lib
@@ -102,7 +105,7 @@ def test_checksums_name_the_damaged_file(base, tmp_path):
 
 # ----------------------------------------------------------------------------- divergence
 def test_divergence_guard_unit():
-  config = tiny_config(divergence_factor=10.0, divergence_patience=2, divergence_window=3)
+  config = Divergence(factor=10.0, patience=2, window=3)
   guard = divergence.DivergenceGuard(config, history=[5.0, 6.0, 4.0, 100.0])  # window: 6, 4, 100
   assert guard.check(1, 50.0) and list(guard.recent) == [4.0, 100.0, 50.0]
   assert not guard.check(2, 600.0) and guard.suspicious  # > 10 x median 50
@@ -114,9 +117,9 @@ def test_divergence_guard_unit():
     config, history=[0.001] * 5
   )  # a near-zero loss: noise is fine
   assert learnt.check(1, 0.05) and learnt.check(2, 9.0) and not learnt.check(3, 10.5)
-  off = divergence.DivergenceGuard(tiny_config(divergence_factor=0, divergence_ceiling=0), [1.0])
+  off = divergence.DivergenceGuard(Divergence(factor=0, ceiling=0), [1.0])
   assert all(off.check(i, 1e30) for i in range(5))
-  ceiling = divergence.DivergenceGuard(tiny_config(divergence_ceiling=7.0, divergence_patience=1))
+  ceiling = divergence.DivergenceGuard(Divergence(ceiling=7.0, patience=1))
   with pytest.raises(errors.DivergenceError, match="divergence_ceiling=7"):
     ceiling.check(1, 8.0)
 
@@ -164,10 +167,23 @@ def test_every_field_has_a_declared_range():
 
   walk(run_config.default_config())
   data_checked = {f"data.{k}" for k in run_config.default_config().data.keys()}  # pipeline's
-  undeclared = names - set(run_config.FIELD_RANGES) - set(run_config.FREE_FIELDS) - data_checked
+  typed = (run_config.Basics, *sections.SECTIONS)
+  ranged = {k for cls in typed for k in cls.ranges()} | set(sections.DATA_RANGES)
+  free = {k for cls in typed for k in cls.free_fields()} | set(sections.DATA_FREE_FIELDS)
+  assert free == {
+    "init_from",
+    "init_from_hf",
+    "sharding_rules",
+    "model.remat",
+    "objective",  # a name of the method registry (edge.OBJECTIVES)
+    "tokenizer.vocab_path",
+    "tokenizer.merges_path",
+  }
+  undeclared = names - ranged - free - data_checked
   assert not undeclared, undeclared
-  assert not set(run_config.FIELD_RANGES) - names
+  assert not (ranged | free) - names
   run_config.check_field_ranges(run_config.default_config())  # the defaults are in range
+  edge.from_config_dict(run_config.default_config(), num_devices=1)
 
 
 def test_shipped_configs_are_in_range():
@@ -217,7 +233,7 @@ def test_lm1b_cpu_variants_are_the_recipe_on_the_embedded_corpus():
     )
     assert cpu.num_train_steps == 10 and cpu.batch_size == 8
     run_config.check_field_ranges(cpu)
-    run_config.validate_config(cpu, num_devices=1)
+    edge.from_config_dict(cpu, num_devices=1)
     with pytest.raises(ValueError, match="config variant 'tpu'.*lm1b_sw.py:cpu"):
       module.get_config("tpu")
   # The obvious override without the variant names the field to change.
@@ -266,6 +282,7 @@ BAD = [  # (field, value, allowed text)
   ("eval_params", "best", "one of 'ema', 'raw'"),
   ("model.attention", "flash", "one of 'dense'"),
   ("data.read_threads", "-1", "[0, inf)"),
+  ("objective", "diffusion", "one of 'setdlm'"),  # the registry's names, checked at the edge
 ]
 
 

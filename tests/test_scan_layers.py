@@ -21,7 +21,7 @@ from setdiff_jax import models, objectives, sharding
 from setdiff_jax import layer_names
 from setdiff_jax.models import layer_stack
 from setdiff_jax.diffusion import losses
-from setdiff_jax.workdir import config as run_config
+from setdiff_jax.config import edge
 from setdiff_jax.workdir import load as workdir_lib
 from setdiff_jax.interop import export_checkpoint, import_checkpoint, name_map
 from setdiff_jax.models.dit import DiT, DiTConfig
@@ -271,16 +271,16 @@ def test_remat_names_and_old_bools():
     DiTConfig(remat="dots")
 
 
-def test_validate_config_errors():
+def test_config_layer_errors():
   c = default.get_config()
-  run_config.validate_config(set_fields(c, {"model.scan_layers": True, "model.remat": "full"}))
+  edge.from_config_dict(set_fields(c, {"model.scan_layers": True, "model.remat": "full"}))
   with pytest.raises(ValueError, match="model.remat='everything'"):
-    run_config.validate_config(set_fields(default.get_config(), {"model.remat": "everything"}))
+    edge.from_config_dict(set_fields(default.get_config(), {"model.remat": "everything"}))
   c = default.get_config()
   c.model.num_layers = 0
   c.model.scan_layers = True
   with pytest.raises(ValueError, match=r"model\.scan_layers=True needs num_layers >= 1"):
-    run_config.validate_config(c)
+    edge.from_config_dict(c)
   # resuming with the other layout is refused (the checkpoint tree differs); remat may change
   from setdiff_jax.workdir import lock as workdir_lock
 

@@ -25,7 +25,7 @@ from configs import default  # the repository root is on sys.path (pytest.ini `p
 from helpers import TINY_VOCAB as VOCAB, assert_trees_close, new_workdir, set_fields  # noqa: E402
 from setdiff_jax import decoding, sharding, train, train_step  # noqa: E402
 from setdiff_jax.workdir import checkpoints as checkpointing
-from setdiff_jax.workdir import config as run_config
+from setdiff_jax.config import run as run_config
 from setdiff_jax.workdir import load as workdir_lib  # noqa: E402
 from setdiff_jax.data import tokenizers  # noqa: E402
 from setdiff_jax.models.dit import DiT  # noqa: E402
@@ -171,12 +171,13 @@ def step_and_state(tok, objective):
   """Step and init of `objective`; warm-up off (lr > 0 at step 0) and a random head (the model
   zero-initialises it, which would leave every other gradient of the first step at zero)."""
   config = tiny_config(objective, warmup_steps=0)
-  model_cfg, obj_cfg = run_config.model_and_objective(config, tok)
-  optimizer = train_step.make_optimizer(config)
-  step = train_step.make_train_step(config, DiT(model_cfg), obj_cfg, optimizer)
+  cfg = run_config.from_config_dict(config)
+  model_cfg, obj_cfg = run_config.model_and_objective(cfg, tok)
+  optimizer = train_step.make_optimizer(cfg.optimization)
+  step = train_step.make_train_step(cfg.optimization, DiT(model_cfg), obj_cfg, optimizer)
 
   def init(rng):
-    state = train_step.create_train_state(config, model_cfg, rng)
+    state = train_step.create_train_state(cfg.optimization, model_cfg, rng)
     head = dict(state.params["head"])
     head["kernel"] = 0.05 * jax.random.normal(jax.random.fold_in(rng, 1), head["kernel"].shape)
     params = dict(state.params, head=head)
@@ -318,11 +319,11 @@ def runs(tmp_path_factory, tokenizer_dir):
 def restore_full(workdir, mesh_cfg=None):
   """The whole TrainState of the latest checkpoint, restored onto `mesh_cfg` (default: 1
   device), as numpy."""
-  config = checkpointing.load_config(workdir)
+  cfg = run_config.from_config_dict(checkpointing.load_config(workdir))
   tok = tokenizers.Tokenizer.load(os.path.join(workdir, tokenizers.TOKENIZER_SUBDIR))
-  model_cfg, _ = run_config.model_and_objective(config, tok)
+  model_cfg, _ = run_config.model_and_objective(cfg, tok)
   abstract = jax.eval_shape(
-    lambda: train_step.create_train_state(config, model_cfg, jax.random.key(0))
+    lambda: train_step.create_train_state(cfg.optimization, model_cfg, jax.random.key(0))
   )
   manager = checkpointing.make_manager(workdir, with_data=False)
   state = checkpointing.restore(manager, abstract)
@@ -438,7 +439,7 @@ def test_mesh_that_does_not_fit_the_devices(tmp_path, mesh_cfg, match):
   workdir = tmp_path / "run"
   with pytest.raises(ValueError, match=match):
     train.train_and_evaluate(config, str(workdir))
-  assert not workdir.exists()  # raised by validate_config before anything was written
+  assert not workdir.exists()  # raised by edge.from_config_dict before anything was written
 
 
 @pytest.mark.parametrize(

@@ -23,9 +23,10 @@ from configs import default
 from helpers import TINY_VOCAB as VOCAB, assert_trees_close, new_workdir, set_fields
 from setdiff_jax import errors, objectives, sharding, train, train_step
 from setdiff_jax.workdir import checkpoints as checkpointing
-from setdiff_jax.workdir import config as run_config
-from setdiff_jax.workdir import load as workdir_lib
-from setdiff_jax.data import tokenizers
+from setdiff_jax.config import edge
+from setdiff_jax.config import run as run_config
+from setdiff_jax.workdir import load as workdir_lib  # noqa: E402
+from setdiff_jax.data import tokenizers  # noqa: E402
 from setdiff_jax.models.dit import DiT  # noqa: E402
 
 ADALN = {"setdlm": False, "ar": False, "mdlm": True, "bd3lm": True}
@@ -76,11 +77,11 @@ def checkpoint_steps(workdir):
 
 def restore_state(workdir, step=None):
   """The full TrainState of a workdir's (latest) checkpoint, as numpy."""
-  config = checkpointing.load_config(workdir)
+  cfg = run_config.from_config_dict(checkpointing.load_config(workdir))
   tok = tokenizers.Tokenizer.load(os.path.join(workdir, tokenizers.TOKENIZER_SUBDIR))
-  model_cfg, _ = run_config.model_and_objective(config, tok)
+  model_cfg, _ = run_config.model_and_objective(cfg, tok)
   abstract = jax.eval_shape(
-    lambda: train_step.create_train_state(config, model_cfg, jax.random.key(0))
+    lambda: train_step.create_train_state(cfg.optimization, model_cfg, jax.random.key(0))
   )
   manager = checkpointing.make_manager(workdir, with_data=False)
   state = checkpointing.restore(manager, abstract, step=step)
@@ -322,14 +323,18 @@ def test_init_from_starts_from_those_parameters(tmp_path, uninterrupted):
   assert_trees_close(got.params, source.params, atol=0)
   assert_trees_close(got.ema_params, source.params, atol=1e-6)  # EMA restarts from the params
   # Not vacuous: the source was trained away from the seed's initialisation.
-  init = train_step.create_train_state(config, model_config_of(uninterrupted), jax.random.key(0))
+  init = train_step.create_train_state(
+    run_config.from_config_dict(config).optimization,
+    model_config_of(uninterrupted),
+    jax.random.key(0),
+  )
   assert not np.allclose(init.params["head"]["kernel"], source.params["head"]["kernel"])
 
 
 def model_config_of(workdir):
-  config = checkpointing.load_config(workdir)
+  cfg = run_config.from_config_dict(checkpointing.load_config(workdir))
   tok = tokenizers.Tokenizer.load(os.path.join(workdir, tokenizers.TOKENIZER_SUBDIR))
-  return run_config.model_and_objective(config, tok)[0]
+  return run_config.model_and_objective(cfg, tok)[0]
 
 
 # ------------------------------------------------------------------------- NaN guard
@@ -396,11 +401,9 @@ def test_config_validation_errors(tmp_path, objective, overrides, field, monkeyp
 
 def test_valid_configs_pass_validation():
   for objective in objectives.NAMES:
-    run_config.validate_config(tiny_config(objective), num_devices=8)
-  run_config.validate_config(
-    tiny_config("setdlm", batch_size=16, grad_accum_steps=2), num_devices=8
-  )
-  run_config.validate_config(tiny_config("setdlm", batch_size=12), num_devices=4)
+    edge.from_config_dict(tiny_config(objective), num_devices=8)
+  edge.from_config_dict(tiny_config("setdlm", batch_size=16, grad_accum_steps=2), num_devices=8)
+  edge.from_config_dict(tiny_config("setdlm", batch_size=12), num_devices=4)
 
 
 # ------------------------------------------------------------------------- sharded step
@@ -423,12 +426,11 @@ def random_batch(tok, batch_size, seq_len, seed=0, with_order=False):
 
 
 def step_setup(tok, objective, **overrides):
-  config = tiny_config(objective, warmup_steps=0, **overrides)
-  model_cfg, obj_cfg = run_config.model_and_objective(config, tok)
-  step = train_step.make_train_step(
-    config, DiT(model_cfg), obj_cfg, train_step.make_optimizer(config)
-  )
-  state = train_step.create_train_state(config, model_cfg, jax.random.key(0))
+  cfg = run_config.from_config_dict(tiny_config(objective, warmup_steps=0, **overrides))
+  model_cfg, obj_cfg = run_config.model_and_objective(cfg, tok)
+  opt = cfg.optimization
+  step = train_step.make_train_step(opt, DiT(model_cfg), obj_cfg, train_step.make_optimizer(opt))
+  state = train_step.create_train_state(opt, model_cfg, jax.random.key(0))
   return step, state
 
 

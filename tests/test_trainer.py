@@ -13,11 +13,11 @@ import signal
 import flax.struct
 import jax
 import jax.numpy as jnp
-import ml_collections
 import pytest
 
 from setdiff_jax import errors, trainer
 from setdiff_jax.workdir import checkpoints as checkpointing
+from setdiff_jax.config.sections import Divergence
 from setdiff_jax.workdir.divergence import DivergenceGuard
 
 
@@ -35,9 +35,7 @@ class Writer:
 
 
 def guard_config(**kw):
-  return ml_collections.ConfigDict(
-    dict(divergence_factor=10.0, divergence_ceiling=0.0, divergence_patience=2, **kw)
-  )
+  return Divergence(**dict(dict(factor=10.0, ceiling=0.0, patience=2), **kw))
 
 
 def toy_run(workdir, losses, *, total, lag=True, save_every=2, eval_every=0, keep=3, after=None):

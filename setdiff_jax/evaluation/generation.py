@@ -32,7 +32,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from setdiff_jax import decoders, decoding, objectives, ranges
+from setdiff_jax import decoders, decoding, objectives
+from setdiff_jax.config import fields as ranges
 from setdiff_jax.sampling import policies
 from setdiff_jax.workdir import load as workdir_lib
 from setdiff_jax.sampling import compiles

@@ -1,7 +1,7 @@
 """Likelihood bounds per sequence: the one-order bound of SPEC §1.5 / §6.1 and a K-draw estimate.
 
 The one implementation behind both the training loop's eval (`evaluate` on the rows of
-`eval_rows_for`: `eval/nll` in metrics.jsonl) and `launch/evaluate.py --eval=likelihood`, so the
+`eval_rows`: `eval/nll` in metrics.jsonl) and `launch/evaluate.py --eval=likelihood`, so the
 two give the same number for the same checkpoint, rows and seed. Which bound and K-draw aggregate
 a method uses is its objective's business (`objectives.get(name).eval_batch / num_draws /
 aggregate_draws`).
@@ -35,7 +35,7 @@ from __future__ import annotations
 import functools
 import math
 import time
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional
 
 import jax
 import jax.numpy as jnp
@@ -321,14 +321,6 @@ def evaluate(
   return values
 
 
-def eval_rows_for(config, tokenizer) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """The rows the in-training eval uses: the first num_eval_steps x eval_batch_size rows of the
-  eval split in split order (all of them for num_eval_steps = -1), as (tokens, attention_mask,
-  context_mask) (`eval_rows`)."""
-  max_rows = None if config.num_eval_steps < 0 else config.num_eval_steps * config.eval_batch_size
-  return eval_rows(config, tokenizer, max_rows=max_rows)
-
-
 __all__ = [
   "DEFAULT_SEED",
   "row_keys",
@@ -342,5 +334,4 @@ __all__ = [
   "eval_rows",
   "likelihood_eval",
   "evaluate",
-  "eval_rows_for",
 ]

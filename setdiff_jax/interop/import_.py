@@ -37,7 +37,7 @@ from setdiff_jax import layer_names
 from setdiff_jax.data import tokenizers
 from setdiff_jax.interop import backbone_config, hf_config, name_map, qwen3_hf
 from setdiff_jax.interop import weight_files
-from setdiff_jax.workdir.config import default_config
+from setdiff_jax.config.run import default_config
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ An objective owns what differs between methods in training and in the likelihood
   identity        `name` (the method's one spelling: a config's `objective`); `adaln`: which DiT
                   variant it trains (SPEC §3.4)
   loss            `validate(config, check)`: its run-config rules, called once by
-                  `workdir.config.validate_config`; `loss(cfg, model, params, batch, rng, train=)`
+                  `config.edge.from_config_dict`; `loss(cfg, model, params, batch, rng, train=)`
                   -> (loss, metrics), which draws the method's order / noise through `orders.py`
   likelihood      `exact_likelihood`, `scores_end_of_text`, `eval_batch` (per-row draw for the
                   bound), `num_draws`, `aggregate_draws`, `estimator` / `estimator_k`

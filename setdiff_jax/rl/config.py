@@ -22,7 +22,8 @@ from setdiff_jax import objectives, paths
 from setdiff_jax.data import pairs
 from setdiff_jax.sampling import policies
 from setdiff_jax.workdir import checkpoints as checkpointing
-from setdiff_jax.workdir import config as run_config
+from setdiff_jax.config import edge
+from setdiff_jax.config import run as run_config
 
 # Top-level fields of the launcher config copied over the SFT run's (everything else is the SFT
 # run's own: model, objective, tokenizer, data, loss).
@@ -79,37 +80,8 @@ def default_config() -> ml_collections.ConfigDict:
   c.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})
   c.sharding_rules = ()
 
-  r = c.rl = ml_collections.ConfigDict()
-  r.init_from = ""  # the SFT workdir (launch/train.py on a prompt/answer task)
-  # Reward by name (setdiff_jax/rl/rewards.py): exact_match | format | a sum 'exact_match+format'.
-  r.reward = "exact_match"
-  r.step_cost = 0.0  # lambda: reward -= lambda * decoding steps of the completion
-  r.group_size = 8  # G completions per prompt (>= 2: advantages are per group)
-  r.prompts_per_step = 4  # P prompts per step (rows = P * G, split over data x fsdp)
-  r.inner_updates = 1  # mu: optimiser updates per batch of rollouts
-  r.clip_eps = 0.2  # PPO clip range of the ratio pi / pi_old
-  r.kl_beta = 0.0  # beta: exact KL to the frozen SFT parameters (0 = none)
-  r.adv_eps = 1e-6  # advantages (r - mean) / (std + adv_eps) per group
-  # Positions per chunk of the scorer's output head (rl/scoring.head_scores): log-probs and KL
-  # are computed from the hidden states chunk by chunk, so memory holds [B, score_chunk, V]
-  # logits, never [B, L, V] (~10 GB fp32 per copy at Qwen3's V = 151,936); 0 = all at once.
-  r.score_chunk = 32
-  # ---- the sampler in RL mode: temperature only, a commit policy whose decision reads the
-  # step's distributions, never the sampled tokens (policies.POLICIES[...].token_dependent False),
-  # so that the scorer's trajectory likelihood is exact.
-  r.temperature = 1.0
-  r.top_p = 1.0  # must stay 1 (nucleus filtering is refused in RL)
-  r.repetition_penalty = 1.0  # must stay 1 (refused in RL)
-  # pmax (the n_i highest max-probabilities, + pmax >= tau with policy_arg: threshold's
-  # distribution-only counterpart) | margin | entropy_bound | factor | topk | dilated | stable
-  r.policy = "pmax"
-  r.policy_arg = ml_collections.config_dict.placeholder(float)  # None = the policy's default
-  r.window = 0  # W of the set sampler (0 = the run's S)
-  r.num_steps = 0  # T, the step budget (0 = N: the schedule's floor is 1/step)
-  r.max_new_tokens = 0  # N (0 = seq_len - the longest prompt of the train split)
-  # Rollouts with continuous batching (sampling/continuous.py) over this many slots, refilled as
-  # rows end (set sampler, AR; every group still comes back complete); 0 = one static batch.
-  r.continuous_slots = 0
+  # The rl section: every field, its default, range and comment in `config/sections.RL`.
+  c.rl = run_config.rl_defaults()
   return c
 
 
@@ -122,6 +94,7 @@ def validate(config: ml_collections.ConfigDict):
   from setdiff_jax.rl import rewards  # the reward registry (same package)
 
   run_config.check_field_ranges(config)
+  edge.check_choices(config)
   r = config.rl
   rewards.get(r.reward)
   policies.get(r.policy, "--config.rl.policy")

@@ -33,6 +33,8 @@ Methods: those with an exact scorer (`scoring.supported()`: setdlm, ar, bd3lm).
 
 from __future__ import annotations
 
+import dataclasses
+
 import time
 from typing import Any, Dict, Optional
 
@@ -51,7 +53,11 @@ from setdiff_jax.rl import config as rl_config
 from setdiff_jax.rl import objective, rewards, scoring
 from setdiff_jax.sampling import compiles, placement
 from setdiff_jax.workdir import checkpoints as checkpointing
-from setdiff_jax.workdir import config as run_config
+from setdiff_jax.config import edge
+from setdiff_jax.config import run as run_config
+from setdiff_jax.config.run import RunConfig
+from setdiff_jax.config.sections import Optimization
+from setdiff_jax.workdir.tokenizer import build_tokenizer
 from setdiff_jax.workdir import load as workdir_lib
 from setdiff_jax.workdir import lock as workdir_lock
 from setdiff_jax.workdir.metrics import MetricWriter
@@ -74,29 +80,28 @@ def _rng(state: RLState) -> jax.Array:
   return jax.random.wrap_key_data(jnp.asarray(np.asarray(state.rng)))
 
 
-def prompt_pool(run: ml_collections.ConfigDict, tokenizer):
+def prompt_pool(run, tokenizer):
   """(pairs, encoded prompts) of the task's train split, as the SFT run read them."""
   pool = pairs.load_pairs(run.data, "train")
   style = run.data.get("prompt_style", "plain")
   return pool, accuracy.encode_prompts(tokenizer, pool, style)
 
 
-def _optimizer_config(run):
-  """The run config with the schedule counted in optimiser updates (mu per RL step)."""
-  c = ml_collections.ConfigDict(run.to_dict())
-  mu = int(run.rl.inner_updates)
-  c.num_train_steps = int(run.num_train_steps) * mu
-  c.warmup_steps = int(run.warmup_steps) * mu
-  return c
+def _optimization(cfg: RunConfig) -> Optimization:
+  """The run's optimisation with the schedule counted in optimiser updates (mu per RL step)."""
+  opt, mu = cfg.optimization, cfg.rl.inner_updates
+  return dataclasses.replace(
+    opt, num_train_steps=opt.num_train_steps * mu, warmup_steps=opt.warmup_steps * mu
+  )
 
 
-def make_functions(run, method: str, model, optimizer, sampler_cfg):
+def make_functions(run: RunConfig, method: str, model, optimizer, sampler_cfg):
   """Pure (score, ref_features, update) functions of an RL run (jitted by the caller); the
   scorer replays the distributions `sampler_cfg` drew from (temperature, M suppressed, BD3LM
   blocks) and applies the head rl.score_chunk positions at a time (`scoring.head_scores`)."""
   r = run.rl
   beta, clip = float(r.kl_beta), float(r.clip_eps)
-  chunk = int(r.get("score_chunk", 0)) or None
+  chunk = int(r.score_chunk) or None
   kw = dict(
     mask_token_id=sampler_cfg.mask_token_id,
     block_size=sampler_cfg.block_size,
@@ -160,13 +165,13 @@ def train_rl(
       f"invalid config: rl.prompts_per_step x rl.group_size = {rows} rows must be "
       f"divisible by the data x fsdp mesh size {sizes[0] * sizes[1]}"
     )
-  run_config.validate_config(run, jax.device_count())
+  edge.from_config_dict(run, jax.device_count())
   return trainer.locked(run, workdir, lambda run, workdir: _train_rl(run, workdir, max_steps))
 
 
-def _setup(run, workdir):
+def _setup(run: RunConfig, workdir):
   sft_dir = run.rl.init_from
-  tokenizer = run_config.build_tokenizer(run, sft_dir, allow_training=False, save=False)
+  tokenizer = build_tokenizer(run, sft_dir, allow_training=False, save=False)
   model_cfg, obj_cfg = run_config.model_and_objective(run, tokenizer)
   if obj_cfg.name not in scoring.supported():
     raise ValueError(
@@ -174,7 +179,7 @@ def _setup(run, workdir):
       f"{obj_cfg.name!r}; exact trajectory scoring supports "
       f"{', '.join(scoring.supported())}"
     )
-  mesh = sharding.make_mesh(run.mesh)
+  mesh = sharding.make_mesh(run.mesh.sizes())
   pool, encoded = prompt_pool(run, tokenizer)
   longest = max(len(p) for p in encoded)
   n = int(run.rl.max_new_tokens) or int(run.seq_len) - longest
@@ -209,7 +214,7 @@ def _setup(run, workdir):
   return tokenizer, model_cfg, obj_cfg, mesh, pool, encoded, sampler_cfg
 
 
-def _fresh_state(run, model_cfg, mesh):
+def _fresh_state(run: RunConfig, model_cfg, mesh):
   """(RLState at step 0 in the run's shardings, the TrainState shardings); the rollout key lives
   replicated on the mesh: every process holds it and saves it (orbax saves global arrays only)."""
   init, shardings = train_step.create_sharded_state(run, model_cfg, mesh)
@@ -225,13 +230,18 @@ def _fresh_state(run, model_cfg, mesh):
   return state, shardings
 
 
-def _train_rl(run, workdir: str, max_steps: Optional[int]) -> Dict[str, float]:
+def _train_rl(
+  config: ml_collections.ConfigDict, workdir: str, max_steps: Optional[int]
+) -> Dict[str, float]:
+  """The RL run of `config` (the merged run config; written as config.json); returns the last
+  logged metrics, "step" and "checkpoint"."""
   is_main = jax.process_index() == 0
+  run = run_config.from_config_dict(config)
   tokenizer, model_cfg, obj_cfg, mesh, pool, encoded, sampler_cfg = _setup(run, workdir)
   method = obj_cfg.name
   model = workdir_lib.inference_model(model_cfg, dtype=None)  # the run's dtype; CPU-safe attention
-  opt_run = _optimizer_config(run)
-  optimizer = train_step.make_optimizer(opt_run)
+  opt = _optimization(run)
+  optimizer = train_step.make_optimizer(opt)
   r = run.rl
 
   state, shardings = _fresh_state(run, model_cfg, mesh)
@@ -241,7 +251,9 @@ def _train_rl(run, workdir: str, max_steps: Optional[int]) -> Dict[str, float]:
     logging.info("initialised parameters from the SFT run %s", r.init_from)
     return state.replace(params=params, ema_params=params)
 
-  manager = checkpointing.make_manager(workdir, keep=run.keep_checkpoints, with_data=False)
+  manager = checkpointing.make_manager(
+    workdir, keep=run.checkpoints.keep_checkpoints, with_data=False
+  )
   state = trainer.restore(manager, state, initialise=from_sft)
   state = state.replace(ema_params=state.params)
   ref_params = None
@@ -254,7 +266,7 @@ def _train_rl(run, workdir: str, max_steps: Optional[int]) -> Dict[str, float]:
   if is_main:
     if not tokenizers.saved_in(workdir):
       tokenizers.save_in(tokenizer, workdir)
-    checkpointing.save_config(run, workdir)
+    checkpointing.save_config(config, workdir)
 
   step = _rl_step(
     run,
@@ -268,21 +280,21 @@ def _train_rl(run, workdir: str, max_steps: Optional[int]) -> Dict[str, float]:
     shardings,
     functions=make_functions(run, method, model, optimizer, sampler_cfg),
     ref_params=ref_params,
-    schedule=train_step.learning_rate_schedule(opt_run),
+    schedule=train_step.learning_rate_schedule(opt),
   )
   writer = MetricWriter(workdir, is_main)
-  num_steps = int(run.num_train_steps)
+  num_steps = run.optimization.num_train_steps
   start = int(state.step)
   schedule = trainer.Schedule(
     start=start,
     stop=num_steps if max_steps is None else min(num_steps, start + int(max_steps)),
     total=num_steps,
-    save_every=int(run.checkpoint_every_steps),
+    save_every=run.checkpoints.checkpoint_every_steps,
   )
   last: Dict[str, float] = {}
 
   def log(done: int, values: Dict[str, float]):
-    if done % int(run.log_every_steps) and done != schedule.stop:
+    if done % run.evaluation.log_every_steps and done != schedule.stop:
       return
     writer.scalars(done, values)
     last.clear()
@@ -306,7 +318,7 @@ def _train_rl(run, workdir: str, max_steps: Optional[int]) -> Dict[str, float]:
     unit="RL step",
     lag=False,  # the metrics are host values already (rewards need the sampled texts)
   )
-  guard = DivergenceGuard(run, logged_losses(workdir, start, "rl/loss") if start else ())
+  guard = DivergenceGuard(run.divergence, logged_losses(workdir, start, "rl/loss") if start else ())
   state, saved = trainer.run(state, hooks, schedule, manager=manager, writer=writer, guard=guard)
   last["step"] = int(state.step)
   if saved is not None:

@@ -57,7 +57,7 @@ from typing import Callable, NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
-from setdiff_jax import ranges
+from setdiff_jax.config import fields as ranges
 
 DEFAULT = "threshold"
 FLAG = "--policy_arg"

@@ -17,6 +17,7 @@ from absl import logging
 import numpy as np
 
 from setdiff_jax import errors
+from setdiff_jax.config.sections import Divergence
 
 
 class DivergenceGuard:
@@ -33,11 +34,11 @@ class DivergenceGuard:
 
   MEDIAN_FLOOR = 1.0
 
-  def __init__(self, config, history=()):
-    self.factor = float(config.get("divergence_factor", 10.0))
-    self.ceiling = float(config.get("divergence_ceiling", 0.0))
-    self.patience = int(config.get("divergence_patience", 3))
-    window = int(config.get("divergence_window", 50))
+  def __init__(self, settings: Divergence, history=()):
+    self.factor = float(settings.factor)
+    self.ceiling = float(settings.ceiling)
+    self.patience = int(settings.patience)
+    window = int(settings.window)
     self.recent = collections.deque(list(history)[-window:], maxlen=window)
     self.strikes = 0
 

@@ -22,7 +22,8 @@ from setdiff_jax import errors, models, paths, sharding
 from setdiff_jax.workdir import fallback
 from setdiff_jax.workdir import checkpoints as checkpointing
 from setdiff_jax import layer_names
-from setdiff_jax.workdir import config as run_config
+from setdiff_jax.config import run as run_config
+from setdiff_jax.workdir.tokenizer import build_tokenizer
 
 
 @dataclasses.dataclass
@@ -90,11 +91,14 @@ def load_inference_state(
   batch and heads.
   """
   config = load_config(workdir)
-  tokenizer = run_config.build_tokenizer(config, workdir, allow_training=False)
-  model_config, objective_config = run_config.model_and_objective(config, tokenizer)
+  run = run_config.from_config_dict(config)
+  tokenizer = build_tokenizer(run, workdir, allow_training=False)
+  model_config, objective_config = run_config.model_and_objective(run, tokenizer)
   mesh = sharding.make_mesh(mesh_config or {"data": -1, "fsdp": 1, "tensor": 1})
   abstract = models.param_shapes(model_config)
-  shardings = sharding.state_shardings(abstract, mesh, sharding.rules_from_config(config))
+  shardings = sharding.state_shardings(
+    abstract, mesh, sharding.rules_from_config(run.mesh.with_rules())
+  )
   abstract = jax.tree_util.tree_map(
     lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
   )

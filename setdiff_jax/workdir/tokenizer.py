@@ -1,0 +1,69 @@
+"""The run's tokenizer: loaded from WORKDIR/tokenizer/, else built (and trained on the run's data
+for kind=trained), shared by every process of a multi-host run.
+
+  tokenizer = workdir_tokenizer.build_tokenizer(config, workdir)   # config: typed or ConfigDict
+
+`config` is anything with the run's `tokenizer` and `data` sections (`config.run.RunConfig`, or
+the ConfigDict of a config.json).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import jax
+
+from setdiff_jax import paths, sharding
+from setdiff_jax.data import sources, tokenizers
+
+
+def build_tokenizer(
+  config, workdir: Optional[str], *, allow_training: bool = True, save: bool = True
+):
+  """The run's tokenizer (loaded from WORKDIR/tokenizer/; else built, and saved there if
+  `save`: the trainer saves it only after its data is validated)."""
+  train_texts = None
+  if allow_training:
+    train_texts = lambda: sources.tokenizer_training_texts(config.data, max_docs=200_000)
+  if workdir is None or jax.process_count() == 1:
+    return tokenizers.get_tokenizer(config.tokenizer, workdir, train_texts=train_texts, save=save)
+  # Several processes share the workdir: process 0 trains (or loads) and saves it at once (the
+  # others read it from there; `save` cannot defer it), the others wait for it (bounded:
+  # `sharding.agree`), check that they see the very files process 0 has (a workdir that is not
+  # shared by every host, or a stale copy, would give another vocabulary) and read it; never
+  # trained twice. Every process ends with the same error when one of them does not.
+  me = jax.process_index()
+  tok, failed = None, None
+  if me == 0:
+    try:
+      tok = tokenizers.get_tokenizer(config.tokenizer, workdir, train_texts=train_texts)
+    except Exception as e:  # noqa: BLE001 - the others must not wait for a tokenizer in vain
+      failed = e
+  saved = sharding.agree(
+    "tokenizer saved",
+    "!" + str(failed) if failed else tokenizers.fingerprint(workdir) if me == 0 else "",
+  )[0]
+  if failed is not None:
+    raise failed
+  if saved.startswith("!"):
+    raise ValueError(f"process 0 could not build the tokenizer: {saved[1:]}")
+  problem = ""
+  if me != 0:
+    seen = tokenizers.fingerprint(workdir)
+    if seen != saved:
+      where = paths.join(workdir, tokenizers.TOKENIZER_SUBDIR)
+      problem = (
+        f"process {me} of {jax.process_count()} does not see the tokenizer process 0 "
+        f"saved in {where} ({'nothing there' if not seen else 'other files there'}): "
+        "every process of a run needs the same --workdir on storage they all share "
+        "(e.g. gs://bucket/run or a shared file system)"
+      )
+  problems = [p for p in sharding.agree("tokenizer read", problem) if p]
+  if problems:
+    raise ValueError(problems[0])
+  if tok is None:
+    tok = tokenizers.get_tokenizer(config.tokenizer, workdir, train_texts=None)
+  return tok
+
+
+__all__ = ["build_tokenizer"]
