@@ -1,7 +1,7 @@
 r"""Conditional decoding and exact-match accuracy on prompt/answer pairs.
 
   rows = accuracy_eval(model, params, tokenizer, obj_cfg, seq_len, pairs,
-                       settings=[{"window": 4, "threshold": None}, {"window": 4, "threshold": 0.9}])
+                       settings=[DecodeSetting(4), DecodeSetting(4, CommitPolicy("threshold", 0.9))])
 
 Every test prompt ([BOS] + encode(prompt), the training context) is decoded with the run's sampler
 (the prompt is cached, each row stops at its own EOS, batches of `batch_size` rows of mixed prompt
@@ -43,13 +43,9 @@ import numpy as np
 
 from setdiff_jax import decoding
 from setdiff_jax.data.pairs import format_prompt
-from setdiff_jax.evaluation.generation import (
-  decoding_settings,
-  policy_fields,
-  setting_name,
-  threshold_label,
-)
+from setdiff_jax.evaluation.generation import decoding_settings
 from setdiff_jax.sampling import compiles
+from setdiff_jax.sampling.config import DecodeSetting
 
 EXTRACTORS = ("hash", "boxed", "auto")
 _HASH = re.compile(r"####\s*([^\n]*)")
@@ -223,7 +219,7 @@ def _sampler_config(
   obj_cfg,
   tokenizer,
   seq_len: int,
-  setting: Dict[str, Any],
+  setting: DecodeSetting,
   n: int,
   cache_order: str,
   seed: int,
@@ -233,16 +229,51 @@ def _sampler_config(
     obj_cfg,
     tokenizer,
     seq_len,
-    window=setting.get("window"),
-    threshold=setting.get("threshold"),
+    setting=setting,
     greedy=True,
     seed=seed,
     max_new_tokens=n,
     stop_at_eos=True,
     cache_order=cache_order,
     align_to_blocks=align_to_blocks,
-    **policy_fields(setting),
   )
+
+
+def _decode_metrics(res, one, prompts, cfg, batch_size: int, continuous: bool) -> Dict[str, Any]:
+  """The counts and speeds of one setting's decode (`decode_all` results `res`; `one`: the
+  batch-1 timing run on the first prompts, or None)."""
+  num_gen = [len(g) for g in res["generated"]]
+  steps, committed = sum(res["num_steps"]), sum(res["num_committed"])
+  cs = [copy_stats(p, g, s) for p, g, s in zip(prompts, res["generated"], res["commit_steps"])]
+  total = lambda key: sum(c[key] for c in cs)  # noqa: E731
+  k = len(one["generated"]) if one else 0
+  return {
+    "mean_generated_tokens": float(np.mean(num_gen)),
+    "tokens_per_step": committed / steps if steps else 0.0,
+    "kept_tokens_per_step": sum(num_gen) / steps if steps else 0.0,
+    "align_to_blocks": cfg.align_to_blocks,  # BD3LM / block-wise MDLM only
+    "forward_calls": float(np.mean(res["forward_calls"])),
+    "kept_tokens_per_call": sum(num_gen) / max(sum(res["forward_calls"]), 1),
+    "copy_fraction": total("copies") / max(total("kept"), 1),
+    "parallel_fraction": total("parallel") / max(total("kept"), 1),
+    "parallel_copy_fraction": (
+      total("parallel_copies") / total("parallel") if total("parallel") else None
+    ),
+    "batch_size": batch_size,
+    "decoding": "continuous" if continuous else "static",
+    "slot_utilisation": (res["continuous"] or {}).get("utilisation"),
+    "tokens_per_second": sum(num_gen) / res["seconds"] if res["seconds"] else 0.0,
+    "compiled_programs": res["compiled_programs"],
+    "wall_seconds_with_compile": res["wall_seconds"],
+    "tokens_per_second_with_compile": (
+      sum(num_gen) / res["wall_seconds"] if res["wall_seconds"] else 0.0
+    ),
+    "speed_examples_batch1": k,
+    "tokens_per_second_batch1": (
+      sum(len(g) for g in one["generated"]) / one["seconds"] if one and one["seconds"] else None
+    ),
+    "batch1_matches_batched": (one["generated"] == res["generated"][:k]) if one else None,
+  }
 
 
 def accuracy_eval(
@@ -253,7 +284,7 @@ def accuracy_eval(
   seq_len: int,
   pairs,
   *,
-  settings: Optional[List[Dict[str, Any]]] = None,
+  settings: Optional[List[DecodeSetting]] = None,
   batch_size: int = 32,
   speed_examples: int = 16,
   max_new_tokens: Optional[int] = None,
@@ -308,45 +339,14 @@ def accuracy_eval(
       decode_all(sampler, model, params, prompts[:k], cfg, batch_size=1, seed=seed) if k else None
     )
     num_gen = [len(g) for g in res["generated"]]
-    steps, committed = sum(res["num_steps"]), sum(res["num_committed"])
-    cs = [copy_stats(p, g, s) for p, g, s in zip(prompts, res["generated"], res["commit_steps"])]
-    total = lambda key: sum(c[key] for c in cs)
     row = {
       "method": obj_cfg.name,
-      "setting": setting_name(obj_cfg, setting),
-      "window": setting.get("window"),
-      "threshold": threshold_label(setting.get("threshold")),
-      "policy": cfg.policy,
-      "policy_arg": cfg.policy_param,
+      **setting.row(),  # setting (its one name), window, threshold, policy, policy_arg
       "num_examples": len(pairs),
       "num_correct": int(sum(correct)),
       "accuracy": float(np.mean(correct)),
       "max_new_tokens": n,
-      "mean_generated_tokens": float(np.mean(num_gen)),
-      "tokens_per_step": committed / steps if steps else 0.0,
-      "kept_tokens_per_step": sum(num_gen) / steps if steps else 0.0,
-      "align_to_blocks": cfg.align_to_blocks,  # BD3LM / block-wise MDLM only
-      "forward_calls": float(np.mean(res["forward_calls"])),
-      "kept_tokens_per_call": sum(num_gen) / max(sum(res["forward_calls"]), 1),
-      "copy_fraction": total("copies") / max(total("kept"), 1),
-      "parallel_fraction": total("parallel") / max(total("kept"), 1),
-      "parallel_copy_fraction": (
-        total("parallel_copies") / total("parallel") if total("parallel") else None
-      ),
-      "batch_size": batch_size,
-      "decoding": "continuous" if cont is not None else "static",
-      "slot_utilisation": (res["continuous"] or {}).get("utilisation"),
-      "tokens_per_second": sum(num_gen) / res["seconds"] if res["seconds"] else 0.0,
-      "compiled_programs": res["compiled_programs"],
-      "wall_seconds_with_compile": res["wall_seconds"],
-      "tokens_per_second_with_compile": (
-        sum(num_gen) / res["wall_seconds"] if res["wall_seconds"] else 0.0
-      ),
-      "speed_examples_batch1": k,
-      "tokens_per_second_batch1": (
-        sum(len(g) for g in one["generated"]) / one["seconds"] if one and one["seconds"] else None
-      ),
-      "batch1_matches_batched": (one["generated"] == res["generated"][:k]) if one else None,
+      **_decode_metrics(res, one, prompts, cfg, batch_size, cont is not None),
       "examples": [
         {"prompt": p.prompt, "output": t, "reference": p.answer, "correct": c}
         for p, t, c in list(zip(pairs, texts, correct))[:num_shown]
