@@ -364,7 +364,7 @@ def set_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> Sample
       `logits_fn(tokens, positions, mask, kv_cache) -> (logits, kv)`.
     prompts: token-id rows (ragged list, or an int array [B, P]); each at least one token
       (unconditional generation: [BOS]).
-    cfg: `SamplerConfig` (window W, threshold, N = max_new_tokens, ...).
+    cfg: `SamplerConfig` (window W, commit policy, N = max_new_tokens, ...).
     rng: PRNG key for sampling (default `PRNGKey(cfg.seed)`).
   The no-cache reference is `reference.reference_generate` (same arguments).
   """
