@@ -593,7 +593,7 @@ def decode_row(sampler, model, params, prompts, scfg, repeats: int, rng_seed: in
 
 def section_decode_dit(args, emit, left):
   from setdiff_jax import decoding
-  from setdiff_jax.sampling import SamplerConfig, ar_generate, set_generate
+  from setdiff_jax.sampling import CommitPolicy, SamplerConfig, ar_generate, set_generate
 
   summary = {}
   bw = _device_summary(args).get("copy_gb_per_s")
@@ -615,7 +615,7 @@ def section_decode_dit(args, emit, left):
     )
     nbytes = param_bytes(params)
     for name, sampler, scfg in (
-      ("setdlm S=4", set_generate, base.replace(window=4, threshold=None)),
+      ("setdlm S=4", set_generate, base.replace(window=4, policy=CommitPolicy())),
       ("ar", ar_generate, base),
     ):
       if left() < 10:

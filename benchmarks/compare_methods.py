@@ -49,6 +49,7 @@ from setdiff_jax.data import sources, tokenizers  # noqa: E402
 from setdiff_jax.evaluation import generation, run  # noqa: E402
 from setdiff_jax.evaluation.results import hardware  # noqa: E402
 from setdiff_jax.evaluation.tables import markdown_table  # noqa: E402
+from setdiff_jax.sampling.config import tau_label  # noqa: E402
 from setdiff_jax.experiments import record as record_lib  # noqa: E402
 
 DEFAULT_CLOZE = os.path.join(
@@ -487,14 +488,14 @@ def plot(results: List[Dict[str, Any]], p, path: str):
 
   for i, r in enumerate(results):
     pts = []
-    for tau in ["off"] + [generation.threshold_label(t) for t in p["speed_thresholds"] if t]:
+    for tau in ["off"] + [tau_label(t) for t in p["speed_thresholds"] if t]:
       s1 = _get(r["speed"], batch_size=b1, threshold=tau)
       s8 = _get(r["speed"], batch_size=b8, threshold=tau)
       if s1 and s8 and s8.get("quality", {}).get("gen_ppl") is not None:
         pts.append((s1["tokens_per_second"], s8["quality"]["gen_ppl"], tau))
     draw(axes[0], pts, i, f"{r['method']} (val PPL {r['likelihood']['ppl']:.0f})")
     pts = []
-    for tau in ["off"] + [generation.threshold_label(t) for t in p["infill_thresholds"] if t]:
+    for tau in ["off"] + [tau_label(t) for t in p["infill_thresholds"] if t]:
       rows = [x for x in r["infill"] if x.get("threshold") == tau and x.get("num_examples")]
       if rows:
         tps = sum(x["tokens"] for x in rows) / max(sum(x["seconds"] for x in rows), 1e-9)

@@ -46,8 +46,8 @@ from benchmarks import compare_methods  # noqa: E402
 from setdiff_jax.evaluation.results import hardware  # noqa: E402
 from setdiff_jax.models.dit import DiT, DiTConfig
 from setdiff_jax.models import param_shapes
-from setdiff_jax.sampling import ar_sampler, compiles, continuous, set_sampler
-from setdiff_jax.sampling.baselines import loop_cfg, sample_output
+from setdiff_jax.sampling import ar_sampler, compiles, continuous, loop, set_sampler
+from setdiff_jax.sampling.baselines import loop_cfg
 from setdiff_jax.sampling.cache import as_forward
 from setdiff_jax.sampling.config import SamplerConfig
 
@@ -149,7 +149,7 @@ def static_generate(kind, model, params, prompts, budgets, cfg, slots, width):
       res = ar_sampler.ar_core(
         fwd.apply, fwd.params, prompt, plen, canvas, n, key, cfg=static, stop_eos=cfg.stops_at_eos
       )
-      out = sample_output(jax.device_get(res), target, cfg)
+      out = loop.ar_output(jax.device_get(res), target, cfg)
       steps = out.num_steps - 1  # the first token comes from the prompt call
     decode_steps += int(np.max(steps))  # the loop runs until the batch's slowest row ends
     live += int(np.sum(steps[:k]))  # padding rows are idle work

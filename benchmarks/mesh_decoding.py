@@ -37,7 +37,7 @@ from setdiff_jax import sharding  # noqa: E402
 from setdiff_jax.evaluation.accuracy import decode_all  # noqa: E402
 from setdiff_jax.models import param_shapes  # noqa: E402
 from setdiff_jax.models.dit import DiT, DiTConfig  # noqa: E402
-from setdiff_jax.sampling import SamplerConfig, ar_generate, set_generate  # noqa: E402
+from setdiff_jax.sampling import CommitPolicy, SamplerConfig, ar_generate, set_generate  # noqa: E402
 from setdiff_jax.sampling.config import bucket_length  # noqa: E402
 
 SAMPLERS = {"set": set_generate, "ar": ar_generate}
@@ -114,7 +114,7 @@ def main(argv=None):
       max_length=max_length,
       stop_at_eos=False,
       window=args.window,
-      threshold=args.threshold,
+      policy=CommitPolicy("threshold", args.threshold),
       length_buckets="pow2",
     )
     reference = None
@@ -140,7 +140,7 @@ def main(argv=None):
     f"\nDiT {args.num_layers} x {args.hidden_size}, {args.num_heads} heads, V="
     f"{args.vocab_size}; {args.num_prompts} prompts of {lengths.min()}..{lengths.max()} "
     f"tokens (median {int(np.median(lengths))}), batch {args.batch_size}, N="
-    f"{args.max_new_tokens}, W={args.window}, tau={args.threshold}; "
+    f"{args.max_new_tokens}, {cfg.setting.name}; "
     f"{jax.devices()[0].device_kind} x {jax.device_count()} ({jax.default_backend()}), "
     f"jax {jax.__version__}, load {os.getloadavg()[0]:.1f}"
   )

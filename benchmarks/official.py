@@ -505,7 +505,13 @@ def ours_train(train_bench, method: str, sizes: dict, args):
 
 
 def ours_decoder(sampling_bench, work: str, sizes: dict):
-  from setdiff_jax.sampling import SamplerConfig, ar_generate, bd3lm_generate, set_generate
+  from setdiff_jax.sampling import (
+    CommitPolicy,
+    SamplerConfig,
+    ar_generate,
+    bd3lm_generate,
+    set_generate,
+  )
 
   model, params, seq_len, ids, _ = sampling_bench.build_model()
   base = SamplerConfig(
@@ -514,7 +520,7 @@ def ours_decoder(sampling_bench, work: str, sizes: dict):
   batch = 8 if work.endswith("_b8") else 1
   prompts = [[ids["bos_token_id"]]] * batch
   if work.startswith("set"):
-    fn, cfg = set_generate, base.replace(window=int(work[3]), threshold=None)
+    fn, cfg = set_generate, base.replace(window=int(work[3]), policy=CommitPolicy())
   elif work == "bd3lm":
     fn, cfg = bd3lm_generate, base.replace(block_size=BLOCK_SIZE)
   else:

@@ -66,6 +66,7 @@ from setdiff_jax.evaluation.results import hardware  # noqa: E402
 from setdiff_jax.evaluation.tables import markdown_table  # noqa: E402
 from setdiff_jax.rl import config as rl_config  # noqa: E402
 from setdiff_jax.workdir import checkpoints as checkpointing  # noqa: E402
+from setdiff_jax.sampling.config import CommitPolicy, DecodeSetting  # noqa: E402
 from setdiff_jax.workdir import load as workdir_lib  # noqa: E402
 
 NAME = "rl_chain"
@@ -499,7 +500,7 @@ def evaluate(workdir: str, p, seed: int, full: bool, log, label: str) -> Dict[st
     )
 
   def setting(policy, arg):
-    return {"window": w, "threshold": None, "policy": policy, "policy_arg": arg}
+    return DecodeSetting(w, CommitPolicy(policy, arg))
 
   t0 = time.perf_counter()
   off = setting("threshold", None)

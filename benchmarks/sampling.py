@@ -164,6 +164,7 @@ def main(argv):
   import numpy as np
 
   from setdiff_jax.sampling import (
+    CommitPolicy,
     SamplerConfig,
     ar_generate,
     bd3lm_generate,
@@ -217,15 +218,14 @@ def main(argv):
       flush=True,
     )
 
-  tau_name = lambda t: "off" if t is None else f"{t:g}"
   for batch in [int(b) for b in FLAGS.batch_sizes]:
     for w in [int(x) for x in FLAGS.windows]:
       for tau in taus:
-        cfg = base.replace(window=w, threshold=tau)
+        cfg = base.replace(window=w, policy=CommitPolicy("threshold", tau))
         pending = 1 if tau is None else w
         if "set" in FLAGS.samplers:
           bench(
-            f"set W={w} tau={tau_name(tau)}",
+            f"set {cfg.setting.name}",
             set_generate,
             cfg,
             batch,
@@ -233,7 +233,7 @@ def main(argv):
           )
         if "set_nocache" in FLAGS.samplers and str(w) in FLAGS.nocache_windows:
           bench(
-            f"set-nocache W={w} tau={tau_name(tau)}",
+            f"set-nocache {cfg.setting.name}",
             reference_generate,
             cfg,
             batch,

@@ -87,7 +87,7 @@ from setdiff_jax.sampling import policies as policies_lib  # noqa: E402
 from setdiff_jax.evaluation import accuracy, run  # noqa: E402
 from setdiff_jax.evaluation.results import hardware  # noqa: E402
 from setdiff_jax.evaluation.tables import markdown_table  # noqa: E402
-from setdiff_jax.evaluation.generation import threshold_label  # noqa: E402
+from setdiff_jax.sampling.config import CommitPolicy, DecodeSetting, tau_label  # noqa: E402
 from setdiff_jax.experiments import stats  # noqa: E402
 
 METHODS = ("ar", "mdlm", "bd3lm4", "setdlm4")
@@ -167,7 +167,7 @@ def parse_args(argv=None):
     help="BD3LM decode blocks on the block grid (on, the official harness), from "
     "each prompt's end (off), or both",
   )
-  p.add_argument("--thresholds", default=",".join(threshold_label(t) for t in THRESHOLDS))
+  p.add_argument("--thresholds", default=",".join(tau_label(t) for t in THRESHOLDS))
   p.add_argument("--windows", default="4,8", help="SetDLM windows W (the run's S is the default)")
   p.add_argument("--num_test", type=int, default=None, help="test problems (200; quick 8)")
   p.add_argument("--decode_batch", type=int, default=None, help="rows per decoding call (50)")
@@ -302,13 +302,14 @@ def method_config(method: str, p: Dict[str, Any], seed: int, quick: bool):
   return c
 
 
-def settings_for(name: str, s, p) -> List[Dict[str, Any]]:
+def settings_for(name: str, s, p) -> List[DecodeSetting]:
   if name == "ar":
-    return [{"window": None, "threshold": None}]
+    return [DecodeSetting(None, None)]
+  tau = lambda t: CommitPolicy(policies_lib.DEFAULT, t)  # noqa: E731
   if name == "setdlm":
     windows = sorted(set(p["windows"] or [s]))
-    return [{"window": w, "threshold": t} for w in windows for t in p["thresholds"]]
-  return [{"window": None, "threshold": t} for t in p["thresholds"]]
+    return [DecodeSetting(w, tau(t)) for w in windows for t in p["thresholds"]]
+  return [DecodeSetting(None, tau(t)) for t in p["thresholds"]]
 
 
 ALIGN = {"on": [True], "off": [False], "both": [True, False]}
@@ -708,18 +709,13 @@ def task_config(c, task: str, chain=None):
   return c
 
 
-def policy_settings(name: str, s: int, p, policy: str, args) -> List[Dict[str, Any]]:
+def policy_settings(name: str, s: int, p, policy: str, args) -> List[DecodeSetting]:
   """The (window, policy, arg) points of one policy for one method (AR: its one setting)."""
   if name == "ar":
-    return [{"window": None, "threshold": None}]
+    return [DecodeSetting(None, None)]
   windows = [s] if name != "setdlm" else ([s] if p["quick"] else [s, 2 * s])
   return [
-    {
-      "window": w if name == "setdlm" else None,
-      "threshold": None,
-      "policy": policy,
-      "policy_arg": a,
-    }
+    DecodeSetting(w if name == "setdlm" else None, CommitPolicy(policy, a))
     for w in windows
     for a in args
   ]
@@ -815,7 +811,7 @@ def policy_eval(
   )
   out = list(prior)
   if name == "ar":  # the reference: one greedy decode of the test problems
-    row = ev(test, [{"window": None, "threshold": None}])[0]
+    row = ev(test, [DecodeSetting(None, None)])[0]
     log(f"[{task} {method} seed {seed}] test acc {row['accuracy']:.3f}")
     return [
       {
@@ -845,9 +841,9 @@ def policy_eval(
       thr = policy == policies_lib.DEFAULT
       ref_val = [r for r in rows if r["policy_arg"] is None][0] if thr else out_ref(out, w, "val")
       pick = choose(rows, ref_val["accuracy"])
-      setting = {"window": w, "threshold": None, "policy": policy}
       args = [r["policy_arg"] for r in rows] if thr else [pick["policy_arg"]]
-      tests = {a: t for a, t in zip(args, ev(test, [dict(setting, policy_arg=a) for a in args]))}
+      settings = [DecodeSetting(w, CommitPolicy(policy, a)) for a in args]
+      tests = {a: t for a, t in zip(args, ev(test, settings))}
       test_row = tests[pick["policy_arg"]]
       rec = {
         "task": task,

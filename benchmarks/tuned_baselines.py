@@ -48,10 +48,12 @@ from benchmarks import speed_accuracy as sa  # noqa: E402
 from configs import reasoning_chain  # noqa: E402
 from setdiff_jax.data import pairs as pairs_lib  # noqa: E402
 from setdiff_jax.data import tasks as tasks_lib  # noqa: E402
-from setdiff_jax.evaluation import accuracy, likelihood, run  # noqa: E402
+from setdiff_jax.evaluation import accuracy, generation, likelihood, run  # noqa: E402
 from setdiff_jax.evaluation.results import hardware  # noqa: E402
 from setdiff_jax.evaluation.tables import markdown_table  # noqa: E402
 from setdiff_jax.experiments import stats  # noqa: E402
+from setdiff_jax.sampling import policies  # noqa: E402
+from setdiff_jax.sampling.config import CommitPolicy, DecodeSetting  # noqa: E402
 from setdiff_jax.workdir import load as workdir_lib  # noqa: E402
 
 TASKS = ("arithmetic", "chain", "corpus")
@@ -170,17 +172,21 @@ def problems(state, p, split: str):
   )
 
 
-def settings(method: str, p, split: str) -> List[Dict[str, Any]]:
+def settings(method: str, p, split: str) -> List[DecodeSetting]:
   """Validation: tau off at the run's own W; test: every --thresholds value (SetDLM at W = S
   and 2S; BD3LM on the block grid, the official harness)."""
   name, s, _ = sa.parse_spec(method)
   taus = [None] if split == "val" else p["thresholds"]
   if name == "ar":
-    return [{"window": None, "threshold": None}]
+    return [DecodeSetting(None, None)]
   if name == "setdlm":
     windows = [s] if split == "val" else [s, 2 * s]
-    return [{"window": w, "threshold": t} for w in windows for t in taus]
-  return [{"window": None, "threshold": t} for t in taus]
+    return [DecodeSetting(w, _tau(t)) for w in windows for t in taus]
+  return [DecodeSetting(None, _tau(t)) for t in taus]
+
+
+def _tau(tau) -> CommitPolicy:
+  return CommitPolicy(policies.DEFAULT, tau)
 
 
 def score(method: str, workdir: str, p, seed: int, split: str) -> List[Dict[str, Any]]:
@@ -296,8 +302,9 @@ def summarize(per_seed: Dict[str, Dict[int, List[Dict[str, Any]]]], p) -> Dict[s
       window = sa.parse_spec(REFERENCE)[1]
       for setting in [r["setting"] for r in per_seed[m][seeds[0]]]:
         # the same decoding setting at SetDLM's W = S (AR, which has no tau: tau off)
-        tau = next((x for x in setting.split() if x.startswith("tau=")), "tau=off")
-        ref = setting if setting in ref_settings else f"W={window} {tau}"
+        tau = next((x[4:] for x in setting.split() if x.startswith("tau=")), "off")
+        same = DecodeSetting(window, _tau(generation.parse_thresholds([tau])[0])).name
+        ref = setting if setting in ref_settings else same
         a = [matrix(REFERENCE, ref)] + ([matrix(REFERENCE, ref, "counts")] if corpus else [])
         b = [matrix(m, setting)] + ([matrix(m, setting, "counts")] if corpus else [])
         iv = stats.interval(

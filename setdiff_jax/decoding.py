@@ -1,7 +1,7 @@
 """Decoding text with a run's method: its sampler and defaults, eval-time samples, and the logic
 behind `launch/sample.py` (kept importable; the launcher only parses flags).
 
-  cfg = sampler_config_for(obj_cfg, tokenizer, seq_len, window=8, threshold=0.9)
+  cfg = sampler_config_for(obj_cfg, tokenizer, seq_len, window=8, threshold=0.9)  # tau 0.9
   texts = generate_text(model, params, tokenizer, obj_cfg, seq_len, num_samples=4, rng=key)
   report = sample_from_workdir("/tmp/run", prompt="It is a truth", num_samples=4)
 
@@ -23,16 +23,27 @@ import numpy as np
 from setdiff_jax import decoders, paths
 from setdiff_jax.workdir import load as workdir_lib
 from setdiff_jax.sampling import compiles, continuous, policies
-from setdiff_jax.sampling.config import SampleOutput, SamplerConfig
+from setdiff_jax.sampling.config import DecodeSetting, SampleOutput, SamplerConfig, commit_policy
 from setdiff_jax.sampling.text import parse_infill, prompt_ids
 from setdiff_jax.sampling.timing import time_calls
 
 
-def sampler_config_for(objective_config, tokenizer, seq_len: int, **overrides) -> SamplerConfig:
+def sampler_config_for(
+  objective_config,
+  tokenizer,
+  seq_len: int,
+  *,
+  setting: Optional[DecodeSetting] = None,
+  threshold: Optional[float] = None,
+  policy: Optional[str] = None,
+  policy_arg: Optional[float] = None,
+  **overrides,
+) -> SamplerConfig:
   """The `SamplerConfig` matching a trained run: special ids, the method's defaults (W = S for
   SetDLM, G = S for BD3LM), max_length = seq_len, power-of-two length buckets (a bounded number
-  of compiled programs; the tokens do not depend on them). `overrides` replace any field (None
-  ignored)."""
+  of compiled programs; the tokens do not depend on them). `setting` sets the window and commit
+  policy; the launchers' --threshold / --policy / --policy_arg become one `CommitPolicy`
+  (`commit_policy`); `overrides` replace any other field (None ignored)."""
   oc = objective_config
   fields = dict(
     mask_token_id=int(oc.mask_token_id),
@@ -44,8 +55,21 @@ def sampler_config_for(objective_config, tokenizer, seq_len: int, **overrides) -
     length_buckets="pow2",
   )
   fields.update(decoders.get(oc.name).sampler_fields(oc))
+  if setting is not None:
+    fields.update(setting.sampler_fields())
+  if (threshold, policy, policy_arg) != (None, None, None):
+    fields["policy"] = commit_policy(policy, policy_arg, threshold)
   fields.update({k: v for k, v in overrides.items() if v is not None})
   return SamplerConfig(**fields)
+
+
+def decode_setting(objective_config, cfg: SamplerConfig) -> DecodeSetting:
+  """The setting a run's method decodes `cfg` with, as reports name it: W only for a windowed
+  sampler, the commit policy only for a method with one (AR: '-')."""
+  method = decoders.get(objective_config.name)
+  return DecodeSetting(
+    cfg.window if method.uses_window else None, cfg.policy if method.uses_threshold else None
+  )
 
 
 DECODE_WEIGHTS = ("float32", "bfloat16")
@@ -134,6 +158,97 @@ class SamplingReport:
     return self.num_committed / self.num_steps if self.num_steps else 0.0
 
 
+@dataclasses.dataclass
+class _DecodeJob:
+  """What `run_sampling` repeats per batch: the config, the input ids, the sampler call, the text
+  of row b and the counts (steps, committed, forward calls, generated) of an output."""
+
+  cfg: SamplerConfig
+  ids: List[int]
+  run: Callable[[Any, Any], Any]
+  text: Callable[[Any, int], str]
+  counts: Callable[[Any], tuple]
+
+
+def _decode_job(method, model, params, tokenizer, cfg, seq_len, prompt, infill, max_new_tokens):
+  """The infill (`--infill` template, every gap filled) or prompted (`--prompt`) job."""
+  if infill is not None:
+    if not method.infills_canvas:
+      raise ValueError(
+        f"this run's objective {method.name!r} cannot infill: {method.infill_unsupported}"
+      )
+    template = parse_infill(infill)
+    ids, spans = template.canvas(tokenizer, cfg.mask_token_id)
+    cfg = cfg.replace(max_new_tokens=sum(template.gaps))
+    return _DecodeJob(
+      cfg,
+      ids,
+      run=lambda rows, key: method.canvas_infill(model, params, rows, cfg, key),
+      text=lambda out, b: template.fill(
+        [tokenizer.decode(out["canvas"][b][s:e]) for s, e in spans]
+      ),
+      counts=lambda out: (
+        out["num_steps"],
+        out["num_committed"],
+        out["forward_calls"],
+        int(np.sum(out["num_committed"])),
+      ),
+    )
+  ids = prompt_ids(tokenizer, prompt)
+  if len(ids) >= seq_len:  # before N = L - prompt is derived (it would be <= 0)
+    raise ValueError(
+      f"the prompt is {len(ids)} tokens (BOS included) but the run's context is "
+      f"seq_len={seq_len}; shorten --prompt to at most {seq_len - 2} tokens"
+    )
+  cfg = cfg.replace(max_new_tokens=seq_len - len(ids) if max_new_tokens is None else max_new_tokens)
+  return _DecodeJob(
+    cfg,
+    ids,
+    run=lambda rows, key: method.generate(model, params, rows, cfg, key),
+    text=lambda out, b: tokenizer.decode(out.sequences[b]),
+    counts=lambda out: (out.num_steps, out.num_committed, out.forward_calls, out.num_generated),
+  )
+
+
+def _timed_report(job: _DecodeJob, seed, num_samples, batch_size, warmup, write) -> SamplingReport:
+  """Runs the job in batches (an untimed warm-up first with `warmup`), writes each text and the
+  throughput line."""
+  key = jax.random.PRNGKey(seed)
+  batches = [min(batch_size, num_samples - i) for i in range(0, num_samples, batch_size)]
+  programs = compiles.compiled_programs()
+  outs, seconds, warm = time_calls(
+    job.run,
+    [([job.ids] * nb, jax.random.fold_in(key, i)) for i, nb in enumerate(batches)],
+    warmup=([job.ids] * batches[0], key) if warmup else None,
+  )
+  texts, generated, steps, committed, calls = [], 0, 0, 0, []
+  for out, nb in zip(outs, batches):
+    num_steps, num_committed, forward_calls, num_generated = job.counts(out)
+    generated += int(num_generated)
+    steps += int(np.sum(num_steps))
+    committed += int(np.sum(num_committed))
+    calls += [int(c) for c in forward_calls]
+    for b in range(nb):
+      texts.append(job.text(out, b))
+      write(f"=== sample {len(texts)} ===\n{texts[-1]}\n")
+  report = SamplingReport(
+    texts=texts,
+    num_generated=generated,
+    seconds=float(sum(seconds)),
+    num_steps=steps,
+    num_committed=committed,
+    forward_calls=calls,
+    compiled_programs=compiles.compiled_programs() - programs,
+    warmup_seconds=float(warm),
+  )
+  write(
+    f"tokens/s: {report.tokens_per_second:.1f}  tokens/step: {report.tokens_per_step:.2f}  "
+    f"compiled programs: {report.compiled_programs}  wall s with compile: "
+    f"{report.seconds + report.warmup_seconds:.2f}"
+  )
+  return report
+
+
 def run_sampling(
   model,
   params,
@@ -191,74 +306,10 @@ def run_sampling(
     repetition_penalty=repetition_penalty,
     align_to_blocks=align_to_blocks,
   )
-  if infill is not None:
-    if not method.infills_canvas:
-      raise ValueError(
-        f"this run's objective {method.name!r} cannot infill: {method.infill_unsupported}"
-      )
-    template = parse_infill(infill)
-    ids, spans = template.canvas(tokenizer, cfg.mask_token_id)
-    cfg = cfg.replace(max_new_tokens=sum(template.gaps))
-    run = lambda rows, key: method.canvas_infill(model, params, rows, cfg, key)
-    decode = lambda out, b: template.fill(
-      [tokenizer.decode(out["canvas"][b][s:e]) for s, e in spans]
-    )
-    counts = lambda out: (
-      out["num_steps"],
-      out["num_committed"],
-      out["forward_calls"],
-      int(np.sum(out["num_committed"])),
-    )
-  else:
-    ids = prompt_ids(tokenizer, prompt)
-    if len(ids) >= seq_len:  # before N = L - prompt is derived (it would be <= 0)
-      raise ValueError(
-        f"the prompt is {len(ids)} tokens (BOS included) but the run's context is "
-        f"seq_len={seq_len}; shorten --prompt to at most {seq_len - 2} tokens"
-      )
-    cfg = cfg.replace(
-      max_new_tokens=seq_len - len(ids) if max_new_tokens is None else max_new_tokens
-    )
-    run = lambda rows, key: method.generate(model, params, rows, cfg, key)
-    decode = lambda out, b: tokenizer.decode(out.sequences[b])
-    counts = lambda out: (out.num_steps, out.num_committed, out.forward_calls, out.num_generated)
-
+  job = _decode_job(method, model, params, tokenizer, cfg, seq_len, prompt, infill, max_new_tokens)
   if header is not None:
-    write(f"{header}{sampler_settings(method, objective_config, cfg, infill is not None)}\n")
-  key = jax.random.PRNGKey(seed)
-  batches = [min(batch_size, num_samples - i) for i in range(0, num_samples, batch_size)]
-  programs = compiles.compiled_programs()
-  outs, seconds, warm = time_calls(
-    run,
-    [([ids] * nb, jax.random.fold_in(key, i)) for i, nb in enumerate(batches)],
-    warmup=([ids] * batches[0], key) if warmup else None,
-  )
-  texts, generated, steps, committed, calls = [], 0, 0, 0, []
-  for out, nb in zip(outs, batches):
-    num_steps, num_committed, forward_calls, num_generated = counts(out)
-    generated += int(num_generated)
-    steps += int(np.sum(num_steps))
-    committed += int(np.sum(num_committed))
-    calls += [int(c) for c in forward_calls]
-    for b in range(nb):
-      texts.append(decode(out, b))
-      write(f"=== sample {len(texts)} ===\n{texts[-1]}\n")
-  report = SamplingReport(
-    texts=texts,
-    num_generated=generated,
-    seconds=float(sum(seconds)),
-    num_steps=steps,
-    num_committed=committed,
-    forward_calls=calls,
-    compiled_programs=compiles.compiled_programs() - programs,
-    warmup_seconds=float(warm),
-  )
-  write(
-    f"tokens/s: {report.tokens_per_second:.1f}  tokens/step: {report.tokens_per_step:.2f}  "
-    f"compiled programs: {report.compiled_programs}  wall s with compile: "
-    f"{report.seconds + report.warmup_seconds:.2f}"
-  )
-  return report
+    write(f"{header}{sampler_settings(method, objective_config, job.cfg, infill is not None)}\n")
+  return _timed_report(job, seed, num_samples, batch_size, warmup, write)
 
 
 def check_sampling_flags(
@@ -285,11 +336,9 @@ def sampler_settings(method, objective_config, cfg: SamplerConfig, infill: bool 
     for k in method.sampler_fields(objective_config)
     if k == "block_size" or method.uses_window
   ]
-  if method.uses_threshold and cfg.policy != policies.DEFAULT:
-    parts.append(f"policy={policies.label(cfg.policy, cfg.policy_arg)}")
-  elif method.uses_threshold:  # tau as the sampler reads it: --threshold or --policy_arg
-    tau = cfg.policy_param
-    parts.append(f"tau={'off' if tau is None else tau}")
+  if method.uses_threshold:  # the policy's report label: 'tau=0.5', 'policy=margin tau=off'
+    threshold_rule = cfg.policy.name == policies.DEFAULT
+    parts.append(cfg.policy.label if threshold_rule else f"policy={cfg.policy.label}")
   parts.append("greedy" if cfg.greedy else f"top_p={cfg.top_p} temperature={cfg.temperature}")
   parts += [
     f"repetition_penalty={cfg.repetition_penalty}",
@@ -345,6 +394,7 @@ __all__ = [
   "DECODE_WEIGHTS",
   "decode_weights",
   "sampler_config_for",
+  "decode_setting",
   "sampler_for",
   "continuous_for",
   "generate_text",

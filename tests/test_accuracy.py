@@ -12,6 +12,7 @@ from setdiff_jax.diffusion import losses
 from setdiff_jax.data import pairs
 from setdiff_jax.evaluation import accuracy, gsm8k
 from setdiff_jax.models.dit import DiT, DiTConfig
+from setdiff_jax.sampling.config import CommitPolicy, DecodeSetting
 
 pytestmark = pytest.mark.usefixtures("fast_compile")
 
@@ -94,11 +95,13 @@ class _Tok:
 @pytest.mark.parametrize(
   "name,setting",
   [
-    ("setdlm", {"window": 4, "threshold": None}),
-    pytest.param("setdlm", {"window": 2, "threshold": 0.05}, marks=pytest.mark.slow),
-    ("ar", {}),
-    ("mdlm", {"threshold": None}),
-    pytest.param("bd3lm", {"threshold": None}, marks=pytest.mark.slow),
+    ("setdlm", DecodeSetting(4)),
+    pytest.param(
+      "setdlm", DecodeSetting(2, CommitPolicy("threshold", 0.05)), marks=pytest.mark.slow
+    ),
+    ("ar", DecodeSetting(None, None)),
+    ("mdlm", DecodeSetting()),
+    pytest.param("bd3lm", DecodeSetting(), marks=pytest.mark.slow),
   ],
 )
 def test_batch_of_mixed_prompts_equals_each_alone(name, setting):
@@ -136,7 +139,7 @@ def test_batch_of_mixed_prompts_equals_each_alone(name, setting):
     for key in ("generated", "num_steps", "num_committed", "forward_calls", "commit_steps"):
       assert flow[key] == batched[key], key
     assert flow["continuous"]["slots"] == 2 and flow["padded_rows"] == 0
-  if name == "setdlm" and setting["threshold"] is None:  # one sampler is enough for the fill
+  if name == "setdlm" and setting.tau is None:  # one sampler is enough for the fill
     two = accuracy.decode_all(sampler, model, params, prompts, scfg, batch_size=2)  # padded last
     assert two["generated"] == batched["generated"] and two["padded_rows"] == 1
 
@@ -170,7 +173,7 @@ def test_accuracy_eval_counts_a_known_model():
     oc,
     12,
     test,
-    settings=[{"window": 4, "threshold": None}, {"window": 4, "threshold": 0.9}],
+    settings=[DecodeSetting(4), DecodeSetting(4, CommitPolicy("threshold", 0.9))],
     batch_size=2,
     speed_examples=2,
   )
@@ -183,7 +186,7 @@ def test_accuracy_eval_counts_a_known_model():
     oc,
     12,
     test,
-    settings=[{"window": 4, "threshold": 0.9}],
+    settings=[DecodeSetting(4, CommitPolicy("threshold", 0.9))],
     batch_size=2,
     speed_examples=0,
     continuous=False,

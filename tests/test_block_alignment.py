@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from setdiff_jax.sampling import SamplerConfig, bd3lm_generate, mdlm_generate
+from setdiff_jax.sampling import CommitPolicy, SamplerConfig, bd3lm_generate, mdlm_generate
 
 pytestmark = pytest.mark.usefixtures("fast_compile")
 
@@ -115,7 +115,12 @@ def test_mdlm_aligned_subblocks_on_the_grid():
 def test_aligned_threshold_commits_only_generated_positions(generate):
   # tau below every confidence: each block commits all its masks at once, never a prompt slot.
   # Row 1 (P = 3): blocks [0, 4), [4, 8) hold 5 of its 6 positions (the official block count).
-  out = generate(toy, None, [PROMPT6, [BOS, 7, 8]], cfg(align_to_blocks=True, threshold=0.5))
+  out = generate(
+    toy,
+    None,
+    [PROMPT6, [BOS, 7, 8]],
+    cfg(align_to_blocks=True, policy=CommitPolicy("threshold", 0.5)),
+  )
   np.testing.assert_array_equal(out.canvas[0, :6], PROMPT6)
   np.testing.assert_array_equal(out.canvas[1, :3], [BOS, 7, 8])
   assert out.num_steps.tolist() == [2, 2] and [len(g) for g in out.generated] == [6, 5]

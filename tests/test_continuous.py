@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from setdiff_jax.sampling import ar_sampler, compiles, continuous, set_sampler
-from setdiff_jax.sampling.config import SamplerConfig
+from setdiff_jax.sampling.config import CommitPolicy, SamplerConfig
 
 PAD, BOS, EOS, M = 0, 1, 2, 3
 V = 64
@@ -78,9 +78,9 @@ def mixed_rows(n: int, seed: int):
 GENERATE = {"set": set_sampler.set_generate, "causal": ar_sampler.ar_generate}
 SETTINGS = [
   dict(greedy=True),
-  dict(greedy=True, threshold=0.2, repetition_penalty=1.3),
-  dict(greedy=False, temperature=0.8, top_p=0.9, threshold=0.3),
-  dict(greedy=False, policy="stable", policy_arg=2),
+  dict(greedy=True, policy=CommitPolicy("threshold", 0.2), repetition_penalty=1.3),
+  dict(greedy=False, temperature=0.8, top_p=0.9, policy=CommitPolicy("threshold", 0.3)),
+  dict(greedy=False, policy=CommitPolicy("stable", 2)),
 ]
 
 
@@ -137,7 +137,7 @@ def test_rows_equal_rows_alone_toy(kind, setting):
 def test_greedy_equals_static_batches():
   """Greedy rows do not depend on the key: continuous = the static sampler's batches."""
   prompts, _ = mixed_rows(9, seed=3)
-  cfg = cfg_of(threshold=0.3)
+  cfg = cfg_of(policy=CommitPolicy("threshold", 0.3))
   for kind in ("set", "causal"):
     out = continuous.continuous_generate(kind, toy, None, prompts, cfg, slots=3, refill=1)
     static = [GENERATE[kind](toy, None, prompts[i : i + 4], cfg) for i in range(0, 9, 4)]
@@ -146,7 +146,7 @@ def test_greedy_equals_static_batches():
 
 def test_typed_key_is_its_key_data():
   prompts, budgets = mixed_rows(5, seed=6)
-  cfg = cfg_of(greedy=False, threshold=0.4)
+  cfg = cfg_of(greedy=False, policy=CommitPolicy("threshold", 0.4))
   run = lambda key: continuous.continuous_generate(
     "set", toy, None, prompts, cfg, key, slots=5, refill=5, budgets=budgets
   )
@@ -156,7 +156,7 @@ def test_typed_key_is_its_key_data():
 
 def test_slot_count_and_refill_do_not_change_rows():
   prompts, budgets = mixed_rows(10, seed=5)
-  cfg = cfg_of(greedy=False, threshold=0.4)
+  cfg = cfg_of(greedy=False, policy=CommitPolicy("threshold", 0.4))
   key = jax.random.PRNGKey(1)
   runs = [
     continuous.continuous_generate(
@@ -210,7 +210,10 @@ def test_rows_equal_rows_alone_dit(kind):
   ]
   budgets = [int(b) for b in rng.choice([3, 7], size=6)]
   key = jax.random.PRNGKey(3)
-  for setting in (dict(greedy=True, threshold=0.3), dict(greedy=False, top_p=0.9)):
+  for setting in (
+    dict(greedy=True, policy=CommitPolicy("threshold", 0.3)),
+    dict(greedy=False, top_p=0.9),
+  ):
     cfg = cfg_of(**setting)
     out = continuous.continuous_generate(
       kind, model, params, prompts, cfg, key, slots=3, refill=1, budgets=budgets
@@ -252,7 +255,7 @@ def test_mesh_gives_the_single_device_rows(mesh_cfg):
   )
   prompts, budgets = mixed_rows(12, seed=4)
   prompts = [[min(t, 47) for t in p] for p in prompts]
-  cfg = cfg_of(greedy=False, threshold=0.3)
+  cfg = cfg_of(greedy=False, policy=CommitPolicy("threshold", 0.3))
   key = jax.random.PRNGKey(0)
   run = lambda p: continuous.continuous_generate(
     "set", model, p, prompts, cfg, key, slots=8, refill=2, budgets=budgets

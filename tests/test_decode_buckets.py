@@ -8,6 +8,7 @@ from helpers import random_dit
 from setdiff_jax.evaluation.accuracy import decode_all
 from setdiff_jax.models.dit import DiTConfig
 from setdiff_jax.sampling import (
+  CommitPolicy,
   SamplerConfig,
   ar_generate,
   bd3lm_generate,
@@ -79,7 +80,7 @@ def _eos_config(sampler, model, params, prompts, **kw):
 def test_bucketed_equals_unbucketed(tiny, name):
   model, params = tiny
   sampler, kw = {
-    "setdlm": (set_generate, dict(window=3, threshold=0.3)),
+    "setdlm": (set_generate, dict(window=3, policy=CommitPolicy("threshold", 0.3))),
     "ar": (ar_generate, {}),
     "bd3lm": (bd3lm_generate, dict(block_size=2)),
   }[name]

@@ -14,6 +14,7 @@ from helpers import random_dit
 from setdiff_jax import sharding
 from setdiff_jax.models.dit import DiTConfig
 from setdiff_jax.sampling import (
+  CommitPolicy,
   SamplerConfig,
   ar_generate,
   bd3lm_generate,
@@ -27,7 +28,7 @@ IDS = dict(mask_token_id=3, eos_token_id=2, pad_token_id=0, bos_token_id=1)
 V = 48
 MESHES = {"data8": {"data": 8}, "fsdp8": {"fsdp": 8}, "data2_tensor4": {"data": 2, "tensor": 4}}
 SAMPLERS = {
-  "setdlm": (set_generate, dict(window=3, threshold=0.3)),
+  "setdlm": (set_generate, dict(window=3, policy=CommitPolicy("threshold", 0.3))),
   "ar": (ar_generate, {}),
   "bd3lm": (bd3lm_generate, dict(block_size=2)),
   # (a canvas padded with masks to max_length makes the tiny model write one token)
@@ -163,7 +164,7 @@ def test_qwen3_mesh_decoding_equals_one_device():
   scfg = SamplerConfig(
     **IDS,
     window=3,
-    threshold=0.3,
+    policy=CommitPolicy("threshold", 0.3),
     max_new_tokens=6,
     max_length=40,
     stop_at_eos=False,

@@ -33,6 +33,7 @@ from setdiff_jax.workdir import load as workdir_lib  # noqa: E402
 from setdiff_jax.data import tasks  # noqa: E402
 from setdiff_jax.evaluation import lm_eval_model as lem  # noqa: E402
 from setdiff_jax.models.dit import DiT, DiTConfig  # noqa: E402
+from setdiff_jax.sampling.config import CommitPolicy  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("fast_compile")
 L = 32
@@ -203,7 +204,8 @@ def test_is_greedy_and_errors(run):
   with pytest.raises(ValueError, match="model_args policy_arg=-1.0 .*gamma must be >= 0"):
     lem.SetDiffLM.from_state(lm.state, policy="entropy_bound", policy_arg="-1")
   top = lem.SetDiffLM.from_state(lm.state, policy="topk", policy_arg="2")
-  assert (top._sampler_config(8).policy, top._sampler_config(8).policy_param) == ("topk", 2)
+  assert top._sampler_config(8).policy == CommitPolicy("topk", 2)
+  assert top.get_model_info()["setting"] == "W=4 topk k=2"  # the reports' one name
 
 
 def _ar_state(tok):

@@ -9,7 +9,10 @@ import numpy as np
 import pytest
 
 from setdiff_jax.sampling import (
+  CommitPolicy,
+  DecodeSetting,
   SamplerConfig,
+  commit_policy,
   bd3lm_generate,
   mdlm_generate,
   policies,
@@ -148,7 +151,9 @@ def test_registry_and_bad_input():
   assert policies.get("threshold").token_dependent
   assert not any(p.token_dependent for n, p in policies.POLICIES.items() if n != "threshold")
   with pytest.raises(ValueError, match="valid: threshold, entropy_bound, factor, margin"):
-    SamplerConfig(mask_token_id=3, policy="nope")
+    CommitPolicy("nope")
+  with pytest.raises(ValueError, match="must be a CommitPolicy"):
+    SamplerConfig(mask_token_id=3, policy="pmax")
   for name, arg, what in (
     ("entropy_bound", -0.1, "gamma must be >= 0"),
     ("factor", 0.0, "f must be > 0"),
@@ -159,13 +164,14 @@ def test_registry_and_bad_input():
     ("margin", -1, "tau must be > 0"),
   ):
     with pytest.raises(ValueError, match=f"--policy_arg=.* for --policy={name}: {what}"):
-      SamplerConfig(mask_token_id=3, policy=name, policy_arg=arg)
+      CommitPolicy(name, arg)
   with pytest.raises(ValueError, match="--threshold.*--policy_arg"):
-    SamplerConfig(mask_token_id=3, policy="margin", threshold=0.9)
+    commit_policy("margin", threshold=0.9)
   with pytest.raises(ValueError, match="disagree"):
-    SamplerConfig(mask_token_id=3, threshold=0.9, policy_arg=0.8)
-  assert SamplerConfig(mask_token_id=3, threshold=0.9).policy_param == 0.9
-  assert SamplerConfig(mask_token_id=3, policy="topk").policy_param == 2
+    commit_policy(policy_arg=0.8, threshold=0.9)
+  with pytest.raises(ValueError, match="--threshold=1.5 for --policy=threshold: tau must be"):
+    commit_policy(threshold=1.5)
+  assert commit_policy(threshold=0.9).param == 0.9 and CommitPolicy("topk").param == 2
   assert policies.parse_arg("off") is None and policies.parse_arg("0.5") == 0.5
   with pytest.raises(ValueError, match="--policy_arg='x'"):
     policies.parse_arg("x")
@@ -214,8 +220,7 @@ def cfg_for(name, **kw):
     window=4,
     max_new_tokens=10,
     stop_at_eos=False,
-    policy=name,
-    policy_arg=ARGS[name],
+    policy=CommitPolicy(name, kw.pop("policy_arg", ARGS[name])),
   )
   base.update(kw)
   return SamplerConfig(**base)
@@ -271,11 +276,14 @@ def test_infill_with_a_policy_keeps_context():
   assert M not in out.canvas[0].tolist()
 
 
-def test_threshold_policy_arg_equals_threshold_field():
-  a = set_generate(hash_toy, None, PROMPTS, cfg_for("threshold", policy_arg=None, threshold=0.5))
-  b = set_generate(hash_toy, None, PROMPTS, cfg_for("threshold"))
-  np.testing.assert_array_equal(a.canvas, b.canvas)
-  np.testing.assert_array_equal(a.commit_step, b.commit_step)
+def test_threshold_flag_and_policy_arg_are_one_tau():
+  # --threshold is the reference's name for tau of --policy=threshold: one CommitPolicy, one loop
+  one = CommitPolicy("threshold", 0.5)
+  assert commit_policy(threshold=0.5) == commit_policy("threshold", 0.5) == one
+  assert commit_policy(policy_arg=0.5, threshold=0.5) == one
+  assert hash(commit_policy(threshold=0.5)) == hash(one)  # a jit static: the same program
+  a = set_generate(hash_toy, None, PROMPTS, cfg_for("threshold", policy_arg=None))
+  assert cfg_for("threshold").policy == one and a.tokens_per_step == 1.0  # tau off: one per step
 
 
 def test_mdlm_margin_without_tau_is_token_for_token():
@@ -324,12 +332,8 @@ def test_evaluation_settings_and_labels():
   )
   base = generation.decoding_settings(oc, windows=[4, 8], thresholds=[None])
   out = generation.with_policy(oc, base, "entropy_bound", [0.1, 0.5])
-  assert [(s["window"], s["policy_arg"]) for s in out] == [(4, 0.1), (4, 0.5), (8, 0.1), (8, 0.5)]
-  assert generation.setting_name(oc, out[1]) == "W=4 entropy_bound gamma=0.5"
-  # the threshold rule's tau given as policy_arg (rl_result's settings) is the label's tau
-  tau = {"window": 4, "threshold": None, "policy": "threshold", "policy_arg": 0.7}
-  assert generation.setting_name(oc, tau) == "W=4 tau=0.7"
-  assert generation.setting_name(oc, dict(tau, policy_arg=None)) == "W=4 tau=off"
+  assert [(s.window, s.policy.arg) for s in out] == [(4, 0.1), (4, 0.5), (8, 0.1), (8, 0.5)]
+  assert out[1].name == "W=4 entropy_bound gamma=0.5"
   assert generation.with_policy(oc, base, "threshold") == base
   with pytest.raises(ValueError, match="--thresholds"):
     generation.with_policy(oc, generation.decoding_settings(oc, thresholds=[0.9]), "margin")
@@ -337,9 +341,12 @@ def test_evaluation_settings_and_labels():
     generation.with_policy(oc, base, "entropy_bound", [-1])
   ar = losses.ObjectiveConfig(name="ar", mask_token_id=3, eos_token_id=2, pad_token_id=0)
   ar_settings = generation.decoding_settings(ar)
+  assert ar_settings == [DecodeSetting(None, None)] and ar_settings[0].name == "-"
   assert generation.with_policy(ar, ar_settings, "topk", [2]) == ar_settings  # no commit rule
-  cfg = sampler_config_for(oc, None, 32, **generation.policy_fields(out[0]))
-  assert (cfg.policy, cfg.policy_arg, cfg.window) == ("entropy_bound", 0.1, 4)
+  mdlm = losses.ObjectiveConfig(name="mdlm", mask_token_id=3, eos_token_id=2, pad_token_id=0)
+  assert [s.name for s in generation.decoding_settings(mdlm)] == ["tau=off", "tau=0.9"]
+  cfg = sampler_config_for(oc, None, 32, setting=out[0])
+  assert (cfg.policy, cfg.window, cfg.setting) == (CommitPolicy("entropy_bound", 0.1), 4, out[0])
   assert "policy=entropy_bound gamma=0.1" in sampler_settings(decoders.get("setdlm"), oc, cfg)
 
 
@@ -526,3 +533,32 @@ def test_benchmark_resumes_per_policy_and_reports_partial_runs(tmp_path, monkeyp
   rec = bench.main(argv, log=lambda *a: None)
   assert calls == ["factor"] and rec["finished"] == ["chain setdlm4 seed 0"]
   assert {r["policy"] for r in rec["summary"]} == {"threshold", "factor"}
+
+
+def test_a_tau_of_07_is_never_named_tau_off():
+  """Every way a report builds a tau = 0.7 setting names it 'W=4 tau=0.7' (rl_chain_5000.json
+  once recorded the threshold rule's tau given as its policy argument as 'W=4 tau=off')."""
+  from setdiff_jax import decoders
+  from setdiff_jax.decoding import sampler_config_for, sampler_settings
+  from setdiff_jax.diffusion import losses
+  from setdiff_jax.evaluation import generation
+
+  oc = losses.ObjectiveConfig(
+    name="setdlm", mask_token_id=3, eos_token_id=2, pad_token_id=0, desired_set_size=4
+  )
+  ways = {
+    "--thresholds": generation.decoding_settings(oc, thresholds=[0.7])[0],
+    "policy argument (rl_result, speed_accuracy)": DecodeSetting(4, CommitPolicy("threshold", 0.7)),
+    "--threshold": sampler_config_for(oc, None, 32, threshold=0.7).setting,
+    "--policy_arg": sampler_config_for(oc, None, 32, policy="threshold", policy_arg=0.7).setting,
+    "both flags": sampler_config_for(oc, None, 32, threshold=0.7, policy_arg=0.7).setting,
+  }
+  for way, setting in ways.items():
+    assert setting == DecodeSetting(4, CommitPolicy("threshold", 0.7)), way
+    assert setting.name == "W=4 tau=0.7", way
+    row = setting.row()
+    assert (row["setting"], row["threshold"], row["policy_arg"]) == ("W=4 tau=0.7", "0.7", 0.7)
+    cfg = sampler_config_for(oc, None, 32, setting=setting)
+    header = sampler_settings(decoders.get("setdlm"), oc, cfg)
+    assert "tau=0.7" in header and "tau=off" not in header, (way, header)
+  assert DecodeSetting(4, CommitPolicy()).name == "W=4 tau=off"

@@ -619,7 +619,7 @@ def test_end_to_end_finetune_sample_export(tmp_path):
 def test_set_sampler_cached_equals_no_cache_on_qwen3(hf):
   """SPEC §11.6 for the GQA backbone: the KV-cached set sampler decodes exactly as the no-cache
   reference (a full uncached forward per step)."""
-  from setdiff_jax.sampling import SamplerConfig
+  from setdiff_jax.sampling import CommitPolicy, SamplerConfig
   from setdiff_jax.sampling.reference import reference_generate
   from setdiff_jax.sampling.set_sampler import set_generate
 
@@ -634,7 +634,7 @@ def test_set_sampler_cached_equals_no_cache_on_qwen3(hf):
     max_new_tokens=6,
     stop_at_eos=False,
     max_length=16,
-    threshold=0.3,
+    policy=CommitPolicy("threshold", 0.3),
   )
   prompts = [[0, 10, 11, 12], [0, 20]]
   a = set_generate(model, params, prompts, cfg)

@@ -28,7 +28,7 @@ from setdiff_jax.evaluation import generation
 from setdiff_jax.evaluation import results as results_lib
 from setdiff_jax.evaluation import run as eval_run
 from setdiff_jax.sampling import policies
-from setdiff_jax.sampling.config import SamplerConfig
+from setdiff_jax.sampling.config import CommitPolicy, SamplerConfig, commit_policy
 from setdiff_jax.workdir import checkpoints as checkpointing
 from setdiff_jax.workdir import load as workdir_lib
 
@@ -243,7 +243,7 @@ def test_evaluate_refuses_data_flags_it_would_ignore(run_dir, tmp_path):
 # ----------------------------------------------------------------------------- what was used
 def test_sampler_header_names_the_tau_the_sampler_reads(run_dir):
   """tau given as --threshold, as --policy_arg of the threshold policy, or both (equal): the
-  header says the value the sampler commits with (`policy_param`); it said tau=off for
+  header says the value the sampler commits with (`CommitPolicy.param`); it said tau=off for
   --policy_arg alone."""
   state = workdir_lib.load_inference_state(run_dir)
   oc = state.objective_config
@@ -255,7 +255,7 @@ def test_sampler_header_names_the_tau_the_sampler_reads(run_dir):
   }
   for way, kwargs in ways.items():
     cfg = decoding.sampler_config_for(oc, state.tokenizer, 64, **kwargs)
-    assert cfg.policy_param == 0.5, way
+    assert cfg.policy == CommitPolicy("threshold", 0.5), way
     header = decoding.sampler_settings(method, oc, cfg)
     assert "tau=0.5" in header and "tau=off" not in header, (way, header)
   cfg = decoding.sampler_config_for(oc, state.tokenizer, 64)
@@ -395,7 +395,8 @@ def test_the_libraries_accept_what_the_table_accepts():
 
   checks = {
     "threshold": [
-      lambda v: SamplerConfig(**base, threshold=v),
+      lambda v: commit_policy(threshold=v),
+      lambda v: SamplerConfig(**base, policy=CommitPolicy("threshold", v)),
       lambda v: policies.check_arg("threshold", v),
       lambda v: policies.check_arg("pmax", v),
       lambda v: generation.parse_thresholds([str(v)]),

@@ -21,7 +21,9 @@ from setdiff_jax.models.layers import suppress_mask_logit
 from setdiff_jax.rl import objective, scoring
 from setdiff_jax.sampling import (
   SampleOutput,
+  CommitPolicy,
   SamplerConfig,
+  commit_policy,
   ar_generate,
   bd3lm_generate,
   policies,
@@ -58,7 +60,8 @@ def rl_cfg(**kw):
     stop_at_eos=False,
     rollout_stats=True,
   )
-  base.update(kw)
+  flags = {k: kw.pop(k) for k in ("policy", "policy_arg", "threshold") if k in kw}
+  base.update(kw, policy=commit_policy(**flags))  # the launchers' flags, as the RL loop's
   return SamplerConfig(**base)
 
 
@@ -282,8 +285,12 @@ def test_monte_carlo_frequencies_match_exp_score():
   )
   rows = 100_000
   exact = {
-    "setdlm pmax": ("setdlm", set_generate, SamplerConfig(**base, policy="pmax", policy_arg=0.77)),
-    "setdlm topk": ("setdlm", set_generate, SamplerConfig(**base, policy="topk", policy_arg=2)),
+    "setdlm pmax": (
+      "setdlm",
+      set_generate,
+      SamplerConfig(**base, policy=CommitPolicy("pmax", 0.77)),
+    ),
+    "setdlm topk": ("setdlm", set_generate, SamplerConfig(**base, policy=CommitPolicy("topk", 2))),
     "ar": ("ar", ar_generate, SamplerConfig(**base)),
   }
   for name, (method, gen, cfg) in exact.items():
@@ -298,7 +305,7 @@ def test_monte_carlo_frequencies_match_exp_score():
       steps = keys[:, keys.shape[1] // 2 :]
       per_step = [np.bincount(s[s >= 0]).max() for s in steps[::2][:2000]]
       assert 1.0 < parallel < 3.0 and max(per_step) == 2 and min(per_step) == 1
-  cfg = SamplerConfig(**base, policy="threshold", threshold=0.77)
+  cfg = SamplerConfig(**base, policy=CommitPolicy("threshold", 0.77))
   stats, _, _ = monte_carlo("setdlm", set_generate, cfg, rows)
   for stat, df, q, total in stats:
     assert stat > 10 * q and total > 2.0, (stat, q, total)

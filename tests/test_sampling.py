@@ -17,6 +17,7 @@ from setdiff_jax.models.dit import DiT, DiTConfig
 from setdiff_jax.models.layers import suppress_mask_logit
 from setdiff_jax.decoding import generate_text, run_sampling, sampler_config_for, sampler_for
 from setdiff_jax.sampling import (
+  CommitPolicy,
   SamplerConfig,
   ar_generate,
   bd3lm_generate,
@@ -116,7 +117,9 @@ def test_toy_window_invariant_decreasing_confidence():
 def test_toy_threshold_commits_window():
   # All confidences (>= sigmoid(1)) pass tau = 0.5: every active mask commits; W = 4, N = 6 -> two
   # steps (4 then 2 tokens), the second window starting after the first.
-  out = set_generate(TOY_UP, None, [[7, 8]], toy_cfg(window=4, threshold=0.5))
+  out = set_generate(
+    TOY_UP, None, [[7, 8]], toy_cfg(window=4, policy=CommitPolicy("threshold", 0.5))
+  )
   np.testing.assert_array_equal(out.commit_step[0, 2:8], [0, 0, 0, 0, 1, 1])
   assert out.num_steps[0] == 2 and out.forward_calls[0] == 3
   assert out.tokens_per_step == 3.0
@@ -266,7 +269,7 @@ def test_cached_logits_equal_uncached_two_stream(tiny):
   assert checked >= 8
 
 
-CFG_A = dict(window=4, threshold=0.3, repetition_penalty=1.3)
+CFG_A = dict(window=4, policy=CommitPolicy("threshold", 0.3), repetition_penalty=1.3)
 
 
 def test_cached_equals_no_cache_sampler(tiny):
@@ -325,7 +328,7 @@ def test_w1_greedy_equals_dense_left_to_right(tiny):
 def test_infill_keeps_context(tiny):
   model, params = tiny
   canvases = [[1, 10, 11, 3, 3, 3, 3, 12, 13, 2], [1, 20, 3, 3, 21, 3, 2]]
-  cfg = tiny_cfg(window=4, threshold=0.3, repetition_penalty=1.2)
+  cfg = tiny_cfg(window=4, policy=CommitPolicy("threshold", 0.3), repetition_penalty=1.2)
   out = set_infill(model, params, canvases, cfg)
   nc = reference_infill(model, params, canvases, cfg)
   for b, row in enumerate(canvases):
@@ -341,7 +344,12 @@ def test_infill_keeps_context(tiny):
 def test_sampling_modes_and_fht_order(tiny):
   model, params = tiny
   cfg = tiny_cfg(
-    window=4, greedy=False, top_p=0.8, temperature=0.7, threshold=0.5, cache_order="fht"
+    window=4,
+    greedy=False,
+    top_p=0.8,
+    temperature=0.7,
+    policy=CommitPolicy("threshold", 0.5),
+    cache_order="fht",
   )
   a = set_generate(model, params, PROMPTS, cfg, rng=jax.random.PRNGKey(3))
   b = set_generate(model, params, PROMPTS, cfg, rng=jax.random.PRNGKey(3))
@@ -367,7 +375,7 @@ def test_rollout_stats_flag_leaves_the_tokens_unchanged(tiny, name):
   sampler, kw = ROLLOUT_STATS_SAMPLERS[name]
   cfg = tiny_cfg(greedy=False, temperature=0.8, **kw)
   if name not in ("ar",):
-    cfg = cfg.replace(threshold=0.3)
+    cfg = cfg.replace(policy=CommitPolicy("threshold", 0.3))
   on = sampler(model, params, PROMPTS, cfg.replace(rollout_stats=True), jax.random.PRNGKey(5))
   off = sampler(model, params, PROMPTS, cfg, jax.random.PRNGKey(5))
   assert not cfg.rollout_stats
@@ -485,7 +493,12 @@ def test_bd3lm_grid_rule_toy():
   assert out.forward_calls[0] == 7
   # tau below every confidence: each block commits at once; rows of different prompt lengths
   # (different grid phases) advance independently. Calls = 1 + number of blocks.
-  thr = bd3lm_generate(TOY_UP, None, [[7, 8], [7, 8, 9, 10]], toy_cfg(block_size=3, threshold=0.5))
+  thr = bd3lm_generate(
+    TOY_UP,
+    None,
+    [[7, 8], [7, 8, 9, 10]],
+    toy_cfg(block_size=3, policy=CommitPolicy("threshold", 0.5)),
+  )
   assert thr.forward_calls.tolist() == [3, 3] and thr.num_steps.tolist() == [2, 2]
   # row 1 (P = 4): block [4, 7) sees the prompt (4) -> 14 for all; block [7, 10) sees 7 -> 17.
   np.testing.assert_array_equal(thr.canvas[1, 4:10], [14, 14, 14, 17, 17, 17])

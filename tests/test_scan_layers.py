@@ -26,7 +26,7 @@ from setdiff_jax.workdir import load as workdir_lib
 from setdiff_jax.interop import export_checkpoint, import_checkpoint, name_map
 from setdiff_jax.models.dit import DiT, DiTConfig
 from setdiff_jax.models.qwen3 import Qwen3Config
-from setdiff_jax.sampling import SamplerConfig, set_generate
+from setdiff_jax.sampling import CommitPolicy, SamplerConfig, set_generate
 
 pytestmark = pytest.mark.usefixtures("fast_compile")
 
@@ -302,7 +302,7 @@ def test_cached_set_decoding_same_tokens():
   sp = layer_names.stack_layers(p)
   scfg = SamplerConfig(
     window=3,
-    threshold=0.5,
+    policy=CommitPolicy("threshold", 0.5),
     mask_token_id=3,
     eos_token_id=2,
     pad_token_id=0,

@@ -1,7 +1,7 @@
 r"""Conditional decoding and exact-match accuracy on prompt/answer pairs.
 
   rows = accuracy_eval(model, params, tokenizer, obj_cfg, seq_len, pairs,
-                       settings=[{"window": 4, "threshold": None}, {"window": 4, "threshold": 0.9}])
+                       settings=[DecodeSetting(4), DecodeSetting(4, CommitPolicy("threshold", 0.9))])
 
 Every test prompt ([BOS] + encode(prompt), the training context) is decoded with the run's sampler
 (the prompt is cached, each row stops at its own EOS, batches of `batch_size` rows of mixed prompt
@@ -43,13 +43,9 @@ import numpy as np
 
 from setdiff_jax import decoding
 from setdiff_jax.data.pairs import format_prompt
-from setdiff_jax.evaluation.generation import (
-  decoding_settings,
-  policy_fields,
-  setting_name,
-  threshold_label,
-)
+from setdiff_jax.evaluation.generation import decoding_settings
 from setdiff_jax.sampling import compiles
+from setdiff_jax.sampling.config import DecodeSetting
 
 EXTRACTORS = ("hash", "boxed", "auto")
 _HASH = re.compile(r"####\s*([^\n]*)")
@@ -223,7 +219,7 @@ def _sampler_config(
   obj_cfg,
   tokenizer,
   seq_len: int,
-  setting: Dict[str, Any],
+  setting: DecodeSetting,
   n: int,
   cache_order: str,
   seed: int,
@@ -233,15 +229,13 @@ def _sampler_config(
     obj_cfg,
     tokenizer,
     seq_len,
-    window=setting.get("window"),
-    threshold=setting.get("threshold"),
+    setting=setting,
     greedy=True,
     seed=seed,
     max_new_tokens=n,
     stop_at_eos=True,
     cache_order=cache_order,
     align_to_blocks=align_to_blocks,
-    **policy_fields(setting),
   )
 
 
@@ -324,7 +318,7 @@ def accuracy_eval(
   seq_len: int,
   pairs,
   *,
-  settings: Optional[List[Dict[str, Any]]] = None,
+  settings: Optional[List[DecodeSetting]] = None,
   batch_size: int = 32,
   speed_examples: int = 16,
   max_new_tokens: Optional[int] = None,
@@ -372,11 +366,7 @@ def accuracy_eval(
     )
     row = {
       "method": obj_cfg.name,
-      "setting": setting_name(obj_cfg, setting),
-      "window": setting.get("window"),
-      "threshold": threshold_label(setting.get("threshold")),
-      "policy": cfg.policy,
-      "policy_arg": cfg.policy_param,
+      **setting.row(),  # setting (its one name), window, threshold, policy, policy_arg
       "num_examples": len(pairs),
       "num_correct": int(sum(correct)),
       "accuracy": float(np.mean(correct)),

@@ -35,13 +35,10 @@ import numpy as np
 from setdiff_jax import decoders, decoding, objectives
 from setdiff_jax.config import fields as ranges
 from setdiff_jax.sampling import policies
+from setdiff_jax.sampling.config import CommitPolicy, DecodeSetting, tau_label
 from setdiff_jax.workdir import load as workdir_lib
 from setdiff_jax.sampling import compiles
 from setdiff_jax.sampling.timing import time_calls
-
-
-def threshold_label(tau: Optional[float]) -> str:
-  return "off" if tau is None else f"{tau:g}"
 
 
 def parse_thresholds(values: Sequence[str], flag: str = "--thresholds") -> List[Optional[float]]:
@@ -70,24 +67,27 @@ def decoding_settings(
   *,
   windows: Optional[Sequence[int]] = None,
   thresholds: Sequence[Optional[float]] = (None, 0.9),
-) -> List[Dict[str, Any]]:
+) -> List[DecodeSetting]:
   """The settings to measure for a run's method (its decoder decides).
 
   setdlm: every window (default [S]) x every tau; bd3lm and mdlm: every tau (BD3LM with its block
-  S, MDLM with one sub-block of N); ar: one setting (tau does not apply).
+  S, MDLM with one sub-block of N); ar: one setting (tau does not apply: no commit policy).
   """
-  return decoders.get(obj_cfg.name).decoding_settings(obj_cfg, windows, thresholds)
+  decoder = decoders.get(obj_cfg.name)
+  pairs = decoder.decoding_settings(obj_cfg, windows, thresholds)  # {"window", "threshold"} each
+  policy = lambda tau: CommitPolicy(policies.DEFAULT, tau) if decoder.uses_threshold else None  # noqa: E731
+  return [DecodeSetting(p["window"], policy(p["threshold"])) for p in pairs]
 
 
 def with_policy(
   obj_cfg,
-  settings: List[Dict[str, Any]],
+  settings: List[DecodeSetting],
   policy: str,
   policy_args: Sequence[Optional[float]] = (None,),
-) -> List[Dict[str, Any]]:
+) -> List[DecodeSetting]:
   """Every setting x every parameter of a commit policy (`sampling/policies.py`); the default
-  policy 'threshold' keeps the settings (its tau is their `threshold`). Methods without a commit
-  rule (AR) keep theirs. A non-default policy with a tau in the settings is an error."""
+  policy 'threshold' keeps the settings (its tau is theirs). Methods without a commit rule (AR)
+  keep theirs. A non-default policy with a tau in the settings is an error."""
   policies.get(policy)
   for a in policy_args:
     policies.check_arg(policy, a, "--policy_args")
@@ -98,46 +98,25 @@ def with_policy(
     )
   if policy == policies.DEFAULT or not decoders.get(obj_cfg.name).uses_threshold:
     return settings
-  if any(s.get("threshold") is not None for s in settings):
+  if any(s.tau is not None for s in settings):
     raise ValueError(
       f"--thresholds sets tau of --policy=threshold; with --policy={policy} leave "
       "it at 'off' and sweep --policy_args"
     )
-  out, seen = [], set()
+  out = []
   for s in settings:
     for a in policy_args:
-      key = (s.get("window"), a)
-      if key not in seen:
-        seen.add(key)
-        out.append(dict(s, policy=policy, policy_arg=a))
+      setting = DecodeSetting(s.window, CommitPolicy(policy, a))
+      if setting not in out:
+        out.append(setting)
   return out
-
-
-def setting_name(obj_cfg, setting: Dict[str, Any]) -> str:
-  parts = []
-  if setting.get("window") is not None:
-    parts.append(f"W={setting['window']}")
-  policy = setting.get("policy") or policies.DEFAULT
-  if policy != policies.DEFAULT:
-    parts.append(policies.label(policy, setting.get("policy_arg")))
-  elif decoders.get(
-    obj_cfg.name
-  ).uses_threshold:  # the threshold rule: tau = policy_arg, else threshold
-    tau = setting.get("policy_arg")
-    parts.append(f"tau={threshold_label(setting.get('threshold') if tau is None else tau)}")
-  return " ".join(parts) or "-"
-
-
-def policy_fields(setting: Dict[str, Any]) -> Dict[str, Any]:
-  """The `SamplerConfig` fields of a setting's commit policy (none for the default)."""
-  return {"policy": setting.get("policy"), "policy_arg": setting.get("policy_arg")}
 
 
 def _sampler_config(
   obj_cfg,
   tokenizer,
   seq_len: int,
-  setting: Dict[str, Any],
+  setting: DecodeSetting,
   *,
   greedy: bool,
   top_p: float,
@@ -150,15 +129,13 @@ def _sampler_config(
     obj_cfg,
     tokenizer,
     seq_len,
-    window=setting.get("window"),
-    threshold=setting.get("threshold"),
+    setting=setting,
     greedy=greedy,
     top_p=top_p,
     seed=seed,
     max_new_tokens=n,
     stop_at_eos=False,
     repetition_penalty=repetition_penalty,
-    **policy_fields(setting),
   )
 
 
@@ -168,7 +145,7 @@ def measure(
   tokenizer,
   obj_cfg,
   seq_len: int,
-  setting: Dict[str, Any],
+  setting: DecodeSetting,
   *,
   batch_size: int,
   repeats: int = 2,
@@ -210,9 +187,9 @@ def measure(
   rates = [out.num_generated / dt if dt > 0 else 0.0 for out, dt in zip(outs, times)]
   return {
     "method": obj_cfg.name,
-    "setting": setting_name(obj_cfg, setting),
-    "window": setting.get("window"),
-    "threshold": threshold_label(setting.get("threshold")),
+    "setting": setting.name,
+    "window": setting.window,
+    "threshold": tau_label(setting.tau),
     "batch_size": batch_size,
     "repeats": timed,
     "new_tokens": cfg.max_new_tokens,
@@ -238,7 +215,7 @@ def speed_eval(
   obj_cfg,
   seq_len: int,
   *,
-  settings: Optional[List[Dict[str, Any]]] = None,
+  settings: Optional[List[DecodeSetting]] = None,
   batch_sizes: Sequence[int] = (1, 8),
   repeats: int = 2,
   greedy: bool = False,
@@ -400,7 +377,7 @@ def samples_eval(
   *,
   num_samples: int = 16,
   batch_size: int = 8,
-  settings: Optional[List[Dict[str, Any]]] = None,
+  settings: Optional[List[DecodeSetting]] = None,
   top_p: float = 0.95,
   seed: int = 0,
   judge=None,
@@ -441,12 +418,9 @@ def samples_eval(
 
 
 __all__ = [
-  "threshold_label",
   "parse_thresholds",
   "decoding_settings",
   "with_policy",
-  "setting_name",
-  "policy_fields",
   "measure",
   "speed_eval",
   "unigram_entropy",

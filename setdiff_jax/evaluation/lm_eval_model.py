@@ -285,6 +285,7 @@ class SetDiffLM(LM):
       "method": self.objective.name,
       "params": "EMA" if self.use_ema else "raw",
       "estimator": self.objective.estimator,
+      "setting": decoding.decode_setting(self.obj_cfg, self._sampler_config(1)).name,
       **{k: v for k, v in self.sampler_overrides.items()},
     }
 

@@ -21,6 +21,8 @@ from setdiff_jax.workdir import load as workdir_lib
 from setdiff_jax.data import data_flags
 from setdiff_jax.data import pairs as pairs_lib
 from setdiff_jax.evaluation import accuracy, generation, gsm8k, infill, likelihood
+from setdiff_jax.sampling import policies
+from setdiff_jax.sampling.config import CommitPolicy, DecodeSetting, tau_label
 from setdiff_jax.evaluation.results import (
   EVALS,
   RESULTS_FILE,
@@ -143,8 +145,7 @@ def run_infill(state, opts: EvalOptions, model=None) -> List[Dict[str, Any]]:
         oc,
         state.tokenizer,
         length,
-        window=opts.window,
-        threshold=tau,
+        setting=DecodeSetting(opts.window, CommitPolicy(policies.DEFAULT, tau)),
         greedy=True,
         seed=opts.sampling_seed,
         repetition_penalty=opts.repetition_penalty,
@@ -160,7 +161,7 @@ def run_infill(state, opts: EvalOptions, model=None) -> List[Dict[str, Any]]:
           "dataset": setting,
           "skipped": skipped,
           "window": cfg.window if decoder.uses_window else None,
-          "threshold": generation.threshold_label(tau),
+          "threshold": tau_label(tau),
           **res,
         }
       )

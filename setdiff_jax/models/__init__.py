@@ -11,6 +11,8 @@ Every backbone is called as
                kv_cache=None | per-layer (k, v) [B,C,kv_heads,Dh], deterministic=True,
                head_start=0, return_kv=False) -> logits fp32 [B, S-head_start, V] (, kv)
 with raw logits (mask-token suppression is the caller's, `layers.suppress_mask_logit`).
+Decoding calls `decode_step(module, params, ...)`: the module's `decode_step` method (head-major
+kv returned beside the logits, or the hidden states that enter the head).
 The DiT stays in `setdiff_jax/models/dit.py`.
 """
 
@@ -67,6 +69,21 @@ def is_backbone(module) -> bool:
   return any(isinstance(module, mod_cls) for _, mod_cls in BACKBONES.values())
 
 
+def decode_step(module, params, tokens, positions, mask, kv_cache, head_start=0, hidden=False):
+  """`module.decode_step` on `params`: (logits fp32 [B, S - head_start, V] or, with `hidden`, the
+  hidden states [B, S - head_start, D] that enter `output_head`; this call's head-major kv)."""
+  return module.apply(
+    {"params": params},
+    tokens,
+    positions,
+    mask,
+    kv_cache,
+    head_start,
+    hidden,
+    method=type(module).decode_step,
+  )
+
+
 def replace(backbone_cfg, **changes):
   """`dataclasses.replace`, keeping only the fields this backbone has."""
   names = {f.name for f in dataclasses.fields(backbone_cfg)}
@@ -112,6 +129,7 @@ __all__ = [
   "name_of",
   "build",
   "is_backbone",
+  "decode_step",
   "replace",
   "init_params",
   "param_shapes",

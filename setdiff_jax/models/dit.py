@@ -291,6 +291,22 @@ class DiT(nn.Module):
       return logits, new_kvs
     return logits
 
+  def decode_step(self, tokens, positions, mask, kv_cache=None, head_start: int = 0, hidden=False):
+    """The samplers' and scorers' call: (logits fp32 [B, S - head_start, V], or with `hidden` the
+    states that enter the head [B, S - head_start, D]; this call's per-layer (k, v) head-major,
+    [B, H, S, Dh]), kv_cache head-major too, deterministic. `models.decode_step` applies it."""
+    return self(
+      tokens,
+      positions,
+      mask,
+      kv_cache=kv_cache,
+      head_start=head_start,
+      return_kv=True,
+      return_hidden=hidden,
+      deterministic=True,
+      kv_layout="bhsd",
+    )
+
   @staticmethod
   def output_head(params):
     """(kernel [D, V], bias [V]) of the output head, for `fused_head.token_nll`."""

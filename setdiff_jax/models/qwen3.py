@@ -240,6 +240,22 @@ class Qwen3(nn.Module):
       return logits, new_kvs
     return logits
 
+  def decode_step(self, tokens, positions, mask, kv_cache=None, head_start: int = 0, hidden=False):
+    """The samplers' and scorers' call: (logits fp32 [B, S - head_start, V], or with `hidden` the
+    states that enter the head [B, S - head_start, D]; this call's per-layer (k, v) head-major,
+    [B, K, S, Dh]), kv_cache head-major too, deterministic. `models.decode_step` applies it."""
+    return self(
+      tokens,
+      positions,
+      mask,
+      kv_cache=kv_cache,
+      head_start=head_start,
+      return_kv=True,
+      return_hidden=hidden,
+      deterministic=True,
+      kv_layout="bhsd",
+    )
+
   def output_head(self, params):
     """(kernel [D, V], None) of the LM head: the embedding transposed when tied (no bias)."""
     if self.config.tie_embeddings:

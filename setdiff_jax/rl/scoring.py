@@ -65,7 +65,7 @@ from setdiff_jax.models import fused_head
 from setdiff_jax.models.layers import suppress_mask_logit
 from setdiff_jax.rl import objective
 from setdiff_jax.sampling import policies
-from setdiff_jax.sampling.cache import Forward, backbone_apply_fn, logits_fn_apply
+from setdiff_jax.sampling.cache import apply_fn, backbone_hidden_fn
 from setdiff_jax.sampling.config import SampleOutput, SamplerConfig
 
 SCORERS = ("two_stream", "causal", "block_replay")  # `Method.rollout_scoring` values
@@ -151,54 +151,29 @@ def check_exact(method: str, cfg: SamplerConfig):
       f"repetition_penalty={cfg.repetition_penalty}: the scorer does not replay "
       "logits processors; use repetition_penalty=1.0 for exact scoring"
     )
-  if decoders.get(method).uses_threshold and policies.token_dependent(cfg.policy):
+  if decoders.get(method).uses_threshold and policies.token_dependent(cfg.policy.name):
     raise ValueError(
-      f"--policy={cfg.policy} decides which positions commit from the sampled "
+      f"--policy={cfg.policy.name} decides which positions commit from the sampled "
       "tokens, so the trajectory likelihood is not exact; use a policy that reads "
       "the distribution only (--policy=pmax is threshold by max-probability)"
     )
-
-
-def _apply(model):
-  """The samplers' `ApplyFn` for a backbone, a `Forward` or a plain logits function (raw params:
-  the scorer differentiates them, so no decode-only head copy)."""
-  if isinstance(model, Forward):
-    return model.apply
-  if models.is_backbone(model):
-    return backbone_apply_fn(model.config)
-  if callable(model):
-    return logits_fn_apply(model)
-  raise TypeError(f"expected a backbone, a Forward or a logits function, got {type(model)}")
 
 
 def _features(model):
   """(apply, head) of the feature path: apply(params, tokens, positions, mask, kv, head_start) ->
   (features [B, S, F], kv) and head(params, features) -> fp32 logits [..., V]. A backbone hands
   over its last hidden states and head (exactly its logits: `fused_head.head_logits`); anything
-  else (a `Forward`, a logits function) returns logits, and its head is the identity."""
+  else (a `Forward`, a logits function) returns logits, and its head is the identity. Raw params:
+  the scorer differentiates them, so no decode-only head copy."""
   if models.is_backbone(model) and hasattr(model, "output_head"):
     dt = jnp.dtype(getattr(model.config, "dtype", "float32"))
-
-    def apply(params, tokens, positions, mask, kv_cache, head_start=0):
-      return model.apply(
-        {"params": params},
-        tokens,
-        positions,
-        mask,
-        kv_cache=kv_cache,
-        head_start=head_start,
-        return_kv=True,
-        return_hidden=True,
-        deterministic=True,
-        kv_layout="bhsd",
-      )
 
     def head(params, h):
       kernel, bias = model.output_head(params)
       return fused_head.head_logits(h, kernel, bias, dt)
 
-    return apply, head
-  return _apply(model), lambda params, z: z.astype(jnp.float32)
+    return backbone_hidden_fn(model.config), head
+  return apply_fn(model), lambda params, z: z.astype(jnp.float32)
 
 
 def _log_softmax(logits: jax.Array, temperature: float, mask_token_id: int) -> jax.Array:

@@ -2,7 +2,8 @@
 
 Public API (all pure functions; one jitted `lax.while_loop` each, per-row state):
 
-  SamplerConfig                       knobs (window W, threshold tau, N, T, sampling, ids, ...)
+  SamplerConfig                       knobs (window W, commit policy, N, T, sampling, ids, ...)
+  DecodeSetting, CommitPolicy         a report's decode setting (W, policy + its tau) and its name
   set_generate(model, params, prompts, cfg, rng=None)                    -> SampleOutput
   set_infill(model, params, canvases, cfg, rng=None)                     -> SampleOutput
   reference_generate / reference_infill (same arguments): the no-cache reference (reference.py)
@@ -29,7 +30,15 @@ from setdiff_jax.sampling.cache import (
   empty_cache,
   prefill,
 )
-from setdiff_jax.sampling.config import SampleOutput, SamplerConfig, count_table, step_counts
+from setdiff_jax.sampling.config import (
+  CommitPolicy,
+  DecodeSetting,
+  SampleOutput,
+  SamplerConfig,
+  commit_policy,
+  count_table,
+  step_counts,
+)
 from setdiff_jax.sampling.set_inputs import SetInputs, infill_inputs, prompted_inputs
 from setdiff_jax.sampling.set_sampler import (
   SetState,
@@ -45,6 +54,9 @@ from setdiff_jax.sampling.text import InfillTemplate, parse_infill, prompt_ids
 from setdiff_jax.sampling.timing import time_calls
 
 __all__ = [
+  "CommitPolicy",
+  "DecodeSetting",
+  "commit_policy",
   "SamplerConfig",
   "SampleOutput",
   "step_counts",

@@ -18,11 +18,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from setdiff_jax.models.layers import suppress_mask_logit
-from setdiff_jax.sampling import placement, processors
-from setdiff_jax.sampling.baselines import gen_width, loop_cfg, prompt_arrays, sample_output
-from setdiff_jax.sampling.cache import KVCache, append, as_forward, bind, prefill
+from setdiff_jax.sampling import loop, processors
+from setdiff_jax.sampling.baselines import gen_width, loop_cfg, prompt_arrays
+from setdiff_jax.sampling.cache import KVCache, append, bind, prefill
 from setdiff_jax.sampling.config import SampleOutput, SamplerConfig
-from setdiff_jax.sampling.set_sampler import _key
 
 
 @flax.struct.dataclass
@@ -123,18 +122,17 @@ def ar_start(fwd, prompt, plen, canvas, n, key, cfg: SamplerConfig, stop_eos: bo
 def ar_core(apply, params, prompt, plen, canvas, n, key, *, cfg: SamplerConfig, stop_eos: bool):
   """n: int32 [] new tokens (an argument: the canvas [B, Lc] may be wider, `gen_width`)."""
   fwd = bind(apply, params)
-  lc = canvas.shape[1]
   state = ar_start(fwd, prompt, plen, canvas, n, key, cfg, stop_eos)
-  body = lambda s: ar_step(fwd, s, plen, n, cfg, stop_eos)
-  state = jax.lax.while_loop(lambda s: jnp.any(~s.done), body, state)
-  idx = jnp.arange(lc)[None] - plen[:, None]
-  commit_step = jnp.where((idx >= 0) & (idx < state.n_gen[:, None]), idx, -1)
+  state = loop.until_done(lambda s: ar_step(fwd, s, plen, n, cfg, stop_eos), state)
+  return ar_results(state, plen)
+
+
+def ar_results(state: _ARState, plen) -> dict:
+  """What `loop.ar_output` reads (commit steps and counts follow from n_gen)."""
   return dict(
     canvas=state.canvas,
-    commit_step=commit_step,
-    num_steps=state.n_gen,
+    n_gen=state.n_gen,
     forward_calls=state.calls,
-    num_committed=state.n_gen,
     stopped=state.stopped,
     plen=plen,
     token_logprob=state.logprob,
@@ -145,23 +143,19 @@ def ar_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> SampleO
   """Autoregressive decoding with a KV cache (SPEC §4.8, DiT path): N calls for N tokens."""
   n = cfg.max_new_tokens
   prompt, plen, canvas, target = prompt_arrays(prompts, cfg, n, gen_width(prompts, cfg, n))
-  fwd = as_forward(model, params)
-  stop = cfg.stops_at_eos
-  mesh = placement.mesh_of(fwd.params)  # the params' mesh: rows split over (data, fsdp)
-  with placement.on(mesh):
-    res = ar_core(
+  res = loop.run_on_mesh(
+    model,
+    params,
+    rng,
+    cfg,
+    lambda fwd, place, key: ar_core(
       fwd.apply,
       fwd.params,
-      *placement.place_rows(mesh, (prompt, plen, canvas)),
-      placement.place_rows(mesh, np.int32(n)),
-      _key(rng, cfg),
+      *place((prompt, plen, canvas)),
+      place(np.int32(n)),
+      key,
       cfg=loop_cfg(cfg),
-      stop_eos=stop,
-    )
-  out = sample_output(placement.to_host(res), target, cfg, prompt.shape[1] + n)
-  if cfg.rollout_stats:
-    # The cache holds the prompt, then each generated token in turn: its position is its rank.
-    lc = out.target.shape[1]
-    known = (np.arange(lc)[None] < plen[:, None]) | (out.commit_step >= 0)
-    out.cache_order = np.where(known, np.arange(lc)[None], -1).astype(np.int32)
-  return out
+      stop_eos=cfg.stops_at_eos,
+    ),
+  )
+  return loop.ar_output(res, target, cfg, prompt.shape[1] + n)

@@ -47,11 +47,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from setdiff_jax.diffusion import masks
-from setdiff_jax.sampling import placement, policies, processors
-from setdiff_jax.sampling.cache import KVCache, append, as_forward, bind, prefill
+from setdiff_jax.sampling import loop, policies, processors
+from setdiff_jax.sampling.cache import Forward, KVCache, append, bind, prefill
 from setdiff_jax.sampling.config import SampleOutput, SamplerConfig, bucket_length, step_counts
 from setdiff_jax.sampling.set_inputs import _as_rows, check_prompts, prompt_width
-from setdiff_jax.sampling.set_sampler import _key, finalize
 
 
 def prompt_arrays(
@@ -93,26 +92,6 @@ def loop_cfg(cfg: SamplerConfig) -> SamplerConfig:
   return cfg.static().replace(max_new_tokens=1, max_length=None)
 
 
-def sample_output(res, target, cfg: SamplerConfig, width: int | None = None) -> SampleOutput:
-  """The SampleOutput of a loop's results; `width` cuts the canvas to the unbucketed P + N."""
-  if width is not None:
-    target = target[:, :width]
-    res = dict(
-      res,
-      **{
-        k: res[k][:, :width]
-        for k in ("canvas", "commit_step", "token_logprob")
-        if res.get(k) is not None
-      },
-    )
-  valid = np.zeros_like(target)
-  plen = np.asarray(res.pop("plen"))
-  for b in range(target.shape[0]):
-    valid[b, : plen[b]] = True
-  valid |= target
-  return finalize(res, target, valid, cfg)
-
-
 # ----------------------------------------------------------------------------- BD3LM / MDLM
 @flax.struct.dataclass
 class _BlockState:
@@ -130,6 +109,28 @@ class _BlockState:
   key: jax.Array
   carry: Any = None  # policies.Carry [B, Lc] (the history policies' state)
   logprob: Any = None  # fp32 [B, Lc]: log-probability of each committed token (rollout_stats)
+
+
+def _block_init(canvas, cache, calls, key, cfg: SamplerConfig) -> _BlockState:
+  """The state before block 0: nothing committed; `calls` [B] the prompt calls already made."""
+  b, lc = canvas.shape
+  zeros = jnp.zeros((b,), jnp.int32)
+  return _BlockState(
+    canvas=canvas,
+    commit_step=jnp.full(canvas.shape, -1, jnp.int32),
+    cache=cache,
+    blk=zeros,
+    bstep=zeros,
+    fuse=jnp.zeros((b,), bool),
+    step=zeros,
+    done=jnp.zeros((b,), bool),
+    calls=calls,
+    committed=zeros,
+    stopped=jnp.zeros((b,), bool),
+    key=key,
+    carry=policies.carry_init(b, lc),
+    logprob=jnp.zeros((b, lc), jnp.float32) if cfg.rollout_stats else None,
+  )
 
 
 def _block_commit(
@@ -202,6 +203,51 @@ def _first_slots(kv, n: int, axis: int):
   return jax.tree_util.tree_map(lambda x: jax.lax.slice_in_dim(x, 0, n, axis=axis), kv)
 
 
+def _bd3lm_forward(fwd: Forward, s: _BlockState, bpos, bvalid, start, g: int, cfg: SamplerConfig):
+  """One BD3LM call on the current block: logits [B, G, V] of the block's slots, and what to cache
+  (kv, positions [B, G], count [B]): the finished previous block on a block's first step (fused:
+  the previous block is fed clean next to the new one), nothing (count 0) otherwise."""
+  b, lc = s.canvas.shape
+  bpos_c = jnp.minimum(bpos, lc - 1)
+  btok = jnp.take_along_axis(s.canvas, bpos_c, -1)
+  c: KVCache = s.cache
+  eye = jnp.eye(2 * g, dtype=bool)[None]
+
+  def fused():
+    # The previous block from the unclipped positions (bpos_c clips a last block that runs
+    # past the canvas: its "previous block" would repeat one slot and miss others).
+    ppos = bpos - g
+    pv = (
+      (s.fuse & ~s.done)[:, None]
+      & (ppos >= start[:, None])
+      & (jnp.take_along_axis(s.canvas, jnp.maximum(ppos, 0), -1) != cfg.mask_token_id)
+    )
+    order = jnp.argsort(~pv, axis=-1, stable=True)  # valid slots first, in position order
+    ppos = jnp.maximum(jnp.take_along_axis(ppos, order, -1), 0)
+    pv = jnp.take_along_axis(pv, order, -1)
+    tokens = jnp.concatenate([jnp.take_along_axis(s.canvas, ppos, -1), btok], -1)
+    positions = jnp.concatenate([ppos, bpos_c], -1)
+    k_pos = jnp.concatenate([c.positions, ppos, bpos_c], -1)
+    k_valid = jnp.concatenate([c.valid, pv, bvalid], -1)
+    mask = masks.grid_mask(positions, k_pos, k_valid, g)
+    is_prefix_q = (jnp.arange(2 * g) < g)[None, :, None]
+    is_block_k = (jnp.arange(c.capacity + 2 * g) >= c.capacity + g)[None, None, :]
+    mask = mask & ~(is_prefix_q & is_block_k)  # the finished block never sees the new one
+    mask = mask.at[:, :, c.capacity :].set(mask[:, :, c.capacity :] | eye)
+    logits, kv = fwd.apply(fwd.params, tokens, positions, mask, c.kv, g)
+    return logits, _first_slots(kv, g, c.seq_axis), ppos, jnp.sum(pv, -1).astype(jnp.int32)
+
+  def plain():
+    k_pos = jnp.concatenate([c.positions, bpos_c], -1)
+    k_valid = jnp.concatenate([c.valid, bvalid], -1)
+    mask = masks.grid_mask(bpos_c, k_pos, k_valid, g)
+    mask = mask.at[:, :, c.capacity :].set(mask[:, :, c.capacity :] | eye[:, :g, :g])
+    logits, kv = fwd.apply(fwd.params, btok, bpos_c, mask, c.kv, 0)
+    return logits, kv, bpos_c, jnp.zeros((b,), jnp.int32)  # nothing is cached (count 0)
+
+  return jax.lax.cond(jnp.any(s.fuse & ~s.done), fused, plain)
+
+
 @functools.partial(jax.jit, static_argnames=("apply", "cfg", "g", "stop_eos"))
 def _bd3lm_core(
   apply,
@@ -221,88 +267,25 @@ def _bd3lm_core(
   """n: int32 [] new tokens (an argument: the canvas [B, Lc] may be wider, `gen_width`)."""
   fwd = bind(apply, params)
   b, pmax = prompt.shape
-  lc = canvas.shape[1]
-  nblk_steps = counts.shape[1]
   start = _block_start(plen, g, cfg.align_to_blocks)  # positions < start are cached up front
   pos = jnp.broadcast_to(jnp.arange(pmax, dtype=jnp.int32), (b, pmax))
   pvalid = pos < start[:, None]
   pmask = masks.grid_mask(pos, pos, pvalid, g) | jnp.eye(pmax, dtype=bool)[None]
   # Capacity: each position is cached at most once; a fused write covers G slots past the length.
-  cache, _ = prefill(fwd, prompt, pos, pvalid, lc + g, mask=pmask)
-  eye = jnp.eye(2 * g, dtype=bool)[None]
-  state = _BlockState(
-    canvas=canvas,
-    commit_step=jnp.full(canvas.shape, -1, jnp.int32),
-    cache=cache,
-    blk=jnp.zeros((b,), jnp.int32),
-    bstep=jnp.zeros((b,), jnp.int32),
-    fuse=jnp.zeros((b,), bool),
-    step=jnp.zeros((b,), jnp.int32),
-    done=jnp.zeros((b,), bool),
-    calls=(start > 0).astype(jnp.int32),
-    committed=jnp.zeros((b,), jnp.int32),
-    stopped=jnp.zeros((b,), bool),
-    key=key,
-    carry=policies.carry_init(b, lc),
-    logprob=jnp.zeros((b, lc), jnp.float32) if cfg.rollout_stats else None,
-  )
+  cache, _ = prefill(fwd, prompt, pos, pvalid, canvas.shape[1] + g, mask=pmask)
+  state = _block_init(canvas, cache, (start > 0).astype(jnp.int32), key, cfg)
 
   def body(s: _BlockState):
-    live = ~s.done
     bpos, bin_, bvalid = _block_positions(start, plen, s.blk, g, n)
-    bpos_c = jnp.minimum(bpos, lc - 1)
-    btok = jnp.take_along_axis(s.canvas, bpos_c, -1)
-    c: KVCache = s.cache
-
-    def fused():
-      # The previous block from the unclipped positions (bpos_c clips a last block that runs
-      # past the canvas: its "previous block" would repeat one slot and miss others).
-      ppos = bpos - g
-      pv = (
-        (s.fuse & live)[:, None]
-        & (ppos >= start[:, None])
-        & (jnp.take_along_axis(s.canvas, jnp.maximum(ppos, 0), -1) != cfg.mask_token_id)
-      )
-      order = jnp.argsort(~pv, axis=-1, stable=True)  # valid slots first, in position order
-      ppos = jnp.maximum(jnp.take_along_axis(ppos, order, -1), 0)
-      pv = jnp.take_along_axis(pv, order, -1)
-      tokens = jnp.concatenate([jnp.take_along_axis(s.canvas, ppos, -1), btok], -1)
-      positions = jnp.concatenate([ppos, bpos_c], -1)
-      k_pos = jnp.concatenate([c.positions, ppos, bpos_c], -1)
-      k_valid = jnp.concatenate([c.valid, pv, bvalid], -1)
-      mask = masks.grid_mask(positions, k_pos, k_valid, g)
-      is_prefix_q = (jnp.arange(2 * g) < g)[None, :, None]
-      is_block_k = (jnp.arange(c.capacity + 2 * g) >= c.capacity + g)[None, None, :]
-      mask = mask & ~(is_prefix_q & is_block_k)  # the finished block never sees the new one
-      mask = mask.at[:, :, c.capacity :].set(mask[:, :, c.capacity :] | eye)
-      logits, kv = fwd.apply(fwd.params, tokens, positions, mask, c.kv, g)
-      return logits, _first_slots(kv, g, c.seq_axis), ppos, jnp.sum(pv, -1).astype(jnp.int32)
-
-    def plain():
-      k_pos = jnp.concatenate([c.positions, bpos_c], -1)
-      k_valid = jnp.concatenate([c.valid, bvalid], -1)
-      mask = masks.grid_mask(bpos_c, k_pos, k_valid, g)
-      mask = mask.at[:, :, c.capacity :].set(mask[:, :, c.capacity :] | eye[:, :g, :g])
-      logits, kv = fwd.apply(fwd.params, btok, bpos_c, mask, c.kv, 0)
-      return logits, kv, bpos_c, jnp.zeros((b,), jnp.int32)  # nothing is cached (count 0)
-
     # The append stays outside the cond (written inside a branch, XLA copied every layer's cache
     # per step); a plain step writes its slots past the length with count 0, i.e. not at all.
-    logits, kv, kpos, count = jax.lax.cond(jnp.any(s.fuse & live), fused, plain)
-    s = s.replace(cache=append(c, kv, kpos, count))
-    return _block_commit(s, logits, bpos, bin_, target, counts, nblk_steps, n, g, cfg, stop_eos)
+    logits, kv, kpos, count = _bd3lm_forward(fwd, s, bpos, bvalid, start, g, cfg)
+    s = s.replace(cache=append(s.cache, kv, kpos, count))
+    return _block_commit(
+      s, logits, bpos, bin_, target, counts, counts.shape[1], n, g, cfg, stop_eos
+    )
 
-  state = jax.lax.while_loop(lambda s: jnp.any(~s.done), body, state)
-  return dict(
-    canvas=state.canvas,
-    commit_step=state.commit_step,
-    num_steps=state.step,
-    forward_calls=state.calls,
-    num_committed=state.committed,
-    stopped=state.stopped,
-    plen=plen,
-    token_logprob=state.logprob,
-  )
+  return loop.results(loop.until_done(body, state), plen=plen)
 
 
 def bd3lm_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> SampleOutput:
@@ -313,22 +296,24 @@ def bd3lm_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> Samp
   n = cfg.max_new_tokens
   prompt, plen, canvas, target = prompt_arrays(prompts, cfg, n, gen_width(prompts, cfg, n))
   counts = step_counts(g, cfg.num_steps)[None].astype(np.int32)
-  fwd = as_forward(model, params)
-  stop = cfg.stops_at_eos
-  mesh = placement.mesh_of(fwd.params)
-  with placement.on(mesh):
-    res = _bd3lm_core(
+  res = loop.run_on_mesh(
+    model,
+    params,
+    rng,
+    cfg,
+    lambda fwd, place, key: _bd3lm_core(
       fwd.apply,
       fwd.params,
-      *placement.place_rows(mesh, (prompt, plen, canvas, target)),
+      *place((prompt, plen, canvas, target)),
       counts,
-      placement.place_rows(mesh, np.int32(n)),
-      _key(rng, cfg),
+      place(np.int32(n)),
+      key,
       cfg=loop_cfg(cfg),
       g=g,
-      stop_eos=stop,
-    )
-  out = sample_output(placement.to_host(res), target, cfg, prompt.shape[1] + n)
+      stop_eos=cfg.stops_at_eos,
+    ),
+  )
+  out = loop.prompted_output(res, target, cfg, prompt.shape[1] + n)
   if cfg.rollout_stats:
     out.cache_order = block_cache_calls(plen, out.target, out.commit_step, g, cfg.align_to_blocks)
   return out
@@ -358,23 +343,7 @@ def _mdlm_core(
   nblk_steps = counts.shape[1]
   positions = jnp.broadcast_to(jnp.arange(lm, dtype=jnp.int32), (b, lm))
   full = jnp.ones((b, lm, lm), bool)  # bidirectional; the M padding is attended, as the reference
-  state = _BlockState(
-    canvas=canvas,
-    commit_step=jnp.full(canvas.shape, -1, jnp.int32),
-    cache=None,
-    blk=jnp.zeros((b,), jnp.int32),
-    bstep=jnp.zeros((b,), jnp.int32),
-    fuse=jnp.zeros((b,), bool),
-    step=jnp.zeros((b,), jnp.int32),
-    done=jnp.zeros((b,), bool),
-    calls=jnp.zeros((b,), jnp.int32),
-    committed=jnp.zeros((b,), jnp.int32),
-    stopped=jnp.zeros((b,), bool),
-    key=key,
-    carry=policies.carry_init(b, lm),
-    logprob=jnp.zeros((b, lm), jnp.float32) if cfg.rollout_stats else None,
-  )
-
+  state = _block_init(canvas, None, jnp.zeros((b,), jnp.int32), key, cfg)
   start = _block_start(plen, g, cfg.align_to_blocks)
 
   def body(s: _BlockState):
@@ -383,17 +352,7 @@ def _mdlm_core(
     logits = jnp.take_along_axis(logits, jnp.minimum(bpos, lm - 1)[..., None], 1)
     return _block_commit(s, logits, bpos, bin_, target, counts, nblk_steps, n, g, cfg, stop_eos)
 
-  state = jax.lax.while_loop(lambda s: jnp.any(~s.done), body, state)
-  return dict(
-    canvas=state.canvas,
-    commit_step=state.commit_step,
-    num_steps=state.step,
-    forward_calls=state.calls,
-    num_committed=state.committed,
-    stopped=state.stopped,
-    plen=plen,
-    token_logprob=state.logprob,
-  )
+  return loop.results(loop.until_done(body, state), plen=plen)
 
 
 def mdlm_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> SampleOutput:
@@ -407,22 +366,24 @@ def mdlm_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> Sampl
   # result (padded to max_length by default, which compiles one program anyway).
   _, plen, canvas, target = prompt_arrays(prompts, cfg, n, total, bucket=False)
   counts = step_counts(g, cfg.num_steps)[None].astype(np.int32)
-  fwd = as_forward(model, params)
-  stop = cfg.stops_at_eos
-  mesh = placement.mesh_of(fwd.params)
-  with placement.on(mesh):
-    res = _mdlm_core(
+  res = loop.run_on_mesh(
+    model,
+    params,
+    rng,
+    cfg,
+    lambda fwd, place, key: _mdlm_core(
       fwd.apply,
       fwd.params,
-      *placement.place_rows(mesh, (plen, canvas, target)),
+      *place((plen, canvas, target)),
       counts,
-      placement.place_rows(mesh, np.int32(n)),
-      _key(rng, cfg),
+      place(np.int32(n)),
+      key,
       cfg=loop_cfg(cfg),
       g=g,
-      stop_eos=stop,
-    )
-  return sample_output(dict(res), target, cfg)
+      stop_eos=cfg.stops_at_eos,
+    ),
+  )
+  return loop.prompted_output(res, target, cfg)
 
 
 __all__ = ["bd3lm_generate", "mdlm_generate"]

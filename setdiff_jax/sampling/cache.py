@@ -12,11 +12,12 @@ The model protocol (`ApplyFn`):
     kv: the same pytree structure with S slots on that axis: this call's keys/values.
 
 `as_forward(model, params)` accepts any registered backbone module (`DiT`, `Qwen3`; the adapter
-calls `model.apply(..., return_kv=True)`), a `Forward`, or a plain `logits_fn(tokens, positions,
-mask, kv_cache) -> (logits, kv)` (toy tests).
+calls its `decode_step`, `models.decode_step`), a `Forward`, or a plain `logits_fn(tokens,
+positions, mask, kv_cache) -> (logits, kv)` (toy tests). `backbone_hidden_fn` is the same call
+returning the hidden states that enter the head: the decode head below and `rl.scoring` read it.
 The adapter functions are cached per model config / function, so jitted samplers compile once.
 
-Decode-only head layout: for a backbone with `output_head(params)` and `return_hidden` (DiT, Qwen3),
+Decode-only head layout: for a backbone with `output_head(params)` (DiT, Qwen3),
 `as_forward` (eagerly, once per params) or `bind` (inside a jitted sampler, before its loop) adds
 a [V, D] copy of the head kernel (`DecodeParams`; the parameters themselves are unchanged).
 Decoding feeds a few rows per step, where the head matmul reads the whole V x D kernel and is
@@ -90,36 +91,31 @@ def _decode_logits(model, p: DecodeParams, h: jax.Array) -> jax.Array:
 
 
 @functools.lru_cache(maxsize=None)
+def backbone_hidden_fn(config) -> ApplyFn:
+  """The feature path of a backbone (DiT, Qwen3) with this config: apply(params, tokens,
+  positions, mask, kv_cache, head_start) -> (hidden [B, S - head_start, D], kv), the hidden
+  states that enter its head (`output_head`) and this call's head-major kv. The samplers' decode
+  head and `rl.scoring` both read it."""
+  model = models.build(config)
+
+  def hidden(params, tokens, positions, mask, kv_cache, head_start=0):
+    return models.decode_step(model, params, tokens, positions, mask, kv_cache, head_start, True)
+
+  hidden.kv_seq_axis = 2
+  return hidden
+
+
+@functools.lru_cache(maxsize=None)
 def backbone_apply_fn(config) -> ApplyFn:
   """The `ApplyFn` of a backbone (DiT, Qwen3) with this config (one function object per config)."""
   model = models.build(config)
+  hidden = backbone_hidden_fn(config)
 
   def apply(params, tokens, positions, mask, kv_cache, head_start=0):
     if isinstance(params, DecodeParams):
-      h, kv = model.apply(
-        {"params": params.params},
-        tokens,
-        positions,
-        mask,
-        kv_cache=kv_cache,
-        head_start=head_start,
-        return_kv=True,
-        return_hidden=True,
-        deterministic=True,
-        kv_layout="bhsd",
-      )
+      h, kv = hidden(params.params, tokens, positions, mask, kv_cache, head_start)
       return _decode_logits(model, params, h), kv
-    return model.apply(
-      {"params": params},
-      tokens,
-      positions,
-      mask,
-      kv_cache=kv_cache,
-      head_start=head_start,
-      return_kv=True,
-      deterministic=True,
-      kv_layout="bhsd",
-    )
+    return models.decode_step(model, params, tokens, positions, mask, kv_cache, head_start, False)
 
   apply.kv_seq_axis = 2  # head-major cache leaves [B, H, C, Dh] (module doc)
 
@@ -194,18 +190,28 @@ def logits_fn_apply(logits_fn: Callable) -> ApplyFn:
   return apply
 
 
+def apply_fn(model) -> ApplyFn:
+  """The `ApplyFn` of a backbone module, a `Forward` or a plain logits function (raw params)."""
+  if isinstance(model, Forward):
+    return model.apply
+  if models.is_backbone(model):
+    return backbone_apply_fn(model.config)
+  if callable(model):
+    return logits_fn_apply(model)
+  raise TypeError(
+    f"expected a backbone, a Forward or a logits function, got {type(model).__name__}"
+  )
+
+
 def as_forward(model, params=None) -> Forward:
-  """A backbone module + params, a `Forward`, or a plain logits function -> `Forward`."""
+  """A backbone module + params, a `Forward`, or a plain logits function -> `Forward` (a
+  backbone's params with the decode-only head copy, `decode_params`)."""
   if isinstance(model, Forward):
     return model
-  if models.is_backbone(model):
-    if params is None:
-      raise ValueError(f"a {type(model).__name__} needs its params")
-    apply = backbone_apply_fn(model.config)
-    return Forward(apply, decode_params(apply, params))
-  if callable(model):
-    return Forward(logits_fn_apply(model), params)
-  raise TypeError(f"expected a DiT, a Forward or a logits function, got {type(model).__name__}")
+  if models.is_backbone(model) and params is None:
+    raise ValueError(f"a {type(model).__name__} needs its params")
+  apply = apply_fn(model)
+  return Forward(apply, decode_params(apply, params))
 
 
 @flax.struct.dataclass
@@ -315,6 +321,8 @@ __all__ = [
   "bind",
   "decode_params",
   "backbone_apply_fn",
+  "backbone_hidden_fn",
+  "apply_fn",
   "dit_apply_fn",
   "logits_fn_apply",
   "as_forward",

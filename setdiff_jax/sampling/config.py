@@ -54,6 +54,116 @@ def check_buckets(buckets, what: str = "length_buckets"):
     )
 
 
+def tau_label(tau: Optional[float]) -> str:
+  """A threshold tau as the reports write it: 'off' (None) or '%g'."""
+  return "off" if tau is None else f"{tau:g}"
+
+
+@dataclasses.dataclass(frozen=True)
+class CommitPolicy:
+  """Which of a step's candidates commit (hashable: a static argument of the jitted loops).
+
+  name: a policy of `policies.POLICIES` (default 'threshold', SPEC §4.2's rule).
+  arg: its parameter as given (tau, gamma, f, k or d; None = the policy's default, for the
+    threshold rule tau off). `param` is the validated value the loop commits with.
+  """
+
+  name: str = policies.DEFAULT
+  arg: Optional[float] = None
+
+  def __post_init__(self):
+    policies.check_arg(self.name, self.arg)  # names the valid policies / the range
+
+  @property
+  def param(self):
+    """The validated parameter, the policy's default when `arg` is None (static)."""
+    return policies.check_arg(self.name, self.arg)
+
+  @property
+  def tau(self) -> Optional[float]:
+    """tau of the threshold rule (None: off, or another policy)."""
+    return self.param if self.name == policies.DEFAULT else None
+
+  @property
+  def label(self) -> str:
+    """'tau=0.7' / 'tau=off' for the threshold rule, else 'entropy_bound gamma=0.1'."""
+    if self.name == policies.DEFAULT:
+      return f"tau={tau_label(self.tau)}"
+    return policies.label(self.name, self.arg)
+
+
+def commit_policy(
+  policy: Optional[str] = None, policy_arg=None, threshold: Optional[float] = None
+) -> CommitPolicy:
+  """The `CommitPolicy` of the user's flags: --policy (None: 'threshold'), --policy_arg and
+  --threshold, the reference's name for tau of the threshold rule (its --policy_arg). A ValueError
+  names the flags when they conflict."""
+  name = policy or policies.DEFAULT
+  policies.get(name)
+  if threshold is None:
+    return CommitPolicy(name, policy_arg)
+  if name != policies.DEFAULT:
+    raise ValueError(
+      f"threshold={threshold} (--threshold) is the parameter of --policy=threshold; for "
+      f"--policy={name} pass --policy_arg"
+    )
+  if policy_arg is not None and float(policy_arg) != float(threshold):
+    raise ValueError(
+      f"threshold={threshold} and policy_arg={policy_arg} both set tau of --policy=threshold "
+      "and disagree; give one"
+    )
+  policies.check_arg(name, threshold, "--threshold")
+  return CommitPolicy(name, threshold)
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeSetting:
+  """One decode setting of a report: the set window W and the commit policy (hashable).
+
+  window: W of the set sampler (None: the method has no window, or the run's own S).
+  policy: the `CommitPolicy` (None: the method has no commit rule, e.g. AR).
+  `name` is the one label every report prints: 'W=4 tau=0.7', 'tau=off' (MDLM / BD3LM),
+  'W=4 entropy_bound gamma=0.1', '-' (AR).
+  """
+
+  window: Optional[int] = None
+  policy: Optional[CommitPolicy] = CommitPolicy()
+
+  def __post_init__(self):
+    if self.window is not None:
+      object.__setattr__(self, "window", int(self.window))
+    if self.policy is not None and not isinstance(self.policy, CommitPolicy):
+      raise ValueError(f"policy={self.policy!r} must be a CommitPolicy or None")
+
+  @property
+  def name(self) -> str:
+    parts = [] if self.window is None else [f"W={self.window}"]
+    if self.policy is not None:
+      parts.append(self.policy.label)
+    return " ".join(parts) or "-"
+
+  @property
+  def tau(self) -> Optional[float]:
+    """tau of the threshold rule (None: off, another policy or no commit rule)."""
+    return None if self.policy is None else self.policy.tau
+
+  def sampler_fields(self):
+    """The `SamplerConfig` fields this setting sets (None: the method's default)."""
+    fields = {"window": self.window, "policy": self.policy}
+    return {k: v for k, v in fields.items() if v is not None}
+
+  def row(self):
+    """The columns a result row records for this setting (the name, W, tau, policy, arg)."""
+    policy = self.policy or CommitPolicy()
+    return {
+      "setting": self.name,
+      "window": self.window,
+      "threshold": tau_label(self.tau),
+      "policy": policy.name,
+      "policy_arg": policy.param,
+    }
+
+
 @dataclasses.dataclass(frozen=True)
 class SamplerConfig:
   """Knobs shared by every sampler (set, no-cache set, AR, BD3LM, MDLM).
@@ -65,14 +175,9 @@ class SamplerConfig:
     bos_token_id: informative only (callers put BOS in the prompt; see `text.py`).
   Decoding:
     window: W, the positional window of the set sampler [first mask, first mask + W) (SPEC §4.2).
-    threshold: tau; candidates with probability >= tau are committed as well. None = off (the
-      reference's 1e6). The parameter of the `threshold` policy only.
-    policy: the commit policy, a name of `policies.POLICIES` (default 'threshold': the rule of
-      SPEC §4.2, n_i most confident + tau); see `policies.py` for the others (pmax,
-      entropy_bound, factor, margin, topk, dilated, stable). The schedule's n_i is a floor for
-      every policy.
-    policy_arg: the policy's parameter (tau, gamma, f, k or d; None = its default; for 'threshold'
-      it is tau, an alternative to `threshold`).
+    policy: the `CommitPolicy` (default: the threshold rule of SPEC §4.2, n_i most confident +
+      tau, tau off); its `arg` is the one place tau lives. The schedule's n_i is a floor for
+      every policy. `setting` is (window, policy) as a `DecodeSetting`, the reports' name.
     max_new_tokens: N, masks appended after each prompt (ignored by infilling, where N is the number
       of masks in the input).
     num_steps: T, the step budget; None = N (one token per step with tau off). The set sampler runs
@@ -128,9 +233,7 @@ class SamplerConfig:
   pad_token_id: int = 0
   bos_token_id: Optional[int] = None
   window: int = 4
-  threshold: Optional[float] = None
-  policy: str = "threshold"
-  policy_arg: Optional[float] = None
+  policy: CommitPolicy = CommitPolicy()
   max_new_tokens: int = 64
   num_steps: Optional[int] = None
   block_size: Optional[int] = None
@@ -157,23 +260,10 @@ class SamplerConfig:
       raise ValueError(f"num_steps={self.num_steps} must be >= 1 (or None for one step per token)")
     if self.block_size is not None and int(self.block_size) < 1:
       raise ValueError(f"block_size={self.block_size} must be >= 1")
-    if self.threshold is not None and not 0 < self.threshold <= 1:
-      raise ValueError(f"threshold={self.threshold} must be in (0, 1] (None turns it off)")
-    policies.check_arg(self.policy, self.policy_arg)  # names the valid policies / the range
-    if self.policy != policies.DEFAULT and self.threshold is not None:
+    if not isinstance(self.policy, CommitPolicy):
       raise ValueError(
-        f"threshold={self.threshold} (--threshold) is the parameter of "
-        f"--policy=threshold; for --policy={self.policy} pass --policy_arg"
-      )
-    if (
-      self.policy == policies.DEFAULT
-      and self.threshold is not None
-      and self.policy_arg is not None
-      and float(self.policy_arg) != float(self.threshold)
-    ):
-      raise ValueError(
-        f"threshold={self.threshold} and policy_arg={self.policy_arg} both set tau "
-        "of --policy=threshold and disagree; give one"
+        f"policy={self.policy!r} must be a CommitPolicy, e.g. CommitPolicy('pmax', 0.7) "
+        "(`commit_policy` resolves the --policy / --policy_arg / --threshold flags)"
       )
     if not 0.0 < self.top_p <= 1.0:
       raise ValueError(f"top_p={self.top_p} must be in (0, 1]")
@@ -200,18 +290,9 @@ class SamplerConfig:
     return self.stop_at_eos and self.eos_token_id is not None
 
   @property
-  def policy_param(self):
-    """The commit policy's parameter, validated (static): policy_arg, else its default; tau of
-    'threshold' falls back to `threshold`."""
-    arg = self.policy_arg
-    if arg is None and self.policy == policies.DEFAULT:
-      arg = self.threshold
-    return policies.check_arg(self.policy, arg)
-
-  @property
-  def threshold_on(self) -> bool:
-    """tau < 1 can fire; the reference's 'off' value is 1e6."""
-    return self.threshold is not None and self.threshold <= 1.0
+  def setting(self) -> "DecodeSetting":
+    """The decode setting (window, commit policy) these knobs decode with."""
+    return DecodeSetting(int(self.window), self.policy)
 
   def replace(self, **kwargs) -> "SamplerConfig":
     return dataclasses.replace(self, **kwargs)
@@ -302,6 +383,10 @@ def count_table(num_tokens, num_steps: Optional[int]) -> np.ndarray:
 
 
 __all__ = [
+  "CommitPolicy",
+  "DecodeSetting",
+  "commit_policy",
+  "tau_label",
   "SamplerConfig",
   "SampleOutput",
   "step_counts",

@@ -46,15 +46,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from setdiff_jax.sampling import ar_sampler, placement, set_sampler
-from setdiff_jax.sampling.baselines import loop_cfg, prompt_arrays, sample_output
+from setdiff_jax.sampling import ar_sampler, loop, placement, set_sampler
+from setdiff_jax.sampling.baselines import loop_cfg, prompt_arrays
 from setdiff_jax.sampling.cache import KVCache, as_forward, bind
 from setdiff_jax.sampling.config import SampleOutput, SamplerConfig, bucket_length
 from setdiff_jax.sampling.set_inputs import (
   SetInputs,
   _as_rows,
   build_inputs,
-  cache_ranks,
   check_prompts,
   prompt_width,
 )
@@ -219,17 +218,6 @@ def _set_slots_core(
       st, inp, cfg, win, logits, model, stop_eos=stop_eos, history=history
     )[0]
 
-  def outputs(st):
-    return dict(
-      canvas=st.canvas,
-      commit_step=st.commit_step,
-      num_steps=st.step,
-      forward_calls=st.calls,
-      num_committed=st.committed,
-      stopped=st.stopped,
-      token_logprob=st.logprob,
-    )
-
   return _run_slots(
     rows_in,
     n_rows,
@@ -239,7 +227,7 @@ def _set_slots_core(
     start=start,
     step=step,
     extra_of=lambda inp: inp,
-    outputs=outputs,
+    outputs=loop.results,
   )
 
 
@@ -255,15 +243,6 @@ def _ar_slots_core(apply, params, rows_in, n_rows, key, *, cfg, stop_eos, slots,
     plen, n = extra
     return ar_sampler.ar_step(fwd, st, plen, n, cfg, stop_eos)
 
-  def outputs(st):
-    return dict(
-      canvas=st.canvas,
-      n_gen=st.n_gen,
-      forward_calls=st.calls,
-      stopped=st.stopped,
-      token_logprob=st.logprob,
-    )
-
   return _run_slots(
     rows_in,
     n_rows,
@@ -273,7 +252,7 @@ def _ar_slots_core(apply, params, rows_in, n_rows, key, *, cfg, stop_eos, slots,
     start=start,
     step=step,
     extra_of=lambda inp: (inp[1], inp[3]),
-    outputs=outputs,
+    outputs=lambda st: ar_sampler.ar_results(st, None),
   )
 
 
@@ -366,7 +345,7 @@ def continuous_generate(
   n_rows = len(rows)
   n_pad = max(bucket_length(n_rows, "pow2"), slots)
   fwd = as_forward(model, params)
-  key = set_sampler._key(rng, cfg)
+  key = loop.key_of(rng, cfg)
   if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):  # a typed key: its data, uint32 [2]
     key = jax.random.key_data(key)
   static = loop_cfg(cfg)
@@ -395,13 +374,10 @@ def continuous_generate(
   out = {name: v[:n_rows] for name, v in placement.to_host(out).items()}
   counters = {name: int(v) for name, v in placement.to_host(counters).items()}
   if kind == "set":
-    result = set_sampler.finalize(out, np.asarray(inp.target), np.asarray(inp.valid), cfg)
-    if cfg.rollout_stats:
-      result.cache_order = cache_ranks(
-        np.asarray(inp.valid), np.asarray(inp.target), result.commit_step, np.asarray(inp.cache_key)
-      )
+    result = loop.set_output(out, inp, cfg)
   else:
-    result = _ar_result(out, rows_in, target[:n_rows], n_rows, cfg)
+    out["plen"] = np.asarray(rows_in[1])[:n_rows]
+    result = loop.ar_output(out, target[:n_rows], cfg)
   counters.update(
     slots=slots,
     refill=refill,
@@ -410,20 +386,6 @@ def continuous_generate(
     utilisation=counters["live_slot_steps"] / max(slots * counters["decode_steps"], 1),
   )
   return ContinuousOutput(result, counters)
-
-
-def _ar_result(out, rows_in, target, n_rows: int, cfg: SamplerConfig) -> SampleOutput:
-  plen = np.asarray(rows_in[1])[:n_rows]
-  n_gen = out.pop("n_gen")
-  lc = target.shape[1]
-  idx = np.arange(lc)[None] - plen[:, None]
-  commit_step = np.where((idx >= 0) & (idx < n_gen[:, None]), idx, -1)
-  res = dict(out, commit_step=commit_step, num_steps=n_gen, num_committed=n_gen, plen=plen)
-  result = sample_output(res, target, cfg)
-  if cfg.rollout_stats:
-    known = (np.arange(lc)[None] < plen[:, None]) | (result.commit_step >= 0)
-    result.cache_order = np.where(known, np.arange(lc)[None], -1).astype(np.int32)
-  return result
 
 
 __all__ = ["KINDS", "unsupported", "ContinuousOutput", "continuous_generate", "set_rows", "ar_rows"]

@@ -15,8 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from setdiff_jax.diffusion import masks
-from setdiff_jax.sampling import placement, policies, processors
-from setdiff_jax.sampling.cache import as_forward
+from setdiff_jax.sampling import loop, policies, processors
 from setdiff_jax.sampling.config import count_table
 
 
@@ -110,18 +109,15 @@ def mdlm_infill(
   nsteps = np.array(
     [n if cfg.num_steps is None else min(n, cfg.num_steps) for n in n_target], np.int32
   )
-  fwd = as_forward(model, params)
-  key = jax.random.PRNGKey(cfg.seed) if rng is None else rng
-  mesh = placement.mesh_of(fwd.params)  # the params' mesh: rows split over (data, fsdp)
-  with placement.on(mesh):
-    res = _mdlm_infill_core(
-      fwd.apply,
-      fwd.params,
-      *placement.place_rows(mesh, (canvas, target, valid, counts, nsteps)),
-      key,
-      cfg=cfg.static(),
-    )
-  return placement.to_host(res)
+  return loop.run_on_mesh(
+    model,
+    params,
+    rng,
+    cfg,
+    lambda fwd, place, key: _mdlm_infill_core(
+      fwd.apply, fwd.params, *place((canvas, target, valid, counts, nsteps)), key, cfg=cfg.static()
+    ),
+  )
 
 
 __all__ = ["mdlm_infill"]

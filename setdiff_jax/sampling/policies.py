@@ -17,7 +17,7 @@ Ties in a ranking go to the leftmost slot (stable sorts).
 
 Registry (`POLICIES`: name -> `Policy(fn, param, token_dependent, stateful, doc)`):
   threshold      (tau)    today's rule: n_i most confident + every candidate with p(chosen) >= tau
-                          (tau = policy_arg, else SamplerConfig.threshold; None = off). Depends on
+                          (tau = CommitPolicy.arg; None = off). Depends on
                           the sampled token (its probability ranks).
   pmax           (tau)    the distribution-only counterpart of `threshold`: the n_i highest
                           max-probabilities + every candidate with max-probability >= tau (None:

@@ -149,8 +149,8 @@ def decide(
     z = repetition_penalty(z, seen, cfg.repetition_penalty)
   z = suppress_mask_logit(z, cfg.mask_token_id)
   cand, conf, logp = choose(z, key, cfg)
-  policy = policies.get(cfg.policy)
-  if cfg.policy == policies.DEFAULT:  # today's rule reads the chosen token's probability only
+  policy = policies.get(cfg.policy.name)
+  if cfg.policy.name == policies.DEFAULT:  # today's rule reads the chosen token's probability only
     ones = jnp.ones_like(cand)
     stats = policies.StepStats(cand, conf, conf, conf, conf, cand, ones)
   else:
@@ -159,7 +159,7 @@ def decide(
     stats = policies.StepStats(cand, conf, pmax, margin, entropy, argmax, streak)
     if policy.stateful and carry is not None:
       carry = policies.carry_update(carry, pos, active, argmax, streak)
-  keep = policies.commit(cfg.policy, cfg.policy_param, stats, active, count)
+  keep = policies.commit(cfg.policy.name, cfg.policy.param, stats, active, count)
   return cand, keep, carry, logp
 
 

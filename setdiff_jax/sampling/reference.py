@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from setdiff_jax.diffusion import masks
+from setdiff_jax.sampling import loop
 from setdiff_jax.sampling.cache import Forward, bind
 from setdiff_jax.sampling.config import SampleOutput, SamplerConfig
 from setdiff_jax.sampling.set_inputs import SetInputs
@@ -31,7 +32,6 @@ from setdiff_jax.sampling.set_sampler import (
   generate_with,
   infill_with,
   initial_state,
-  run_loop,
   step_window,
 )
 
@@ -94,9 +94,8 @@ def _reference_core(
 ):
   fwd = bind(apply, params)
   state = reference_init(inp, cfg.window, key, cfg.rollout_stats)
-  return run_loop(
-    state, lambda s: reference_step(fwd, s, inp, cfg, stop_eos=stop_eos, history=history)[0]
-  )
+  step = lambda s: reference_step(fwd, s, inp, cfg, stop_eos=stop_eos, history=history)[0]  # noqa: E731
+  return loop.results(loop.until_done(step, state))
 
 
 def reference_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> SampleOutput:

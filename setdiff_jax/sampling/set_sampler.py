@@ -50,10 +50,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from setdiff_jax.diffusion import masks
-from setdiff_jax.sampling import placement, policies, processors
-from setdiff_jax.sampling.cache import Forward, KVCache, append, as_forward, bind, prefill
+from setdiff_jax.sampling import loop, policies, processors
+from setdiff_jax.sampling.cache import Forward, KVCache, append, bind, prefill
 from setdiff_jax.sampling.config import SampleOutput, SamplerConfig
-from setdiff_jax.sampling.set_inputs import SetInputs, cache_ranks, infill_inputs, prompted_inputs
+from setdiff_jax.sampling.set_inputs import SetInputs, infill_inputs, prompted_inputs
 
 BIG = np.int32(2**30)
 
@@ -301,63 +301,17 @@ def advance(
   return new, info
 
 
-def run_loop(state: SetState, step) -> dict:
-  """`step(state) -> state` until every row is done; the arrays `finalize` reads."""
-  state = jax.lax.while_loop(lambda s: jnp.any(~s.done), step, state)
-  return dict(
-    canvas=state.canvas,
-    commit_step=state.commit_step,
-    num_steps=state.step,
-    forward_calls=state.calls,
-    num_committed=state.committed,
-    stopped=state.stopped,
-    token_logprob=state.logprob,
-  )
-
-
 @functools.partial(jax.jit, static_argnames=("apply", "cfg", "stop_eos", "history"))
 def set_core(
   apply, params, inp: SetInputs, key, *, cfg: SamplerConfig, stop_eos: bool, history: str
 ):
   fwd = bind(apply, params)
   state = set_init(fwd, inp, cfg.window, key, cfg.rollout_stats)
-  return run_loop(
-    state, lambda s: set_step(fwd, s, inp, cfg, stop_eos=stop_eos, history=history)[0]
-  )
+  step = lambda s: set_step(fwd, s, inp, cfg, stop_eos=stop_eos, history=history)[0]  # noqa: E731
+  return loop.results(loop.until_done(step, state))
 
 
 # ----------------------------------------------------------------------------- outputs
-def finalize(res, target: np.ndarray, valid: np.ndarray, cfg: SamplerConfig) -> SampleOutput:
-  """Host-side compaction: drop leftover masks; cut after the stopping EOS."""
-  res = placement.to_host(res)
-  canvas = np.asarray(res["canvas"])
-  stopped = np.asarray(res["stopped"]).astype(bool)
-  sequences, generated = [], []
-  for b in range(canvas.shape[0]):
-    keep = valid[b] & ~(target[b] & (canvas[b] == cfg.mask_token_id))
-    if stopped[b]:
-      eos = np.nonzero(target[b] & (canvas[b] == cfg.eos_token_id))[0]
-      keep &= np.arange(canvas.shape[1]) <= eos[0]
-    sequences.append(canvas[b][keep].tolist())
-    generated.append(canvas[b][keep & target[b]].tolist())
-  return SampleOutput(
-    sequences=sequences,
-    generated=generated,
-    canvas=canvas,
-    target=target,
-    commit_step=np.asarray(res["commit_step"]),
-    num_steps=np.asarray(res["num_steps"]),
-    forward_calls=np.asarray(res["forward_calls"]),
-    num_committed=np.asarray(res["num_committed"]),
-    stopped=stopped,
-    token_logprob=_host(res.get("token_logprob"), np.float32),
-  )
-
-
-def _host(x, dtype):
-  return None if x is None else np.asarray(x, dtype)
-
-
 def compact(tokens: jax.Array, keep: jax.Array, pad_id: int):
   """Jittable compaction: kept tokens moved to the front in order, rest padded.
 
@@ -369,35 +323,23 @@ def compact(tokens: jax.Array, keep: jax.Array, pad_id: int):
   return jnp.where(jnp.arange(tokens.shape[1])[None] < n[:, None], out, pad_id), n
 
 
-def _key(rng, cfg: SamplerConfig):
-  return jax.random.PRNGKey(cfg.seed) if rng is None else rng
-
-
 def run_inputs(
   core, model, params, inp: SetInputs, cfg: SamplerConfig, rng, stop_eos: bool, history: str
 ) -> SampleOutput:
   """Decodes prepared rows `inp` (`set_inputs`: e.g. per-row budgets) with a jitted loop `core`
   (`set_core`) on the parameters' mesh; the host-side SampleOutput."""
-  fwd = as_forward(model, params)
   # N and L are host-side only here (the canvas holds them): one program per canvas bucket.
   static = cfg.static().replace(max_new_tokens=1, max_length=None)
-  mesh = placement.mesh_of(fwd.params)  # the params' mesh: rows split over (data, fsdp)
-  with placement.on(mesh):
-    res = core(
-      fwd.apply,
-      fwd.params,
-      placement.place_rows(mesh, inp),
-      _key(rng, cfg),
-      cfg=static,
-      stop_eos=stop_eos,
-      history=history,
-    )
-  out = finalize(res, np.asarray(inp.target), np.asarray(inp.valid), cfg)
-  if cfg.rollout_stats:
-    out.cache_order = cache_ranks(
-      np.asarray(inp.valid), np.asarray(inp.target), out.commit_step, np.asarray(inp.cache_key)
-    )
-  return out
+  res = loop.run_on_mesh(
+    model,
+    params,
+    rng,
+    cfg,
+    lambda fwd, place, key: core(
+      fwd.apply, fwd.params, place(inp), key, cfg=static, stop_eos=stop_eos, history=history
+    ),
+  )
+  return loop.set_output(res, inp, cfg)
 
 
 def generate_with(core, model, params, prompts, cfg: SamplerConfig, rng=None) -> SampleOutput:
@@ -422,7 +364,7 @@ def set_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> Sample
       `logits_fn(tokens, positions, mask, kv_cache) -> (logits, kv)`.
     prompts: token-id rows (ragged list, or an int array [B, P]); each at least one token
       (unconditional generation: [BOS]).
-    cfg: `SamplerConfig` (window W, threshold, N = max_new_tokens, ...).
+    cfg: `SamplerConfig` (window W, commit policy, N = max_new_tokens, ...).
     rng: PRNG key for sampling (default `PRNGKey(cfg.seed)`).
   The no-cache reference is `reference.reference_generate` (same arguments).
   """
@@ -448,10 +390,8 @@ __all__ = [
   "set_step",
   "cached_forward",
   "advance",
-  "run_loop",
   "set_core",
   "run_inputs",
-  "finalize",
   "compact",
   "generate_with",
   "infill_with",
