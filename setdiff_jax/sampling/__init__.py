@@ -12,7 +12,8 @@ Public API (all pure functions; one jitted `lax.while_loop` each, per-row state)
   parse_infill(text) -> InfillTemplate; prompt_ids(tokenizer, prompt); time_calls(...)
 
 Which sampler a trained run uses, text-level generation and the CLI body are in
-`setdiff_jax.decoding` (it asks the method registry, which sits above the samplers).
+`setdiff_jax.decoding` (it asks the run's decoder, `setdiff_jax.decoders`, which sits above the
+samplers).
 
 `model` is a backbone module (`models.Backbone`, with its params), a `Forward(apply, params)`,
 or a toy `logits_fn(tokens, positions, mask, kv_cache) -> (logits, kv)` (params ignored); see
