@@ -334,7 +334,7 @@ def train_row(args, objective: str, batch: int, attention=None):
     "setup_s": setup_s,
     "loss": prep["loss"],
   }
-  if isinstance(objectives.get(objective), objectives.SetDLM):  # `model_flops` is its step's
+  if isinstance(objectives.get(objective), objectives.SetDLM):  # model_flops: a SetDLM step
     peak = peak_tflops(jax.devices()[0].device_kind)
     flops = model_flops(prep["state"].params, config)
     row["model_tflop_per_step"] = flops / 1e12
