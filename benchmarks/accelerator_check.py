@@ -313,6 +313,7 @@ def train_row(args, objective: str, batch: int, attention=None):
   import jax
 
   from benchmarks import training as tb
+  from setdiff_jax import objectives
 
   bargs, config = _train_args(args, objective, batch)
   if attention:
@@ -333,7 +334,7 @@ def train_row(args, objective: str, batch: int, attention=None):
     "setup_s": setup_s,
     "loss": prep["loss"],
   }
-  if objective == "setdlm":
+  if isinstance(objectives.get(objective), objectives.SetDLM):  # model_flops: a SetDLM step
     peak = peak_tflops(jax.devices()[0].device_kind)
     flops = model_flops(prep["state"].params, config)
     row["model_tflop_per_step"] = flops / 1e12
@@ -614,16 +615,15 @@ def section_decode_dit(args, emit, left):
       greedy=True,
     )
     nbytes = param_bytes(params)
-    for name, sampler, scfg in (
-      ("setdlm S=4", set_generate, base.replace(window=4, policy=CommitPolicy())),
-      ("ar", ar_generate, base),
+    for name, tag, sampler, scfg in (
+      ("setdlm S=4", "setdlm4", set_generate, base.replace(window=4, policy=CommitPolicy())),
+      ("ar", "ar", ar_generate, base),
     ):
       if left() < 10:
         emit("decode_dit", {"sampler": name, "weights": weights, "skipped": "section time spent"})
         continue
       row = decode_row(sampler, model, params, [[101]], scfg, args.repeats)
       out = row.pop("_out")
-      tag = "setdlm4" if name.startswith("setdlm") else "ar"
       row = {
         "work": f"decode {tag} b1 {'fp32' if weights == 'float32' else 'bf16 weights'}",
         "sampler": name,

@@ -42,6 +42,7 @@ if __name__ == "__main__" and not __package__:  # a file run cannot import confi
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
+from benchmarks import arms  # noqa: E402
 from configs import compare  # noqa: E402
 from setdiff_jax import train  # noqa: E402
 from setdiff_jax.workdir import load as workdir_lib  # noqa: E402
@@ -582,7 +583,9 @@ def main(argv=None, log=print) -> Dict[str, Any]:
   methods = [m.strip() for m in args.methods.split(",") if m.strip()]
   for m in methods:
     compare.parse_method(m)
-  methods = sorted(methods, key=lambda m: m != "ar")  # the AR run is the judge: train it first
+  # The run with the exact likelihood (AR) is the judge: train it first.
+  methods = sorted(methods, key=lambda m: not arms.objective(m).exact_likelihood)
+  judge_arm = next((m for m in methods if arms.objective(m).exact_likelihood), None)
   settings = {"jax_disable_most_optimizations": True} if args.quick else {}
   t_start = time.perf_counter()
   with jax_settings(settings):
@@ -593,8 +596,8 @@ def main(argv=None, log=print) -> Dict[str, Any]:
     train_seconds = time.perf_counter() - t0
     t0 = time.perf_counter()
     judge = (
-      workdir_lib.load_inference_state(infos["ar"]["workdir"], use_ema=False)
-      if "ar" in infos
+      workdir_lib.load_inference_state(infos[judge_arm]["workdir"], use_ema=False)
+      if judge_arm
       else None
     )
     results = []

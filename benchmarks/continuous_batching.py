@@ -42,7 +42,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from benchmarks import compare_methods  # noqa: E402
+from benchmarks import arms, compare_methods  # noqa: E402
 from setdiff_jax.evaluation.results import hardware  # noqa: E402
 from setdiff_jax.models.dit import DiT, DiTConfig
 from setdiff_jax.models import param_shapes
@@ -53,7 +53,6 @@ from setdiff_jax.sampling.config import SamplerConfig
 
 PAD, BOS, EOS, MASK = 0, 1, 2, 3
 TITLE = "## Static vs continuous batching on a GSM8K-like answer-length mix (issue 38)"
-KIND = {"set": "set", "ar": "causal"}  # --samplers name -> `continuous` loop
 
 
 def parse_args(argv=None):
@@ -219,7 +218,7 @@ def run(args):
     static_programs = compiles.compiled_programs() - before
     before = compiles.compiled_programs()
     flow = lambda: continuous.continuous_generate(
-      KIND[kind],
+      arms.sampler_decoder(kind).continuous_kind,
       model,
       params,
       prompts,

@@ -33,14 +33,14 @@ if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
+from benchmarks import arms  # noqa: E402
 from setdiff_jax import sharding  # noqa: E402
 from setdiff_jax.evaluation.accuracy import decode_all  # noqa: E402
 from setdiff_jax.models import param_shapes  # noqa: E402
 from setdiff_jax.models.dit import DiT, DiTConfig  # noqa: E402
-from setdiff_jax.sampling import CommitPolicy, SamplerConfig, ar_generate, set_generate  # noqa: E402
+from setdiff_jax.sampling import CommitPolicy, SamplerConfig  # noqa: E402
 from setdiff_jax.sampling.config import bucket_length  # noqa: E402
 
-SAMPLERS = {"set": set_generate, "ar": ar_generate}
 IDS = dict(mask_token_id=3, eos_token_id=2, pad_token_id=0, bos_token_id=1)
 
 
@@ -121,7 +121,8 @@ def main(argv=None):
     for n in counts:
       mesh = sharding.make_mesh({"data": n}, jax.devices()[:n])
       params = jax.device_put(host_params, sharding.state_shardings(host_params, mesh))
-      res = decode_all(SAMPLERS[name], model, params, prompts, cfg, batch_size=args.batch_size)
+      sampler = arms.sampler_decoder(name).generate
+      res = decode_all(sampler, model, params, prompts, cfg, batch_size=args.batch_size)
       tokens = sum(len(g) for g in res["generated"])
       if reference is None:
         reference = res["generated"]

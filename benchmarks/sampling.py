@@ -239,20 +239,21 @@ def main(argv):
             batch,
             (seq_len + w, 0, w),
           )
-    if "bd3lm" in FLAGS.samplers:
-      s_ = FLAGS.block_size
-      bench(f"bd3lm S={s_}", bd3lm_generate, base.replace(block_size=s_), batch, (s_, seq_len, s_))
-    if "mdlm" in FLAGS.samplers:
-      g = min(FLAGS.mdlm_block, n)
-      bench(
+    s_, g = FLAGS.block_size, min(FLAGS.mdlm_block, n)
+    # The baselines' rows: (--samplers name, label, sampler, config, one step's call shape).
+    for sampler, label, fn, cfg, shape in (
+      ("bd3lm", f"bd3lm S={s_}", bd3lm_generate, base.replace(block_size=s_), (s_, seq_len, s_)),
+      (
+        "mdlm",
         f"mdlm G={FLAGS.mdlm_block}",
         mdlm_generate,
         base.replace(block_size=FLAGS.mdlm_block),
-        batch,
         (seq_len, 0, g),
-      )
-    if "ar" in FLAGS.samplers:
-      bench("ar", ar_generate, base, batch, (1, seq_len, 1))
+      ),
+      ("ar", "ar", ar_generate, base, (1, seq_len, 1)),
+    ):
+      if sampler in FLAGS.samplers:
+        bench(label, fn, cfg, batch, shape)
 
   print(
     f"\nload average {os.getloadavg()[0]:.2f}; median of {FLAGS.repeats} timed run(s); "

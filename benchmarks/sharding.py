@@ -57,7 +57,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from setdiff_jax import models, sharding, train_step  # noqa: E402
+from setdiff_jax import models, objectives, sharding, train_step  # noqa: E402
 from setdiff_jax.config import edge  # noqa: E402
 from setdiff_jax.config import run as run_config  # noqa: E402
 
@@ -222,7 +222,7 @@ def load_config(path, args, *, timing=False):
     else:
       config.model.vocab_size = int(config.tokenizer.vocab_size)
   if config.model.get("backbone", "dit") == "dit":
-    config.model.adaln = config.objective in ("mdlm", "bd3lm")
+    config.model.adaln = objectives.get(config.objective).adaln
   config.warmup_steps = 0
   return config
 

@@ -78,8 +78,10 @@ if __name__ == "__main__" and not __package__:  # a file run cannot import confi
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
+from benchmarks import arms  # noqa: E402
 from benchmarks.compare_methods import jax_settings, publish, shared_tokenizer, train_method  # noqa: E402
 from configs import compare, reasoning_chain, reasoning_common  # noqa: E402
+from setdiff_jax import decoders  # noqa: E402
 from setdiff_jax.workdir import load as workdir_lib  # noqa: E402
 from setdiff_jax.data import pairs as pairs_lib  # noqa: E402
 from setdiff_jax.data import tasks as tasks_lib  # noqa: E402
@@ -278,10 +280,7 @@ def method_config(method: str, p: Dict[str, Any], seed: int, quick: bool):
   c = reasoning_common.get_config(name)
   c.seed = seed
   c.data.pad_targets = pad_targets
-  if name == "setdlm":
-    c.loss.desired_set_size, c.loss.max_set_size = s, 2 * s
-  if name == "bd3lm":
-    c.loss.block_size = s
+  arms.set_size(c.loss, name, s)
   for key, field in (("hidden_size", "hidden_size"), ("num_layers", "num_layers")):
     if p[key]:
       c.model[field] = p[key]
@@ -303,13 +302,12 @@ def method_config(method: str, p: Dict[str, Any], seed: int, quick: bool):
 
 
 def settings_for(name: str, s, p) -> List[DecodeSetting]:
-  if name == "ar":
+  decoder = decoders.get(name)
+  if not decoder.uses_threshold:
     return [DecodeSetting(None, None)]
   tau = lambda t: CommitPolicy(policies_lib.DEFAULT, t)  # noqa: E731
-  if name == "setdlm":
-    windows = sorted(set(p["windows"] or [s]))
-    return [DecodeSetting(w, tau(t)) for w in windows for t in p["thresholds"]]
-  return [DecodeSetting(None, tau(t)) for t in p["thresholds"]]
+  windows = sorted(set(p["windows"] or [s])) if decoder.uses_window else [None]
+  return [DecodeSetting(w, tau(t)) for w in windows for t in p["thresholds"]]
 
 
 ALIGN = {"on": [True], "off": [False], "both": [True, False]}
@@ -322,9 +320,12 @@ def evaluate_method(
   name, s, _ = parse_spec(method)
   test = pairs_lib.load_pairs(state.config.data, "eval")
   _, gen_model = run.inference_models(state)
+  # The block grid exists for a sampler with the trained block size (BD3LM; MDLM: one
+  # sub-block of N): for the others the setting has no effect.
+  blocks = "block_size" in decoders.get(name).sampler_fields(state.objective_config)
   t0 = time.perf_counter()
   rows = []
-  for aligned in ALIGN[align] if name == "bd3lm" else ALIGN[align][:1]:  # no-op for the others
+  for aligned in ALIGN[align] if blocks else ALIGN[align][:1]:
     rows += accuracy.accuracy_eval(
       gen_model,
       state.params,
@@ -341,7 +342,7 @@ def evaluate_method(
     )
   for r in rows:
     r["method"] = method
-    if name != "bd3lm":  # the setting has no effect on the others (MDLM: one sub-block of N)
+    if not blocks:
       r["align_to_blocks"] = None
     log(
       f"[{method}] {r['setting']} align {r['align_to_blocks']}: acc {r['accuracy']:.3f}  "
@@ -507,7 +508,7 @@ def plot(results, path: str):
     ):
       label = (
         r["method"]
-        + (f" W={w}" if r["objective"] == "setdlm" else "")
+        + (f" W={w}" if decoders.get(r["objective"]).uses_window else "")
         + (f" ({_align_label(rows[0])})" if rows[0].get("align_to_blocks") is not None else "")
       )
       style = dict(color=f"C{i}", marker="osD^v"[j % 5], linestyle="-" if j == 0 else "--")
@@ -711,14 +712,11 @@ def task_config(c, task: str, chain=None):
 
 def policy_settings(name: str, s: int, p, policy: str, args) -> List[DecodeSetting]:
   """The (window, policy, arg) points of one policy for one method (AR: its one setting)."""
-  if name == "ar":
+  decoder = decoders.get(name)
+  if not decoder.uses_threshold:
     return [DecodeSetting(None, None)]
-  windows = [s] if name != "setdlm" else ([s] if p["quick"] else [s, 2 * s])
-  return [
-    DecodeSetting(w if name == "setdlm" else None, CommitPolicy(policy, a))
-    for w in windows
-    for a in args
-  ]
+  windows = ([s] if p["quick"] else [s, 2 * s]) if decoder.uses_window else [None]
+  return [DecodeSetting(w, CommitPolicy(policy, a)) for w in windows for a in args]
 
 
 def choose(rows: List[Dict[str, Any]], base_acc: float) -> Dict[str, Any]:
@@ -810,7 +808,7 @@ def policy_eval(
     per_example=True,
   )
   out = list(prior)
-  if name == "ar":  # the reference: one greedy decode of the test problems
+  if not decoders.get(name).uses_threshold:  # AR, the reference: one greedy decode of the test
     row = ev(test, [DecodeSetting(None, None)])[0]
     log(f"[{task} {method} seed {seed}] test acc {row['accuracy']:.3f}")
     return [
@@ -953,7 +951,7 @@ def summarize(records: List[Dict[str, Any]], n_boot: int) -> List[Dict[str, Any]
     row.update(
       paired_ci(a, _merge([thr[x["seed"]]["ref_per_example"] for x in recs]), n_boot, 0, k)
     )
-    if method.startswith("ar") or policy == policies_lib.DEFAULT:
+    if not arms.decoder(method).uses_threshold or policy == policies_lib.DEFAULT:
       row["ref_seed_accuracies"] = [x["ref_test"]["accuracy"] for x in recs]  # seed agreement
       rows.append(row)
       continue
@@ -1107,7 +1105,11 @@ def plot_policies(rows, curve, path: str):
   import matplotlib.pyplot as plt
 
   panels = sorted(
-    {(r["task"], r["method"], r["window"] or 0) for r in rows if not r["method"].startswith("ar")}
+    {
+      (r["task"], r["method"], r["window"] or 0)
+      for r in rows
+      if arms.decoder(r["method"]).uses_threshold
+    }
   )
   if not panels:
     return
@@ -1145,7 +1147,7 @@ def plot_policies(rows, curve, path: str):
         color=f"C{i}",
         label=f"{r['policy']} ({_args(r['chosen_args'])})",
       )
-    ar = [x for x in rows if x["task"] == task and x["method"].startswith("ar")]
+    ar = [x for x in rows if x["task"] == task and not arms.decoder(x["method"]).uses_threshold]
     if ar:
       ax.axhline(100 * ar[0]["accuracy"], color="grey", ls=":", label="AR")
     ax.set_title(f"{task}: {method}" + (f" W={w}" if w else ""))

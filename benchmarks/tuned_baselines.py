@@ -46,6 +46,7 @@ import numpy as np  # noqa: E402
 from benchmarks import compare_methods as cm  # noqa: E402
 from benchmarks import speed_accuracy as sa  # noqa: E402
 from configs import reasoning_chain  # noqa: E402
+from setdiff_jax import decoders  # noqa: E402
 from setdiff_jax.data import pairs as pairs_lib  # noqa: E402
 from setdiff_jax.data import tasks as tasks_lib  # noqa: E402
 from setdiff_jax.evaluation import accuracy, generation, likelihood, run  # noqa: E402
@@ -176,13 +177,12 @@ def settings(method: str, p, split: str) -> List[DecodeSetting]:
   """Validation: tau off at the run's own W; test: every --thresholds value (SetDLM at W = S
   and 2S; BD3LM on the block grid, the official harness)."""
   name, s, _ = sa.parse_spec(method)
+  decoder = decoders.get(name)
   taus = [None] if split == "val" else p["thresholds"]
-  if name == "ar":
+  if not decoder.uses_threshold:
     return [DecodeSetting(None, None)]
-  if name == "setdlm":
-    windows = [s] if split == "val" else [s, 2 * s]
-    return [DecodeSetting(w, _tau(t)) for w in windows for t in taus]
-  return [DecodeSetting(None, _tau(t)) for t in taus]
+  windows = ([s] if split == "val" else [s, 2 * s]) if decoder.uses_window else [None]
+  return [DecodeSetting(w, _tau(t)) for w in windows for t in taus]
 
 
 def _tau(tau) -> CommitPolicy:

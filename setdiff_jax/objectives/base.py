@@ -3,7 +3,7 @@
 An objective owns what differs between methods in training and in the likelihood bound:
 
   identity        `name` (the method's one spelling: a config's `objective`); `adaln`: which DiT
-                  variant it trains (SPEC §3.4)
+                  variant it trains (SPEC §3.4); `size_field`: the loss field a sized name sets
   loss            `validate(config, check)`: its run-config rules, called once by
                   `config.edge.from_config_dict`; `loss(cfg, model, params, batch, rng, train=)`
                   -> (loss, metrics), which draws the method's order / noise through `orders.py`
@@ -16,7 +16,7 @@ Its decoding is its decoder's (`setdiff_jax.decoders`), its checkpoint files its
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, Optional
 
 import numpy as np
 
@@ -40,6 +40,9 @@ class Objective:
   # ------------------------------------------------------------------ identity
   name: str = ""
   adaln: bool = False  # the adaLN DiT (constant sigma = 0)
+  # The loss field the size of a sized name sets ('setdlm4': S, 'bd3lm4': the block size, as in
+  # configs/compare.py); None: the method takes no size.
+  size_field: Optional[str] = None
 
   # ------------------------------------------------------------------ validation and loss
   def validate(self, config, check: Callable[[bool, str], None]) -> None:

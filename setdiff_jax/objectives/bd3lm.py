@@ -9,6 +9,7 @@ from setdiff_jax.objectives.mdlm import MDLM
 
 class BD3LM(Objective):
   name = "bd3lm"
+  size_field = "block_size"
   adaln = True
 
   def validate(self, config, check):

@@ -10,6 +10,7 @@ from setdiff_jax.objectives.base import Objective, logmeanexp
 
 class SetDLM(Objective):
   name = "setdlm"
+  size_field = "desired_set_size"
   adaln = False
 
   def validate(self, config, check):
