@@ -553,6 +553,16 @@ def write_report(out_dir: str, record: Dict[str, Any]):
   return "\n".join(md)
 
 
+def check_record(args) -> None:
+  """--record=NAME: refuses at the start what `publish` would refuse after the run (a dirty tree,
+  a commit off main, an existing record), so no run is spent on a record it cannot write."""
+  if not getattr(args, "record", None):
+    return
+  if args.results_dir == "none":
+    raise ValueError("--record writes into --results_dir: give a folder (not 'none')")
+  record_lib.check_publishable(args.record, args.results_dir or RESULTS_DIR, args.record_resume)
+
+
 def publish(out_dir: str, name: str, args, measured, images=None, compact: bool = False) -> None:
   """--record=NAME: publishes `<out_dir>/<name>.json` (and its plot) as the record NAME
   (`experiments.record.publish_report`; `measured`: the code the numbers depend on, git
@@ -577,6 +587,7 @@ def publish(out_dir: str, name: str, args, measured, images=None, compact: bool 
 
 def main(argv=None, log=print) -> Dict[str, Any]:
   args = parse_args(argv)
+  check_record(args)
   p = plan(args)
   out_dir = os.path.abspath(args.output_dir)
   os.makedirs(out_dir, exist_ok=True)

@@ -298,6 +298,7 @@ def markdown(table, args) -> str:
 
 def main(argv=None):
   args = parse_args(argv)
+  compare_methods.check_record(args)
   table, _, budgets = run(args)
   text = markdown(table, args)
   print(text)

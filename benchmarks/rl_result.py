@@ -58,7 +58,13 @@ import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks import speed_accuracy as sa  # noqa: E402
-from benchmarks.compare_methods import jax_settings, publish, shared_tokenizer, train_method  # noqa: E402
+from benchmarks.compare_methods import (
+  check_record,
+  jax_settings,
+  publish,
+  shared_tokenizer,
+  train_method,
+)  # noqa: E402
 from setdiff_jax.data import pairs as pairs_lib  # noqa: E402
 from setdiff_jax.data import tokenizers  # noqa: E402
 from setdiff_jax.evaluation import accuracy, run  # noqa: E402
@@ -829,6 +835,7 @@ def write_report(out_dir: str, record: Dict[str, Any], names: Dict[str, str]) ->
 
 def main(argv=None, log=print) -> Dict[str, Any]:
   args = parse_args(argv)
+  check_record(args)
   p = plan(args)
   out_dir = os.path.abspath(args.output_dir)
   os.makedirs(out_dir, exist_ok=True)

@@ -79,7 +79,13 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks import arms  # noqa: E402
-from benchmarks.compare_methods import jax_settings, publish, shared_tokenizer, train_method  # noqa: E402
+from benchmarks.compare_methods import (
+  check_record,
+  jax_settings,
+  publish,
+  shared_tokenizer,
+  train_method,
+)  # noqa: E402
 from configs import compare, reasoning_chain, reasoning_common  # noqa: E402
 from setdiff_jax import decoders  # noqa: E402
 from setdiff_jax.workdir import load as workdir_lib  # noqa: E402
@@ -1365,6 +1371,7 @@ def _save(out_dir: str, record) -> str:
 
 def main(argv=None, log=print) -> Dict[str, Any]:
   args = parse_args(argv)
+  check_record(args)
   if args.policies is not None:
     return policy_main(args, argv, log)
   p = plan(args)

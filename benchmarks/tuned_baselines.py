@@ -385,6 +385,7 @@ def report_markdown(record: Dict[str, Any]) -> str:
 
 def main(argv=None, log=print) -> Dict[str, Any]:
   args = parse_args(argv)
+  cm.check_record(args)
   p = plan(args)
   out_dir = os.path.abspath(args.output_dir)
   os.makedirs(out_dir, exist_ok=True)

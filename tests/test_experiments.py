@@ -199,3 +199,30 @@ def test_publish_report_stamps_the_commit_and_never_overwrites(repo, tmp_path):
   (repo / "code.py").write_text("x = 5\n")
   with pytest.raises(record.RecordError, match="uncommitted"):
     record.publish_report(report, "t_three", str(repo / "results"), ["code.py"])
+
+
+def test_a_record_that_cannot_be_written_is_refused_before_the_run(repo, monkeypatch):
+  """`check_publishable` refuses what `publish_report` would (an existing name, a dirty tree), and
+  a benchmark given such a --record stops before it measures anything (a 1319-row run once ended
+  in that refusal after its tables were done)."""
+  from benchmarks import continuous_batching
+
+  results = str(repo / "results")
+  report = {"command": "python -m benchmarks.x", "markdown": "## T\n"}
+  record.check_publishable("t_new", results)  # nothing in the way
+  record.publish_report(report, "t_one", results, ["code.py"])
+  with pytest.raises(record.RecordError, match="exists"):
+    record.check_publishable("t_one", results)
+  record.check_publishable("t_one", results, resume=True)  # a re-report of the same commit
+  with pytest.raises(record.RecordError, match="record name"):
+    record.check_publishable("Bad Name", results)
+  (repo / "code.py").write_text("x = 5\n")
+  with pytest.raises(record.RecordError, match="uncommitted"):
+    record.check_publishable("t_two", results)
+
+  def measured(*a, **k):
+    raise AssertionError("the benchmark ran before its record was checked")
+
+  monkeypatch.setattr(continuous_batching, "run", measured)
+  with pytest.raises(record.RecordError, match="uncommitted"):
+    continuous_batching.main(["--quick", "--record=t_three", f"--results_dir={results}"])

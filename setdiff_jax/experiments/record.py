@@ -19,7 +19,7 @@ import datetime as dt
 import json
 import os
 import re
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -216,30 +216,14 @@ class RunRecord:
     write_json(self.path, self.data)
 
 
-def publish_report(
-  report: Dict[str, Any],
-  name: str,
-  results_dir: str,
-  measured_paths: Sequence[str],
-  images: Optional[Dict[str, str]] = None,
-  resume: bool = False,
-  repo: Optional[str] = None,
-  main_ref: str = MAIN_REF,
-  compact: bool = False,
-) -> str:
-  """The one publish step of a benchmark: writes `report` (its JSON object, holding the
-  'markdown' its tables were rendered into) as the record `<results_dir>/<name>.json`, stamped
-  with the clean commit on main's history, the date and the measured paths; `images` ({the file
-  name the markdown links: its path}) are copied beside it as `<name>.png` (`<name>_<k>.png`)
-  and relinked. Refuses what `RunRecord.create` refuses; `resume=True` replaces a record of the
-  same name made at the same commit (a re-report). Returns the record's path.
-  `python -m setdiff_jax.experiments.publish` then regenerates docs/results."""
+def _target(name, results_dir, resume, repo, main_ref) -> Tuple[str, str]:
+  """(the record's path, the clean commit on main it is stamped with), after every refusal:
+  a bad name, a dirty tree or a commit off main's history, an existing record unless `resume`
+  and made at this commit."""
   if not NAME_RE.match(name or ""):
     raise RecordError(
       f"record name {name!r}: use lowercase letters, digits, '_', '.', '-' (e.g. chain_lr_grid)"
     )
-  if not report.get("markdown"):
-    raise RecordError(f"record {name}: the report has no 'markdown' (its rendered tables)")
   results_dir = os.path.abspath(results_dir)
   os.makedirs(results_dir, exist_ok=True)
   repo = git.top_level(repo or results_dir)
@@ -259,6 +243,43 @@ def publish_report(
         f"record {name!r} was made at commit {str(old.get('commit'))[:10]}, this checkout is at "
         f"{commit[:10]}: a record holds one commit; start a new name"
       )
+  return path, commit
+
+
+def check_publishable(
+  name: str,
+  results_dir: str,
+  resume: bool = False,
+  repo: Optional[str] = None,
+  main_ref: str = MAIN_REF,
+) -> None:
+  """Raises the RecordError `publish_report` would raise for `name`, before a benchmark spends
+  its run: a record it could not write at the end is refused at the start."""
+  _target(name, results_dir, resume, repo, main_ref)
+
+
+def publish_report(
+  report: Dict[str, Any],
+  name: str,
+  results_dir: str,
+  measured_paths: Sequence[str],
+  images: Optional[Dict[str, str]] = None,
+  resume: bool = False,
+  repo: Optional[str] = None,
+  main_ref: str = MAIN_REF,
+  compact: bool = False,
+) -> str:
+  """The one publish step of a benchmark: writes `report` (its JSON object, holding the
+  'markdown' its tables were rendered into) as the record `<results_dir>/<name>.json`, stamped
+  with the clean commit on main's history, the date and the measured paths; `images` ({the file
+  name the markdown links: its path}) are copied beside it as `<name>.png` (`<name>_<k>.png`)
+  and relinked. Refuses what `RunRecord.create` refuses; `resume=True` replaces a record of the
+  same name made at the same commit (a re-report). Returns the record's path.
+  `python -m setdiff_jax.experiments.publish` then regenerates docs/results."""
+  if not report.get("markdown"):
+    raise RecordError(f"record {name}: the report has no 'markdown' (its rendered tables)")
+  path, commit = _target(name, results_dir, resume, repo, main_ref)
+  results_dir = os.path.dirname(path)
   data = dict(report)
   markdown = data["markdown"]
   for k, (link, src) in enumerate(sorted((images or {}).items())):
