@@ -31,11 +31,12 @@ def test_params_label_says_what_is_sampled():
 
 _SUMMARY = r"""
 import runpy, sys
-import ml_collections
+from setdiff_jax.config import run as run_config
 train = runpy.run_path("launch/train.py", run_name="not_main")
 def cfg(source, eval_params, ema_decay=0.999):
-  return ml_collections.ConfigDict(
-    {"eval_params": eval_params, "ema_decay": ema_decay, "data": {"source": source}})
+  c = run_config.default_config()
+  c.eval_params, c.ema_decay, c.data.source = eval_params, ema_decay, source
+  return run_config.from_config_dict(c, check_data=False)
 result = {"step": 5, "eval/ppl": 12.0, "eval/nll": 2.4849}
 for source, ev in (("embedded", "ema"), ("arithmetic", "ema"), ("text", "raw")):
   print(train["summary"](result, "/w", cfg(source, ev)))

@@ -363,6 +363,11 @@ def export_workdir(
   """
   check_export_dir(out, workdir, overwrite=overwrite)
   # The optional extras, before anything is restored or written: one error line naming the extra.
+  if verify is not None and not callable(verify):
+    raise TypeError(
+      f"export_workdir(verify={verify!r}): pass the check itself, e.g. "
+      "setdiff_jax.testing.verify.export_report, or None"
+    )
   if verify is not None:
     errors.require_extra("torch", "torch", "--verify (the PyTorch reference)")
   if fmt == "bin":
