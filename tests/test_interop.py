@@ -509,6 +509,9 @@ def test_export_workdir(setdlm, tmp_path, monkeypatch):
   _, params2 = import_checkpoint(out)
   leaves_equal(params, params2)
 
+  with pytest.raises(TypeError, match="pass the check itself"):  # the old verify=True
+    export_workdir("WD", str(tmp_path / "b"), use_ema=False, verify=True)
+
   # --verify: launch/export.py hands the testing package's report to the exporter.
   pytest.importorskip("torch")
   from setdiff_jax.testing import verify
