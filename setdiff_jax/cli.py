@@ -35,6 +35,7 @@ import re
 import sys
 import time
 import traceback
+import warnings
 from typing import Callable, Dict, List, Optional, Sequence
 
 from absl import app, flags
@@ -294,7 +295,7 @@ class _LibraryInfoFilter(std_logging.Filter):
   _OURS = (_PACKAGE_DIR + os.sep, os.path.join(os.path.dirname(_PACKAGE_DIR), "launch") + os.sep)
 
   def filter(self, record):
-    if record.levelno >= std_logging.WARNING and cli_storage.storage_lib_file(record.pathname):
+    if record.levelno >= std_logging.WARNING and _from_storage_lib(record):
       text = f"{record.levelname} {record.pathname}:{record.lineno} {record.getMessage()}"
       if record.exc_info:
         text += "\n" + "".join(traceback.format_exception(*record.exc_info))
@@ -305,7 +306,32 @@ class _LibraryInfoFilter(std_logging.Filter):
     return bool(record.pathname) and os.path.abspath(record.pathname).startswith(self._OURS)
 
 
+def _from_storage_lib(record) -> bool:
+  """A record of a storage library, or one whose exception passed through one (asyncio's "Task
+  exception was never retrieved" for orbax's failed background writes)."""
+  if cli_storage.storage_lib_file(record.pathname):
+    return True
+  tb = record.exc_info[2] if record.exc_info else None
+  while tb is not None:
+    if cli_storage.storage_lib_file(tb.tb_frame.f_code.co_filename):
+      return True
+    tb = tb.tb_next
+  return False
+
+
 _FILTER = _LibraryInfoFilter()
+_SHOW_WARNING = warnings.showwarning
+# A full disk (or `ulimit -f`) also fails jax's persistent compilation-cache writes: held back
+# like the storage libraries' warnings, since the run's own error line names the disk problem.
+_DISK_FULL = ("File too large", "No space left on device")
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+  text = str(message)
+  if "compilation cache" in text and any(d in text for d in _DISK_FULL):
+    cli_storage.HELD.append(f"{category.__name__} {filename}:{lineno} {text}")
+    return
+  _SHOW_WARNING(message, category, filename, lineno, file, line)
 
 
 def quiet_library_logs():
@@ -318,6 +344,7 @@ def quiet_library_logs():
   for name in ("jax._src.xla_bridge", "jax._src.distributed", "orbax", "grain", "gcsfs"):
     std_logging.getLogger(name).setLevel(std_logging.DEBUG if verbose() else std_logging.WARNING)
   sys.unraisablehook = sys.__unraisablehook__ if verbose() else _quiet_unraisable
+  warnings.showwarning = _SHOW_WARNING if verbose() else _show_warning
 
 
 def _quiet_unraisable(unraisable):

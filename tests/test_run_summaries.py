@@ -108,3 +108,47 @@ def test_library_info_lines_are_told_apart_by_path():
   assert len(cli_storage.HELD) == held + 1
   assert cli._FILTER.filter(record(os.path.join(cli._PACKAGE_DIR, "train.py")))
   assert cli._FILTER.filter(record(os.path.join(clone, "launch", "train.py")))
+
+
+def test_storage_failures_reported_elsewhere_are_held_back():
+  """A full disk made orbax's failed background writes come back through asyncio's "Task
+  exception was never retrieved" log (a traceback each) and jax's compilation-cache write warn:
+  27 stderr lines around the one EFBIG error line. Both are held for the error log; an asyncio
+  error from elsewhere and a cache warning for another reason still show."""
+  import asyncio
+  import logging
+
+  from setdiff_jax import cli, cli_storage
+
+  def failed_task_record(filename):
+    code = compile("raise OSError(27, 'File too large')", filename, "exec")
+    try:
+      exec(code, {})
+    except OSError:
+      info = sys.exc_info()
+    return logging.LogRecord(
+      "asyncio",
+      logging.ERROR,
+      asyncio.base_events.__file__,
+      1,
+      "Task exception was never retrieved",
+      None,
+      info,
+    )
+
+  orbax_file = os.path.join("site-packages", "orbax", "checkpoint", "serialization.py")
+  held = len(cli_storage.HELD)
+  assert not cli._FILTER.filter(failed_task_record(orbax_file))
+  assert cli._FILTER.filter(failed_task_record(os.path.join("site-packages", "mylib", "x.py")))
+  assert len(cli_storage.HELD) == held + 1
+
+  shown = []
+  saved, cli._SHOW_WARNING = cli._SHOW_WARNING, lambda *a: shown.append(str(a[0]))
+  try:
+    full = "Error writing persistent compilation cache entry: [Errno 27] File too large"
+    cli._show_warning(UserWarning(full), UserWarning, "compiler.py", 1)
+    other = "Error writing persistent compilation cache entry: permission denied"
+    cli._show_warning(UserWarning(other), UserWarning, "compiler.py", 1)
+  finally:
+    cli._SHOW_WARNING = saved
+  assert shown == [other] and cli_storage.HELD[-1].endswith(full)
