@@ -78,7 +78,7 @@ from setdiff_jax import decoding, train
 from setdiff_jax.data import tokenizers
 from setdiff_jax.evaluation import run
 from setdiff_jax.interop import export_workdir, import_checkpoint
-from setdiff_jax.workdir import config as run_config
+from setdiff_jax.config import run as run_config
 
 # The LM1B / OWT tokenizers from the packaged vocabularies (the configs' defaults).
 bert = tokenizers.wordpiece_tokenizer(tokenizers.packaged_vocab("bert-base-uncased/vocab.txt"))
