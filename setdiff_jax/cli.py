@@ -306,17 +306,20 @@ class _LibraryInfoFilter(std_logging.Filter):
     return bool(record.pathname) and os.path.abspath(record.pathname).startswith(self._OURS)
 
 
+def _traceback_files(tb) -> List[str]:
+  """The source files of a traceback's frames, outermost first."""
+  files = []
+  while tb is not None:
+    files.append(tb.tb_frame.f_code.co_filename)
+    tb = tb.tb_next
+  return files
+
+
 def _from_storage_lib(record) -> bool:
   """A record of a storage library, or one whose exception passed through one (asyncio's "Task
   exception was never retrieved" for orbax's failed background writes)."""
-  if cli_storage.storage_lib_file(record.pathname):
-    return True
   tb = record.exc_info[2] if record.exc_info else None
-  while tb is not None:
-    if cli_storage.storage_lib_file(tb.tb_frame.f_code.co_filename):
-      return True
-    tb = tb.tb_next
-  return False
+  return any(map(cli_storage.storage_lib_file, [record.pathname, *_traceback_files(tb)]))
 
 
 _FILTER = _LibraryInfoFilter()
@@ -351,11 +354,7 @@ def _quiet_unraisable(unraisable):
   """Orbax's abandoned read coroutines report their (already raised) error again when they are
   garbage-collected, with a multi-kilobyte TensorStore spec, or find their event loop closed;
   keep only other reports."""
-  tb = unraisable.exc_traceback
-  files = []
-  while tb is not None:
-    files.append(tb.tb_frame.f_code.co_filename)
-    tb = tb.tb_next
+  files = _traceback_files(unraisable.exc_traceback)
   closed_loop = "Event loop is closed" in str(unraisable.exc_value)  # their loop, shut down
   if not closed_loop and not any("orbax" in f or "tensorstore" in f for f in files):
     sys.__unraisablehook__(unraisable)
