@@ -43,10 +43,13 @@ measures what matters first):
                 and block (BD3LM, S = 4) training masks, 2L slots, forward + backward, bf16 rows
                 first, then fp32: max |diff| of the output and the gradients vs fp32 dense, ms.
                 An implementation that refuses (cudnn off GPU, or a dtype) records its error.
-  levers        speed levers against their reference rows: the train row (SetDLM, batch
-                --train_batch) with cuDNN attention (`model.attention=cudnn`; its error where it
-                refuses): ms/step and the loss after the same steps (same batches and keys) next
-                to the dense row's.
+  levers        the training speed levers (LEVERS, in priority order) against the section's
+                own reference row (SetDLM, batch --train_batch, dense attention, fused head over
+                vocabulary chunks of 1024): cuDNN attention, the fused head over the whole
+                vocabulary, the plain logits head + loss, XLA attention, scan_layers, twice the
+                batch. Each: ms/step, tokens/s, speed-up, and where the parameters are the same
+                draw the loss after the same steps (same batches and keys) minus the reference's;
+                a lever this backend refuses records its error.
   levers_xla    (GPU) the same train row and the batch-1 SetDLM S = 4 decode row under XLA:GPU
                 flags (GPU_FLAGS: latency-hiding scheduler, cuBLAS instead of Triton GEMMs,
                 command buffers for the loop bodies), in a child with its own XLA_FLAGS.
@@ -106,7 +109,7 @@ TIMEOUTS = {
   "official": (100, 300),
   "decode_qwen3": (90, 240),
   "attention": (50, 240),
-  "levers": (60, 240),
+  "levers": (150, 300),
   "levers_xla": (60, 120),
   "stack": (40, 120),
   "sleep": (5, 5),
@@ -268,7 +271,9 @@ def section_device(args, emit, left):
   }
 
 
-def _train_args(args, objective: str, batch: int):
+def _train_args(args, objective: str, batch: int, flags=()):
+  """The training benchmark's arguments and config; `flags`: extra benchmarks/training.py flags
+  (a lever's), after the check's own so they win."""
   from benchmarks import training as tb
 
   shape = TINY if args.tiny else LM1B
@@ -285,6 +290,7 @@ def _train_args(args, objective: str, batch: int):
     "--dropout=0.1",
     f"--steps={2 if args.tiny else 10}",
     f"--warmup={1 if args.tiny else 2}",
+    *flags,
   ]
   bargs = tb.parse_args(argv)
   return bargs, tb.load_config(bargs)
@@ -308,16 +314,15 @@ def model_flops(params, config) -> float:
   return 6 * p_matmul * b * slots + 12 * config.model.num_layers * d * b * slots**2 * frac
 
 
-def train_row(args, objective: str, batch: int, attention=None):
-  """(row, prep, bargs) of one timed training work (benchmarks/training.py's benchmark)."""
+def train_row(args, objective: str, batch: int, flags=()):
+  """(row, prep, bargs) of one timed training work (benchmarks/training.py's benchmark; `flags`
+  as in `_train_args`)."""
   import jax
 
   from benchmarks import training as tb
   from setdiff_jax import objectives
 
-  bargs, config = _train_args(args, objective, batch)
-  if attention:
-    config.model.attention = attention
+  bargs, config = _train_args(args, objective, batch, flags)
   t0 = time.perf_counter()
   prep = tb.benchmark(config, objective, bargs)
   setup_s = time.perf_counter() - t0
@@ -328,6 +333,7 @@ def train_row(args, objective: str, batch: int, attention=None):
     "objective": objective,
     "batch": batch,
     "attention": config.model.attention,
+    "head_vocab_chunk": prep["vocab_chunk"] if bargs.fused_head else None,
     "ms_per_step": 1e3 * step_s,
     "tokens_per_s": prep["clean"] / bargs.steps / step_s,
     "compile_s": prep["compile_s"],
@@ -916,40 +922,71 @@ def section_official(args, emit, left):
   return {"official": {k: info[k] for k in ("torch", "transformers", "python")}, "device": device}
 
 
-def _lever_rows(args, emit, left, table: str, attention=None, decode=False):
-  row = {"lever": table, "objective": "setdlm"}
-  batch = 16 if args.tiny else args.train_batch
-  if left() < 15:
-    emit(table, {**row, "skipped": "section time spent"})
-    return
-  try:
-    trow, prep, _ = train_row(args, "setdlm", batch, attention)
-    emit(table, {**row, "base_work": trow.pop("work"), **trow})
-    del prep
-  except Exception as e:  # a lever this backend refuses (cudnn off GPU): why
-    emit(table, {**row, "attention": attention, "error": f"{type(e).__name__}: {e}"[:300]})
-  if decode and left() > 15:
-    from setdiff_jax.sampling import SamplerConfig, set_generate
+# The training levers, in priority order: (name, benchmarks/training.py flags, batch factor,
+# same parameter draw as the reference). scan_layers draws its stacked parameters differently, and
+# twice the batch sees other rows, so neither has a comparable loss.
+LEVERS = (
+  ("cudnn attention", ("--attention=cudnn",), 1, True),
+  ("head over the whole vocabulary", ("--head_vocab_chunk=0",), 1, True),
+  ("logits head + loss", ("--fused_head=0",), 1, True),
+  ("xla attention", ("--attention=xla",), 1, True),
+  ("scan_layers", ("--scan_layers",), 1, False),
+  ("batch x2", (), 2, False),
+)
+REFERENCE_LEVER = "reference"
 
-    model, cfg, seq_len = _dit(args)
-    params, _ = random_params(cfg)
-    scfg = SamplerConfig(
-      mask_token_id=103,
-      eos_token_id=102,
-      pad_token_id=0,
-      max_new_tokens=seq_len - 1,
-      max_length=seq_len,
-      stop_at_eos=False,
-      window=4,
-    )
-    drow = decode_row(set_generate, model, params, [[101]], scfg, args.repeats)
-    drow.pop("_out")
-    emit(table, {"lever": table, "base_work": "decode setdlm4 b1 fp32", **drow})
+
+def lever_row(args, emit, table, lever, flags=(), factor=1, comparable=True, base_work=None):
+  """One training row of `lever` in `table`, paired with the row named `base_work`; a lever this
+  backend refuses records why. Returns the row's `work` (None if refused)."""
+  batch = (16 if args.tiny else args.train_batch) * factor
+  row = {"lever": lever, "objective": "setdlm", "flags": " ".join(flags)}
+  if factor != 1:
+    row["flags"] = f"--batch_size={batch}"
+  try:
+    trow, prep, _ = train_row(args, "setdlm", batch, flags)
+    del prep
+  except Exception as e:  # cudnn off GPU, a dtype it refuses: the reason is the result
+    emit(table, {**row, "error": f"{type(e).__name__}: {e}"[:300]})
+    return None
+  work = trow.pop("work")
+  if base_work is None:  # the levers' own reference: ratios pair within one section
+    emit(table, {**row, "work": f"levers {work}", **trow})
+  else:
+    emit(table, {**row, "base_work": base_work, "loss_comparable": comparable, **trow})
+  return work
 
 
 def section_levers(args, emit, left):
-  _lever_rows(args, emit, left, "cudnn attention", attention="cudnn")
+  work = lever_row(args, emit, "levers", REFERENCE_LEVER)
+  if work is None:
+    return {"error": "the reference training row failed (check.log)"}
+  for name, flags, factor, comparable in LEVERS:
+    if left() < 15:
+      emit("levers", {"lever": name, "skipped": "section time spent"})
+      continue
+    lever_row(args, emit, "levers", name, flags, factor, comparable, base_work=f"levers {work}")
   return {}
+
+
+def decode_lever_row(args, emit, table: str):
+  """The batch-1 SetDLM S = 4 fp32 decode row, for a lever (XLA:GPU flags)."""
+  from setdiff_jax.sampling import SamplerConfig, set_generate
+
+  model, cfg, seq_len = _dit(args)
+  params, _ = random_params(cfg)
+  scfg = SamplerConfig(
+    mask_token_id=103,
+    eos_token_id=102,
+    pad_token_id=0,
+    max_new_tokens=seq_len - 1,
+    max_length=seq_len,
+    stop_at_eos=False,
+    window=4,
+  )
+  drow = decode_row(set_generate, model, params, [[101]], scfg, args.repeats)
+  drow.pop("_out")
+  emit(table, {"lever": table, "base_work": "decode setdlm4 b1 fp32", **drow})
 
 
 def section_levers_xla(args, emit, left):
@@ -957,7 +994,12 @@ def section_levers_xla(args, emit, left):
 
   if jax.default_backend() != "gpu":
     return {"skipped": "XLA:GPU flags (a GPU backend only)"}
-  _lever_rows(args, emit, left, "xla gpu flags", decode=True)
+  table = "xla gpu flags"
+  batch = 16 if args.tiny else args.train_batch
+  if left() > 15:  # paired with the levers' reference row, else the train section's
+    lever_row(args, emit, table, table, base_work=f"levers train setdlm b{batch} bf16")
+  if left() > 15:
+    decode_lever_row(args, emit, table)
   return {"xla_flags": os.environ.get("XLA_FLAGS", "")}
 
 
@@ -1049,7 +1091,8 @@ def driver_argv(argv) -> list:
 
 def with_ratios(results: dict) -> None:
   """Adds ours and ours / official to the official rows, matching ours by `work`, and to each
-  lever row its speed-up and loss difference against the reference row it names."""
+  lever row its speed-up (tokens/s) and, where comparable, loss difference against the reference
+  row it names."""
   ours, base = {}, {}
   for name, res in results.items():
     if name != "official":
@@ -1059,10 +1102,12 @@ def with_ratios(results: dict) -> None:
           base[r["work"]] = r
   for name in ("levers", "levers_xla"):
     for r in results.get(name, {}).get("rows", []):
-      ref = base.get(r.get("base_work"))
+      work = r.get("base_work") or ""
+      # the levers' own reference row, else (levers not run) the train section's
+      ref = base.get(work) or base.get(work.removeprefix("levers "))
       if ref and r.get("tokens_per_s"):
         r["speedup"] = r["tokens_per_s"] / ref["tokens_per_s"]
-        if "loss" in r and "loss" in ref:
+        if r.get("loss_comparable", True) and "loss" in r and "loss" in ref:
           r["loss_minus_base"] = r["loss"] - ref["loss"]
   for r in results.get("official", {}).get("rows", []):
     if r.get("work") in ours:

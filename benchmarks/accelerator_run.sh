@@ -14,7 +14,10 @@
 #    pins only for the official worker's python), then runs python -m benchmarks.accelerator_check
 #    --official=.setdlms into $OUT (budget 450 s, killed at 520 s): table.md, results.jsonl,
 #    results.json, check.log, train_trace.json.gz, machine.txt.
+# A second, shorter pass for the training levers (their own reference row inside the section):
+#      SECTIONS=levers,levers_xla BUDGET=240 bash benchmarks/accelerator_run.sh run
 # Env: OUT (default /tmp/acc_out), BUDGET (450), TINY=1 (tiny shapes: a CPU run of this script),
+#      SECTIONS (accelerator_check --sections; default all, in priority order),
 #      PY (python3), PY_OFF (the official python; default: PY with the official wheels),
 #      OFFICIAL (where the official tree is copied to / read from; default /tmp/setdlms_official).
 set -u
@@ -67,5 +70,6 @@ OFFICIAL=${OFFICIAL:-/tmp/setdlms_official}  # outside the repository, as offici
 [ -d .setdlms ] && { rm -rf "$OFFICIAL"; cp -r .setdlms "$OFFICIAL"; }
 ARGS=(--output_dir="$OUT" --budget_s="$BUDGET" --official="$OFFICIAL" --official_python="$PY_OFF")
 [ "${TINY:-0}" = 1 ] && ARGS+=(--tiny --repeats=1)
+[ -n "${SECTIONS:-}" ] && ARGS+=(--sections="$SECTIONS")
 timeout $((BUDGET + 70)) $PY -m benchmarks.accelerator_check "${ARGS[@]}"
 echo "rc=$? (accelerator_check)"

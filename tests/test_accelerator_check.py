@@ -118,7 +118,17 @@ def test_accelerator_check_tiny(tmp_path):
   assert qwen[("ar", 1)]["kept_tokens_per_call"] <= 1.0
   assert qwen[("setdlm T=N/4", 1)]["kept_tokens_per_call"] > 2.0  # 4 per step, + the prefill
   assert rows["stack"][0]["fwd_bwd_ms"] > 0
-  (cudnn,) = rows["levers"]  # refused on CPU, with its reason
-  assert cudnn["attention"] == "cudnn" and "error" in cudnn
+  levers = {r["lever"]: r for r in rows["levers"]}
+  assert list(levers) == ["reference"] + [name for name, *_ in accelerator_check.LEVERS]
+  assert "error" in levers["cudnn attention"]  # refused on CPU, with its reason
+  for name, _, factor, comparable in accelerator_check.LEVERS[1:]:
+    r = levers[name]
+    assert r["speedup"] > 0 and r["batch"] == 16 * factor, r
+    if comparable:  # the same parameters, batches and keys: the same loss to bf16 rounding
+      assert abs(r["loss_minus_base"]) < 5e-2 * levers["reference"]["loss"], r
+    else:
+      assert "loss_minus_base" not in r
+  assert levers["head over the whole vocabulary"]["head_vocab_chunk"] == 0
+  assert levers["logits head + loss"]["head_vocab_chunk"] is None
   table = (out / "table.md").read_text()
   assert "| op_class | ms_per_step | share |" in table and "decode_qwen3: ok" in table
