@@ -47,7 +47,9 @@ PAD 0, BOS/CLS 101, EOS/SEP 102, MASK 103), no padding. Works, timed interleaved
   (8 sequential calls), marked with a dagger, not timed separately.
 
 Prints a markdown table work | official | ours | ours/official, the load average before and
-after, versions and thread counts.
+after, versions and thread counts. --out=DIR also writes official_speed.json (every round's times)
+and .md; --record=NAME publishes that JSON as benchmarks/results/NAME.json (a clean commit on
+main, a new name), whose table `python -m setdiff_jax.experiments.publish` puts in docs/results.
 """
 
 from __future__ import annotations
@@ -77,6 +79,19 @@ REQUIRED_FILES = (
   "src/datasets/collator.py",
 )
 TRAIN_METHODS = ("setdlm", "ar", "bd3lm", "mdlm")
+TITLE = "# Speed against the official code (benchmarks/official.py)"
+# What the numbers depend on (git pathspecs; the record's staleness): our training step and
+# samplers, and the drivers of both sides.
+MEASURED = (
+  "setdiff_jax",
+  ":(exclude)setdiff_jax/experiments",
+  ":(exclude)setdiff_jax/interop",
+  ":(exclude)setdiff_jax/rl",
+  ":(exclude)setdiff_jax/evaluation",
+  "benchmarks/official.py",
+  "benchmarks/training.py",
+  "benchmarks/sampling.py",
+)
 DECODE_WORKS = ("set4", "set8", "bd3lm", "ar", "set4_b8")
 PAD_ID, BOS_ID, EOS_ID, MASK_ID = 0, 101, 102, 103  # bert-base-uncased (training.py's ids)
 SET_SIZE, BLOCK_SIZE = 4, 4  # SetDLM S (S_max = 2S), BD3LM block S
@@ -139,6 +154,17 @@ def parse_args(argv=None):
     action="store_true",
     help="keep the temporary directory (exports, runs, logs) and print its path",
   )
+  p.add_argument("--out", default="", help="write official_speed.json / .md here")
+  p.add_argument(
+    "--record",
+    default=None,
+    help="publish the report as the record RESULTS_DIR/RECORD.json: only from a clean commit on "
+    "main's history, never over another record (needs --out)",
+  )
+  p.add_argument(
+    "--record_resume", action="store_true", help="--record: replace a re-report of the same commit"
+  )
+  p.add_argument("--results_dir", default=None, help="where --record writes (benchmarks/results)")
   p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # internal
   args = p.parse_args(argv)
   args.train = _split(args.train, TRAIN_METHODS, "--train")
@@ -656,11 +682,16 @@ def main(argv=None):
   args = parse_args(argv)
   if args.worker:
     return worker_main(args)
+  if args.record:
+    if not args.out or args.check != "speed":
+      raise SystemExit("error: --record needs --out=DIR and --check=speed (the timings it records)")
+    from benchmarks import compare_methods
+
+    compare_methods.check_record(args)  # refused before anything is measured
   load_before = os.getloadavg()
   import numpy as np
   from benchmarks import training as train_bench
   from benchmarks import sampling as sampling_bench
-  import jax
 
   sizes = args.sizes
   sampling_bench.FLAGS(
@@ -735,51 +766,111 @@ def main(argv=None):
     else:
       shutil.rmtree(tmp, ignore_errors=True)
 
+  rows = table_rows(works, args)
+  lines = summary_lines(rows, works, args, info, load_before, os.getloadavg())
+  text = "\n".join(lines)
+  print("\n" + text)
+  if args.out:
+    write_report(args, argv, rows, works, text)
+  return rows
+
+
+def table_rows(works, args) -> list:
+  """The table's rows: work, official and ours tok/s (medians over the rounds), per-round times."""
   rows = []
   for kind, name, off, ours in works:
     if kind == "train":
       o = statistics.median(off["clean"] * args.steps / t for t in off["times"])
       u = statistics.median(ours["clean"] / t for t in ours["times"])
-      rows.append({"work": work_label(kind, name), "official": o, "ours": u})
+      rows.append(
+        {
+          "work": work_label(kind, name),
+          "official": o,
+          "ours": u,
+          "official_seconds": list(off["times"]),
+          "ours_seconds": list(ours["times"]),
+        }
+      )
       continue
     row = {"work": work_label(kind, name), "ours": rate(ours["times"])}
+    row["ours_tokens_seconds"] = [list(t) for t in ours["times"]]
     if off:
       row["official"] = rate(off["times"])
+      row["official_tokens_seconds"] = [list(t) for t in off["times"]]
     else:  # batch 8: the official sampler is batch-1 only
       base = next((o for k, n, o, _ in works if n == "set4" and o), None)
       row["official"], row["mark"] = (rate(base["times"]), " †") if base else (None, "")
     rows.append(row)
-  load_after = os.getloadavg()
-  print()
-  print(markdown(rows))
-  print()
+  return rows
+
+
+def summary_lines(rows, works, args, info, load_before, load_after) -> list:
+  """The printed (and recorded) table with its footnotes: sizes, rounds, load, versions."""
+  import jax
+
+  lines = [markdown(rows), ""]
   b1 = next((w[3] for w in works if w[1] == "set4"), None)
   b8 = next((w[3] for w in works if w[1] == "set4_b8"), None)
   if b1 and b8:
-    print(f"ours set W=4: batch 8 / batch 1 tok/s = {rate(b8['times']) / rate(b1['times']):.2f}x")
+    lines.append(
+      f"ours set W=4: batch 8 / batch 1 tok/s = {rate(b8['times']) / rate(b1['times']):.2f}x"
+    )
   if b8:
-    print(
+    lines.append(
       "† the official sampler is batch-1 only (asserted in SetDLM.generate): its batch-8 "
       "figure is its batch-1 rate (8 sequential calls), not timed separately."
     )
-  print(
+  lines += [
     f"{'QUICK (tiny shapes: a harness check, not a speed claim); ' if args.quick else ''}"
-    f"sizes {sizes}; fp32; medians of {args.rounds} interleaved round(s) ({args.steps} timed "
-    f"train steps per round after {args.warmup} warm-up; one decode call per round)"
-  )
-  print(
+    f"sizes {args.sizes}; fp32; medians of {args.rounds} interleaved round(s) ({args.steps} timed "
+    f"train steps per round after {args.warmup} warm-up; one decode call per round)",
     f"load average (1/5/15 min) before {'/'.join(f'{x:.2f}' for x in load_before)}, after "
     f"{'/'.join(f'{x:.2f}' for x in load_after)}; {os.cpu_count()} CPUs "
-    f"({len(os.sched_getaffinity(0))} usable)"
-  )
-  print(
+    f"({len(os.sched_getaffinity(0))} usable)",
     f"official: torch {info['torch']} (threads {info['threads']}, interop {info['interop']}), "
-    f"transformers {info['transformers']}, {info['python']}, code {args.official_dir}"
-  )
-  print(
+    f"transformers {info['transformers']}, {info['python']}",
     f"ours: jax {jax.__version__} ({jax.default_backend()}, {jax.device_count()} device(s), "
-    f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r})"
+    f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r})",
+  ]
+  return lines
+
+
+def write_report(args, argv, rows, works, text) -> None:
+  """--out: official_speed.json (rows with every round's times, the printed text) and .md;
+  --record=NAME publishes the JSON as benchmarks/results/NAME.json."""
+  from benchmarks import compare_methods
+  from setdiff_jax.evaluation.results import hardware
+
+  os.makedirs(args.out, exist_ok=True)
+  report = dict(
+    args={k: v for k, v in vars(args).items() if k not in ("official_dir", "official_python")},
+    command="python -m benchmarks.official " + " ".join(_public_argv(argv)),
+    hardware=hardware(),
+    rows=rows,
+    markdown=TITLE + "\n\n" + text + "\n",
   )
+  for name, body in (
+    ("official_speed.json", json.dumps(report, indent=1)),
+    ("official_speed.md", text),
+  ):
+    tmp = os.path.join(args.out, f".{name}.{os.getpid()}")
+    with open(tmp, "w") as f:
+      f.write(body + "\n")
+    os.replace(tmp, os.path.join(args.out, name))
+  compare_methods.publish(args.out, "official_speed", args, MEASURED, images={})
+
+
+def _public_argv(argv) -> list:
+  """The command as anyone can rerun it: the local paths of the official side made generic."""
+  out = []
+  for a in argv:
+    key = a.split("=", 1)[0]
+    if key == "--official_dir":
+      a = "--official_dir=OFFICIAL_DIR"
+    elif key == "--official_python":
+      a = "--official_python=OFFICIAL_PYTHON"
+    out.append(a)
+  return out
 
 
 def run_check(args, official, tmp, info):

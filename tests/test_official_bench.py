@@ -1,13 +1,16 @@
 """benchmarks/official.py without the official code: argument checks, errors and the table.
 
 The side-by-side run itself needs an extracted kuleshov-group/setdlms checkout and is a
-benchmark (benchmarks/README.md); nothing here imports torch, jax or the official code.
+benchmark (benchmarks/README.md); nothing here imports torch or the official code.
 """
 
 import importlib.util
+import json
 import os
 
 import pytest
+
+from setdiff_jax.experiments.record import RecordError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -83,6 +86,58 @@ def test_markdown_table(bench):
     "| set W=4 decoding, batch 8 | 72 † | 418 | 5.81 |",
     "| no official | – | 5 | – |",
   ]
+
+
+def _works():
+  """Two rounds of a train work and the set W=4 batch-1 / batch-8 decode works, as main keeps them."""
+  train_off = {"clean": 100.0, "times": [2.0, 1.0]}
+  train_ours = {"clean": 20.0, "times": [0.1, 0.4]}  # per-step clean tokens and seconds
+  b1_off, b1 = {"times": [(127, 10.0), (127, 12.7)]}, {"times": [(127, 1.0), (127, 0.5)]}
+  b8 = {"times": [(1016, 2.0), (1016, 1.0)]}
+  return [
+    ("train", "ar", train_off, train_ours),
+    ("decode", "set4", b1_off, b1),
+    ("decode", "set4_b8", None, b8),
+  ]
+
+
+def test_report_rows_and_record_file(bench, tmp_path):
+  """Medians over the rounds (every round's times kept), the batch-8 row borrows the official
+  batch-1 rate with its dagger, and --out writes the JSON a record is published from, with the
+  official side's local paths replaced in the command."""
+  root = _fake_checkout(bench, tmp_path / "setdlms")
+  out = tmp_path / "out"
+  argv = [
+    f"--official_dir={root}",
+    "--official_python=/venv/bin/python",
+    "--rounds=2",
+    f"--out={out}",
+  ]
+  args = bench.parse_args(argv)
+  args.steps = 5
+  rows = bench.table_rows(_works(), args)
+  assert [r["official"] for r in rows] == [(500 + 250) / 2, 11.35, 11.35]  # medians of rates
+  assert [r["ours"] for r in rows] == [(200 + 50) / 2, 190.5, 762.0]
+  assert rows[0]["official_seconds"] == [2.0, 1.0] and rows[2]["mark"] == " †"
+  info = {"torch": "2.13.0", "threads": 2, "interop": 2, "transformers": "4.52.4", "python": "3.11"}
+  lines = bench.summary_lines(rows, _works(), args, info, (1.0, 1.0, 1.0), (2.0, 2.0, 2.0))
+  assert "ours set W=4: batch 8 / batch 1 tok/s = 4.00x" in lines
+  bench.write_report(args, argv, rows, _works(), "\n".join(lines))
+  report = json.loads((out / "official_speed.json").read_text())
+  assert report["command"] == (
+    "python -m benchmarks.official --official_dir=OFFICIAL_DIR "
+    f"--official_python=OFFICIAL_PYTHON --rounds=2 --out={out}"
+  )
+  assert report["markdown"].startswith(bench.TITLE) and "| 11 † | 762 |" in report["markdown"]
+  assert report["rows"] == json.loads(json.dumps(rows)) and "official_dir" not in report["args"]
+
+
+def test_record_is_refused_before_anything_is_measured(bench, tmp_path):
+  root = _fake_checkout(bench, tmp_path / "setdlms")  # empty files: measuring would fail
+  with pytest.raises(SystemExit, match="error: --record needs --out=DIR"):
+    bench.main([f"--official_dir={root}", "--record=x"])
+  with pytest.raises(RecordError):  # an existing record's name (and, locally, a dirty tree)
+    bench.main([f"--official_dir={root}", "--record=continuous_batching", f"--out={tmp_path}"])
 
 
 @pytest.fixture(scope="module")
