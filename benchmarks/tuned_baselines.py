@@ -285,12 +285,18 @@ def summarize(per_seed: Dict[str, Dict[int, List[Dict[str, Any]]]], p) -> Dict[s
       arrays = [matrix(m, setting)] + ([matrix(m, setting, "counts")] if corpus else [])
       iv = stats.interval(arrays, lambda *a: stat_of(a), p["bootstrap"])
       per = [stat_of([a[i : i + 1] for a in arrays]) for i in range(len(seeds))]
+      kept = [
+        [r for r in per_seed[m][s] if r["setting"] == setting][0].get("kept_tokens_per_call")
+        for s in seeds
+      ]
       rows.append(
         {
           "method": m,
           "setting": setting,
           "per_seed": per,
           "std": float(np.std(per, ddof=1)) if len(per) > 1 else 0.0,
+          # the speed axis (exact, not timed): tokens kept per forward call, mean over seeds
+          "kept_tokens_per_call": None if None in kept else float(np.mean(kept)),
           **iv,
         }
       )
@@ -317,6 +323,10 @@ def summarize(per_seed: Dict[str, Dict[int, List[Dict[str, Any]]]], p) -> Dict[s
   return {"rows": rows, "comparisons": comps}
 
 
+def _kept(x) -> str:
+  return "-" if x is None else f"{x:.2f}"
+
+
 def report_markdown(record: Dict[str, Any]) -> str:
   p, corpus = record["plan"], record["plan"]["task"] == "corpus"
   unit, scale = ("NLL (nats/token)", 1.0) if corpus else ("accuracy %", 100.0)
@@ -329,6 +339,7 @@ def report_markdown(record: Dict[str, Any]) -> str:
     ]
     for m in p["methods"]
   ]
+  speed = not corpus and any(r.get("kept_tokens_per_call") for r in record["summary"]["rows"])
   main = [
     [
       r["method"],
@@ -336,6 +347,7 @@ def report_markdown(record: Dict[str, Any]) -> str:
       f"{fmt(r['point'])} ± {fmt(r['std'])}",
       f"[{fmt(r['lo'])}, {fmt(r['hi'])}]",
       " / ".join(fmt(x) for x in r["per_seed"]),
+      *([_kept(r.get("kept_tokens_per_call"))] if speed else []),
     ]
     for r in record["summary"]["rows"]
   ]
@@ -366,9 +378,18 @@ def report_markdown(record: Dict[str, Any]) -> str:
     ),
     "",
     f"Test {unit}: mean ± std over seeds, 95 % hierarchical bootstrap interval (seeds, then "
-    f"shared problems; {p['bootstrap']} resamples), per seed:",
+    f"shared problems; {p['bootstrap']} resamples), per seed"
+    + (
+      "; the speed axis: tokens kept per forward call (prompt prefill included), mean over seeds:"
+      if not corpus
+      else ":"
+    ),
     "",
-    markdown_table(["method", "setting", f"{unit} (mean ± std)", "95% CI", "per seed"], main),
+    markdown_table(
+      ["method", "setting", f"{unit} (mean ± std)", "95% CI", "per seed"]
+      + (["kept tokens / call"] if speed else []),
+      main,
+    ),
     "",
   ]
   if comp:

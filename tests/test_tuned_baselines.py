@@ -62,6 +62,31 @@ def test_summary_means_intervals_and_holm_on_hand_made_outcomes():
   np.testing.assert_allclose([c["p_holm"] for c in out["comparisons"]], tb.stats.holm(ps))
 
 
+def test_the_table_has_the_speed_axis_kept_tokens_per_call():
+  """Accuracy tables carry each setting's kept tokens per forward call, the mean over seeds (the
+  exact speed axis); a setting missing it on any seed shows '-'."""
+  p = _plan(methods="ar,setdlm4", seeds="0,1", bootstrap=100)
+  p["lr_grid"] = [2e-3]
+
+  def rows(kept):
+    out = _rows(["W=4 tau=off"], [[1, 0]])
+    out[0]["kept_tokens_per_call"] = kept
+    return out
+
+  per_seed = {
+    "ar": {0: rows(0.9), 1: rows(None)},
+    "setdlm4": {0: rows(2.0), 1: rows(3.5)},
+  }
+  summary = tb.summarize(per_seed, p)
+  kept = {r["method"]: r["kept_tokens_per_call"] for r in summary["rows"]}
+  assert kept == {"ar": None, "setdlm4": 2.75}
+  choice = {m: {"val": {"0.002": 0.5}, "chosen": 2e-3} for m in p["methods"]}
+  text = tb.report_markdown({"plan": p, "lr_choice": choice, "summary": summary, "command": "x"})
+  header = next(line for line in text.splitlines() if line.startswith("| method | setting"))
+  assert header.endswith("| kept tokens / call |")
+  assert "| 50.0 / 50.0 | 2.75 |" in text and "| 50.0 / 50.0 | - |" in text
+
+
 def test_corpus_summary_is_a_ratio_of_sums():
   p = _plan(task="corpus", methods="ar,setdlm4", seeds="0,1", bootstrap=200)
   row = lambda v, c: [{"setting": "bound", "score": 0.0, "values": v, "counts": c}]  # noqa: E731
