@@ -34,7 +34,7 @@ import json
 import os
 import sys
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 if __name__ == "__main__" and not __package__:  # a file run cannot import configs/, benchmarks/
   sys.exit(
@@ -74,6 +74,13 @@ def parse_args(argv=None):
   p.add_argument("--output_dir", default="/tmp/setdiff_tuned_baselines")
   p.add_argument("--methods", default=None, help="comma-separated (default per task, see above)")
   p.add_argument("--lr_grid", default=LR_GRID, help="learning rates tried on the lr seed")
+  p.add_argument(
+    "--widen",
+    type=int,
+    default=1,
+    help="times a method's grid is widened by one step while its validation optimum sits "
+    "strictly best on an edge (0 = the grid as given)",
+  )
   p.add_argument("--lr_seed", type=int, default=0, help="the seed whose validation split chooses")
   p.add_argument("--seeds", default="0,1,2", help="seeds trained at the chosen learning rates")
   p.add_argument("--steps", type=int, default=None, help="training steps (the task's recipe)")
@@ -101,6 +108,7 @@ def plan(args) -> Dict[str, Any]:
     quick=q,
     methods=[m.strip() for m in (args.methods or METHODS[task]).split(",") if m.strip()],
     lr_grid=_floats(args.lr_grid),
+    widen=int(args.widen),
     lr_seed=int(args.lr_seed),
     seeds=[int(s) for s in args.seeds.split(",") if s.strip()],
     steps=args.steps or (4 if q else steps.get(task, 700)),
@@ -264,6 +272,37 @@ def choose_lr(val: Dict[float, float], lower_is_better: bool) -> float:
   return min(sorted(val), key=lambda lr: (sign * val[lr], lr))
 
 
+def widened(val: Dict[float, float], lower_is_better: bool) -> Optional[float]:
+  """The learning rate to try next when the validation optimum sits on an edge of the tried
+  grid and is strictly better than its neighbour (the optimum may lie outside): one grid step
+  (the ratio of the two outermost rates on that side, x2 for a single rate) further out; None
+  when the optimum is inside, or ties its neighbour (a flat curve says nothing about outside)."""
+  grid = sorted(val)
+  if len(grid) < 2:
+    return None
+  best, sign = choose_lr(val, lower_is_better), 1.0 if lower_is_better else -1.0
+  if best == grid[0] and sign * val[grid[0]] < sign * val[grid[1]]:
+    return grid[0] * grid[0] / grid[1]
+  if best == grid[-1] and sign * val[grid[-1]] < sign * val[grid[-2]]:
+    return grid[-1] * grid[-1] / grid[-2]
+  return None
+
+
+def choose_with_widening(method: str, p, score, lower_is_better: bool, log) -> Dict[str, Any]:
+  """Scores the grid on the lr seed's validation split (`score(lr) -> float`), widens it at
+  most `p["widen"]` times while the optimum sits on an edge (`widened`), and chooses."""
+  val = {lr: score(lr) for lr in p["lr_grid"]}
+  for _ in range(p["widen"]):
+    extra = widened(val, lower_is_better)
+    if extra is None:
+      break
+    extra = float(f"{extra:.3g}")
+    log(f"[{method}] validation optimum on the grid's edge: also trying lr {extra:g}")
+    val[extra] = score(extra)
+  chosen = choose_lr(val, lower_is_better)
+  return {"val": {f"{lr:g}": val[lr] for lr in sorted(val)}, "chosen": chosen}
+
+
 def summarize(per_seed: Dict[str, Dict[int, List[Dict[str, Any]]]], p) -> Dict[str, Any]:
   """Per (method, setting): mean over seeds with its hierarchical interval; SetDLM vs every other
   method at the same setting label: paired hierarchical interval, p, Holm-adjusted p."""
@@ -323,6 +362,10 @@ def summarize(per_seed: Dict[str, Dict[int, List[Dict[str, Any]]]], p) -> Dict[s
   return {"rows": rows, "comparisons": comps}
 
 
+def _val(x, fmt) -> str:
+  return "-" if x is None else fmt(x)
+
+
 def _kept(x) -> str:
   return "-" if x is None else f"{x:.2f}"
 
@@ -331,10 +374,11 @@ def report_markdown(record: Dict[str, Any]) -> str:
   p, corpus = record["plan"], record["plan"]["task"] == "corpus"
   unit, scale = ("NLL (nats/token)", 1.0) if corpus else ("accuracy %", 100.0)
   fmt = (lambda x: f"{x * scale:.3f}") if corpus else (lambda x: f"{x * scale:.1f}")
+  tried = sorted({float(lr) for m in p["methods"] for lr in record["lr_choice"][m]["val"]})
   lr_rows = [
     [
       m,
-      *[fmt(record["lr_choice"][m]["val"][f"{lr:g}"]) for lr in p["lr_grid"]],
+      *[_val(record["lr_choice"][m]["val"].get(f"{lr:g}"), fmt) for lr in tried],
       f"{record['lr_choice'][m]['chosen']:g}",
     ]
     for m in p["methods"]
@@ -367,15 +411,20 @@ def report_markdown(record: Dict[str, Any]) -> str:
     "",
     f"Command: `{record['command']}`",
     "",
-    f"Each method's learning rate chosen from {', '.join(f'{x:g}' for x in p['lr_grid'])} on "
+    f"Each method's learning rate chosen from {', '.join(f'{x:g}' for x in p['lr_grid'])}"
+    + (
+      f" (widened by one step, at most {p['widen']} time(s), where the optimum sat strictly best "
+      "on an edge; '-': not tried)"
+      if p.get("widen")
+      else ""
+    )
+    + " on "
     f"seed {p['lr_seed']}'s validation split ({'even validation rows, one-order bound' if corpus else str(p['num_val']) + ' problems, greedy, tau off'}; "
     "ties to the smaller), then seeds "
     f"{', '.join(map(str, p['seeds']))} at the chosen value; {p['steps']} steps. "
     f"Test: {'odd validation rows' if corpus else str(p['num_test']) + ' problems per seed'}.",
     "",
-    markdown_table(
-      ["method", *[f"val {unit} at lr {lr:g}" for lr in p["lr_grid"]], "chosen lr"], lr_rows
-    ),
+    markdown_table(["method", *[f"val {unit} at lr {lr:g}" for lr in tried], "chosen lr"], lr_rows),
     "",
     f"Test {unit}: mean ± std over seeds, 95 % hierarchical bootstrap interval (seeds, then "
     f"shared problems; {p['bootstrap']} resamples), per seed"
@@ -418,12 +467,9 @@ def main(argv=None, log=print) -> Dict[str, Any]:
   choice, per_seed = {}, {}
   with cm.jax_settings({"jax_disable_most_optimizations": True} if p["quick"] else {}):
     for m in p["methods"]:
-      val = {
-        lr: cached_score(m, lr, p["lr_seed"], p, out_dir, "val", log)[0]["score"]
-        for lr in p["lr_grid"]
-      }
-      chosen = choose_lr(val, lower)
-      choice[m] = {"val": {f"{lr:g}": v for lr, v in val.items()}, "chosen": chosen}
+      val_score = lambda lr: cached_score(m, lr, p["lr_seed"], p, out_dir, "val", log)[0]["score"]  # noqa: E731
+      choice[m] = choose_with_widening(m, p, val_score, lower, log)
+      chosen = choice[m]["chosen"]
       log(f"[{m}] learning rate {chosen:g} (validation: {choice[m]['val']})")
       per_seed[m] = {s: cached_score(m, chosen, s, p, out_dir, "test", log) for s in p["seeds"]}
   record = {

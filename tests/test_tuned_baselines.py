@@ -21,6 +21,32 @@ def test_choose_lr_best_validation_ties_to_the_smaller():
   assert tb.choose_lr({4e-3: 0.5, 1e-3: 0.5}, lower_is_better=False) == 1e-3
 
 
+def test_the_grid_widens_only_where_the_optimum_sits_strictly_best_on_an_edge():
+  grid = {1e-3: 0.81, 2e-3: 0.17, 4e-3: 0.03}
+  assert tb.widened(grid, lower_is_better=False) == pytest.approx(5e-4)
+  assert tb.widened({1e-3: 0.1, 2e-3: 0.5, 4e-3: 0.9}, False) == pytest.approx(8e-3)
+  assert tb.widened({1e-3: 2.0, 2e-3: 1.0, 4e-3: 1.5}, True) is None  # inside
+  assert tb.widened({1e-3: 0.0, 2e-3: 0.0, 4e-3: 0.0}, False) is None  # flat: says nothing
+  assert tb.widened({1e-3: 1.9, 2e-3: 2.0}, True) == pytest.approx(5e-4)  # NLL: lower is better
+  assert tb.widened({1e-3: 0.5}, False) is None
+
+
+def test_choose_with_widening_tries_outward_at_most_widen_times():
+  curve = {5e-4: 0.86, 2.5e-4: 0.90, 1.25e-4: 0.88}  # the optimum two steps below the grid
+  scored, logs = [], []
+
+  def score(lr):
+    scored.append(lr)
+    return {1e-3: 0.81, 2e-3: 0.17, 4e-3: 0.03}.get(lr, curve.get(float(f"{lr:.3g}")))
+
+  p = _plan(widen=2)
+  out = tb.choose_with_widening("bd3lm4", p, score, False, logs.append)
+  assert scored == [1e-3, 2e-3, 4e-3, 5e-4, 2.5e-4] and out["chosen"] == 2.5e-4
+  assert list(out["val"]) == ["0.00025", "0.0005", "0.001", "0.002", "0.004"]
+  assert "also trying lr 0.0005" in logs[0]
+  assert tb.choose_with_widening("x", _plan(widen=0), score, False, print)["chosen"] == 1e-3
+
+
 def test_plan_checks_the_splits_and_the_lr_seed():
   with pytest.raises(ValueError, match="held-out problems"):
     _plan(num_val=150, num_test=107)
@@ -85,6 +111,9 @@ def test_the_table_has_the_speed_axis_kept_tokens_per_call():
   header = next(line for line in text.splitlines() if line.startswith("| method | setting"))
   assert header.endswith("| kept tokens / call |")
   assert "| 50.0 / 50.0 | 2.75 |" in text and "| 50.0 / 50.0 | - |" in text
+  choice["ar"]["val"]["0.001"] = 0.25  # a rate one method tried: '-' for the others
+  text = tb.report_markdown({"plan": p, "lr_choice": choice, "summary": summary, "command": "x"})
+  assert "| ar | 25.0 | 50.0 | 0.002 |" in text and "| setdlm4 | - | 50.0 | 0.002 |" in text
 
 
 def test_corpus_summary_is_a_ratio_of_sums():
@@ -106,6 +135,7 @@ def test_quick_run_chooses_on_validation_and_reruns_from_its_caches(tmp_path):
     "--quick",
     "--methods=bd3lm4,setdlm4",
     "--lr_grid=1e-3,2e-3",
+    "--widen=0",  # the grid as given (widening: the tests above)
     "--seeds=0,1",
     f"--output_dir={tmp_path}",
   ]
