@@ -598,9 +598,27 @@ def decode_row(sampler, model, params, prompts, scfg, repeats: int, rng_seed: in
   }
 
 
+def dit_decode_config(seq_len: int, window=None):
+  """The DiT decode rows' sampler config: greedy from BOS, L - 1 new tokens, no EOS stop, tau off
+  (`window`: the set sampler's W; None for AR)."""
+  from setdiff_jax.sampling import CommitPolicy, SamplerConfig
+
+  base = SamplerConfig(
+    mask_token_id=103,
+    eos_token_id=102,
+    pad_token_id=0,
+    bos_token_id=101,
+    max_new_tokens=seq_len - 1,
+    max_length=seq_len,
+    stop_at_eos=False,
+    greedy=True,
+  )
+  return base if window is None else base.replace(window=window, policy=CommitPolicy())
+
+
 def section_decode_dit(args, emit, left):
   from setdiff_jax import decoding
-  from setdiff_jax.sampling import CommitPolicy, SamplerConfig, ar_generate, set_generate
+  from setdiff_jax.sampling import ar_generate, set_generate
 
   summary = {}
   bw = _device_summary(args).get("copy_gb_per_s")
@@ -610,20 +628,10 @@ def section_decode_dit(args, emit, left):
     params, init_s = random_params(cfg)
     summary.setdefault("init_s", init_s)
     params = decoding.decode_weights(params, weights)
-    base = SamplerConfig(
-      mask_token_id=103,
-      eos_token_id=102,
-      pad_token_id=0,
-      bos_token_id=101,
-      max_new_tokens=seq_len - 1,
-      max_length=seq_len,
-      stop_at_eos=False,
-      greedy=True,
-    )
     nbytes = param_bytes(params)
     for name, tag, sampler, scfg in (
-      ("setdlm S=4", "setdlm4", set_generate, base.replace(window=4, policy=CommitPolicy())),
-      ("ar", "ar", ar_generate, base),
+      ("setdlm S=4", "setdlm4", set_generate, dit_decode_config(seq_len, window=4)),
+      ("ar", "ar", ar_generate, dit_decode_config(seq_len)),
     ):
       if left() < 10:
         emit("decode_dit", {"sampler": name, "weights": weights, "skipped": "section time spent"})
@@ -971,19 +979,11 @@ def section_levers(args, emit, left):
 
 def decode_lever_row(args, emit, table: str):
   """The batch-1 SetDLM S = 4 fp32 decode row, for a lever (XLA:GPU flags)."""
-  from setdiff_jax.sampling import SamplerConfig, set_generate
+  from setdiff_jax.sampling import set_generate
 
   model, cfg, seq_len = _dit(args)
   params, _ = random_params(cfg)
-  scfg = SamplerConfig(
-    mask_token_id=103,
-    eos_token_id=102,
-    pad_token_id=0,
-    max_new_tokens=seq_len - 1,
-    max_length=seq_len,
-    stop_at_eos=False,
-    window=4,
-  )
+  scfg = dit_decode_config(seq_len, window=4)  # the decode_dit row it is paired with
   drow = decode_row(set_generate, model, params, [[101]], scfg, args.repeats)
   drow.pop("_out")
   emit(table, {"lever": table, "base_work": "decode setdlm4 b1 fp32", **drow})
