@@ -123,3 +123,11 @@ def test_every_record_has_a_reachable_commit_or_says_why_it_stays():
     prov = rec.get("provenance") or {}
     assert on_history or (prov.get("measured") and prov.get("why_kept")), name
     assert rec.get("measured_paths") and rec.get("markdown") and rec.get("date"), name
+
+
+def test_the_page_title_is_the_records_leading_heading():
+  from setdiff_jax.experiments.publish import _title_and_body
+
+  assert _title_and_body("## Tuned\n\nbody", "n") == ("Tuned", "body")
+  assert _title_and_body("# Speed\n\n| a |", "n") == ("Speed", "| a |")
+  assert _title_and_body("| a |\n", "name") == ("name", "| a |")

@@ -97,9 +97,12 @@ def status(rec: Dict[str, Any], repo: str) -> Dict[str, str]:
 
 
 def _title_and_body(markdown: str, name: str):
+  """(title, body): the record markdown's leading '#' or '##' heading is the page's title; without
+  one, the record's name."""
   lines = (markdown or "").strip("\n").split("\n")
-  if lines and lines[0].startswith("## "):
-    return lines[0][3:].strip(), "\n".join(lines[1:]).strip("\n")
+  for mark in ("# ", "## "):
+    if lines and lines[0].startswith(mark):
+      return lines[0][len(mark) :].strip(), "\n".join(lines[1:]).strip("\n")
   return name, "\n".join(lines).strip("\n")
 
 
