@@ -22,7 +22,7 @@ from setdiff_jax import models
 from setdiff_jax.models import param_shapes
 from setdiff_jax.models.dit import DiTConfig
 from setdiff_jax.models.qwen3 import Qwen3Config
-from setdiff_jax.sampling import SamplerConfig, ar_sampler, baselines, set_sampler
+from setdiff_jax.sampling import SamplerConfig, ar_sampler, baselines, continuous, set_sampler
 
 LAYERS = 2
 WRITES = ("dynamic_update_slice", "scatter")
@@ -179,3 +179,26 @@ def test_the_checks_see_a_write_in_a_branch_and_a_host_callback():
   )
   assert step_writes(closed) == {("branch", (1, 2, 8, 4)): 1}
   assert host_work(closed) == ["debug_callback"]
+
+
+@pytest.mark.parametrize("kind,name", [("set", "_set_slots_core"), ("causal", "_ar_slots_core")])
+def test_continuous_batching_writes_each_cache_leaf_once_per_load_and_once_per_step(
+  tiny, monkeypatch, kind, name
+):
+  """The slot loop: a load (the prefilled rows into their free slots) and a step (the append)
+  per iteration, each once per KV leaf and outside the load's `cond` (module docstring of
+  sampling/continuous.py); no host work in the loop."""
+  model, params = tiny
+  prompts = [[1, 10, 11], [1, 5], [1, 7, 8, 9]]
+  cfg = _cfg(window=3) if kind == "set" else _cfg()
+
+  def generate(*args):
+    return continuous.continuous_generate(kind, *args, slots=2)
+
+  closed, out = traced_core(monkeypatch, continuous, name, generate, model, params, prompts, cfg)
+  writes = step_writes(closed)
+  kv = {k: n for k, n in writes.items() if len(k[1]) == 4 and k[1][0] == 2}  # [slots, ...]
+  assert kv and all(w == "step" for w, _ in kv), writes
+  assert sum(kv.values()) == 2 * 2 * LAYERS  # load + step, K and V, each layer
+  assert host_work(closed) == []
+  assert len(out.result.sequences) == 3
