@@ -119,3 +119,18 @@ def test_launch_evaluate_on_a_run(quick_run, tmp_path):
     rec = json.load(f)
   assert rec["objective"] == "ar" and rec["likelihood"]["num_sequences"] == 8
   assert rec["samples"][0]["num_samples"] == 2 and rec["samples"][0]["gen_ppl"] > 1
+
+
+def test_compare_seeds_reads_a_real_report(quick_run):
+  """benchmarks/compare_seeds on the quick run's own report, relabelled as three seeds: every
+  column it reads exists in what compare_methods writes (the schema, not the statistics)."""
+  from benchmarks import compare_seeds
+
+  _, record = quick_run
+  runs = [dict(json.loads(json.dumps(record)), seed=s) for s in (0, 1, 2)]
+  out = compare_seeds.summarize(runs, "setdlm2")
+  for m in METHODS:
+    cols = out["summary"][m]
+    for c in ("val NLL (1 order)", "tok/step b=2 tau 0.9", "gen PPL tau off", "R-L cloze-1"):
+      assert cols[c]["std"] == 0.0 and cols[c]["mean"] == cols[c]["lo"], (m, c)
+  assert {r["method"] for r in out["pairs"]} == {"ar", "mdlm", "bd3lm4"}

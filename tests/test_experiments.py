@@ -226,3 +226,32 @@ def test_a_record_that_cannot_be_written_is_refused_before_the_run(repo, monkeyp
   monkeypatch.setattr(continuous_batching, "run", measured)
   with pytest.raises(record.RecordError, match="uncommitted"):
     continuous_batching.main(["--quick", "--record=t_three", f"--results_dir={results}"])
+
+
+def test_t_distribution_against_printed_tables():
+  # two-sided 95 % critical values from a printed t table (Fisher & Yates), and the normal limit
+  for df, crit in ((1, 12.706), (2, 4.303), (3, 3.182), (4, 2.776), (10, 2.228), (30, 2.042)):
+    assert stats.t_quantile(0.975, df) == pytest.approx(crit, abs=6e-4)
+  assert stats.t_quantile(0.975, 5000) == pytest.approx(1.960, abs=1e-3)
+  assert stats.t_cdf(1.0, 1) == pytest.approx(0.75)  # Cauchy: 1/2 + atan(1)/pi
+  assert stats.t_cdf(0.0, 7) == 0.5 and stats.t_cdf(-2.0, 3) == pytest.approx(1 - stats.t_cdf(2, 3))
+  # df = 2 has a closed form: F(x) = 1/2 + x / (2 sqrt(2 + x^2))
+  for x in (-3.0, 0.4, 9.0):
+    assert stats.t_cdf(x, 2) == pytest.approx(0.5 + x / (2 * (2 + x * x) ** 0.5), abs=1e-12)
+  with pytest.raises(ValueError):
+    stats.t_quantile(1.0, 3)
+
+
+def test_seed_intervals_by_hand():
+  # mean 5.2, sample std 0.2, half width 4.303 * 0.2 / sqrt(3) = 0.4968
+  s = stats.seed_summary([5.0, 5.2, 5.4])
+  assert s["mean"] == pytest.approx(5.2) and s["std"] == pytest.approx(0.2) and s["n"] == 3
+  assert (s["lo"], s["hi"]) == pytest.approx((5.2 - 0.49683, 5.2 + 0.49683), abs=1e-4)
+  # differences 1, 0.9, 0.9: mean 0.9333, std 0.0577, t = 28.0 on 2 df -> p = 0.00127
+  d = stats.paired_seed_difference([5.0, 5.2, 5.4], [4.0, 4.3, 4.5])
+  assert d["point"] == pytest.approx(0.93333, abs=1e-5)
+  assert d["p"] == pytest.approx(2 * (1 - (0.5 + 28.0 / (2 * (2 + 28.0**2) ** 0.5))), rel=1e-3)
+  assert stats.paired_seed_difference([1, 2, 3], [0, 1, 2])["p"] == 0.0  # a constant shift
+  assert stats.paired_seed_difference([1, 2, 3], [1, 2, 3])["p"] == 1.0
+  with pytest.raises(ValueError, match=">= 2"):
+    stats.seed_summary([1.0])

@@ -11,10 +11,15 @@ draws its own. Arms passed together are resampled with the same indices (paired)
 
 `holm` adjusts p-values for m comparisons read together (Holm 1979: step-down Bonferroni; it
 controls the family-wise error rate under any dependence).
+
+Where a record keeps only one number per seed (a mean over its problems, a perplexity), the seeds
+are the sample: `seed_summary` and `paired_seed_difference` give Student-t intervals and p-values
+over them (`t_cdf` / `t_quantile`, computed here so that numpy is the only dependency).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Dict, Sequence
 
 import numpy as np
@@ -105,6 +110,63 @@ def paired_difference(a, b, n_boot: int = 2000, seed: int = 0, problems: str = "
   """Arm a minus arm b (each [seeds, problems], same seeds and problems): mean difference with
   its hierarchical interval and p-value of 0."""
   return interval([a, b], mean_difference, n_boot, seed, problems)
+
+
+def t_cdf(x: float, df: int) -> float:
+  """P(T <= x) for Student's t with `df` degrees of freedom. With t = sqrt(df) tan(theta) the
+  density becomes c cos(theta)^(df - 1) on (-pi/2, pi/2), c = Gamma((df+1)/2) / (sqrt(pi)
+  Gamma(df/2)): a smooth integrand on a bounded interval, integrated by Simpson's rule."""
+  if df < 1:
+    raise ValueError(f"t distribution: df={df}, need >= 1")
+  theta = math.atan(x / math.sqrt(df))
+  n = 2000  # even; the error is ~1e-12 for df <= 100
+  grid = np.linspace(0.0, abs(theta), n + 1)
+  f = np.cos(grid) ** (df - 1)
+  area = (abs(theta) / (3 * n)) * (f[0] + f[-1] + 4 * f[1:-1:2].sum() + 2 * f[2:-1:2].sum())
+  c = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(math.pi)
+  return float(0.5 + math.copysign(c * area, theta))
+
+
+def t_quantile(prob: float, df: int) -> float:
+  """The x with t_cdf(x, df) = prob (bisection; prob in (0, 1))."""
+  if not 0.0 < prob < 1.0:
+    raise ValueError(f"t quantile: prob={prob}, need 0 < prob < 1")
+  lo, hi = -1.0, 1.0
+  while t_cdf(lo, df) > prob:
+    lo *= 2
+  while t_cdf(hi, df) < prob:
+    hi *= 2
+  for _ in range(100):
+    mid = 0.5 * (lo + hi)
+    lo, hi = (mid, hi) if t_cdf(mid, df) < prob else (lo, mid)
+  return 0.5 * (lo + hi)
+
+
+def seed_summary(values: Sequence[float], level: float = 0.95) -> Dict[str, float]:
+  """{'mean', 'std', 'lo', 'hi', 'n'} of one number per seed: the sample std (n - 1) and the
+  Student-t interval of the mean. Needs >= 2 seeds."""
+  v = np.asarray(values, float)
+  if v.ndim != 1 or len(v) < 2:
+    raise ValueError(f"an interval over seeds needs >= 2 values per seed list, got {v.shape}")
+  mean, std = float(v.mean()), float(v.std(ddof=1))
+  half = t_quantile(0.5 + level / 2, len(v) - 1) * std / math.sqrt(len(v))
+  return {"mean": mean, "std": std, "lo": mean - half, "hi": mean + half, "n": len(v)}
+
+
+def paired_seed_difference(a: Sequence[float], b: Sequence[float], level: float = 0.95):
+  """a minus b, one number per seed each, paired by seed (the same seed's data order and
+  sampling draws): {'point', 'lo', 'hi', 'p', 'n'}, the paired t interval and the two-sided
+  p-value of 0 (all seeds' differences equal: p = 1 when they are 0, else 0)."""
+  a, b = np.asarray(a, float), np.asarray(b, float)
+  if a.shape != b.shape:
+    raise ValueError(f"paired seeds: {a.shape} vs {b.shape}")
+  s = seed_summary(a - b, level)
+  if s["std"] == 0.0:
+    p = 1.0 if s["mean"] == 0.0 else 0.0
+  else:
+    t = s["mean"] / (s["std"] / math.sqrt(s["n"]))
+    p = 2.0 * (1.0 - t_cdf(abs(t), s["n"] - 1))
+  return {"point": s["mean"], "lo": s["lo"], "hi": s["hi"], "p": float(min(1.0, p)), "n": s["n"]}
 
 
 def holm(p_values: Sequence[float]) -> np.ndarray:
