@@ -13,7 +13,7 @@ the paired t interval and Holm over the whole family (`experiments.stats`).
 
 --runs: record names in --results_dir (default benchmarks/results) or paths of results.json
 files. They must agree on everything but the seed (the commit, methods, learning rates, plan,
-recipe, sampling); else one `error:` line names the difference. At least 3 seeds.
+recipe, sampling, hardware); else one `error:` line names the difference. At least 3 seeds.
 --record=NAME publishes the table as a record (clean commit on main; `experiments.record`).
 """
 
@@ -37,7 +37,7 @@ from setdiff_jax.experiments import stats  # noqa: E402
 NAME = "compare_seeds"
 MIN_SEEDS = 3
 # Fields every run must share; the command may differ only in these flags.
-SHARED_FIELDS = ("commit", "methods", "lrs", "plan", "recipe", "top_p", "quick")
+SHARED_FIELDS = ("commit", "methods", "lrs", "plan", "recipe", "top_p", "quick", "hardware")
 PER_SEED_FLAGS = ("--seed", "--output_dir", "--record", "--record_resume", "--results_dir")
 TAU_HI = "0.9"  # the threshold of the tau columns (compare_methods' table shows off and 0.9)
 
@@ -226,6 +226,7 @@ def main(argv=None, log=print) -> Dict[str, Any]:
   runs = [load_run(r, results_dir) for r in refs]
   report = {"refs": refs, "against": args.against, **summarize(runs, args.against)}
   report["runs"] = [{k: r.get(k) for k in SHARED_FIELDS + ("seed", "command")} for r in runs]
+  report["hardware"] = runs[0].get("hardware")  # the same for every run (check_runs)
   report["command"] = "python -m benchmarks.compare_seeds " + " ".join(
     argv if argv is not None else sys.argv[1:]
   )

@@ -38,6 +38,7 @@ def _run(seed, ar_nll, set_nll, set_rouge, lrs=None):
     "command": f"python -m benchmarks.compare_methods --methods=ar,setdlm4 --seed={seed} "
     f"--output_dir=/tmp/s{seed}",
     "commit": "abc",
+    "hardware": {"backend": "cpu", "cpu": "test", "cpu_count": 2, "jax": "0.10.2"},
     "seed": seed,
     "methods": ["ar", "setdlm4"],
     "lrs": lrs or {"ar": 4e-3, "setdlm4": 2e-3},
@@ -97,6 +98,7 @@ def test_main_reads_files_and_writes_the_table(tmp_path):
   )
   written = json.loads((out / "compare_seeds.json").read_text())
   assert written["seeds"] == [0, 1, 2] and written["markdown"] == report["markdown"]
+  assert written["hardware"]["cpu"] == "test"  # docs/results shows the device
   assert "5.200 ± 0.200" in report["markdown"] and "setdlm4 - ar" in report["markdown"]
   with pytest.raises(ValueError, match="no file"):
     compare_seeds.main([f"--runs={tmp_path}/nope.json,a,b"], log=lambda *a: None)
