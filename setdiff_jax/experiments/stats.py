@@ -147,7 +147,9 @@ def seed_summary(values: Sequence[float], level: float = 0.95) -> Dict[str, floa
   Student-t interval of the mean. Needs >= 2 seeds."""
   v = np.asarray(values, float)
   if v.ndim != 1 or len(v) < 2:
-    raise ValueError(f"an interval over seeds needs >= 2 values per seed list, got {v.shape}")
+    raise ValueError(
+      f"an interval over seeds needs >= 2 values (one per seed), got shape {v.shape}"
+    )
   mean, std = float(v.mean()), float(v.std(ddof=1))
   half = t_quantile(0.5 + level / 2, len(v) - 1) * std / math.sqrt(len(v))
   return {"mean": mean, "std": std, "lo": mean - half, "hi": mean + half, "n": len(v)}
