@@ -42,9 +42,11 @@ setup(
     # ~3 s to import); without it that file is skipped. ruff: the linter (ruff.toml),
     # pinned exactly so that CI and developers apply the same rules.
     # gcp-storage-emulator + gcsfs: tests/test_gcs_chain.py (a whole run on an emulated
-    # gs:// bucket; skipped without them).
+    # gs:// bucket; skipped without them). pytest-xdist: the suite runs on every core
+    # (`-n auto --dist loadfile`: a module's fixtures are built once, on one worker).
     "test": [
       "pytest>=8",
+      "pytest-xdist>=3.8,<4",
       "nbclient>=0.10",
       "nbformat>=5.10",
       "ipykernel>=6",

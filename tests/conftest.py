@@ -5,7 +5,9 @@ starts: launchers, the notebook kernel) compiles with most XLA optimisations off
 (`JAX_DISABLE_MOST_OPTIMIZATIONS`, ~40 % less CPU time); a test that needs the optimised
 programs uses the `full_optimizations` fixture. One persistent compilation cache for the session
 (a temporary folder, removed at exit) lets the many launcher subprocesses and tests that build the
-same tiny programs compile each of them once.
+same tiny programs compile each of them once. Under pytest-xdist (`-n auto --dist loadfile`, as
+README and `.ci/run` run the suite) the controller makes that folder before it starts its workers,
+which inherit it through the environment: one cache for every worker and its subprocesses.
 """
 
 import atexit
