@@ -120,6 +120,22 @@ def test_topk_dilated_stable_hand_worked():
   assert mask("stable", 3, streak=(1, 2, 1, 1)) == [0, 0, 1, 0]  # only the floor (best pmax)
 
 
+def test_distribution_stats_against_numpy():
+  """pmax, margin, entropy (natural log, 0 log 0 = 0) and argmax of probabilities [B, A, V]."""
+  rng = np.random.default_rng(0)
+  probs = rng.dirichlet(np.full(7, 0.5), size=(2, 3)).astype(np.float32)
+  probs[0, 0] = [0.5, 0.5, 0, 0, 0, 0, 0]  # zeros and a tie (the first maximum wins)
+  pmax, margin, entropy, argmax = policies.distribution_stats(jnp.asarray(probs))
+  p = probs.astype(np.float64)
+  top = np.sort(p, -1)[..., ::-1]
+  ent = -np.sum(np.where(p > 0, p * np.log(np.where(p > 0, p, 1)), 0), -1)
+  np.testing.assert_allclose(np.asarray(pmax), top[..., 0], rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(margin), top[..., 0] - top[..., 1], atol=1e-6)
+  np.testing.assert_allclose(np.asarray(entropy), ent, rtol=1e-5)
+  np.testing.assert_array_equal(np.asarray(argmax), p.argmax(-1))
+  assert float(entropy[0, 0]) == pytest.approx(np.log(2)) and float(margin[0, 0]) == 0.0
+
+
 def test_dead_row_commits_nothing_and_rows_are_independent():
   s = StepStats(*[jnp.concatenate([x, x]) for x in stats()])
   valid = jnp.asarray([[1, 1, 1, 1], [0, 0, 0, 0]], bool)

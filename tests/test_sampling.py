@@ -550,6 +550,66 @@ def test_mdlm_greedy_equals_dense(tiny):
   np.testing.assert_array_equal(got, _dense_mdlm(model, params, canvas, [(0, len(canvas))]))
 
 
+def test_repetition_penalty_and_nucleus_match_transformers():
+  """processors.repetition_penalty (with seen_tokens) equals transformers'
+  RepetitionPenaltyLogitsProcessor, and processors.nucleus the softmax of TopPLogitsWarper's
+  output: random logits of both signs, ids with repeats, a history that leaves some ids out."""
+  torch = pytest.importorskip("torch")
+  hf = pytest.importorskip("transformers.generation.logits_process")
+  from setdiff_jax.sampling import processors
+
+  rng = np.random.default_rng(0)
+  logits = (3 * rng.standard_normal((3, 50))).astype(np.float32)
+  ids = rng.integers(0, 50, (3, 9))
+  include = rng.random((3, 9)) < 0.6
+  include[:, 0] = True
+  seen_ids = np.where(include, ids, ids[:, :1])  # an excluded id replaced by one that counts
+  for penalty in (1.3, 0.8):
+    want = hf.RepetitionPenaltyLogitsProcessor(penalty)(
+      torch.tensor(seen_ids), torch.tensor(logits)
+    )
+    seen = processors.seen_tokens(jnp.asarray(ids), jnp.asarray(include), 50)
+    got = processors.repetition_penalty(jnp.asarray(logits), seen, penalty)
+    np.testing.assert_allclose(np.asarray(got), want.numpy(), rtol=1e-6)
+  for top_p in (0.3, 0.8, 0.99):
+    warped = hf.TopPLogitsWarper(top_p)(torch.tensor(ids), torch.tensor(logits))
+    got = processors.nucleus(jax.nn.softmax(jnp.asarray(logits), -1), top_p)
+    np.testing.assert_allclose(np.asarray(got), torch.softmax(warped, -1).numpy(), atol=1e-6)
+
+
+# Flat toy logits: every position prefers A (2.0) > B (1.9) > C (1.8), the rest far below. A
+# penalty of 1.2 turns a seen token's logit into z / 1.2 (A 1.67, B 1.58, C 1.5), so the greedy
+# tokens spell out which tokens each sampler's history counted as seen at each step.
+A, B, C = 10, 11, 12
+
+
+def _flat(tokens, positions, mask, kv_cache):
+  logits = jnp.full(tokens.shape + (V,), -30.0)
+  logits = logits.at[..., A].set(2.0).at[..., B].set(1.9).at[..., C].set(1.8)
+  return logits, (tokens.astype(jnp.float32)[..., None],)
+
+
+def test_repetition_penalty_history_of_each_sampler():
+  """SPEC §4.2 / §4.5 hand-worked: which tokens count as seen, per sampler and history."""
+  cfg = toy_cfg(window=1, repetition_penalty=1.2, stop_at_eos=False)
+  prompt = [[1, A]]  # the prompt holds A
+  gen = lambda f, **kw: f(_flat, None, prompt, cfg.replace(**kw)).generated[0]  # noqa: E731
+  # prompted 'generated' (the default): the prompt's A is not seen; each commit counts at once
+  assert gen(set_generate) == [A, B, C, A, A, A]
+  assert gen(set_generate, penalty_history="visible") == [B, C, A, A, A, A]  # prompt counted
+  assert gen(ar_generate) == [B, C, A, A, A, A]  # AR: prompt + generated (HF on input_ids)
+  assert gen(bd3lm_generate, block_size=3) == [A, B, C, A, A, A]  # the span's commits, all blocks
+  assert gen(mdlm_generate, block_size=3) == [A, B, C, A, A, A]
+  canvas = [[1, A, M, M, M, M, B, 2]]  # prefix A, suffix B
+  fill = lambda **kw: set_infill(_flat, None, canvas, cfg.replace(**kw)).generated[0]  # noqa: E731
+  # infill 'cached' (the default): all context + commits of two or more steps ago
+  assert fill() == [C, C, A, A]
+  assert fill(penalty_history="visible") == [C, A, A, A]  # + the previous step's commit
+  assert fill(penalty_history="generated") == [A, B, C, A]  # the span's commits only
+  got = mdlm_infill(_flat, None, canvas, cfg)["canvas"][0, 2:6].tolist()
+  assert got == [C, A, A, A]  # MDLM infilling: every visible token
+
+
 # ------------------------------------------------------------------------------ input errors
 def test_bad_inputs():
   with pytest.raises(ValueError, match="window"):
