@@ -7,6 +7,7 @@ Models are tiny (1 layer x 32, vocab 40, L <= 16) so compilation stays at a few 
 
 import functools
 import math
+import types
 
 import jax
 import jax.numpy as jnp
@@ -108,9 +109,31 @@ def _log_softmax(z):
   return z - np.log(np.sum(np.exp(z)))
 
 
+def _hand_setdlm_row_nll(model, params, cfg, tok, att, key):
+  """One row's SetDLM bound for the order drawn with `key`, by hand: the sum over the order of
+  -log p(x_sigma(r) | x_sigma(<r)), each conditional from its own forward (clean prefix causal,
+  one mask query seeing all of it), the BOS slot and pad-id targets dropped. Returns (nll, count)."""
+  order = np.asarray(likelihood.row_order(cfg, jnp.asarray(tok), jnp.asarray(att), key))
+  assert order[0] == 0 and sorted(order.tolist()) == list(range(len(tok)))
+  assert set(order[att.sum() :].tolist()) == set(np.nonzero(att == 0)[0].tolist())
+  row_nll, count = 0.0, 0
+  for r in range(1, len(tok)):
+    p = order[r]
+    if not att[p] or tok[p] == PAD:
+      continue
+    prev = order[:r]
+    tokens = np.concatenate([tok[prev], [MASK]])
+    positions = np.concatenate([prev, [p]])
+    mask = np.tril(np.ones((r + 1, r + 1), bool))
+    mask[-1, :] = True
+    z = _logits_at(model, params, tokens, positions, mask, r)
+    z[MASK] = -np.inf
+    row_nll -= _log_softmax(z)[tok[p]]
+    count += 1
+  return row_nll, count
+
+
 def test_setdlm_bound_equals_hand_computation():
-  """Sum over the order of -log p(x_sigma(r) | x_sigma(<r)), each conditional from its own forward
-  (clean prefix causal, one mask query seeing all of it), BOS slot and pad-id targets dropped."""
   model, params = tiny_model("setdlm")
   cfg = obj_config("setdlm")
   tok, att = rows()
@@ -118,25 +141,10 @@ def test_setdlm_bound_equals_hand_computation():
   keys = likelihood.row_keys(1, np.arange(len(tok)), 0)
   hand_total, hand_count = 0.0, 0
   for i in range(len(tok)):
-    order = np.asarray(likelihood.row_order(cfg, jnp.asarray(tok[i]), jnp.asarray(att[i]), keys[i]))
-    assert order[0] == 0 and sorted(order.tolist()) == list(range(tok.shape[1]))
-    assert set(order[att[i].sum() :].tolist()) == set(np.nonzero(att[i] == 0)[0].tolist())
-    row_nll = 0.0
-    for r in range(1, tok.shape[1]):
-      p = order[r]
-      if not att[i, p] or tok[i, p] == PAD:
-        continue
-      prev = order[:r]
-      tokens = np.concatenate([tok[i, prev], [MASK]])
-      positions = np.concatenate([prev, [p]])
-      mask = np.tril(np.ones((r + 1, r + 1), bool))
-      mask[-1, :] = True
-      z = _logits_at(model, params, tokens, positions, mask, r)
-      z[MASK] = -np.inf
-      row_nll -= _log_softmax(z)[tok[i, p]]
-      hand_count += 1
+    row_nll, row_count = _hand_setdlm_row_nll(model, params, cfg, tok[i], att[i], keys[i])
     np.testing.assert_allclose(nll[0, i], row_nll, rtol=2e-5)
     hand_total += row_nll
+    hand_count += row_count
   assert (
     count.sum() == hand_count == (att.sum() - len(tok) - 1)
   )  # minus BOS slots, minus the pad id
@@ -144,6 +152,28 @@ def test_setdlm_bound_equals_hand_computation():
   np.testing.assert_allclose(res["nll"], hand_total / hand_count, rtol=2e-5)
   np.testing.assert_allclose(res["ppl"], math.exp(hand_total / hand_count), rtol=1e-4)
   np.testing.assert_allclose(res["bpd"], hand_total / hand_count / math.log(2), rtol=2e-5)
+
+
+def test_setdlm_k_order_estimate_equals_hand_computation():
+  """K = 3 orders: draw k of row i uses row_keys(seed, i, k); the K estimate is
+  -sum_i log mean_k exp(-nll[k, i]) / tokens, the one-order bound is draw 0, meanK the mean."""
+  model, params = tiny_model("setdlm")
+  cfg = obj_config("setdlm")
+  tok, att = rows(n=3)
+  k_orders, seed = 3, 4
+  hand = np.zeros((k_orders, len(tok)))
+  for k in range(k_orders):
+    keys = likelihood.row_keys(seed, np.arange(len(tok)), k)
+    for i in range(len(tok)):
+      hand[k, i], _ = _hand_setdlm_row_nll(model, params, cfg, tok[i], att[i], keys[i])
+  assert np.ptp(hand, 0).min() > 1e-3  # the orders differ, so the log-mean-exp is not draw 0
+  res = likelihood.likelihood_eval(model, params, cfg, tok, att, num_orders=k_orders, seed=seed)
+  tokens = res["num_tokens"]
+  row_k = -np.log(np.mean(np.exp(-hand), 0))
+  np.testing.assert_allclose(res["K_nll"], row_k.sum() / tokens, rtol=2e-5)
+  np.testing.assert_allclose(res["nll"], hand[0].sum() / tokens, rtol=2e-5)
+  np.testing.assert_allclose(res["meanK_nll"], hand.mean(0).sum() / tokens, rtol=2e-5)
+  assert res["K_nll"] < res["meanK_nll"]  # Jensen: the K-order bound is the tighter one
 
 
 def test_ar_nll_equals_hand_computation():
@@ -385,6 +415,35 @@ def test_unigram_entropy_and_distinct_n():
   assert generation.distinct_n([[1, 2, 1, 2], [1, 2]], 1) == pytest.approx(2 / 6)
   assert generation.distinct_n([[1, 2, 1, 2], [1, 2]], 2) == pytest.approx(2 / 4)
   assert generation.parse_thresholds(["off", "0.9"]) == [None, 0.9]
+
+
+def test_generative_perplexity_equals_hand_ar_nll():
+  """A random-head AR judge: gen NLL = the sum over samples of -log p(x_j | BOS x_<j) from causal
+  forwards (every sample token a target, BOS not, M ids dropped, no mask suppression) / tokens."""
+  model, params = tiny_model("ar")
+  tok = types.SimpleNamespace(bos_id=BOS, eos_id=EOS, pad_id=PAD, mask_id=MASK)
+  judge = workdir_lib.InferenceState(
+    config=ml_collections.ConfigDict({"seq_len": 12}),
+    model_config=model.config,
+    objective_config=obj_config("ar"),
+    params=params,
+    tokenizer=tok,
+    step=0,
+  )
+  rng = np.random.default_rng(3)
+  samples = [rng.integers(5, V, n).tolist() for n in (4, 9, 20)]  # the last one is cut to L
+  samples[1][2] = MASK
+  total, count = 0.0, 0
+  for ids in samples:
+    row = [BOS] + [i for i in ids if i != MASK][:11]
+    for j in range(len(row) - 1):
+      z = _logits_at(model, params, row, np.arange(len(row)), np.tril(np.ones((len(row),) * 2)), j)
+      total -= _log_softmax(z)[row[j + 1]]
+      count += 1
+  r = generation.generative_perplexity(judge, samples, tok, batch_size=2)
+  assert r["num_tokens"] == count == 4 + 8 + 11 and not r["retokenized"]
+  np.testing.assert_allclose(r["gen_nll"], total / count, rtol=2e-5)
+  np.testing.assert_allclose(r["gen_ppl"], math.exp(total / count), rtol=1e-4)
 
 
 def test_generative_perplexity_of_a_uniform_judge(bpe):
