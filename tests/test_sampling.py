@@ -238,11 +238,18 @@ def _uncached_mask_logits(model, params, canvas_rows, committed, queries, length
   return np.asarray(logits)[np.arange(n), ranks]
 
 
-def test_cached_logits_equal_uncached_two_stream(tiny):
-  """SPEC §11.6 at every step of a decoding with multi-token commits."""
+@pytest.mark.parametrize("cache_order", ["l2r", "fht"])
+def test_cached_logits_equal_uncached_two_stream(tiny, cache_order):
+  """SPEC §11.6 at every step of a decoding with multi-token commits; the reference's clean
+  prefix holds each step's committed set in the cache order (by position, or by the 'fht' keys:
+  descending staggered reveal times, SPEC §4.3), so that order is what attention inside a set
+  must follow."""
   model, params = tiny
-  cfg = tiny_cfg(window=3, num_steps=4)  # N = 8, T = 4: two commits per step
+  cfg = tiny_cfg(window=3, num_steps=4, cache_order=cache_order)  # N = 8, T = 4: 2 per step
   inp = prompted_inputs(PROMPTS, cfg)
+  key = np.asarray(inp.cache_key)
+  if cache_order == "fht":  # the keys are not the positions, so the two cases differ
+    assert any((key[b][np.asarray(inp.target[b])] != np.arange(8)).any() for b in range(2))
   fwd = as_forward(model, params)
   state = set_init(fwd, inp, cfg.window, jax.random.PRNGKey(0))
   step = jax.jit(lambda s: set_step(fwd, s, inp, cfg, history="generated"))
@@ -255,7 +262,7 @@ def test_cached_logits_equal_uncached_two_stream(tiny):
     rows, comms, queries, got = [], [], [], []
     for b in range(len(PROMPTS)):
       ctx = list(range(len(PROMPTS[b])))
-      done = [p for p in np.lexsort((np.arange(lc), cstep[b])) if cstep[b, p] >= 0]
+      done = [p for p in np.lexsort((key[b], cstep[b])) if cstep[b, p] >= 0]
       for j in range(cfg.window):
         if info["active_valid"][b, j]:
           rows.append(canvas[b])
