@@ -45,6 +45,18 @@ if [ "$mode" = prepare ]; then
   exit 0
 fi
 
+# The official tree is copied outside the repository (official.py insists). The copy replaces
+# OFFICIAL, so OFFICIAL must be new or a copy this script made (its marker file): never a folder
+# of someone's, such as the .setdlms it copies from.
+OFFICIAL=${OFFICIAL:-/tmp/setdlms_official}
+if [ -d .setdlms ]; then
+  if [ -e "$OFFICIAL" ] && [ ! -e "$OFFICIAL/.copied_by_accelerator_run" ]; then
+    echo "error: OFFICIAL=$OFFICIAL exists and is not a copy this script made; the run would" \
+      "replace it with .setdlms: point OFFICIAL at a new folder (default /tmp/setdlms_official)" >&2
+    exit 2
+  fi
+  rm -rf "$OFFICIAL" && cp -r .setdlms "$OFFICIAL" && touch "$OFFICIAL/.copied_by_accelerator_run"
+fi
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/acc_out}; mkdir -p "$OUT"
 BUDGET=${BUDGET:-450}
@@ -66,8 +78,6 @@ if [ -z "${PY_OFF:-}" ]; then  # the official side: its pins first, nothing of o
 fi
 $PY -c "import jax; print('ours: jax', jax.__version__, jax.devices())" 2>&1 | tail -1 |
   tee -a "$OUT/machine.txt"
-OFFICIAL=${OFFICIAL:-/tmp/setdlms_official}  # outside the repository, as official.py insists
-[ -d .setdlms ] && { rm -rf "$OFFICIAL"; cp -r .setdlms "$OFFICIAL"; }
 ARGS=(--output_dir="$OUT" --budget_s="$BUDGET" --official="$OFFICIAL" --official_python="$PY_OFF")
 [ "${TINY:-0}" = 1 ] && ARGS+=(--tiny --repeats=1)
 [ -n "${SECTIONS:-}" ] && ARGS+=(--sections="$SECTIONS")

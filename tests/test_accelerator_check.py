@@ -1,8 +1,11 @@
 """benchmarks/accelerator_check.py: the time bound (an overrunning section is cut, recorded as cut,
 and the table is still written), the profile's op classes, and --tiny end to end (slow tier: every
-section on CPU at tiny shapes)."""
+section on CPU at tiny shapes), and that benchmarks/accelerator_run.sh never replaces a folder it
+did not make."""
 
 import json
+import os
+import subprocess
 
 import pytest
 
@@ -76,6 +79,37 @@ def test_bad_arguments_are_one_error_line(tmp_path):
     accelerator_check.main(["--tiny", "--sections=bogus", f"--output_dir={tmp_path / 'x'}"])
   with pytest.raises(SystemExit, match="error: --timeouts='train'"):
     accelerator_check.main(["--tiny", "--timeouts=train", f"--output_dir={tmp_path / 'x'}"])
+
+
+def test_run_script_replaces_only_its_own_copy_of_the_official_tree(tmp_path):
+  """OFFICIAL is replaced by a copy of .setdlms: the script refuses (one error line, exit 2,
+  nothing touched) when OFFICIAL is .setdlms itself or any folder it did not make, and replaces
+  its own copy on a rerun. PY=false: nothing after the copy is run for real."""
+  script = os.path.join(
+    os.path.dirname(os.path.dirname(__file__)), "benchmarks", "accelerator_run.sh"
+  )
+  repo = tmp_path / "repo"
+  (repo / ".setdlms").mkdir(parents=True)
+  (repo / ".setdlms" / "tree").write_text("official")
+  mine = tmp_path / "mine"
+  mine.mkdir()
+  (mine / "keep").write_text("mine")
+
+  def run(official):
+    env = dict(os.environ, OFFICIAL=str(official), PY="false", OUT=str(tmp_path / "out"))
+    return subprocess.run(
+      ["bash", script, "run"], cwd=repo, env=env, capture_output=True, text=True, timeout=60
+    )
+
+  for target in (repo / ".setdlms", mine):
+    r = run(target)
+    assert r.returncode == 2 and r.stderr.count("error:") == 1 and "not a copy" in r.stderr
+  assert (repo / ".setdlms" / "tree").read_text() == "official"
+  assert (mine / "keep").read_text() == "mine"
+  for _ in range(2):  # a new folder, then the script's own copy
+    r = run(tmp_path / "copy")
+    assert r.returncode == 0 and "error:" not in r.stderr
+    assert (tmp_path / "copy" / "tree").read_text() == "official"
 
 
 @pytest.mark.slow
