@@ -1,6 +1,6 @@
 """Exact trajectory scoring (rl/scoring.py, issue 28): the scorer against the samplers' own
-log-probabilities (setdlm, ar, bd3lm; mixed prompt lengths), against a dense step-by-step
-recomputation without the cache, against Monte-Carlo frequencies of enumerable trajectories (and
+log-probabilities (setdlm, ar, bd3lm; mixed prompt lengths), against dense step-by-step
+recomputations without the cache (setdlm; bd3lm in the training layout), against Monte-Carlo frequencies of enumerable trajectories (and
 the token-dependent `threshold` rule failing that test), the hand-worked counterexample of the
 issue, and the bad-input errors of the RL sampling mode."""
 
@@ -170,6 +170,34 @@ def test_setdlm_scorer_equals_a_dense_step_by_step_recomputation():
     np.testing.assert_allclose(got[act_ok], np.asarray(want)[act_ok], atol=2e-5)
     checked += act_ok.sum()
   assert checked == 3 * 7
+
+
+def test_bd3lm_scorer_equals_a_dense_two_stream_recomputation():
+  """BD3LM (block-aligned prompts, S = 4, two commits per step): each step recomputed as one
+  uncached training-layout forward [x, x_t] with the block-causal mask, where x and x_t are the
+  canvas before the step (tokens committed at earlier steps, M elsewhere); the scorer's rows at the
+  positions committed in that step must be those logits' distributions."""
+  model, params = tiny(16)
+  cfg = rl_cfg(**CASES["bd3lm_topk"][2])  # the sampler compiled above
+  prompts = [[1, 5, 6, 7], [1, 9, 4, 6]]  # block-aligned: the grid is the training layout's
+  out = bd3lm_generate(model, params, prompts, cfg.replace(max_new_tokens=8), jax.random.key(5))
+  rows = score("bd3lm", out, cfg, model, params, rows=True)
+  r = scoring.rollout_from_output(out)
+  apply = backbone_apply_fn(model.config)
+  b, lc = r.tokens.shape
+  mask = jnp.asarray(masks.block_causal_mask(lc, 4))[None].repeat(b, 0)
+  positions = jnp.asarray(np.tile(np.arange(2 * lc) % lc, (b, 1)), jnp.int32)
+  tokens, steps = np.asarray(r.tokens), np.asarray(r.commit_step)
+  checked = 0
+  for t in range(int(out.num_steps.max())):
+    canvas = np.where(np.asarray(r.context) | ((steps >= 0) & (steps < t)), tokens, M)
+    x = jnp.asarray(np.concatenate([canvas, canvas], -1), jnp.int32)
+    logits, _ = apply(params, x, positions, mask, None, lc)
+    want = np.asarray(jax.nn.log_softmax(suppress_mask_logit(logits, M) / cfg.temperature, -1))
+    now = steps == t
+    np.testing.assert_allclose(rows[now], want[now], atol=2e-5)
+    checked += now.sum()
+  assert checked == 2 * 8 and (np.bincount(steps[steps >= 0]) == 2 * 2).all()
 
 
 def test_scorer_is_jittable_and_differentiable():

@@ -469,6 +469,22 @@ def test_step_on_8_devices_equals_1_device(tok, objective):
   assert not np.allclose(one[0].params["head"]["kernel"], state.params["head"]["kernel"])
 
 
+def test_ema_follows_the_parameters_by_hand(tok):
+  """Two steps with ema_decay 0.9: ema_1 = 0.9 p_0 + 0.1 p_1, ema_2 = 0.9 ema_1 + 0.1 p_2 (the
+  EMA of the parameters after each update, starting from the initial ones)."""
+  step, state = step_setup(tok, "ar", ema_decay=0.9)
+  mesh = mesh_of(1)
+  batch = random_batch(tok, 8, 32)
+  p0 = state.params
+  s1, _ = run_step(step, state, batch, mesh)
+  s2, _ = run_step(step, s1, random_batch(tok, 8, 32, seed=1), mesh)
+  by_hand = lambda e, p: 0.9 * np.asarray(e) + 0.1 * np.asarray(p)  # noqa: E731
+  ema1 = jax.tree_util.tree_map(by_hand, p0, s1.params)
+  assert_trees_close(s1.ema_params, ema1, atol=1e-6)
+  assert_trees_close(s2.ema_params, jax.tree_util.tree_map(by_hand, ema1, s2.params), atol=1e-6)
+  assert not np.allclose(s2.ema_params["head"]["kernel"], s2.params["head"]["kernel"])
+
+
 @pytest.mark.parametrize("objective", ["ar", "setdlm"])
 def test_grad_accumulation_equals_full_batch(tok, objective):
   """With a deterministic loss (ar, or setdlm with a given order; dropout 0), the mean of the
