@@ -54,6 +54,26 @@ def test_a_hand_edit_is_caught(tmp_path, generated):
   assert publish.main(["--results_dir", str(RESULTS), "--docs_dir", str(docs), "--check"]) == 1
 
 
+@needs_history
+def test_publish_never_replaces_or_removes_a_file_it_did_not_write(tmp_path):
+  """A --docs_dir holding someone's README.md: one error line, nothing written; a stray
+  hand-written .md is left (and named), a generated table without a record is removed."""
+  docs = tmp_path / "docs"
+  docs.mkdir()
+  (docs / "README.md").write_text("# my notes\n")
+  argv = ["--results_dir", str(RESULTS), "--docs_dir", str(docs)]
+  assert publish.main(argv) == 1
+  assert sorted(p.name for p in docs.iterdir()) == ["README.md"]
+  assert (docs / "README.md").read_text() == "# my notes\n"
+  (docs / "README.md").unlink()
+  (docs / "notes.md").write_text("# mine\n")
+  gone = publish.BANNER.format(source="benchmarks/results/gone.json") + "\n# a removed record\n"
+  (docs / "gone.md").write_text(gone)
+  assert publish.main(argv) == 0
+  assert (docs / "notes.md").read_text() == "# mine\n" and not (docs / "gone.md").exists()
+  assert (docs / "README.md").exists() and publish.was_generated(str(docs / "README.md"))
+
+
 def _git(repo, *args):
   subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
 

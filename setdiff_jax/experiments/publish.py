@@ -15,7 +15,8 @@ from its own data (the record's `markdown`). The status comes from git, never fr
   from its `provenance.base` commit when it names one.
 
 `docs/results/README.md` lists every table with its status. Run from the repository root (or
-pass --results_dir / --docs_dir).
+pass --results_dir / --docs_dir). Only files that carry this command's banner are rewritten or
+removed: a file someone wrote in --docs_dir is never replaced (one error line) or deleted.
 """
 
 from __future__ import annotations
@@ -187,6 +188,13 @@ def generate(results_dir: str = RESULTS_DIR, docs_dir: str = DOCS_DIR, repo: Opt
   return out
 
 
+def was_generated(path: str) -> bool:
+  """Whether the file at `path` starts with this command's banner (it may be rewritten or
+  removed; any other file is someone's)."""
+  with open(path) as f:
+    return f.readline().startswith(BANNER.split("{source}")[0])
+
+
 def differences(wanted: Dict[str, str], docs_dir: str) -> List[str]:
   """What differs between the generated files and docs_dir (empty: nothing)."""
   have = set(os.listdir(docs_dir)) if os.path.isdir(docs_dir) else set()
@@ -227,9 +235,20 @@ def main(argv=None) -> int:
     print(f"{len(wanted)} files in {args.docs_dir} agree with their records")
     return 0
   os.makedirs(args.docs_dir, exist_ok=True)
-  for n in set(os.listdir(args.docs_dir)) - set(wanted):
-    if n.endswith(".md"):
-      os.remove(os.path.join(args.docs_dir, n))
+  mds = [n for n in os.listdir(args.docs_dir) if n.endswith(".md")]
+  foreign = sorted(n for n in mds if not was_generated(os.path.join(args.docs_dir, n)))
+  clash = [n for n in foreign if n in wanted]
+  if clash:  # a file someone wrote: never overwritten
+    print(
+      f"error: {args.docs_dir}/{clash[0]} was not written by this command and would be replaced; "
+      "pass a --docs_dir of generated tables only (default docs/results)",
+      file=sys.stderr,
+    )
+    return 1
+  for n in set(mds) - set(wanted) - set(foreign):  # tables whose record is gone
+    os.remove(os.path.join(args.docs_dir, n))
+  for n in foreign:
+    print(f"left {args.docs_dir}/{n}: not generated here and no record behind it", file=sys.stderr)
   for n, text in wanted.items():
     with open(os.path.join(args.docs_dir, n), "w") as f:
       f.write(text)
