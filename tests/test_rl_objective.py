@@ -7,6 +7,8 @@ against central differences, and the RL run's update function (`grpo.make_functi
 optimizer applied to the gradient of the loss written from the full scorer rows.
 """
 
+from types import SimpleNamespace
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,8 +16,11 @@ import optax
 import pytest
 
 from helpers import random_dit
+from setdiff_jax import train_step
+from setdiff_jax.config.sections import Optimization
 from setdiff_jax.models.dit import DiTConfig
-from setdiff_jax.rl import objective, rewards, scoring
+from setdiff_jax.rl import grpo, objective, rewards, scoring
+from setdiff_jax.sampling import SamplerConfig
 
 pytestmark = pytest.mark.usefixtures("fast_compile")
 
@@ -128,21 +133,32 @@ def _set_rollout(rng, b=4, length=8, prompt=2):
   )
 
 
+def _policies_and_rollout(model_seed: int, rng_seed: int):
+  """A random tiny DiT (V = 11) and a reference one (the next seed), a hand SetDLM rollout, and
+  two functions: the full scorer rows [B, L, V] of some parameters at temperature 0.7, and the
+  taken tokens' entries [B, L] of such rows."""
+  cfg = DiTConfig(
+    vocab_size=11, hidden_size=32, num_layers=1, num_heads=2, dropout=0.0, head_vocab_chunk=0
+  )
+  model, params = random_dit(cfg, model_seed)
+  _, ref_params = random_dit(cfg, model_seed + 1)
+  rng = np.random.default_rng(rng_seed)
+  rollout = _set_rollout(rng)
+
+  def rows_of(p):
+    return scoring.token_logits("setdlm", model, p, rollout, temperature=0.7, mask_token_id=M)
+
+  def take(rows):
+    return jnp.take_along_axis(rows, rollout.tokens[..., None], -1)[..., 0]
+
+  return model, params, ref_params, rng, rollout, rows_of, take
+
+
 @pytest.mark.slow
 def test_loss_gradient_matches_central_differences():
   """jax.grad of the GRPO loss (clipped surrogate + beta * exact KL) through the exact SetDLM
   scorer against central differences on the 8 steepest coordinates of the 4 steepest leaves."""
-  cfg = DiTConfig(
-    vocab_size=11, hidden_size=32, num_layers=1, num_heads=2, dropout=0.0, head_vocab_chunk=0
-  )
-  model, params = random_dit(cfg, 3)
-  _, ref_params = random_dit(cfg, 4)
-  rng = np.random.default_rng(2)
-  rollout = _set_rollout(rng)
-  rows_of = lambda p: scoring.token_logits(
-    "setdlm", model, p, rollout, temperature=0.7, mask_token_id=M
-  )
-  take = lambda rows: jnp.take_along_axis(rows, rollout.tokens[..., None], -1)[..., 0]
+  model, params, ref_params, rng, rollout, rows_of, take = _policies_and_rollout(3, 2)
   mask = rollout.generated
   adv = objective.group_advantages(jnp.asarray([1.0, 0.0, 0.2, 0.9]), 2)
   # log-ratios of +-0.03 (inside the clip range of eps = 0.1) or +-0.3 (outside): every ratio
@@ -216,20 +232,7 @@ def test_rl_update_is_the_optimizer_on_the_full_row_loss_gradient():
   optimizer) equals the optimizer applied to the gradient of the GRPO loss written from the full
   scorer rows (`scoring.token_logits`: one forward, every position's distribution), and its
   `score` equals those rows' log-probabilities of the taken tokens."""
-  from types import SimpleNamespace
-
-  from setdiff_jax import train_step
-  from setdiff_jax.config.sections import Optimization
-  from setdiff_jax.rl import grpo
-  from setdiff_jax.sampling import SamplerConfig
-
-  cfg = DiTConfig(
-    vocab_size=11, hidden_size=32, num_layers=1, num_heads=2, dropout=0.0, head_vocab_chunk=0
-  )
-  model, params = random_dit(cfg, 5)
-  _, ref_params = random_dit(cfg, 6)
-  rng = np.random.default_rng(7)
-  rollout = _set_rollout(rng)
+  model, params, ref_params, rng, rollout, rows_of, take = _policies_and_rollout(5, 7)
   run = SimpleNamespace(rl=SimpleNamespace(kl_beta=0.2, clip_eps=0.1, score_chunk=3))
   sampler_cfg = SamplerConfig(
     mask_token_id=M, eos_token_id=0, pad_token_id=0, bos_token_id=0, temperature=0.7, greedy=False
@@ -238,10 +241,6 @@ def test_rl_update_is_the_optimizer_on_the_full_row_loss_gradient():
     Optimization(learning_rate=1e-2, warmup_steps=0, weight_decay=0.05, grad_clip_norm=0.5)
   )
   score, ref_features, update = grpo.make_functions(run, "setdlm", model, tx, sampler_cfg)
-  rows_of = lambda p: scoring.token_logits(  # noqa: E731
-    "setdlm", model, p, rollout, temperature=0.7, mask_token_id=M
-  )
-  take = lambda rows: jnp.take_along_axis(rows, rollout.tokens[..., None], -1)[..., 0]  # noqa: E731
   mask = rollout.generated
   np.testing.assert_allclose(
     np.where(mask, np.asarray(score(params, rollout)), 0.0),
