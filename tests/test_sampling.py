@@ -493,6 +493,40 @@ def test_bd3lm_equals_dense_two_stream(tiny):
   np.testing.assert_array_equal(out.forward_calls, [9, 9])  # N + 1 with T = S (SPEC §4.8)
 
 
+def _dense_bd3lm_grid(model, params, prompt, n, s):
+  """Greedy BD3LM decoded from blocks that start at the prompt's end (P not a multiple of S), each
+  step one uncached forward over positions [0, block end) with the rule of SPEC §4.8: a query at
+  q sees a key at k iff floor(k / S) <= floor(q / S) (the training grid) and k was encoded no
+  later than q (chunk 0 = the prompt, b + 1 = decode block b: a cached token never saw what came
+  after it). One commit per step: the most confident mask of the block, M suppressed."""
+  m = TIDS["mask_token_id"]
+  p = len(prompt)
+  x = np.array(list(prompt) + [m] * n, np.int32)
+  pos = np.arange(p + n)
+  chunk = np.where(pos < p, 0, 1 + (pos - p) // s)
+  for lo in range(p, p + n, s):
+    hi = lo + s
+    seen = (pos[None, :] // s <= pos[:, None] // s) & (chunk[None, :] <= chunk[:, None])
+    seen &= pos[None, :] < hi
+    seen |= np.eye(p + n, dtype=bool)
+    for _ in range(s):
+      logits = _apply(model, params, jnp.asarray(x[None]), jnp.asarray(pos[None]), seen[None])
+      prob = np.asarray(jax.nn.softmax(suppress_mask_logit(logits, m)[0], -1))
+      conf = np.where(x[lo:hi] == m, prob[lo:hi].max(-1), -1.0)
+      j = lo + int(conf.argmax())
+      x[j] = int(prob[j].argmax())
+  return x[p:].tolist()
+
+
+def test_bd3lm_unaligned_prompts_equal_dense_grid_rule(tiny):
+  """Prompts of 5 and 3 tokens, S = 4: every decode block straddles two grid blocks."""
+  model, params = tiny
+  out = bd3lm_generate(model, params, PROMPTS, tiny_cfg(block_size=4))
+  assert [len(p) % 4 for p in PROMPTS] == [1, 3]
+  for b, prompt in enumerate(PROMPTS):
+    assert out.generated[b] == _dense_bd3lm_grid(model, params, prompt, 8, 4)
+
+
 def test_bd3lm_grid_rule_toy():
   # Toy counts visible clean keys: prompt [7, 8] (P = 2, S = 3) makes block [2, 5) straddle grid
   # blocks [0, 3) and [3, 6): position 2 does not see positions 3 and 4 (SPEC §4.8).
