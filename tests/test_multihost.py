@@ -377,10 +377,13 @@ def test_kill_9_of_a_process_stops_the_survivor_with_one_error_line(tmp_path, vi
     # JAX's coordination client aborts the survivor itself (SIGABRT, bounded by the heartbeat)
     # when it notices the loss before a collective fails in Python: always when the coordinator
     # is gone outside a collective, and sometimes for process 1 (seen in a loaded CI run: 6.9 s).
-    assert rc == -signal.SIGABRT, "".join(lines[survivor])[-3000:]
+    # When that lands inside an orbax save, the runtime's teardown has crashed with SIGSEGV
+    # instead (once in ~10 runs, 2026-12-06: 0.1 s after the kill, the save's stack printed):
+    # still a bounded stop, and the half-written step must not cost the last saved one.
+    assert rc in (-signal.SIGABRT, -signal.SIGSEGV), "".join(lines[survivor])[-3000:]
   steps = sorted(int(s) for s in os.listdir(os.path.join(workdir, "checkpoints")) if s.isdigit())
   assert steps
-  if victim == 0:
+  if victim == 0 and rc != -signal.SIGSEGV:
     return  # the restart is the same as after losing process 1 (checked once: ~45 s)
   out = train_on_cluster(
     workdir,
