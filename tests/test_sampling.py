@@ -333,6 +333,47 @@ def test_w1_greedy_equals_dense_left_to_right(tiny):
     )
 
 
+def _dense_set(model, params, prompt, n, w, tau):
+  """The SetDLM loop of SPEC §4.2 (greedy, T = N so n_i = 1, tau on) with every step's logits
+  from uncached two-stream forwards (`_uncached_mask_logits`): active = the masks in [f, f + W)
+  for the leftmost mask f; keep the most confident plus every conf >= tau; the kept set enters
+  the cache order by position. Returns (generated tokens, commit step per generated position)."""
+  m = TIDS["mask_token_id"]
+  p = len(prompt)
+  canvas = np.array(list(prompt) + [m] * n, np.int32)
+  cache_order, steps = list(range(p)), np.full(p + n, -1)
+  step = 0
+  while (canvas[p:] == m).any():
+    f = p + int(np.argmax(canvas[p:] == m))
+    active = [j for j in range(f, min(f + w, p + n)) if canvas[j] == m]
+    rows = [canvas.copy() for _ in active]
+    logits = _uncached_mask_logits(
+      model, params, rows, [cache_order] * len(active), active, p + n, w
+    )
+    prob = np.asarray(jax.nn.softmax(suppress_mask_logit(jnp.asarray(logits), m), -1))
+    cand, conf = prob.argmax(-1), prob.max(-1)
+    keep = sorted({int(conf.argmax())} | {i for i in range(len(active)) if conf[i] >= tau})
+    for i in keep:
+      canvas[active[i]] = cand[i]
+      steps[active[i]] = step
+    cache_order += [active[i] for i in keep]
+    step += 1
+  return canvas[p:].tolist(), steps[p:].tolist()
+
+
+def test_set_sampler_with_a_threshold_equals_the_dense_loop(tiny):
+  """W = 3, tau = 0.3: steps commit one or several tokens, out of order inside the window."""
+  model, params = tiny
+  cfg = tiny_cfg(window=3, policy=CommitPolicy("threshold", 0.3))
+  out = set_generate(model, params, PROMPTS, cfg)
+  assert out.tokens_per_step > 1.0  # tau fired at least once
+  for b, prompt in enumerate(PROMPTS):
+    tokens, steps = _dense_set(model, params, prompt, 8, 3, 0.3)
+    assert out.generated[b] == tokens
+    p = len(prompt)
+    assert out.commit_step[b, p : p + 8].tolist() == steps
+
+
 def test_infill_keeps_context(tiny):
   model, params = tiny
   canvases = [[1, 10, 11, 3, 3, 3, 3, 12, 13, 2], [1, 20, 3, 3, 21, 3, 2]]
