@@ -333,22 +333,25 @@ def test_w1_greedy_equals_dense_left_to_right(tiny):
     )
 
 
-def _dense_set(model, params, prompt, n, w, tau):
-  """The SetDLM loop of SPEC §4.2 (greedy, T = N so n_i = 1, tau on) with every step's logits
-  from uncached two-stream forwards (`_uncached_mask_logits`): active = the masks in [f, f + W)
-  for the leftmost mask f; keep the most confident plus every conf >= tau; the kept set enters
-  the cache order by position. Returns (generated tokens, commit step per generated position)."""
+def _dense_set(model, params, canvas, w, tau):
+  """The SetDLM loop of SPEC §4.2 / §4.5 (greedy, T = N so n_i = 1, tau on) with every step's
+  logits from uncached two-stream forwards (`_uncached_mask_logits`). canvas: the prompt then N
+  masks, or an infill canvas (context on both sides of its masks). The context is the cache's
+  first entries, in position order; active = the masks in [f, f + W) for the leftmost mask f; keep
+  the most confident plus every conf >= tau; the kept set enters the cache by position.
+  Returns (the final canvas, the commit step of each position: -1 for context)."""
   m = TIDS["mask_token_id"]
-  p = len(prompt)
-  canvas = np.array(list(prompt) + [m] * n, np.int32)
-  cache_order, steps = list(range(p)), np.full(p + n, -1)
+  canvas = np.array(canvas, np.int32)
+  length = len(canvas)
+  cache_order = [j for j in range(length) if canvas[j] != m]
+  steps = np.full(length, -1)
   step = 0
-  while (canvas[p:] == m).any():
-    f = p + int(np.argmax(canvas[p:] == m))
-    active = [j for j in range(f, min(f + w, p + n)) if canvas[j] == m]
+  while (canvas == m).any():
+    f = int(np.argmax(canvas == m))
+    active = [j for j in range(f, min(f + w, length)) if canvas[j] == m]
     rows = [canvas.copy() for _ in active]
     logits = _uncached_mask_logits(
-      model, params, rows, [cache_order] * len(active), active, p + n, w
+      model, params, rows, [cache_order] * len(active), active, length, w
     )
     prob = np.asarray(jax.nn.softmax(suppress_mask_logit(jnp.asarray(logits), m), -1))
     cand, conf = prob.argmax(-1), prob.max(-1)
@@ -358,20 +361,28 @@ def _dense_set(model, params, prompt, n, w, tau):
       steps[active[i]] = step
     cache_order += [active[i] for i in keep]
     step += 1
-  return canvas[p:].tolist(), steps[p:].tolist()
+  return canvas.tolist(), steps.tolist()
 
 
 def test_set_sampler_with_a_threshold_equals_the_dense_loop(tiny):
-  """W = 3, tau = 0.3: steps commit one or several tokens, out of order inside the window."""
+  """W = 3, tau = 0.3: steps commit one or several tokens, out of order inside the window;
+  prompted generation and infilling (the suffix cached up front, inside the window too)."""
   model, params = tiny
+  m = TIDS["mask_token_id"]
   cfg = tiny_cfg(window=3, policy=CommitPolicy("threshold", 0.3))
   out = set_generate(model, params, PROMPTS, cfg)
   assert out.tokens_per_step > 1.0  # tau fired at least once
   for b, prompt in enumerate(PROMPTS):
-    tokens, steps = _dense_set(model, params, prompt, 8, 3, 0.3)
-    assert out.generated[b] == tokens
+    canvas, steps = _dense_set(model, params, list(prompt) + [m] * 8, 3, 0.3)
     p = len(prompt)
-    assert out.commit_step[b, p : p + 8].tolist() == steps
+    assert out.generated[b] == canvas[p:]
+    assert out.commit_step[b, : p + 8].tolist() == steps
+  canvases = [[1, 10, 11, m, m, m, m, 12, 13, 2], [1, 20, m, m, 21, m, 2]]
+  filled = set_infill(model, params, canvases, cfg)
+  for b, row in enumerate(canvases):
+    canvas, steps = _dense_set(model, params, row, 3, 0.3)
+    assert filled.sequences[b] == canvas
+    assert filled.commit_step[b, : len(row)].tolist() == steps
 
 
 def test_infill_keeps_context(tiny):
