@@ -120,9 +120,12 @@ GPU_FLAGS = (
   "--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUDNN,CUSTOM_CALL,WHILE,CONDITIONAL"
 )
 SECTION_ENV = {"levers_xla": {"XLA_FLAGS": GPU_FLAGS}}
-# Published dense bf16 peaks per chip, TFLOP/s (vendor data sheets; matched on device_kind).
+# Published dense bf16 peaks per chip, TFLOP/s (vendor data sheets, half the sparsity figure;
+# the first name contained in device_kind wins, so the H100 variants precede the SXM "H100").
 PEAKS = (
   ("H200", 989.0),
+  ("H100 PCIe", 756.0),
+  ("H100 NVL", 835.0),
   ("H100", 989.0),
   ("A100", 312.0),
   ("L40S", 362.0),

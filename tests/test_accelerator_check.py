@@ -73,6 +73,19 @@ def test_profile_op_classes():
   assert op_class(["fusion", "add"], []) == "elementwise + other"
 
 
+def test_peak_is_the_chip_variants_own():
+  """MFU divides by the chip's own peak: an H100 PCIe (756 TFLOP/s) or NVL (835) must not get the
+  SXM part's 989, whatever order the table lists them in. device_kind strings as jax reports them."""
+  from benchmarks.accelerator_check import peak_tflops
+
+  assert peak_tflops("NVIDIA H100 80GB HBM3") == 989.0
+  assert peak_tflops("NVIDIA H100 PCIe") == 756.0
+  assert peak_tflops("NVIDIA H100 NVL") == 835.0
+  assert peak_tflops("NVIDIA H200") == 989.0
+  assert peak_tflops("TPU v5 lite") == 197.0
+  assert peak_tflops("cpu") is None
+
+
 def test_bad_arguments_are_one_error_line(tmp_path):
 
   with pytest.raises(SystemExit, match="error: --sections='bogus'"):
