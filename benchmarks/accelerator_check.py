@@ -1,9 +1,9 @@
 """The prepared accelerator check: one command on one GPU or TPU host, bounded in time, one table.
 
-  python benchmarks/accelerator_check.py --output_dir=OUT           # accelerator host, <= 8 min
-  python benchmarks/accelerator_check.py --tiny --output_dir=OUT         # every section, CPU
-  python benchmarks/accelerator_check.py --output_dir=OUT --official=/tmp/setdlms \
-      --official_python=/tmp/setdlms_venv/bin/python                    # + the official code
+  python -m benchmarks.accelerator_check --output_dir=OUT        # accelerator host, <= 8 min
+  python -m benchmarks.accelerator_check --tiny --output_dir=OUT  # every section, CPU
+  python -m benchmarks.accelerator_check --output_dir=OUT --official=/tmp/setdlms \
+      --official_python=/tmp/setdlms_venv/bin/python              # + the official code
 
 Always finishes, always reports. Each section runs in its own child process with a time limit
 (--timeouts, and never past --budget_s of the whole run); a section that overruns is killed and
