@@ -347,6 +347,83 @@ def test_eval_history_appends_and_keeps_labels(base, tmp_path):
   assert len(json.load(open(out))["history"]) == 4
 
 
+def test_eval_output_that_is_not_a_results_file_or_lies_in_a_run_folder_is_refused(base, tmp_path):
+  """--output=WORKDIR/config.json or the run's tokenizer.json would be overwritten (and a resume
+  check bypassed); a new file under checkpoints/ would be deleted by retention or read as a
+  damaged checkpoint. All are refused before anything runs, and nothing is written."""
+  from setdiff_jax.evaluation import run
+
+  workdir = copy_of(base, tmp_path)
+  opts = run.EvalOptions(num_orders=1, max_rows=8, batch_size=8)
+  tokenizer_copy = str(tmp_path / "tokenizer.json")  # the same content outside the run
+  shutil.copy(os.path.join(workdir, "tokenizer", "tokenizer.json"), tokenizer_copy)
+  for target, why in (
+    (os.path.join(workdir, "config.json"), "is not an evaluation results file"),
+    (tokenizer_copy, "is not an evaluation results file"),
+    (os.path.join(workdir, "tokenizer", "tokenizer.json"), "inside tokenizer/ of the run"),
+  ):
+    before = open(target).read()
+    with pytest.raises(ValueError, match=why):
+      run.evaluate_workdir(workdir, ["likelihood"], opts, log=None, output=target)
+    assert open(target).read() == before
+  inside = os.path.join(workdir, "checkpoints", "2", "results.json")
+  with pytest.raises(ValueError, match=r"inside checkpoints/2/ of the run directory"):
+    run.evaluate_workdir(workdir, ["likelihood"], opts, log=None, output=inside)
+  assert not os.path.exists(inside)
+  top = os.path.join(workdir, "eval_raw.json")  # a file of its own at the run's top level: allowed
+  run.evaluate_workdir(workdir, ["likelihood"], opts, use_ema=False, log=None, output=top)
+  assert json.load(open(top))["likelihood"]["num_sequences"] == 8
+
+
+def test_eval_output_holding_another_runs_results_is_refused(base, tmp_path):
+  from setdiff_jax.evaluation import run
+
+  out = tmp_path / "results.json"
+  earlier = {"workdir": "/elsewhere/other_run", "step": 7, "likelihood": {"nll": 1.0}}
+  out.write_text(json.dumps(earlier))
+  opts = run.EvalOptions(num_orders=1, max_rows=8, batch_size=8)
+  with pytest.raises(ValueError, match="holds the results of another run"):
+    run.evaluate_workdir(base, ["likelihood"], opts, log=None, output=str(out))
+  assert json.load(open(out)) == earlier
+
+
+def test_two_evaluations_writing_one_file_keep_both_results(base, tmp_path):
+  """A second evaluation writes the file while the first is between its evaluation and its write
+  (its `show` callback runs there): the first merges into what is on disk instead of replacing it."""
+  from setdiff_jax.evaluation import run
+
+  out = str(tmp_path / "results.json")
+  first = run.EvalOptions(num_orders=1, max_rows=8, batch_size=8)
+  second = run.EvalOptions(num_orders=1, max_rows=4, batch_size=4)
+
+  def meanwhile(text):
+    run.evaluate_workdir(base, ["likelihood"], second, use_ema=False, log=None, output=out)
+
+  run.evaluate_workdir(base, ["likelihood"], first, log=None, output=out, show=meanwhile)
+  history = json.load(open(out))["history"].values()
+  assert sorted((h["use_ema"], h["result"]["num_sequences"]) for h in history) == [
+    (False, 4),
+    (True, 8),
+  ]
+
+
+def test_results_lock_excludes_a_second_writer_and_never_hangs(tmp_path, monkeypatch, caplog):
+  import fcntl
+
+  from setdiff_jax.evaluation import results as results_lib
+
+  path = str(tmp_path / "r.json")
+  monkeypatch.setattr(results_lib, "LOCK_WAIT_S", 0.2)
+  with results_lib.locked(path):
+    fd = os.open(str(tmp_path / ".r.json.lock"), os.O_RDWR)
+    with pytest.raises(BlockingIOError):  # another open of the lock file cannot take it
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.close(fd)
+    with results_lib.locked(path):  # held elsewhere past the bound: goes on, with a warning
+      pass
+  assert "merging without the lock" in caplog.text
+
+
 def test_eval_results_survive_a_failed_write(base, tmp_path):
   from setdiff_jax.evaluation import run
 

@@ -8,19 +8,26 @@ Every result is kept in `history`, keyed by (step, EMA/raw, eval kind, settings,
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import platform
 import tempfile
-from typing import Any, Dict, Optional
+import time
+from typing import Any, Dict, Iterator, Optional
 
 import jax
+from absl import logging
 
 from setdiff_jax import errors, paths
 
 EVALS = ("likelihood", "infill", "speed", "samples", "accuracy")
 RESULTS_FILE = "eval_results.json"
+RUN_CONFIG = "config.json"  # a run directory: this file beside one of RUN_FOLDERS
+RUN_FOLDERS = ("checkpoints", "tokenizer")
+LOCK_WAIT_S = 60.0  # the longest wait for another evaluation's write of the same file
 
 
 def hardware() -> Dict[str, Any]:
@@ -92,7 +99,8 @@ def split_identity(data_cfg) -> Dict[str, Any]:
 
 
 def read_record(path: str) -> Dict[str, Any]:
-  """The results file, {} if absent; a damaged one is an error (it is never overwritten)."""
+  """The results file, {} if absent; a damaged one, or a JSON file that is not a results file (a
+  run's config.json, a tokenizer), is an error: it is never overwritten."""
   if not paths.exists(path):
     return {}
   try:
@@ -102,8 +110,16 @@ def read_record(path: str) -> Dict[str, Any]:
       f"{path} is unreadable ({e}); it holds earlier evaluation results: move it "
       "away, or pass --output=ANOTHER.json"
     ) from e
-  if not isinstance(record, dict):
-    raise ValueError(f"{path} is not an evaluation results file; pass --output=ANOTHER.json")
+  results_file = isinstance(record, dict) and (
+    not record
+    or "history" in record
+    or (record.get("step") is not None and any(e in record for e in EVALS))
+  )
+  if not results_file:
+    raise ValueError(
+      f"{path} is not an evaluation results file (it would be overwritten); pass "
+      "--output=A_NEW_FILE.json"
+    )
   if "history" not in record and record.get("step") is not None:  # a file of an older version
     options = record.get("options", {})
     record["history"] = {
@@ -119,6 +135,71 @@ def read_record(path: str) -> Dict[str, Any]:
       if e in record
     }
   return record
+
+
+def check_output_path(path: str, workdir: str):
+  """ValueError for a results file inside one of a run directory's folders (checkpoints/,
+  tokenizer/, ...: checkpoint retention would delete it, or a load would read it as the run's
+  own file). A file at a run directory's top level is allowed (read_record checks its content)."""
+  if paths.is_remote(path):
+    return
+  real = os.path.realpath(path)
+  node = os.path.dirname(real)
+  while True:
+    if os.path.isfile(os.path.join(node, RUN_CONFIG)) and any(
+      os.path.isdir(os.path.join(node, d)) for d in RUN_FOLDERS
+    ):
+      if os.path.dirname(real) != node:
+        raise ValueError(
+          f"--output={path} is inside {os.path.relpath(os.path.dirname(real), node)}/ of the run "
+          f"directory {node}, where the run keeps its own files: write it at the run's top level "
+          f"({os.path.join(workdir, RESULTS_FILE)} is the default) or outside the run"
+        )
+      return
+    if os.path.dirname(node) == node:
+      return
+    node = os.path.dirname(node)
+
+
+def _flock_within(fd: int, seconds: float) -> bool:
+  """Takes an exclusive flock on fd, waiting at most `seconds` (a holder only reads, merges and
+  writes one file); False if it did not come free."""
+  deadline = time.monotonic() + seconds
+  while True:
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      return True
+    except BlockingIOError:
+      if time.monotonic() > deadline:
+        return False
+      time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def locked(path: str) -> Iterator[None]:
+  """Holds an exclusive flock on a hidden file beside `path` (local and NFS paths), so two
+  evaluations writing one results file merge instead of one replacing the other. Object-store
+  paths have no locks (the re-read at write time narrows the window there, it cannot close it);
+  where the lock file cannot be made, the write goes on and `write_results` reports its failure."""
+  fd = None
+  if not paths.is_remote(path):
+    directory, name = os.path.split(os.path.abspath(path))
+    try:
+      os.makedirs(directory, exist_ok=True)
+      fd = os.open(os.path.join(directory, f".{name}.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+      fd = None
+  try:
+    if fd is not None and not _flock_within(fd, LOCK_WAIT_S):
+      logging.warning(
+        "%s: another evaluation held its lock for %.0f s; merging without the lock",
+        path,
+        LOCK_WAIT_S,
+      )
+    yield
+  finally:
+    if fd is not None:
+      os.close(fd)  # releases the lock
 
 
 def write_results(record: Dict[str, Any], path: str):
@@ -155,5 +236,7 @@ __all__ = [
   "file_identity",
   "split_identity",
   "read_record",
+  "check_output_path",
+  "locked",
   "write_results",
 ]

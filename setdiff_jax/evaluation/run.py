@@ -10,7 +10,9 @@ settings; nothing else is ever replaced; `evaluation/results.py`) and returns th
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -26,9 +28,11 @@ from setdiff_jax.sampling.config import CommitPolicy, DecodeSetting, tau_label
 from setdiff_jax.evaluation.results import (
   EVALS,
   RESULTS_FILE,
+  check_output_path,
   hardware,
   file_identity,
   history_key,
+  locked,
   read_record,
   split_identity,
   write_results,
@@ -336,6 +340,17 @@ def evaluate_state(
   return out
 
 
+def check_owner(record: Dict[str, Any], path: str, workdir: str, output: Optional[str]):
+  """ValueError when --output holds another run's results: its top level and history keys belong
+  to one run (a run directory that moved keeps its own WORKDIR/eval_results.json)."""
+  owner = record.get("workdir")
+  if output is not None and owner and owner != paths.resolve(workdir):
+    raise ValueError(
+      f"--output={output} holds the results of another run ({owner}); give each run its own "
+      f"file, e.g. --output={os.path.join(os.path.dirname(output) or '.', 'OTHER_RUN.json')}"
+    )
+
+
 def evaluate_workdir(
   workdir: str,
   evals: Sequence[str],
@@ -353,7 +368,11 @@ def evaluate_workdir(
 
   The file keeps every result in `history`, keyed by (step, EMA/raw, eval kind, settings, data;
   each entry names its data: `eval_data`): a new
-  evaluation adds or refreshes its own keys and never replaces another one. Its top level mirrors
+  evaluation adds or refreshes its own keys and never replaces another one; evaluations writing
+  one file at the same time merge (the file is re-read under a lock: `results.locked`). A file that
+  is not a results file, or holds another run's results, or lies in one of a run directory's
+  folders, is refused before anything runs (`read_record`, `check_owner`, `check_output_path`).
+  Its top level mirrors
   the latest evaluation (merged with earlier evals of the same step and parameters). `show`, if
   given, receives the markdown tables before anything is written (a failed write keeps them:
   `write_results`). `data_overrides`, {field: (flag, value)}, replaces fields of the run's `data`
@@ -364,42 +383,49 @@ def evaluate_workdir(
   """
   opts = opts or EvalOptions()
   path = output or paths.join(workdir, RESULTS_FILE)
-  record = read_record(path)  # before the evaluation: a bad file fails fast
+  if output is not None:
+    check_output_path(output, workdir)
+  check_owner(read_record(path), path, workdir, output)  # before the evaluation: fail fast
   state = workdir_lib.load_inference_state(workdir, step=step, use_ema=use_ema, mesh_config=mesh)
   data_flags.apply_overrides(state.config.data, data_overrides or {})
   results = evaluate_state(state, evals, opts, log=log)
   if show is not None:
     show(format_results(results))
-  history = record.pop("history", {})
-  if record.get("step") != state.step or record.get("use_ema", True) != use_ema:
-    record = {}  # the top level mirrors one (step, parameters) only
   now = time.strftime("%Y-%m-%d %H:%M:%S")
-  record.update(
-    workdir=paths.resolve(workdir),
-    step=state.step,
-    objective=state.objective_config.name,
-    use_ema=use_ema,
-    hardware=hardware(),
-    time=now,
-  )
-  record.setdefault("options", {}).update({e: opts.to_json() for e in evals})
   data_of = {e: eval_data(state, e, opts) for e in evals}
-  record.setdefault("data", {}).update(data_of)
-  record.update(results)
-  for name in evals:
-    data = data_of[name]
-    history[history_key(state.step, use_ema, name, opts.to_json(), data)] = {
+  entries = {
+    history_key(state.step, use_ema, name, opts.to_json(), data_of[name]): {
       "step": state.step,
       "use_ema": use_ema,
       "eval": name,
       "settings": opts.to_json(),
-      "data": data,
+      "data": data_of[name],
       "time": now,
       "result": results[name],
     }
-  record["history"] = history
-  if jax.process_index() == 0:  # every process computed the same record; one writes it
-    write_results(record, path)
+    for name in evals
+  }
+  writer = jax.process_index() == 0  # every process computed the same results; one writes them
+  with locked(path) if writer else contextlib.nullcontext():
+    record = read_record(path)  # again: another evaluation may have written it meanwhile
+    history = record.pop("history", {})
+    history.update(entries)
+    if record.get("step") != state.step or record.get("use_ema", True) != use_ema:
+      record = {}  # the top level mirrors one (step, parameters) only
+    record.update(
+      workdir=paths.resolve(workdir),
+      step=state.step,
+      objective=state.objective_config.name,
+      use_ema=use_ema,
+      hardware=hardware(),
+      time=now,
+    )
+    record.setdefault("options", {}).update({e: opts.to_json() for e in evals})
+    record.setdefault("data", {}).update(data_of)
+    record.update(results)
+    record["history"] = history
+    if writer:
+      write_results(record, path)
   record["path"] = path
   return record
 
@@ -416,6 +442,7 @@ __all__ = [
   "load_judge",
   "eval_data",
   "check_options",
+  "check_owner",
   "evaluate_state",
   "evaluate_workdir",
 ]
