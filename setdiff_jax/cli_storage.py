@@ -114,6 +114,10 @@ def _path_values():
   return out
 
 
+def _listed(value):
+  return value if isinstance(value, list) else [value or ""]
+
+
 def _local_file_url(url: str) -> str:
   parsed = urllib.parse.urlparse(url)
   if parsed.netloc not in ("", "localhost"):
@@ -125,10 +129,17 @@ def _local_file_url(url: str) -> str:
 
 
 def check_path_flags(show_logs: bool = False):
-  """Before a launcher runs: `file://` paths become local paths; a URL scheme the path layer
+  """Before a launcher runs: an empty path flag is refused; `file://` paths become local paths; a URL scheme the path layer
   does not support is refused; every object-store path is probed once (bounded by
   $SETDIFF_STORAGE_TIMEOUT_S, default 60 s; the library's retries quiet), so an unreachable
   store or missing credentials is one line naming the path and the flag."""
+  for name in PATH_FLAGS:  # "--workdir=$RUN" with RUN unset would mean the current directory
+    if (
+      name in FLAGS
+      and FLAGS[name].present
+      and not "".join(map(str, _listed(FLAGS[name].value))).strip()
+    ):
+      raise ValueError(f"--{name} is empty (an unset shell variable?): pass a path")
   probed = set()
   for label, value, set_value in _path_values():
     items = value if isinstance(value, list) else str(value).split(",")

@@ -756,3 +756,36 @@ def test_store_lost_during_a_run_names_the_path_and_flag():
   )
   assert r.stdout.startswith("cannot reach the object store of --workdir=gs://bucket/run"), r
   assert "credentials" in r.stdout and r.stdout.count("\n") == 1
+
+
+def test_an_empty_path_flag_is_refused(run_dir, tmp_path):
+  """`--workdir=$RUN` with RUN unset: training would write the run into the current directory,
+  the other launchers would read it as the run. Every path flag refuses an empty value."""
+  from test_reliability import harness
+
+  cwd = tmp_path / "cwd"
+  cwd.mkdir()
+  r = subprocess.run(
+    [sys.executable, os.path.join(REPO, "launch", "train.py")] + tiny_args(""),
+    cwd=cwd,
+    capture_output=True,
+    text=True,
+    env=env(),
+    timeout=300,
+  )
+  result = {"rc": r.returncode, "stderr": r.stderr}
+  assert_one_error_line(result, ["--workdir is empty", "unset shell variable"], "train --workdir=")
+  assert os.listdir(cwd) == []  # nothing written where it ran
+  w = f"--workdir={run_dir}"
+  cases = {
+    "sample.py": [["--workdir="]],
+    "evaluate.py": [["--workdir="], [w, "--output="], [w, "--eval=accuracy", "--accuracy_data="]],
+    "export.py": [["--workdir=", f"--out={tmp_path / 'e'}"], [w, "--out="]],
+  }
+  for script, argvs in cases.items():
+    for args, result in zip(argvs, harness(script, argvs)):
+      flag = next(a for a in args if a.endswith("="))
+      assert_one_error_line(result, [f"{flag[:-1]} is empty"], f"{script} {' '.join(args)}")
+  assert not os.path.exists(tmp_path / "e")
+  with pytest.raises(ValueError, match="--workdir is empty"):
+    train.train_and_evaluate(tiny_config(), " ")

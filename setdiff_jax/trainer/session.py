@@ -22,6 +22,7 @@ def locked(config, workdir: str, body: Callable[[Any, str], T]) -> T:
   created (process 0), local paths of `config` made absolute, and refused before anything is
   written: a new workdir that would train nothing, a resume whose config changes a field the
   checkpoints depend on."""
+  workdir_lock.check_workdir_path(workdir)  # before resolving: "" would become the cwd
   workdir = paths.resolve(workdir)
   workdir_lock.check_new_workdir(config, workdir)
   if jax.process_index() == 0:

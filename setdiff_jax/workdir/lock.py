@@ -194,7 +194,10 @@ def saved_steps(workdir: str) -> List[int]:
 
 
 def check_workdir_path(workdir: str, flag: str = "--workdir"):
-  """ValueError if `workdir` (or a folder above it) is an existing regular file."""
+  """ValueError if `workdir` is empty (it would mean the current directory) or it (or a folder
+  above it) is an existing regular file."""
+  if not str(workdir or "").strip():
+    raise ValueError(f"{flag} is empty (an unset shell variable?): pass the run directory")
   if paths.is_remote(workdir):
     return
   node = os.path.abspath(workdir)
