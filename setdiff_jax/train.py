@@ -31,7 +31,8 @@ from setdiff_jax.workdir import checkpoints as checkpointing
 from setdiff_jax.evaluation import likelihood
 from setdiff_jax.interop import pretrained
 from setdiff_jax.workdir import load as workdir_lib
-from setdiff_jax.workdir.tokenizer import build_tokenizer
+from setdiff_jax.workdir import lock as workdir_lock
+from setdiff_jax.workdir.tokenizer import build_tokenizer, check_same_ids
 from setdiff_jax.data import pipeline, tokenizers
 
 
@@ -190,7 +191,10 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict
   # A tokenizer built here (first run) is written only once the data has been validated below,
   # so a run that fails on its data leaves no derived state for the corrected rerun to reuse.
   new_tokenizer = not tokenizers.saved_in(workdir)
-  tokenizer = build_tokenizer(cfg, workdir, save=False)
+  resuming = bool(workdir_lock.saved_steps(workdir))  # never a new tokenizer for old checkpoints
+  tokenizer = build_tokenizer(cfg, workdir, save=False, allow_training=not resuming)
+  if cfg.checkpoints.init_from and not resuming:  # its parameters must mean the same ids
+    check_same_ids(tokenizer, cfg.checkpoints.init_from, "--config.init_from")
   model_cfg, obj_cfg = run_config.model_and_objective(cfg, tokenizer)
   model = models.build(model_cfg)
   optimizer = make_optimizer(opt)

@@ -320,6 +320,30 @@ def test_missing_config_json_with_checkpoints_is_refused(base, tmp_path):
   workdir_lock.check_resume(tiny_config(accept_missing_config=True), workdir)  # accepted
 
 
+# ----------------------------------------------------------------------------- tokenizer ids
+def test_resume_without_its_tokenizer_is_refused(base, tmp_path):
+  """A trained tokenizer built anew for old checkpoints gives other ids: refused, nothing written."""
+  workdir = copy_of(base, tmp_path)
+  shutil.rmtree(os.path.join(workdir, "tokenizer"))
+  with pytest.raises(ValueError, match="no saved tokenizer in .*copy the run's tokenizer/ folder"):
+    train.train_and_evaluate(tiny_config(num_train_steps=3), workdir)
+  assert not os.path.exists(os.path.join(workdir, "tokenizer"))
+  assert listing(workdir) == ["1", "2"]
+
+
+def test_init_from_a_run_with_other_token_ids_is_refused(base, tmp_path):
+  """--config.init_from with other tokenizer settings (here lowercase) trains a tokenizer with
+  other ids; starting from the source's tokenizer (the message's way out) works."""
+  new = str(tmp_path / "new")
+  with pytest.raises(
+    ValueError, match="was trained with another tokenizer .* tokens have another id"
+  ):
+    train.train_and_evaluate(tiny_config(init_from=base, **{"tokenizer.lowercase": True}), new)
+  assert not os.path.exists(os.path.join(new, "checkpoints", "1"))
+  shutil.copytree(os.path.join(base, "tokenizer"), os.path.join(new, "tokenizer"))
+  assert train.train_and_evaluate(tiny_config(init_from=base), new)["step"] == 2
+
+
 # ----------------------------------------------------------------------------- eval history
 def test_eval_history_appends_and_keeps_labels(base, tmp_path):
   from setdiff_jax.evaluation import run
