@@ -524,6 +524,67 @@ def test_export_workdir(setdlm, tmp_path, monkeypatch):
   assert passed and line.startswith("verify: PASS"), line
 
 
+def test_export_refuses_any_out_inside_the_workdir(setdlm, tmp_path, monkeypatch):
+  """--out anywhere inside the run directory, existing or not (checkpoint retention would delete
+  W/checkpoints/20/hf; W/checkpoints/30 would read as a damaged checkpoint), through a relative
+  path or a symlink, is refused before anything is restored or written; a sibling whose name
+  merely starts with the workdir's (W2 next to W) is exported to."""
+  from setdiff_jax.workdir import load as workdir_lib
+  from setdiff_jax.interop.export import check_export_dir, export_workdir
+
+  config, params = setdlm
+  w = tmp_path / "W"
+  (w / "checkpoints" / "10").mkdir(parents=True)
+  (w / "config.json").write_text("{}")
+  (tmp_path / "link").symlink_to(w)
+  before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+  monkeypatch.chdir(tmp_path)
+  for out in (
+    w / "checkpoints" / "20" / "hf",  # a new folder: retention deletes it later
+    w / "checkpoints" / "30",  # a new step folder: later loads call it a damaged checkpoint
+    w / "export",  # new, directly under the run
+    w / "checkpoints" / "10",  # an existing one
+    "W/checkpoints/40",  # relative
+    tmp_path / "link" / "hf",  # through a symlink to the workdir
+    w / "sub" / ".." / "export",
+  ):
+    with pytest.raises(ValueError) as e:
+      check_export_dir(str(out), str(w), overwrite=True)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(f"--out={out} is inside the training workdir"), msg
+    assert "Export outside the run directory" in msg, msg
+  with pytest.raises(ValueError, match="is inside the training workdir"):  # a relative workdir
+    check_export_dir(str(w / "checkpoints" / "20" / "hf"), "W")
+
+  def no_load(*a, **k):
+    raise AssertionError("refused before anything is restored")
+
+  monkeypatch.setattr(workdir_lib, "load_inference_state", no_load)
+  with pytest.raises(ValueError, match="inside the training workdir"):
+    export_workdir(str(w), str(w / "checkpoints" / "20" / "hf"))
+  assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
+
+  class Tok:
+    bos_id, eos_id, pad_id, mask_id, vocab_size = 2, 3, 0, 4, V
+
+    def save(self, d):
+      os.makedirs(d, exist_ok=True)
+      open(os.path.join(d, "tokenizer.json"), "w").write("{}")
+
+  monkeypatch.setattr(
+    workdir_lib,
+    "load_inference_state",
+    lambda workdir, step=None, use_ema=True: workdir_lib.InferenceState(
+      config, None, None, params, Tok(), 7
+    ),
+  )
+  sibling = tmp_path / "W2"  # its path starts with "<tmp>/W" but it is not inside W
+  out, _ = export_workdir(str(w), str(sibling))
+  assert os.path.isfile(os.path.join(out, "config.json"))
+  leaves_equal(params, import_checkpoint(out)[1])
+  check_export_dir(str(tmp_path / "W_export"), str(w))  # the suggested --out is allowed
+
+
 def test_launch_export_help():
   r = subprocess.run(
     [sys.executable, os.path.join(REPO, "launch", "export.py"), "--help"],

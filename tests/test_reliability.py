@@ -278,7 +278,10 @@ def test_bad_sample_evaluate_export_inputs(run_dir, tmp_path):
   (full / "notes.txt").write_text("mine")
   export = [
     ([w, f"--out={workdir}"], ["is a training workdir"]),
-    ([w, f"--out={os.path.join(workdir, 'tokenizer')}"], ["is a training workdir"]),
+    ([w, f"--out={os.path.join(workdir, 'tokenizer')}"], ["is inside the training workdir"]),
+    # new folders inside the run: retention would delete the first, loads misread the second
+    ([w, f"--out={os.path.join(workdir, 'checkpoints', '20', 'hf')}"], ["outside the run"]),
+    ([w, f"--out={os.path.join(workdir, 'checkpoints', '30')}"], ["outside the run"]),
     ([w, f"--out={full}", "--overwrite"], []),  # allowed: checked below
     ([w, f"--out={full}"], ["not empty", "--overwrite"]),
     ([w, f"--out={tmp_path / 'e'}", "--step=999"], ["[1, 2]"]),
@@ -293,6 +296,7 @@ def test_bad_sample_evaluate_export_inputs(run_dir, tmp_path):
     assert_one_error_line(result, expected, "export " + " ".join(args))
   assert checkpointing.load_config(workdir).objective == "setdlm"  # the run's config is intact
   assert not os.path.exists(tmp_path / "e")
+  assert {"20", "30"}.isdisjoint(os.listdir(os.path.join(workdir, "checkpoints")))
 
 
 # ----------------------------------------------------------------------------- workdir integrity

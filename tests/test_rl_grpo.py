@@ -93,6 +93,90 @@ def test_config_fields_have_ranges():
   assert set(rl_config.OWN_FIELDS) == set(c.keys()) - {"rl"}  # each top-level field is used
 
 
+@pytest.fixture(scope="module")
+def config_only_sft(tmp_path_factory):
+  """An SFT workdir as far as the RL config checks read it (config.json: seq_len 32, S = 4;
+  its tokenizer; a checkpoints/1 folder) without training: the checks come before parameters."""
+  from setdiff_jax.config import run as run_config
+  from setdiff_jax.workdir import checkpoints as checkpointing
+  from setdiff_jax.workdir.tokenizer import build_tokenizer
+
+  c = reasoning_common.get_config("setdlm")
+  c.model.hidden_size, c.model.num_layers, c.model.num_heads = 32, 1, 2
+  c.data.task_train_examples, c.data.task_eval_examples = 64, 8
+  workdir = tmp_path_factory.mktemp("rl_sft_config")
+  (workdir / "checkpoints" / "1").mkdir(parents=True)
+  checkpointing.save_config(c, str(workdir))
+  build_tokenizer(run_config.from_config_dict(c), str(workdir))
+  return str(workdir)
+
+
+def _rl_setup(init_from, **rl):
+  """grpo._setup's sampler config for an RL config (the checks that need N and the method)."""
+  from setdiff_jax.config import run as run_config
+
+  c = tiny_rl(init_from, **rl)
+  rl_config.validate(c)
+  run = rl_config.run_config_for(c, rl_config.load_sft_config(init_from))
+  return grpo._setup(run_config.from_config_dict(run), None)[-1]
+
+
+def test_window_longer_than_seq_len_one_error_line(config_only_sft, tmp_path):
+  """rl.window W > the SFT run's seq_len is refused as launch/sample.py's --window is (one line,
+  before anything is written); W = seq_len is accepted."""
+  base = [
+    "--config=configs/rl_arithmetic.py",
+    f"--workdir={tmp_path / 'rl'}",
+    f"--config.rl.init_from={config_only_sft}",
+  ]
+  cases = [
+    (["--config.rl.window=64"], ["rl.window=64 must be in [1, seq_len=32]", "0 = its set size S"]),
+    (["--config.rl.window=33"], ["rl.window=33 must be in [1, seq_len=32]"]),
+  ]
+  for (args, expected), result in zip(cases, harness("rl.py", [base + a for a, _ in cases])):
+    assert_one_error_line(result, expected, args)
+  assert not os.path.exists(tmp_path / "rl")  # nothing written for bad input
+  assert _rl_setup(config_only_sft, window=32, max_new_tokens=0).window == 32
+
+
+def test_step_budget_that_cannot_generate_n_tokens_one_error_line(config_only_sft, tmp_path):
+  """The set sampler commits at most W tokens a step: rl.num_steps T with T * W < N would cut every
+  rollout short (T=3, W=4, N=25: 12 tokens), so it is refused in one line naming T, W, N and the
+  smallest T that works, ceil(N / W); every T with T * W >= N (and T = 0: N steps) is accepted."""
+  n = _rl_setup(config_only_sft, max_new_tokens=0).max_new_tokens  # seq_len - the longest prompt
+  need = -(-n // 4)  # W = S = 4 (rl.window=0)
+  assert n == 25 and need == 7
+  base = [
+    "--config=configs/rl_arithmetic.py",
+    f"--workdir={tmp_path / 'rl'}",
+    f"--config.rl.init_from={config_only_sft}",
+    "--config.rl.prompts_per_step=2",
+    "--config.rl.group_size=4",
+  ]
+  cases = [
+    (["--config.rl.num_steps=3"], ["rl.num_steps=3 with window W=4", "at most 12 of the N=25"]),
+    ([f"--config.rl.num_steps={need - 1}"], [f"rl.num_steps={need - 1}", f">= {need}"]),
+    (
+      ["--config.rl.num_steps=2", "--config.rl.window=5", "--config.rl.max_new_tokens=12"],
+      ["rl.num_steps=2 with window W=5:", "N=12 new tokens", "--config.rl.num_steps >= 3"],
+    ),
+  ]
+  for (args, expected), result in zip(cases, harness("rl.py", [base + a for a, _ in cases])):
+    assert_one_error_line(result, expected, args)
+  assert not os.path.exists(tmp_path / "rl" / "config.json")  # no RL run was started
+  for rl in (
+    dict(num_steps=need, max_new_tokens=0),  # 7 x 4 = 28 >= 25
+    dict(num_steps=5, window=5, max_new_tokens=0),  # exactly N
+    dict(num_steps=0, max_new_tokens=0),  # N steps
+    dict(num_steps=3, window=4, max_new_tokens=12),
+  ):
+    _rl_setup(config_only_sft, **rl)
+  for method in ("ar", "bd3lm"):  # AR ignores T; BD3LM runs min(T, G) steps per block
+    rl_config.check_step_budget(method, 4, 1, 25)
+  with pytest.raises(ValueError, match=r"rl.num_steps=1 with window W=4: .* >= 7 "):
+    rl_config.check_step_budget("setdlm", 4, 1, 25)
+
+
 # ----------------------------------------------------------------------------- end to end
 @pytest.mark.slow
 def test_one_rl_step_through_the_launcher(sft, tmp_path):

@@ -302,16 +302,24 @@ def check_export_dir(out: str, workdir: str, *, overwrite: bool = False):
   """Refuses an export target that would damage a run or silently replace weight_files.
 
   A training workdir (the source itself, or any directory with checkpoints/) is always refused:
-  the export's config.json would replace the run's. A non-empty directory needs `overwrite`.
+  the export's config.json would replace the run's. So is any path inside the source workdir,
+  existing or not (symlinks and relative paths resolved): checkpoint retention would delete an
+  export under checkpoints/, and one at checkpoints/<step> would read as a damaged checkpoint.
+  A non-empty directory needs `overwrite`.
   """
   if paths.is_remote(out) or paths.is_remote(workdir):  # an object store: no realpath, no files
     return _check_remote_export_dir(out, workdir, overwrite)
   target, source = os.path.realpath(out), os.path.realpath(workdir)
-  inside = target.startswith(source + os.sep) and os.path.exists(target)  # e.g. its tokenizer/
-  if target == source or inside or os.path.isdir(os.path.join(target, "checkpoints")):
+  if target == source or os.path.isdir(os.path.join(target, "checkpoints")):
     raise ValueError(
       f"--out={out} is a training workdir; exporting there would replace its "
       "config.json. Choose a new directory for --out"
+    )
+  if os.path.commonpath([target, source]) == source:  # by path components: W2 is not inside W
+    raise ValueError(
+      f"--out={out} is inside the training workdir {workdir}; its checkpoint retention and "
+      "loads would delete or misread the export. Export outside the run directory, e.g. "
+      f"--out={source}_export"
     )
   if os.path.isdir(target) and os.listdir(target) and not overwrite:
     raise ValueError(

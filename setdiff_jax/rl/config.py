@@ -3,7 +3,8 @@ from the SFT workdir it starts from.
 
   config = rl_config.default_config()           # configs/rl_*.py start from this
   rl_config.validate(config)                    # one error line per bad field, before anything
-  run = rl_config.run_config(config, sft)       # the SFT run's config.json + this run's fields
+  run = rl_config.run_config_for(config, sft)   # the SFT run's config.json + this run's fields
+  rl_config.check_step_budget(method, w, t, n)  # once N is known: T steps can make N tokens
 
 The launcher config holds only what an RL run chooses: the `rl` section, the optimiser, steps,
 logging / checkpoint cadence, seed and mesh. Model, objective, tokenizer and data (the task whose
@@ -18,7 +19,7 @@ import copy
 
 import ml_collections
 
-from setdiff_jax import objectives, paths
+from setdiff_jax import decoders, objectives, paths
 from setdiff_jax.data import pairs
 from setdiff_jax.sampling import policies
 from setdiff_jax.workdir import checkpoints as checkpointing
@@ -159,6 +160,12 @@ def run_config_for(
       f"the prompts"
     )
   objectives.get(run.objective)
+  window, seq_len = int(config.rl.window), int(run.seq_len)
+  if window > seq_len:  # the launchers' --window check (decoding.check_sampling_flags)
+    _fail(
+      f"rl.window={window} must be in [1, seq_len={seq_len}] (W <= L, the seq_len of the "
+      f"rl.init_from run; 0 = its set size S)"
+    )
   with run.unlocked():
     for name in OWN_FIELDS:
       run[name] = copy.deepcopy(config[name])
@@ -174,4 +181,38 @@ def run_config_for(
   return run
 
 
-__all__ = ["default_config", "validate", "load_sft_config", "run_config_for", "OWN_FIELDS"]
+def check_step_budget(method: str, window: int, num_steps: int, n: int, *, rl=None):
+  """Refuses an rl.num_steps T with which no rollout can generate its N new tokens.
+
+  The set sampler (SetDLM, the methods whose decoder `uses_window`) runs min(T, N) steps and
+  commits at most W tokens a step (the active masks of its window [f, f + W), SPEC §4.2), so
+  T * W < N always ends with masks left, which compaction silently drops: every rollout is cut
+  short. T * W >= N can finish (every schedule count n_i <= ceil(N / T) <= W). T = 0 means N
+  steps. AR ignores T; BD3LM runs min(T, G) steps per block, whose counts sum to G: both finish.
+  `window` is the sampler's W (rl.window, or the run's S when 0); `rl` (the run's rl section)
+  names where W and N came from when they were left 0.
+  """
+  t, w, n = int(num_steps or 0), int(window), int(n)
+  if not t or not decoders.get(method).uses_window or t * w >= n:
+    return
+  w_from = " (rl.window=0: the run's set size S)" if rl is not None and not int(rl.window) else ""
+  n_from = (
+    " (rl.max_new_tokens=0: seq_len - the longest train prompt)"
+    if rl is not None and not int(rl.max_new_tokens)
+    else ""
+  )
+  _fail(
+    f"rl.num_steps={t} with window W={w}{w_from}: the set sampler commits at most W tokens a "
+    f"step, so {t} steps generate at most {t * w} of the N={n}{n_from} new tokens and every "
+    f"rollout is cut short; set --config.rl.num_steps >= {-(-n // w)} (ceil(N / W); 0 = N steps)"
+  )
+
+
+__all__ = [
+  "default_config",
+  "validate",
+  "load_sft_config",
+  "run_config_for",
+  "check_step_budget",
+  "OWN_FIELDS",
+]

@@ -205,6 +205,7 @@ def _setup(run: RunConfig, workdir):
     max_new_tokens=n,
     rollout_stats=True,  # the rollouts' cache order (scoring) and log-probs (the gap metric)
   )
+  rl_config.check_step_budget(obj_cfg.name, sampler_cfg.window, r.num_steps, n, rl=r)
   scoring.check_exact(obj_cfg.name, sampler_cfg)  # the RL mode: the rollouts' likelihood is exact
   if int(r.continuous_slots) and decoding.continuous_for(obj_cfg.name, sampler_cfg) is None:
     raise ValueError(
