@@ -151,7 +151,7 @@ def main(argv):
   if FLAGS.preset and FLAGS["thresholds"].present:  # the preset sets tau
     raise ValueError(f"--preset={FLAGS.preset} sets tau, so --thresholds would be unused; give one")
   sharding.initialize_distributed()
-  check_data_flags_used()
+  check_flags_used()
   thresholds = FLAGS.thresholds
   if FLAGS.policy != policies.DEFAULT and not FLAGS["thresholds"].present:
     thresholds = ["off"]  # tau belongs to --policy=threshold
@@ -211,20 +211,50 @@ def main(argv):
   print(f"\nresults written to {record['path']}")
 
 
-# data flag -> the evals that read it (a flag no requested eval reads is refused, not ignored)
-DATA_FLAG_EVALS = {
+# flag -> the evals that read it (setdiff_jax/evaluation/run.py): a flag given on the command line
+# that no requested eval reads is refused, never ignored (nor stored in the history key as if it
+# had mattered). Flags not listed (workdir, eval, step, use_ema, output, mesh) serve every eval.
+DECODE = ("speed", "samples", "accuracy")
+EVAL_FLAGS = {
+  "seed": ("likelihood",),
+  "num_orders": ("likelihood",),
+  "batch_size": ("likelihood",),
+  "max_rows": ("likelihood",),
   "eval_paths": ("likelihood", "accuracy"),
   "tfds_data_dir": ("likelihood", "accuracy"),
-  "accuracy_data": ("accuracy",),
   "cloze_path": ("infill",),
+  "infill_settings": ("infill",),
+  "num_infill": ("infill",),
+  "infill_batch_size": ("infill",),
+  "infill_thresholds": ("infill",),
+  "repetition_penalty": ("infill",),
+  "penalty_history": ("infill",),
+  "window": ("infill",) + DECODE,
+  "sampling_seed": ("infill",) + DECODE,
+  "thresholds": DECODE,
+  "policy": DECODE,
+  "policy_args": DECODE,
+  "max_new_tokens": DECODE,
+  "batch_sizes": ("speed", "samples"),
+  "top_p": ("speed", "samples"),
+  "repeats": ("speed",),
+  "num_samples": ("samples",),
   "judge_workdir": ("samples",),
+  "accuracy_data": ("accuracy",),
+  "num_examples": ("accuracy",),
+  "accuracy_batch_size": ("accuracy",),
+  "continuous": ("accuracy",),
+  "speed_examples": ("accuracy",),
+  "extractor": ("accuracy",),
+  "preset": ("accuracy",),
+  "align_to_blocks": ("accuracy",),
 }
 
 
-def check_data_flags_used():
+def check_flags_used():
   from setdiff_jax.data import data_flags
 
-  for flag, readers in DATA_FLAG_EVALS.items():
+  for flag, readers in EVAL_FLAGS.items():
     if FLAGS[flag].present and not set(readers) & set(FLAGS.eval):
       raise ValueError(
         f"--{flag} is read by --eval={' or '.join(readers)} only, not by --eval="

@@ -240,6 +240,37 @@ def test_evaluate_refuses_data_flags_it_would_ignore(run_dir, tmp_path):
   assert not os.path.exists(out)
 
 
+def test_evaluate_refuses_flags_no_requested_eval_reads(run_dir, tmp_path):
+  """The probe's second round: --window, --thresholds, --num_examples, ... on --eval=likelihood
+  exited 0 (and went into the history key as settings); --num_examples=-7 evaluated the first 3
+  pairs (a Python slice), --speed_examples=-1 was stored as given. Nothing is written."""
+  w = f"--workdir={run_dir}"
+  out = str(tmp_path / "r.json")
+  lik = [w, "--eval=likelihood", f"--output={out}"]
+  cases = [
+    (lik + [flag], [flag.split("=")[0].replace("--no", "--"), "only, not by --eval=likelihood"])
+    for flag in (
+      "--window=8",
+      "--thresholds=0.5",
+      "--num_examples=3",
+      "--speed_examples=2",
+      "--top_p=0.5",
+      "--repeats=3",
+      "--sampling_seed=3",
+      "--noalign_to_blocks",
+    )
+  ]
+  cases += [
+    ([w, "--eval=speed", "--num_orders=2"], ["--num_orders", "--eval=likelihood only"]),
+    ([w, "--eval=samples", "--repetition_penalty=1.2"], ["--repetition_penalty", "infill only"]),
+    ([w, "--eval=accuracy", "--num_examples=-7"], ["--num_examples=-7 must be >= 1"]),
+    ([w, "--eval=accuracy", "--num_examples=0"], ["--num_examples=0 must be >= 1"]),
+    ([w, "--eval=accuracy", "--speed_examples=-1"], ["--speed_examples=-1 must be >= 0"]),
+  ]
+  check_cases("evaluate.py", cases)
+  assert not os.path.exists(out)
+
+
 # ----------------------------------------------------------------------------- what was used
 def test_sampler_header_names_the_tau_the_sampler_reads(run_dir):
   """tau given as --threshold, as --policy_arg of the threshold policy, or both (equal): the

@@ -306,9 +306,11 @@ def check_options(opts: EvalOptions, seq_len: int):
   for name in ("num_orders", "batch_size", "infill_batch_size", "repeats", "num_samples"):
     if getattr(opts, name) < 1:
       raise ValueError(f"--{name}={getattr(opts, name)} must be >= 1")
-  for name in ("max_rows", "num_infill"):
+  for name in ("max_rows", "num_infill", "num_examples"):
     if getattr(opts, name) is not None and getattr(opts, name) < 1:
       raise ValueError(f"--{name}={getattr(opts, name)} must be >= 1")
+  if opts.speed_examples < 0:
+    raise ValueError(f"--speed_examples={opts.speed_examples} must be >= 0 (0: no batch-1 timing)")
   if any(int(b) < 1 for b in opts.batch_sizes):
     raise ValueError(f"--batch_sizes={list(opts.batch_sizes)}: each must be >= 1")
 
