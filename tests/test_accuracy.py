@@ -204,6 +204,34 @@ def test_accuracy_eval_counts_a_known_model():
     accuracy.accuracy_eval(logits_fn, None, Tok(), oc, 12, test, max_new_tokens=11)
 
 
+def test_bad_references_and_prompts_are_named_before_any_decoding(caplog):
+  """A reference without a final answer used to fail after the whole set was decoded, naming
+  neither file nor line; a prompt that does not fit named neither; one long prompt shrank every
+  pair's N without a word. Now: the pair's file:line, before the model is called, and a warning."""
+
+  class Tok(_Tok):
+    def encode_batch(self, texts):
+      return [[20] * len(t) for t in texts]  # one token per character
+
+  def never(*args, **kwargs):
+    pytest.fail("decoded before the inputs were checked")
+
+  oc = losses.ObjectiveConfig(
+    name="setdlm", mask_token_id=MASK, pad_token_id=PAD, eos_token_id=EOS, desired_set_size=4
+  )
+  bad_ref = [pairs.Pair("a", "#### 7", "t.jsonl:1"), pairs.Pair("b", "0", "t.jsonl:2")]
+  with pytest.raises(ValueError, match=r"^t.jsonl:2: the reference answer .*'#### ANSWER'"):
+    accuracy.accuracy_eval(never, None, Tok(), oc, 40, bad_ref)
+  too_long = [pairs.Pair("a", "#### 7", "t.jsonl:1"), pairs.Pair("b" * 45, "#### 7", "t.jsonl:2")]
+  with pytest.raises(ValueError, match=r"^t.jsonl:2: its prompt has 46 tokens .*shorten or drop"):
+    accuracy.accuracy_eval(never, None, Tok(), oc, 40, too_long)
+  four = [
+    pairs.Pair(c, "#### 7", f"t.jsonl:{i}") for i, c in enumerate(["a", "b", "c", "d" * 30], 1)
+  ]
+  assert accuracy._generation_budget(accuracy.encode_prompts(Tok(), four), four, 40, None) == 9
+  assert "set by the 31-token prompt of t.jsonl:4 (the median prompt leaves 38)" in caplog.text
+
+
 def test_copy_stats_hand_worked():
   # prompt 7 + 5 \n ; output "7 + 5 = 1 2": (\n,7) no, (7,+) yes, (+,5) yes, (5,=) no, (=,1) no,
   # (1,2) no -> 2 copies of 6; steps: 7 and + together (parallel), the rest one per step

@@ -40,6 +40,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import jax
 import numpy as np
+from absl import logging
 
 from setdiff_jax import decoding
 from setdiff_jax.data.pairs import format_prompt
@@ -239,17 +240,47 @@ def _sampler_config(
   )
 
 
-def _generation_budget(prompts: Sequence[Sequence[int]], seq_len: int, max_new_tokens) -> int:
+def _generation_budget(
+  prompts: Sequence[Sequence[int]], pairs, seq_len: int, max_new_tokens
+) -> int:
   """N, the tokens each prompt may generate (None: seq_len - the longest prompt); raises
-  ValueError when the longest prompt plus N does not fit the context."""
-  longest = max(len(p) for p in prompts)
+  ValueError, naming the pair, when the longest prompt plus N does not fit the context, and warns
+  when one long prompt leaves every pair a much smaller N than the median prompt would."""
+  lengths = [len(p) for p in prompts]
+  i = int(np.argmax(lengths))
+  longest, where = lengths[i], pairs[i].where or f"test pair #{i}"
   n = max_new_tokens or seq_len - longest
   if n < 1 or longest + n > seq_len:
+    fix = (
+      "lower --max_new_tokens, or shorten or drop it" if max_new_tokens else "shorten or drop it"
+    )
     raise ValueError(
-      f"the longest test prompt has {longest} tokens; with max_new_tokens={n} it "
-      f"does not fit the model's context seq_len={seq_len}"
+      f"{where}: its prompt has {longest} tokens (BOS included); with max_new_tokens={n} it does "
+      f"not fit the model's context seq_len={seq_len}: {fix}"
+    )
+  median_n = seq_len - int(np.median(lengths))
+  if max_new_tokens is None and n < median_n / 2:
+    logging.warning(
+      "every test pair may generate N=%d tokens, set by the %d-token prompt of %s (the median "
+      "prompt leaves %d): shorten or drop it, or pass --max_new_tokens",
+      n,
+      longest,
+      where,
+      median_n,
     )
   return n
+
+
+def check_references(pairs, extractor: str):
+  """ValueError, before any decoding, naming the first pair whose reference has no final answer
+  the extractor can read (it could never be scored)."""
+  for i, p in enumerate(pairs):
+    if normalize_answer(extract_answer(p.answer, extractor)) is None:
+      raise ValueError(
+        f"{p.where or f'test pair #{i}'}: the reference answer has no final answer for "
+        f"extractor={extractor!r}: {p.answer[-80:]!r}; end it with '#### ANSWER' (or "
+        "\\boxed{ANSWER}), or pass the --extractor that reads it"
+      )
 
 
 def _answer_texts(tokenizer, generated, stop_strings: Sequence[str]) -> List[str]:
@@ -346,8 +377,9 @@ def accuracy_eval(
   if not pairs:
     raise ValueError("accuracy eval: no test pairs")
   settings = settings or decoding_settings(obj_cfg)
+  check_references(pairs, extractor)
   prompts = encode_prompts(tokenizer, pairs, prompt_style)
-  n = _generation_budget(prompts, seq_len, max_new_tokens)
+  n = _generation_budget(prompts, pairs, seq_len, max_new_tokens)
   sampler = decoding.sampler_for(obj_cfg.name)
   rows = []
   for setting in settings:
@@ -396,6 +428,7 @@ __all__ = [
   "extract_answer",
   "normalize_answer",
   "exact_match",
+  "check_references",
   "encode_prompts",
   "copy_stats",
   "decode_all",
