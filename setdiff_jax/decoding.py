@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import secrets
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, Sequence
 
 import jax
 import numpy as np
@@ -291,6 +291,14 @@ def run_sampling(
   if seed < 0:  # -1: a fresh seed per call, printed in the header
     seed = secrets.randbelow(2**31)
   method = decoders.get(objective_config.name)
+  given = {"threshold": threshold, "policy_arg": policy_arg}
+  given["policy"] = None if policy in (None, policies.DEFAULT) else policy
+  check_method_flags(
+    method,
+    window=window,
+    policy_flags=[name for name, value in given.items() if value is not None],
+    align_to_blocks=align_to_blocks,
+  )
   cfg = sampler_config_for(
     objective_config,
     tokenizer,
@@ -310,6 +318,36 @@ def run_sampling(
   if header is not None:
     write(f"{header}{sampler_settings(method, objective_config, job.cfg, infill is not None)}\n")
   return _timed_report(job, seed, num_samples, batch_size, warmup, write)
+
+
+def check_method_flags(
+  method,
+  *,
+  window=None,
+  policy_flags: Sequence[str] = (),
+  align_to_blocks: bool = False,
+  prefix="--",
+):
+  """ValueError for a decoding setting the run's sampler has no use for (it would be dropped
+  without a word): the window W (the set sampler's), a commit policy or tau (every sampler but
+  AR's, which commits one token a step), block alignment (BD3LM and block-wise MDLM).
+  `policy_flags`: the names of the policy settings given (e.g. ['threshold', 'policy'])."""
+  unused = []
+  if window is not None and not method.uses_window:
+    unused.append((f"{prefix}window", "no set window W"))
+  if not method.uses_threshold:
+    unused += [
+      (f"{prefix}{name}", "no commit policy: it commits one token a step") for name in policy_flags
+    ]
+  if align_to_blocks and not method.uses_block_grid:
+    unused.append((f"{prefix}align_to_blocks", "no block grid"))
+  if unused:
+    names = " and ".join(dict.fromkeys(n for n, _ in unused))
+    why = "; ".join(dict.fromkeys(w for _, w in unused))
+    raise ValueError(
+      f"{names} would be ignored: this {method.name} run's sampler has {why}; drop "
+      f"{'it' if len(unused) == 1 else 'them'}"
+    )
 
 
 def check_sampling_flags(
@@ -400,6 +438,7 @@ __all__ = [
   "generate_text",
   "SamplingReport",
   "run_sampling",
+  "check_method_flags",
   "check_sampling_flags",
   "sampler_settings",
   "sample_from_workdir",

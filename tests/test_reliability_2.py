@@ -271,6 +271,30 @@ def test_evaluate_refuses_flags_no_requested_eval_reads(run_dir, tmp_path):
   assert not os.path.exists(out)
 
 
+def test_decoding_settings_the_runs_sampler_cannot_use_are_refused(run_dir):
+  """The probe: --window / --threshold on an AR run, --align_to_blocks on a SetDLM run were
+  accepted and dropped (the sample header even listed align_to_blocks)."""
+  check = decoding.check_method_flags
+  with pytest.raises(
+    ValueError, match="^--window would be ignored: this ar run's sampler has no set"
+  ):
+    check(decoders.get("ar"), window=8)
+  with pytest.raises(ValueError, match="^--threshold and --policy would be ignored: .* no commit"):
+    check(decoders.get("ar"), policy_flags=["threshold", "policy"])
+  with pytest.raises(ValueError, match="^--window would be ignored: this bd3lm run's sampler"):
+    check(decoders.get("bd3lm"), window=4)
+  with pytest.raises(ValueError, match="^--align_to_blocks would be ignored: this setdlm run's"):
+    check(decoders.get("setdlm"), align_to_blocks=True)
+  for name in ("bd3lm", "mdlm"):
+    check(decoders.get(name), policy_flags=["threshold"], align_to_blocks=True)
+  check(decoders.get("setdlm"), window=8, policy_flags=["threshold", "policy", "policy_arg"])
+  w = f"--workdir={run_dir}"  # a SetDLM run: the launchers' paths
+  check_cases(
+    "sample.py",
+    [([w, "--align_to_blocks"], ["--align_to_blocks would be ignored", "no block grid"])],
+  )
+
+
 # ----------------------------------------------------------------------------- what was used
 def test_sampler_header_names_the_tau_the_sampler_reads(run_dir):
   """tau given as --threshold, as --policy_arg of the threshold policy, or both (equal): the

@@ -93,22 +93,42 @@ def test_config_fields_have_ranges():
   assert set(rl_config.OWN_FIELDS) == set(c.keys()) - {"rl"}  # each top-level field is used
 
 
-@pytest.fixture(scope="module")
-def config_only_sft(tmp_path_factory):
+def _config_only_run(tmp_path_factory, method: str) -> str:
   """An SFT workdir as far as the RL config checks read it (config.json: seq_len 32, S = 4;
   its tokenizer; a checkpoints/1 folder) without training: the checks come before parameters."""
   from setdiff_jax.config import run as run_config
   from setdiff_jax.workdir import checkpoints as checkpointing
   from setdiff_jax.workdir.tokenizer import build_tokenizer
 
-  c = reasoning_common.get_config("setdlm")
+  c = reasoning_common.get_config(method)
   c.model.hidden_size, c.model.num_layers, c.model.num_heads = 32, 1, 2
   c.data.task_train_examples, c.data.task_eval_examples = 64, 8
-  workdir = tmp_path_factory.mktemp("rl_sft_config")
+  workdir = tmp_path_factory.mktemp(f"rl_sft_config_{method}")
   (workdir / "checkpoints" / "1").mkdir(parents=True)
   checkpointing.save_config(c, str(workdir))
   build_tokenizer(run_config.from_config_dict(c), str(workdir))
   return str(workdir)
+
+
+@pytest.fixture(scope="module")
+def config_only_sft(tmp_path_factory):
+  return _config_only_run(tmp_path_factory, "setdlm")
+
+
+def test_set_sampler_settings_on_an_ar_run_are_refused(tmp_path_factory):
+  """rl.window, rl.policy, rl.policy_arg on an AR SFT run were accepted and dropped (kept tok/call
+  1.00); they are refused before anything is read beyond config.json."""
+  sft = _config_only_run(tmp_path_factory, "ar")
+  for rl, names in (
+    (dict(window=8), "rl.window"),
+    (dict(policy="topk", policy_arg=3.0), "rl.policy and rl.policy_arg"),
+  ):
+    c = tiny_rl(sft, **rl)
+    rl_config.validate(c)
+    with pytest.raises(ValueError, match=f"invalid config: {names} would be ignored: this ar run"):
+      rl_config.run_config_for(c, rl_config.load_sft_config(sft))
+  c = tiny_rl(sft)
+  assert rl_config.run_config_for(c, rl_config.load_sft_config(sft)).objective == "ar"
 
 
 def _rl_setup(init_from, **rl):

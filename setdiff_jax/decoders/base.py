@@ -27,6 +27,7 @@ class Decoder:
 
   uses_threshold: bool = True  # the confidence threshold tau applies to its sampler
   uses_window: bool = False  # its sampler has the set window W
+  uses_block_grid: bool = False  # its blocks can sit on the block grid (align_to_blocks)
   infill_unsupported: Optional[str] = None  # why `canvas_infill` is unavailable (None: available)
 
   def sampler_fields(self, cfg) -> Dict[str, Any]:

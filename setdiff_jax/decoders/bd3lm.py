@@ -9,6 +9,7 @@ from setdiff_jax.sampling import baselines
 
 class BD3LMDecoder(Decoder):
   name = objective.BD3LM.name
+  uses_block_grid = True
   rollout_scoring = "block_replay"
   infill_unsupported = (
     "its blocks are decoded left to right and cannot see the text after a gap "

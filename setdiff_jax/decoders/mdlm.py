@@ -12,6 +12,7 @@ from setdiff_jax.sampling.mdlm_infill import mdlm_infill
 
 class MDLMDecoder(Decoder):
   name = objective.MDLM.name
+  uses_block_grid = True
 
   def generate(self, model, params, prompts, sampler_cfg, rng=None):
     return baselines.mdlm_generate(model, params, prompts, sampler_cfg, rng)

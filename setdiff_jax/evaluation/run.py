@@ -323,6 +323,14 @@ def evaluate_state(
   if bad:
     raise ValueError(f"unknown eval(s) {bad}; expected some of {EVALS}")
   check_options(opts, int(state.config.seq_len))
+  if set(evals) - {"likelihood"}:  # the decoding evals: a setting the run's sampler cannot use
+    policy_flags = {"policy": opts.policy != policies.DEFAULT}
+    policy_flags["policy_args"] = tuple(opts.policy_args) != (None,)
+    decoding.check_method_flags(
+      decoders.get(state.objective_config.name),
+      window=opts.window,
+      policy_flags=[name for name, given in policy_flags.items() if given],
+    )
   lik_model, gen_model = inference_models(state)
   out: Dict[str, Any] = {}
   for name in evals:

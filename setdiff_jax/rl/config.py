@@ -19,7 +19,7 @@ import copy
 
 import ml_collections
 
-from setdiff_jax import decoders, objectives, paths
+from setdiff_jax import decoders, decoding, objectives, paths
 from setdiff_jax.data import pairs
 from setdiff_jax.sampling import policies
 from setdiff_jax.workdir import checkpoints as checkpointing
@@ -160,6 +160,20 @@ def run_config_for(
       f"the prompts"
     )
   objectives.get(run.objective)
+  r = config.rl
+  policy_flags = {
+    "policy": r.policy != run_config.rl_defaults().policy,
+    "policy_arg": r.policy_arg is not None,
+  }
+  try:  # a setting of the set sampler on an AR run would be dropped: kept tok/call stays 1
+    decoding.check_method_flags(
+      decoders.get(run.objective),
+      window=int(r.window) or None,
+      policy_flags=[name for name, given in policy_flags.items() if given],
+      prefix="rl.",
+    )
+  except ValueError as e:
+    _fail(f"{e} (the rl.init_from run's method)")
   window, seq_len = int(config.rl.window), int(run.seq_len)
   if window > seq_len:  # the launchers' --window check (decoding.check_sampling_flags)
     _fail(
