@@ -244,7 +244,7 @@ def parse_flags(argv: Sequence[str]) -> List[str]:
   except Exception as e:  # noqa: BLE001 - flag and config-override errors of every kind
     config = _config_of(argv)
     problems = unknown_config_fields(argv, config) if hasattr(config, "keys") else []
-    msg = "; ".join(problems) if problems else describe(e)
+    msg = "; ".join(problems) if problems else _config_file_error(e) or describe(e)
     msg = msg.replace("Unknown command line flag", "unknown flag")
     required = re.search(r"Flag --(\w+) must have a value other than None", msg)
     if required:
@@ -252,6 +252,21 @@ def parse_flags(argv: Sequence[str]) -> List[str]:
     raise UsageError(f"{msg} (see --helpshort)") from e
   finally:
     sys.argv = saved
+
+
+def _config_file_error(exc: BaseException) -> str:
+  """The config file's own error, when ml_collections wrapped it with its whole traceback
+  ("flag --config=F: Error whilst parsing config file: Traceback ... ValueError: why"): the flag and
+  the last exception's message (its type too, unless a ValueError), else ''."""
+  text = str(exc)
+  if "Error whilst parsing config file" not in text:
+    return ""
+  flag = re.match(r"flag (--\w+=\S+): ", text)
+  raised = re.findall(r"^\s*(?:[\w.]+\.)?(\w+(?:Error|Exception)): (.*)$", text, re.M)
+  if not flag or not raised:
+    return ""
+  kind, why = raised[-1]
+  return one_line(f"{flag.group(1)}: {why if kind == 'ValueError' else f'{kind}: {why}'}")
 
 
 def _config_of(argv: Sequence[str]):

@@ -295,6 +295,27 @@ def test_decoding_settings_the_runs_sampler_cannot_use_are_refused(run_dir):
   )
 
 
+def test_a_config_files_own_error_is_its_message_not_a_traceback(tmp_path):
+  """ml_collections wraps a config file's exception with its whole traceback; the line was ~650
+  characters of flattened frames. Now: the flag and the file's own message."""
+  w = f"--workdir={tmp_path / 'w'}"
+  cases = [
+    (
+      ["--config=configs/lm1b_sw.py:bogus", w],
+      ["error: --config=configs/lm1b_sw.py:bogus: config variant 'bogus'"],
+    ),
+    (
+      ["--config=configs/reasoning_common.py", w],
+      ["--config=configs/reasoning_common.py: TypeError: get_config() missing 1 required"],
+    ),
+    (["--config=configs/compare.py:setdlm", w], ["needs its set/block size, e.g. setdlm4"]),
+  ]
+  for (args, expected), result in zip(cases, harness("train.py", [a for a, _ in cases])):
+    assert_one_error_line(result, expected, " ".join(args))
+    assert "Traceback" not in result["stderr"] and len(result["stderr"]) < 300
+  assert not os.path.exists(tmp_path / "w")
+
+
 # ----------------------------------------------------------------------------- what was used
 def test_sampler_header_names_the_tau_the_sampler_reads(run_dir):
   """tau given as --threshold, as --policy_arg of the threshold policy, or both (equal): the
@@ -816,8 +837,6 @@ def test_store_lost_during_a_run_names_the_path_and_flag():
 def test_an_empty_path_flag_is_refused(run_dir, tmp_path):
   """`--workdir=$RUN` with RUN unset: training would write the run into the current directory,
   the other launchers would read it as the run. Every path flag refuses an empty value."""
-  from test_reliability import harness
-
   cwd = tmp_path / "cwd"
   cwd.mkdir()
   r = subprocess.run(
