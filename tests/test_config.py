@@ -76,6 +76,22 @@ def test_older_config_json_without_newer_fields_takes_the_defaults():
   assert cfg.model.head_vocab_chunk == sections.Model().head_vocab_chunk
 
 
+def test_a_partial_data_or_tokenizer_section_takes_the_defaults():
+  """A config.json whose data section names only its source (hand-written, or cut) read as a
+  traceback (AttributeError: 'preprocess') in every launcher; like the typed sections, the
+  missing fields take their defaults and the given ones are kept."""
+  from setdiff_jax.data import pipeline, tokenizers
+
+  saved = json.loads(OLD_CONFIG.read_text())
+  saved["data"] = {"source": "embedded", "eval_split": "validation"}
+  saved["tokenizer"] = {"kind": "trained", "vocab_size": 300}
+  cfg = run_config.from_config_dict(saved)
+  want_data = dict(pipeline.default_data_config().to_dict(), **saved["data"])
+  want_tok = dict(tokenizers.default_tokenizer_config().to_dict(), **saved["tokenizer"])
+  assert cfg.data.to_dict() == want_data and cfg.tokenizer.to_dict() == want_tok
+  assert cfg.data.preprocess == pipeline.default_data_config().preprocess
+
+
 @pytest.mark.slow
 def test_old_config_json_trains_and_samples(tmp_path):
   """The old config.json as the config of a new run (its batches made to split over the test's 8

@@ -163,8 +163,13 @@ def from_config_dict(config, *, check_data: bool = True) -> RunConfig:
 
 
 def _section_dict(config, name: str, default) -> ml_collections.ConfigDict:
+  """The `data` / `tokenizer` section: its defaults, with every field the config gives over them
+  (a config.json written without some field reads that field's default, as the typed sections do)."""
   found = config.get(name)
-  return default() if found is None else copy.deepcopy(found)
+  merged = default().to_dict()
+  if found is not None:
+    merged.update(found.to_dict() if hasattr(found, "to_dict") else dict(found))
+  return ml_collections.ConfigDict(copy.deepcopy(merged))
 
 
 # ----------------------------------------------------------------------------- defaults
