@@ -47,6 +47,13 @@ flags.DEFINE_bool("greedy", False, "Argmax instead of sampling.")
 flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass (1 = off).")
 flags.DEFINE_float("temperature", 1.0, "Sampling temperature.")
 flags.DEFINE_float("repetition_penalty", 1.0, "HF-style repetition penalty (1 = off).")
+flags.DEFINE_enum(
+  "prompt_style",
+  None,
+  ["plain", "gsm8k", "gsm8k_chat"],
+  "How --prompt is wrapped (default: the run's data.prompt_style, as training and the accuracy "
+  "eval wrap prompts; plain: as given).",
+)
 flags.DEFINE_string("dtype", "float32", "Compute dtype for sampling (the reference uses fp32).")
 flags.DEFINE_string(
   "mesh",
@@ -102,6 +109,7 @@ def main(argv):
     use_ema=FLAGS.use_ema,
     dtype=FLAGS.dtype,
     prompt=FLAGS.prompt,
+    prompt_style=FLAGS.prompt_style,
     infill=FLAGS.infill,
     num_samples=FLAGS.num_samples,
     batch_size=FLAGS.batch_size,

@@ -21,6 +21,7 @@ import jax
 import numpy as np
 
 from setdiff_jax import decoders, paths
+from setdiff_jax.data.pairs import format_prompt
 from setdiff_jax.workdir import load as workdir_lib
 from setdiff_jax.sampling import compiles, continuous, policies
 from setdiff_jax.sampling.config import DecodeSetting, SampleOutput, SamplerConfig, commit_policy
@@ -407,16 +408,25 @@ def sample_from_workdir(
   use_ema: bool = True,
   dtype: Optional[str] = "float32",
   mesh: Optional[dict] = None,
+  prompt_style: Optional[str] = None,
   **kwargs,
 ) -> SamplingReport:
   """Loads a trained run (parameters only, `workdir.load_inference_state`, placed on `mesh`: a
-  {"data", "fsdp", "tensor"} size dict, default all devices on data); `run_sampling`."""
+  {"data", "fsdp", "tensor"} size dict, default all devices on data); `run_sampling`. A `prompt`
+  is wrapped as the run's training prompts were (`prompt_style`, default the run's
+  data.prompt_style, e.g. the GSM8K instruction and chat template; 'plain': as given)."""
+  if prompt_style is not None and kwargs.get("prompt") is None:
+    raise ValueError("--prompt_style wraps --prompt, which is not given: drop it, or give a prompt")
   state = workdir_lib.load_inference_state(workdir, step=step, use_ema=use_ema, mesh_config=mesh)
   model = workdir_lib.inference_model(state.model_config, dtype)
+  style = prompt_style or state.config.data.get("prompt_style", "plain")
+  if kwargs.get("prompt") is not None:
+    kwargs["prompt"] = format_prompt(kwargs["prompt"], style)
   kwargs.setdefault(
     "header",
     f"workdir: {paths.resolve(workdir)}  step: {state.step}  "
-    f"params: {params_label(state.config, use_ema)}  ",
+    f"params: {params_label(state.config, use_ema)}  "
+    + (f"prompt_style: {style}  " if style != "plain" else ""),
   )
   return run_sampling(
     model,

@@ -316,6 +316,29 @@ def test_a_config_files_own_error_is_its_message_not_a_traceback(tmp_path):
   assert not os.path.exists(tmp_path / "w")
 
 
+def test_sample_wraps_the_prompt_as_the_run_was_trained(run_dir, tmp_path):
+  """A run trained on GSM8K-style prompts (data.prompt_style) was sampled with the raw --prompt,
+  unlike training and the accuracy eval; now the run's style wraps it (named in the header), and
+  --prompt_style=plain passes it as given."""
+  from setdiff_jax.data.pairs import GSM8K_INSTRUCTION
+
+  workdir = str(tmp_path / "w")
+  shutil.copytree(run_dir, workdir, ignore=shutil.ignore_patterns(".lock"))
+  path = os.path.join(workdir, "config.json")
+  config = json.load(open(path))
+  config["data"]["prompt_style"] = "gsm8k"
+  json.dump(config, open(path, "w"))
+  common = dict(prompt="Two apples", max_new_tokens=1, greedy=True, num_samples=1, batch_size=1)
+  for style, starts in ((None, GSM8K_INSTRUCTION + "Two apples"), ("plain", "Two apples")):
+    lines = []
+    decoding.sample_from_workdir(workdir, prompt_style=style, write=lines.append, **common)
+    assert ("prompt_style: gsm8k" in lines[0]) == (style is None), lines[0]
+    sample = lines[1].split("\n", 1)[1]
+    assert sample.startswith(starts), (style, sample)
+  with pytest.raises(ValueError, match="--prompt_style wraps --prompt, which is not given"):
+    decoding.sample_from_workdir(workdir, prompt_style="plain", write=print, num_samples=1)
+
+
 # ----------------------------------------------------------------------------- what was used
 def test_sampler_header_names_the_tau_the_sampler_reads(run_dir):
   """tau given as --threshold, as --policy_arg of the threshold policy, or both (equal): the
