@@ -339,6 +339,24 @@ def test_sample_wraps_the_prompt_as_the_run_was_trained(run_dir, tmp_path):
     decoding.sample_from_workdir(workdir, prompt_style="plain", write=print, num_samples=1)
 
 
+def test_an_export_given_as_a_run_is_named_as_such(tmp_path):
+  """An export directory passed as --workdir read as a damaged run ("the run's tokenizer was
+  deleted", "no checkpoint: train first"); now one line saying what it is and how to load it."""
+  export = tmp_path / "export"
+  export.mkdir()
+  (export / "config.json").write_text(json.dumps({"model_type": "setdlm"}))
+  (export / "model.safetensors").write_bytes(b"")
+  w = f"--workdir={export}"
+  want = [
+    f"{export} is an exported or Hugging Face checkpoint (model.safetensors",
+    "import_checkpoint",
+  ]
+  check_cases("sample.py", [([w], want)])
+  check_cases("evaluate.py", [([w], want)])
+  check_cases("export.py", [([w, f"--out={tmp_path / 'again'}"], want)])
+  assert sorted(os.listdir(export)) == ["config.json", "model.safetensors"]
+
+
 # ----------------------------------------------------------------------------- what was used
 def test_sampler_header_names_the_tau_the_sampler_reads(run_dir):
   """tau given as --threshold, as --policy_arg of the threshold policy, or both (equal): the

@@ -101,8 +101,9 @@ def read_cloze(path: str) -> List[Dict[str, str]]:
   """Rows of the Story Cloze CSV with s1..s5 (s5 = the right ending) and the story id."""
   if not os.path.isfile(path):
     raise FileNotFoundError(
-      f"Story Cloze CSV not found at {path!r}: pass the path of "
-      "rocstories-cloze-val-2016.csv (e.g. ../shared/data/rocstories-cloze-val-2016.csv)"
+      f"Story Cloze CSV not found at {path!r} ({os.path.abspath(path)}): pass the path of "
+      "rocstories-cloze-val-2016.csv as --cloze_path (its default is relative to the current "
+      "directory: ../shared/data/rocstories-cloze-val-2016.csv), or --infill_settings=corpus"
     )
   try:
     return _read_cloze_rows(path)

@@ -74,6 +74,24 @@ def restore_params(
   return restored[key], step
 
 
+# The weight files of an export (`launch/export.py`) or a Hugging Face checkpoint directory.
+EXPORT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+
+
+def check_training_run(workdir: str):
+  """ValueError when `workdir` is an export or Hugging Face checkpoint (weight files, no
+  checkpoints/): its config.json is not a run's, and reading it as one fails far from the cause."""
+  if paths.isdir(checkpointing.checkpoint_dir(workdir)):
+    return
+  found = [f for f in EXPORT_FILES if paths.exists(paths.join(workdir, f))]
+  if found:
+    raise ValueError(
+      f"{workdir} is an exported or Hugging Face checkpoint ({found[0]}, no checkpoints/), not a "
+      "training run: load it with setdiff_jax.interop.import_checkpoint, or start a run from a "
+      "Hugging Face Qwen3 with --config.init_from_hf=DIR"
+    )
+
+
 def load_inference_state(
   workdir: str,
   *,
@@ -90,6 +108,7 @@ def load_inference_state(
   decode on that mesh (`sampling.placement`): the batch over (data, fsdp), the KV cache over
   batch and heads.
   """
+  check_training_run(workdir)
   config = load_config(workdir)
   run = run_config.from_config_dict(config)
   tokenizer = build_tokenizer(run, workdir, allow_training=False)
@@ -163,6 +182,7 @@ __all__ = [
   "InferenceState",
   "load_config",
   "restore_params",
+  "check_training_run",
   "load_inference_state",
   "load_params",
   "inference_model",
