@@ -235,25 +235,26 @@ def agree(name: str, value: str, timeout_s: Optional[float] = None) -> list:
   return [values[str(i)] for i in range(count)]
 
 
-def mesh_shape(mesh_cfg: Mapping[str, int], num_devices: int) -> tuple:
-  """Resolves the (data, fsdp, tensor) sizes; raises a readable error when they do not fit."""
+def mesh_shape(mesh_cfg: Mapping[str, int], num_devices: int, what: str = "config.mesh") -> tuple:
+  """Resolves the (data, fsdp, tensor) sizes; raises a readable error naming `what` (the config
+  field or the launcher flag they came from) when they do not fit."""
   sizes = [int(mesh_cfg.get(a, 1)) for a in MESH_AXES]
   free = [i for i, s in enumerate(sizes) if s == -1]
   if len(free) > 1:
-    raise ValueError(f"config.mesh: at most one axis may be -1, got {dict(zip(MESH_AXES, sizes))}")
+    raise ValueError(f"{what}: at most one axis may be -1, got {dict(zip(MESH_AXES, sizes))}")
   if any(s == 0 or s < -1 for s in sizes):
-    raise ValueError(f"config.mesh sizes must be positive or -1, got {dict(zip(MESH_AXES, sizes))}")
+    raise ValueError(f"{what} sizes must be positive or -1, got {dict(zip(MESH_AXES, sizes))}")
   fixed = math.prod(s for s in sizes if s != -1)
   if free:
     if num_devices % fixed:
       raise ValueError(
-        f"config.mesh {dict(zip(MESH_AXES, sizes))}: {num_devices} devices are not "
+        f"{what} {dict(zip(MESH_AXES, sizes))}: {num_devices} devices are not "
         f"divisible by the fixed axes' product {fixed}"
       )
     sizes[free[0]] = num_devices // fixed
   if math.prod(sizes) != num_devices:
     raise ValueError(
-      f"config.mesh {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices "
+      f"{what} {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices "
       f"but {num_devices} are available; set one axis to -1 or change the sizes"
     )
   return tuple(sizes)
@@ -281,9 +282,13 @@ def parse_mesh(text: str | None, what: str = "--mesh") -> dict | None:
   return out
 
 
-def make_mesh(mesh_cfg: Mapping[str, int], devices: Sequence[jax.Device] | None = None) -> Mesh:
+def make_mesh(
+  mesh_cfg: Mapping[str, int],
+  devices: Sequence[jax.Device] | None = None,
+  what: str = "config.mesh",
+) -> Mesh:
   devices = list(jax.devices() if devices is None else devices)
-  shape = mesh_shape(mesh_cfg, len(devices))
+  shape = mesh_shape(mesh_cfg, len(devices), what)
   auto = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
   # jax.make_mesh orders the devices by the physical topology (TPU ICI rings) where it knows it.
   return jax.make_mesh(shape, MESH_AXES, axis_types=auto, devices=devices)

@@ -258,6 +258,7 @@ def test_bad_sample_evaluate_export_inputs(run_dir, tmp_path):
     ([f"--workdir={tmp_path / 'nothing'}"], ["config.json not found"]),
     ([f"--workdir={damaged}"], [os.path.join(damaged, "config.json"), "damaged"]),
     ([w, "--mesh=rows=2"], ["--mesh='rows=2'", "data=2,tensor=4"]),
+    ([w, "--mesh=data=3"], ["--mesh {'data': 3, 'fsdp': 1, 'tensor': 1} needs 3 devices"]),
   ]
   for (args, expected), result in zip(sample, harness("sample.py", [a for a, _ in sample])):
     assert_one_error_line(result, expected, "sample " + " ".join(args))

@@ -113,7 +113,7 @@ def load_inference_state(
   run = run_config.from_config_dict(config)
   tokenizer = build_tokenizer(run, workdir, allow_training=False)
   model_config, objective_config = run_config.model_and_objective(run, tokenizer)
-  mesh = sharding.make_mesh(mesh_config or {"data": -1, "fsdp": 1, "tensor": 1})
+  mesh = sharding.make_mesh(mesh_config or {"data": -1, "fsdp": 1, "tensor": 1}, what="--mesh")
   abstract = models.param_shapes(model_config)
   shardings = sharding.state_shardings(
     abstract, mesh, sharding.rules_from_config(run.mesh.with_rules())
