@@ -17,6 +17,7 @@ import time
 
 import jax
 import numpy as np
+import ml_collections
 import pytest
 
 from setdiff_jax import errors, train, train_step
@@ -332,6 +333,19 @@ def test_mismatched_resume_writes_nothing(tmp_path, monkeypatch):
   assert "num_train_steps" not in msg and "learning_rate" not in msg  # those may change
   assert {p: (workdir / p).read_bytes() for p in before} == before
   assert sorted(os.listdir(workdir)) == [".lock", "checkpoints", "config.json"]
+
+
+def test_rl_resume_from_another_sft_run_is_structural(tmp_path, monkeypatch):
+  """An RL run resumed with another rl.init_from would take its KL reference and prompts from a
+  different SFT run without a word; the same run given relative or absolute is no change."""
+  monkeypatch.chdir(tmp_path)
+  old = {"rl": {"init_from": str(tmp_path / "sft"), "learning_rate": 1e-5}}
+  assert workdir_lock.structural_changes(old, {"rl": {"init_from": "sft"}}) == []
+  assert workdir_lock.structural_changes(old, {"rl": {"init_from": "sft", "kl_beta": 0.1}}) == []
+  moved = workdir_lock.structural_changes(old, {"rl": {"init_from": "sft_seed1"}})
+  assert moved == [("rl.init_from", str(tmp_path / "sft"), "sft_seed1")]
+  saved = workdir_lock.absolute_paths(ml_collections.ConfigDict({"rl": {"init_from": "sft"}}))
+  assert saved.rl.init_from == str(tmp_path / "sft")
 
 
 def test_structural_fields_and_absolute_paths(tmp_path, monkeypatch):

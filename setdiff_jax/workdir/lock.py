@@ -63,6 +63,7 @@ STRUCTURAL = (
   "data.preprocess",
   "data.wrap_style",
   "data.overlong",
+  "rl.init_from",  # an RL run's SFT run: its parameters are the KL reference, its data the prompts
 )
 # Zero / non-zero adds or removes an optimizer-chain element (a different state structure).
 ON_OFF = ("grad_clip_norm", "weight_decay")
@@ -73,6 +74,7 @@ PATH_FIELDS = (
   "tokenizer.vocab_path",
   "tokenizer.merges_path",
   "init_from",
+  "rl.init_from",
 )
 
 
