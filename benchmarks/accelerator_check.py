@@ -591,6 +591,8 @@ def decode_row(sampler, model, params, prompts, scfg, repeats: int, rng_seed: in
   return {
     "batch": len(prompts),
     "new_tokens": int(scfg.max_new_tokens),
+    # below N where a step budget T < N leaves masks (SPEC §4.2 compaction drops them)
+    "generated_per_row": float(out.num_generated) / len(prompts),
     "kept_tokens_per_call": float(np.sum(out.num_committed)) / float(np.sum(out.forward_calls)),
     "tokens_per_s": out.num_generated / sec,
     "ms_per_call": 1e3 * sec / calls,
