@@ -69,6 +69,6 @@ def test_notebook_runs_on_cpu(tmp_path, monkeypatch):
   rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
   assert max(r["step"] for r in rows) == 5 and any("eval/nll" in r for r in rows)
   assert (workdir / "checkpoints" / "5").is_dir()
-  export = workdir / "export"
+  export = workdir.parent / f"{workdir.name}_export"  # outside the run directory
   for name in ("model.safetensors", "config.json", "generation_config.json", "tokenizer.json"):
     assert (export / name).is_file(), name
