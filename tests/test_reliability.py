@@ -278,7 +278,14 @@ def test_bad_sample_evaluate_export_inputs(run_dir, tmp_path):
   full = tmp_path / "full"
   full.mkdir()
   (full / "notes.txt").write_text("mine")
+  other = tmp_path / "other_run"  # another run: its config.json beside its tokenizer/
+  (other / "tokenizer").mkdir(parents=True)
+  (other / "config.json").write_text("{}")
+  (other / "tokenizer" / "tokenizer.json").write_text("theirs")
   export = [
+    ([w, f"--out={other / 'tokenizer'}"], ["is inside the training run", str(other)]),
+    ([w, f"--out={other / 'checkpoints' / '99'}"], ["is inside the training run"]),
+    ([w, f"--out={full / 'notes.txt' / 'sub'}"], ["which is a file"]),
     ([w, f"--out={workdir}"], ["is a training workdir"]),
     ([w, f"--out={os.path.join(workdir, 'tokenizer')}"], ["is inside the training workdir"]),
     # new folders inside the run: retention would delete the first, loads misread the second
@@ -299,6 +306,8 @@ def test_bad_sample_evaluate_export_inputs(run_dir, tmp_path):
   assert checkpointing.load_config(workdir).objective == "setdlm"  # the run's config is intact
   assert not os.path.exists(tmp_path / "e")
   assert {"20", "30"}.isdisjoint(os.listdir(os.path.join(workdir, "checkpoints")))
+  assert (other / "tokenizer" / "tokenizer.json").read_text() == "theirs"
+  assert not (other / "checkpoints").exists()
 
 
 # ----------------------------------------------------------------------------- workdir integrity

@@ -22,11 +22,10 @@ import jax
 from absl import logging
 
 from setdiff_jax import errors, paths
+from setdiff_jax.workdir import lock as workdir_lock
 
 EVALS = ("likelihood", "infill", "speed", "samples", "accuracy")
 RESULTS_FILE = "eval_results.json"
-RUN_CONFIG = "config.json"  # a run directory: this file beside one of RUN_FOLDERS
-RUN_FOLDERS = ("checkpoints", "tokenizer")
 LOCK_WAIT_S = 60.0  # the longest wait for another evaluation's write of the same file
 
 
@@ -143,22 +142,14 @@ def check_output_path(path: str, workdir: str):
   own file). A file at a run directory's top level is allowed (read_record checks its content)."""
   if paths.is_remote(path):
     return
+  run = workdir_lock.run_directory_of(path)
   real = os.path.realpath(path)
-  node = os.path.dirname(real)
-  while True:
-    if os.path.isfile(os.path.join(node, RUN_CONFIG)) and any(
-      os.path.isdir(os.path.join(node, d)) for d in RUN_FOLDERS
-    ):
-      if os.path.dirname(real) != node:
-        raise ValueError(
-          f"--output={path} is inside {os.path.relpath(os.path.dirname(real), node)}/ of the run "
-          f"directory {node}, where the run keeps its own files: write it at the run's top level "
-          f"({os.path.join(workdir, RESULTS_FILE)} is the default) or outside the run"
-        )
-      return
-    if os.path.dirname(node) == node:
-      return
-    node = os.path.dirname(node)
+  if run is not None and os.path.dirname(real) != run:
+    raise ValueError(
+      f"--output={path} is inside {os.path.relpath(os.path.dirname(real), run)}/ of the run "
+      f"directory {run}, where the run keeps its own files: write it at the run's top level "
+      f"({os.path.join(workdir, RESULTS_FILE)} is the default) or outside the run"
+    )
 
 
 def _flock_within(fd: int, seconds: float) -> bool:

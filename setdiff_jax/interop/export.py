@@ -26,6 +26,7 @@ from setdiff_jax import errors, objectives, paths
 from setdiff_jax import layer_names
 from setdiff_jax.workdir import fallback
 from setdiff_jax.workdir import load as workdir_lib
+from setdiff_jax.workdir import lock as workdir_lock
 from setdiff_jax.interop import pretrained
 from setdiff_jax.interop import formats, hf_config, name_map, qwen3_hf, qwen3_map
 from setdiff_jax.interop import weight_files
@@ -321,6 +322,18 @@ def check_export_dir(out: str, workdir: str, *, overwrite: bool = False):
       "loads would delete or misread the export. Export outside the run directory, e.g. "
       f"--out={source}_export"
     )
+  other = workdir_lock.run_directory_of(target)
+  if other is not None:  # another run's tokenizer/ or checkpoints/ would be replaced
+    raise ValueError(
+      f"--out={out} is inside the training run {other}, whose own files (tokenizer/, "
+      "checkpoints/) an export would replace or retention delete. Export outside any run "
+      f"directory, e.g. --out={source}_export"
+    )
+  node = target
+  while not os.path.exists(node) and os.path.dirname(node) != node:
+    node = os.path.dirname(node)
+  if node != target and not os.path.isdir(node):
+    raise ValueError(f"--out={out} is inside {node}, which is a file: choose a directory for --out")
   if os.path.isdir(target) and os.listdir(target) and not overwrite:
     raise ValueError(
       f"--out={out} is not empty; choose a new directory or pass --overwrite to "

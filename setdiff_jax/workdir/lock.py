@@ -213,6 +213,21 @@ def check_workdir_path(workdir: str, flag: str = "--workdir"):
     )
 
 
+def run_directory_of(path: str) -> Optional[str]:
+  """The nearest directory above local `path` that is a training run (its config.json beside
+  checkpoints/ or tokenizer/), None if there is none: a file written there could be deleted by
+  retention or read as one of the run's own."""
+  node = os.path.dirname(os.path.realpath(path))
+  while True:
+    if os.path.isfile(os.path.join(node, CONFIG_FILE)) and any(
+      os.path.isdir(os.path.join(node, d)) for d in (CHECKPOINT_DIR, "tokenizer")
+    ):
+      return node
+    if os.path.dirname(node) == node:
+      return None
+    node = os.path.dirname(node)
+
+
 def check_new_workdir(config, workdir: str):
   """ValueError for a workdir that is a file, or for num_train_steps < 1 on a workdir without
   checkpoints (nothing would be trained or saved); called before anything is written."""
@@ -296,6 +311,7 @@ __all__ = [
   "STRUCTURAL",
   "structural_changes",
   "check_workdir_path",
+  "run_directory_of",
   "check_new_workdir",
   "check_resume",
   "absolute_paths",
