@@ -195,6 +195,15 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict
   tokenizer = build_tokenizer(cfg, workdir, save=False, allow_training=not resuming)
   if cfg.checkpoints.init_from and not resuming:  # its parameters must mean the same ids
     check_same_ids(tokenizer, cfg.checkpoints.init_from, "--config.init_from")
+  want = int(cfg.tokenizer.get("vocab_size", 0) or 0)
+  if (
+    not new_tokenizer and cfg.tokenizer.kind == "trained" and want and tokenizer.vocab_size != want
+  ):
+    raise ValueError(  # a first attempt's (or a copied) tokenizer; a resume checks tokenizer.*
+      f"{workdir}/tokenizer/ holds a {tokenizer.vocab_size}-token tokenizer (an earlier attempt's, "
+      f"or copied in) but tokenizer.vocab_size={want}: delete that folder to train one with "
+      f"these settings, or set --config.tokenizer.vocab_size={tokenizer.vocab_size}"
+    )
   model_cfg, obj_cfg = run_config.model_and_objective(cfg, tokenizer)
   model = models.build(model_cfg)
   optimizer = make_optimizer(opt)

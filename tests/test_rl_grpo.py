@@ -200,7 +200,11 @@ def test_step_budget_that_cannot_generate_n_tokens_one_error_line(config_only_sf
 # ----------------------------------------------------------------------------- end to end
 @pytest.mark.slow
 def test_one_rl_step_through_the_launcher(sft, tmp_path):
+  from setdiff_jax.data import tokenizers
+
   workdir = str(tmp_path / "rl")
+  # an earlier attempt from another SFT run left its tokenizer and no checkpoint: replaced
+  tokenizers.save_in(tokenizers.train_tokenizer(["a b c d e f g"] * 20, 300), workdir)
   r = launch(
     "rl.py",
     [
@@ -237,6 +241,7 @@ def test_one_rl_step_through_the_launcher(sft, tmp_path):
   assert row["rl/zero_adv_fraction"] < 1.0 and row["rl/grad_norm"] > 0  # rewards vary (steps: EOS)
   saved = json.load(open(os.path.join(workdir, "config.json")))
   assert saved["rl"]["group_size"] == 4 and saved["objective"] == "setdlm"
+  assert tokenizers.fingerprint(workdir) == tokenizers.fingerprint(sft)
   # the RL workdir reads like any run (launch/sample.py, launch/evaluate.py)
   state = workdir_lib.load_inference_state(workdir)
   before = workdir_lib.load_inference_state(sft)

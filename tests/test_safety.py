@@ -331,6 +331,17 @@ def test_resume_without_its_tokenizer_is_refused(base, tmp_path):
   assert listing(workdir) == ["1", "2"]
 
 
+def test_a_first_run_refuses_a_left_tokenizer_of_another_size(base, tmp_path):
+  """A first attempt killed before its first checkpoint leaves tokenizer/; a rerun with another
+  tokenizer.vocab_size reused it and wrote the new size into config.json."""
+  new = str(tmp_path / "new")
+  shutil.copytree(os.path.join(base, "tokenizer"), os.path.join(new, "tokenizer"))
+  size = json.load(open(os.path.join(new, "tokenizer", "special_tokens.json")))["vocab_size"]
+  with pytest.raises(ValueError, match=f"holds a {size}-token tokenizer .*tokenizer.vocab_size=512"):
+    train.train_and_evaluate(tiny_config(**{"tokenizer.vocab_size": 512}), new)
+  assert not os.path.exists(os.path.join(new, "config.json"))
+
+
 def test_init_from_a_run_with_other_token_ids_is_refused(base, tmp_path):
   """--config.init_from with other tokenizer settings (here lowercase) trains a tokenizer with
   other ids; starting from the source's tokenizer (the message's way out) works."""

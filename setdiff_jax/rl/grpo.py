@@ -265,8 +265,8 @@ def _train_rl(
       checkpointing.close(manager)
       raise
   if is_main:
-    if not tokenizers.saved_in(workdir):
-      tokenizers.save_in(tokenizer, workdir)
+    if not tokenizers.saved_in(workdir) or not workdir_lock.saved_steps(workdir):
+      tokenizers.save_in(tokenizer, workdir)  # no checkpoint yet: an earlier attempt's is stale
     checkpointing.save_config(config, workdir)
 
   step = _rl_step(
