@@ -351,6 +351,13 @@ def test_rl_resume_from_another_sft_run_is_structural(tmp_path, monkeypatch):
   old = {"rl": {"init_from": str(tmp_path / "sft"), "learning_rate": 1e-5}}
   assert workdir_lock.structural_changes(old, {"rl": {"init_from": "sft"}}) == []
   assert workdir_lock.structural_changes(old, {"rl": {"init_from": "sft", "kl_beta": 0.1}}) == []
+  for name, a, b in (
+    ("task_seed", 0, 5),
+    ("task_train_examples", 20000, 50),
+    ("prompt_style", "plain", "gsm8k"),
+  ):
+    changed = workdir_lock.structural_changes({"data": {name: a}}, {"data": {name: b}})
+    assert changed == [(f"data.{name}", a, b)], name  # the prompts a resume would train on
   moved = workdir_lock.structural_changes(old, {"rl": {"init_from": "sft_seed1"}})
   assert moved == [("rl.init_from", str(tmp_path / "sft"), "sft_seed1")]
   saved = workdir_lock.absolute_paths(ml_collections.ConfigDict({"rl": {"init_from": "sft"}}))

@@ -63,6 +63,15 @@ STRUCTURAL = (
   "data.preprocess",
   "data.wrap_style",
   "data.overlong",
+  "data.prompt_field",
+  "data.answer_field",
+  "data.prompt_style",
+  "data.overflow",
+  "data.pad_targets",
+  "data.task_operands",
+  "data.task_max_operand",
+  "data.task_train_examples",
+  "data.task_seed",
   "rl.init_from",  # an RL run's SFT run: its parameters are the KL reference, its data the prompts
 )
 # Zero / non-zero adds or removes an optimizer-chain element (a different state structure).
