@@ -174,6 +174,29 @@ def _stop(procs: List[subprocess.Popen], grace_s: float):
       p.wait(timeout=10)
 
 
+def _die_with_launcher():
+  """A `preexec_fn` making each process get SIGTERM when this launcher dies, also by SIGKILL
+  (Linux PR_SET_PDEATHSIG; SIGTERM saves and stops a training process): otherwise the processes
+  would run on unseen, holding the workdir lock, past --timeout. None where unsupported. The libc
+  call is resolved here, before any fork, so the child runs no Python imports."""
+  if not sys.platform.startswith("linux"):
+    return None
+  try:
+    import ctypes  # pylint: disable=g-import-not-at-top
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+  except (OSError, AttributeError):
+    return None
+  parent = os.getpid()
+
+  def arm():
+    prctl(1, int(signal.SIGTERM))  # 1 = PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the launcher died before the call: act on it now
+      os.kill(os.getpid(), signal.SIGTERM)
+
+  return arm
+
+
 def run(args, command: List[str], env: Optional[dict] = None) -> int:
   """Runs the cluster; returns the exit status (0 when every process exited 0)."""
   port = args.port or free_port()
@@ -192,7 +215,10 @@ def run(args, command: List[str], env: Optional[dict] = None) -> int:
         except ProcessLookupError:
           pass
 
-  previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+  previous = {
+    s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+  }  # a closed terminal (SIGHUP) stops the processes as SIGTERM does; SIGKILL: _die_with_launcher
+  arm = _die_with_launcher()
   status, failed = 0, None
   try:
     for i in range(args.num_processes):
@@ -203,6 +229,7 @@ def run(args, command: List[str], env: Optional[dict] = None) -> int:
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
         start_new_session=True,
+        preexec_fn=arm,
       )  # its own group: stopping it stops children
       procs.append(p)
       t = threading.Thread(target=_pump, args=(i, p.stdout, lock), daemon=True)

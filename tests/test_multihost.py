@@ -94,6 +94,52 @@ def test_local_cluster_timeout_and_usage_errors():
     assert needle in r.stderr
 
 
+def _gone(pid: int) -> bool:
+  """Whether pid has exited (a zombie nobody reaped counts as exited)."""
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+  except FileNotFoundError:
+    return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGHUP], ids=["SIGKILL", "SIGHUP"])
+def test_processes_do_not_outlive_the_launcher(tmp_path, how):
+  """A probe found both processes still running (holding a workdir lock, past --timeout) after
+  the launcher got SIGHUP (a closed terminal) or SIGKILL."""
+  code = (
+    "import os, time; i = os.environ['SETDIFF_PROCESS_ID']; "
+    f"open(os.path.join({str(tmp_path)!r}, 'pid' + i), 'w').write(str(os.getpid())); "
+    "time.sleep(120)"
+  )
+  launcher = subprocess.Popen(
+    [sys.executable, CLUSTER, "--num_processes=2", "--grace_s=2", "--", sys.executable, "-c", code],
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+    cwd=REPO,
+  )
+  deadline = time.time() + 60
+  while len(list(tmp_path.glob("pid*"))) < 2 and time.time() < deadline:
+    time.sleep(0.1)
+  time.sleep(0.2)  # the pid files are written, not necessarily flushed
+  pids = [int(p.read_text()) for p in sorted(tmp_path.glob("pid*"))]
+  assert len(pids) == 2
+  launcher.send_signal(how)
+  _, err = launcher.communicate(timeout=60)
+  deadline = time.time() + 20
+  while not all(_gone(p) for p in pids) and time.time() < deadline:
+    time.sleep(0.1)
+  alive = [p for p in pids if not _gone(p)]
+  for p in alive:
+    os.kill(p, signal.SIGKILL)
+  assert not alive, f"still running after the launcher's {how.name}"
+  if how == signal.SIGHUP:
+    errors = [l for l in err.splitlines() if l.startswith("error:")]
+    assert len(errors) == 1 and "SIGHUP was forwarded" in errors[0], err
+
+
 def test_cluster_settings_from_environment(monkeypatch):
   for name in (
     sharding.COORDINATOR_ENV,
