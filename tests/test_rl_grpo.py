@@ -8,6 +8,7 @@ step 2, and resumed ends with parameters and metrics bitwise equal to the uninte
 
 import json
 import os
+import shutil
 import signal
 import sys
 
@@ -20,6 +21,7 @@ from setdiff_jax import errors, train
 from setdiff_jax.data import pairs
 from setdiff_jax.rl import config as rl_config
 from setdiff_jax.rl import grpo
+from setdiff_jax.workdir import checkpoints as checkpointing
 from setdiff_jax.workdir import load as workdir_lib
 from setdiff_jax.workdir.metrics import MetricWriter
 from test_reliability import assert_one_error_line, harness, launch
@@ -274,16 +276,25 @@ class TermAfterStep2(MetricWriter):
 
 @pytest.mark.slow
 def test_resume_is_exact(sft, tmp_path, monkeypatch):
+  """Also while the SFT run goes on training: the split run's SFT gains a newer checkpoint after
+  its first call, and its resumes reload the step it started from (rl.init_step in config.json),
+  as KL reference too (a probe found them reloading the newest step)."""
   straight, split = str(tmp_path / "straight"), str(tmp_path / "split")
+  moving = str(tmp_path / "sft_moving")
+  shutil.copytree(sft, moving, ignore=shutil.ignore_patterns(".lock"))
   a = grpo.train_rl(tiny_rl(sft, inner_updates=2, kl_beta=0.1), straight)
-  first = grpo.train_rl(tiny_rl(sft, inner_updates=2, kl_beta=0.1), split, max_steps=1)
+  first = grpo.train_rl(tiny_rl(moving, inner_updates=2, kl_beta=0.1), split, max_steps=1)
   assert first["step"] == 1 and first["checkpoint"] == 1  # max_steps: stop and save
+  more = checkpointing.load_config(moving)
+  more.num_train_steps, more.checkpoint_every_steps = 61, 1
+  train.train_and_evaluate(more, moving)  # the SFT run saves step 61
+  assert json.load(open(os.path.join(split, "config.json")))["rl"]["init_step"] == 60
   with monkeypatch.context() as m:
     m.setattr(grpo, "MetricWriter", TermAfterStep2)
     with pytest.raises(errors.StoppedBySignal, match="SIGTERM at RL step 2/4") as stop:
-      grpo.train_rl(tiny_rl(sft, inner_updates=2, kl_beta=0.1), split)
+      grpo.train_rl(tiny_rl(moving, inner_updates=2, kl_beta=0.1), split)
   assert stop.value.exit_code == 143
-  b = grpo.train_rl(tiny_rl(sft, inner_updates=2, kl_beta=0.1), split)  # a new call: restored
+  b = grpo.train_rl(tiny_rl(moving, inner_updates=2, kl_beta=0.1), split)  # a new call: restored
   assert a["step"] == b["step"] == 4
 
   def metrics(w):

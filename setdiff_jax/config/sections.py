@@ -201,6 +201,9 @@ class RL(Section):
 
   PREFIX = "rl"
   init_from: str = setting("")                    # the SFT workdir (launch/train.py, prompt/answer)
+  # The SFT step the run starts from and keeps as its KL reference (0 = the newest intact one at
+  # the run's first start, then written into config.json, so a resume reloads that same step).
+  init_step: int = setting(0, integer(0))
   # Reward by name (setdiff_jax/rl/rewards.py): exact_match | format | a sum 'exact_match+format'.
   reward: str = setting("exact_match")
   step_cost: float = setting(0.0, number(0))      # lambda: reward -= lambda * decoding steps

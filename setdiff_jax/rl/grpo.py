@@ -34,7 +34,7 @@ Methods: those with an exact scorer (`scoring.supported()`: setdlm, ar, bd3lm).
 from __future__ import annotations
 
 import dataclasses
-
+import json
 import time
 from typing import Any, Dict, Optional
 
@@ -158,6 +158,8 @@ def train_rl(
     )
   sft = rl_config.load_sft_config(config.rl.init_from)
   run = rl_config.run_config_for(config, sft)
+  if not int(run.rl.init_step):  # a resume reloads the SFT step its first start recorded
+    run.rl.init_step = _recorded_init_step(workdir)
   sizes = sharding.mesh_shape(run.mesh, jax.device_count())
   rows = int(run.rl.prompts_per_step) * int(run.rl.group_size)
   if rows % (sizes[0] * sizes[1]):
@@ -167,6 +169,17 @@ def train_rl(
     )
   edge.from_config_dict(run, jax.device_count())
   return trainer.locked(run, workdir, lambda run, workdir: _train_rl(run, workdir, max_steps))
+
+
+def _recorded_init_step(workdir: str) -> int:
+  """rl.init_step in WORKDIR's config.json when it has checkpoints (0: none recorded)."""
+  path = paths.join(workdir, checkpointing.CONFIG_FILE)
+  if not workdir_lock.saved_steps(workdir) or not paths.isfile(path):
+    return 0
+  try:
+    return int(json.loads(paths.read_text(path)).get("rl", {}).get("init_step", 0) or 0)
+  except ValueError:
+    return 0  # a damaged config.json: check_resume names it
 
 
 def _setup(run: RunConfig, workdir):
@@ -247,9 +260,15 @@ def _train_rl(
 
   state, shardings = _fresh_state(run, model_cfg, mesh)
 
+  sft_step = {"step": int(r.init_step) or None}  # a resume: the step its first start recorded
+
   def from_sft(state):
-    params = workdir_lib.load_params(r.init_from, state.params)
-    logging.info("initialised parameters from the SFT run %s", r.init_from)
+    params, sft_step["step"] = workdir_lib.load_params_and_step(
+      r.init_from, state.params, step=sft_step["step"]
+    )
+    logging.info(
+      "initialised parameters from the SFT run %s, step %d", r.init_from, sft_step["step"]
+    )
     return state.replace(params=params, ema_params=params)
 
   manager = checkpointing.make_manager(
@@ -257,10 +276,13 @@ def _train_rl(
   )
   state = trainer.restore(manager, state, initialise=from_sft)
   state = state.replace(ema_params=state.params)
+  if sft_step["step"] is None:  # restored from an RL run of a version that did not record it
+    sft_step["step"] = workdir_lib.load_params_and_step(r.init_from, state.params)[1]
+  config.rl.init_step = sft_step["step"]  # written into config.json below
   ref_params = None
   if float(r.kl_beta) > 0:  # the frozen SFT reference (a copy: params are donated)
     try:
-      ref_params = workdir_lib.load_params(r.init_from, state.params)
+      ref_params = workdir_lib.load_params(r.init_from, state.params, step=sft_step["step"])
     except BaseException:
       checkpointing.close(manager)
       raise

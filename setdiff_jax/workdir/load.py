@@ -125,13 +125,19 @@ def load_inference_state(
   return InferenceState(config, model_config, objective_config, params, tokenizer, int(step))
 
 
-def load_params(path: str, like, *, use_ema: bool = False):
+def load_params(path: str, like, *, use_ema: bool = False, step: Optional[int] = None):
   """Parameters only from a run (a workdir or its checkpoints/ folder; `init_from`), restored
-  with the shapes, dtypes and shardings of `like` (e.g. freshly initialised parameters).
+  with the shapes, dtypes and shardings of `like` (e.g. freshly initialised parameters); `step`
+  None: the newest intact checkpoint (`load_params_and_step` also says which).
 
   The source run may use the other `model.scan_layers` layout (per-layer `blocks_{i}` vs stacked
   `blocks`): it is restored in its own layout (read from its config.json) and converted.
   """
+  return load_params_and_step(path, like, use_ema=use_ema, step=step)[0]
+
+
+def load_params_and_step(path: str, like, *, use_ema: bool = False, step: Optional[int] = None):
+  """(parameters, the step they came from): `load_params`."""
   path = paths.resolve(path).rstrip("/")
   run = path.rsplit("/", 1)[0] if path.rsplit("/", 1)[-1] == checkpointing.CHECKPOINT_DIR else path
   if not paths.isdir(checkpointing.checkpoint_dir(run)):
@@ -146,9 +152,9 @@ def load_params(path: str, like, *, use_ema: bool = False):
   if paths.isfile(paths.join(run, checkpointing.CONFIG_FILE)):
     source_scanned = bool(load_config(run).model.get("scan_layers", False))
   try:
-    restored = restore_params(
-      run, layer_names.to_layout(abstract, source_scanned), use_ema=use_ema
-    )[0]
+    restored, step = restore_params(
+      run, layer_names.to_layout(abstract, source_scanned), step=step, use_ema=use_ema
+    )
   except FileNotFoundError as e:
     raise FileNotFoundError(f"init_from={path!r}: {e}") from e
   except errors.DamagedCheckpointError as e:
@@ -160,11 +166,10 @@ def load_params(path: str, like, *, use_ema: bool = False):
       "another run"
     ) from e
   if source_scanned == want_scanned:
-    return restored
+    return restored, int(step)
   shardings = jax.tree_util.tree_map(lambda a: a.sharding, like)
-  return jax.jit(lambda p: layer_names.to_layout(p, want_scanned), out_shardings=shardings)(
-    restored
-  )
+  convert = jax.jit(lambda p: layer_names.to_layout(p, want_scanned), out_shardings=shardings)
+  return convert(restored), int(step)
 
 
 def inference_model(model_config, dtype: Optional[str] = "float32"):
@@ -185,5 +190,6 @@ __all__ = [
   "check_training_run",
   "load_inference_state",
   "load_params",
+  "load_params_and_step",
   "inference_model",
 ]

@@ -73,6 +73,7 @@ STRUCTURAL = (
   "data.task_train_examples",
   "data.task_seed",
   "rl.init_from",  # an RL run's SFT run: its parameters are the KL reference, its data the prompts
+  "rl.init_step",  # and the SFT step it started from (recorded at the first start)
 )
 # Zero / non-zero adds or removes an optimizer-chain element (a different state structure).
 ON_OFF = ("grad_clip_norm", "weight_decay")
