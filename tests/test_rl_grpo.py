@@ -117,6 +117,21 @@ def config_only_sft(tmp_path_factory):
   return _config_only_run(tmp_path_factory, "setdlm")
 
 
+def test_answers_without_a_final_answer_are_named_before_anything(tmp_path):
+  """RL on an SFT run whose answers lack '#### n' failed at its first step with a bare line (with
+  any reward: the accuracy metric reads them); the prompt pool now names file:line at once."""
+  import types
+
+  from setdiff_jax.data import pipeline
+
+  f = tmp_path / "pairs.jsonl"
+  f.write_text('{"prompt": "1+1", "answer": "#### 2"}\n{"prompt": "2+2", "answer": "4"}\n')
+  data = pipeline.default_data_config()
+  data.source, data.paths, data.preprocess = "pairs_jsonl", str(f), "pad"
+  with pytest.raises(ValueError, match=f"^{f}:2: the reference answer .* RL reads '#### ANSWER'"):
+    grpo.prompt_pool(types.SimpleNamespace(data=data), None)
+
+
 def test_set_sampler_settings_on_an_ar_run_are_refused(tmp_path_factory):
   """rl.window, rl.policy, rl.policy_arg on an AR SFT run were accepted and dropped (kept tok/call
   1.00); they are refused before anything is read beyond config.json."""

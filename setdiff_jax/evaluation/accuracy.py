@@ -271,15 +271,19 @@ def _generation_budget(
   return n
 
 
-def check_references(pairs, extractor: str):
+def check_references(
+  pairs,
+  extractor: str,
+  fix: str = "end it with '#### ANSWER' (or \\boxed{ANSWER}), or pass the "
+  "--extractor that reads it",
+):
   """ValueError, before any decoding, naming the first pair whose reference has no final answer
-  the extractor can read (it could never be scored)."""
+  the extractor can read (it could never be scored), and `fix`."""
   for i, p in enumerate(pairs):
     if normalize_answer(extract_answer(p.answer, extractor)) is None:
       raise ValueError(
         f"{p.where or f'test pair #{i}'}: the reference answer has no final answer for "
-        f"extractor={extractor!r}: {p.answer[-80:]!r}; end it with '#### ANSWER' (or "
-        "\\boxed{ANSWER}), or pass the --extractor that reads it"
+        f"extractor={extractor!r}: {p.answer[-80:]!r}; {fix}"
       )
 
 

@@ -83,6 +83,8 @@ def _rng(state: RLState) -> jax.Array:
 def prompt_pool(run, tokenizer):
   """(pairs, encoded prompts) of the task's train split, as the SFT run read them."""
   pool = pairs.load_pairs(run.data, "train")
+  # every step's accuracy metric (and the exact_match reward) reads them: fail before anything
+  accuracy.check_references(pool, "hash", "RL reads '#### ANSWER' final answers: end each with one")
   style = run.data.get("prompt_style", "plain")
   return pool, accuracy.encode_prompts(tokenizer, pool, style)
 
