@@ -161,6 +161,15 @@ def _cfg(**kw):
   return cfg
 
 
+def test_jsonl_pairs_not_utf8_names_the_file(tmp_path):
+  """A Latin-1 pairs file: the text / jsonl sources' one line (file, byte, iconv), not the codec's
+  bare message."""
+  f = tmp_path / "latin1.jsonl"
+  f.write_bytes('{"prompt": "caf\u00e9", "answer": "#### 1"}\n'.encode("latin-1"))
+  with pytest.raises(ValueError, match=rf"^{f}: not UTF-8 text \(byte 15: .*iconv -f latin1"):
+    pairs.jsonl_pairs(str(f))
+
+
 def test_pipeline_batches_of_pairs(tok, tmp_path):
   cfg = _cfg(source="arithmetic", task_train_examples=40, task_eval_examples=10)
   it = iter(pipeline.make_dataset(cfg, tok, split="train", seq_len=32, global_batch_size=8, seed=0))

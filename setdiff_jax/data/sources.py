@@ -22,7 +22,7 @@ from typing import Iterator, Sequence
 
 from setdiff_jax.data import pairs
 from setdiff_jax.data.text_files import open_text as _open_text
-from setdiff_jax.data.text_files import parse_paths
+from setdiff_jax.data.text_files import not_utf8, parse_paths
 
 EMBEDDED_FILE = "austen-novels.txt.xz"
 EMBEDDED_SPLITS = ("train", "validation")
@@ -164,13 +164,6 @@ def tfds_texts(
   return TfdsTexts(source, field, process_index, process_count)
 
 
-def _not_utf8(path: str, e: UnicodeDecodeError) -> str:
-  return (
-    f"{path}: not UTF-8 text (byte {e.start}: {e.reason}); convert it, e.g. "
-    f"iconv -f latin1 -t utf-8"
-  )
-
-
 def text_file_texts(paths, unit: str = "paragraph", field: str = "paths") -> list[str]:
   """Documents of plain-text files (.gz/.xz/.bz2 are decompressed).
 
@@ -191,7 +184,7 @@ def text_file_texts(paths, unit: str = "paragraph", field: str = "paths") -> lis
         else:
           docs.extend(_paragraphs(f.read()))
       except UnicodeDecodeError as e:
-        raise ValueError(_not_utf8(path, e)) from e
+        raise ValueError(not_utf8(path, e)) from e
   return docs
 
 
@@ -203,7 +196,7 @@ def jsonl_texts(paths, text_field: str = "text", field: str = "paths") -> list[s
       try:
         lines = list(f)
       except UnicodeDecodeError as e:
-        raise ValueError(_not_utf8(path, e)) from e
+        raise ValueError(not_utf8(path, e)) from e
       for lineno, line in enumerate(lines, 1):
         if not line.strip():
           continue

@@ -9,6 +9,14 @@ import os
 import zlib
 
 
+def not_utf8(path: str, e: UnicodeDecodeError) -> str:
+  """The one-line message for a data file that is not UTF-8."""
+  return (
+    f"{path}: not UTF-8 text (byte {e.start}: {e.reason}); convert it, e.g. "
+    f"iconv -f latin1 -t utf-8"
+  )
+
+
 def parse_paths(paths) -> list[str]:
   """A list/tuple of paths, or one comma-separated string, as a list."""
   if paths is None:
