@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from setdiff_jax import decoding, models, sharding, trainer
+from setdiff_jax import decoding, models, paths, sharding, trainer
 from setdiff_jax.config import edge
 from setdiff_jax.config import run as run_config
 from setdiff_jax.config.run import RunConfig
@@ -33,7 +33,7 @@ from setdiff_jax.interop import pretrained
 from setdiff_jax.workdir import load as workdir_lib
 from setdiff_jax.workdir import lock as workdir_lock
 from setdiff_jax.workdir.tokenizer import build_tokenizer, check_same_ids
-from setdiff_jax.data import pipeline, tokenizers
+from setdiff_jax.data import pipeline, text_files, tokenizers
 
 
 # --------------------------------------------------------------------------------- loop
@@ -112,6 +112,24 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[
     config = pretrained.resolve_run_config(config)
   edge.from_config_dict(config, jax.device_count())  # every check, before the workdir is touched
   return trainer.locked(config, workdir, _train_and_evaluate)
+
+
+def warn_shared_eval_files(data) -> list:
+  """Warns (and returns them) when data.eval_paths names a file data.paths also trains on: the
+  eval NLL / PPL (and an accuracy eval of its pairs) would be measured on training data."""
+  if data.get("source") not in ("text", "jsonl", "pairs_jsonl"):
+    return []
+  train_files = {paths.resolve(p) for p in text_files.parse_paths(data.get("paths"))}
+  shared = [
+    p for p in text_files.parse_paths(data.get("eval_paths")) if paths.resolve(p) in train_files
+  ]
+  if shared:
+    logging.warning(
+      "data.eval_paths %s also in data.paths: the eval numbers are measured on training data; "
+      "hold out an eval file",
+      ", ".join(shared),
+    )
+  return shared
 
 
 def _initialise(cfg: RunConfig, model_cfg, state_shardings):
@@ -195,6 +213,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict
   tokenizer = build_tokenizer(cfg, workdir, save=False, allow_training=not resuming)
   if cfg.checkpoints.init_from and not resuming:  # its parameters must mean the same ids
     check_same_ids(tokenizer, cfg.checkpoints.init_from, "--config.init_from")
+  warn_shared_eval_files(cfg.data)
   want = int(cfg.tokenizer.get("vocab_size", 0) or 0)
   if (
     not new_tokenizer and cfg.tokenizer.kind == "trained" and want and tokenizer.vocab_size != want

@@ -337,7 +337,9 @@ def test_a_first_run_refuses_a_left_tokenizer_of_another_size(base, tmp_path):
   new = str(tmp_path / "new")
   shutil.copytree(os.path.join(base, "tokenizer"), os.path.join(new, "tokenizer"))
   size = json.load(open(os.path.join(new, "tokenizer", "special_tokens.json")))["vocab_size"]
-  with pytest.raises(ValueError, match=f"holds a {size}-token tokenizer .*tokenizer.vocab_size=512"):
+  with pytest.raises(
+    ValueError, match=f"holds a {size}-token tokenizer .*tokenizer.vocab_size=512"
+  ):
     train.train_and_evaluate(tiny_config(**{"tokenizer.vocab_size": 512}), new)
   assert not os.path.exists(os.path.join(new, "config.json"))
 
@@ -353,6 +355,21 @@ def test_init_from_a_run_with_other_token_ids_is_refused(base, tmp_path):
   assert not os.path.exists(os.path.join(new, "checkpoints", "1"))
   shutil.copytree(os.path.join(base, "tokenizer"), os.path.join(new, "tokenizer"))
   assert train.train_and_evaluate(tiny_config(init_from=base), new)["step"] == 2
+
+
+def test_an_eval_file_that_is_also_trained_on_is_named(tmp_path, caplog):
+  """data.eval_paths = data.paths gave an eval PPL on training data without a word."""
+  data = tiny_config().data
+  a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+  data.source, data.paths, data.eval_paths = (
+    "text",
+    f"{a},{b}",
+    f"{tmp_path}/../{tmp_path.name}/b.txt",
+  )
+  assert train.warn_shared_eval_files(data) == [data.eval_paths]
+  assert "also in data.paths: the eval numbers are measured on training data" in caplog.text
+  data.eval_paths = str(tmp_path / "held_out.txt")
+  assert train.warn_shared_eval_files(data) == []
 
 
 # ----------------------------------------------------------------------------- eval history
