@@ -203,6 +203,21 @@ def test_is_greedy_and_errors(run):
     lem.SetDiffLM.from_state(lm.state, policy="nope")
   with pytest.raises(ValueError, match="model_args policy_arg=-1.0 .*gamma must be >= 0"):
     lem.SetDiffLM.from_state(lm.state, policy="entropy_bound", policy_arg="-1")
+  # the launchers' ranges (a probe found num_orders=0 run as K = 1, seed=-5 accepted, bare
+  # int() / float() errors)
+  for args, what in (
+    (dict(num_orders="0"), "num_orders='0': an integer >= 1"),
+    (dict(seed="-5"), "seed='-5': an integer >= 0"),
+    (dict(batch_size="0"), "batch_size='0': an integer >= 1"),
+    (dict(window="abc"), "window='abc': an integer >= 1"),
+    (dict(max_new_tokens="x"), "max_new_tokens='x': an integer >= 1"),
+    (dict(threshold="abc"), "threshold / tau='abc': a number in \\[0, 1\\], or off"),
+    (dict(threshold="1.5"), "threshold / tau='1.5'"),
+  ):
+    with pytest.raises(ValueError, match=f"^model_args {what}"):
+      lem.SetDiffLM.from_state(lm.state, **args)
+  with pytest.raises(ValueError, match="^model_args step='abc': an integer >= 1"):
+    lem.SetDiffLM(workdir=run, step="abc")
   top = lem.SetDiffLM.from_state(lm.state, policy="topk", policy_arg="2")
   assert top._sampler_config(8).policy == CommitPolicy("topk", 2)
   assert top.get_model_info()["setting"] == "W=4 topk k=2"  # the reports' one name

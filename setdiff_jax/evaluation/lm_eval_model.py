@@ -109,7 +109,27 @@ OVERFLOW_RULES = ("error", "truncate_prompt")
 def _threshold(value) -> Optional[float]:
   if value is None or str(value).lower() in ("off", "none", ""):
     return None
-  return float(value)
+  try:
+    tau = float(value)
+  except ValueError:
+    tau = float("nan")
+  if not 0.0 <= tau <= 1.0:
+    raise ValueError(f"model_args threshold / tau={value!r}: a number in [0, 1], or off")
+  return tau
+
+
+def _int_arg(name: str, value, low: int) -> Optional[int]:
+  """A model_args integer (None stays None), one error line when it is not one or below `low`:
+  the launchers' ranges (batch_size >= 1, seed >= 0, num_orders >= 1, step >= 1, ...)."""
+  if value is None:
+    return None
+  try:
+    number = int(str(value))
+  except ValueError:
+    number = None
+  if number is None or number < low:
+    raise ValueError(f"model_args {name}={value!r}: an integer >= {low}")
+  return number
 
 
 @register_model(NAME)
@@ -157,7 +177,9 @@ class SetDiffLM(LM):
       raise FileNotFoundError(f"model_args workdir={workdir!r}: no such directory")
     if overflow not in OVERFLOW_RULES:
       raise ValueError(f"model_args overflow={overflow!r}; expected one of {OVERFLOW_RULES}")
-    if window is not None and W is not None and int(window) != int(W):
+    if (
+      window is not None and W is not None and _int_arg("window", window, 1) != _int_arg("W", W, 1)
+    ):
       raise ValueError(f"model_args window={window} and W={W} disagree; give one")
     if threshold is not None and tau is not None and _threshold(threshold) != _threshold(tau):
       raise ValueError(f"model_args threshold={threshold} and tau={tau} disagree; give one")
@@ -169,7 +191,7 @@ class SetDiffLM(LM):
       None if mesh is None else str(mesh).replace(";", ","), "model_args mesh"
     )
     state = workdir_lib.load_inference_state(
-      workdir, step=None if step is None else int(step), use_ema=use_ema, mesh_config=mesh_config
+      workdir, step=_int_arg("step", step, 1), use_ema=use_ema, mesh_config=mesh_config
     )
     self._setup(
       state,
@@ -231,18 +253,15 @@ class SetDiffLM(LM):
     self.score_model = workdir_lib.inference_model(state.model_config, None)  # the run's dtype
     self.decode_model = workdir_lib.inference_model(state.model_config, "float32")
     auto = batch_size is None or str(batch_size).startswith("auto")
-    self.batch_size = 8 if auto else int(batch_size)
-    self.max_new_tokens = None if max_new_tokens is None else int(max_new_tokens)
-    self.seed, self.num_orders = int(seed), int(num_orders)
+    self.batch_size = 8 if auto else _int_arg("batch_size", batch_size, 1)
+    self.max_new_tokens = _int_arg("max_new_tokens", max_new_tokens, 1)
+    self.seed, self.num_orders = _int_arg("seed", seed, 0), _int_arg("num_orders", num_orders, 1)
+    window = _int_arg("window", window, 1)
     self.greedy_check, self.overflow = parse_bool("greedy_check", greedy_check), overflow
-    decoding.check_sampling_flags(
-      self.seq_len,
-      window=None if window is None else int(window),
-      max_new_tokens=self.max_new_tokens,
-    )
+    decoding.check_sampling_flags(self.seq_len, window=window, max_new_tokens=self.max_new_tokens)
     policies.get(str(policy), "model_args policy")
     self.sampler_overrides = {
-      "window": None if window is None else int(window),
+      "window": window,
       "threshold": _threshold(threshold),
       "cache_order": cache_order,
       "seed": self.seed,
