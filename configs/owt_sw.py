@@ -23,6 +23,7 @@ def get_config():
   c.tokenizer.vocab_path = tokenizers.packaged_vocab("gpt2/vocab.json")
   c.tokenizer.merges_path = tokenizers.packaged_vocab("gpt2/merges.txt")
   c.data.source = "jsonl"
+  c.data.eval_split = "validation"  # the default: files, not the LM1B base's TFDS split, are read
   c.data.jsonl_field = "text"
   c.data.paths = ""  # required: training JSONL file(s), comma separated
   c.data.eval_paths = ""  # required: validation JSONL file(s)

@@ -24,6 +24,7 @@ def get_config():
   c.model.attention = "dense"
   c.model.remat = "none"
   c.data.source = "text"
+  c.data.prompt_field, c.data.prompt_style = "prompt", "plain"  # the defaults: no pairs here
   c.data.text_unit = "line"
   c.data.preprocess = "pad"
   c.loss.desired_set_size = 2

@@ -104,8 +104,9 @@ def parse_args(argv: Sequence[str]):
     "heartbeat_s",
     "threads",
   ):
-    if getattr(args, name) <= 0:
-      raise _Usage(f"--{name}={getattr(args, name)} must be > 0")
+    value = getattr(args, name)
+    if not value > 0 or value == float("inf"):  # nan and inf too: every wait stays bounded
+      raise _Usage(f"--{name}={value} must be a finite number > 0")
   if not 0 <= args.port < 65536:
     raise _Usage(f"--port={args.port} is not a TCP port (0..65535; 0 picks a free one)")
   return args, command

@@ -33,7 +33,7 @@ from setdiff_jax.interop import pretrained
 from setdiff_jax.workdir import load as workdir_lib
 from setdiff_jax.workdir import lock as workdir_lock
 from setdiff_jax.workdir.tokenizer import build_tokenizer, check_same_ids
-from setdiff_jax.data import pipeline, text_files, tokenizers
+from setdiff_jax.data import data_flags, pipeline, text_files, tokenizers
 
 
 # --------------------------------------------------------------------------------- loop
@@ -111,6 +111,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[
   if config.get("init_from_hf"):  # model fields 0 -> the HF checkpoint's (before validation)
     config = pretrained.resolve_run_config(config)
   edge.from_config_dict(config, jax.device_count())  # every check, before the workdir is touched
+  data_flags.check_fields(config.data, pipeline.default_data_config())  # no setting left unread
   return trainer.locked(config, workdir, _train_and_evaluate)
 
 

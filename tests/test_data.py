@@ -86,6 +86,22 @@ def test_text_and_jsonl_sources(tmp_path):
     S.jsonl_texts(str(j))
 
 
+def test_a_byte_order_mark_and_an_upper_case_gz_are_read_as_text(tmp_path):
+  """A BOM became text of the first document (text) or a JSON error on line 1 (jsonl); a '.GZ'
+  file was read undecompressed and called 'not UTF-8'."""
+  import gzip
+
+  p = tmp_path / "bom.txt"
+  p.write_bytes("\ufefffirst doc\n\nsecond".encode("utf-8"))
+  assert S.text_file_texts(str(p)) == ["first doc", "second"]
+  j = tmp_path / "bom.jsonl"
+  j.write_bytes('\ufeff{"text": "one"}\n'.encode("utf-8"))
+  assert S.jsonl_texts(str(j)) == ["one"]
+  g = tmp_path / "upper.GZ"
+  g.write_bytes(gzip.compress("zipped doc\n".encode("utf-8")))
+  assert S.text_file_texts(str(g)) == ["zipped doc"]
+
+
 def test_missing_files_raise_clear_errors(tmp_path, tok):
   missing = str(tmp_path / "missing.txt")
   with pytest.raises(FileNotFoundError, match="missing.txt.*data.paths"):

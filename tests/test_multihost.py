@@ -87,6 +87,8 @@ def test_local_cluster_timeout_and_usage_errors():
     (["--num_processes=2", sys.executable], "after `--`"),
     (["--num_processes=0", "--", "true"], "--num_processes=0"),
     (["--port=70000", "--", "true"], "--port=70000"),
+    (["--timeout=nan", "--", "true"], "--timeout=nan must be a finite number > 0"),
+    (["--grace_s=inf", "--", "true"], "--grace_s=inf must be a finite number > 0"),
   ):
     r, _ = cluster(args, timeout=60)
     assert r.returncode == 2

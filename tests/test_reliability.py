@@ -50,8 +50,17 @@ TINY = {
 }
 
 
-def tiny_args(workdir, **extra):
+def _tiny_fields(extra):
+  """TINY with `extra`; TINY's split is the embedded corpus's, which no other source reads (a
+  split set off its default there is refused), so another source gets the default split."""
   fields = {**TINY, **extra}
+  if fields.get("data.source", "embedded") != "embedded" and "data.train_split" not in extra:
+    fields["data.train_split"] = "train"
+  return fields
+
+
+def tiny_args(workdir, **extra):
+  fields = _tiny_fields(extra)
   return ["--config=" + os.path.join(REPO, "configs", "tiny_sw.py"), f"--workdir={workdir}"] + [
     f"--config.{k}={v}" for k, v in fields.items()
   ]
@@ -59,7 +68,7 @@ def tiny_args(workdir, **extra):
 
 def tiny_config(**extra):
   c = tiny_sw.get_config()
-  for key, value in {**TINY, **extra}.items():
+  for key, value in _tiny_fields(extra).items():
     node = c
     *parents, leaf = key.split(".")
     for p in parents:
@@ -356,7 +365,10 @@ def test_rl_resume_from_another_sft_run_is_structural(tmp_path, monkeypatch):
     ("task_train_examples", 20000, 50),
     ("prompt_style", "plain", "gsm8k"),
   ):
-    changed = workdir_lock.structural_changes({"data": {name: a}}, {"data": {name: b}})
+    data = {"source": "arithmetic"}
+    changed = workdir_lock.structural_changes(
+      {"data": {**data, name: a}}, {"data": {**data, name: b}}
+    )
     assert changed == [(f"data.{name}", a, b)], name  # the prompts a resume would train on
   moved = workdir_lock.structural_changes(old, {"rl": {"init_from": "sft_seed1"}})
   assert moved == [("rl.init_from", str(tmp_path / "sft"), "sft_seed1")]

@@ -372,6 +372,28 @@ def test_an_eval_file_that_is_also_trained_on_is_named(tmp_path, caplog):
   assert train.warn_shared_eval_files(data) == []
 
 
+def test_a_data_setting_the_source_never_reads_is_refused(tmp_path):
+  """--config.data.prompt_style=gsm8k_chat (or jsonl_field, task_seed, ...) on an embedded-corpus
+  run trained without a word and was recorded in config.json; a resume of a run that recorded
+  such a field is not blocked by it (it was never part of the run's structure)."""
+  new = str(tmp_path / "new")
+  for field, value in (("prompt_style", "gsm8k_chat"), ("jsonl_field", "body"), ("task_seed", 7)):
+    with pytest.raises(
+      ValueError, match=f"^data.{field}={value!r} is not read by data.source=embedded"
+    ):
+      train.train_and_evaluate(tiny_config(**{f"data.{field}": value}), new)
+  assert not os.path.exists(new)
+  text = {"source": "text", "prompt_field": "question", "paths": "a.txt"}
+  assert (
+    workdir_lock.structural_changes({"data": text}, {"data": dict(text, prompt_field="prompt")})
+    == []
+  )
+  pairs = dict(text, source="pairs_jsonl")
+  assert workdir_lock.structural_changes(
+    {"data": pairs}, {"data": dict(pairs, prompt_field="q")}
+  ) == [("data.prompt_field", "question", "q")]
+
+
 # ----------------------------------------------------------------------------- eval history
 def test_eval_history_appends_and_keeps_labels(base, tmp_path):
   from setdiff_jax.evaluation import run

@@ -224,6 +224,7 @@ def test_prompt_answer_eval_is_answer_nll_and_equals_evaluate(tmp_path, tokenize
     **{
       "loss.block_size": 4,
       "data.source": "arithmetic",
+      "data.train_split": "train",  # the default: a task source reads no split names
       "data.preprocess": "pad",
       "data.task_train_examples": 64,
       "data.task_eval_examples": 16,

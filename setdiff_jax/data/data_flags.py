@@ -14,12 +14,31 @@ import os
 from typing import Dict, Tuple
 
 from setdiff_jax.data import text_files
+from setdiff_jax.data.pairs import PAIR_SOURCES, TASK_SOURCES
 
 # field -> the data sources that read it
 READERS: Dict[str, Tuple[str, ...]] = {
   "paths": ("text", "jsonl", "pairs_jsonl"),
   "eval_paths": ("text", "jsonl", "pairs_jsonl"),
   "tfds_data_dir": ("tfds", "gsm8k"),
+}
+# setting field -> the data sources that read it: set away from its default on another source it
+# would be ignored, yet recorded in config.json (and, structural, block a resume), so refused.
+SETTING_READERS: Dict[str, Tuple[str, ...]] = {
+  "tfds_name": ("tfds",),
+  "train_split": ("embedded", "tfds", "gsm8k"),
+  "eval_split": ("embedded", "tfds", "gsm8k"),
+  "text_unit": ("text",),
+  "jsonl_field": ("jsonl",),
+  "prompt_field": ("pairs_jsonl",),
+  "answer_field": ("pairs_jsonl",),
+  "prompt_style": PAIR_SOURCES,
+  "overflow": PAIR_SOURCES,
+  "task_operands": TASK_SOURCES,
+  "task_max_operand": TASK_SOURCES,
+  "task_train_examples": TASK_SOURCES,
+  "task_eval_examples": TASK_SOURCES,
+  "task_seed": TASK_SOURCES,
 }
 _SNIFF_BYTES = 1 << 20  # how much of a file the UTF-8 check reads
 
@@ -41,12 +60,22 @@ def _not_read(source: str, field: str, name: str) -> str:
   )
 
 
-def check_fields(data_cfg):
-  """Refuses a data-path field set on a source that does not read it (a training config)."""
+def check_fields(data_cfg, defaults=None):
+  """Refuses a data-path field set on a source that does not read it, and a setting field
+  (`SETTING_READERS`) moved off its default (`defaults`, the data config's defaults) on one."""
   source = data_cfg.get("source")
   for field, readers in READERS.items():
     if source not in readers and _given(data_cfg.get(field)):
       raise ValueError(_not_read(source, field, f"data.{field}"))
+  for field, readers in SETTING_READERS.items():
+    if defaults is None or source in readers or field not in data_cfg:
+      continue
+    if data_cfg.get(field) != defaults.get(field):
+      raise ValueError(
+        f"data.{field}={data_cfg.get(field)!r} is not read by data.source={source}; it applies "
+        f"to data.source {', '.join(readers)} only: drop it (the default is "
+        f"{defaults.get(field)!r})"
+      )
 
 
 def check_text_file(path: str, flag: str):

@@ -59,7 +59,7 @@ class _TextFile:
 
 
 def open_text(path: str, field: str):
-  """Opens a data file (.gz / .xz / .bz2 decompressed) as UTF-8 text, in a context that names
+  """Opens a data file (.gz / .xz / .bz2, any case, decompressed) as UTF-8 text, in a context that names
   the file if it is truncated or damaged. A missing file or a directory is a ValueError naming
   the config field."""
   if os.path.isdir(path):
@@ -70,9 +70,11 @@ def open_text(path: str, field: str):
   if not os.path.isfile(path):
     raise FileNotFoundError(f"data file not found: {path!r} (set the config field data.{field})")
   opener = {".gz": gzip.open, ".xz": lzma.open, ".bz2": bz2.open}.get(
-    os.path.splitext(path)[1], open
+    os.path.splitext(path)[1].lower(), open
   )
-  return _TextFile(path, opener(path, "rt", encoding="utf-8"))
+  # utf-8-sig: a leading byte-order mark (Windows editors write one) is not text of the first
+  # document (nor a JSON error on line 1); otherwise the same as utf-8
+  return _TextFile(path, opener(path, "rt", encoding="utf-8-sig"))
 
 
 __all__ = ["parse_paths", "open_text"]

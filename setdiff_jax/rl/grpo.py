@@ -246,6 +246,34 @@ def _fresh_state(run: RunConfig, model_cfg, mesh):
   return state, shardings
 
 
+def _restore_from_sft(r, state, manager):
+  """(state, KL reference params or None, SFT step): the RL checkpoint, else the SFT run's
+  parameters at rl.init_step (0: its newest intact step, the one returned for config.json)."""
+  sft_step = {"step": int(r.init_step) or None}  # a resume: the step its first start recorded
+
+  def from_sft(state):
+    params, sft_step["step"] = workdir_lib.load_params_and_step(
+      r.init_from, state.params, step=sft_step["step"]
+    )
+    logging.info(
+      "initialised parameters from the SFT run %s, step %d", r.init_from, sft_step["step"]
+    )
+    return state.replace(params=params, ema_params=params)
+
+  state = trainer.restore(manager, state, initialise=from_sft)
+  state = state.replace(ema_params=state.params)
+  try:
+    if sft_step["step"] is None:  # restored from an RL run of a version that did not record it
+      sft_step["step"] = workdir_lib.load_params_and_step(r.init_from, state.params)[1]
+    ref_params = None
+    if float(r.kl_beta) > 0:  # the frozen SFT reference (a copy: params are donated)
+      ref_params = workdir_lib.load_params(r.init_from, state.params, step=sft_step["step"])
+  except BaseException:
+    checkpointing.close(manager)
+    raise
+  return state, ref_params, sft_step["step"]
+
+
 def _train_rl(
   config: ml_collections.ConfigDict, workdir: str, max_steps: Optional[int]
 ) -> Dict[str, float]:
@@ -261,33 +289,10 @@ def _train_rl(
   r = run.rl
 
   state, shardings = _fresh_state(run, model_cfg, mesh)
-
-  sft_step = {"step": int(r.init_step) or None}  # a resume: the step its first start recorded
-
-  def from_sft(state):
-    params, sft_step["step"] = workdir_lib.load_params_and_step(
-      r.init_from, state.params, step=sft_step["step"]
-    )
-    logging.info(
-      "initialised parameters from the SFT run %s, step %d", r.init_from, sft_step["step"]
-    )
-    return state.replace(params=params, ema_params=params)
-
   manager = checkpointing.make_manager(
     workdir, keep=run.checkpoints.keep_checkpoints, with_data=False
   )
-  state = trainer.restore(manager, state, initialise=from_sft)
-  state = state.replace(ema_params=state.params)
-  if sft_step["step"] is None:  # restored from an RL run of a version that did not record it
-    sft_step["step"] = workdir_lib.load_params_and_step(r.init_from, state.params)[1]
-  config.rl.init_step = sft_step["step"]  # written into config.json below
-  ref_params = None
-  if float(r.kl_beta) > 0:  # the frozen SFT reference (a copy: params are donated)
-    try:
-      ref_params = workdir_lib.load_params(r.init_from, state.params, step=sft_step["step"])
-    except BaseException:
-      checkpointing.close(manager)
-      raise
+  state, ref_params, config.rl.init_step = _restore_from_sft(r, state, manager)
   if is_main:
     if not tokenizers.saved_in(workdir) or not workdir_lock.saved_steps(workdir):
       tokenizers.save_in(tokenizer, workdir)  # no checkpoint yet: an earlier attempt's is stale

@@ -185,9 +185,16 @@ def structural(name: str) -> bool:
 def structural_changes(old, new) -> List[Tuple[str, Any, Any]]:
   """(field, old value, new value) for every structural difference; fields that only one side
   has (a config of an older version of the code) are not compared."""
+  from setdiff_jax.data.data_flags import (
+    SETTING_READERS,
+  )  # here: importing the data layer loads jax
+
   a, b = flatten(_as_json(old)), flatten(_as_json(new))
+  unread = {  # a data setting the run's source never read is no part of its structure
+    f"data.{f}" for f, readers in SETTING_READERS.items() if a.get("data.source") not in readers
+  }
   out = []
-  for name in sorted(set(a) & set(b)):
+  for name in sorted((set(a) & set(b)) - unread):
     va, vb = _normalized(name, a[name]), _normalized(name, b[name])
     if name in ON_OFF:
       if (float(va or 0) > 0) != (float(vb or 0) > 0):
