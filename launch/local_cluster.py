@@ -54,12 +54,13 @@ class _Parser(argparse.ArgumentParser):
 def parse_args(argv: Sequence[str]):
   """Flags before `--`, the command after it."""
   argv = list(argv)
-  if "--" not in argv:
+  asks_help = "--" not in argv and {"-h", "--help"} & set(argv)  # prints the flags, exits 0
+  if "--" not in argv and not asks_help:
     raise _Usage(
       "the command to run goes after `--`, e.g. local_cluster.py --num_processes=2 "
       "-- python launch/train.py --config=configs/tiny_sw.py --workdir=DIR"
     )
-  cut = argv.index("--")
+  cut = argv.index("--") if "--" in argv else len(argv)
   parser = _Parser(prog="local_cluster.py", add_help=True)
   parser.add_argument("--num_processes", type=int, default=2)
   parser.add_argument("--devices_per_process", type=int, default=1)

@@ -94,6 +94,8 @@ def test_local_cluster_timeout_and_usage_errors():
     assert r.returncode == 2
     assert r.stderr.startswith("error:") and len(r.stderr.strip().splitlines()) == 1
     assert needle in r.stderr
+  r, _ = cluster(["--help"], timeout=60)  # said "see --help" to --help itself
+  assert r.returncode == 0 and "usage: local_cluster.py" in r.stdout and "--timeout" in r.stdout
 
 
 def _gone(pid: int) -> bool:
