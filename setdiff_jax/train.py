@@ -28,6 +28,7 @@ from setdiff_jax.train_step import create_sharded_state, jit_train_step, make_op
 from setdiff_jax.workdir.divergence import DivergenceGuard, logged_losses
 from setdiff_jax.workdir.metrics import MetricWriter
 from setdiff_jax.workdir import checkpoints as checkpointing
+from setdiff_jax.workdir import data_files
 from setdiff_jax.evaluation import likelihood
 from setdiff_jax.interop import pretrained
 from setdiff_jax.workdir import load as workdir_lib
@@ -211,6 +212,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict
   # so a run that fails on its data leaves no derived state for the corrected rerun to reuse.
   new_tokenizer = not tokenizers.saved_in(workdir)
   resuming = bool(workdir_lock.saved_steps(workdir))  # never a new tokenizer for old checkpoints
+  data_prints = data_files.check(cfg.data, workdir, resuming)  # an edited file refuses a resume
   tokenizer = build_tokenizer(cfg, workdir, save=False, allow_training=not resuming)
   if cfg.checkpoints.init_from and not resuming:  # its parameters must mean the same ids
     check_same_ids(tokenizer, cfg.checkpoints.init_from, "--config.init_from")
@@ -258,6 +260,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict
     tokenizers.save_in(tokenizer, workdir)  # and eval rows built); 1 process
   if is_main:  # only now: a failed restore must leave the config of the checkpoints in place
     checkpointing.save_config(config, workdir)
+    data_files.save(workdir, data_prints)
 
   batch_sharding = sharding.batch_sharding(mesh)
   train_step = jit_train_step(opt, model, obj_cfg, mesh, state_shardings, optimizer)

@@ -6,6 +6,7 @@ command lines go through tests/cli_harness.py (one process per launcher), each a
 status, that the last stderr line is the `error:` line and how many stderr lines there are.
 """
 
+import hashlib
 import json
 import os
 import shutil
@@ -392,6 +393,51 @@ def test_a_data_setting_the_source_never_reads_is_refused(tmp_path):
   assert workdir_lock.structural_changes(
     {"data": pairs}, {"data": dict(pairs, prompt_field="q")}
   ) == [("data.prompt_field", "question", "q")]
+
+
+def test_a_data_file_edited_between_runs_is_named_on_resume(tmp_path, caplog):
+  """A training file edited in place between two calls: the resume went on at the checkpoint's
+  document count into other documents, without a word. Now WORKDIR/data_files.json holds each
+  file's size and sha256; a changed training file refuses the resume (nothing written), a
+  changed eval file is a warning, and deleting data_files.json accepts the files as they are."""
+  from setdiff_jax.data import sources
+  from setdiff_jax.workdir import data_files
+
+  docs = sources.embedded_corpus("train")
+  train_file, eval_file = tmp_path / "train.txt", tmp_path / "eval.txt"
+  train_file.write_text("\n\n".join(docs[:300]), encoding="utf-8")
+  eval_file.write_text("\n\n".join(docs[300:340]), encoding="utf-8")
+  files = {"data.source": "text", "data.paths": str(train_file), "data.eval_paths": str(eval_file)}
+  w = str(tmp_path / "w")
+  train.train_and_evaluate(tiny_config(**files), w)
+  record = os.path.join(w, data_files.FILE)
+  body = train_file.read_bytes()
+  assert json.load(open(record))["paths"] == {
+    str(train_file): {"bytes": len(body), "sha256": hashlib.sha256(body).hexdigest()}
+  }
+
+  train_file.write_bytes(body.replace(b"e", b"a", 1))  # one byte, same size
+  before = (listing(w), open(os.path.join(w, "config.json")).read(), open(record).read())
+  with pytest.raises(errors.ConfigMismatchError, match=r"training data changed since") as e:
+    train.train_and_evaluate(tiny_config(**files, num_train_steps=3), w)
+  assert f"{train_file} (same size, other content)" in str(e.value)
+  assert f"delete {record}" in str(e.value) and "init_from" in str(e.value)
+  assert (listing(w), open(os.path.join(w, "config.json")).read(), open(record).read()) == before
+
+  train_file.write_bytes(body)  # restored; the eval file grows: a warning, and recorded anew
+  with open(eval_file, "a", encoding="utf-8") as f:
+    f.write("\n\none more held-out paragraph.\n")
+  assert train.train_and_evaluate(tiny_config(**files, num_train_steps=3), w)["step"] == 3
+  assert f"evaluation file changed since the last start of {w}: {eval_file}" in caplog.text
+  assert json.load(open(record))["eval_paths"][str(eval_file)]["bytes"] == eval_file.stat().st_size
+
+  grown = body + b"\n\nappended paragraph.\n"
+  train_file.write_bytes(grown)  # accepted once the record is gone
+  with pytest.raises(errors.ConfigMismatchError, match=r"\d+ -> \d+ bytes, other content"):
+    train.train_and_evaluate(tiny_config(**files, num_train_steps=4), w)
+  os.remove(record)
+  assert train.train_and_evaluate(tiny_config(**files, num_train_steps=4), w)["step"] == 4
+  assert json.load(open(record))["paths"][str(train_file)]["bytes"] == len(grown)
 
 
 # ----------------------------------------------------------------------------- eval history

@@ -53,6 +53,7 @@ from setdiff_jax.rl import config as rl_config
 from setdiff_jax.rl import objective, rewards, scoring
 from setdiff_jax.sampling import compiles, placement
 from setdiff_jax.workdir import checkpoints as checkpointing
+from setdiff_jax.workdir import data_files
 from setdiff_jax.config import edge
 from setdiff_jax.config import run as run_config
 from setdiff_jax.config.run import RunConfig
@@ -281,6 +282,8 @@ def _train_rl(
   logged metrics, "step" and "checkpoint"."""
   is_main = jax.process_index() == 0
   run = run_config.from_config_dict(config)
+  # the prompts are drawn by index into the SFT run's files: an edited one refuses a resume
+  data_prints = data_files.check(run.data, workdir, bool(workdir_lock.saved_steps(workdir)))
   tokenizer, model_cfg, obj_cfg, mesh, pool, encoded, sampler_cfg = _setup(run, workdir)
   method = obj_cfg.name
   model = workdir_lib.inference_model(model_cfg, dtype=None)  # the run's dtype; CPU-safe attention
@@ -297,6 +300,7 @@ def _train_rl(
     if not tokenizers.saved_in(workdir) or not workdir_lock.saved_steps(workdir):
       tokenizers.save_in(tokenizer, workdir)  # no checkpoint yet: an earlier attempt's is stale
     checkpointing.save_config(config, workdir)
+    data_files.save(workdir, data_prints)
 
   step = _rl_step(
     run,
