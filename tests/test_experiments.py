@@ -201,6 +201,35 @@ def test_publish_report_stamps_the_commit_and_never_overwrites(repo, tmp_path):
     record.publish_report(report, "t_three", str(repo / "results"), ["code.py"])
 
 
+def test_a_record_never_holds_this_machines_paths(repo, tmp_path):
+  """tuned_baselines wrote its --output_dir (a scratch folder of the machine that ran it) into
+  the record and its tables. Flag paths outside the checkout become the flag's name, paths
+  inside it relative ones, item by item in a comma list; other words are left as they are."""
+  inside = repo / "data" / "a.txt"
+  raw = (
+    f"python -m benchmarks.x --output_dir={tmp_path}/scratch/run1 --tuned_dirs={tmp_path}/a,"
+    f"{inside} --data.paths={inside} --seeds=0,1 --name=/not/a/flag/value --official_dir=OFFICIAL"
+  )
+  public = (
+    "python -m benchmarks.x --output_dir=OUTPUT_DIR --tuned_dirs=TUNED_DIRS,data/a.txt "
+    "--data.paths=data/a.txt --seeds=0,1 --name=NAME --official_dir=OFFICIAL"
+  )
+  assert record.public_command(raw, str(repo)) == public
+  report = {"command": raw, "markdown": f"## T\n\nCommand: `{raw}`\n"}
+  data = json.loads(open(record.publish_report(report, "t_p", str(repo / "results"), ["c"])).read())
+  assert data["command"] == public and data["markdown"] == f"## T\n\nCommand: `{public}`\n"
+  rec = record.RunRecord.create(
+    name="t_q",
+    results_dir=str(repo / "results"),
+    command=raw,
+    config={},
+    seeds=[0],
+    measured_paths=["c"],
+    device=DEVICE,
+  )
+  assert rec.data["command"] == public and str(tmp_path) not in open(rec.path).read()
+
+
 def test_a_record_that_cannot_be_written_is_refused_before_the_run(repo, monkeypatch):
   """`check_publishable` refuses what `publish_report` would (an existing name, a dirty tree), and
   a benchmark given such a --record stops before it measures anything (a 1319-row run once ended

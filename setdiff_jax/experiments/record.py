@@ -78,6 +78,31 @@ def write_json(path: str, obj, compact: bool = False) -> None:
   os.replace(tmp, path)
 
 
+_FLAG_PATH = re.compile(r"(?<!\S)--([A-Za-z0-9_.]+)=(\S+)")
+
+
+def public_command(command: str, repo: str) -> str:
+  """`command` as anyone can rerun it: a flag's absolute path inside `repo` becomes relative to
+  it, one outside it (this machine's scratch folders) the flag's name in capitals
+  (`--output_dir=/tmp/x/y` -> `--output_dir=OUTPUT_DIR`); a comma list is rewritten item by item.
+  A record never holds this machine's paths."""
+  root = os.path.realpath(repo)
+
+  def item(flag: str, value: str) -> str:
+    if not value.startswith("/"):
+      return value
+    real = os.path.realpath(value)
+    if os.path.commonpath([real, root]) == root:
+      return os.path.relpath(real, root)
+    return flag.upper().replace(".", "_")
+
+  def rewrite(m: re.Match) -> str:
+    flag, value = m.group(1), m.group(2)
+    return f"--{flag}=" + ",".join(item(flag, v) for v in value.split(","))
+
+  return _FLAG_PATH.sub(rewrite, command)
+
+
 class RunRecord:
   """One experiment's record (`data` is the JSON object); build it with `create`."""
 
@@ -141,7 +166,7 @@ class RunRecord:
     data = {
       "name": name,
       "commit": commit,
-      "command": command,
+      "command": public_command(command, repo),
       "config": config,
       "seeds": [int(s) for s in seeds],
       "measured_paths": list(measured_paths),
@@ -282,6 +307,10 @@ def publish_report(
   results_dir = os.path.dirname(path)
   data = dict(report)
   markdown = data["markdown"]
+  if isinstance(data.get("command"), str):  # as its tables quote it, too
+    public = public_command(data["command"], git.top_level(repo or results_dir))
+    markdown = markdown.replace(data["command"], public)
+    data["command"] = public
   for k, (link, src) in enumerate(sorted((images or {}).items())):
     if not os.path.isfile(src):
       continue
