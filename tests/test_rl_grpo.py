@@ -155,7 +155,7 @@ def _rl_setup(init_from, **rl):
   c = tiny_rl(init_from, **rl)
   rl_config.validate(c)
   run = rl_config.run_config_for(c, rl_config.load_sft_config(init_from))
-  return grpo._setup(run_config.from_config_dict(run), None)[-1]
+  return grpo._setup(run_config.from_config_dict(run))[-1]
 
 
 def test_window_longer_than_seq_len_one_error_line(config_only_sft, tmp_path):
@@ -200,7 +200,7 @@ def test_step_budget_that_cannot_generate_n_tokens_one_error_line(config_only_sf
   ]
   for (args, expected), result in zip(cases, harness("rl.py", [base + a for a, _ in cases])):
     assert_one_error_line(result, expected, args)
-  assert not os.path.exists(tmp_path / "rl" / "config.json")  # no RL run was started
+  assert not os.path.exists(tmp_path / "rl")  # refused before the workdir (and its lock) exists
   for rl in (
     dict(num_steps=need, max_new_tokens=0),  # 7 x 4 = 28 >= 25
     dict(num_steps=5, window=5, max_new_tokens=0),  # exactly N

@@ -171,7 +171,12 @@ def train_rl(
       f"divisible by the data x fsdp mesh size {sizes[0] * sizes[1]}"
     )
   edge.from_config_dict(run, jax.device_count())
-  return trainer.locked(run, workdir, lambda run, workdir: _train_rl(run, workdir, max_steps))
+  setup = _setup(
+    run_config.from_config_dict(run)
+  )  # reads the SFT run only: a refused setting leaves no RL workdir behind
+  return trainer.locked(
+    run, workdir, lambda run, workdir: _train_rl(run, workdir, setup, max_steps)
+  )
 
 
 def _recorded_init_step(workdir: str) -> int:
@@ -185,7 +190,9 @@ def _recorded_init_step(workdir: str) -> int:
     return 0  # a damaged config.json: check_resume names it
 
 
-def _setup(run: RunConfig, workdir):
+def _setup(run: RunConfig):
+  """(tokenizer, model_cfg, obj_cfg, mesh, prompt pool, encoded prompts, sampler_cfg) from the
+  SFT run and the RL settings, every setting checked; writes nothing."""
   sft_dir = run.rl.init_from
   tokenizer = build_tokenizer(run, sft_dir, allow_training=False, save=False)
   model_cfg, obj_cfg = run_config.model_and_objective(run, tokenizer)
@@ -276,7 +283,7 @@ def _restore_from_sft(r, state, manager):
 
 
 def _train_rl(
-  config: ml_collections.ConfigDict, workdir: str, max_steps: Optional[int]
+  config: ml_collections.ConfigDict, workdir: str, setup, max_steps: Optional[int]
 ) -> Dict[str, float]:
   """The RL run of `config` (the merged run config; written as config.json); returns the last
   logged metrics, "step" and "checkpoint"."""
@@ -284,7 +291,7 @@ def _train_rl(
   run = run_config.from_config_dict(config)
   # the prompts are drawn by index into the SFT run's files: an edited one refuses a resume
   data_prints = data_files.check(run.data, workdir, bool(workdir_lock.saved_steps(workdir)))
-  tokenizer, model_cfg, obj_cfg, mesh, pool, encoded, sampler_cfg = _setup(run, workdir)
+  tokenizer, model_cfg, obj_cfg, mesh, pool, encoded, sampler_cfg = setup
   method = obj_cfg.name
   model = workdir_lib.inference_model(model_cfg, dtype=None)  # the run's dtype; CPU-safe attention
   opt = _optimization(run)
