@@ -1,10 +1,10 @@
 r"""Side by side with the official PyTorch code (kuleshov-group/setdlms), one process, same config.
 
-  python benchmarks/official.py --official_dir=/tmp/setdlms                    # V = 30522
-  python benchmarks/official.py --official_dir=/tmp/setdlms --vocab_size=4096
-  python benchmarks/official.py --official_dir=/tmp/setdlms --quick            # tiny harness check
-  python benchmarks/official.py --official_dir=/tmp/setdlms --check=align      # block alignment
-  python benchmarks/official.py --official_dir=/tmp/setdlms --check=exports    # exports, offline
+  python -m benchmarks.official --official_dir=/tmp/setdlms                    # V = 30522
+  python -m benchmarks.official --official_dir=/tmp/setdlms --vocab_size=4096
+  python -m benchmarks.official --official_dir=/tmp/setdlms --quick            # tiny harness check
+  python -m benchmarks.official --official_dir=/tmp/setdlms --check=align      # block alignment
+  python -m benchmarks.official --official_dir=/tmp/setdlms --check=exports    # exports, offline
 
 --check=align|exports are correctness checks, not timings: see benchmarks/official_checks.py.
 --device=cuda, --train_precision=bf16 (autocast around the official forward, as Composer's
