@@ -32,6 +32,7 @@ import errno
 import logging as std_logging
 import os
 import re
+import signal
 import sys
 import time
 import traceback
@@ -425,6 +426,14 @@ def run(main: Callable[[List[str]], Optional[int]]):
       quiet_library_logs()
       cli_storage.check_path_flags(verbose())
       return main(args)
+    except KeyboardInterrupt:  # Ctrl-C outside the training loop (which saves, then stops)
+      sys.stdout.flush()
+      sys.stderr.write(
+        "stopped: interrupted by Ctrl-C; files written before are intact (training saves a "
+        "checkpoint on Ctrl-C once its loop has started)\n"
+      )
+      sys.stderr.flush()
+      os._exit(128 + signal.SIGINT)  # no interpreter shutdown under running compiler threads
     except Exception as e:  # noqa: BLE001
       if not isinstance(e, EXPECTED) and not lost_process(e) and not cli_storage.storage_error(e):
         raise  # a bug: keep its traceback

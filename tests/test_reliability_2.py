@@ -904,3 +904,27 @@ def test_an_empty_path_flag_is_refused(run_dir, tmp_path):
   assert not os.path.exists(tmp_path / "e")
   with pytest.raises(ValueError, match="--workdir is empty"):
     train.train_and_evaluate(tiny_config(), " ")
+
+
+def test_ctrl_c_outside_the_training_loop_is_one_stopped_line(tmp_path):
+  """Ctrl-C while a launcher compiles (before the training loop's own handler) printed a
+  KeyboardInterrupt traceback, once followed by a segfault at interpreter shutdown. Now: one
+  `stopped:` line, exit status 130 (128 + SIGINT), nothing written into the workdir."""
+  script = tmp_path / "interrupted.py"
+  script.write_text(
+    "import runpy, sys\n"
+    "from setdiff_jax import train\n"
+    "def interrupted(config, workdir):\n"
+    "  raise KeyboardInterrupt\n"
+    "train.train_and_evaluate = interrupted\n"
+    f"sys.argv = ['train.py', '--config={REPO}/configs/tiny_sw.py', '--workdir={tmp_path}/w']\n"
+    f"runpy.run_path('{REPO}/launch/train.py', run_name='__main__')\n"
+  )
+  r = subprocess.run(
+    [sys.executable, str(script)], capture_output=True, text=True, cwd=REPO, env=env(), timeout=300
+  )
+  assert r.returncode == 130, r.stderr[-2000:]
+  assert "Traceback" not in r.stderr and "KeyboardInterrupt" not in r.stderr
+  lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+  assert lines[-1].startswith("stopped: interrupted by Ctrl-C"), lines
+  assert not os.path.exists(tmp_path / "w" / "checkpoints")
