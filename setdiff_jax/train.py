@@ -109,8 +109,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[
   Holds WORKDIR's lock throughout (one trainer per workdir) and refuses, before anything is
   written, a resume whose config changes a field the checkpoints depend on.
   """
-  if config.get("init_from_hf"):  # model fields 0 -> the HF checkpoint's (before validation)
-    config = pretrained.resolve_run_config(config)
+  if config.get("init_from_hf"):  # model fields 0 -> the HF checkpoint's (a resume: WORKDIR's)
+    config = pretrained.resolve_run_config(config, workdir)
   edge.from_config_dict(config, jax.device_count())  # every check, before the workdir is touched
   data_flags.check_fields(config.data, pipeline.default_data_config())  # no setting left unread
   return trainer.locked(config, workdir, _train_and_evaluate)
@@ -264,9 +264,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict
 
   batch_sharding = sharding.batch_sharding(mesh)
   train_step = jit_train_step(opt, model, obj_cfg, mesh, state_shardings, optimizer)
-  writer = MetricWriter(workdir, is_main)
-  step_rng = jax.random.fold_in(jax.random.key(cfg.seed), 1)
   start_step = int(state.step)
+  writer = MetricWriter(workdir, is_main, start_step=start_step)
+  step_rng = jax.random.fold_in(jax.random.key(cfg.seed), 1)
   last: Dict[str, float] = {}
   progress = _Progress(cfg, writer, last)
 

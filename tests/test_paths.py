@@ -81,14 +81,18 @@ def test_config_metrics_and_resume_checks_on_gs(bucket):
   with workdir_lock.WorkdirLock(GS, 0):  # object stores cannot be locked: a warning, no file
     pass
   # metrics.jsonl: object stores cannot append, the writer re-uploads the whole file.
-  for steps in ((1, 2), (3,)):  # a run, then its resume
-    writer = metrics.MetricWriter(GS, enabled=True)
+  for steps in ((1, 2, 3), (3,)):  # a run, then its resume from step 2 (step 3 logged, not saved)
+    writer = metrics.MetricWriter(GS, enabled=True, start_step=steps[0] - 1)
     for s in steps:
       writer.scalars(s, {"train/loss": 1.0 / s})
     writer.close()
   lines = (bucket / "runs/r1/metrics.jsonl").read_text().splitlines()
   assert [json.loads(l)["step"] for l in lines] == [1, 2, 3]
   assert json.loads(lines[1])["train/loss"] == 0.5
+  lost = (bucket / "runs/r1/metrics.discarded.jsonl").read_text().splitlines()
+  assert [json.loads(l) for l in lost] == [
+    {"step": 3, "train/loss": 1.0 / 3, "resumed_from_step": 2}
+  ]
   assert not os.path.exists(bucket / "runs/r1/tensorboard")  # local workdirs only
 
 

@@ -440,6 +440,29 @@ def test_a_data_file_edited_between_runs_is_named_on_resume(tmp_path, caplog):
   assert json.load(open(record))["paths"][str(train_file)]["bytes"] == len(grown)
 
 
+def test_a_resume_after_a_crash_keeps_one_history_in_metrics_jsonl(base, tmp_path):
+  """A run killed after logging past its last checkpoint, then resumed, had two rows per step
+  (and the lost segment's evals) in metrics.jsonl and TensorBoard. The rows past the restored
+  step now move to metrics.discarded.jsonl (marked with that step), and TensorBoard purges them."""
+  from setdiff_jax.workdir import metrics
+
+  w = copy_of(base, tmp_path)
+  shutil.rmtree(os.path.join(w, "checkpoints", "2"))  # step 2 was logged (and evaluated), not saved
+  with open(os.path.join(w, "metrics.jsonl"), "a", encoding="utf-8") as f:
+    f.write('{"step": 2, "train/lo')  # and the crash cut a line
+  rows = lambda name: [json.loads(ln) for ln in open(os.path.join(w, name))]  # noqa: E731
+  before = [json.loads(ln) for ln in open(os.path.join(w, "metrics.jsonl")) if ln.endswith("\n")]
+  assert {r["step"] for r in before} == {1, 2} and any("eval/nll" in r for r in before)
+  assert train.train_and_evaluate(tiny_config(num_train_steps=3), w)["step"] == 3
+  after = rows("metrics.jsonl")
+  train_steps = [r["step"] for r in after if "train/loss" in r]
+  assert train_steps == [1, 2, 3]  # one history: step 1 of the first call, 2-3 of the resume
+  assert [r for r in after if r["step"] == 1] == [r for r in before if r["step"] == 1]
+  assert rows(metrics.DISCARDED_FILE) == [
+    dict(r, resumed_from_step=1) for r in before if r["step"] == 2
+  ] + [{"unreadable_line": '{"step": 2, "train/lo', "resumed_from_step": 1}]
+
+
 # ----------------------------------------------------------------------------- eval history
 def test_eval_history_appends_and_keeps_labels(base, tmp_path):
   from setdiff_jax.evaluation import run

@@ -323,9 +323,9 @@ def _train_rl(
     ref_params=ref_params,
     schedule=train_step.learning_rate_schedule(opt),
   )
-  writer = MetricWriter(workdir, is_main)
-  num_steps = run.optimization.num_train_steps
   start = int(state.step)
+  writer = MetricWriter(workdir, is_main, start_step=start)
+  num_steps = run.optimization.num_train_steps
   schedule = trainer.Schedule(
     start=start,
     stop=num_steps if max_steps is None else min(num_steps, start + int(max_steps)),
