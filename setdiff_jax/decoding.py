@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import secrets
+import time
 from typing import Any, Callable, List, Optional, Sequence
 
 import jax
@@ -148,7 +149,7 @@ class SamplingReport:
   num_committed: int
   forward_calls: List[int]
   compiled_programs: int = 0  # decoding programs compiled by this run (the warm-up's)
-  warmup_seconds: float = 0.0  # the untimed warm-up call: its compile plus one batch
+  warmup_seconds: float = 0.0  # the untimed warm-up calls: one per batch shape, compile included
 
   @property
   def tokens_per_second(self) -> float:
@@ -212,15 +213,17 @@ def _decode_job(method, model, params, tokenizer, cfg, seq_len, prompt, infill, 
 
 
 def _timed_report(job: _DecodeJob, seed, num_samples, batch_size, warmup, write) -> SamplingReport:
-  """Runs the job in batches (an untimed warm-up first with `warmup`), writes each text and the
-  throughput line."""
+  """Runs the job in batches (with `warmup`, first one untimed call per batch shape), writes each
+  text and the throughput line."""
   key = jax.random.PRNGKey(seed)
   batches = [min(batch_size, num_samples - i) for i in range(0, num_samples, batch_size)]
   programs = compiles.compiled_programs()
-  outs, seconds, warm = time_calls(
-    job.run,
-    [([job.ids] * nb, jax.random.fold_in(key, i)) for i, nb in enumerate(batches)],
-    warmup=([job.ids] * batches[0], key) if warmup else None,
+  t0 = time.perf_counter()
+  for nb in sorted(set(batches)) if warmup else ():  # every shape (a smaller last batch too)
+    jax.block_until_ready(job.run([job.ids] * nb, key))
+  warm = time.perf_counter() - t0
+  outs, seconds, _ = time_calls(
+    job.run, [([job.ids] * nb, jax.random.fold_in(key, i)) for i, nb in enumerate(batches)]
   )
   texts, generated, steps, committed, calls = [], 0, 0, 0, []
   for out, nb in zip(outs, batches):
@@ -280,8 +283,8 @@ def run_sampling(
 
   Prints `header` followed by the sampler settings (if a header is given), each sample as its own
   block, then `tokens/s: X  tokens/step: Y  compiled programs: C  wall s with compile: S`. With
-  `warmup`, the first batch is run once untimed so that compilation does not count in tokens/s
-  (S counts it: the warm-up plus the timed batches). `seed=-1` draws a random seed.
+  `warmup`, each batch shape (the first, and a smaller last one) is run once untimed so that
+  compilation does not count in tokens/s (S counts it: the warm-ups plus the timed batches). `seed=-1` draws a random seed.
   `align_to_blocks`: BD3LM / block-wise MDLM blocks on the block grid (`SamplerConfig`).
   """
   if num_samples < 1 or batch_size < 1:
