@@ -342,7 +342,12 @@ def qwen3_tokenizer(path: str) -> Tokenizer:
   """A Qwen3 `tokenizer.json` (file or directory) with the reference's special ids (SPEC §5)."""
   path = os.fspath(path)
   file = os.path.join(path, _TOKENIZER_FILE) if os.path.isdir(path) else path
-  file = _require_file(file, "tokenizer.vocab_path (a tokenizer.json or its directory)")
+  if file and not os.path.isfile(file):
+    raise FileNotFoundError(
+      f"tokenizer file not found: {file!r} (set --config.tokenizer.vocab_path to a Qwen3 "
+      "tokenizer.json or the directory holding it)"
+    )
+  file = _require_file(file, "tokenizer.vocab_path")
   tok = hf.Tokenizer.from_file(file)
   ids = {}
   for name in (QWEN3_EOS, QWEN3_MASK):

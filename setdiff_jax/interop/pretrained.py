@@ -4,16 +4,20 @@
   params = pretrained.load_params_sharded(path, backbone_cfg, shardings)
 
 Reads `config.json` (checked: a directory, a config.json, `model_type: qwen3`, no attention bias /
-sliding window, silu), the safetensors shards (every shard the index names must exist) and loads
-the first `num_layers` layers tensor by tensor straight into the target shardings: each device's
-callback reads only its slice (`safe_open(...).get_slice`), so the host never holds a second copy
-of the model. Never downloads. The key correspondence is the one name map, `interop/qwen3_map.py`
+sliding window, silu, no RoPE scaling; no rope_theta = transformers' 10000, with a warning), the
+safetensors shards (every shard the index names must exist) and loads the first `num_layers`
+layers tensor by tensor straight into the target shardings: each device's callback reads only its
+slice (`safe_open(...).get_slice`), checked finite, so the host never holds a second copy of the
+model. Never downloads. The key correspondence is the one name map, `interop/qwen3_map.py`
 (numpy only); `interop/qwen3_hf.py` builds import/export on top of this module.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
+import logging
 import os
 import re
 from typing import Any, Dict, List, Mapping, Optional, Tuple
@@ -21,13 +25,21 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import jax
 import numpy as np
 
+from setdiff_jax import paths
+from setdiff_jax.config import sections
+from setdiff_jax.data import tokenizers
 from setdiff_jax.interop import qwen3_map
 from setdiff_jax.interop import weight_files
 from setdiff_jax.models import qwen3 as qwen3_lib
+from setdiff_jax.workdir import lock
 from setdiff_jax.interop.name_map import CheckpointMismatchError, flatten, unflatten
 
 INDEX_FILE = "model.safetensors.index.json"
 DEFAULT_THETA, DEFAULT_EPS = 1_000_000.0, 1e-6  # every public Qwen3 config
+# A config.json without rope_theta: what transformers' Qwen3Config (4.x and 5.x) then uses.
+HF_DEFAULT_THETA = 10_000.0
+
+log = logging.getLogger(__name__)
 
 
 # ----------------------------------------------------------------------------- HF config
@@ -50,11 +62,35 @@ def read_hf_config(path: str) -> dict:
   return raw
 
 
-def _rope_theta(raw: Mapping) -> float:
-  rp = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
-  if rp.get("rope_type", "default") not in ("default", None):
-    raise ValueError(f"rope type {rp.get('rope_type')!r} is not supported (default RoPE only)")
-  return float(raw.get("rope_theta", rp.get("rope_theta", DEFAULT_THETA)))
+def _rope_theta(raw: Mapping, where: str) -> float:
+  """θ of a Qwen3 config.json with plain RoPE: any scaling (`rope_parameters` or the legacy
+  `rope_scaling`, key `rope_type` or the older `type`) is refused, never silently dropped."""
+  thetas = {}
+  if raw.get("rope_theta") is not None:
+    thetas["rope_theta"] = float(raw["rope_theta"])
+  for field in ("rope_parameters", "rope_scaling"):
+    rp = raw.get(field) or {}
+    if not isinstance(rp, Mapping) or any(isinstance(v, Mapping) for v in rp.values()):
+      raise ValueError(f"{where}: {field}={rp!r} is not supported (one plain RoPE for all layers)")
+    for key in ("rope_type", "type"):
+      if rp.get(key) not in (None, "default"):
+        raise ValueError(
+          f"{where}: RoPE scaling {field}.{key}={rp[key]!r} is not supported (plain RoPE only): "
+          "use a checkpoint without RoPE scaling"
+        )
+    if rp.get("rope_theta") is not None:
+      thetas[f"{field}.rope_theta"] = float(rp["rope_theta"])
+  if len(set(thetas.values())) > 1:  # transformers 4.x and 5.x would read different ones
+    raise ValueError(f"{where}: conflicting RoPE θ {thetas}: keep one rope_theta")
+  if not thetas:
+    log.warning(
+      "%s has no rope_theta: using %s, transformers' Qwen3Config default (public Qwen3 configs "
+      "set 1e6)",
+      where,
+      HF_DEFAULT_THETA,
+    )
+    return HF_DEFAULT_THETA
+  return next(iter(thetas.values()))
 
 
 def model_fields(raw: Mapping, where: str = "config.json") -> Dict[str, Any]:
@@ -74,7 +110,7 @@ def model_fields(raw: Mapping, where: str = "config.json") -> Dict[str, Any]:
     "num_kv_heads": int(raw.get("num_key_value_heads") or heads),
     "head_dim": int(raw.get("head_dim") or int(raw["hidden_size"]) // heads),
     "intermediate_size": int(raw["intermediate_size"]),
-    "rope_base": _rope_theta(raw),
+    "rope_base": _rope_theta(raw, where),
     "rms_norm_eps": float(raw.get("rms_norm_eps", DEFAULT_EPS)),
     "tie_embeddings": bool(raw.get("tie_word_embeddings", False)),
     "adaln": False,
@@ -191,13 +227,16 @@ def load_params_sharded(path: str, backbone_cfg, shardings, *, context: str = ""
     handles = {f: stack.enter_context(safe_open(f, framework="np")) for f in shards}
 
     def reader(r):
-      sl = handles[shapes[stripped[r.hf_key]][1]].get_slice(stripped[r.hf_key])
+      key = stripped[r.hf_key]
+      file = shapes[key][1]
+      sl = handles[file].get_slice(key)
 
-      def read(index):
+      def read(index):  # NaN / Inf / integer weights named here, not blamed on the lr later
         index = tuple(index) + (slice(None),) * (len(r.flax_shape) - len(index))
         if r.transpose:
-          return np.ascontiguousarray(np.asarray(sl[tuple(reversed(index))], np.float32).T)
-        return np.asarray(sl[index], np.float32)
+          a = weight_files.check_tensor(file, key, sl[tuple(reversed(index))])
+          return np.ascontiguousarray(np.asarray(a, np.float32).T)
+        return np.asarray(weight_files.check_tensor(file, key, sl[index]), np.float32)
 
       return read
 
@@ -228,13 +267,60 @@ _FROM_HF = (
 )
 
 
-def resolve_run_config(config):
+def _field_default(name: str):
+  return {f.name: f.default for f in dataclasses.fields(sections.Model)}[name]
+
+
+def _resumed_from(workdir: Optional[str]) -> Tuple[Optional[dict], str]:
+  """(WORKDIR's config.json, its path) when WORKDIR has checkpoints of a Qwen3 run: a resume
+  takes the model and tokenizer from there (the base directory may have moved or gone);
+  else (None, "")."""
+  if not workdir or not lock.saved_steps(workdir):
+    return None, ""
+  file = paths.join(workdir, lock.CONFIG_FILE)
+  if not paths.isfile(file):
+    return None, ""  # check_resume refuses it (or accept_missing_config): the HF dir is needed
+  try:
+    saved = json.loads(paths.read_text(file))
+  except ValueError:
+    return None, ""  # check_resume names the damaged file
+  model = saved.get("model") or {}
+  resolved = all(model.get(k) for k in _FROM_HF + ("num_layers", "rms_norm_eps"))
+  if model.get("backbone") != "qwen3" or not resolved or "tie_embeddings" not in model:
+    return None, ""
+  return saved, file
+
+
+def _resolve_eps_and_tie(m, source: Mapping, where: str):
+  """`rms_norm_eps` / `tie_embeddings` of `source` unless set otherwise. Their defaults are not 0:
+  a field at its default (or eps 0) takes the checkpoint's value (an explicit default cannot be
+  told apart from none); any other value must agree."""
+  eps_default, tie_default = _field_default("rms_norm_eps"), _field_default("tie_embeddings")
+  eps, tie = m.get("rms_norm_eps", 0), m.get("tie_embeddings", tie_default)
+  if eps and eps != eps_default and float(eps) != float(source["rms_norm_eps"]):
+    raise ValueError(
+      f"model.rms_norm_eps={eps} but {where} has {source['rms_norm_eps']}; set "
+      "--config.model.rms_norm_eps=0 to take the checkpoint's value"
+    )
+  if bool(tie) != tie_default and bool(tie) != bool(source["tie_embeddings"]):
+    raise ValueError(
+      f"model.tie_embeddings={tie} but {where} has tie_embeddings={source['tie_embeddings']}; "
+      f"drop the override (the default, {tie_default}, takes the checkpoint's value)"
+    )
+  m.rms_norm_eps = float(source["rms_norm_eps"])
+  m.tie_embeddings = bool(source["tie_embeddings"])
+
+
+def resolve_run_config(config, workdir: Optional[str] = None):
   """A copy of the run `config` with `model.*` filled from `config.init_from_hf`'s config.json.
 
   Fields left 0 take the checkpoint's value; a non-zero value must equal it; `rms_norm_eps` and
-  `tie_embeddings` always follow the checkpoint; `model.num_layers` 0 = all, N = the first N
-  (SPEC §3.10 `num_layers`). A `qwen3` tokenizer without `vocab_path` uses the directory's
-  tokenizer.json. Raises ValueError naming the field and the fix.
+  `tie_embeddings` at their defaults (or eps 0) take the checkpoint's, another value must equal
+  it; `model.num_layers` 0 = all, N = the first N (SPEC §3.10 `num_layers`). The tokenizer must
+  be the checkpoint's (`qwen3`; without `vocab_path`: the directory's tokenizer.json). When
+  `workdir` has checkpoints and a config.json (a resume), the 0 fields and the tokenizer path come
+  from that config.json instead, so the base directory is not needed; `lock.check_resume` then
+  refuses a changed explicit setting. Raises ValueError naming the field and the fix.
   """
   path = str(config.init_from_hf)
   config = config.copy_and_resolve_references()
@@ -245,22 +331,54 @@ def resolve_run_config(config):
     )
   if config.get("init_from"):
     raise ValueError("set either init_from (our checkpoint) or init_from_hf (a HF directory)")
-  hf = model_fields(read_hf_config(path), os.path.join(path, weight_files.CONFIG_FILE))
+  kind = config.tokenizer.get("kind")
+  if kind != "qwen3":  # another tokenizer's ids would index the pretrained embedding wrongly
+    raise ValueError(
+      f"init_from_hf needs the checkpoint's tokenizer, tokenizer.kind='qwen3' (got {kind!r}): "
+      "set --config.tokenizer.kind=qwen3"
+    )
+  saved, where = _resumed_from(workdir)
+  if saved is not None:
+    source = saved["model"]
+  else:
+    where = os.path.join(path, weight_files.CONFIG_FILE)
+    source = model_fields(read_hf_config(path), where)
   for k in _FROM_HF:
     ours = m.get(k, 0)
     if not ours:
-      m[k] = type(m[k])(hf[k]) if k in m and m[k] is not None else hf[k]
-    elif type(hf[k])(ours) != hf[k]:
+      m[k] = type(m[k])(source[k]) if k in m and m[k] is not None else source[k]
+    elif type(source[k])(ours) != source[k]:
       raise ValueError(
-        f"model.{k}={ours} but {path}/config.json has {hf[k]}; set "
+        f"model.{k}={ours} but {where} has {source[k]}; set "
         f"--config.model.{k}=0 to take the checkpoint's value"
       )
-  m.rms_norm_eps = hf["rms_norm_eps"]
-  m.tie_embeddings = hf["tie_embeddings"]
-  resolve_layers(m, hf["num_layers"], m.get("num_layers", 0), path)
-  if config.tokenizer.kind == "qwen3" and not config.tokenizer.get("vocab_path"):
+  _resolve_eps_and_tie(m, source, where)
+  if saved is not None:  # another num_layers: check_resume; the tokenizer is WORKDIR/tokenizer/
+    m.num_layers = int(m.get("num_layers", 0) or source["num_layers"])
+    if not config.tokenizer.get("vocab_path"):
+      config.tokenizer.vocab_path = (saved.get("tokenizer") or {}).get("vocab_path")
+    return config
+  resolve_layers(m, source["num_layers"], m.get("num_layers", 0), where)
+  if not config.tokenizer.get("vocab_path"):
     config.tokenizer.vocab_path = os.path.join(path, "tokenizer.json")
+    if not os.path.isfile(config.tokenizer.vocab_path):
+      raise ValueError(
+        f"{path} has no tokenizer.json (init_from_hf takes the tokenizer from there): copy the "
+        "checkpoint's tokenizer.json into it, or set --config.tokenizer.vocab_path=FILE"
+      )
+  _check_tokenizer_fits(config.tokenizer.vocab_path, int(m.vocab_size), where)
   return config
+
+
+def _check_tokenizer_fits(vocab_path: str, rows: int, where: str):
+  """The embedding must have a row for every id of the tokenizer."""
+  tok = tokenizers.qwen3_tokenizer(vocab_path)
+  if tok.vocab_size > rows:
+    raise ValueError(
+      f"the tokenizer {vocab_path} has {tok.vocab_size} ids but {where} has vocab_size={rows} "
+      f"(embedding rows; ids >= {rows} have none): it is not this checkpoint's tokenizer, set "
+      "--config.tokenizer.vocab_path to the tokenizer.json that came with the weights"
+    )
 
 
 __all__ = [
@@ -276,4 +394,5 @@ __all__ = [
   "INDEX_FILE",
   "DEFAULT_THETA",
   "DEFAULT_EPS",
+  "HF_DEFAULT_THETA",
 ]
