@@ -247,6 +247,7 @@ def test_lm1b_cpu_variants_are_the_recipe_on_the_embedded_corpus():
 BAD = [  # (field, value, allowed text)
   ("learning_rate", "-1.0", "a number in (0, inf)"),
   ("learning_rate", "0.0", "(0, inf)"),
+  ("learning_rate", "inf", "(0, inf)"),  # trained to a NaN at step 1, blamed on the rate
   ("model.dropout", "1.5", "[0, 1)"),
   ("model.dropout", "-0.1", "[0, 1)"),
   ("warmup_steps", "-5", "an integer in [0, inf)"),

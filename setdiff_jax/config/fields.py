@@ -13,6 +13,7 @@ on the run (window <= seq_len, a saved step) are checked where the run is known.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Dict, NamedTuple, Optional, Tuple, Union
 
 
@@ -31,9 +32,11 @@ class Range(NamedTuple):
       return False
     if v in self.also:
       return True
+    if not math.isfinite(v):  # inf (and nan) of an unbounded side, e.g. a learning rate
+      return False
     lo_ok = self.lo is None or (v > self.lo if self.lo_open else v >= self.lo)
     hi_ok = self.hi is None or (v < self.hi if self.hi_open else v <= self.hi)
-    return bool(lo_ok and hi_ok)  # NaN fails both
+    return bool(lo_ok and hi_ok)
 
   def describe(self) -> str:
     fmt = (lambda v: str(int(v))) if self.kind is int else (lambda v: f"{v:g}")  # noqa: E731
@@ -83,7 +86,9 @@ SHARED = {
   "max_new_tokens": integer(1),  # tokens to generate (also < seq_len)
   "threshold": number(0, 1, lo_open=True),  # confidence tau (unset / 'off': none)
   "top_p": number(0, 1, lo_open=True),
-  "temperature": number(0, lo_open=True),
+  # below 1e-4 it is argmax (use --greedy): z / T then overflows fp32 inside the jitted softmax
+  # (T = 1e-12 drew PAD everywhere on a real run)
+  "temperature": number(1e-4),
   "repetition_penalty": number(0, lo_open=True),  # 1 = off
   "batch_size": integer(1),
   "num_samples": integer(1),

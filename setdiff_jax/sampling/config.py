@@ -7,11 +7,14 @@ Everything here is plain Python / NumPy (the policy names and parameter checks c
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import List, Optional
 
 import numpy as np
 
 from setdiff_jax.sampling import policies
+
+MIN_TEMPERATURE = 1e-4  # = config.fields.SHARED['temperature']'s lower bound
 
 PENALTY_HISTORIES = ("auto", "generated", "cached", "visible")
 CACHE_ORDERS = ("l2r", "fht")
@@ -267,9 +270,12 @@ class SamplerConfig:
       )
     if not 0.0 < self.top_p <= 1.0:
       raise ValueError(f"top_p={self.top_p} must be in (0, 1]")
-    if not self.temperature > 0:
-      raise ValueError(f"temperature={self.temperature} must be > 0 (use greedy=True for argmax)")
-    if not self.repetition_penalty > 0:
+    if not (math.isfinite(self.temperature) and self.temperature >= MIN_TEMPERATURE):
+      raise ValueError(  # below it z / T overflows fp32 in the jitted softmax
+        f"temperature={self.temperature} must be a finite number >= {MIN_TEMPERATURE:g} "
+        "(use greedy=True for argmax)"
+      )
+    if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
       raise ValueError(f"repetition_penalty={self.repetition_penalty} must be > 0 (1.0 = off)")
     if self.penalty_history not in PENALTY_HISTORIES:
       raise ValueError(f"penalty_history={self.penalty_history!r}; use one of {PENALTY_HISTORIES}")
