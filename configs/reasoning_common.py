@@ -26,7 +26,7 @@ def get_config(objective: str):
   # SetDLM S=4, S_max=8 (release name smax8); BD3LM block 4; GSM8K recipe: no clean BOS (SPEC §5).
   c.loss.keep_clean_bos = False
   c.loss.desired_set_size = 4
-  c.loss.max_set_size = 8
+  c.loss.max_set_size = 8 if objective == "setdlm" else 0  # a field only SetDLM reads
   c.loss.block_size = 4
   # A byte-level BPE of 280 ids trained on the task at first run: digits stay single tokens.
   c.tokenizer.vocab_size = 280

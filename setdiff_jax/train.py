@@ -10,6 +10,7 @@ data iterator's state) and saves then stops on SIGTERM / Ctrl-C.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Dict
 
@@ -19,11 +20,11 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from setdiff_jax import decoding, models, paths, sharding, trainer
+from setdiff_jax import decoding, models, objectives, paths, sharding, trainer
 from setdiff_jax.config import edge
 from setdiff_jax.config import run as run_config
 from setdiff_jax.config.run import RunConfig
-from setdiff_jax.config.sections import Evaluation
+from setdiff_jax.config.sections import Evaluation, Loss
 from setdiff_jax.train_step import create_sharded_state, jit_train_step, make_optimizer
 from setdiff_jax.workdir.divergence import DivergenceGuard, logged_losses
 from setdiff_jax.workdir.metrics import MetricWriter
@@ -113,6 +114,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[
     config = pretrained.resolve_run_config(config, workdir)
   edge.from_config_dict(config, jax.device_count())  # every check, before the workdir is touched
   data_flags.check_fields(config.data, pipeline.default_data_config())  # no setting left unread
+  objectives.check_loss_fields(config, dataclasses.asdict(Loss()))  # nor a loss setting
   return trainer.locked(config, workdir, _train_and_evaluate)
 
 

@@ -464,6 +464,41 @@ def test_a_resume_after_a_crash_keeps_one_history_in_metrics_jsonl(base, tmp_pat
   ] + [{"unreadable_line": '{"step": 2, "train/lo', "resumed_from_step": 1}]
 
 
+def test_a_loss_setting_the_method_never_reads_is_refused(tmp_path):
+  """--config.loss.antithetic=True on SetDLM (or eos_last / S on AR, ...) trained bit-identically
+  to the run without it, was recorded, and (loss.* is structural) blocked a later resume. Now it
+  is refused; a field an older config.json recorded for a method that never read it is no part
+  of the resume check (configs/reasoning_common.py gave every method S_max = 8)."""
+  new = str(tmp_path / "new")
+  for objective, field, value, readers in (
+    ("setdlm", "antithetic", True, "mdlm, bd3lm"),
+    ("setdlm", "sampling_eps", 0.5, "mdlm, bd3lm"),
+    ("setdlm", "block_size", 8, "bd3lm"),
+    ("ar", "eos_last", True, "setdlm"),
+    ("ar", "desired_set_size", 8, "setdlm"),
+    ("mdlm", "ar_first_answer_token", False, "ar"),
+  ):
+    extra = {"objective": objective, f"loss.{field}": value}
+    if objective == "mdlm":
+      extra["model.adaln"] = True
+    with pytest.raises(
+      ValueError,
+      match=rf"^loss.{field}={value!r} is not read by objective={objective}; it applies to "
+      rf"objective {readers} only: drop it$",
+    ):
+      train.train_and_evaluate(tiny_config(**extra), new)
+  assert not os.path.exists(new)
+  old = {"objective": "ar", "loss": {"max_set_size": 8, "keep_clean_bos": False}}
+  assert workdir_lock.structural_changes(old, dict(old, loss={"max_set_size": 0})) == []
+  assert workdir_lock.structural_changes(
+    old, dict(old, loss={"max_set_size": 0, "keep_clean_bos": True})
+  ) == [("loss.keep_clean_bos", False, True)]
+  sw = dict(old, objective="setdlm")
+  assert workdir_lock.structural_changes(sw, dict(sw, loss={"max_set_size": 0})) == [
+    ("loss.max_set_size", 8, 0)
+  ]
+
+
 # ----------------------------------------------------------------------------- eval history
 def test_eval_history_appends_and_keeps_labels(base, tmp_path):
   from setdiff_jax.evaluation import run

@@ -34,6 +34,29 @@ def get(name: str) -> Objective:
     raise ValueError(f"objective={name!r}; expected one of {NAMES}") from None
 
 
+def unread_loss_fields(name) -> Tuple[str, ...]:
+  """The method-specific `loss.*` fields method `name` never reads (another method's); () for a
+  name that is no method (an older config: nothing is assumed)."""
+  if str(name) not in REGISTRY:
+    return ()
+  every = dict.fromkeys(f for o in REGISTRY.values() for f in o.loss_fields)
+  return tuple(f for f in every if f not in REGISTRY[str(name)].loss_fields)
+
+
+def check_loss_fields(config, defaults) -> None:
+  """ValueError for a `loss.*` field set away from its default (`defaults`: {field: value}) that
+  the run's method never reads: it would be ignored, yet recorded (and structural on resume)."""
+  name = config.get("objective", DEFAULT)
+  for field in unread_loss_fields(name):
+    value = config.loss.get(field, defaults[field])
+    if value != defaults[field]:
+      readers = ", ".join(o.name for o in REGISTRY.values() if field in o.loss_fields)
+      raise ValueError(
+        f"loss.{field}={value!r} is not read by objective={name}; it applies to objective "
+        f"{readers} only: drop it"
+      )
+
+
 def compute_loss(cfg, model, params, batch, rng, *, train: bool):
   """The training loss (train=True) or likelihood bound (train=False) of `cfg.name`'s method."""
   return get(cfg.name).loss(cfg, model, params, batch, rng, train=train)
@@ -45,6 +68,8 @@ __all__ = [
   "DEFAULT",
   "Objective",
   "get",
+  "unread_loss_fields",
+  "check_loss_fields",
   "compute_loss",
   "logmeanexp",
   "SetDLM",

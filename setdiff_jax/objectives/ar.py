@@ -9,6 +9,7 @@ from setdiff_jax.objectives.base import Objective
 class AR(Objective):
   name = "ar"
   adaln = False
+  loss_fields = ("ar_first_answer_token",)
 
   def loss(self, cfg, model, params, batch, rng, *, train):
     return losses.ar_loss(cfg, model, params, batch, rng, train=train)

@@ -16,7 +16,7 @@ Its decoding is its decoder's (`setdiff_jax.decoders`), its checkpoint files its
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 
@@ -43,6 +43,10 @@ class Objective:
   # The loss field the size of a sized name sets ('setdlm4': S, 'bd3lm4': the block size, as in
   # configs/compare.py); None: the method takes no size.
   size_field: Optional[str] = None
+  # The method-specific `loss.*` fields it reads (training or decoding); `keep_clean_bos` is read
+  # by every method. A field no method of the run reads is refused at training (set, it would be
+  # ignored) and is no part of a resume's structure (`objectives.unread_loss_fields`).
+  loss_fields: Tuple[str, ...] = ()
 
   # ------------------------------------------------------------------ validation and loss
   def validate(self, config, check: Callable[[bool, str], None]) -> None:

@@ -11,6 +11,7 @@ class BD3LM(Objective):
   name = "bd3lm"
   size_field = "block_size"
   adaln = True
+  loss_fields = ("block_size", "antithetic", "sampling_eps")  # S is also its decode block
 
   def validate(self, config, check):
     check(

@@ -9,6 +9,7 @@ from setdiff_jax.objectives.base import Objective
 class MDLM(Objective):
   name = "mdlm"
   adaln = True
+  loss_fields = ("antithetic", "sampling_eps")
 
   def loss(self, cfg, model, params, batch, rng, *, train):
     return losses.mdlm_loss(cfg, model, params, batch, rng, train=train)

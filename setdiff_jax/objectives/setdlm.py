@@ -12,6 +12,7 @@ class SetDLM(Objective):
   name = "setdlm"
   size_field = "desired_set_size"
   adaln = False
+  loss_fields = ("desired_set_size", "max_set_size", "eos_last")  # S is also the sampler's W
 
   def validate(self, config, check):
     super().validate(config, check)

@@ -185,14 +185,13 @@ def structural(name: str) -> bool:
 def structural_changes(old, new) -> List[Tuple[str, Any, Any]]:
   """(field, old value, new value) for every structural difference; fields that only one side
   has (a config of an older version of the code) are not compared."""
-  from setdiff_jax.data.data_flags import (
-    SETTING_READERS,
-  )  # here: importing the data layer loads jax
+  from setdiff_jax import objectives  # here: importing these layers loads jax
+  from setdiff_jax.data.data_flags import SETTING_READERS
 
   a, b = flatten(_as_json(old)), flatten(_as_json(new))
-  unread = {  # a data setting the run's source never read is no part of its structure
+  unread = {  # a data / loss setting the run's source / method never read: no part of it
     f"data.{f}" for f, readers in SETTING_READERS.items() if a.get("data.source") not in readers
-  }
+  } | {f"loss.{f}" for f in objectives.unread_loss_fields(a.get("objective"))}
   out = []
   for name in sorted((set(a) & set(b)) - unread):
     va, vb = _normalized(name, a[name]), _normalized(name, b[name])
