@@ -1,7 +1,10 @@
 """Data layer: sources, wrap/pad rows, grain pipelines, sharding, iterator state."""
 
+import glob
 import json
 import os
+import re
+import shutil
 
 import numpy as np
 import pytest
@@ -457,6 +460,20 @@ def test_lm1b_from_text_files_is_the_tfds_build(tmp_path):
   assert "held - out line" in bert.decode(rows[0])
   with pytest.raises(FileNotFoundError, match="no LM1B train files.*--text_dir"):
     lm1b_files.build(str(tmp_path), data_dir)
+  # a second build into the same data_dir: tfds kept the first, whatever the new text said
+  with pytest.raises(ValueError, match=r"lm1b/1.1.0 already holds a prepared LM1B .*delete that"):
+    lm1b_files.build(LM1B_LAYOUT, data_dir)
+  # a file that is not UTF-8: named (with its byte); the data_dir the build created is removed
+  bad = tmp_path / "bad"
+  shutil.copytree(LM1B_LAYOUT, bad)
+  shard = sorted(
+    glob.glob(str(bad / "*" / "training-monolingual.tokenized.shuffled" / "news.en-*"))
+  )[1]
+  with open(shard, "ab") as f:
+    f.write(b"caf\xe9 latin-1 line\n")
+  with pytest.raises(ValueError, match=rf"^{re.escape(shard)}: not UTF-8 text \(byte \d+"):
+    lm1b_files.build(str(bad), str(tmp_path / "fresh"))
+  assert not os.path.exists(tmp_path / "fresh")
 
 
 def test_make_dataset_argument_errors(tok):

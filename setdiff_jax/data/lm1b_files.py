@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
 
 import tensorflow_datasets as tfds
+
+from setdiff_jax.data import text_files
 
 TOP_DIR = "1-billion-word-language-modeling-benchmark-r13output"
 SPLIT_FILES = {
@@ -67,14 +70,31 @@ class Lm1bFromFiles(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   def _generate_examples(self, files):
     for path in files:
       with open(path, encoding="utf-8") as f:
-        for index, line in enumerate(f):
-          yield f"{os.path.basename(path)}_{index}", {"text": line.strip()}
+        try:
+          for index, line in enumerate(f):
+            yield f"{os.path.basename(path)}_{index}", {"text": line.strip()}
+        except UnicodeDecodeError as e:
+          raise ValueError(text_files.not_utf8(path, e)) from e
 
 
 def build(text_dir: str, data_dir: str) -> str:
-  """Writes lm1b/1.1.0 (array_record) under `data_dir`; returns the dataset folder."""
+  """Writes lm1b/1.1.0 (array_record) under `data_dir`; returns the dataset folder. A data_dir
+  that already holds a prepared lm1b/1.1.0 is refused (tfds would keep it, whatever --text_dir
+  holds); a build that fails in a data_dir it created removes that folder again."""
+  created = not os.path.exists(data_dir)
   builder = Lm1bFromFiles(text_dir=text_dir, data_dir=data_dir, file_format="array_record")
-  builder.download_and_prepare()
+  if builder.is_prepared():
+    raise ValueError(
+      f"{builder.data_dir} already holds a prepared LM1B (tfds would keep it, not build it from "
+      f"--text_dir={text_dir}): train from it with --config.data.tfds_data_dir={data_dir}, or "
+      f"delete that folder (or pass another --data_dir) to build it again"
+    )
+  try:
+    builder.download_and_prepare()
+  except BaseException:
+    if created:  # no half-built tree for a later run to mistake for data
+      shutil.rmtree(data_dir, ignore_errors=True)
+    raise
   return str(builder.data_dir)
 
 
