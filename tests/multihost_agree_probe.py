@@ -91,6 +91,24 @@ except ValueError as e:
 assert not tokenizers.saved_in(elsewhere)  # nothing trained or written by process 1
 print("ok tokenizer", me, flush=True)
 
+# A resume where every host has its own copy of the workdir (identical files, an earlier start's
+# token included) hung at the first save; now every process stops at the start, named.
+from setdiff_jax.trainer import session  # noqa: E402
+
+session.check_shared_workdir(shared)  # one workdir: nothing to say
+copy = os.path.join(os.environ["PROBE_DIR"], f"copy{me}")
+os.makedirs(os.path.join(copy, ".lock"))
+with open(os.path.join(copy, ".lock", session.START_FILE), "w") as f:
+  f.write("an earlier start's token")
+for workdir, what in ((copy, "another start token there"), (elsewhere, "nothing there")):
+  try:
+    session.check_shared_workdir(shared if me == 0 and workdir == elsewhere else workdir)
+    raise AssertionError("no error")
+  except ValueError as e:
+    assert "process 1 of 2 does not see the file process 0 wrote" in str(e), str(e)
+    assert what in str(e) and "not a copy per host" in str(e), str(e)
+print("ok workdir", me, flush=True)
+
 # Bounded: a round process 1 never joins ends in TimeoutError on process 0.
 if me == 0:
   try:

@@ -180,7 +180,8 @@ def test_two_processes_agree_on_what_one_saw(tmp_path):
   """sharding.agree, StopAgreement and the checkpoint verdict on a real 2-process cluster (the
   coordination service only: no device collective, nothing compiled): a signal, a non-finite
   loss or a damaged checkpoint seen by one process is decided alike by both; the tokenizer is
-  built once (process 0) and a process that does not see it stops both; a round one process
+  built once (process 0) and a process that does not see it stops both; so does a process that
+  does not see process 0's start token in the workdir (a copy per host); a round one process
   skips ends in a TimeoutError (bounded)."""
   probe = os.path.join(REPO, "tests", "multihost_agree_probe.py")
   r, elapsed = cluster(
@@ -189,7 +190,7 @@ def test_two_processes_agree_on_what_one_saw(tmp_path):
     env=dict(os.environ, PROBE_DIR=str(tmp_path)),
   )
   assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-  for what in ("agree", "signal", "error", "checkpoint", "tokenizer", "bounded"):
+  for what in ("agree", "signal", "error", "checkpoint", "tokenizer", "workdir", "bounded"):
     for i in range(2):
       assert f"[p{i}] ok {what} {i}" in r.stdout, r.stdout[-3000:]
   print(f"agreement probe: {elapsed:.1f}s")

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from typing import Any, Callable, TypeVar
 
+import secrets
+
 from absl import logging
 import jax
 
-from setdiff_jax import paths
+from setdiff_jax import paths, sharding
 from setdiff_jax.workdir import checkpoints as checkpointing
 from setdiff_jax.workdir import fallback
 from setdiff_jax.workdir import lock as workdir_lock
@@ -28,9 +30,40 @@ def locked(config, workdir: str, body: Callable[[Any, str], T]) -> T:
   if jax.process_index() == 0:
     paths.makedirs(workdir)
   with workdir_lock.WorkdirLock(workdir, jax.process_index()):
+    check_shared_workdir(workdir)
     config = workdir_lock.absolute_paths(config)
     workdir_lock.check_resume(config, workdir)
     return body(config, workdir)
+
+
+START_FILE = "start"  # WORKDIR/.lock/start: this start's token, written by process 0
+
+
+def check_shared_workdir(workdir: str):
+  """ValueError on every process when the processes of a multi-process run do not all see one
+  WORKDIR: process 0 writes a fresh token into WORKDIR/.lock/start, the others read it back. A
+  copy of the workdir per host would otherwise resume alike on every host (the same files) and
+  hang at the first save, where orbax waits for the other hosts' writes in vain."""
+  if jax.process_count() == 1:
+    return
+  me, path = jax.process_index(), paths.join(workdir, workdir_lock.LOCK_DIR, START_FILE)
+  token = secrets.token_hex(16) if me == 0 else ""
+  if me == 0:
+    paths.write_text(path, token)
+  token = sharding.agree("workdir start", token)[0]
+  problem = ""
+  if me != 0:
+    seen = paths.read_text(path).strip() if paths.isfile(path) else ""
+    if seen != token:
+      problem = (
+        f"process {me} of {jax.process_count()} does not see the file process 0 wrote into "
+        f"--workdir={workdir} ({'nothing there' if not seen else 'another start token there'}): "
+        "every process of a run needs the same --workdir on storage they all share (e.g. "
+        "gs://bucket/run or a shared file system), not a copy per host"
+      )
+  problems = [p for p in sharding.agree("workdir seen", problem) if p]
+  if problems:
+    raise ValueError(problems[0])
 
 
 def restore(manager, state, data_iterator=None, initialise: Callable[[Any], Any] = lambda s: s):
@@ -50,4 +83,4 @@ def restore(manager, state, data_iterator=None, initialise: Callable[[Any], Any]
     raise
 
 
-__all__ = ["locked", "restore"]
+__all__ = ["locked", "restore", "check_shared_workdir"]
