@@ -68,7 +68,11 @@ def parse_args(argv=None):
   p.add_argument("--hidden_size", type=int, default=64)
   p.add_argument("--num_layers", type=int, default=2)
   p.add_argument("--seed", type=int, default=0)
-  p.add_argument("--quick", action="store_true", help="48 rows, 8 slots, answers <= 48, 1 repeat")
+  p.add_argument(
+    "--quick",
+    action="store_true",
+    help="48 rows, 8 slots, answers <= 48, 1 repeat (flags given explicitly still win)",
+  )
   p.add_argument(
     "--rollout_stats",
     action="store_true",
@@ -86,9 +90,15 @@ def parse_args(argv=None):
     "--record_resume", action="store_true", help="--record: replace a re-report of the same commit"
   )
   p.add_argument("--results_dir", default=None, help="where --record writes (benchmarks/results)")
+  if p.parse_known_args(argv)[0].quick:  # its sizes are defaults: an explicit flag wins
+    p.set_defaults(rows=48, slots=8, max_answer=48, repeats=1)
   args = p.parse_args(argv)
-  if args.quick:
-    args.rows, args.slots, args.max_answer, args.repeats = 48, 8, 48, 1
+  for name in ("rows", "slots", "window", "max_answer", "repeats", "refill"):
+    value = getattr(args, name)
+    if value is not None and value < 1:
+      p.error(f"--{name}={value} must be >= 1")
+  if args.record and not args.out:
+    p.error("--record needs --out (the report it publishes is written there first)")
   return args
 
 

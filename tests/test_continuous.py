@@ -267,3 +267,23 @@ def test_mesh_gives_the_single_device_rows(mesh_cfg):
   assert flow.result.generated == one.result.generated
   np.testing.assert_allclose(flow.result.token_logprob, one.result.token_logprob, atol=2e-5)
   assert flow.counters == one.counters
+
+
+def test_benchmark_flags_are_checked_before_it_runs(capsys):
+  """--quick replaced explicit --slots / --rows (the header read 'rows 48, slots 8' for --slots=16
+  --rows=20); 0 slots, rows, window or refill were tracebacks; --record without --out failed after
+  the whole run. Each is now one usage error before anything runs."""
+  from benchmarks import continuous_batching as bench
+
+  args = bench.parse_args(["--quick", "--slots=16", "--rows=20"])
+  assert (args.rows, args.slots, args.max_answer, args.repeats) == (20, 16, 48, 1)
+  for bad, said in (
+    (["--slots=0"], "--slots=0 must be >= 1"),
+    (["--quick", "--rows=0"], "--rows=0 must be >= 1"),
+    (["--quick", "--window=0"], "--window=0 must be >= 1"),
+    (["--refill=0"], "--refill=0 must be >= 1"),
+    (["--record=x"], "--record needs --out"),
+  ):
+    with pytest.raises(SystemExit) as e:
+      bench.parse_args(bad)
+    assert e.value.code == 2 and said in capsys.readouterr().err, bad
