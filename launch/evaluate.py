@@ -13,7 +13,8 @@ r"""Evaluates a trained run.
               greedy) and held-out corpus paragraphs (middle third masked); ROUGE-1/2/L.
               --cloze_path (default ../shared/data/rocstories-cloze-val-2016.csv).
   speed       tokens/s, tokens/step and forward calls of the run's sampler per setting (W, tau)
-              and batch size (--batch_sizes, default 1,8); unconditional, N = L - 1.
+              and batch size (--batch_sizes, default 1,8); unconditional, N = L - 1
+              (--max_new_tokens).
               --policy=NAME --policy_args=X,Y sweeps a commit policy's parameter instead of tau
               (speed, samples, accuracy; see setdiff_jax/sampling/policies.py).
   samples     unconditional samples: unigram entropy, distinct-n and, with --judge_workdir=AR_RUN,
@@ -26,7 +27,9 @@ r"""Evaluates a trained run.
               BD3LM / block-wise MDLM blocks sit on the block grid (--align_to_blocks, default
               on, as the official harness); --noalign_to_blocks starts them at each prompt's end.
 
-Results are merged into DIR/eval_results.json (or --output) and printed as markdown tables.
+Parameters: those the run's training evaluated (its eval_params; --use_ema / --nouse_ema choose),
+named in the printed header. Results are merged into DIR/eval_results.json (or --output; timed
+evals keyed by the machine and mesh too) and printed as markdown tables.
 All logic lives in `setdiff_jax.evaluation` (`evaluate_workdir`, `format_results`).
 """
 
@@ -42,7 +45,12 @@ flags.DEFINE_list(
   "eval", ["likelihood"], "Evaluations: likelihood, infill, speed, samples, accuracy."
 )
 flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
-flags.DEFINE_bool("use_ema", True, "Evaluate the EMA parameters.")
+flags.DEFINE_bool(
+  "use_ema",
+  None,
+  "Evaluate the EMA (--use_ema) or raw (--nouse_ema) parameters (default: those the run's "
+  "training evaluated, its eval_params).",
+)
 flags.DEFINE_string("output", None, "JSON results file (default: WORKDIR/eval_results.json).")
 # likelihood
 flags.DEFINE_integer("seed", 1, "Seed of the order / t draws (the reference uses 1).")
@@ -118,10 +126,10 @@ flags.DEFINE_string(
 )
 flags.DEFINE_bool(
   "align_to_blocks",
-  True,
+  None,
   "Accuracy: BD3LM / block-wise MDLM decode blocks on the "
-  "block grid (the official harness's align_inputs_to_blocks); "
-  "--noalign_to_blocks starts them at each prompt's end.",
+  "block grid (the official harness's align_inputs_to_blocks; default on); "
+  "--noalign_to_blocks starts them at each prompt's end. Other methods have no block grid.",
 )
 
 
@@ -147,14 +155,14 @@ def main(argv):
   from setdiff_jax.evaluation import generation, run
   from setdiff_jax.sampling import policies
 
+  check_not_empty()
   cli.check_flag_ranges(RANGED)
   if FLAGS.preset and FLAGS["thresholds"].present:  # the preset sets tau
     raise ValueError(f"--preset={FLAGS.preset} sets tau, so --thresholds would be unused; give one")
   sharding.initialize_distributed()
   check_flags_used()
-  thresholds = FLAGS.thresholds
-  if FLAGS.policy != policies.DEFAULT and not FLAGS["thresholds"].present:
-    thresholds = ["off"]  # tau belongs to --policy=threshold
+  # None: the default taus (run.EvalOptions.taus); an explicit tau is refused for AR
+  thresholds = FLAGS.thresholds if FLAGS["thresholds"].present else None
   policy_args = tuple(policies.parse_arg(a) for a in FLAGS.policy_args)
   if FLAGS.policy == policies.DEFAULT and FLAGS["policy_args"].present:
     # --policy_args of the threshold policy are its tau values: one setting, one name
@@ -178,7 +186,7 @@ def main(argv):
     repetition_penalty=FLAGS.repetition_penalty,
     penalty_history=FLAGS.penalty_history,
     window=FLAGS.window,
-    thresholds=tuple(generation.parse_thresholds(thresholds)),
+    thresholds=None if thresholds is None else tuple(generation.parse_thresholds(thresholds)),
     policy=FLAGS.policy,
     policy_args=policy_args,
     batch_sizes=tuple(int(b) for b in FLAGS.batch_sizes),
@@ -209,6 +217,24 @@ def main(argv):
     mesh=sharding.parse_mesh(FLAGS.mesh),
   )
   print(f"\nresults written to {record['path']}")
+
+
+LIST_FLAGS = (
+  "eval",
+  "thresholds",
+  "policy_args",
+  "batch_sizes",
+  "infill_settings",
+  "infill_thresholds",
+  "eval_paths",
+)
+
+
+def check_not_empty():
+  """An empty list flag (--thresholds=) is refused: it would evaluate nothing, or the defaults."""
+  for name in LIST_FLAGS:
+    if FLAGS[name].present and not FLAGS[name].value:
+      raise ValueError(f"--{name} is empty: give at least one value, or leave the flag out")
 
 
 # flag -> the evals that read it (setdiff_jax/evaluation/run.py): a flag given on the command line
@@ -260,6 +286,14 @@ def check_flags_used():
         f"--{flag} is read by --eval={' or '.join(readers)} only, not by --eval="
         f"{','.join(FLAGS.eval)}: drop it, or add that eval"
       )
+  if FLAGS.accuracy_data is not None:  # accuracy reads that file, not the run's eval split
+    for flag in ("eval_paths", "tfds_data_dir"):
+      others = set(EVAL_FLAGS[flag]) - {"accuracy"}
+      if FLAGS[flag].present and not others & set(FLAGS.eval):
+        raise ValueError(
+          f"--{flag} would be unused: --eval=accuracy reads --accuracy_data, not the run's eval "
+          f"split; drop --{flag}, or add --eval={' or '.join(sorted(others))}"
+        )
   if FLAGS.accuracy_data is not None:
     data_flags.check_text_file(FLAGS.accuracy_data, "--accuracy_data")
   if FLAGS["cloze_path"].present:

@@ -73,6 +73,8 @@ def decoding_settings(
   setdlm: every window (default [S]) x every tau; bd3lm and mdlm: every tau (BD3LM with its block
   S, MDLM with one sub-block of N); ar: one setting (tau does not apply: no commit policy).
   """
+  if not len(thresholds):  # no settings would fall back to the defaults (`speed_eval`)
+    raise ValueError("--thresholds is empty: give at least one value ('off' or a tau)")
   decoder = decoders.get(obj_cfg.name)
   pairs = decoder.decoding_settings(obj_cfg, windows, thresholds)  # {"window", "threshold"} each
   policy = lambda tau: CommitPolicy(policies.DEFAULT, tau) if decoder.uses_threshold else None  # noqa: E731

@@ -1,8 +1,9 @@
 """The evaluation results file (WORKDIR/eval_results.json by default): its history keys, reading,
 writing, and the hardware stamp of each record.
 
-Every result is kept in `history`, keyed by (step, EMA/raw, eval kind, settings, data)
-(`history_key`; the data by paths and content hashes, also stored in each entry);
+Every result is kept in `history`, keyed by (step, EMA/raw, eval kind, settings, data and, for
+the evals that time decoding, the hardware and mesh) (`history_key`; the data by paths and content
+hashes, the machine by `hardware`, both also stored in each entry);
 `evaluation/run.py` merges a new evaluation in and writes the record with `write_results`.
 """
 
@@ -22,10 +23,27 @@ import jax
 from absl import logging
 
 from setdiff_jax import errors, paths
+from setdiff_jax.data.tokenizers import TOKENIZER_SUBDIR
+from setdiff_jax.workdir import data_files, metrics
 from setdiff_jax.workdir import lock as workdir_lock
 
 EVALS = ("likelihood", "infill", "speed", "samples", "accuracy")
+# Evals whose rows carry tokens/s: a number of the machine and mesh, so their history entries are
+# keyed by both (another machine's timing is a result of its own, never a replacement).
+TIMED_EVALS = ("infill", "speed", "samples", "accuracy")
 RESULTS_FILE = "eval_results.json"
+# What a training run writes at its top level: an --output of one of these names there would be
+# overwritten by the trainer (or read by it as its own), even when it does not exist yet.
+RUN_OWNED = (
+  workdir_lock.CONFIG_FILE,
+  data_files.FILE,
+  metrics.METRICS_FILE,
+  metrics.DISCARDED_FILE,
+  workdir_lock.CHECKPOINT_DIR,
+  workdir_lock.LOCK_DIR,
+  TOKENIZER_SUBDIR,
+  "tensorboard",
+)
 LOCK_WAIT_S = 60.0  # the longest wait for another evaluation's write of the same file
 
 
@@ -57,13 +75,30 @@ def _digest(value) -> str:
 
 
 def history_key(
-  step: int, use_ema: bool, name: str, settings: Dict[str, Any], data: Optional[Dict] = None
+  step: int,
+  use_ema: bool,
+  name: str,
+  settings: Dict[str, Any],
+  data: Optional[Dict] = None,
+  machine: Optional[Dict] = None,
 ) -> str:
   """The key of one result in the history: step, EMA/raw, eval kind, its settings and, for an
-  eval that reads data, the data (`eval_data`: paths and content hashes)."""
+  eval that reads data, the data (`eval_data`: paths and content hashes); for a timed eval
+  (TIMED_EVALS), `machine`: {"hardware", "mesh"} it ran on (`machine`)."""
   key = f"step={int(step)} params={'ema' if use_ema else 'raw'} eval={name} "
   key += f"settings={_digest(settings)}"
-  return key + (f" data={_digest(data)}" if data else "")
+  key += f" data={_digest(data)}" if data else ""
+  return key + (f" hardware={_digest(machine)}" if machine else "")
+
+
+def machine(params=None) -> Dict[str, Any]:
+  """{"hardware": `hardware()`, "mesh": {axis: size} of the mesh `params` are placed on (None if
+  they carry no mesh)}: where a timed eval ran."""
+  mesh = None
+  leaves = jax.tree_util.tree_leaves(params) if params is not None else []
+  if leaves and getattr(getattr(leaves[0], "sharding", None), "mesh", None) is not None:
+    mesh = {str(k): int(v) for k, v in leaves[0].sharding.mesh.shape.items()}
+  return {"hardware": hardware(), "mesh": mesh}
 
 
 def file_identity(path: str) -> Dict[str, Any]:
@@ -102,12 +137,24 @@ def read_record(path: str) -> Dict[str, Any]:
   run's config.json, a tokenizer), is an error: it is never overwritten."""
   if not paths.exists(path):
     return {}
-  try:
-    record = json.loads(paths.read_text(path))
-  except (ValueError, OSError) as e:
+  if paths.isdir(path):
     raise ValueError(
-      f"{path} is unreadable ({e}); it holds earlier evaluation results: move it "
-      "away, or pass --output=ANOTHER.json"
+      f"{path} is a directory, not a results file: pass a file path, e.g. "
+      f"--output={paths.join(path, RESULTS_FILE)}"
+    )
+  try:
+    text = paths.read_text(path)
+  except (OSError, UnicodeDecodeError) as e:
+    raise ValueError(
+      f"{path} cannot be read ({e}); it is left as it is: fix its permissions, or pass "
+      "--output=ANOTHER.json"
+    ) from e
+  try:
+    record = json.loads(text)
+  except ValueError as e:  # another kind of file, or a damaged results file: never overwritten
+    raise ValueError(
+      f"{path} is not a JSON file ({e}), so not a results file to add to; it is left as it is: "
+      "pass --output=A_NEW_FILE.json, or move it away"
     ) from e
   results_file = isinstance(record, dict) and (
     not record
@@ -139,17 +186,32 @@ def read_record(path: str) -> Dict[str, Any]:
 def check_output_path(path: str, workdir: str):
   """ValueError for a results file inside one of a run directory's folders (checkpoints/,
   tokenizer/, ...: checkpoint retention would delete it, or a load would read it as the run's
-  own file). A file at a run directory's top level is allowed (read_record checks its content)."""
+  own file), or at a run's top level under a name the run owns (RUN_OWNED: config.json,
+  metrics.jsonl, ...; refused even before the trainer has written it). Another file at a run
+  directory's top level is allowed (read_record checks its content)."""
+  name = os.path.basename(path.rstrip("/"))
   if paths.is_remote(path):
+    if name in RUN_OWNED and path.rstrip("/").rsplit("/", 1)[0] == workdir.rstrip("/"):
+      _refuse_owned(path, name, workdir)
     return
   run = workdir_lock.run_directory_of(path)
   real = os.path.realpath(path)
+  if run is not None and os.path.dirname(real) == run and os.path.basename(real) in RUN_OWNED:
+    _refuse_owned(path, os.path.basename(real), run)
   if run is not None and os.path.dirname(real) != run:
     raise ValueError(
       f"--output={path} is inside {os.path.relpath(os.path.dirname(real), run)}/ of the run "
       f"directory {run}, where the run keeps its own files: write it at the run's top level "
       f"({os.path.join(workdir, RESULTS_FILE)} is the default) or outside the run"
     )
+
+
+def _refuse_owned(path: str, name: str, run: str):
+  raise ValueError(
+    f"--output={path} is not an evaluation results file: {name} belongs to the training run "
+    f"{run} (the trainer writes it, over any results there): pass another name, e.g. "
+    f"--output={paths.join(run, RESULTS_FILE)}"
+  )
 
 
 def _flock_within(fd: int, seconds: float) -> bool:
@@ -221,8 +283,11 @@ def write_results(record: Dict[str, Any], path: str):
 
 __all__ = [
   "EVALS",
+  "TIMED_EVALS",
   "RESULTS_FILE",
+  "RUN_OWNED",
   "hardware",
+  "machine",
   "history_key",
   "file_identity",
   "split_identity",

@@ -2,9 +2,11 @@
 
   results = evaluate_workdir("/tmp/run", ["likelihood", "infill"], EvalOptions(num_orders=8))
 
-Loads the checkpoint (EMA parameters by default), runs the requested evaluations, appends the
-results to WORKDIR/eval_results.json (its `history` is keyed by step, EMA/raw, eval kind and
-settings; nothing else is ever replaced; `evaluation/results.py`) and returns them;
+Loads the checkpoint (EMA parameters by default; use_ema=None: the parameters the run's training
+evaluated, its `eval_params`), runs the requested evaluations, appends the results to
+WORKDIR/eval_results.json (its `history` is keyed by step, EMA/raw, eval kind, settings, data and,
+for timed evals, the machine; nothing else is ever replaced; `evaluation/results.py`) and returns
+them;
 `evaluation/tables.format_results` renders markdown tables.
 """
 
@@ -12,15 +14,17 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
 import jax
+from absl import logging
 
 from setdiff_jax import decoders, decoding, objectives, paths
 from setdiff_jax.workdir import load as workdir_lib
-from setdiff_jax.data import data_flags
+from setdiff_jax.data import data_flags, text_files
 from setdiff_jax.data import pairs as pairs_lib
 from setdiff_jax.evaluation import accuracy, generation, gsm8k, infill, likelihood
 from setdiff_jax.sampling import policies
@@ -28,8 +32,10 @@ from setdiff_jax.sampling.config import CommitPolicy, DecodeSetting, tau_label
 from setdiff_jax.evaluation.results import (
   EVALS,
   RESULTS_FILE,
+  TIMED_EVALS,
   check_output_path,
   hardware,
+  machine,
   file_identity,
   history_key,
   locked,
@@ -61,7 +67,9 @@ class EvalOptions:
   penalty_history: str = "auto"
   # speed and samples (SPEC §6.7, §6.2)
   window: Optional[int] = None  # set-sampler W (None: the run's S)
-  thresholds: Sequence[Optional[float]] = (None, 0.9)
+  # taus of the threshold policy (None: the default, (off, 0.9), or (off,) under another --policy;
+  # an explicit tau is refused for a sampler without one, AR)
+  thresholds: Optional[Sequence[Optional[float]]] = None
   policy: str = "threshold"  # commit policy (sampling/policies.py) for speed/accuracy
   policy_args: Sequence[Optional[float]] = (None,)  # its parameters swept (None: its default)
   batch_sizes: Sequence[int] = (1, 8)
@@ -81,11 +89,19 @@ class EvalOptions:
   extractor: str = "auto"  # hash ('#### n') | boxed | auto
   preset: Optional[str] = None  # gsm8k_shell | gsm8k_repro (SPEC §6.4; overrides tau)
   # BD3LM / block-wise MDLM blocks on the grid (the official harness's align_inputs_to_blocks);
-  # False: from each P
-  align_to_blocks: bool = True
+  # False: from each P. None: the default (on); an explicit value is refused for other samplers.
+  align_to_blocks: Optional[bool] = None
+
+  def taus(self) -> List[Optional[float]]:
+    """The thresholds swept (the default when none were given)."""
+    if self.thresholds is not None:
+      return list(self.thresholds)
+    return [None, 0.9] if self.policy == policies.DEFAULT else [None]
 
   def to_json(self) -> Dict[str, Any]:
-    d = dataclasses.asdict(self)
+    # the defaults resolved: the settings (and history keys) of a default run stay as they were
+    d = dict(dataclasses.asdict(self), thresholds=self.taus())
+    d["align_to_blocks"] = self.align_to_blocks is not False
     return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
 
 
@@ -107,10 +123,31 @@ def infill_items(state, setting: str, opts: EvalOptions):
       tok, max_length=length, num_examples=opts.num_infill
     )
     items, skipped = infill.tokenize_examples(tok, examples, mask_id, length)
+    if not items:
+      raise ValueError(
+        f"--infill_settings=corpus: no held-out corpus paragraph fits this run's seq_len={length} "
+        "(BOS + paragraph + EOS): drop corpus from --infill_settings"
+      )
     return items, skipped + skipped_len
-  items, skipped = infill.tokenize_examples(
-    tok, infill.cloze_examples(opts.cloze_path, setting), mask_id, length
-  )
+  stories = infill.cloze_examples(opts.cloze_path, setting)
+  items, skipped = infill.tokenize_examples(tok, stories, mask_id, length)
+  if not items:  # n = 0 and every metric '-' would read as a result
+    raise ValueError(
+      f"--infill_settings={setting}: every one of the {len(stories)} stories of "
+      f"{opts.cloze_path} is longer than this run's seq_len={length} (BOS + story + EOS): drop "
+      f"{setting} from --infill_settings, or evaluate a run with a longer context"
+      if stories
+      else f"--cloze_path={opts.cloze_path} holds no stories: pass the Story Cloze CSV"
+    )
+  if skipped:
+    logging.warning(
+      "infill %s: %d of %d stories are longer than seq_len=%d and are skipped (the table's "
+      "'skipped' column)",
+      setting,
+      skipped,
+      len(stories),
+      length,
+    )
   if opts.num_infill is not None:
     items = items[: opts.num_infill]
   return items, skipped
@@ -175,7 +212,7 @@ def run_infill(state, opts: EvalOptions, model=None) -> List[Dict[str, Any]]:
 def _settings(state, opts: EvalOptions):
   windows = [opts.window] if opts.window else None
   settings = generation.decoding_settings(
-    state.objective_config, windows=windows, thresholds=opts.thresholds
+    state.objective_config, windows=windows, thresholds=opts.taus()
   )
   return generation.with_policy(state.objective_config, settings, opts.policy, opts.policy_args)
 
@@ -202,12 +239,9 @@ def accuracy_pairs(state, opts: EvalOptions):
   own eval split of a pair source."""
   data = state.config.data
   if opts.accuracy_data:
-    test = pairs_lib.jsonl_pairs(
-      opts.accuracy_data,
-      data.get("prompt_field", "prompt"),
-      data.get("answer_field", "answer"),
-      "accuracy_data",
-    )
+    fields = (data.get("prompt_field", "prompt"), data.get("answer_field", "answer"))
+    check_pair_fields(opts.accuracy_data, *fields)
+    test = pairs_lib.jsonl_pairs(opts.accuracy_data, *fields, "accuracy_data")
   elif data.source in pairs_lib.PAIR_SOURCES:
     test = pairs_lib.load_pairs(data, "eval")
   else:
@@ -219,11 +253,33 @@ def accuracy_pairs(state, opts: EvalOptions):
   return test[: opts.num_examples] if opts.num_examples else test
 
 
+def check_pair_fields(path: str, prompt_field: str, answer_field: str):
+  """ValueError naming the first --accuracy_data record without the run's prompt or answer field
+  (the run's data.prompt_field / answer_field, fixed at training: evaluate.py cannot change them,
+  so the fix is in the file). Lines that are not JSON objects are left to `pairs.jsonl_pairs`."""
+  for file in text_files.parse_paths(path):
+    with text_files.open_text(file, "accuracy_data") as f:
+      for lineno, line in enumerate(f, 1):
+        try:
+          record = json.loads(line) if line.strip() else None
+        except ValueError:
+          return
+        if not isinstance(record, dict):
+          continue
+        missing = [k for k in (prompt_field, answer_field) if k not in record]
+        if missing:
+          raise ValueError(
+            f"{file}:{lineno}: record has no field {missing[0]!r} (fields: {sorted(record)}); "
+            f"--accuracy_data records hold this run's fields {prompt_field!r} and "
+            f"{answer_field!r} (its data.prompt_field / data.answer_field): rename them in the file"
+          )
+
+
 def run_accuracy(state, opts: EvalOptions, model=None) -> List[Dict[str, Any]]:
   model = model or inference_models(state)[1]
   seq_len = int(state.config.seq_len)
   extra = gsm8k.resolve_preset(opts.preset, seq_len)
-  thresholds = [extra.pop("threshold")] if opts.preset else list(opts.thresholds)
+  thresholds = [extra.pop("threshold")] if opts.preset else opts.taus()
   windows = [opts.window] if opts.window else None
   settings = generation.decoding_settings(
     state.objective_config, windows=windows, thresholds=thresholds
@@ -243,16 +299,22 @@ def run_accuracy(state, opts: EvalOptions, model=None) -> List[Dict[str, Any]]:
     batch_size=opts.accuracy_batch_size,
     speed_examples=opts.speed_examples,
     seed=opts.sampling_seed,
-    align_to_blocks=opts.align_to_blocks,
+    align_to_blocks=opts.align_to_blocks is not False,
     continuous=opts.continuous,
     **extra,
   )
 
 
+def judge_uses_ema(path: str) -> bool:
+  """The judge's parameters: those its own training evaluated (its `eval_params`), which its
+  logged eval PPL describes."""
+  return str(workdir_lib.load_config(path).get("eval_params", "ema")) == "ema"
+
+
 def load_judge(path: Optional[str]):
   if not path:
     return None
-  judge = workdir_lib.load_inference_state(path)
+  judge = workdir_lib.load_inference_state(path, use_ema=judge_uses_ema(path))
   if not objectives.get(judge.objective_config.name).exact_likelihood:
     raise ValueError(
       f"--judge_workdir={path!r} is a {judge.objective_config.name!r} run; the "
@@ -264,7 +326,7 @@ def load_judge(path: Optional[str]):
 def run_samples(state, opts: EvalOptions, model=None, judge=None) -> List[Dict[str, Any]]:
   model = model or inference_models(state)[1]
   judge = judge if judge is not None else load_judge(opts.judge_workdir)
-  return generation.samples_eval(
+  rows = generation.samples_eval(
     model,
     state.params,
     state.tokenizer,
@@ -278,6 +340,10 @@ def run_samples(state, opts: EvalOptions, model=None, judge=None) -> List[Dict[s
     judge=judge,
     max_new_tokens=opts.max_new_tokens,
   )
+  if judge is not None and opts.judge_workdir:  # which parameters scored the samples
+    for row in rows:
+      row["judge_params"] = "ema" if judge_uses_ema(opts.judge_workdir) else "raw"
+  return rows
 
 
 def eval_data(state, name: str, opts: EvalOptions) -> Optional[Dict[str, Any]]:
@@ -303,6 +369,9 @@ def check_options(opts: EvalOptions, seq_len: int):
   from setdiff_jax.decoding import check_sampling_flags
 
   check_sampling_flags(seq_len, window=opts.window, max_new_tokens=opts.max_new_tokens)
+  for name in ("thresholds", "batch_sizes", "infill_settings", "infill_thresholds", "policy_args"):
+    if getattr(opts, name) is not None and not len(getattr(opts, name)):  # never the defaults
+      raise ValueError(f"--{name} is empty: give at least one value, or leave it out")
   for name in ("num_orders", "batch_size", "infill_batch_size", "repeats", "num_samples"):
     if getattr(opts, name) < 1:
       raise ValueError(f"--{name}={getattr(opts, name)} must be >= 1")
@@ -319,18 +388,16 @@ def evaluate_state(
   state, evals: Sequence[str], opts: EvalOptions, *, judge=None, log=print
 ) -> Dict[str, Any]:
   """Runs `evals` on a loaded `workdir.InferenceState`; returns {eval: result}."""
+  if not evals:
+    raise ValueError(f"--eval is empty: give some of {','.join(EVALS)}")
   bad = [e for e in evals if e not in EVALS]
   if bad:
     raise ValueError(f"unknown eval(s) {bad}; expected some of {EVALS}")
   check_options(opts, int(state.config.seq_len))
   if set(evals) - {"likelihood"}:  # the decoding evals: a setting the run's sampler cannot use
-    policy_flags = {"policy": opts.policy != policies.DEFAULT}
-    policy_flags["policy_args"] = tuple(opts.policy_args) != (None,)
-    decoding.check_method_flags(
-      decoders.get(state.objective_config.name),
-      window=opts.window,
-      policy_flags=[name for name, given in policy_flags.items() if given],
-    )
+    check_method_options(state, evals, opts)
+  if "samples" in evals and judge is None:  # a judge that cannot score fails before any eval
+    judge = load_judge(opts.judge_workdir)
   lik_model, gen_model = inference_models(state)
   out: Dict[str, Any] = {}
   for name in evals:
@@ -350,6 +417,46 @@ def evaluate_state(
   return out
 
 
+def check_method_options(state, evals: Sequence[str], opts: EvalOptions):
+  """ValueError for an explicit decoding option the run's sampler has no use for (tau of AR,
+  block alignment of SetDLM, ...); the defaults suit every method."""
+  decode = set(evals) & {"speed", "samples", "accuracy"}
+  given = {
+    "policy": decode and opts.policy != policies.DEFAULT,
+    "policy_args": decode and tuple(opts.policy_args) != (None,),
+    "thresholds": decode and any(t is not None for t in opts.thresholds or ()),
+    "infill_thresholds": "infill" in evals and any(t is not None for t in opts.infill_thresholds),
+  }
+  decoding.check_method_flags(
+    decoders.get(state.objective_config.name),
+    window=opts.window,
+    policy_flags=[name for name, on in given.items() if on],
+    align_to_blocks="accuracy" in evals and opts.align_to_blocks is not None,
+  )
+
+
+def params_label(config, use_ema: bool, chosen: bool) -> str:
+  """The evaluated parameters in words; `chosen`: given by the caller (else the run's
+  eval_params, the parameters its logged eval PPL describes)."""
+  trained = str(config.get("eval_params", "ema"))
+  label = "EMA" if use_ema else "raw"
+  if use_ema and float(config.get("ema_decay", 1.0) or 0.0) == 0.0:
+    return label + " = raw (ema_decay=0)"
+  if not chosen:
+    return label + " (the run's eval_params, as its training evaluated)"
+  if trained != ("ema" if use_ema else "raw"):
+    other = "--nouse_ema" if use_ema else "--use_ema"
+    return label + f" (training evaluated the {trained} ones; {other} evaluates those)"
+  return label
+
+
+def _judge_label(evals: Sequence[str], opts: EvalOptions) -> str:
+  if "samples" not in evals or not opts.judge_workdir:
+    return ""
+  params = "EMA" if judge_uses_ema(opts.judge_workdir) else "raw"
+  return f"  judge: {paths.resolve(opts.judge_workdir)} ({params}, its run's eval_params)"
+
+
 def check_owner(record: Dict[str, Any], path: str, workdir: str, output: Optional[str]):
   """ValueError when --output holds another run's results: its top level and history keys belong
   to one run (a run directory that moved keeps its own WORKDIR/eval_results.json)."""
@@ -367,7 +474,7 @@ def evaluate_workdir(
   opts: Optional[EvalOptions] = None,
   *,
   step: Optional[int] = None,
-  use_ema: bool = True,
+  use_ema: Optional[bool] = True,
   output: Optional[str] = None,
   log=print,
   data_overrides: Optional[Dict[str, Any]] = None,
@@ -376,8 +483,12 @@ def evaluate_workdir(
 ) -> Dict[str, Any]:
   """Loads WORKDIR's checkpoint, runs `evals`, appends them to the JSON file, returns the record.
 
+  use_ema: the EMA (True) or raw (False) parameters; None: those the run's training evaluated (its
+  `eval_params`). The printed tables start with a line naming them.
+
   The file keeps every result in `history`, keyed by (step, EMA/raw, eval kind, settings, data;
-  each entry names its data: `eval_data`): a new
+  each entry names its data: `eval_data`; the evals that time decoding, TIMED_EVALS, also by the
+  hardware and mesh, `results.machine`, so another machine's numbers are kept beside): a new
   evaluation adds or refreshes its own keys and never replaces another one; evaluations writing
   one file at the same time merge (the file is re-read under a lock: `results.locked`). A file that
   is not a results file, or holds another run's results, or lies in one of a run directory's
@@ -396,25 +507,35 @@ def evaluate_workdir(
   if output is not None:
     check_output_path(output, workdir)
   check_owner(read_record(path), path, workdir, output)  # before the evaluation: fail fast
+  chosen = use_ema is not None
+  if not chosen:
+    use_ema = str(workdir_lib.load_config(workdir).get("eval_params", "ema")) == "ema"
   state = workdir_lib.load_inference_state(workdir, step=step, use_ema=use_ema, mesh_config=mesh)
   data_flags.apply_overrides(state.config.data, data_overrides or {})
   results = evaluate_state(state, evals, opts, log=log)
   if show is not None:
-    show(format_results(results))
+    show(
+      f"workdir: {paths.resolve(workdir)}  step: {state.step}  "
+      f"params: {params_label(state.config, use_ema, chosen)}{_judge_label(evals, opts)}\n\n"
+      + format_results(results)
+    )
   now = time.strftime("%Y-%m-%d %H:%M:%S")
   data_of = {e: eval_data(state, e, opts) for e in evals}
-  entries = {
-    history_key(state.step, use_ema, name, opts.to_json(), data_of[name]): {
+  where = machine(state.params)
+  entries = {}
+  for name in evals:
+    timed = where if name in TIMED_EVALS else None
+    key = history_key(state.step, use_ema, name, opts.to_json(), data_of[name], timed)
+    entries[key] = {
       "step": state.step,
       "use_ema": use_ema,
       "eval": name,
       "settings": opts.to_json(),
       "data": data_of[name],
+      **(timed or {}),  # hardware and mesh of a timed eval
       "time": now,
       "result": results[name],
     }
-    for name in evals
-  }
   writer = jax.process_index() == 0  # every process computed the same results; one writes them
   with locked(path) if writer else contextlib.nullcontext():
     record = read_record(path)  # again: another evaluation may have written it meanwhile
@@ -428,6 +549,7 @@ def evaluate_workdir(
       objective=state.objective_config.name,
       use_ema=use_ema,
       hardware=hardware(),
+      mesh=where["mesh"],
       time=now,
     )
     record.setdefault("options", {}).update({e: opts.to_json() for e in evals})
@@ -448,10 +570,14 @@ __all__ = [
   "run_speed",
   "run_samples",
   "accuracy_pairs",
+  "check_pair_fields",
   "run_accuracy",
+  "judge_uses_ema",
   "load_judge",
   "eval_data",
   "check_options",
+  "check_method_options",
+  "params_label",
   "check_owner",
   "evaluate_state",
   "evaluate_workdir",

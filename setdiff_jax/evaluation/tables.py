@@ -55,7 +55,7 @@ _SECTIONS = (
   ),
   (
     "speed",
-    "Decoding speed (unconditional, N = L - 1, no EOS stop)",
+    "Decoding speed (unconditional, N = {n}, no EOS stop)",
     (
       _Column("method", "method"),
       _Column("setting", "setting"),
@@ -150,6 +150,9 @@ def format_results(results: Dict[str, Any]) -> str:
     parts.append(_likelihood_table(results["likelihood"]))
   for key, title, columns in _SECTIONS:
     if results.get(key):
+      if key == "speed":  # the N the rows generated (--max_new_tokens), not always L - 1
+        found = sorted({r["new_tokens"] for r in results[key] if "new_tokens" in r})
+        title = title.format(n=", ".join(map(str, found)) if found else "L - 1")
       parts.append(_records_table(title, results[key], columns))
   if results.get("samples"):
     parts += _sample_texts(results["samples"])
