@@ -12,6 +12,7 @@ import types
 import pytest
 
 from setdiff_jax import train
+from setdiff_jax.evaluation import infill
 from setdiff_jax.evaluation import results as results_lib
 from setdiff_jax.evaluation import run as eval_run
 from setdiff_jax.evaluation import tables
@@ -247,7 +248,8 @@ def test_cloze_longer_than_the_context_is_an_error_or_a_warning(runs, launched, 
   mixed = tmp_path / "mixed.csv"
   mixed.write_text("\n".join([lines[0], short, lines[1]]) + "\n")
   state = workdir_lib.load_inference_state(runs["setdlm"], use_ema=False)
-  opts = eval_run.EvalOptions(cloze_path=str(mixed))
-  items, skipped = eval_run.infill_items(state, "1sent", opts)
+  items, skipped = infill.setting_items(
+    state.tokenizer, 64, int(state.objective_config.mask_token_id), "1sent", cloze_path=str(mixed)
+  )
   assert (len(items), skipped) == (1, 1)
   assert "1 of 2 stories are longer than seq_len=64" in caplog.text

@@ -254,7 +254,9 @@ def test_a_record_that_cannot_be_written_is_refused_before_the_run(repo, monkeyp
 
   monkeypatch.setattr(continuous_batching, "run", measured)
   with pytest.raises(record.RecordError, match="uncommitted"):
-    continuous_batching.main(["--quick", "--record=t_three", f"--results_dir={results}"])
+    continuous_batching.main(
+      ["--quick", "--record=t_three", f"--results_dir={results}", f"--out={repo.parent / 'out'}"]
+    )
 
 
 def test_t_distribution_against_printed_tables():

@@ -488,13 +488,16 @@ def test_a_loss_setting_the_method_never_reads_is_refused(tmp_path):
     ):
       train.train_and_evaluate(tiny_config(**extra), new)
   assert not os.path.exists(new)
+  from setdiff_jax.trainer import session
+
+  unread = session.unread_loss_settings  # what trainer.locked passes to the resume check
   old = {"objective": "ar", "loss": {"max_set_size": 8, "keep_clean_bos": False}}
-  assert workdir_lock.structural_changes(old, dict(old, loss={"max_set_size": 0})) == []
+  assert workdir_lock.structural_changes(old, dict(old, loss={"max_set_size": 0}), unread) == []
   assert workdir_lock.structural_changes(
-    old, dict(old, loss={"max_set_size": 0, "keep_clean_bos": True})
+    old, dict(old, loss={"max_set_size": 0, "keep_clean_bos": True}), unread
   ) == [("loss.keep_clean_bos", False, True)]
   sw = dict(old, objective="setdlm")
-  assert workdir_lock.structural_changes(sw, dict(sw, loss={"max_set_size": 0})) == [
+  assert workdir_lock.structural_changes(sw, dict(sw, loss={"max_set_size": 0}), unread) == [
     ("loss.max_set_size", 8, 0)
   ]
 

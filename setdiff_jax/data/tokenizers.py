@@ -271,14 +271,11 @@ def _atomic_write(path: pathlib.Path, text: str):
   os.replace(tmp, path)
 
 
-def _require_file(path, field: str) -> str:
+def _require_file(path, field: str, what: str = "the file") -> str:
   if path is None or str(path) == "":
     raise ValueError(f"tokenizer config field {field} is not set")
   if not os.path.isfile(path):
-    raise FileNotFoundError(
-      f"tokenizer file not found: {path!r} (set the config field {field}, "
-      f"e.g. --config.{field}=/path/to/the/file)"
-    )
+    raise FileNotFoundError(f"tokenizer file not found: {path!r} (set --config.{field} to {what})")
   return str(path)
 
 
@@ -342,12 +339,9 @@ def qwen3_tokenizer(path: str) -> Tokenizer:
   """A Qwen3 `tokenizer.json` (file or directory) with the reference's special ids (SPEC §5)."""
   path = os.fspath(path)
   file = os.path.join(path, _TOKENIZER_FILE) if os.path.isdir(path) else path
-  if file and not os.path.isfile(file):
-    raise FileNotFoundError(
-      f"tokenizer file not found: {file!r} (set --config.tokenizer.vocab_path to a Qwen3 "
-      "tokenizer.json or the directory holding it)"
-    )
-  file = _require_file(file, "tokenizer.vocab_path")
+  file = _require_file(
+    file, "tokenizer.vocab_path", "a Qwen3 tokenizer.json or the directory holding it"
+  )
   tok = hf.Tokenizer.from_file(file)
   ids = {}
   for name in (QWEN3_EOS, QWEN3_MASK):

@@ -39,6 +39,7 @@ import dataclasses
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from absl import logging
 import jax
 import numpy as np
 
@@ -360,6 +361,45 @@ def infill_eval(
   return out
 
 
+def setting_items(
+  tok, seq_len: int, mask_id: int, setting: str, *, cloze_path: str, num_infill=None
+) -> Tuple[List[TokenizedInfill], int]:
+  """(tokenized examples of one infill setting for a run of context `seq_len`, how many were
+  skipped as too long). No example that fits is one ValueError naming the fix (n = 0 with every
+  metric '-' would read as a result); some skipped is a warning."""
+  if setting == "corpus":
+    examples, skipped_len = corpus_examples(tok, max_length=seq_len, num_examples=num_infill)
+    items, skipped = tokenize_examples(tok, examples, mask_id, seq_len)
+    if not items:
+      raise ValueError(
+        f"--infill_settings=corpus: no held-out corpus paragraph fits this run's "
+        f"seq_len={seq_len} (BOS + paragraph + EOS): drop corpus from --infill_settings"
+      )
+    return items, skipped + skipped_len
+  stories = cloze_examples(cloze_path, setting)
+  items, skipped = tokenize_examples(tok, stories, mask_id, seq_len)
+  if not items:
+    raise ValueError(
+      f"--infill_settings={setting}: every one of the {len(stories)} stories of "
+      f"{cloze_path} is longer than this run's seq_len={seq_len} (BOS + story + EOS): drop "
+      f"{setting} from --infill_settings, or evaluate a run with a longer context"
+      if stories
+      else f"--cloze_path={cloze_path} holds no stories: pass the Story Cloze CSV"
+    )
+  if skipped:
+    logging.warning(
+      "infill %s: %d of %d stories are longer than seq_len=%d and are skipped (the table's "
+      "'skipped' column)",
+      setting,
+      skipped,
+      len(stories),
+      seq_len,
+    )
+  if num_infill is not None:
+    items = items[:num_infill]
+  return items, skipped
+
+
 __all__ = [
   "CLOZE_SETTINGS",
   "SETTINGS",
@@ -372,6 +412,7 @@ __all__ = [
   "corpus_examples",
   "tokenize_example",
   "tokenize_examples",
+  "setting_items",
   "rouge_scores",
   "mdlm_infill",
   "decode_infill",

@@ -14,17 +14,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
-import os
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
 import jax
-from absl import logging
 
 from setdiff_jax import decoders, decoding, objectives, paths
 from setdiff_jax.workdir import load as workdir_lib
-from setdiff_jax.data import data_flags, text_files
+from setdiff_jax.data import data_flags
 from setdiff_jax.data import pairs as pairs_lib
 from setdiff_jax.evaluation import accuracy, generation, gsm8k, infill, likelihood
 from setdiff_jax.sampling import policies
@@ -42,6 +39,12 @@ from setdiff_jax.evaluation.results import (
   read_record,
   split_identity,
   write_results,
+)
+from setdiff_jax.evaluation.checks import (
+  check_method_options,
+  check_options,
+  check_owner,
+  check_pair_fields,
 )
 from setdiff_jax.evaluation.tables import format_results
 
@@ -113,46 +116,6 @@ def inference_models(state):
   )
 
 
-def infill_items(state, setting: str, opts: EvalOptions):
-  """Tokenized examples of one infill setting for a run, and how many were skipped."""
-  tok = state.tokenizer
-  length = int(state.config.seq_len)
-  mask_id = int(state.objective_config.mask_token_id)
-  if setting == "corpus":
-    examples, skipped_len = infill.corpus_examples(
-      tok, max_length=length, num_examples=opts.num_infill
-    )
-    items, skipped = infill.tokenize_examples(tok, examples, mask_id, length)
-    if not items:
-      raise ValueError(
-        f"--infill_settings=corpus: no held-out corpus paragraph fits this run's seq_len={length} "
-        "(BOS + paragraph + EOS): drop corpus from --infill_settings"
-      )
-    return items, skipped + skipped_len
-  stories = infill.cloze_examples(opts.cloze_path, setting)
-  items, skipped = infill.tokenize_examples(tok, stories, mask_id, length)
-  if not items:  # n = 0 and every metric '-' would read as a result
-    raise ValueError(
-      f"--infill_settings={setting}: every one of the {len(stories)} stories of "
-      f"{opts.cloze_path} is longer than this run's seq_len={length} (BOS + story + EOS): drop "
-      f"{setting} from --infill_settings, or evaluate a run with a longer context"
-      if stories
-      else f"--cloze_path={opts.cloze_path} holds no stories: pass the Story Cloze CSV"
-    )
-  if skipped:
-    logging.warning(
-      "infill %s: %d of %d stories are longer than seq_len=%d and are skipped (the table's "
-      "'skipped' column)",
-      setting,
-      skipped,
-      len(stories),
-      length,
-    )
-  if opts.num_infill is not None:
-    items = items[: opts.num_infill]
-  return items, skipped
-
-
 def run_likelihood(state, opts: EvalOptions, model=None) -> Dict[str, Any]:
   model = model or inference_models(state)[0]
   tokens, att, ctx = likelihood.eval_rows(state.config, state.tokenizer, max_rows=opts.max_rows)
@@ -176,7 +139,14 @@ def run_infill(state, opts: EvalOptions, model=None) -> List[Dict[str, Any]]:
   length = int(state.config.seq_len)
   rows = []
   for setting in opts.infill_settings:
-    items, skipped = infill_items(state, setting, opts)
+    items, skipped = infill.setting_items(
+      state.tokenizer,
+      length,
+      int(oc.mask_token_id),
+      setting,
+      cloze_path=opts.cloze_path,
+      num_infill=opts.num_infill,
+    )
     if not items:
       rows.append({"method": oc.name, "dataset": setting, "num_examples": 0, "skipped": skipped})
       continue
@@ -251,28 +221,6 @@ def accuracy_pairs(state, opts: EvalOptions):
       "--accuracy_data=FILE.jsonl"
     )
   return test[: opts.num_examples] if opts.num_examples else test
-
-
-def check_pair_fields(path: str, prompt_field: str, answer_field: str):
-  """ValueError naming the first --accuracy_data record without the run's prompt or answer field
-  (the run's data.prompt_field / answer_field, fixed at training: evaluate.py cannot change them,
-  so the fix is in the file). Lines that are not JSON objects are left to `pairs.jsonl_pairs`."""
-  for file in text_files.parse_paths(path):
-    with text_files.open_text(file, "accuracy_data") as f:
-      for lineno, line in enumerate(f, 1):
-        try:
-          record = json.loads(line) if line.strip() else None
-        except ValueError:
-          return
-        if not isinstance(record, dict):
-          continue
-        missing = [k for k in (prompt_field, answer_field) if k not in record]
-        if missing:
-          raise ValueError(
-            f"{file}:{lineno}: record has no field {missing[0]!r} (fields: {sorted(record)}); "
-            f"--accuracy_data records hold this run's fields {prompt_field!r} and "
-            f"{answer_field!r} (its data.prompt_field / data.answer_field): rename them in the file"
-          )
 
 
 def run_accuracy(state, opts: EvalOptions, model=None) -> List[Dict[str, Any]]:
@@ -364,26 +312,6 @@ def eval_data(state, name: str, opts: EvalOptions) -> Optional[Dict[str, Any]]:
   return None
 
 
-def check_options(opts: EvalOptions, seq_len: int):
-  """Explicit values are checked, never replaced by defaults (None means the default)."""
-  from setdiff_jax.decoding import check_sampling_flags
-
-  check_sampling_flags(seq_len, window=opts.window, max_new_tokens=opts.max_new_tokens)
-  for name in ("thresholds", "batch_sizes", "infill_settings", "infill_thresholds", "policy_args"):
-    if getattr(opts, name) is not None and not len(getattr(opts, name)):  # never the defaults
-      raise ValueError(f"--{name} is empty: give at least one value, or leave it out")
-  for name in ("num_orders", "batch_size", "infill_batch_size", "repeats", "num_samples"):
-    if getattr(opts, name) < 1:
-      raise ValueError(f"--{name}={getattr(opts, name)} must be >= 1")
-  for name in ("max_rows", "num_infill", "num_examples"):
-    if getattr(opts, name) is not None and getattr(opts, name) < 1:
-      raise ValueError(f"--{name}={getattr(opts, name)} must be >= 1")
-  if opts.speed_examples < 0:
-    raise ValueError(f"--speed_examples={opts.speed_examples} must be >= 0 (0: no batch-1 timing)")
-  if any(int(b) < 1 for b in opts.batch_sizes):
-    raise ValueError(f"--batch_sizes={list(opts.batch_sizes)}: each must be >= 1")
-
-
 def evaluate_state(
   state, evals: Sequence[str], opts: EvalOptions, *, judge=None, log=print
 ) -> Dict[str, Any]:
@@ -417,24 +345,6 @@ def evaluate_state(
   return out
 
 
-def check_method_options(state, evals: Sequence[str], opts: EvalOptions):
-  """ValueError for an explicit decoding option the run's sampler has no use for (tau of AR,
-  block alignment of SetDLM, ...); the defaults suit every method."""
-  decode = set(evals) & {"speed", "samples", "accuracy"}
-  given = {
-    "policy": decode and opts.policy != policies.DEFAULT,
-    "policy_args": decode and tuple(opts.policy_args) != (None,),
-    "thresholds": decode and any(t is not None for t in opts.thresholds or ()),
-    "infill_thresholds": "infill" in evals and any(t is not None for t in opts.infill_thresholds),
-  }
-  decoding.check_method_flags(
-    decoders.get(state.objective_config.name),
-    window=opts.window,
-    policy_flags=[name for name, on in given.items() if on],
-    align_to_blocks="accuracy" in evals and opts.align_to_blocks is not None,
-  )
-
-
 def params_label(config, use_ema: bool, chosen: bool) -> str:
   """The evaluated parameters in words; `chosen`: given by the caller (else the run's
   eval_params, the parameters its logged eval PPL describes)."""
@@ -455,17 +365,6 @@ def _judge_label(evals: Sequence[str], opts: EvalOptions) -> str:
     return ""
   params = "EMA" if judge_uses_ema(opts.judge_workdir) else "raw"
   return f"  judge: {paths.resolve(opts.judge_workdir)} ({params}, its run's eval_params)"
-
-
-def check_owner(record: Dict[str, Any], path: str, workdir: str, output: Optional[str]):
-  """ValueError when --output holds another run's results: its top level and history keys belong
-  to one run (a run directory that moved keeps its own WORKDIR/eval_results.json)."""
-  owner = record.get("workdir")
-  if output is not None and owner and owner != paths.resolve(workdir):
-    raise ValueError(
-      f"--output={output} holds the results of another run ({owner}); give each run its own "
-      f"file, e.g. --output={os.path.join(os.path.dirname(output) or '.', 'OTHER_RUN.json')}"
-    )
 
 
 def evaluate_workdir(
@@ -564,21 +463,16 @@ def evaluate_workdir(
 
 __all__ = [
   "EvalOptions",
-  "infill_items",
   "run_likelihood",
   "run_infill",
   "run_speed",
   "run_samples",
   "accuracy_pairs",
-  "check_pair_fields",
   "run_accuracy",
   "judge_uses_ema",
   "load_judge",
   "eval_data",
-  "check_options",
-  "check_method_options",
   "params_label",
-  "check_owner",
   "evaluate_state",
   "evaluate_workdir",
 ]

@@ -11,7 +11,7 @@ import secrets
 from absl import logging
 import jax
 
-from setdiff_jax import paths, sharding
+from setdiff_jax import objectives, paths, sharding
 from setdiff_jax.workdir import checkpoints as checkpointing
 from setdiff_jax.workdir import fallback
 from setdiff_jax.workdir import lock as workdir_lock
@@ -32,8 +32,14 @@ def locked(config, workdir: str, body: Callable[[Any, str], T]) -> T:
   with workdir_lock.WorkdirLock(workdir, jax.process_index()):
     check_shared_workdir(workdir)
     config = workdir_lock.absolute_paths(config)
-    workdir_lock.check_resume(config, workdir)
+    workdir_lock.check_resume(config, workdir, unread=unread_loss_settings)
     return body(config, workdir)
+
+
+def unread_loss_settings(old_config) -> set:
+  """The flattened `loss.*` keys the method of `old_config` (a config.json) never read: no part of
+  its checkpoints' structure (an older config recorded them for every method)."""
+  return {f"loss.{f}" for f in objectives.unread_loss_fields(old_config.get("objective"))}
 
 
 START_FILE = "start"  # WORKDIR/.lock/start: this start's token, written by process 0
@@ -83,4 +89,4 @@ def restore(manager, state, data_iterator=None, initialise: Callable[[Any], Any]
     raise
 
 
-__all__ = ["locked", "restore", "check_shared_workdir"]
+__all__ = ["locked", "restore", "check_shared_workdir", "unread_loss_settings"]

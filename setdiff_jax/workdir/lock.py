@@ -182,16 +182,17 @@ def structural(name: str) -> bool:
   return any(name == f or (f.endswith(".*") and name.startswith(f[:-1])) for f in STRUCTURAL)
 
 
-def structural_changes(old, new) -> List[Tuple[str, Any, Any]]:
+def structural_changes(old, new, unread=None) -> List[Tuple[str, Any, Any]]:
   """(field, old value, new value) for every structural difference; fields that only one side
-  has (a config of an older version of the code) are not compared."""
-  from setdiff_jax import objectives  # here: importing these layers loads jax
-  from setdiff_jax.data.data_flags import SETTING_READERS
+  has (a config of an older version of the code) are not compared, nor the fields `unread(old)`
+  names (flattened keys of settings the old run's method never read: `trainer.locked` passes
+  the objectives' table, which this plumbing does not import)."""
+  from setdiff_jax.data.data_flags import SETTING_READERS  # here: the data layer loads jax
 
   a, b = flatten(_as_json(old)), flatten(_as_json(new))
-  unread = {  # a data / loss setting the run's source / method never read: no part of it
+  unread = set(unread(_as_json(old)) if unread else ()) | {  # a setting never read: no part of it
     f"data.{f}" for f, readers in SETTING_READERS.items() if a.get("data.source") not in readers
-  } | {f"loss.{f}" for f in objectives.unread_loss_fields(a.get("objective"))}
+  }
   out = []
   for name in sorted((set(a) & set(b)) - unread):
     va, vb = _normalized(name, a[name]), _normalized(name, b[name])
@@ -256,10 +257,10 @@ def check_new_workdir(config, workdir: str):
     )
 
 
-def check_resume(config, workdir: str):
+def check_resume(config, workdir: str, unread=None):
   """Raises ConfigMismatchError if `config` would resume WORKDIR's checkpoints with a different
   structure, or if WORKDIR has checkpoints but no config.json (their structure cannot be checked)
-  unless `config.accept_missing_config`."""
+  unless `config.accept_missing_config`. `unread`: `structural_changes`'."""
   steps = saved_steps(workdir)
   path = paths.join(workdir, CONFIG_FILE)
   if not steps:
@@ -286,7 +287,7 @@ def check_resume(config, workdir: str):
       f"{path} is damaged ({e}); it records the config of the checkpoints in {workdir}. "
       "Restore it, or train into another --workdir"
     ) from e
-  changes = structural_changes(old, config)
+  changes = structural_changes(old, config, unread)
   if not changes:
     return
   diff = "; ".join(f"{k}: {json.dumps(o)} -> {json.dumps(n)}" for k, o, n in changes)
