@@ -175,9 +175,12 @@ def test_default_parameters_are_the_ones_training_evaluated(runs, launched):
   opts = eval_run.EvalOptions(num_orders=1, max_rows=8)
   out = str(runs["root"] / "ema.json")
   eval_run.evaluate_workdir(
-    runs["setdlm"], ["likelihood"], opts, log=None, output=out, show=shown.append
+    runs["setdlm"], ["likelihood"], opts, use_ema=True, log=None, output=out, show=shown.append
   )
   assert "params: EMA (training evaluated the raw ones; --nouse_ema" in shown[0]  # chosen: kept
+  shown.clear()  # the library's default is the launcher's: the run's eval_params
+  eval_run.evaluate_workdir(runs["setdlm"], ["likelihood"], opts, log=None, show=shown.append)
+  assert "params: raw (the run's eval_params" in shown[0]
 
 
 def test_judge_takes_its_own_runs_eval_params(runs):

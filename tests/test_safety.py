@@ -509,9 +509,11 @@ def test_eval_history_appends_and_keeps_labels(base, tmp_path):
   opts = run.EvalOptions(num_orders=1, max_rows=8, batch_size=8)
   out = str(tmp_path / "results.json")
   shown = []
-  ema2 = run.evaluate_workdir(base, ["likelihood"], opts, log=None, output=out, show=shown.append)
+  ema2 = run.evaluate_workdir(
+    base, ["likelihood"], opts, use_ema=True, log=None, output=out, show=shown.append
+  )
   assert shown and "Likelihood" in shown[0]
-  run.evaluate_workdir(base, ["likelihood"], opts, step=1, log=None, output=out)
+  run.evaluate_workdir(base, ["likelihood"], opts, step=1, use_ema=True, log=None, output=out)
   raw2 = run.evaluate_workdir(base, ["likelihood"], opts, use_ema=False, log=None, output=out)
   saved = json.load(open(out))
   keys = sorted(saved["history"])
@@ -525,7 +527,7 @@ def test_eval_history_appends_and_keeps_labels(base, tmp_path):
   assert by[(2, False)]["nll"] == raw2["likelihood"]["nll"]
   assert saved["step"] == 2 and saved["use_ema"] is False  # the top level: the latest eval
   other = run.EvalOptions(num_orders=1, max_rows=16, batch_size=8)  # other settings: a new key
-  run.evaluate_workdir(base, ["likelihood"], other, log=None, output=out)
+  run.evaluate_workdir(base, ["likelihood"], other, use_ema=True, log=None, output=out)
   assert len(json.load(open(out))["history"]) == 4
 
 
@@ -581,7 +583,9 @@ def test_two_evaluations_writing_one_file_keep_both_results(base, tmp_path):
   def meanwhile(text):
     run.evaluate_workdir(base, ["likelihood"], second, use_ema=False, log=None, output=out)
 
-  run.evaluate_workdir(base, ["likelihood"], first, log=None, output=out, show=meanwhile)
+  run.evaluate_workdir(
+    base, ["likelihood"], first, use_ema=True, log=None, output=out, show=meanwhile
+  )
   history = json.load(open(out))["history"].values()
   assert sorted((h["use_ema"], h["result"]["num_sequences"]) for h in history) == [
     (False, 4),

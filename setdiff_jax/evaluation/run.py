@@ -2,8 +2,8 @@
 
   results = evaluate_workdir("/tmp/run", ["likelihood", "infill"], EvalOptions(num_orders=8))
 
-Loads the checkpoint (EMA parameters by default; use_ema=None: the parameters the run's training
-evaluated, its `eval_params`), runs the requested evaluations, appends the results to
+Loads the checkpoint (by default the parameters the run's training evaluated, its `eval_params`;
+use_ema=True / False: EMA / raw), runs the requested evaluations, appends the results to
 WORKDIR/eval_results.json (its `history` is keyed by step, EMA/raw, eval kind, settings, data and,
 for timed evals, the machine; nothing else is ever replaced; `evaluation/results.py`) and returns
 them;
@@ -373,7 +373,7 @@ def evaluate_workdir(
   opts: Optional[EvalOptions] = None,
   *,
   step: Optional[int] = None,
-  use_ema: Optional[bool] = True,
+  use_ema: Optional[bool] = None,
   output: Optional[str] = None,
   log=print,
   data_overrides: Optional[Dict[str, Any]] = None,
@@ -382,8 +382,8 @@ def evaluate_workdir(
 ) -> Dict[str, Any]:
   """Loads WORKDIR's checkpoint, runs `evals`, appends them to the JSON file, returns the record.
 
-  use_ema: the EMA (True) or raw (False) parameters; None: those the run's training evaluated (its
-  `eval_params`). The printed tables start with a line naming them.
+  use_ema: the EMA (True) or raw (False) parameters; None (the default, as `launch/evaluate.py`):
+  those the run's training evaluated (its `eval_params`). The printed tables start with a line naming them.
 
   The file keeps every result in `history`, keyed by (step, EMA/raw, eval kind, settings, data;
   each entry names its data: `eval_data`; the evals that time decoding, TIMED_EVALS, also by the
