@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 from absl import logging
 import jax
@@ -233,6 +233,27 @@ def agree(name: str, value: str, timeout_s: Optional[float] = None) -> list:
     client.key_value_delete(f"setdiff_jax/agree/{name}/{n - 1}/{me}")
   values = {key.rsplit("/", 1)[-1]: v for key, v in client.key_value_dir_get(prefix)}
   return [values[str(i)] for i in range(count)]
+
+
+def check_all_see(name: str, expected: str, read: Callable[[], str], what: str, other: str):
+  """ValueError on every process unless every process other than 0 reads `expected` (process 0's
+  value, already agreed) with `read()` ("" when nothing is there): a workdir that is not shared
+  by every host, or a stale copy of it, would give the processes different files. `what` names
+  the thing in the message ("the tokenizer process 0 saved in DIR"); `other` says what a
+  different value means ("other files there"). Every process calls it at the same point."""
+  problem = ""
+  if jax.process_index() != 0:
+    seen = read()
+    if seen != expected:
+      problem = (
+        f"process {jax.process_index()} of {jax.process_count()} does not see {what} "
+        f"({other if seen else 'nothing there'}): every process of a run needs the same "
+        "--workdir on storage they all share (e.g. gs://bucket/run or a shared file system), "
+        "not a copy per host"
+      )
+  problems = [p for p in agree(name, problem) if p]
+  if problems:
+    raise ValueError(problems[0])
 
 
 def mesh_shape(mesh_cfg: Mapping[str, int], num_devices: int, what: str = "config.mesh") -> tuple:

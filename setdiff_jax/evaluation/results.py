@@ -42,7 +42,7 @@ RUN_OWNED = (
   workdir_lock.CHECKPOINT_DIR,
   workdir_lock.LOCK_DIR,
   TOKENIZER_SUBDIR,
-  "tensorboard",
+  metrics.TENSORBOARD_DIR,
 )
 LOCK_WAIT_S = 60.0  # the longest wait for another evaluation's write of the same file
 

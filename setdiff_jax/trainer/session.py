@@ -57,19 +57,13 @@ def check_shared_workdir(workdir: str):
   if me == 0:
     paths.write_text(path, token)
   token = sharding.agree("workdir start", token)[0]
-  problem = ""
-  if me != 0:
-    seen = paths.read_text(path).strip() if paths.isfile(path) else ""
-    if seen != token:
-      problem = (
-        f"process {me} of {jax.process_count()} does not see the file process 0 wrote into "
-        f"--workdir={workdir} ({'nothing there' if not seen else 'another start token there'}): "
-        "every process of a run needs the same --workdir on storage they all share (e.g. "
-        "gs://bucket/run or a shared file system), not a copy per host"
-      )
-  problems = [p for p in sharding.agree("workdir seen", problem) if p]
-  if problems:
-    raise ValueError(problems[0])
+  sharding.check_all_see(
+    "workdir seen",
+    token,
+    lambda: paths.read_text(path).strip() if paths.isfile(path) else "",
+    f"the file process 0 wrote into --workdir={workdir}",
+    "another start token there",
+  )
 
 
 def restore(manager, state, data_iterator=None, initialise: Callable[[Any], Any] = lambda s: s):

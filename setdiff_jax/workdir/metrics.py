@@ -18,6 +18,7 @@ from setdiff_jax import paths
 
 METRICS_FILE = "metrics.jsonl"
 DISCARDED_FILE = "metrics.discarded.jsonl"
+TENSORBOARD_DIR = "tensorboard"  # the event files, beside metrics.jsonl
 
 
 def _step_of(line: str):
@@ -70,7 +71,7 @@ class MetricWriter:
       if not paths.is_remote(workdir):
         from tensorboardX import SummaryWriter
 
-        self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"), purge_step=start_step + 1)
+        self._tb = SummaryWriter(os.path.join(workdir, TENSORBOARD_DIR), purge_step=start_step + 1)
       self._jsonl = paths.AppendFile(paths.join(workdir, METRICS_FILE))
 
   def scalars(self, step: int, values: Dict[str, float]):

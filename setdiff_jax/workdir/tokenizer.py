@@ -47,20 +47,14 @@ def build_tokenizer(
     raise failed
   if saved.startswith("!"):
     raise ValueError(f"process 0 could not build the tokenizer: {saved[1:]}")
-  problem = ""
-  if me != 0:
-    seen = tokenizers.fingerprint(workdir)
-    if seen != saved:
-      where = paths.join(workdir, tokenizers.TOKENIZER_SUBDIR)
-      problem = (
-        f"process {me} of {jax.process_count()} does not see the tokenizer process 0 "
-        f"saved in {where} ({'nothing there' if not seen else 'other files there'}): "
-        "every process of a run needs the same --workdir on storage they all share "
-        "(e.g. gs://bucket/run or a shared file system)"
-      )
-  problems = [p for p in sharding.agree("tokenizer read", problem) if p]
-  if problems:
-    raise ValueError(problems[0])
+  where = paths.join(workdir, tokenizers.TOKENIZER_SUBDIR)
+  sharding.check_all_see(
+    "tokenizer read",
+    saved,
+    lambda: tokenizers.fingerprint(workdir),
+    f"the tokenizer process 0 saved in {where}",
+    "other files there",
+  )
   if tok is None:
     tok = tokenizers.get_tokenizer(config.tokenizer, workdir, train_texts=None)
   return tok
