@@ -151,3 +151,73 @@ def test_the_page_title_is_the_records_leading_heading():
   assert _title_and_body("## Tuned\n\nbody", "n") == ("Tuned", "body")
   assert _title_and_body("# Speed\n\n| a |", "n") == ("Speed", "| a |")
   assert _title_and_body("| a |\n", "name") == ("name", "| a |")
+
+
+def _run_record(name, command, outcomes, seconds, out_dir, cpu="Intel Xeon"):
+  """A record as a benchmark writes one: outcomes per problem, timings, where it wrote."""
+  return {
+    "name": name,
+    "commit": "abc1234",
+    "command": command,
+    "date": "2026-12-06 10:00 UTC",
+    "hardware": {"cpu": cpu, "backend": "cpu"},
+    "measured_paths": ["code.py"],
+    "markdown": f"## {name}\n",
+    "args": {"out": out_dir, "record": name, "seed": 0},
+    "outcomes": {"ar": {"0": [{"values": list(outcomes), "score": sum(outcomes) / 4}]}},
+    "summary": {"total_seconds": seconds, "rows": [{"tok/s b=1": 100 / seconds, "median_s": 1.0}]},
+  }
+
+
+def test_a_rerun_is_compared_value_by_value_timings_and_paths_apart():
+  """reproduce.compare by hand: the same outcomes with other timings, output folder and record
+  name reproduce; one flipped problem, a value only in one record, or another device is named."""
+  from setdiff_jax.experiments import reproduce
+
+  old = _run_record(
+    "t", "python benchmarks/t.py --seed=0 --out=/tmp/a --record=t", [1, 0, 1, 1], 10, "/tmp/a"
+  )
+  new = _run_record(
+    "t_r2", "python -m benchmarks.t --record=t_r2 --out=OUT --seed=0", [1, 0, 1, 1], 20, "/x/b"
+  )
+  same = reproduce.compare(old, new)
+  # values: 4 outcomes + score + seed (timings, names, paths, commit, date, command apart)
+  assert same.identical and same.measured == 6 and not same.other_device
+  assert same.timing_ratio == pytest.approx(1.0) and same.timings == 3  # 2.0, 0.5, 1.0
+  assert "every one of the 6 values (timings apart) equals `t`'s" in same.summary("`t`")
+  assert reproduce.command_key(old["command"]) == reproduce.command_key(new["command"])
+  assert reproduce.command_key("python -m benchmarks.t --seed=1") != reproduce.command_key(
+    new["command"]
+  )
+
+  flipped = _run_record("t_r2", new["command"], [1, 1, 1, 1], 10, "/x/b", cpu="AMD EPYC")
+  diff = reproduce.compare(old, flipped)
+  assert not diff.identical and diff.other_device
+  assert [p for p, _, _ in diff.differ] == ["outcomes.ar.0[0].score", "outcomes.ar.0[0].values[1]"]
+  assert "2 of the 6 values (timings apart) differ" in diff.summary("`t`")
+  assert "(on another device)" in diff.summary("`t`")
+  extra = dict(new, extra={"k": 1})
+  assert reproduce.compare(old, extra).only_new == ["extra.k"]
+  assert reproduce.compare(extra, old).only_old == ["extra.k"]
+  assert reproduce.series("t_r12") == ("t", 12) and reproduce.series("t_run") == ("t_run", 1)
+
+
+def test_publish_says_which_stale_record_a_rerun_reproduced():
+  """A series t, t_r2, t_r3 (same command): each page names the run before and after it; the
+  index marks a stale record whose rerun gave every value again, and only that one."""
+  command = "python -m benchmarks.t --seed=0"
+  records = {
+    "t": _run_record("t", command, [1, 0, 1, 1], 10, "/a"),
+    "t_r2": _run_record("t_r2", command, [1, 1, 1, 1], 10, "/b"),
+    "t_r3": _run_record("t_r3", command, [1, 1, 1, 1], 12, "/c"),
+    "u_r2": _run_record("u_r2", command, [1, 1, 1, 1], 12, "/c"),  # no t-series neighbour
+    "t_r4": _run_record("t_r4", command + " --steps=9", [1, 1, 1, 1], 12, "/c"),  # other command
+  }
+  label = {"t": "stale", "t_r2": "stale", "t_r3": "current", "u_r2": "current", "t_r4": "current"}
+  statuses = {n: {"label": label[n], "text": label[n]} for n in records}
+  rows, shown = publish.rerun_rows(records, statuses)
+  assert shown == {"t_r2": "stale; its 6 values (timings apart) again in [t_r3](t_r3.md) (current)"}
+  assert [r[0] for r in rows["t_r2"]] == ["rerun of", "rerun as"]
+  assert "2 of the 6 values (timings apart) differ from `t`'s" in rows["t_r2"][0][1]
+  assert "equals this record's" in rows["t_r2"][1][1]
+  assert "t_r4" not in rows and "u_r2" not in rows and [r[0] for r in rows["t_r3"]] == ["rerun of"]

@@ -25,9 +25,9 @@ import argparse
 import json
 import os
 import sys
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from setdiff_jax.experiments import git
+from setdiff_jax.experiments import git, reproduce
 
 RESULTS_DIR = os.path.join("benchmarks", "results")
 DOCS_DIR = os.path.join("docs", "results")
@@ -112,10 +112,17 @@ def _cell(text: Any) -> str:
 
 
 def render(
-  name: str, rec: Dict[str, Any], repo: str, source: str, images: Sequence[str], st=None
+  name: str,
+  rec: Dict[str, Any],
+  repo: str,
+  source: str,
+  images: Sequence[str],
+  st=None,
+  reruns: Sequence[Tuple[str, str]] = (),
 ) -> str:
   """The markdown of docs/results/<name>.md (`images`: the image files beside the record; `st`:
-  its `status`, computed here when not given)."""
+  its `status`, computed here when not given; `reruns`: (row title, sentence) rows saying how
+  it compares with the record before and after it in its series, see `reproduce`)."""
   if not rec.get("markdown"):
     raise ValueError(
       f"{source} has no 'markdown' (the tables its benchmark rendered from its data): rerun "
@@ -135,11 +142,36 @@ def render(
     ("device", device(rec)),
     ("measured code", ", ".join(f"`{p}`" for p in rec.get("measured_paths") or []) or "not named"),
     ("status", st["text"]),
+    *reruns,
   ]
   if prov:
     rows += [(f"provenance: {k.replace('_', ' ')}", _cell(v)) for k, v in prov.items()]
   header = ["| | |", "| --- | --- |"] + [f"| {k} | {_cell(v)} |" for k, v in rows]
   return "\n".join([BANNER.format(source=source), "", f"# {title}", "", *header, "", body, ""])
+
+
+def rerun_rows(records: Dict[str, Dict[str, Any]], statuses: Dict[str, Dict[str, str]]):
+  """({name: its header rows comparing it with the record before and after it in its series},
+  {name: the index's status cell where a rerun gave the same values}). A rerun of the same
+  command (`reproduce.predecessors`) is compared value by value; a stale record whose rerun gave
+  every measured value again says so, so a reader sees which stale numbers were confirmed later."""
+  rows: Dict[str, List[Tuple[str, str]]] = {}
+  shown: Dict[str, str] = {}
+  for name, before in sorted(reproduce.predecessors(records).items()):
+    result = reproduce.compare(records[before], records[name])
+    later = statuses[name]["label"]
+    rows.setdefault(name, []).append(
+      ("rerun of", f"[{before}]({before}.md): {result.summary(f'`{before}`')}")
+    )
+    rows.setdefault(before, []).append(
+      ("rerun as", f"[{name}]({name}.md) ({later}): {result.summary('this record')}")
+    )
+    if result.identical and statuses[before]["label"] != "current":
+      shown[before] = (
+        f"{statuses[before]['label']}; its {result.measured:,} values (timings apart) again in "
+        f"[{name}]({name}.md) ({later})"
+      )
+  return rows, shown
 
 
 def render_index(entries: List[Dict[str, str]]) -> str:
@@ -151,7 +183,10 @@ def render_index(entries: List[Dict[str, str]]) -> str:
     "Every table here is generated from its record in `benchmarks/results/` by "
     f"`{COMMAND}`; CI checks that they agree (`tests/test_results_docs.py`). Status: "
     "*current* (no later commit touched the measured code), *stale* (one did), *kept* (the "
-    "record's commit is not on main's history; its provenance says why it stays).",
+    "record's commit is not on main's history; its provenance says why it stays). A record "
+    "rerun with the same command is compared value by value with the run before it "
+    "(`python -m setdiff_jax.experiments.reproduce OLD NEW`); a stale one whose rerun gave "
+    "every value again (timings apart) says where.",
     "",
     "| record | table | status | commit | date |",
     "| --- | --- | --- | --- | --- |",
@@ -169,17 +204,19 @@ def generate(results_dir: str = RESULTS_DIR, docs_dir: str = DOCS_DIR, repo: Opt
   repo = repo or git.top_level(results_dir)
   records = load_records(results_dir)
   images = [f for f in sorted(os.listdir(results_dir)) if f.endswith((".png", ".svg"))]
+  statuses = {name: status(rec, repo) for name, rec in records.items()}
+  reruns, shown = rerun_rows(records, statuses)
   out, entries = {}, []
   for name, rec in records.items():
     source = os.path.join(results_dir, f"{name}.json").replace(os.sep, "/")
     source = os.path.relpath(source, repo) if os.path.isabs(source) else source
-    st = status(rec, repo)
-    out[f"{name}.md"] = render(name, rec, repo, source, images, st)
+    st = statuses[name]
+    out[f"{name}.md"] = render(name, rec, repo, source, images, st, reruns.get(name, ()))
     entries.append(
       {
         "name": name,
         "title": _title_and_body(rec["markdown"], name)[0],
-        "status": st["label"],
+        "status": shown.get(name, st["label"]),
         "commit": rec.get("commit") or "none",
         "date": rec.get("date") or "-",
       }
