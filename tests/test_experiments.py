@@ -286,3 +286,83 @@ def test_seed_intervals_by_hand():
   assert stats.paired_seed_difference([1, 2, 3], [1, 2, 3])["p"] == 1.0
   with pytest.raises(ValueError, match=">= 2"):
     stats.seed_summary([1.0])
+
+
+FAKE_BENCHMARK = """
+import argparse, os, sys
+from setdiff_jax.experiments import record
+ap = argparse.ArgumentParser()
+for flag in ("--seed", "--out", "--record", "--data"):
+  ap.add_argument(flag)
+a = ap.parse_args()
+os.makedirs(a.out)  # fails on an older run's folder
+open(os.path.join(a.out, "cwd.txt"), "w").write(os.getcwd())
+code = open("code.py").read()
+report = {
+  "command": "python -m benchmarks.fake " + " ".join(sys.argv[1:]),
+  "markdown": "## fake\\n",
+  "outcomes": [(int(a.seed) * 7 + i) % 3 for i in range(5)],
+  "code": code,
+  "total_seconds": float(len(os.environ.get("PYTHONPATH", ""))),
+}
+record.publish_report(report, a.record, "benchmarks/results", ["code.py"])
+"""
+
+
+def test_rerun_regenerates_a_record_at_head_and_compares_it(repo, tmp_path, capsys):
+  """experiments.rerun end to end on a fake benchmark: the rerun runs HEAD's files from a clean
+  worktree (not this checkout's), in a fresh output folder, as the next name of the series,
+  and says whether every value came out again; a dirty checkout, a name taken and a
+  placeholder path without --set are refused before anything runs; the worktree is removed."""
+  from setdiff_jax.experiments import rerun
+
+  (repo / "benchmarks" / "results").mkdir(parents=True)
+  (repo / "benchmarks" / "fake.py").write_text(FAKE_BENCHMARK)
+  _git(repo, "add", "benchmarks/fake.py")
+  _git(repo, "commit", "-q", "-m", "fake benchmark")
+  first = ["-m", "benchmarks.fake", "--seed=1", f"--out={tmp_path}/o1", "--record=fake"]
+  subprocess.run([rerun.sys.executable, *first], cwd=repo, check=True)
+  old = json.loads((repo / "benchmarks" / "results" / "fake.json").read_text())
+  assert old["command"] == "python -m benchmarks.fake --seed=1 --out=OUT --record=fake"
+
+  scratch = tmp_path / "scratch"
+  assert rerun.rerun("fake", str(repo), scratch=str(scratch)) == "fake_r2"
+  new = json.loads((repo / "benchmarks" / "results" / "fake_r2.json").read_text())
+  assert new["outcomes"] == old["outcomes"] and new["commit"] == old["commit"]
+  assert "every one of the 6 values (timings apart) equals `fake`'s" in capsys.readouterr().out
+  assert (scratch / "fake_r2" / "out" / "cwd.txt").read_text() == str(scratch / "fake_r2" / "tree")
+  assert (scratch / "fake_r2" / "log.txt").exists() and not (scratch / "fake_r2" / "tree").exists()
+  worktrees = subprocess.run(
+    ["git", "-C", str(repo), "worktree", "list"], capture_output=True, text=True
+  ).stdout
+  assert len(worktrees.strip().splitlines()) == 1, worktrees
+
+  # A committed change runs; an uncommitted one is refused (it would not run).
+  (repo / "code.py").write_text("x = 2\n")
+  with pytest.raises(record.RecordError, match="uncommitted"):
+    rerun.rerun("fake_r2", str(repo), scratch=str(scratch))
+  _git(repo, "commit", "-q", "-am", "code changes")
+  assert rerun.rerun("fake_r2", str(repo), scratch=str(scratch)) == "fake_r3"
+  said = capsys.readouterr().out
+  assert "1 of the 6 values (timings apart) differ from `fake_r2`'s (first: `code`" in said
+  with pytest.raises(rerun.RerunError, match="exists"):
+    rerun.rerun("fake", str(repo), new_name="fake_r2", scratch=str(scratch))
+
+  with pytest.raises(rerun.RerunError, match="--set data=PATH"):
+    rerun.plan_command("python benchmarks/fake.py --seed=0 --data=DATA", "f_r2", "/s/o", {})
+  argv = rerun.plan_command(
+    "python benchmarks/fake.py --seed=0 --out=DIR/agg --data=DATA --record=f --report_only",
+    "f_r2",
+    "/s/o",
+    {"data": "/d", "seed": "3"},
+    unset=["report_only"],
+  )
+  assert argv[1:] == [
+    "-m",
+    "benchmarks.fake",
+    "--seed=3",
+    "--out=/s/o/agg",
+    "--data=/d",
+    "--record=f_r2",
+  ]
+  assert rerun.next_name("x_r2", ["x_r3"]) == "x_r4" and rerun.next_name("x_s0", []) == "x_s0_r2"

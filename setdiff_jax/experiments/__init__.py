@@ -1,4 +1,4 @@
 """Experiments whose results cannot drift: run records from clean commits on main's history
 (`record`), seed-aware intervals and a many-comparisons rule (`stats`), the generated result
-tables under docs/results (`publish`) and a rerun compared with the record before it
-(`reproduce`). Git queries live in `git`."""
+tables under docs/results (`publish`), a record regenerated at HEAD (`rerun`) and compared with
+the one before it (`reproduce`). Git queries live in `git`."""
