@@ -31,14 +31,16 @@ def check_choices(config):
 
 
 def from_config_dict(config, num_devices: Optional[int] = None) -> run_lib.RunConfig:
-  """The typed run config of `config`, after every check: the fields' ranges and choices, the
-  rules between sections, the method's rules (`Method.validate`) and, given `num_devices`, the
-  batches against the mesh. Raises ValueError naming the field and the fix."""
+  """The typed run config of `config` (a ConfigDict or a config.json's dict), after every check:
+  no unknown field, the fields' ranges and choices, the rules between sections, the method's
+  rules (`Method.validate`) and, given `num_devices`, the batches against the mesh. Raises
+  ValueError naming the field and the fix."""
 
   def check(ok, msg):
     if not ok:
       raise ValueError(f"invalid config: {msg}")
 
+  config = run_lib.as_config_dict(config)  # a config.json's dict too (the methods read attributes)
   check_choices(config)
   run = run_lib.from_config_dict(config)
   objectives.get(run.objective).validate(config, check)

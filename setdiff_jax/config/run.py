@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import Optional, Tuple
+from typing import Mapping, Optional, Tuple
 
 import ml_collections
 
-from setdiff_jax import models, sharding
+from setdiff_jax import cli, models, sharding
 from setdiff_jax.config import fields
 from setdiff_jax.config.fields import Section, integer, setting
 from setdiff_jax.config.sections import (
@@ -143,8 +143,8 @@ def from_config_dict(config, *, check_data: bool = True) -> RunConfig:
   its range, then the rules between sections (not the method's: `config/edge.py`) and, with
   `check_data`, the data layer's rules for the data and tokenizer sections (off for programs that
   only need shapes: they read no data). ValueError with one line naming the field and the fix."""
-  if not isinstance(config, ml_collections.ConfigDict):
-    config = ml_collections.ConfigDict(config)
+  config = as_config_dict(config)
+  check_known_fields(config)
   _check_data_ranges(config)
   basics = Basics.from_config_dict(config)
   sections = [cls.from_config_dict(config) for cls in SECTIONS]
@@ -160,6 +160,59 @@ def from_config_dict(config, *, check_data: bool = True) -> RunConfig:
     pipeline.validate_data_config(run.data)
     tokenizers.validate_tokenizer_config(run.tokenizer)
   return run
+
+
+def as_config_dict(config) -> ml_collections.ConfigDict:
+  """`config` as a ConfigDict: a ConfigDict as is, a mapping (a config.json's dict) converted;
+  anything else is a TypeError naming what to pass."""
+  if isinstance(config, ml_collections.ConfigDict):
+    return config
+  if isinstance(config, Mapping):
+    return ml_collections.ConfigDict(dict(config))
+  raise TypeError(
+    f"a run config is an ml_collections.ConfigDict or a dict (e.g. configs/default.py's "
+    f"get_config(), or a workdir's config.json), not {type(config).__name__}"
+  )
+
+
+# Sections whose contents are records, not settings: `interop` is what
+# `interop.import_checkpoint` adds (source path, special ids, ...); no field of it is read as one.
+FREE_SECTIONS = ("interop",)
+
+
+def known_field_names() -> Tuple[str, ...]:
+  """Every dotted field name a run config may have: the defaults', the optional `rl` section's
+  and the free-form sections (whose contents are not checked)."""
+  config = default_config()
+  config.rl = rl_defaults()
+  return tuple(cli.config_field_names(config)) + FREE_SECTIONS
+
+
+def _unknown_fields(config, known, prefix=""):
+  for key in config.keys():
+    name, child = f"{prefix}{key}", config[key]
+    if name not in known:
+      yield name
+    elif name not in FREE_SECTIONS and isinstance(child, ml_collections.ConfigDict):
+      yield from _unknown_fields(child, known, name + ".")
+
+
+def check_known_fields(config):
+  """ValueError naming each field of `config` the run config does not have, with the closest
+  valid names: a misspelt field (model.num_head) would otherwise be ignored and its default used
+  (the launchers' lock_config catches it on the command line, not in a config built in Python)."""
+  known = known_field_names()
+  unknown = list(_unknown_fields(config, known))
+  if not unknown:
+    return
+  parts = []
+  for name in unknown:
+    close = cli.closest_fields(name, known, n=1)
+    parts.append(f"{name} (did you mean {close[0]}?)" if close else name)
+  _fail(
+    f"unknown field{'s' if len(unknown) > 1 else ''} {', '.join(parts)}: the run config has no "
+    "such field and would ignore it; rename it to a valid field or drop it"
+  )
 
 
 def _section_dict(config, name: str, default) -> ml_collections.ConfigDict:
@@ -239,6 +292,9 @@ __all__ = [
   "Basics",
   "RunConfig",
   "from_config_dict",
+  "as_config_dict",
+  "check_known_fields",
+  "known_field_names",
   "check_field_ranges",
   "default_config",
   "rl_defaults",

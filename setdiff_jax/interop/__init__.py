@@ -7,7 +7,8 @@
   export_qwen3_official / export_qwen3_hf(config, params, out_dir, tokenizer=None)   (Qwen3)
 
 Submodules: `name_map` (the one declarative key map, numpy only), `hf_config` (config.json
-translation), `formats` (each method's config.json fields), `weight_files`, `export`, `import_`.
+translation), `formats` (each method's config.json fields), `weight_files`, `export`,
+`export_dir` (where an export may be written; stale weights removed), `import_`.
 No torch is needed unless a `.bin` file is read or written. The PyTorch reference and the parity
 checks behind `launch/export.py --verify` are in `setdiff_jax.testing`.
 """

@@ -22,18 +22,16 @@ import numpy as np
 
 import jax
 
-from setdiff_jax import errors, objectives, paths
+from setdiff_jax import errors, models, objectives, paths
 from setdiff_jax import layer_names
 from setdiff_jax.workdir import fallback
 from setdiff_jax.workdir import load as workdir_lib
-from setdiff_jax.workdir import lock as workdir_lock
 from setdiff_jax.interop import pretrained
 from setdiff_jax.interop import formats, hf_config, name_map, qwen3_hf, qwen3_map
 from setdiff_jax.interop import weight_files
+from setdiff_jax.interop.export_dir import check_export_dir, prepare_out_dir
 
 log = logging.getLogger(__name__)
-# The weight files an export may hold; writing one removes the others (never two around).
-WEIGHT_FILES = (weight_files.SAFETENSORS_FILE, weight_files.BIN_FILE)
 
 
 def _to_numpy_tree(params):
@@ -124,14 +122,39 @@ def _check_dims(model_cfg, dims: name_map.Dims, special: Mapping[str, int]) -> f
   return rope_base
 
 
-def _write_export(
-  out_dir: str, config, state, hf_cfg, special, tokenizer, fmt: str, stale=WEIGHT_FILES
-):
-  """Writes the weight file (removing the `stale` weight files of an earlier export first: never
-  two around), config.json, generation_config.json and the tokenizer files into `out_dir`."""
-  for name in stale:
-    if os.path.exists(os.path.join(out_dir, name)):
-      os.remove(os.path.join(out_dir, name))
+def _check_heads(model_cfg, dims: name_map.Dims, rope_base: float) -> int:
+  """model.num_heads, refused (one ValueError) unless the backbone our importer rebuilds from the
+  export's config.json is valid: D divisible by H, even head dim (rotary)."""
+  num_heads = _get(model_cfg, "num_heads", None)
+  if num_heads is None:
+    raise ValueError(
+      "config model.num_heads is not set; the export's config.json needs the run's head "
+      f"count: set model.num_heads (a divisor of hidden_size={dims.hidden_size})"
+    )
+  fields = {
+    **dict(model_cfg),
+    "hidden_size": dims.hidden_size,
+    "num_layers": dims.num_layers,
+    "mlp_ratio": dims.mlp_ratio,
+    "cond_dim": dims.cond_dim,
+    "adaln": dims.adaln,
+    "rope_base": rope_base,
+  }
+  try:
+    fields["num_heads"] = int(num_heads)
+    models.backbone_config(fields, dims.vocab_size)  # the checks the importer's model makes
+  except (TypeError, ValueError) as e:
+    raise ValueError(
+      f"config model (num_heads={num_heads!r}, hidden_size={dims.hidden_size}) cannot be "
+      f"exported: {e}; our importer would refuse that config.json: fix the model field named "
+      "(set model.num_heads to the run's head count: hidden_size / num_heads an even integer)"
+    ) from e
+  return fields["num_heads"]
+
+
+def _write_export(out_dir: str, config, state, hf_cfg, special, tokenizer, fmt: str):
+  """Writes the weight file, config.json, generation_config.json and the tokenizer files into
+  `out_dir` (made ready by `prepare_out_dir`: an earlier export's weights are gone)."""
   weight_files.write_state_dict(state, out_dir, fmt)
   weight_files.write_json(hf_cfg, os.path.join(out_dir, weight_files.CONFIG_FILE))
   weight_files.write_json(
@@ -166,6 +189,8 @@ def export_checkpoint(
       and overriding it when both are given.
     fmt: "safetensors" (numpy only) or "bin" (torch).
     step, ema: provenance recorded in config.json's `setdiff_jax` block.
+    overwrite: replace the files of a non-empty `out_dir` (else FileExistsError). A training
+      workdir, or a folder inside one, is always refused (ValueError).
   """
   if fmt not in weight_files.FORMATS:
     raise ValueError(f"format={fmt!r}; use one of {weight_files.FORMATS}")
@@ -173,14 +198,21 @@ def export_checkpoint(
     if fmt != "safetensors":
       raise ValueError("Qwen3 exports are written as model.safetensors only (format=safetensors)")
     return export_qwen3_official(
-      config, params, out_dir, tokenizer=tokenizer, special_ids=special_ids, step=step, ema=ema
+      config,
+      params,
+      out_dir,
+      tokenizer=tokenizer,
+      special_ids=special_ids,
+      step=step,
+      ema=ema,
+      overwrite=overwrite,
     )
   special = hf_config.normalize_special_ids(tokenizer, special_ids)
   params = _to_numpy_tree(params)
   model_cfg = _get(config, "model", {})
   dims = name_map.dims_from_params(params, cond_dim=_get(model_cfg, "cond_dim", 128))
-  num_heads = int(_get(model_cfg, "num_heads"))
   rope_base = _check_dims(model_cfg, dims, special)
+  num_heads = _check_heads(model_cfg, dims, rope_base)
   length = int(_get(config, "seq_len"))
   method_format = formats.get(str(_get(config, "objective", objectives.DEFAULT)))
   for warning in method_format.warnings(length, hf_config.loss_dict(_get(config, "loss", {}))):
@@ -214,20 +246,19 @@ def export_checkpoint(
   )
   state = {k: v.astype(np.float32) if v.dtype != np.float32 else v for k, v in state.items()}
 
-  if os.path.isdir(out_dir) and os.listdir(out_dir) and not overwrite:
-    raise FileExistsError(f"{out_dir} is not empty")
-  os.makedirs(out_dir, exist_ok=True)
+  prepare_out_dir(out_dir, overwrite)
   _write_export(out_dir, config, state, cfg, special, tokenizer, fmt)
   log.info("exported %d tensors to %s (%s)", len(state), out_dir, fmt)
   return out_dir
 
 
-def export_qwen3_hf(config, params, out_dir: str, *, tokenizer=None) -> str:
-  """A plain HF Qwen3 directory (`Qwen3ForCausalLM.from_pretrained` loads it)."""
+def export_qwen3_hf(config, params, out_dir: str, *, tokenizer=None, overwrite: bool = True) -> str:
+  """A plain HF Qwen3 directory (`Qwen3ForCausalLM.from_pretrained` loads it); `overwrite` as in
+  `export_checkpoint`."""
   params = _to_numpy_tree(params)
   m = qwen3_hf.resolved_model(config, params)
   state = qwen3_map.from_flax(params, qwen3_hf.dims_of(m), "hf")
-  os.makedirs(out_dir, exist_ok=True)
+  prepare_out_dir(out_dir, overwrite)
   weight_files.write_state_dict(state, out_dir, "safetensors")
   special = hf_config.normalize_special_ids(tokenizer, {}) if tokenizer is not None else {}
   cfg = {
@@ -253,10 +284,12 @@ def export_qwen3_official(
   special_ids: Optional[Mapping[str, int]] = None,
   step=None,
   ema=None,
+  overwrite: bool = True,
 ) -> str:
   """A Qwen3 run in the official SetDLM layout (SPEC §3.10, §9.2): `backbone.model.*` keys
   (PyTorch orientation, fp32, lm_head written even when tied, as the denoiser's state dict),
-  config.json with the official fields plus the architecture, tokenizer weight_files."""
+  config.json with the official fields plus the architecture, tokenizer weight_files.
+  `overwrite` as in `export_checkpoint`."""
   params = _to_numpy_tree(params)
   m = qwen3_hf.resolved_model(config, params)
   special = hf_config.normalize_special_ids(tokenizer, special_ids)
@@ -288,80 +321,14 @@ def export_qwen3_official(
   cfg["setdiff_jax"].pop("mlp_ratio", None)
   cfg["setdiff_jax"]["qwen3_template"] = qwen3_hf.TEMPLATE_DIR
   state = qwen3_map.from_flax(params, qwen3_hf.dims_of(m), "official")
-  os.makedirs(out_dir, exist_ok=True)
+  prepare_out_dir(out_dir, overwrite)
   os.makedirs(template, exist_ok=True)
   weight_files.write_json(
     qwen3_hf.template_config(m), os.path.join(template, weight_files.CONFIG_FILE)
   )
   _make_readable(template)
-  stale = WEIGHT_FILES + (pretrained.INDEX_FILE,)
-  _write_export(out_dir, config, state, cfg, special, tokenizer, "safetensors", stale)
+  _write_export(out_dir, config, state, cfg, special, tokenizer, "safetensors")
   return out_dir
-
-
-def check_export_dir(out: str, workdir: str, *, overwrite: bool = False):
-  """Refuses an export target that would damage a run or silently replace weight_files.
-
-  A training workdir (the source itself, or any directory with checkpoints/) is always refused:
-  the export's config.json would replace the run's. So is any path inside the source workdir,
-  existing or not (symlinks and relative paths resolved): checkpoint retention would delete an
-  export under checkpoints/, and one at checkpoints/<step> would read as a damaged checkpoint.
-  A non-empty directory needs `overwrite`.
-  """
-  if paths.is_remote(out) or paths.is_remote(workdir):  # an object store: no realpath, no files
-    return _check_remote_export_dir(out, workdir, overwrite)
-  target, source = os.path.realpath(out), os.path.realpath(workdir)
-  if target == source or os.path.isdir(os.path.join(target, "checkpoints")):
-    raise ValueError(
-      f"--out={out} is a training workdir; exporting there would replace its "
-      "config.json. Choose a new directory for --out"
-    )
-  if os.path.commonpath([target, source]) == source:  # by path components: W2 is not inside W
-    raise ValueError(
-      f"--out={out} is inside the training workdir {workdir}; its checkpoint retention and "
-      "loads would delete or misread the export. Export outside the run directory, e.g. "
-      f"--out={source}_export"
-    )
-  other = workdir_lock.run_directory_of(target)
-  if other is not None:  # another run's tokenizer/ or checkpoints/ would be replaced
-    raise ValueError(
-      f"--out={out} is inside the training run {other}, whose own files (tokenizer/, "
-      "checkpoints/) an export would replace or retention delete. Export outside any run "
-      f"directory, e.g. --out={source}_export"
-    )
-  node = target
-  while not os.path.exists(node) and os.path.dirname(node) != node:
-    node = os.path.dirname(node)
-  if node != target and not os.path.isdir(node):
-    raise ValueError(f"--out={out} is inside {node}, which is a file: choose a directory for --out")
-  if os.path.isdir(target) and os.listdir(target) and not overwrite:
-    raise ValueError(
-      f"--out={out} is not empty; choose a new directory or pass --overwrite to "
-      "replace the files there"
-    )
-  if os.path.exists(target) and not os.path.isdir(target):
-    raise ValueError(f"--out={out} is a file, not a directory")
-
-
-def _check_remote_export_dir(out: str, workdir: str, overwrite: bool):
-  """`check_export_dir` for an object-store --out (or workdir), through `setdiff_jax.paths`."""
-  target, source = out.rstrip("/"), paths.resolve(workdir).rstrip("/")
-  if (
-    target == source
-    or target.startswith(source + "/")
-    or paths.isdir(paths.join(target, "checkpoints"))
-  ):
-    raise ValueError(
-      f"--out={out} is a training workdir (or inside one); exporting there would "
-      "replace its config.json. Choose a new directory for --out"
-    )
-  if paths.isdir(target) and paths.listdir(target) and not overwrite:
-    raise ValueError(
-      f"--out={out} is not empty; choose a new directory or pass --overwrite to "
-      "replace the files there"
-    )
-  if paths.isfile(target):
-    raise ValueError(f"--out={out} is a file, not a directory")
 
 
 def export_workdir(

@@ -30,6 +30,7 @@ import warnings
 from typing import Any, Dict, Tuple
 
 import ml_collections
+import ml_dtypes
 import numpy as np
 
 from setdiff_jax import models
@@ -79,14 +80,36 @@ def _check_hidden_size(state, hidden: int, cfg_path: str):
     )
 
 
+def _stored_dtypes(stored: np.ndarray) -> list:
+  """The precisions `stored` may have been saved in: its own when half, else float32 and any
+  half type holding it exactly (a .bin or bfloat16 file is read back as float32)."""
+  if stored.dtype in (np.float16, ml_dtypes.bfloat16):
+    return [stored.dtype]
+  got = stored.astype(np.float32)
+  halves = [d for d in (np.float16, ml_dtypes.bfloat16) if np.array_equal(got.astype(d), got)]
+  return [np.dtype(np.float32)] + halves
+
+
 def _check_rotary(value, head_dim: int, rope_base: float):
+  """`value`, the stored inv_freq buffer [head_dim / 2], must be base^(-2j/head_dim) rounded to
+  the precision it was stored in (model.half() saves the buffer in fp16 too): within one ulp of
+  that dtype (rtol 1e-6 in float32); a different base or head dim is refused."""
   want = name_map.rotary_inv_freq(head_dim, rope_base)
-  got = np.asarray(value, dtype=np.float32).reshape(-1)
-  if got.shape != want.shape or not np.allclose(got, want, rtol=1e-6, atol=0.0):
-    raise ValueError(
-      f"{name_map.ROTARY_KEY} does not match base={rope_base}, head_dim={head_dim}: "
-      f"found {got[:4]}..., expected {want[:4]}..."
-    )
+  stored = np.asarray(value).reshape(-1)
+  got = stored.astype(np.float32)
+  if got.shape == want.shape:
+    for dtype in _stored_dtypes(stored):
+      info = ml_dtypes.finfo(dtype)
+      rtol = 1e-6 if dtype == np.float32 else float(info.eps)
+      rounded = want.astype(dtype).astype(np.float32)
+      if np.allclose(got, rounded, rtol=rtol, atol=float(info.smallest_subnormal)):
+        return
+  raise ValueError(
+    f"{name_map.ROTARY_KEY} does not match base={rope_base}, head_dim={head_dim} "
+    f"(stored as {stored.dtype}): found {got[:4]}..., expected {want[:4]}...; the checkpoint was "
+    "trained with another rope base or head count: fix setdiff_jax.rope_base or "
+    "backbone_config.n_heads in its config.json"
+  )
 
 
 def _check_structure(config, params):

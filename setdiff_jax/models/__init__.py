@@ -61,7 +61,12 @@ def name_of(backbone_cfg) -> str:
 
 
 def build(backbone_cfg: BackboneConfig) -> Backbone:
-  """The Flax module of a backbone config."""
+  """The Flax module of a backbone config (its vocab_size resolved: >= 1)."""
+  if int(backbone_cfg.vocab_size) < 1:
+    raise ValueError(
+      f"vocab_size={backbone_cfg.vocab_size}: a model needs its vocabulary size (0 in a run "
+      "config means the tokenizer's; resolve it, e.g. dataclasses.replace(cfg, vocab_size=V))"
+    )
   return BACKBONES[name_of(backbone_cfg)][1](backbone_cfg)
 
 

@@ -31,11 +31,20 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from setdiff_jax.config.fields import integer, number
 from setdiff_jax.models import attention
 from setdiff_jax.models import layer_stack
 from setdiff_jax.models.layers import apply_rotary, rotary_cos_sin
 
 KVCache = Tuple[Tuple[jax.Array, jax.Array], ...]  # per layer (k [B, C, H, Dh], v [B, C, H, Dh])
+
+
+# Field ranges checked when a DiTConfig is built (as the run config's Model section's).
+RANGES = {
+  **layer_stack.COMMON_RANGES,
+  "mlp_ratio": number(0, lo_open=True),
+  "cond_dim": integer(1),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +70,7 @@ class DiTConfig:
   head_vocab_chunk: int = 1024  # fused head: vocabulary columns per chunk (0 = off; fused_head.py)
 
   def __post_init__(self):
+    layer_stack.check_ranges(self, RANGES)
     if self.hidden_size % self.num_heads:
       raise ValueError(
         f"hidden_size={self.hidden_size} is not divisible by num_heads={self.num_heads}"

@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
+from setdiff_jax.config.fields import integer, number
 from setdiff_jax.models import attention, fused_head
 
 ATTENTION_OUT = "attention_out"  # checkpoint_name of the attention output inside a block
@@ -130,7 +131,38 @@ __all__ = [
   "remat_policy",
   "tag_attention_out",
   "apply_layers",
+  "COMMON_RANGES",
+  "check_ranges",
+  "check_common_fields",
 ]
+
+
+# The ranges of the fields every backbone config has, as the run config's Model section checks
+# them (config/sections.py), so that a config built directly is refused the same way (dropout 1.5
+# would drop every residual branch, num_layers -1 build no block, 0 heads divide by zero).
+# vocab_size 0 is the run config's "the tokenizer's": a config may hold it until it is resolved
+# (`models.build` refuses to build a model of it).
+COMMON_RANGES = {
+  "vocab_size": integer(0),
+  "hidden_size": integer(1),
+  "num_layers": integer(0),
+  "num_heads": integer(1),
+  "dropout": number(0, 1, hi_open=True),
+  "rope_base": number(0, lo_open=True),
+  "head_chunk_rows": integer(0),  # head_vocab_chunk: fused_head.check_head_fields
+}
+
+
+def check_ranges(cfg, ranges) -> None:
+  """ValueError naming the first field of `cfg` outside its range in `ranges` ({field: Range})
+  and the allowed values; call it before any rule that divides by a field."""
+  for name, allowed in ranges.items():
+    value = getattr(cfg, name)
+    plain = value.item() if hasattr(value, "item") else value  # numpy / jax scalars: their value
+    if not allowed.ok(plain):
+      raise ValueError(
+        f"{name}={value!r} is out of range for {type(cfg).__name__}; allowed: {allowed.describe()}"
+      )
 
 
 def check_common_fields(cfg) -> None:

@@ -35,11 +35,23 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from setdiff_jax.config.fields import integer, number
 from setdiff_jax.models import attention
 from setdiff_jax.models import layer_stack
 from setdiff_jax.models.layers import apply_rotary, rotary_cos_sin
 
 KVCache = Tuple[Tuple[jax.Array, jax.Array], ...]  # per layer (k [B, C, K, Dh], v [B, C, K, Dh])
+
+
+# Field ranges checked when a Qwen3Config is built (as the run config's Model section's; its
+# 0 = "derive it" is resolved by `from_config` before).
+RANGES = {
+  **layer_stack.COMMON_RANGES,
+  "num_kv_heads": integer(1),
+  "head_dim": integer(1),
+  "intermediate_size": integer(1),
+  "rms_norm_eps": number(0, lo_open=True),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +80,7 @@ class Qwen3Config:
   head_vocab_chunk: int = 1024  # fused head: vocabulary columns per chunk (0 = off; fused_head.py)
 
   def __post_init__(self):
+    layer_stack.check_ranges(self, RANGES)
     if self.num_heads % self.num_kv_heads:
       raise ValueError(
         f"num_heads={self.num_heads} is not a multiple of "

@@ -28,6 +28,18 @@ def logmeanexp(x: np.ndarray, axis: int = 0) -> np.ndarray:
   return np.squeeze(m + np.log(np.mean(np.exp(x - m), axis=axis, keepdims=True)), axis=axis)
 
 
+def row_length(batch, method: str) -> int:
+  """L of `batch["tokens"]` [B, L]: static (a shape), so a loss checks it before tracing, at no
+  cost under jit. ValueError naming `method` unless the tokens are a 2-D batch of rows."""
+  shape = tuple(getattr(batch.get("tokens"), "shape", ()))
+  if len(shape) != 2:
+    raise ValueError(
+      f"objective={method}: batch['tokens'] must be [batch, length] token ids, got shape "
+      f"{shape}; pass rows of equal length (e.g. tokens[None] for one row)"
+    )
+  return shape[1]
+
+
 def uses_dit(config) -> bool:
   """Whether the run trains the DiT (`model.backbone`, setdiff_jax/models/), whose adaLN variant
   the MDLM / BD3LM baselines use."""

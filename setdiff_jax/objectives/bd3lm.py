@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import numbers
+
 from setdiff_jax.diffusion import losses
-from setdiff_jax.objectives.base import Objective
+from setdiff_jax.objectives.base import Objective, row_length
 from setdiff_jax.objectives.mdlm import MDLM
 
 
@@ -22,6 +24,13 @@ class BD3LM(Objective):
     super().validate(config, check)
 
   def loss(self, cfg, model, params, batch, rng, *, train):
+    length, block = row_length(batch, self.name), cfg.block_size
+    # the rows are cut into blocks of S ([B, L / S, S]): the run config's rule, for direct calls
+    if not (isinstance(block, numbers.Integral) and block >= 1 and length % block == 0):
+      raise ValueError(
+        f"objective=bd3lm needs block_size={block!r} to be >= 1 and divide the row length "
+        f"{length}; pad the rows to a multiple of block_size or pick a block_size dividing it"
+      )
     return losses.bd3lm_loss(cfg, model, params, batch, rng, train=train)
 
   # the bound is MDLM's inside each block: the same estimator

@@ -157,5 +157,6 @@ def ar_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> SampleO
       cfg=loop_cfg(cfg),
       stop_eos=cfg.stops_at_eos,
     ),
+    ids=canvas,
   )
   return loop.ar_output(res, target, cfg, prompt.shape[1] + n)

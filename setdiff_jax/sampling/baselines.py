@@ -312,6 +312,7 @@ def bd3lm_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> Samp
       g=g,
       stop_eos=cfg.stops_at_eos,
     ),
+    ids=canvas,
   )
   out = loop.prompted_output(res, target, cfg, prompt.shape[1] + n)
   if cfg.rollout_stats:
@@ -382,6 +383,7 @@ def mdlm_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> Sampl
       g=g,
       stop_eos=cfg.stops_at_eos,
     ),
+    ids=canvas,
   )
   return loop.prompted_output(res, target, cfg)
 

@@ -118,6 +118,7 @@ def backbone_apply_fn(config) -> ApplyFn:
     return models.decode_step(model, params, tokens, positions, mask, kv_cache, head_start, False)
 
   apply.kv_seq_axis = 2  # head-major cache leaves [B, H, C, Dh] (module doc)
+  apply.vocab_size = int(config.vocab_size)  # the ids it embeds: [0, V) (`vocab_size`)
 
   if hasattr(model, "output_head"):  # backbones that can hand over hidden states + head
     apply.head_kernel = lambda params: model.output_head(params)[0]
@@ -203,13 +204,67 @@ def apply_fn(model) -> ApplyFn:
   )
 
 
+def vocab_size(fwd: Forward) -> Optional[int]:
+  """V of the backbone behind `fwd` (None for a plain logits function: unknown)."""
+  return getattr(fwd.apply, "vocab_size", None)
+
+
+@functools.lru_cache(maxsize=None)
+def _expected_shapes(config) -> dict:
+  """{parameter path: shape} of a backbone with this config (`jax.eval_shape`: no memory)."""
+  leaves = jax.tree_util.tree_flatten_with_path(models.param_shapes(config))[0]
+  return {jax.tree_util.keystr(path): tuple(x.shape) for path, x in leaves}
+
+
+_LAST_CHECKED = []  # [(config, params)]: the last tree `check_params` accepted
+
+
+def check_params(module, params) -> None:
+  """ValueError unless `params` is the parameter tree of `module` (a backbone): Flax reads only
+  the names a module asks for, so a deeper run's parameters would decode with their extra layers
+  dropped, silently; a missing or mis-shaped leaf would fail deep inside the jitted loop."""
+  if _LAST_CHECKED and _LAST_CHECKED[0][0] == module.config and _LAST_CHECKED[0][1] is params:
+    return
+  if not isinstance(params, dict) and not hasattr(params, "keys"):
+    raise ValueError(f"params: expected the parameter tree (a dict), got {type(params).__name__}")
+  if set(params.keys()) == {"params"}:
+    raise ValueError(
+      "params is a variables dict ({'params': ...}): pass variables['params'], the tree "
+      "`models.init_params` and the checkpoints hold"
+    )
+  want = _expected_shapes(module.config)
+  have = {
+    jax.tree_util.keystr(path): tuple(getattr(x, "shape", ()))
+    for path, x in jax.tree_util.tree_flatten_with_path(params)[0]
+  }
+  name = type(module).__name__
+  problems = [f"missing {p}" for p in sorted(want.keys() - have.keys())]
+  problems += [f"unexpected {p}" for p in sorted(have.keys() - want.keys())]
+  problems += [
+    f"{p} has shape {have[p]}, the model expects {want[p]}"
+    for p in sorted(want.keys() & have.keys())
+    if have[p] != want[p]
+  ]
+  if problems:
+    more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+    raise ValueError(
+      f"the params do not fit this {name} ({module.config.num_layers} layers, vocab_size="
+      f"{module.config.vocab_size}): {'; '.join(problems[:3])}{more}; build the model from "
+      "the config the params were trained with"
+    )
+  _LAST_CHECKED[:] = [(module.config, params)]
+
+
 def as_forward(model, params=None) -> Forward:
   """A backbone module + params, a `Forward`, or a plain logits function -> `Forward` (a
-  backbone's params with the decode-only head copy, `decode_params`)."""
+  backbone's params with the decode-only head copy, `decode_params`). A backbone's params are
+  checked against its config first (`check_params`)."""
   if isinstance(model, Forward):
     return model
-  if models.is_backbone(model) and params is None:
-    raise ValueError(f"a {type(model).__name__} needs its params")
+  if models.is_backbone(model):
+    if params is None:
+      raise ValueError(f"a {type(model).__name__} needs its params")
+    check_params(model, params)
   apply = apply_fn(model)
   return Forward(apply, decode_params(apply, params))
 

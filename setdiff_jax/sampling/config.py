@@ -255,6 +255,16 @@ class SamplerConfig:
   rollout_stats: bool = False
 
   def __post_init__(self):
+    for name in ("window", "max_new_tokens", "num_steps", "block_size", "max_length"):
+      value = getattr(self, name)
+      if value is None:
+        continue
+      whole = isinstance(value, (int, np.integer)) or (
+        isinstance(value, float) and value.is_integer()
+      )
+      if isinstance(value, bool) or not whole:
+        raise ValueError(f"{name}={value!r} must be a whole number")
+      object.__setattr__(self, name, int(value))  # 4.0 -> 4: a static jit argument, hashed
     if int(self.window) < 1:
       raise ValueError(f"window W={self.window} must be >= 1")
     if int(self.max_new_tokens) < 1:

@@ -48,13 +48,14 @@ import numpy as np
 
 from setdiff_jax.sampling import ar_sampler, loop, placement, set_sampler
 from setdiff_jax.sampling.baselines import loop_cfg, prompt_arrays
-from setdiff_jax.sampling.cache import KVCache, as_forward, bind
+from setdiff_jax.sampling.cache import KVCache, as_forward, bind, vocab_size
 from setdiff_jax.sampling.config import SampleOutput, SamplerConfig, bucket_length
 from setdiff_jax.sampling.set_inputs import (
   SetInputs,
   _as_rows,
   build_inputs,
   check_prompts,
+  check_vocab,
   prompt_width,
 )
 
@@ -64,7 +65,7 @@ KINDS = ("set", "causal")  # the set sampler, the causal (AR) loop
 def unsupported(kind: Optional[str], cfg: SamplerConfig) -> Optional[str]:
   """Why continuous batching cannot decode with this sampler / config (None: it can)."""
   if kind not in KINDS:
-    return "continuous batching covers the set sampler and AR only"
+    return f"continuous batching covers the set sampler and AR only: kind is one of {KINDS}"
   if kind == "set" and cfg.cache_order != "l2r":
     return (
       "cache_order='fht' draws each batch's cache order from its rows' positions in the batch; "
@@ -273,11 +274,15 @@ class ContinuousOutput:
 
 
 def _budgets(rows, cfg: SamplerConfig, budgets) -> np.ndarray:
+  """Per-row new-token budgets int32 [R] (default cfg.max_new_tokens each): whole numbers >= 1,
+  never cut (2.9 would decode 2 tokens)."""
   n = np.full(len(rows), cfg.max_new_tokens, np.int64) if budgets is None else np.asarray(budgets)
-  if n.shape != (len(rows),) or np.any(n < 1):
+  if n.shape != (len(rows),) or n.dtype.kind not in "iuf" or np.any(n < 1):
     raise ValueError(
-      f"budgets: expected {len(rows)} positive per-row token budgets, got shape {n.shape}"
+      f"budgets: expected {len(rows)} per-row token budgets >= 1, got {np.asarray(budgets)!r}"
     )
+  if np.any(n != np.round(n)):
+    raise ValueError(f"budgets: token budgets are whole numbers, got {n.tolist()}")
   return n.astype(np.int32)
 
 
@@ -287,7 +292,7 @@ def set_rows(prompts, cfg: SamplerConfig, budgets=None, width: Optional[int] = N
   largest N_r."""
   rows = _as_rows(prompts, "prompts")
   n = _budgets(rows, cfg, budgets)
-  check_prompts(rows, cfg, int(n.max()))
+  check_prompts(rows, cfg, n)  # each row against its own budget
   canvases = [np.concatenate([p, np.full(b, cfg.mask_token_id)]) for p, b in zip(rows, n)]
   targets = [np.arange(len(p) + b) >= len(p) for p, b in zip(rows, n)]
   if width is None:
@@ -300,8 +305,9 @@ def ar_rows(prompts, cfg: SamplerConfig, budgets=None, width: Optional[int] = No
   Lc = the bucketed longest prompt + the largest budget, or `width` if wider."""
   rows = _as_rows(prompts, "prompts")
   n = _budgets(rows, cfg, budgets)
+  check_prompts(rows, cfg, n)  # each row against its own budget, not the largest
   prompt, plen, canvas, target = prompt_arrays(
-    rows, cfg.replace(max_new_tokens=int(n.max())), int(n.max()), width
+    rows, cfg.replace(max_new_tokens=int(n.max()), max_length=None), int(n.max()), width
   )
   target &= (np.arange(target.shape[1])[None] - plen[:, None]) < n[:, None]
   return (prompt, plen, canvas, n), target
@@ -352,6 +358,7 @@ def continuous_generate(
   mesh = placement.mesh_of(fwd.params)
   if kind == "set":
     inp = set_rows(rows, cfg, budgets)
+    check_vocab(inp.canvas, cfg, vocab_size(fwd))
     history = "generated" if cfg.penalty_history == "auto" else cfg.penalty_history
     core = functools.partial(
       _set_slots_core, cfg=static, stop_eos=cfg.stops_at_eos, history=history
@@ -359,6 +366,7 @@ def continuous_generate(
     rows_in = _pad_rows(inp, n_pad)
   else:
     rows_in, target = ar_rows(rows, cfg, budgets)
+    check_vocab(rows_in[2], cfg, vocab_size(fwd))
     core = functools.partial(_ar_slots_core, cfg=static, stop_eos=cfg.stops_at_eos)
     rows_in = _pad_rows(rows_in, n_pad)
   with placement.on(mesh):

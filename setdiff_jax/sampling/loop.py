@@ -22,22 +22,33 @@ import jax.numpy as jnp
 import numpy as np
 
 from setdiff_jax.sampling import placement
-from setdiff_jax.sampling.cache import Forward, as_forward
+from setdiff_jax.sampling.cache import Forward, as_forward, vocab_size
 from setdiff_jax.sampling.config import SampleOutput, SamplerConfig
-from setdiff_jax.sampling.set_inputs import SetInputs, cache_ranks
+from setdiff_jax.sampling.set_inputs import SetInputs, cache_ranks, check_vocab
 
 
 # ----------------------------------------------------------------------------- host: the call
 def key_of(rng, cfg: SamplerConfig):
   """The loop's PRNG key: `rng`, else PRNGKey(cfg.seed)."""
-  return jax.random.PRNGKey(cfg.seed) if rng is None else rng
+  if rng is None:
+    return jax.random.PRNGKey(cfg.seed)
+  if isinstance(rng, (int, np.integer)):
+    raise ValueError(
+      f"rng={rng}: pass a PRNG key (jax.random.key({rng}) or jax.random.PRNGKey({rng})), or "
+      "leave rng out to draw from the config's seed"
+    )
+  return rng
 
 
-def run_on_mesh(model, params, rng, cfg: SamplerConfig, call: Callable) -> dict:
+def run_on_mesh(
+  model, params, rng, cfg: SamplerConfig, call: Callable, ids=None, what: str = "prompt"
+) -> dict:
   """`call(fwd, place, key)` (a jitted loop on `fwd = as_forward(model, params)`) on the params'
   mesh: `place(x)` splits rows over (data, fsdp) (`placement.place_rows`). Returns its results
-  as host NumPy arrays (gathered across processes)."""
+  as host NumPy arrays (gathered across processes). `ids` (int [B, Lc], the canvas the loop
+  reads; row i = the caller's `what` i) are checked against the model's vocabulary first."""
   fwd: Forward = as_forward(model, params)
+  check_vocab(ids if ids is not None else np.zeros((0, 0), np.int32), cfg, vocab_size(fwd), what)
   mesh = placement.mesh_of(fwd.params)  # the params' mesh: rows split over (data, fsdp)
   with placement.on(mesh):
     res = call(fwd, lambda x: placement.place_rows(mesh, x), key_of(rng, cfg))

@@ -17,6 +17,7 @@ import numpy as np
 from setdiff_jax.diffusion import masks
 from setdiff_jax.sampling import loop, policies, processors
 from setdiff_jax.sampling.config import count_table
+from setdiff_jax.sampling.set_inputs import infill_rows
 
 
 @functools.partial(jax.jit, static_argnames=("apply", "cfg"))
@@ -91,7 +92,7 @@ def mdlm_infill(
 
   Returns dict of NumPy arrays: canvas [B, Lc], num_steps [B], forward_calls [B], num_committed [B].
   """
-  rows = [np.asarray(c, np.int64) for c in canvases]
+  rows = infill_rows(canvases, cfg, need_gap=False)  # the set sampler's checks (ids, context)
   lc = length or max(len(c) for c in rows)
   b = len(rows)
   canvas = np.full((b, lc), cfg.pad_token_id, np.int32)
@@ -117,6 +118,8 @@ def mdlm_infill(
     lambda fwd, place, key: _mdlm_infill_core(
       fwd.apply, fwd.params, *place((canvas, target, valid, counts, nsteps)), key, cfg=cfg.static()
     ),
+    ids=canvas,
+    what="canvas",
   )
 
 

@@ -39,17 +39,51 @@ class SetInputs:
 
 
 def _as_rows(rows, what: str):
+  """Token-id rows as int64 arrays; ids that are not integers (2.7, "a") are refused, never cut."""
   if isinstance(rows, np.ndarray) and rows.ndim == 1:
     rows = [rows]
-  rows = [np.asarray(r, dtype=np.int64).reshape(-1) for r in rows]
-  if not rows:
+  out = []
+  for i, r in enumerate(rows):
+    a = np.asarray(r)
+    if a.size and a.dtype.kind not in "iu":
+      raise ValueError(
+        f"{what}: row {i} holds {a.dtype} values, not integer token ids (a float or string "
+        "would be cut or misread); pass the tokenizer's ids"
+      )
+    out.append(a.astype(np.int64).reshape(-1))
+  if not out:
     raise ValueError(f"no {what} given")
-  return rows
+  return out
 
 
 def _check_ids(row: np.ndarray, what: str):
   if row.size and row.min() < 0:
     raise ValueError(f"{what} contains a negative token id")
+
+
+def check_vocab(canvas: np.ndarray, cfg: SamplerConfig, vocab_size, what: str = "prompt"):
+  """ValueError when an id the model would read or must produce lies outside its vocabulary
+  [0, V): the embedding lookup fills an out-of-range row with NaN, and the row would decode to
+  garbage silently; an EOS id >= V would never be generated, so a row would never stop.
+  canvas int [B, Lc] (row i = the caller's `what` i); vocab_size None: unknown, not checked."""
+  if vocab_size is None:
+    return
+  for name in ("mask_token_id", "pad_token_id", "eos_token_id"):
+    value = getattr(cfg, name)
+    if value is not None and int(value) >= vocab_size:
+      raise ValueError(
+        f"{name}={value} is outside the model's vocabulary (vocab_size={vocab_size}): take the "
+        "ids from the tokenizer the model was trained with"
+      )
+  canvas = np.asarray(canvas)
+  bad = np.nonzero((canvas >= vocab_size).any(axis=-1))[0]
+  if bad.size:
+    i = int(bad[0])
+    raise ValueError(
+      f"{what} {i} holds token id {int(canvas[i].max())}, outside the model's vocabulary "
+      f"(vocab_size={vocab_size}; ids are in [0, {vocab_size})): encode it with the tokenizer "
+      "the model was trained with"
+    )
 
 
 def _fht_keys(target: np.ndarray, cfg: SamplerConfig, length: int, seed: int) -> np.ndarray:
@@ -120,18 +154,20 @@ def build_inputs(
   )
 
 
-def check_prompts(rows, cfg: SamplerConfig, n: int):
-  """Clear errors for an empty prompt, bad ids, a mask token, or prompt + N beyond the context."""
-  for i, p in enumerate(rows):
+def check_prompts(rows, cfg: SamplerConfig, n):
+  """Clear errors for an empty prompt, bad ids, a mask token, or prompt + N beyond the context.
+  n: the new tokens of every row (an int), or of each row ([R] per-row budgets)."""
+  budgets = np.broadcast_to(np.asarray(n), (len(rows),))
+  for i, (p, n_i) in enumerate(zip(rows, budgets)):
     if len(p) == 0:
       raise ValueError(f"prompt {i} is empty; pass at least one token (e.g. [bos_token_id])")
     _check_ids(p, f"prompt {i}")
     if np.any(p == cfg.mask_token_id):
       raise ValueError(f"prompt {i} contains the mask token id {cfg.mask_token_id}")
-    if cfg.max_length is not None and len(p) + n > cfg.max_length:
+    if cfg.max_length is not None and len(p) + n_i > cfg.max_length:
       raise ValueError(
-        f"prompt {i} has {len(p)} tokens; with max_new_tokens={n} that is "
-        f"{len(p) + n} > the model's context length max_length={cfg.max_length}"
+        f"prompt {i} has {len(p)} tokens; with max_new_tokens={int(n_i)} that is "
+        f"{len(p) + int(n_i)} > the model's context length max_length={cfg.max_length}"
       )
 
 
@@ -155,12 +191,14 @@ def prompt_width(rows, cfg: SamplerConfig) -> int:
   return max(width, pmax)
 
 
-def infill_inputs(canvases, cfg: SamplerConfig, seed: int = 0) -> SetInputs:
-  """Canvases hold context tokens and M at every position to generate (any number of gaps)."""
+def infill_rows(canvases, cfg: SamplerConfig, need_gap: bool = True) -> list:
+  """Infill canvases as int64 rows, after clear errors for no canvas, bad ids, a canvas longer
+  than the model's context or (`need_gap`) one with nothing to fill: every infill sampler's
+  checks (MDLM's decoder completes a batch with BOS-only rows, so it passes need_gap=False)."""
   rows = _as_rows(canvases, "canvases")
   for i, c in enumerate(rows):
     _check_ids(c, f"canvas {i}")
-    if not np.any(c == cfg.mask_token_id):
+    if need_gap and not np.any(c == cfg.mask_token_id):
       raise ValueError(
         f"canvas {i} has no masked position (mask id {cfg.mask_token_id}): the gap is empty"
       )
@@ -168,6 +206,12 @@ def infill_inputs(canvases, cfg: SamplerConfig, seed: int = 0) -> SetInputs:
       raise ValueError(
         f"canvas {i} has {len(c)} tokens > the model's context length max_length={cfg.max_length}"
       )
+  return rows
+
+
+def infill_inputs(canvases, cfg: SamplerConfig, seed: int = 0) -> SetInputs:
+  """Canvases hold context tokens and M at every position to generate (any number of gaps)."""
+  rows = infill_rows(canvases, cfg)
   return build_inputs(rows, [c == cfg.mask_token_id for c in rows], cfg, seed)
 
 

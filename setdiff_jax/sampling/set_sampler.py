@@ -324,10 +324,19 @@ def compact(tokens: jax.Array, keep: jax.Array, pad_id: int):
 
 
 def run_inputs(
-  core, model, params, inp: SetInputs, cfg: SamplerConfig, rng, stop_eos: bool, history: str
+  core,
+  model,
+  params,
+  inp: SetInputs,
+  cfg: SamplerConfig,
+  rng,
+  stop_eos: bool,
+  history: str,
+  what: str = "prompt",
 ) -> SampleOutput:
   """Decodes prepared rows `inp` (`set_inputs`: e.g. per-row budgets) with a jitted loop `core`
-  (`set_core`) on the parameters' mesh; the host-side SampleOutput."""
+  (`set_core`) on the parameters' mesh; the host-side SampleOutput. `what` names a row in an
+  error ("prompt", "canvas")."""
   # N and L are host-side only here (the canvas holds them): one program per canvas bucket.
   static = cfg.static().replace(max_new_tokens=1, max_length=None)
   res = loop.run_on_mesh(
@@ -338,6 +347,8 @@ def run_inputs(
     lambda fwd, place, key: core(
       fwd.apply, fwd.params, place(inp), key, cfg=static, stop_eos=stop_eos, history=history
     ),
+    ids=inp.canvas,
+    what=what,
   )
   return loop.set_output(res, inp, cfg)
 
@@ -353,7 +364,7 @@ def infill_with(core, model, params, canvases, cfg: SamplerConfig, rng=None) -> 
   """Infilling with a jitted `core` (this module's `set_core` or the reference's)."""
   inp = infill_inputs(canvases, cfg, cfg.seed)
   history = "cached" if cfg.penalty_history == "auto" else cfg.penalty_history
-  return run_inputs(core, model, params, inp, cfg, rng, False, history)
+  return run_inputs(core, model, params, inp, cfg, rng, False, history, what="canvas")
 
 
 def set_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> SampleOutput:
