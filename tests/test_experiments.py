@@ -289,13 +289,16 @@ def test_seed_intervals_by_hand():
 
 
 FAKE_BENCHMARK = """
-import argparse, os, sys
+import argparse, os, sys, time
 from setdiff_jax.experiments import record
 ap = argparse.ArgumentParser()
-for flag in ("--seed", "--out", "--record", "--data"):
+for flag in ("--seed", "--out", "--record", "--data", "--sleep"):
   ap.add_argument(flag)
 a = ap.parse_args()
 os.makedirs(a.out)  # fails on an older run's folder
+if a.sleep:  # a long run, to be stopped
+  open(os.path.join(a.out, "pid"), "w").write(str(os.getpid()))
+  time.sleep(float(a.sleep))
 open(os.path.join(a.out, "cwd.txt"), "w").write(os.getcwd())
 code = open("code.py").read()
 report = {
@@ -366,3 +369,54 @@ def test_rerun_regenerates_a_record_at_head_and_compares_it(repo, tmp_path, caps
     "--record=f_r2",
   ]
   assert rerun.next_name("x_r2", ["x_r3"]) == "x_r4" and rerun.next_name("x_s0", []) == "x_s0_r2"
+
+
+def test_a_stopped_rerun_stops_its_benchmark_and_removes_its_worktree(repo, tmp_path):
+  """`kill` (SIGTERM) of a rerun: the benchmark it runs is stopped and its worktree removed, not
+  left registered in the repository."""
+  import os
+  import signal
+  import sys
+  import time
+
+  (repo / "benchmarks" / "results").mkdir(parents=True)
+  (repo / "benchmarks" / "fake.py").write_text(FAKE_BENCHMARK)
+  (repo / "benchmarks" / "results" / "slow.json").write_text(
+    json.dumps(
+      {"name": "slow", "command": "python -m benchmarks.fake --seed=0 --out=OUT --sleep=60"}
+    )
+  )
+  _git(repo, "add", "benchmarks")
+  _git(repo, "commit", "-q", "-m", "a slow fake benchmark")
+  scratch = tmp_path / "scratch"
+  proc = subprocess.Popen(
+    [sys.executable, "-m", "setdiff_jax.experiments.rerun", "slow", f"--scratch={scratch}"],
+    cwd=repo,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+  )
+  pid_file = scratch / "slow_r2" / "out" / "pid"
+  deadline = time.time() + 60
+  while not pid_file.exists() and time.time() < deadline and proc.poll() is None:
+    time.sleep(0.2)
+  assert pid_file.exists(), proc.communicate(timeout=30)[0]
+  time.sleep(0.3)  # the pid is written: the benchmark runs
+  proc.send_signal(signal.SIGTERM)
+  out = proc.communicate(timeout=30)[0]
+  assert proc.returncode == 143, out
+  child = int(pid_file.read_text())
+  deadline = time.time() + 10
+  while time.time() < deadline:
+    try:
+      os.kill(child, 0)
+    except ProcessLookupError:
+      break
+    time.sleep(0.1)
+  else:
+    raise AssertionError(f"the benchmark {child} outlived its rerun")
+  listing = subprocess.run(
+    ["git", "-C", str(repo), "worktree", "list"], capture_output=True, text=True
+  ).stdout
+  assert len(listing.strip().splitlines()) == 1, listing
+  assert not (scratch / "slow_r2" / "tree").exists()

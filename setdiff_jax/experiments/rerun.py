@@ -24,6 +24,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -200,6 +201,9 @@ def main(argv=None) -> int:
   ap.add_argument("--scratch", help="where output folders go (default: $TMPDIR/setdiff_rerun)")
   ap.add_argument("--dry_run", action="store_true", help="print the command, run nothing")
   args = ap.parse_args(argv)
+  # A `kill` (SIGTERM) unwinds like Ctrl-C: subprocess.run stops the benchmark, `finally` removes
+  # the worktree (the default action would leave both behind).
+  signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
   try:
     repo = git.top_level(os.getcwd())
     unset = [f.lstrip("-") for f in args.unset]
