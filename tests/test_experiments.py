@@ -296,6 +296,7 @@ for flag in ("--seed", "--out", "--record", "--data", "--sleep"):
   ap.add_argument(flag)
 a = ap.parse_args()
 os.makedirs(a.out)  # fails on an older run's folder
+open(os.path.join(a.out, "shared.txt"), "w").write(open("../shared/data.txt").read())
 if a.sleep:  # a long run, to be stopped
   open(os.path.join(a.out, "pid"), "w").write(str(os.getpid()))
   time.sleep(float(a.sleep))
@@ -321,6 +322,8 @@ def test_rerun_regenerates_a_record_at_head_and_compares_it(repo, tmp_path, caps
 
   (repo / "benchmarks" / "results").mkdir(parents=True)
   (repo / "benchmarks" / "fake.py").write_text(FAKE_BENCHMARK)
+  (repo.parent / "shared").mkdir()  # data beside the checkout, read as ../shared
+  (repo.parent / "shared" / "data.txt").write_text("beside")
   _git(repo, "add", "benchmarks/fake.py")
   _git(repo, "commit", "-q", "-m", "fake benchmark")
   first = ["-m", "benchmarks.fake", "--seed=1", f"--out={tmp_path}/o1", "--record=fake"]
@@ -334,6 +337,7 @@ def test_rerun_regenerates_a_record_at_head_and_compares_it(repo, tmp_path, caps
   assert new["outcomes"] == old["outcomes"] and new["commit"] == old["commit"]
   assert "every one of the 6 values (timings apart) equals `fake`'s" in capsys.readouterr().out
   assert (scratch / "fake_r2" / "out" / "cwd.txt").read_text() == str(scratch / "fake_r2" / "tree")
+  assert (scratch / "fake_r2" / "out" / "shared.txt").read_text() == "beside"
   assert (scratch / "fake_r2" / "log.txt").exists() and not (scratch / "fake_r2" / "tree").exists()
   worktrees = subprocess.run(
     ["git", "-C", str(repo), "worktree", "list"], capture_output=True, text=True
@@ -381,6 +385,8 @@ def test_a_stopped_rerun_stops_its_benchmark_and_removes_its_worktree(repo, tmp_
 
   (repo / "benchmarks" / "results").mkdir(parents=True)
   (repo / "benchmarks" / "fake.py").write_text(FAKE_BENCHMARK)
+  (repo.parent / "shared").mkdir()
+  (repo.parent / "shared" / "data.txt").write_text("beside")
   (repo / "benchmarks" / "results" / "slow.json").write_text(
     json.dumps(
       {"name": "slow", "command": "python -m benchmarks.fake --seed=0 --out=OUT --sleep=60"}

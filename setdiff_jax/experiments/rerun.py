@@ -35,6 +35,10 @@ from setdiff_jax.experiments import git, record, reproduce
 RESULTS_DIR = os.path.join("benchmarks", "results")
 DOCS_DIR = os.path.join("docs", "results")
 OUTPUT_FLAGS = frozenset({"out", "output", "output_dir"})
+# Folders beside the checkout that the code reads by a relative path (`../shared/data`: the Story
+# Cloze CSV's default, evaluation/infill.py): linked beside the worktree, so `tree/../shared` is
+# the checkout's.
+SIBLINGS = ("shared",)
 PLACEHOLDER = re.compile(r"^[A-Z][A-Z0-9_]*(/\S*)?$")  # OUTPUT_DIR, DIR/agg, SFT0
 
 
@@ -138,6 +142,10 @@ def rerun(
     raise RerunError(f"{work} exists (an earlier rerun's folder): remove it or pass --scratch")
   tree = os.path.join(work, "tree")
   os.makedirs(work)
+  for sibling in SIBLINGS:
+    beside = os.path.join(os.path.dirname(os.path.abspath(repo)), sibling)
+    if os.path.isdir(beside):
+      os.symlink(beside, os.path.join(work, sibling))
   git._git(repo, "worktree", "add", "--detach", tree, commit)
   try:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([tree, os.environ.get("PYTHONPATH", "")]))
