@@ -196,6 +196,11 @@ def test_a_rerun_is_compared_value_by_value_timings_and_paths_apart():
   assert [p for p, _, _ in diff.differ] == ["outcomes.ar.0[0].score", "outcomes.ar.0[0].values[1]"]
   assert "2 of the 6 values (timings apart) differ" in diff.summary("`t`")
   assert "(on another device)" in diff.summary("`t`")
+  # an aggregate's rerun reads the rerun records: their names are not values
+  agg_old = dict(old, refs=["t_s0", "t_s1"], command="python -m benchmarks.agg --runs=t_s0,t_s1")
+  agg_new = dict(new, refs=["t_s0_r2", "t_s1_r2"], command="python -m benchmarks.agg --runs=a,b")
+  assert reproduce.compare(agg_old, agg_new).identical
+  assert reproduce.command_key(agg_old["command"]) == reproduce.command_key(agg_new["command"])
   extra = dict(new, extra={"k": 1})
   assert reproduce.compare(old, extra).only_new == ["extra.k"]
   assert reproduce.compare(extra, old).only_old == ["extra.k"]

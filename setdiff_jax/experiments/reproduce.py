@@ -35,13 +35,15 @@ IDENTITY_KEYS = frozenset(
   | {"markdown", "commit_note", "records_note", "sft_note", "why_kept"}
 )
 # Scalars that say which inputs ran (the commit that trained a checkpoint read here), at any depth.
-NESTED_IDENTITY = frozenset({"commit", "date", "command"})
+NESTED_IDENTITY = frozenset({"commit", "date", "command", "refs"})
 TIMING_KEY = re.compile(r"second|minutes|(^|_)s$|/s\b|per_s|load|wall|^official$|^ours$", re.I)
 # Flags whose value is where a run wrote or read its files (or the record's name): two runs of
 # one command differ there and nowhere else.
+# `runs` / `refs`: the names of the records an aggregate reads (`compare_seeds`), which a rerun
+# of the aggregate names anew (x_s0 -> x_s0_r2).
 PLACE_FLAGS = frozenset(
   {"record", "out", "output", "output_dir", "results_dir", "workdir", "tuned_dirs"}
-  | {"sft_workdirs", "official_dir", "official_python"}
+  | {"sft_workdirs", "official_dir", "official_python", "runs"}
 )
 SERIES_SUFFIX = re.compile(r"_r(\d+)$")
 
@@ -108,7 +110,7 @@ def leaves(record: Dict[str, Any]) -> Iterator[Tuple[str, bool, Any]]:
     if isinstance(obj, dict):
       for key, value in obj.items():
         key = str(key)
-        if key in (PLACE_FLAGS | NESTED_IDENTITY) and not isinstance(value, (dict, list)):
+        if key in NESTED_IDENTITY or (key in PLACE_FLAGS and not isinstance(value, (dict, list))):
           continue
         sub = f"{path}.{key}" if path else key
         yield from walk(value, sub, timing or bool(TIMING_KEY.search(key)))
