@@ -165,7 +165,11 @@ def _run_record(name, command, outcomes, seconds, out_dir, cpu="Intel Xeon"):
     "markdown": f"## {name}\n",
     "args": {"out": out_dir, "record": name, "seed": 0},
     "outcomes": {"ar": {"0": [{"values": list(outcomes), "score": sum(outcomes) / 4}]}},
-    "summary": {"total_seconds": seconds, "rows": [{"tok/s b=1": 100 / seconds, "median_s": 1.0}]},
+    "summary": {  # a value after a timing in one dict is still a value
+      "total_seconds": seconds,
+      "kept_per_call": 2.5,
+      "rows": [{"tok/s b=1": 100 / seconds, "median_s": 1.0}],
+    },
   }
 
 
@@ -181,10 +185,11 @@ def test_a_rerun_is_compared_value_by_value_timings_and_paths_apart():
     "t_r2", "python -m benchmarks.t --record=t_r2 --out=OUT --seed=0", [1, 0, 1, 1], 20, "/x/b"
   )
   same = reproduce.compare(old, new)
-  # values: 4 outcomes + score + seed (timings, names, paths, commit, date, command apart)
-  assert same.identical and same.measured == 6 and not same.other_device
-  assert same.timing_ratio == pytest.approx(1.0) and same.timings == 3  # 2.0, 0.5, 1.0
-  assert "every one of the 6 values (timings apart) equals `t`'s" in same.summary("`t`")
+  # values: 4 outcomes + score + seed + kept_per_call (timings, names, paths, commit, date, command apart)
+  assert same.identical and same.measured == 7 and not same.other_device
+  # durations 10 -> 20 s and 1 -> 1 s: median 1.5; the rate (tok/s 10 -> 5) is left out of it
+  assert same.timing_ratio == pytest.approx(1.5) and same.timings == 2
+  assert "every one of the 7 values (timings apart) equals `t`'s" in same.summary("`t`")
   assert reproduce.command_key(old["command"]) == reproduce.command_key(new["command"])
   assert reproduce.command_key("python -m benchmarks.t --seed=1") != reproduce.command_key(
     new["command"]
@@ -194,7 +199,7 @@ def test_a_rerun_is_compared_value_by_value_timings_and_paths_apart():
   diff = reproduce.compare(old, flipped)
   assert not diff.identical and diff.other_device
   assert [p for p, _, _ in diff.differ] == ["outcomes.ar.0[0].score", "outcomes.ar.0[0].values[1]"]
-  assert "2 of the 6 values (timings apart) differ" in diff.summary("`t`")
+  assert "2 of the 7 values (timings apart) differ" in diff.summary("`t`")
   assert "(on another device)" in diff.summary("`t`")
   # an aggregate's rerun reads the rerun records: their names are not values
   agg_old = dict(old, refs=["t_s0", "t_s1"], command="python -m benchmarks.agg --runs=t_s0,t_s1")
@@ -221,8 +226,8 @@ def test_publish_says_which_stale_record_a_rerun_reproduced():
   label = {"t": "stale", "t_r2": "stale", "t_r3": "current", "u_r2": "current", "t_r4": "current"}
   statuses = {n: {"label": label[n], "text": label[n]} for n in records}
   rows, shown = publish.rerun_rows(records, statuses)
-  assert shown == {"t_r2": "stale; its 6 values (timings apart) again in [t_r3](t_r3.md) (current)"}
+  assert shown == {"t_r2": "stale; its 7 values (timings apart) again in [t_r3](t_r3.md) (current)"}
   assert [r[0] for r in rows["t_r2"]] == ["rerun of", "rerun as"]
-  assert "2 of the 6 values (timings apart) differ from `t`'s" in rows["t_r2"][0][1]
+  assert "2 of the 7 values (timings apart) differ from `t`'s" in rows["t_r2"][0][1]
   assert "equals this record's" in rows["t_r2"][1][1]
   assert "t_r4" not in rows and "u_r2" not in rows and [r[0] for r in rows["t_r3"]] == ["rerun of"]

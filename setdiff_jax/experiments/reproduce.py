@@ -37,6 +37,7 @@ IDENTITY_KEYS = frozenset(
 # Scalars that say which inputs ran (the commit that trained a checkpoint read here), at any depth.
 NESTED_IDENTITY = frozenset({"commit", "date", "command", "refs"})
 TIMING_KEY = re.compile(r"second|minutes|(^|_)s$|/s\b|per_s|load|wall|^official$|^ours$", re.I)
+DURATION_KEY = re.compile(r"second|minutes|(^|_)s$|wall", re.I)  # not a rate (per_s, tok/s)
 # Flags whose value is where a run wrote or read its files (or the record's name): two runs of
 # one command differ there and nowhere else.
 # `runs` / `refs`: the names of the records an aggregate reads (`compare_seeds`), which a rerun
@@ -52,7 +53,8 @@ SERIES_SUFFIX = re.compile(r"_r(\d+)$")
 class Comparison:
   """What `compare(old, new)` found. `differ`: (path, old, new) of measured leaves that differ;
   `only_old` / `only_new`: paths present in one record only; `timing_ratio`: median NEW / OLD
-  over the timing leaves both hold (None without any); `other_device`: the records name
+  over the durations both hold (seconds: above 1 the rerun was slower; rates are left out of it,
+  they move the other way; None without any); `other_device`: the records name
   different CPUs or accelerators (floats may then differ in their last bits)."""
 
   measured: int
@@ -88,7 +90,7 @@ class Comparison:
     if self.other_device:
       text += " (on another device)"
     if self.timing_ratio is not None:
-      text += f"; the rerun's timings x{self.timing_ratio:.2f} (median ratio of {self.timings:,})"
+      text += f"; the rerun's durations x{self.timing_ratio:.2f} (median ratio of {self.timings:,})"
     return text
 
 
@@ -102,26 +104,30 @@ def _is_place(value: Any, names: Tuple[str, ...]) -> bool:
 
 
 def leaves(record: Dict[str, Any]) -> Iterator[Tuple[str, bool, Any]]:
-  """(path, is_timing, value) of every leaf outside the record's identity, e.g.
+  """(path, kind, value) of every leaf outside the record's identity; kind: "value", "duration"
+  (under a key naming a time) or "rate" (tok/s, load: also a timing, not a duration), e.g.
   ("outcomes.ar.0[0].values[3]", False, 1.0)."""
   names = tuple(n for n in (record.get("name"), (record.get("args") or {}).get("record")) if n)
 
-  def walk(obj, path: str, timing: bool):
+  def walk(obj, path: str, kind: str):
     if isinstance(obj, dict):
       for key, value in obj.items():
         key = str(key)
         if key in NESTED_IDENTITY or (key in PLACE_FLAGS and not isinstance(value, (dict, list))):
           continue
         sub = f"{path}.{key}" if path else key
-        yield from walk(value, sub, timing or bool(TIMING_KEY.search(key)))
+        inner = kind
+        if TIMING_KEY.search(key):
+          inner = "duration" if DURATION_KEY.search(key) else "rate"
+        yield from walk(value, sub, inner)
     elif isinstance(obj, list):
       for i, value in enumerate(obj):
-        yield from walk(value, f"{path}[{i}]", timing)
+        yield from walk(value, f"{path}[{i}]", kind)
     elif not _is_place(obj, names):
-      yield path, timing, obj
+      yield path, kind, obj
 
   top = {k: v for k, v in record.items() if k not in IDENTITY_KEYS}
-  yield from walk(top, "", False)
+  yield from walk(top, "", "value")
 
 
 def _equal(a: Any, b: Any) -> bool:
@@ -146,16 +152,16 @@ def compare(old: Dict[str, Any], new: Dict[str, Any]) -> Comparison:
   b = {p: (t, v) for p, t, v in leaves(new)}
   measured, differ, ratios = 0, [], []
   for path in a.keys() & b.keys():
-    (timing, va), (_, vb) = a[path], b[path]
-    if timing:
+    (kind, va), (_, vb) = a[path], b[path]
+    if kind != "value":
       numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (va, vb))
-      if numbers and va and math.isfinite(va) and math.isfinite(vb):
+      if kind == "duration" and numbers and va and math.isfinite(va) and math.isfinite(vb):
         ratios.append(vb / va)
       continue
     measured += 1
     if not _equal(va, vb):
       differ.append((path, va, vb))
-  untimed = lambda d, keys: sorted(p for p in keys if not d[p][0])  # noqa: E731
+  untimed = lambda d, keys: sorted(p for p in keys if d[p][0] == "value")  # noqa: E731
   return Comparison(
     measured=measured,
     differ=sorted(differ),
