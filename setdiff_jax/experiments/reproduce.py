@@ -179,6 +179,14 @@ def series(name: str) -> Tuple[str, int]:
   return (name[: m.start()], int(m.group(1))) if m else (name, 1)
 
 
+def program_words(word: str) -> List[str]:
+  """`benchmarks/x.py` -> ["-m", "benchmarks.x"] (how every benchmark is run); other words as they
+  are."""
+  if word.endswith(".py") and "/" in word and not word.startswith("-"):
+    return ["-m", word[: -len(".py")].replace("/", ".")]
+  return [word]
+
+
 def command_key(command: str) -> Tuple[str, ...]:
   """The command without where it wrote (PLACE_FLAGS), its flags in sorted order and
   `python benchmarks/x.py` read as `python -m benchmarks.x`: two runs of one experiment give the
@@ -192,10 +200,8 @@ def command_key(command: str) -> Tuple[str, ...]:
     if w.startswith("--"):
       if w[2:].split("=", 1)[0] not in PLACE_FLAGS:
         flags.append(w)
-    elif w.endswith(".py") and "/" in w:
-      program += ["-m", w[: -len(".py")].replace("/", ".")]
     else:
-      program.append(w)
+      program += program_words(w)
   return tuple(program + sorted(flags))
 
 

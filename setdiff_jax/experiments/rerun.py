@@ -74,7 +74,7 @@ def plan_command(
   argv, seen, missing = [sys.executable], set(), []
   for w in words[1:]:
     if not w.startswith("--"):
-      argv += ["-m", w[:-3].replace("/", ".")] if w.endswith(".py") and "/" in w else [w]
+      argv += reproduce.program_words(w)
       continue
     flag, eq, value = w[2:].partition("=")
     seen.add(flag)
