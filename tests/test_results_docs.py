@@ -198,7 +198,10 @@ def test_a_rerun_is_compared_value_by_value_timings_and_paths_apart():
   flipped = _run_record("t_r2", new["command"], [1, 1, 1, 1], 10, "/x/b", cpu="AMD EPYC")
   diff = reproduce.compare(old, flipped)
   assert not diff.identical and diff.other_device
-  assert [p for p, _, _ in diff.differ] == ["outcomes.ar.0[0].score", "outcomes.ar.0[0].values[1]"]
+  assert [p for p, _, _ in diff.differ] == [
+    'outcomes.ar["0"][0].score',
+    'outcomes.ar["0"][0].values[1]',
+  ]
   assert "2 of the 7 values (timings apart) differ" in diff.summary("`t`")
   assert "(on another device)" in diff.summary("`t`")
   # an aggregate's rerun reads the rerun records: their names are not values
@@ -231,3 +234,129 @@ def test_publish_says_which_stale_record_a_rerun_reproduced():
   assert "2 of the 7 values (timings apart) differ from `t`'s" in rows["t_r2"][0][1]
   assert "equals this record's" in rows["t_r2"][1][1]
   assert "t_r4" not in rows and "u_r2" not in rows and [r[0] for r in rows["t_r3"]] == ["rerun of"]
+
+
+def test_reproduce_compares_every_measured_value_and_sets_aside_only_timings_and_places():
+  """Probe round 8: per-seed accuracies, tokens per step and decoded outputs are values (the
+  timing words are matched whole, `output` is a place only as a flag); True is not 1, integers
+  are exact, a dotted key cannot stand for a nested one; RunRecord's `timings` are timings."""
+  from setdiff_jax.experiments import reproduce
+
+  def rec(**values):
+    base = {"name": "t", "command": "python -m benchmarks.t", "args": {"output": "/tmp/a"}}
+    return dict(base, **values)
+
+  measured = {
+    "per_seed": [0.5, 0.6],
+    "acc_fp32_per_seed": [0.5],
+    "tokens_per_step": 2.5,
+    "kept_tokens_per_step": 3.0,
+    "examples": [{"prompt": "1+1", "output": "2"}],
+    "flag": True,
+    "count": 10**9,
+    "a.b": 1,
+    "a": {"b": 2},
+  }
+  old = rec(**measured)
+  assert reproduce.compare(old, json.loads(json.dumps(old))).identical
+  changed = {
+    "per_seed": [0.5, 0.7],
+    "acc_fp32_per_seed": [0.4],
+    "tokens_per_step": 5.0,
+    "kept_tokens_per_step": 1.0,
+    "examples": [{"prompt": "1+1", "output": "garbage"}],
+    "flag": 1,
+    "count": 10**9 + 1,
+    "a.b": 7,
+  }
+  for key, value in changed.items():
+    result = reproduce.compare(old, rec(**dict(measured, **{key: value})))
+    assert not result.identical and len(result.differ) == 1, key
+  # the flag `--output` (top level or args) is where the run wrote: set aside
+  assert reproduce.compare(old, rec(**measured, output="/x")).only_new == []
+  moved = dict(rec(**measured), args={"output": "/elsewhere"})
+  assert reproduce.compare(old, moved).identical
+  # timings: RunRecord's section, rates and durations never count as values
+  timed = rec(**measured, timings={"train": 12.0}, load_avg=1.0, rows_per_s=3.0, wall=4.0)
+  slower = rec(**measured, timings={"train": 14.5}, load_avg=2.0, rows_per_s=1.0, wall=8.0)
+  result = reproduce.compare(timed, slower)
+  assert result.identical and result.timings == 2
+  assert result.timing_ratio == pytest.approx((14.5 / 12 + 8 / 4) / 2)
+  assert reproduce.path_text(("a.b",)) == '["a.b"]' and reproduce.path_text(("a", "b")) == "a.b"
+
+
+def test_a_rerun_is_compared_with_the_latest_earlier_run_of_its_command():
+  """t_r3 ran t's command after t_r2 ran another one: t_r3 reruns t (probe round 8)."""
+  from setdiff_jax.experiments import reproduce
+
+  command = "python -m benchmarks.t --seed=0"
+  records = {
+    "t": _run_record("t", command, [1, 0, 1, 1], 10, "/a"),
+    "t_r2": _run_record("t_r2", command + " --seed=2", [1, 1, 1, 1], 10, "/b"),
+    "t_r3": _run_record("t_r3", command, [1, 0, 1, 1], 12, "/c"),
+    "t_r4": _run_record("t_r4", command, [1, 0, 1, 1], 12, "/d"),
+  }
+  assert reproduce.predecessors(records) == {"t_r3": "t", "t_r4": "t_r3"}
+  statuses = {n: {"label": "stale", "text": "stale"} for n in records}
+  _, shown = publish.rerun_rows(records, statuses)
+  assert shown["t"].startswith("stale; its 7 values (timings apart) again in [t_r3]")
+
+
+def test_a_record_whose_measured_paths_name_nothing_is_unjudged_never_current(tmp_path):
+  repo = tmp_path / "repo"
+  repo.mkdir()
+  _git(repo, "init", "-q", "-b", "main")
+  _git(repo, "config", "user.email", "t@t")
+  _git(repo, "config", "user.name", "t")
+  c0 = _commit(repo, "code.py", "x = 1\n", "code")
+  for paths in ([], ["cod.py"]):
+    rec = {"commit": c0, "measured_paths": paths, "markdown": "## T\n"}
+    _commit(repo, "code.py", f"x = {len(paths) + 2}\n", "the measured code changes")
+    st = publish.status(rec, str(repo))
+    assert st["label"] == "unjudged" and "cannot be judged" in st["text"], paths
+  assert publish.status(dict(rec, measured_paths=["code.py"]), str(repo))["label"] == "stale"
+
+
+def test_publish_refuses_what_is_no_record_with_one_line_naming_the_file(tmp_path, capsys):
+  """Damaged JSON, a JSON list, fields of the wrong type, a record named like the index: one
+  `error:` line naming the file; a non-UTF-8 or folder `.md` in the docs is someone's, left; a
+  --docs_dir that is a file is named."""
+  from setdiff_jax.experiments import reproduce
+
+  results, docs = tmp_path / "results", tmp_path / "docs"
+  results.mkdir()
+  _git(tmp_path, "init", "-q", "-b", "main")
+  _git(tmp_path, "config", "user.email", "t@t")
+  _git(tmp_path, "config", "user.name", "t")
+  _commit(tmp_path, "code.py", "x = 1\n", "code")
+  good = {"name": "ok", "command": "python -m benchmarks.t", "markdown": "## T\n", "v": 1}
+  (results / "ok.json").write_text(json.dumps(good))
+  argv = ["--results_dir", str(results), "--docs_dir", str(docs)]
+  cases = {
+    "bad.json": '{"name": "bad", "v": 1',
+    "listed.json": "[1, 2]",
+    "typed.json": json.dumps(dict(good, device="cpu")),
+    "cmd.json": json.dumps(dict(good, command=["python", "x"])),
+    "README.json": json.dumps(good),
+    "readme.json": json.dumps(good),
+  }
+  for fn, text in cases.items():
+    (results / fn).write_text(text)
+    assert publish.main(argv) == 1, fn
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and fn in err[0], (fn, err)
+    (results / fn).unlink()
+  with pytest.raises(ValueError, match="listed.json holds a JSON list"):
+    (results / "listed.json").write_text("[1]")
+    reproduce.read_record(str(results / "listed.json"))
+  (results / "listed.json").unlink()
+  docs.mkdir()
+  (docs / "notes.md").write_bytes(b"\xff\xfe not utf-8\n")
+  (docs / "folder.md").mkdir()
+  assert publish.main(argv) == 0 and (docs / "notes.md").read_bytes().startswith(b"\xff")
+  (docs / "ok.md").unlink()
+  (docs / "ok.md").mkdir()
+  assert publish.main(argv) == 1 and "ok.md is a folder" in capsys.readouterr().err
+  (docs / "ok.md").rmdir()
+  assert publish.main(["--results_dir", str(results), "--docs_dir", str(docs / "notes.md")]) == 1
+  assert "is a file" in capsys.readouterr().err

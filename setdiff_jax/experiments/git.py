@@ -63,3 +63,10 @@ def first_change_after(repo: str, commit: str, paths: Sequence[str], ref: str = 
     repo, "log", "--reverse", "--format=%h %cs", f"{commit}..{ref}", "--", *paths
   ).stdout.split("\n")[0]
   return tuple(out.split(" ", 1)) if out.strip() else None
+
+
+def names_files(repo: str, commit: str, paths: Sequence[str]) -> bool:
+  """Whether the pathspecs `paths` name any file of `commit`'s history (a misspelt path names
+  none, so no later change could ever be found in it)."""
+  out = _git(repo, "rev-list", "-1", commit, "--", *paths, check=False)
+  return out.returncode == 0 and bool(out.stdout.strip())

@@ -4,17 +4,22 @@
 
 A record's *measured values* are its JSON leaves except
 - its identity: name, commit, command, date, device, measured paths, provenance, the rendered
-  markdown, and any string naming a path or the record itself (output folders differ per run);
-- its timings: every leaf under a key that names a time, a rate or the machine's load (seconds,
-  tok/s, rows/s, load, ...): they move with the machine's load, so they are
-  summarised as the median ratio NEW / OLD, never required to be equal.
+  markdown; at any depth the commit, date, command and folder (`workdir`, `dir`) of what it read;
+  the benchmark's flags that name where it wrote or read (`--output_dir`, `--record`, ...; at the
+  top level and under `args` only: a decoded `output` deeper down is data), and any string
+  equal to the record's own name;
+- its timings: every leaf under a key that names a rate (tokens_per_second, rows_per_s, tok/s,
+  the machine's load) or a duration (train_seconds, median_s, wait_minutes, `timings`), matched
+  word by word (`per_seed`, `tokens_per_step` are measured values): they move with the machine's
+  load, so the durations are summarised as the median ratio NEW / OLD, never required equal.
 
 The two reproduce each other when both hold the same measured leaves and every one is equal
-(numbers to a relative 1e-9: JSON round trips, nothing more). On a CPU our training and decoding
-are deterministic given the seeds, so a rerun of an accuracy benchmark on the same kind of machine
-is expected to give every per-problem outcome again; one that does not shows the code changed
-what it measures. `publish` runs this for each record against the one before it in its series
-(`name`, `name_r2`, `name_r3`, ...) when both ran the same command.
+(booleans, strings and integers exactly, floats to a relative 1e-9: JSON round trips, nothing
+more). On a CPU our training and decoding are deterministic given the seeds, so a rerun of an
+accuracy benchmark on the same kind of machine is expected to give every per-problem outcome
+again; one that does not shows the code changed what it measures. `publish` runs this for each
+record against the latest earlier record of its series (`name`, `name_r2`, `name_r3`, ...) that
+ran the same command.
 """
 
 from __future__ import annotations
@@ -34,18 +39,24 @@ IDENTITY_KEYS = frozenset(
   {"name", "commit", "command", "date", "device", "hardware", "measured_paths", "provenance"}
   | {"markdown", "commit_note", "records_note", "sft_note", "why_kept"}
 )
-# Scalars that say which inputs ran (the commit that trained a checkpoint read here), at any depth.
-NESTED_IDENTITY = frozenset({"commit", "date", "command", "refs"})
-TIMING_KEY = re.compile(r"second|minutes|(^|_)s$|/s\b|per_s|load|wall|^official$|^ours$", re.I)
-DURATION_KEY = re.compile(r"second|minutes|(^|_)s$|wall", re.I)  # not a rate (per_s, tok/s)
-# Flags whose value is where a run wrote or read its files (or the record's name): two runs of
-# one command differ there and nowhere else.
-# `runs` / `refs`: the names of the records an aggregate reads (`compare_seeds`), which a rerun
-# of the aggregate names anew (x_s0 -> x_s0_r2).
+# Keys that say which inputs ran or where they live (the commit that trained a checkpoint read
+# here, its folder), at any depth.
+NESTED_IDENTITY = frozenset({"commit", "date", "command", "refs", "workdir", "dir"})
+# The benchmark's flags whose value is where a run wrote or read its files (or the record's
+# name): two runs of one command differ there and nowhere else. Only the flags themselves (the
+# record's top level and its `args`) are set aside: the same word deeper down is data (a decoded
+# `output`). `runs` / `refs`: the names of the records an aggregate reads (`compare_seeds`),
+# which a rerun of the aggregate names anew (x_s0 -> x_s0_r2).
 PLACE_FLAGS = frozenset(
   {"record", "out", "output", "output_dir", "results_dir", "workdir", "tuned_dirs"}
   | {"sft_workdirs", "official_dir", "official_python", "runs"}
 )
+FLAG_SECTIONS = ((), ("args",))
+# Timings, matched word by word (`per_seed`, `tokens_per_step` are measured values): a rate
+# (tokens_per_second, rows_per_s, tok/s, the machine's load, the official-vs-ours rate columns)
+# or a duration (train_seconds, median_s, wait_minutes, wall_..., RunRecord's `timings`).
+RATE_KEY = re.compile(r"per_s(econd)?($|_)|/s\b|(^|_)load($|_)|^(official|ours)$", re.I)
+DURATION_KEY = re.compile(r"(^|_)(seconds|minutes|s)($|_)|(^|_)wall($|_)|^timings$", re.I)
 SERIES_SUFFIX = re.compile(r"_r(\d+)$")
 
 
@@ -99,45 +110,82 @@ def _short(value: Any) -> str:
   return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _is_place(value: Any, names: Tuple[str, ...]) -> bool:
-  return isinstance(value, str) and (value.startswith("/") or value in names)
+def _is_name(value: Any, names: Tuple[str, ...]) -> bool:
+  return isinstance(value, str) and value in names
 
 
-def leaves(record: Dict[str, Any]) -> Iterator[Tuple[str, bool, Any]]:
-  """(path, kind, value) of every leaf outside the record's identity; kind: "value", "duration"
-  (under a key naming a time) or "rate" (tok/s, load: also a timing, not a duration), e.g.
-  ("outcomes.ar.0[0].values[3]", False, 1.0)."""
-  names = tuple(n for n in (record.get("name"), (record.get("args") or {}).get("record")) if n)
+def _is_place_flag(key: str, value: Any, section: Tuple[Any, ...]) -> bool:
+  """A flag naming a place (PLACE_FLAGS) at the top level or in `args`, holding a path, a name or
+  a list of them (a list of records' data, e.g. an aggregate's `runs`, is compared)."""
+  if key not in PLACE_FLAGS or section not in FLAG_SECTIONS:
+    return False
+  if isinstance(value, list):
+    return all(v is None or isinstance(v, str) for v in value)
+  return value is None or isinstance(value, str)
 
-  def walk(obj, path: str, kind: str):
+
+def path_text(path: Tuple[Any, ...]) -> str:
+  """("a", "0.001", 3) -> 'a["0.001"][3]': dict keys joined by dots unless they hold one (or a
+  bracket), list indices in brackets; two different paths never read the same."""
+  out = ""
+  for part in path:
+    if isinstance(part, int):
+      out += f"[{part}]"
+    elif part and all(c.isalnum() or c in "_-/ " for c in part) and not part[0].isdigit():
+      out += f".{part}" if out else part
+    else:
+      out += f"[{json.dumps(part)}]"
+  return out
+
+
+def leaves(record: Dict[str, Any]) -> Iterator[Tuple[Tuple[Any, ...], str, Any]]:
+  """(path, kind, value) of every leaf outside the record's identity; path: the keys and list
+  indices down to it (`path_text` writes it); kind: "value", "duration" (under a key naming a
+  time) or "rate" (tok/s, load: also a timing, not a duration), e.g.
+  (("outcomes", "ar", "0", 0, "values", 3), "value", 1.0)."""
+  names = tuple(n for n in (record.get("name"), _args(record).get("record")) if n)
+
+  def walk(obj, path: Tuple[Any, ...], kind: str):
     if isinstance(obj, dict):
       for key, value in obj.items():
         key = str(key)
-        if key in NESTED_IDENTITY or (key in PLACE_FLAGS and not isinstance(value, (dict, list))):
+        if key in NESTED_IDENTITY or _is_place_flag(key, value, path):
           continue
-        sub = f"{path}.{key}" if path else key
         inner = kind
-        if TIMING_KEY.search(key):
-          inner = "duration" if DURATION_KEY.search(key) else "rate"
-        yield from walk(value, sub, inner)
+        if kind == "value" and RATE_KEY.search(key):
+          inner = "rate"
+        elif kind == "value" and DURATION_KEY.search(key):
+          inner = "duration"
+        yield from walk(value, path + (key,), inner)
     elif isinstance(obj, list):
       for i, value in enumerate(obj):
-        yield from walk(value, f"{path}[{i}]", kind)
-    elif not _is_place(obj, names):
+        yield from walk(value, path + (i,), kind)
+    elif not _is_name(obj, names):
       yield path, kind, obj
 
   top = {k: v for k, v in record.items() if k not in IDENTITY_KEYS}
-  yield from walk(top, "", "value")
+  yield from walk(top, (), "value")
+
+
+def _args(record: Dict[str, Any]) -> Dict[str, Any]:
+  args = record.get("args")
+  return args if isinstance(args, dict) else {}
+
+
+def _number(value: Any) -> bool:
+  return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _equal(a: Any, b: Any) -> bool:
-  if isinstance(a, bool) or isinstance(b, bool) or not isinstance(a, (int, float)):
+  """Equal as measured values: booleans, strings, None and integers exactly (True is not 1);
+  floats to a relative 1e-9 (JSON round trips); NaN equals NaN."""
+  if not (_number(a) and _number(b)):
+    return type(a) is type(b) and a == b
+  if isinstance(a, int) and isinstance(b, int):
     return a == b
-  if not isinstance(b, (int, float)):
-    return False
   if math.isnan(a) or math.isnan(b):
     return math.isnan(a) and math.isnan(b)
-  return math.isclose(a, b, rel_tol=1e-9, abs_tol=0.0) or a == b
+  return a == b or math.isclose(a, b, rel_tol=1e-9, abs_tol=0.0)
 
 
 def _device(record: Dict[str, Any]) -> Tuple[Any, ...]:
@@ -151,20 +199,20 @@ def compare(old: Dict[str, Any], new: Dict[str, Any]) -> Comparison:
   a = {p: (t, v) for p, t, v in leaves(old)}
   b = {p: (t, v) for p, t, v in leaves(new)}
   measured, differ, ratios = 0, [], []
-  for path in a.keys() & b.keys():
+  for path in sorted(a.keys() & b.keys(), key=path_text):
     (kind, va), (_, vb) = a[path], b[path]
     if kind != "value":
-      numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (va, vb))
+      numbers = _number(va) and _number(vb)
       if kind == "duration" and numbers and va and math.isfinite(va) and math.isfinite(vb):
         ratios.append(vb / va)
       continue
     measured += 1
     if not _equal(va, vb):
-      differ.append((path, va, vb))
-  untimed = lambda d, keys: sorted(p for p in keys if d[p][0] == "value")  # noqa: E731
+      differ.append((path_text(path), va, vb))
+  untimed = lambda d, keys: sorted(path_text(p) for p in keys if d[p][0] == "value")  # noqa: E731
   return Comparison(
     measured=measured,
-    differ=sorted(differ),
+    differ=differ,
     only_old=untimed(a, a.keys() - b.keys()),
     only_new=untimed(b, b.keys() - a.keys()),
     timing_ratio=statistics.median(ratios) if ratios else None,
@@ -206,8 +254,8 @@ def command_key(command: str) -> Tuple[str, ...]:
 
 
 def predecessors(records: Dict[str, Dict[str, Any]]) -> Dict[str, str]:
-  """{name: the record before it in its series}, for records whose predecessor ran the same
-  command (`command_key`)."""
+  """{name: the latest earlier record of its series that ran the same command (`command_key`)}:
+  x_r3 reruns x when x_r2 ran with other flags."""
   by_series: Dict[str, List[Tuple[int, str]]] = {}
   for name in records:
     base, place = series(name)
@@ -215,16 +263,66 @@ def predecessors(records: Dict[str, Dict[str, Any]]) -> Dict[str, str]:
   out = {}
   for members in by_series.values():
     members.sort()
-    for (_, before), (_, name) in zip(members, members[1:]):
-      if command_key(records[before].get("command")) == command_key(records[name].get("command")):
-        out[name] = before
+    for i, (_, name) in enumerate(members):
+      key = command_key(_command(records[name]))
+      for _, before in reversed(members[:i]):
+        if command_key(_command(records[before])) == key:
+          out[name] = before
+          break
   return out
 
 
+def _command(record: Dict[str, Any]) -> str:
+  command = record.get("command")
+  return command if isinstance(command, str) else ""
+
+
+# The fields every tool reads, and what they must hold (a record of another shape is refused
+# by name rather than half-read).
+FIELD_TYPES = {
+  "command": str,
+  "commit": str,
+  "date": str,
+  "markdown": str,
+  "args": dict,
+  "device": dict,
+  "hardware": dict,
+  "provenance": dict,
+  "measured_paths": list,
+}
+
+
+def read_record(path: str) -> Dict[str, Any]:
+  """The record (a JSON object) at `path`; ValueError naming the file and what is wrong with it
+  (not UTF-8 JSON, not an object, a field of the wrong type)."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      record = json.load(f)
+  except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise ValueError(
+      f"{path} is not a readable record ({e}): restore it from git (`git checkout -- {path}`) or "
+      "rerun its benchmark"
+    ) from None
+  if not isinstance(record, dict):
+    raise ValueError(f"{path} holds a JSON {type(record).__name__}, not a record (an object)")
+  for field, kind in FIELD_TYPES.items():
+    value = record.get(field)
+    if value is not None and not isinstance(value, kind):
+      raise ValueError(
+        f"{path}: field {field!r} is a {type(value).__name__}, not a {kind.__name__}: fix the "
+        "record or rerun its benchmark"
+      )
+  return record
+
+
+def record_path(arg: str) -> str:
+  """A record's JSON: a name in benchmarks/results or a path ending in .json."""
+  return arg if arg.endswith(".json") else os.path.join("benchmarks", "results", f"{arg}.json")
+
+
 def _load(arg: str) -> Tuple[str, Dict[str, Any]]:
-  path = arg if arg.endswith(".json") else os.path.join("benchmarks", "results", f"{arg}.json")
-  with open(path) as f:
-    return os.path.basename(path)[: -len(".json")], json.load(f)
+  path = record_path(arg)
+  return os.path.basename(path)[: -len(".json")], read_record(path)
 
 
 def main(argv=None) -> int:
