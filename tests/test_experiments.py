@@ -216,7 +216,9 @@ def test_a_record_never_holds_this_machines_paths(repo, tmp_path):
   )
   assert record.public_command(raw, str(repo)) == public
   report = {"command": raw, "markdown": f"## T\n\nCommand: `{raw}`\n"}
-  data = json.loads(open(record.publish_report(report, "t_p", str(repo / "results"), ["c"])).read())
+  data = json.loads(
+    open(record.publish_report(report, "t_p", str(repo / "results"), ["code.py"])).read()
+  )
   assert data["command"] == public and data["markdown"] == f"## T\n\nCommand: `{public}`\n"
   rec = record.RunRecord.create(
     name="t_q",
@@ -224,7 +226,7 @@ def test_a_record_never_holds_this_machines_paths(repo, tmp_path):
     command=raw,
     config={},
     seeds=[0],
-    measured_paths=["c"],
+    measured_paths=["code.py"],
     device=DEVICE,
   )
   assert rec.data["command"] == public and str(tmp_path) not in open(rec.path).read()

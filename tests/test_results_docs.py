@@ -321,7 +321,7 @@ def test_publish_refuses_what_is_no_record_with_one_line_naming_the_file(tmp_pat
   """Damaged JSON, a JSON list, fields of the wrong type, a record named like the index: one
   `error:` line naming the file; a non-UTF-8 or folder `.md` in the docs is someone's, left; a
   --docs_dir that is a file is named."""
-  from setdiff_jax.experiments import reproduce
+  from setdiff_jax.experiments import record
 
   results, docs = tmp_path / "results", tmp_path / "docs"
   results.mkdir()
@@ -348,7 +348,7 @@ def test_publish_refuses_what_is_no_record_with_one_line_naming_the_file(tmp_pat
     (results / fn).unlink()
   with pytest.raises(ValueError, match="listed.json holds a JSON list"):
     (results / "listed.json").write_text("[1]")
-    reproduce.read_record(str(results / "listed.json"))
+    record.read_record(str(results / "listed.json"))
   (results / "listed.json").unlink()
   docs.mkdir()
   (docs / "notes.md").write_bytes(b"\xff\xfe not utf-8\n")

@@ -42,7 +42,7 @@ BANNER = (
 
 def load_records(results_dir: str) -> Dict[str, Dict[str, Any]]:
   """{name: record} of every `<name>.json` in results_dir, sorted by name; ValueError for a file
-  that is no record (`reproduce.read_record`) or whose name is none (its page would be lost)."""
+  that is no record (`record.read_record`) or whose name is none (its page would be lost)."""
   out = {}
   for fn in sorted(os.listdir(results_dir)):
     path = os.path.join(results_dir, fn)
@@ -54,7 +54,7 @@ def load_records(results_dir: str) -> Dict[str, Dict[str, Any]]:
         f"{path}: {name!r} is not a record name (lowercase letters, digits, '_', '.', '-'; not "
         f"{INDEX[: -len('.md')]!r}, the index's page): rename the record"
       )
-    out[name] = reproduce.read_record(path)
+    out[name] = record.read_record(path)
   return out
 
 

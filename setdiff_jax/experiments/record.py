@@ -11,6 +11,14 @@ The file holds the commit, command, config, seeds, device, start date, the measu
 the staleness check of `publish`) and every (arm, seed, problem) outcome with its timing, so an
 interval or a new table can be computed again from the file alone. A second run under the same
 name refuses unless `resume=True`, and a resume refuses a different commit or config.
+
+The checkout checked and stamped is the one whose code runs: the one holding the `__main__`
+script (`python -m benchmarks.x` from its root, as the benchmarks run). A program that is no file
+of a checkout (`python -c`, a notebook, the test runner) falls back to the one holding
+`results_dir`, and there the imported setdiff_jax must be that checkout's own. `results_dir` must
+lie in that checkout and hold nothing but record files, and only those files are left out of the
+clean-tree check: no choice of folder hides an uncommitted edit, and no record names the commit
+of another checkout than the one whose code ran.
 """
 
 from __future__ import annotations
@@ -19,6 +27,8 @@ import datetime as dt
 import json
 import os
 import re
+import sys
+from collections import Counter
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -28,6 +38,16 @@ from setdiff_jax.experiments import git
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 MAIN_REF = "main"
+# The images publish relinks in docs/results. A record's first image is `<name>.png`, the k-th
+# extra one `<name>+<k>.png`: '+' is in no record name, so no two records' files can collide.
+IMAGE_EXTS = (".png", ".svg")
+# What a results folder may hold: records, their images, write_json's temporary files and the
+# name a rerun under way claims (`rerun.CLAIM`).
+_RECORD_FILE = re.compile(
+  r"^[a-z0-9][a-z0-9_.-]*((\+[0-9]+)?\.(json|png|svg)(\.[0-9]+\.tmp)?|\.rerun)$"
+)
+# The package this module belongs to (setdiff_jax/), to tell which checkout's library runs.
+_PACKAGE = os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class RecordError(SetdiffError, ValueError):
@@ -36,7 +56,13 @@ class RecordError(SetdiffError, ValueError):
 
 def clean_commit(repo: str, main_ref: str = MAIN_REF, exclude: Sequence[str] = ()) -> str:
   """HEAD's full hash, if the tree is clean (outside `exclude`) and HEAD is on `main_ref`'s
-  history; otherwise a RecordError naming what to do."""
+  history; otherwise a RecordError naming what to do. `exclude`: paths below the root."""
+  for p in exclude:  # '.' or '' would leave every file out of the check
+    if os.path.normpath(p) in (".", "") or os.path.isabs(p) or p.startswith(".."):
+      raise RecordError(
+        f"clean check of {repo}: exclude {p!r} is not a path below the checkout's root: name "
+        "the folders of records (benchmarks/results), never the whole checkout"
+      )
   changed = git.dirty(repo, exclude)
   if changed:
     shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
@@ -103,6 +129,180 @@ def public_command(command: str, repo: str) -> str:
   return _FLAG_PATH.sub(rewrite, command)
 
 
+def owns(name: str, filename: str) -> bool:
+  """Whether `filename` (in a results folder) is one of record `name`'s files: `<name>.json`,
+  its first image `<name>.png` / `.svg` and its k-th extra one `<name>+<k>.png` / `.svg`."""
+  if filename in [f"{name}.json"] + [f"{name}{ext}" for ext in IMAGE_EXTS]:
+    return True
+  extra = re.fullmatch(re.escape(name) + r"\+[0-9]+(\.[a-z]+)", filename)
+  return bool(extra) and extra.group(1) in IMAGE_EXTS
+
+
+def _image_name(name: str, k: int, src: str) -> str:
+  ext = os.path.splitext(src)[1].lower()
+  if ext not in IMAGE_EXTS:
+    raise RecordError(
+      f"record {name}: the image {src} is not a {' or '.join(IMAGE_EXTS)} file, the kinds "
+      "docs/results shows: save the plot as one (e.g. plt.savefig('plot.png'))"
+    )
+  return f"{name}{ext}" if k == 0 else f"{name}+{k}{ext}"
+
+
+# The fields every tool reads, and what they must hold (a record of another shape is refused
+# by name rather than half-read).
+FIELD_TYPES = {
+  "command": str,
+  "commit": str,
+  "date": str,
+  "markdown": str,
+  "args": dict,
+  "device": dict,
+  "hardware": dict,
+  "provenance": dict,
+  "measured_paths": list,
+}
+
+
+def read_record(path: str) -> Dict[str, Any]:
+  """The record (a JSON object) at `path`, or one RecordError naming the file and the fix (not
+  UTF-8 JSON, not an object, a field of the wrong type)."""
+  fix = f"restore it (git checkout -- {path}) or remove it, then run again"
+  try:
+    with open(path, encoding="utf-8") as f:
+      data = json.load(f)
+  except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise RecordError(f"the record {path} cannot be read ({e}): {fix}") from e
+  if not isinstance(data, dict):
+    raise RecordError(
+      f"the record {path} holds a JSON {type(data).__name__}, not a record (an object): {fix}"
+    )
+  for field, kind in FIELD_TYPES.items():
+    value = data.get(field)
+    if value is not None and not isinstance(value, kind):
+      raise RecordError(
+        f"the record {path}: field {field!r} is a {type(value).__name__}, not a "
+        f"{kind.__name__}: {fix}"
+      )
+  return data
+
+
+def _repo_of(path: str) -> Optional[str]:
+  """The real path of the repository holding `path` (or its nearest existing parent), None
+  outside every repository."""
+  while not os.path.isdir(path):
+    path = os.path.dirname(path)
+  try:
+    return os.path.realpath(git.top_level(path))
+  except git.GitError:
+    return None
+
+
+def _program_repo() -> Optional[str]:
+  """The checkout holding the `__main__` script (`python -m benchmarks.x`, `python
+  benchmarks/x.py`): the code that runs. None for a program without one (`python -c`, a
+  notebook, a pytest-xdist worker) or outside every checkout or ignored by git (an installed
+  tool, e.g. pytest): the current directory says nothing there (tests run from one checkout and
+  record into temporary ones)."""
+  script = getattr(sys.modules.get("__main__"), "__file__", None)
+  if not (script and os.path.isfile(script)):
+    return None
+  script = os.path.realpath(script)
+  top = _repo_of(os.path.dirname(script))
+  if top and git._git(top, "check-ignore", "-q", script, check=False).returncode == 0:
+    return None
+  return top
+
+
+def _checkout(results_dir: str, repo: Optional[str]) -> str:
+  """The checkout a record in `results_dir` is checked against and stamped with: `repo` when
+  given, else the one whose code runs (`_program_repo`), else the one holding results_dir. A
+  results_dir of another repository, or a setdiff_jax imported from another checkout than the
+  one named, refuses: the record would name a commit that did not run."""
+  checkout = os.path.realpath(git.top_level(repo)) if repo else _program_repo()
+  held_by = _repo_of(results_dir)
+  checkout = checkout or held_by
+  if checkout is None:
+    raise RecordError(
+      f"the results folder {results_dir} is in no git checkout: records are written into the "
+      "checkout whose code runs (its benchmarks/results), stamped with its commit"
+    )
+  if held_by != checkout:
+    raise RecordError(
+      f"the results folder {results_dir} is not in the checkout {checkout} whose code runs "
+      f"({'in ' + held_by if held_by else 'in no checkout'}): a record is stamped with the "
+      "commit of the code that ran, so write it into that checkout (its benchmarks/results), "
+      "or run the benchmark from the checkout that holds the folder"
+    )
+  ours = os.path.join(checkout, "setdiff_jax")
+  if os.path.isfile(os.path.join(ours, "__init__.py")) and os.path.realpath(ours) != _PACKAGE:
+    raise RecordError(
+      f"this run imports setdiff_jax from {_PACKAGE}, not from the checkout {checkout} whose "
+      f"commit the record would name: run from {checkout}'s root (python -m benchmarks.NAME), "
+      "so that its own library runs"
+    )
+  return checkout
+
+
+def _record_files(checkout: str, results_dir: str) -> List[str]:
+  """The files in results_dir that the clean check leaves out, as pathspecs from the checkout's
+  root: records, their images and temporary files (other records made since the last commit
+  wait there to be committed together). A folder holding anything else (code, subfolders)
+  refuses, as leaving it out would hide that too."""
+  if not os.path.isdir(results_dir):
+    return []
+  entries = [e for e in sorted(os.listdir(results_dir)) if not e.startswith(".")]
+  other = [e for e in entries if not _RECORD_FILE.match(e)]
+  if other:
+    shown = ", ".join(other[:5]) + (f" and {len(other) - 5} more" if len(other) > 5 else "")
+    raise RecordError(
+      f"the results folder {results_dir} holds {shown}, which are no record files: give a "
+      "folder of records only (benchmarks/results), as its records are left out of the "
+      "clean-tree check and nothing else may be"
+    )
+  rel = os.path.relpath(os.path.realpath(results_dir), checkout)
+  # a backslash makes a glob character of the folder's path literal in the pathspec
+  rel = re.sub(r"([][*?\\])", r"\\\1", rel)
+  return [os.path.normpath(os.path.join(rel, e)) for e in entries]
+
+
+def _is_exclude(spec: str) -> bool:
+  if spec.startswith((":!", ":^")):
+    return True
+  return spec.startswith(":(") and "exclude" in spec[2 : spec.find(")")].split(",")
+
+
+def _measured(name: str, measured_paths, checkout: str, commit: str) -> List[str]:
+  """`measured_paths` as a list, after refusing what would leave the record current forever:
+  none, a string (iterated by character) or a pathspec that matches no tracked file."""
+  if isinstance(measured_paths, (str, bytes)):
+    raise RecordError(
+      f"record {name}: measured_paths is the string {measured_paths!r}, which would be read "
+      f"one character at a time: give a list of git pathspecs ([{measured_paths!r}])"
+    )
+  paths = list(measured_paths or [])
+  if not paths:
+    raise RecordError(f"record {name}: give the measured paths (the code its numbers depend on)")
+  bad = [p for p in paths if not isinstance(p, str) or not p.strip()]
+  if bad:
+    raise RecordError(
+      f"record {name}: measured paths {bad!r} are not git pathspecs: give strings such as "
+      "'setdiff_jax' or 'benchmarks/speed_accuracy.py'"
+    )
+
+  def matched(specs):
+    return bool(git._git(checkout, "ls-files", "-z", "--", *specs).stdout)
+
+  # The tree is clean, so the index is the commit: ls-files lists the commit's files.
+  unmatched = [p for p in paths if not _is_exclude(p) and not matched([p])]
+  if unmatched or not matched(paths):
+    raise RecordError(
+      f"record {name}: the measured paths {unmatched or paths} match no file tracked at commit "
+      f"{commit[:10]} in {checkout}: fix the spelling (`git ls-files` lists the tracked "
+      "files); a record whose paths name no file could never turn stale"
+    )
+  return paths
+
+
 class RunRecord:
   """One experiment's record (`data` is the JSON object); build it with `create`."""
 
@@ -126,34 +326,13 @@ class RunRecord:
     """Checks the checkout and the name, then returns the record (loaded when resuming).
 
     `measured_paths`: git pathspecs of the code the numbers depend on (the publish step marks
-    the record stale once a later commit touches one). `device`: where it ran (default: jax's
-    devices and the CPU, `evaluation.results.hardware`). `repo`: the checkout (default: the one
-    holding `results_dir`); `results_dir` itself is left out of the clean-tree check."""
-    if not NAME_RE.match(name or ""):
-      raise RecordError(
-        f"record name {name!r}: use lowercase letters, digits, '_', '.', '-' (e.g. chain_lr_grid)"
-      )
-    if not measured_paths:
-      raise RecordError(f"record {name}: give the measured paths (the code its numbers depend on)")
-    results_dir = os.path.abspath(results_dir)
-    repo = git.top_level(repo or (results_dir if os.path.isdir(results_dir) else os.getcwd()))
-    inside = os.path.relpath(results_dir, repo)
-    commit = clean_commit(repo, main_ref, exclude=() if inside.startswith("..") else (inside,))
-    path = os.path.join(results_dir, f"{name}.json")
+    the record stale once a later commit touches one; each must match a tracked file).
+    `device`: where it ran (default: jax's devices and the CPU, `evaluation.results.hardware`).
+    `repo`: the checkout (default: the one whose code runs, see the module docstring)."""
+    path, commit, repo = _target(name, results_dir, resume, repo, main_ref, measured_paths)
     config = json.loads(json.dumps(config, default=_jsonable))
-    if os.path.exists(path):
-      if not resume:
-        raise RecordError(
-          f"a record named {name!r} exists ({path}): choose another name, or pass resume=True "
-          "(--resume) to continue it"
-        )
-      with open(path) as f:
-        data = json.load(f)
-      if data.get("commit") != commit:
-        raise RecordError(
-          f"record {name!r} was made at commit {str(data.get('commit'))[:10]}, this checkout is "
-          f"at {commit[:10]}: a record holds one commit; start a new name"
-        )
+    if os.path.exists(path):  # resuming (`_target` refuses otherwise), at the same commit
+      data = read_record(path)
       if data.get("config") != config:
         raise RecordError(
           f"record {name!r} was made with another config: start a new name to change settings"
@@ -197,6 +376,7 @@ class RunRecord:
         f"record {self.data['name']}: {arm!r} seed {seed}: problems, values and seconds "
         "must have one entry per problem"
       )
+    _unique_problems(self.data["name"], arm, seed, problems)
     self.data["outcomes"].append(
       {
         "arm": arm,
@@ -224,6 +404,7 @@ class RunRecord:
     out = []
     for s in self.data["seeds"]:
       o = rows[s]
+      _unique_problems(self.data["name"], arm, s, o["problems"])  # a file written before the check
       if sorted(map(str, o["problems"])) != sorted(map(str, first)):
         raise RecordError(f"record {self.data['name']}: {arm!r} seed {s} holds other problems")
       by = dict(zip(map(str, o["problems"]), o[key]))
@@ -241,34 +422,46 @@ class RunRecord:
     write_json(self.path, self.data)
 
 
-def _target(name, results_dir, resume, repo, main_ref) -> Tuple[str, str]:
-  """(the record's path, the clean commit on main it is stamped with), after every refusal:
-  a bad name, a dirty tree or a commit off main's history, an existing record unless `resume`
-  and made at this commit."""
+def _unique_problems(name: str, arm: str, seed: int, problems: Sequence[Any]) -> None:
+  """Refuses repeated problem ids: `matrix` aligns seeds by id, where a repeat would keep one
+  value of the two. Ids are compared as str(), as the alignment does (1 and "1" are one id)."""
+  repeats = [p for p, n in Counter(map(str, problems)).items() if n > 1]
+  if repeats:
+    raise RecordError(
+      f"record {name}: {arm!r} seed {seed}: the problem ids {repeats[:5]} occur more than once "
+      "(ids are compared as text, so 1 and '1' are one id): give each problem once, under an "
+      "id of its own"
+    )
+
+
+def _target(name, results_dir, resume, repo, main_ref, measured_paths=None) -> Tuple[str, str, str]:
+  """(the record's path, the clean commit on main it is stamped with, the checkout), after every
+  refusal: a bad name, a results folder outside the checkout whose code runs or holding other
+  files than records, a dirty tree or a commit off main's history, measured paths that match no
+  file (when given), an existing record unless `resume` and made at this commit."""
   if not NAME_RE.match(name or ""):
     raise RecordError(
       f"record name {name!r}: use lowercase letters, digits, '_', '.', '-' (e.g. chain_lr_grid)"
     )
   results_dir = os.path.abspath(results_dir)
-  os.makedirs(results_dir, exist_ok=True)
-  repo = git.top_level(repo or results_dir)
-  inside = os.path.relpath(results_dir, repo)
-  commit = clean_commit(repo, main_ref, exclude=() if inside.startswith("..") else (inside,))
+  checkout = _checkout(results_dir, repo)
+  commit = clean_commit(checkout, main_ref, exclude=_record_files(checkout, results_dir))
+  if measured_paths is not None:
+    _measured(name, measured_paths, checkout, commit)
   path = os.path.join(results_dir, f"{name}.json")
   if os.path.exists(path):
-    with open(path) as f:
-      old = json.load(f)
     if not resume:
       raise RecordError(
         f"a record named {name!r} exists ({path}): choose another name (--record=NEW), or "
-        "pass --record_resume to replace it with a re-report of the same commit"
+        "pass --record_resume (resume=True) to continue or re-report it at the same commit"
       )
+    old = read_record(path)
     if old.get("commit") != commit:
       raise RecordError(
         f"record {name!r} was made at commit {str(old.get('commit'))[:10]}, this checkout is at "
         f"{commit[:10]}: a record holds one commit; start a new name"
       )
-  return path, commit
+  return path, commit, checkout
 
 
 def check_publishable(
@@ -277,10 +470,12 @@ def check_publishable(
   resume: bool = False,
   repo: Optional[str] = None,
   main_ref: str = MAIN_REF,
+  measured_paths: Optional[Sequence[str]] = None,
 ) -> None:
-  """Raises the RecordError `publish_report` would raise for `name`, before a benchmark spends
-  its run: a record it could not write at the end is refused at the start."""
-  _target(name, results_dir, resume, repo, main_ref)
+  """Raises the RecordError `publish_report` would raise for `name` (and for `measured_paths`,
+  when given), before a benchmark spends its run: a record it could not write at the end is
+  refused at the start."""
+  _target(name, results_dir, resume, repo, main_ref, measured_paths)
 
 
 def publish_report(
@@ -297,26 +492,29 @@ def publish_report(
   """The one publish step of a benchmark: writes `report` (its JSON object, holding the
   'markdown' its tables were rendered into) as the record `<results_dir>/<name>.json`, stamped
   with the clean commit on main's history, the date and the measured paths; `images` ({the file
-  name the markdown links: its path}) are copied beside it as `<name>.png` (`<name>_<k>.png`)
-  and relinked. Refuses what `RunRecord.create` refuses; `resume=True` replaces a record of the
-  same name made at the same commit (a re-report). Returns the record's path.
+  name the markdown links: its path}, .png or .svg; missing files are skipped) are copied beside
+  it as `<name>.png` and `<name>+<k>.png` (their own extension kept) and relinked. Refuses what
+  `RunRecord.create` refuses; `resume=True` replaces a record of the same name made at the
+  same commit (a re-report). Returns the record's path.
   `python -m setdiff_jax.experiments.publish` then regenerates docs/results."""
   if not report.get("markdown"):
     raise RecordError(f"record {name}: the report has no 'markdown' (its rendered tables)")
-  path, commit = _target(name, results_dir, resume, repo, main_ref)
+  path, commit, checkout = _target(name, results_dir, resume, repo, main_ref, measured_paths)
   results_dir = os.path.dirname(path)
   data = dict(report)
   markdown = data["markdown"]
   if isinstance(data.get("command"), str):  # as its tables quote it, too
-    public = public_command(data["command"], git.top_level(repo or results_dir))
+    public = public_command(data["command"], checkout)
     markdown = markdown.replace(data["command"], public)
     data["command"] = public
-  for k, (link, src) in enumerate(sorted((images or {}).items())):
-    if not os.path.isfile(src):
-      continue
-    dest = f"{name}.png" if k == 0 else f"{name}_{k}.png"
-    with open(src, "rb") as fin, open(os.path.join(results_dir, dest), "wb") as fout:
+  present = [(link, src) for link, src in sorted((images or {}).items()) if os.path.isfile(src)]
+  copies = [(link, src, _image_name(name, k, src)) for k, (link, src) in enumerate(present)]
+  os.makedirs(results_dir, exist_ok=True)
+  for link, src, dest in copies:  # every name is this record's own (see `owns`)
+    tmp = os.path.join(results_dir, f"{dest}.{os.getpid()}.tmp")
+    with open(src, "rb") as fin, open(tmp, "wb") as fout:
       fout.write(fin.read())
+    os.replace(tmp, os.path.join(results_dir, dest))
     markdown = markdown.replace(f"]({link})", f"]({dest})")
   data.update(
     name=name,

@@ -35,6 +35,8 @@ import statistics
 import sys
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
+from setdiff_jax.experiments import record
+
 IDENTITY_KEYS = frozenset(
   {"name", "commit", "command", "date", "device", "hardware", "measured_paths", "provenance"}
   | {"markdown", "commit_note", "records_note", "sft_note", "why_kept"}
@@ -277,44 +279,6 @@ def _command(record: Dict[str, Any]) -> str:
   return command if isinstance(command, str) else ""
 
 
-# The fields every tool reads, and what they must hold (a record of another shape is refused
-# by name rather than half-read).
-FIELD_TYPES = {
-  "command": str,
-  "commit": str,
-  "date": str,
-  "markdown": str,
-  "args": dict,
-  "device": dict,
-  "hardware": dict,
-  "provenance": dict,
-  "measured_paths": list,
-}
-
-
-def read_record(path: str) -> Dict[str, Any]:
-  """The record (a JSON object) at `path`; ValueError naming the file and what is wrong with it
-  (not UTF-8 JSON, not an object, a field of the wrong type)."""
-  try:
-    with open(path, encoding="utf-8") as f:
-      record = json.load(f)
-  except (UnicodeDecodeError, json.JSONDecodeError) as e:
-    raise ValueError(
-      f"{path} is not a readable record ({e}): restore it from git (`git checkout -- {path}`) or "
-      "rerun its benchmark"
-    ) from None
-  if not isinstance(record, dict):
-    raise ValueError(f"{path} holds a JSON {type(record).__name__}, not a record (an object)")
-  for field, kind in FIELD_TYPES.items():
-    value = record.get(field)
-    if value is not None and not isinstance(value, kind):
-      raise ValueError(
-        f"{path}: field {field!r} is a {type(value).__name__}, not a {kind.__name__}: fix the "
-        "record or rerun its benchmark"
-      )
-  return record
-
-
 def record_path(arg: str) -> str:
   """A record's JSON: a name in benchmarks/results or a path ending in .json."""
   return arg if arg.endswith(".json") else os.path.join("benchmarks", "results", f"{arg}.json")
@@ -322,7 +286,7 @@ def record_path(arg: str) -> str:
 
 def _load(arg: str) -> Tuple[str, Dict[str, Any]]:
   path = record_path(arg)
-  return os.path.basename(path)[: -len(".json")], read_record(path)
+  return os.path.basename(path)[: -len(".json")], record.read_record(path)
 
 
 def main(argv=None) -> int:
