@@ -247,11 +247,11 @@ def test_one_rl_step_through_the_launcher(sft, tmp_path):
     "rl/accuracy",
     "rl/kept_tokens_per_call",
     "rl/clip_fraction",
-    "rl/kl",
     "rl/rollout_tokens_per_sec",
     "rl/compiled_programs",
   ):
     assert key in row and np.isfinite(row[key]), key
+  assert "rl/kl" not in row  # kl_beta = 0: no reference, no KL to report (never a false 0)
   assert row["step"] == 1 and row["rl/clip_fraction"] == 0.0  # mu = 1: pi = pi_old exactly
   assert row["rl/sampler_logprob_gap"] < 1e-4  # fp32: the scorer replays the sampler exactly
   assert 0.0 <= row["rl/accuracy"] <= 1.0 and row["rl/compiled_programs"] >= 3

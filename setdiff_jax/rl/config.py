@@ -164,6 +164,9 @@ def run_config_for(
   policy_flags = {
     "policy": r.policy != run_config.rl_defaults().policy,
     "policy_arg": r.policy_arg is not None,
+    # A step budget T is a commit-policy setting too: the sampler without one (AR: one token a
+    # step, N steps) has no use for it either, while every sampler with one reads it.
+    "num_steps": int(r.num_steps or 0) != 0,
   }
   try:  # a setting of the set sampler on an AR run would be dropped: kept tok/call stays 1
     decoding.check_method_flags(
@@ -202,9 +205,9 @@ def check_step_budget(method: str, window: int, num_steps: int, n: int, *, rl=No
   commits at most W tokens a step (the active masks of its window [f, f + W), SPEC §4.2), so
   T * W < N always ends with masks left, which compaction silently drops: every rollout is cut
   short. T * W >= N can finish (every schedule count n_i <= ceil(N / T) <= W). T = 0 means N
-  steps. AR ignores T; BD3LM runs min(T, G) steps per block, whose counts sum to G: both finish.
-  `window` is the sampler's W (rl.window, or the run's S when 0); `rl` (the run's rl section)
-  names where W and N came from when they were left 0.
+  steps. AR ignores T (`run_config_for` refuses it there); BD3LM runs min(T, G) steps per block,
+  whose counts sum to G: both finish. `window` is the sampler's W (rl.window, or the run's S when
+  0); `rl` (the run's rl section) names where W and N came from when they were left 0.
   """
   t, w, n = int(num_steps or 0), int(window), int(n)
   if not t or not decoders.get(method).uses_window or t * w >= n:

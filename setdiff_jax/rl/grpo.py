@@ -22,13 +22,24 @@ prompts and samples come from the saved RNG, the updates from the saved optimize
 Metrics (WORKDIR/metrics.jsonl, every log_every_steps, the values of that step): rl/reward_mean,
 rl/reward_std, rl/accuracy (exact match of the sampled completions), rl/kept_tokens_per_call,
 rl/tokens_per_step, rl/steps_mean, rl/zero_adv_fraction (groups with equal rewards), rl/loss,
-rl/clip_fraction, rl/ratio_mean, rl/kl (means over the inner updates), rl/grad_norm, rl/lr,
+rl/clip_fraction, rl/ratio_mean (means over the inner updates), rl/kl (the same mean of the exact
+KL to the SFT reference; only with rl.kl_beta > 0: without a reference no KL is computed, and the
+key is left out rather than logged as a 0 that reads as "no drift"), rl/grad_norm, rl/lr,
 rl/sampler_logprob_gap (max |sampler's log-prob - scorer's| over the committed tokens: the
 sampler's dtype drift, never used by the update), and
 the timing ones rl/rollout_tokens_per_sec (kept tokens / sampling seconds, the first step's
 compile included), rl/compiled_programs (sampler programs compiled since this run started, plus
 the scorer's, the reference's and the update's) and rl/step_seconds.
 Methods: those with an exact scorer (`scoring.supported()`: setdlm, ar, bd3lm).
+
+Prompts: the train pairs as the SFT run encoded them (its `data.overflow`: `skip` drops the pairs
+longer than seq_len, `truncate_prompt` keeps their prompts' last tokens). N (rl.max_new_tokens;
+0: seq_len - the longest prompt) is the same for every row: when it cannot hold a prompt's
+reference answer (+ EOS) the run still starts (a shorter answer may earn the reward), with one
+warning line saying how many of the train prompts that is.
+The KL reference (rl.kl_beta > 0) is the SFT run's checkpoint at rl.init_step, read again on every
+resume: a resume after the SFT run rotated that step out (its keep_checkpoints) is refused, naming
+the ways out.
 """
 
 from __future__ import annotations
@@ -46,7 +57,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from setdiff_jax import decoding, paths, sharding, train_step, trainer
+from setdiff_jax import decoding, errors, paths, sharding, train_step, trainer
 from setdiff_jax.data import pairs, tokenizers
 from setdiff_jax.evaluation import accuracy
 from setdiff_jax.rl import config as rl_config
@@ -82,12 +93,40 @@ def _rng(state: RLState) -> jax.Array:
 
 
 def prompt_pool(run, tokenizer):
-  """(pairs, encoded prompts) of the task's train split, as the SFT run read them."""
+  """(pairs, encoded prompts) of the task's train split, as the SFT run read them (`_pool`)."""
+  pool, prompts, _ = _pool(run, tokenizer)
+  return pool, prompts
+
+
+def _pool(run, tokenizer):
+  """(pairs, encoded prompts [BOS] + prompt, answer lengths with EOS) of the task's train split,
+  under the SFT run's `data.overflow` rule (`pairs.encode_pairs`, as its training rows): `skip`
+  leaves out the pairs that did not fit seq_len, `truncate_prompt` keeps a long prompt's last
+  tokens. The pairs stay aligned with their prompts (the references of the rewards)."""
   pool = pairs.load_pairs(run.data, "train")
   # every step's accuracy metric (and the exact_match reward) reads them: fail before anything
   accuracy.check_references(pool, "hash", "RL reads '#### ANSWER' final answers: end each with one")
   style = run.data.get("prompt_style", "plain")
-  return pool, accuracy.encode_prompts(tokenizer, pool, style)
+  kept, _ = pairs.encode_pairs(
+    tokenizer,
+    pool,
+    int(run.seq_len),
+    overflow=run.data.get("overflow", "error"),
+    prompt_style=style,
+  )
+  if len(kept) < len(pool):  # `skip` dropped some, keeping the order: find which ones stayed
+    full = accuracy.encode_prompts(tokenizer, pool, style)
+    eos = [int(tokenizer.eos_id)]
+    answers = tokenizer.encode_batch([p.answer for p in pool])
+    stayed, j = [], 0
+    for i, (p, a) in enumerate(zip(full, answers)):
+      if j < len(kept) and kept[j] == (p, list(a) + eos):
+        stayed.append(i)
+        j += 1
+    if j != len(kept):  # encode_pairs changed its rule: never pair a prompt with another answer
+      raise RuntimeError(f"{j} of the {len(kept)} kept train pairs found in the pool")
+    pool = [pool[i] for i in stayed]
+  return pool, [p for p, _ in kept], [len(a) for _, a in kept]
 
 
 def _optimization(cfg: RunConfig) -> Optimization:
@@ -150,8 +189,16 @@ def train_rl(
   """Runs (or resumes) an RL run into WORKDIR; returns the last logged metrics and "step".
 
   `max_steps`: run at most this many steps in this call (then save and return), e.g. a job
-  split over time slots; the result is the same as one uninterrupted call.
+  split over time slots; the result is the same as one uninterrupted call. An int >= 1 (None: up
+  to num_train_steps); anything else is refused before anything is written.
   """
+  if max_steps is not None and (
+    isinstance(max_steps, bool) or not isinstance(max_steps, (int, np.integer)) or max_steps < 1
+  ):
+    raise ValueError(
+      f"max_steps={max_steps!r} must be an int >= 1 (RL steps to run in this call; None: up to "
+      "num_train_steps)"
+    )
   rl_config.validate(config)
   workdir_lock.check_workdir_path(workdir)
   if paths.resolve(workdir).rstrip("/") == paths.resolve(config.rl.init_from).rstrip("/"):
@@ -161,8 +208,10 @@ def train_rl(
     )
   sft = rl_config.load_sft_config(config.rl.init_from)
   run = rl_config.run_config_for(config, sft)
+  recorded = _recorded_init_step(workdir)
   if not int(run.rl.init_step):  # a resume reloads the SFT step its first start recorded
-    run.rl.init_step = _recorded_init_step(workdir)
+    run.rl.init_step = recorded
+  _check_init_step(run.rl, workdir, recorded)  # before the workdir (and its lock) exists
   sizes = sharding.mesh_shape(run.mesh, jax.device_count())
   rows = int(run.rl.prompts_per_step) * int(run.rl.group_size)
   if rows % (sizes[0] * sizes[1]):
@@ -190,6 +239,54 @@ def _recorded_init_step(workdir: str) -> int:
     return 0  # a damaged config.json: check_resume names it
 
 
+def _init_step_missing(r, sft_steps, resume: bool) -> Exception:
+  """The error for rl.init_step not among the SFT run's steps `sft_steps`: a bad value on a new
+  run; on a resume, the KL reference the SFT run has rotated out since, with the ways out."""
+  step = int(r.init_step)
+  if not resume:
+    return ValueError(
+      f"invalid config: rl.init_step={step}: the SFT run rl.init_from={r.init_from!r} has no "
+      f"checkpoint at step {step} (its steps: {sft_steps}); set --config.rl.init_step to one of "
+      "them (0 = its newest)"
+    )
+  return errors.CheckpointError(
+    f"rl.init_step={step}: this RL run started from step {step} of the SFT run "
+    f"rl.init_from={r.init_from!r} and reloads it as its KL reference (rl.kl_beta={r.kl_beta}) "
+    f"on every resume, but the SFT run no longer holds that step (its steps now: {sft_steps}; "
+    "its keep_checkpoints rotated it out); copy that step's folder back into "
+    f"{checkpointing.checkpoint_dir(r.init_from)}/ (from a backup), or start a new RL run (a new "
+    "--workdir) from a step it holds; an SFT run that trains on beside RL runs needs a "
+    "keep_checkpoints large enough to keep their steps"
+  )
+
+
+def _check_init_step(r, workdir: str, recorded: int):
+  """Refuses an rl.init_step (explicit, or the one a resume recorded) the SFT run does not hold,
+  when the run needs it: a new run starts from it; a resume with rl.kl_beta > 0 reloads it as the
+  KL reference (else the RL checkpoint is all a resume reads). Reads directory listings only."""
+  step = int(r.init_step)
+  if not step:
+    return
+  resume = bool(workdir_lock.saved_steps(workdir))
+  if resume and (float(r.kl_beta) <= 0 or (recorded and recorded != step)):
+    return  # nothing reloaded; or a changed rl.init_step, which the resume check names
+  sft_steps = workdir_lock.saved_steps(r.init_from)
+  if step not in sft_steps:
+    raise _init_step_missing(r, sft_steps, resume)
+
+
+def _load_sft(r, like, step: Optional[int], resume: bool):
+  """(params, step) of the SFT run at `step` (None: its newest intact one); a step that is gone
+  (rotated out after `_check_init_step` looked) is named as rl.init_step, not as a --step flag."""
+  try:
+    return workdir_lib.load_params_and_step(r.init_from, like, step=step)
+  except errors.CheckpointError as e:
+    sft_steps = workdir_lock.saved_steps(r.init_from)
+    if step is None or isinstance(e, errors.DamagedCheckpointError) or step in sft_steps:
+      raise
+    raise _init_step_missing(r, sft_steps, resume) from e
+
+
 def _setup(run: RunConfig):
   """(tokenizer, model_cfg, obj_cfg, mesh, prompt pool, encoded prompts, sampler_cfg) from the
   SFT run and the RL settings, every setting checked; writes nothing."""
@@ -203,7 +300,12 @@ def _setup(run: RunConfig):
       f"{', '.join(scoring.supported())}"
     )
   mesh = sharding.make_mesh(run.mesh.sizes())
-  pool, encoded = prompt_pool(run, tokenizer)
+  pool, encoded, answer_lens = _pool(run, tokenizer)
+  if not encoded:
+    raise ValueError(
+      f"invalid config: no train pair of rl.init_from={sft_dir!r} fits seq_len={run.seq_len} "
+      f"(data.overflow={run.data.get('overflow', 'error')}): RL has no prompt to draw"
+    )
   longest = max(len(p) for p in encoded)
   n = int(run.rl.max_new_tokens) or int(run.seq_len) - longest
   if n < 1 or longest + n > int(run.seq_len):
@@ -235,7 +337,36 @@ def _setup(run: RunConfig):
       f"invalid config: rl.continuous_slots={r.continuous_slots}: continuous batching covers the "
       f"set sampler and AR, not {obj_cfg.name!r}; set --config.rl.continuous_slots=0"
     )
+  _warn_short_n(run, n, longest, answer_lens)  # last: a refused setting is the only line
   return tokenizer, model_cfg, obj_cfg, mesh, pool, encoded, sampler_cfg
+
+
+def _warn_short_n(run: RunConfig, n: int, longest: int, answer_lens):
+  """One warning line when N new tokens cannot hold the reference answer (+ EOS) of some train
+  prompts: their rollouts are cut at N tokens, so a reward that needs an answer as long as the
+  reference's (the '#### n' line at its end) never comes. A warning, not a refusal: a completion
+  may answer in fewer tokens than the reference's worked solution."""
+  short = sum(a > n for a in answer_lens)
+  if not short:
+    return
+  most = int(run.seq_len) - longest
+  if int(run.rl.max_new_tokens) and n < most:
+    fix = f"raise --config.rl.max_new_tokens (at most {most} = seq_len - the longest prompt)"
+  else:
+    fix = (
+      f"N = seq_len {run.seq_len} - the longest train prompt ({longest} tokens) is the most that "
+      "fits every row (one N for all rows); an SFT run with a larger seq_len, or without its "
+      "longest prompts, leaves more"
+    )
+  logging.warning(
+    "rl.max_new_tokens: N=%d new tokens cannot hold the reference answer (+EOS) of %d of the %d "
+    "train prompts (longest answer %d tokens): their rollouts are cut before that length; %s",
+    n,
+    short,
+    len(answer_lens),
+    max(answer_lens),
+    fix,
+  )
 
 
 def _fresh_state(run: RunConfig, model_cfg, mesh):
@@ -260,9 +391,8 @@ def _restore_from_sft(r, state, manager):
   sft_step = {"step": int(r.init_step) or None}  # a resume: the step its first start recorded
 
   def from_sft(state):
-    params, sft_step["step"] = workdir_lib.load_params_and_step(
-      r.init_from, state.params, step=sft_step["step"]
-    )
+    params, sft_step["step"] = _load_sft(r, state.params, sft_step["step"], resume=False)
+    sft_step["fresh"] = True
     logging.info(
       "initialised parameters from the SFT run %s, step %d", r.init_from, sft_step["step"]
     )
@@ -275,7 +405,8 @@ def _restore_from_sft(r, state, manager):
       sft_step["step"] = workdir_lib.load_params_and_step(r.init_from, state.params)[1]
     ref_params = None
     if float(r.kl_beta) > 0:  # the frozen SFT reference (a copy: params are donated)
-      ref_params = workdir_lib.load_params(r.init_from, state.params, step=sft_step["step"])
+      resume = not sft_step.get("fresh")
+      ref_params = _load_sft(r, state.params, sft_step["step"], resume=resume)[0]
   except BaseException:
     checkpointing.close(manager)
     raise

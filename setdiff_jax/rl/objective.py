@@ -4,7 +4,8 @@ the exact KL to a reference, on the scorer's per-token log-probabilities (`rl.sc
   adv = group_advantages(rewards, group_size)                       # fp32 [B], B = P * G
   loss, m = grpo_loss(logp, old_logp, adv, mask, clip_eps=0.2)      # logp: fp32 [B, L]
   loss, m = grpo_loss(..., beta=0.04, kl=kl)       # + beta * KL; kl fp32 [B, L] per position
-                                                   # (`scoring.head_scores`, chunked)
+                                                   # (`scoring.head_scores`, chunked);
+                                                   # m["kl"] only then (never a stand-in 0)
 
 Rows are P groups of G consecutive completions of one prompt. `old_logp` (pi_old) is the scorer's
 value under the parameters that sampled the rollouts, computed once before the inner updates and
@@ -19,17 +20,33 @@ from typing import Dict, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def group_advantages(rewards: jax.Array, group_size: int, eps: float = 1e-6) -> jax.Array:
   """(r - mean_g) / (std_g + eps) per group of `group_size` consecutive rows, fp32 [B].
 
-  std is the population standard deviation of the group. A group whose rewards are all equal gets
-  advantage exactly 0 (not the rounding residue of r - mean), so it contributes no gradient.
+  rewards: [B], B a multiple of `group_size` (a static int >= 1). std is the population standard
+  deviation of the group. A group whose rewards are all equal gets advantage exactly 0 (not the
+  rounding residue of r - mean), so it contributes no gradient. Concrete rewards must be finite
+  (one NaN would turn its whole group's advantages NaN); traced ones are not checked.
   """
+  if isinstance(group_size, bool) or not isinstance(group_size, (int, np.integer)):
+    raise ValueError(f"group_size={group_size!r} must be an int >= 1 (completions per prompt)")
+  if group_size < 1:
+    raise ValueError(f"group_size={group_size} must be >= 1 (completions per prompt)")
   r = jnp.asarray(rewards, jnp.float32)
+  if r.ndim != 1:
+    raise ValueError(f"rewards has shape {list(r.shape)}: one reward per row, shape [B]")
   if r.shape[0] % group_size:
     raise ValueError(f"{r.shape[0]} rewards do not split into groups of {group_size}")
+  if not isinstance(r, jax.core.Tracer):  # inside jit the values are unknown until run time
+    bad = np.flatnonzero(~np.isfinite(np.asarray(r)))
+    if bad.size:
+      raise ValueError(
+        f"reward {float(r[bad[0]])} at row {int(bad[0])} is not finite ({bad.size} such rows): "
+        f"group advantages need finite rewards; check the reward function (rl.reward)"
+      )
   g = r.reshape(-1, group_size)
   mean = jnp.mean(g, 1, keepdims=True)
   std = jnp.std(g, 1, keepdims=True)
@@ -95,14 +112,16 @@ def grpo_loss(
 ) -> Tuple[jax.Array, Dict[str, jax.Array]]:
   """clipped_objective + beta * (the mean over generated positions of `kl`: fp32 [B, L], the
   exact per-position KL(pi || pi_ref) of the same positions as logp, `scoring.head_scores` or
-  `kl_per_token`). Returns (loss, metrics: policy_loss, clip_fraction, ratio_mean, kl)."""
+  `kl_per_token`). Returns (loss, metrics: policy_loss, clip_fraction, ratio_mean, and kl only
+  when `kl` is given: a KL that was not measured is left out, never reported as 0)."""
   policy, metrics = clipped_objective(logp, old_logp, advantages, mask, clip_eps)
-  mean_kl = jnp.zeros((), jnp.float32)
-  if kl is not None:
-    mean_kl = token_mean(kl, mask)
-  elif beta:
-    raise ValueError("beta > 0 needs the per-position KL to the reference (kl=)")
-  return policy + beta * mean_kl, dict(metrics, policy_loss=policy, kl=mean_kl)
+  metrics = dict(metrics, policy_loss=policy)
+  if kl is None:
+    if beta:
+      raise ValueError("beta > 0 needs the per-position KL to the reference (kl=)")
+    return policy, metrics
+  mean_kl = token_mean(kl, mask)
+  return policy + beta * mean_kl, dict(metrics, kl=mean_kl)
 
 
 __all__ = [

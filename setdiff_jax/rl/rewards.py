@@ -12,12 +12,17 @@ Registry (`REWARDS`: name -> fn(completion text, reference answer text) -> float
 A name may join several with '+' (their sum), e.g. 'exact_match+format'. The optional per-step
 cost lambda (`rl.step_cost`) subtracts lambda * (decoding steps of the row) from any reward, so a
 policy that finishes in fewer forward calls earns more.
+
+A registered reward must return a finite number for every completion: `compute` refuses anything
+else (None, a string, NaN, inf) in one ValueError naming the reward, the row and the value, before
+group advantages or the optimiser can turn it into NaN parameters.
 """
 
 from __future__ import annotations
 
+import math
 import re
-from typing import Callable, Dict, Sequence
+from typing import Callable, Dict, List, Sequence, Tuple
 
 import numpy as np
 
@@ -42,8 +47,8 @@ def format_ok(completion: str, reference: str) -> float:
 REWARDS: Dict[str, Callable[[str, str], float]] = {"exact_match": exact_match, "format": format_ok}
 
 
-def get(name: str) -> Callable[[str, str], float]:
-  """The reward `name` ('a' or 'a+b': the sum); ValueError naming the field and the valid ones."""
+def _parts(name: str) -> List[Tuple[str, Callable[[str, str], float]]]:
+  """[(part name, fn)] of reward `name`; ValueError naming the field and the valid ones."""
   parts = [p.strip() for p in str(name).split("+")]
   bad = [p for p in parts if p not in REWARDS]
   if bad or not parts:
@@ -51,8 +56,34 @@ def get(name: str) -> Callable[[str, str], float]:
       f"{FIELD}={name!r}: {', '.join(repr(b) for b in bad)} is not a reward; valid: "
       f"{', '.join(REWARDS)} (or a sum of them, e.g. 'exact_match+format')"
     )
-  fns = [REWARDS[p] for p in parts]
-  return lambda completion, reference: float(sum(f(completion, reference) for f in fns))
+  return [(p, REWARDS[p]) for p in parts]
+
+
+def _checked(name: str, part: str, value, row, completion: str) -> float:
+  """`value` (what REWARDS[part] returned) as a float; ValueError unless a finite number (None or
+  NaN would otherwise surface as a bare TypeError or as non-finite metrics blamed on the lr)."""
+  try:  # a str converts too ('1'), but a reward returning text is a bug
+    ok = not isinstance(value, (str, bytes)) and math.isfinite(float(value))
+  except (TypeError, ValueError):
+    ok = False
+  if not ok:
+    where = "" if row is None else f" for completion row {row}"
+    raise ValueError(
+      f"{FIELD}={name!r}: the reward {part!r} returned {value!r}{where} "
+      f"(completion {completion[:60]!r}); a reward must return a finite number: fix "
+      f"rewards.REWARDS[{part!r}]"
+    )
+  return float(value)
+
+
+def get(name: str) -> Callable[[str, str], float]:
+  """The reward `name` ('a' or 'a+b': the sum); ValueError naming the field and the valid ones.
+  The returned fn raises ValueError (naming the reward) for a part's non-finite or non-number
+  value."""
+  fns = _parts(name)
+  return lambda completion, reference: float(
+    sum(_checked(name, p, f(completion, reference), None, completion) for p, f in fns)
+  )
 
 
 def compute(
@@ -62,14 +93,29 @@ def compute(
   steps: Sequence[int],
   step_cost: float = 0.0,
 ) -> np.ndarray:
-  """fp32 [N]: reward `name` of each completion minus step_cost * its decoding steps."""
-  if len(completions) != len(references) or len(completions) != len(steps):
+  """fp32 [N]: reward `name` of each completion minus step_cost * its decoding steps ([N]).
+
+  ValueError for mismatched lengths, `steps` not of shape [N], or a reward that returns anything
+  but a finite number (naming the reward, the row and the value)."""
+  shape = np.shape(steps)
+  if len(shape) != 1:
+    raise ValueError(
+      f"steps has shape {list(shape)}: one decoding step count per completion, shape [N] "
+      f"(N = {len(completions)} completions)"
+    )
+  if len(completions) != len(references) or len(completions) != shape[0]:
     raise ValueError(
       f"{len(completions)} completions, {len(references)} references and "
-      f"{len(steps)} step counts: one of each per row"
+      f"{shape[0]} step counts: one of each per row"
     )
-  fn = get(name)
-  base = np.array([fn(c, r) for c, r in zip(completions, references)], np.float64)
+  fns = _parts(name)
+  base = np.array(
+    [
+      sum(_checked(name, p, f(c, r), i, c) for p, f in fns)
+      for i, (c, r) in enumerate(zip(completions, references))
+    ],
+    np.float64,
+  ).reshape(-1)  # [N] also when N = 0
   return (base - float(step_cost) * np.asarray(steps, np.float64)).astype(np.float32)
 
 

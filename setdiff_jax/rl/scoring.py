@@ -23,6 +23,10 @@ the formula says .54).
   token_logits(...)         fp32 [B, L, V]: the full log-softmax rows (the tests' reference)
   check_exact(method, cfg)  ValueError (one `error:` line) for a setting that is not exact
 
+Bad arguments are one ValueError naming them, never NaN scores: temperature < 1e-4 (or not
+finite), mask_token_id outside [0, V), chunk < 0, and for NumPy rollouts (the host's own values)
+token ids outside [0, V) (a rollout sampled with another vocabulary); jax arrays are not read.
+
 Per method (its registry entry's `rollout_scoring`; all pure, jittable with method / model /
 temperature / mask_token_id / block_size / max_steps static, differentiable in params):
   setdlm  'two_stream': one two-stream forward over 2L slots: the clean tokens (causal in cache
@@ -53,6 +57,7 @@ padding after each row), so mixed prompt lengths need nothing special.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple, Optional
 
 import jax
@@ -66,7 +71,7 @@ from setdiff_jax.models.layers import suppress_mask_logit
 from setdiff_jax.rl import objective
 from setdiff_jax.sampling import policies
 from setdiff_jax.sampling.cache import apply_fn, backbone_hidden_fn
-from setdiff_jax.sampling.config import SampleOutput, SamplerConfig
+from setdiff_jax.sampling.config import MIN_TEMPERATURE, SampleOutput, SamplerConfig
 
 SCORERS = ("two_stream", "causal", "block_replay")  # `Method.rollout_scoring` values
 
@@ -174,6 +179,60 @@ def _features(model):
 
     return backbone_hidden_fn(model.config), head
   return apply_fn(model), lambda params, z: z.astype(jnp.float32)
+
+
+def _check_args(temperature, chunk=None):
+  """ValueError for a static argument that would give NaN (temperature 0: z / 0) or garbage
+  (negative temperature) scores, or a chunk the head cannot be split into."""
+  if not isinstance(temperature, jax.core.Tracer):  # a traced one cannot be read: as given
+    t = float(temperature)
+    if not (math.isfinite(t) and t >= MIN_TEMPERATURE):
+      raise ValueError(
+        f"temperature={temperature} must be a finite number >= {MIN_TEMPERATURE:g}: the "
+        "temperature the rollouts were sampled at (SamplerConfig.temperature; greedy rollouts "
+        "draw nothing to score)"
+      )
+  if chunk is not None and (
+    isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 0
+  ):
+    raise ValueError(
+      f"chunk={chunk!r} must be an int >= 0 (positions per head call; None or 0: all at once)"
+    )
+
+
+def _vocab_size(model, params, feats) -> int:
+  """V of the head's logits for features `feats` [B, L, F] (shapes only: nothing runs)."""
+
+  def spec(x):
+    return jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x))
+
+  one = jax.ShapeDtypeStruct((1, 1) + tuple(feats.shape[2:]), feats.dtype)
+  head = _features(model)[1]
+  return int(jax.eval_shape(head, jax.tree_util.tree_map(spec, params), one).shape[-1])
+
+
+def _check_vocab(v: int, rollout: Rollout, mask_token_id: int):
+  """ValueError for a mask id or (NumPy rollouts) token ids outside the model's [0, V): the
+  gather and the logit update would read past the vocabulary and give NaN or wrapped scores."""
+  if not 0 <= int(mask_token_id) < v:
+    raise ValueError(
+      f"mask_token_id={mask_token_id} must be in [0, V={v}): the sampler's "
+      "SamplerConfig.mask_token_id, a token of this model's vocabulary"
+    )
+  # Only NumPy tokens are checked: their values are the host's own. A jax.Array is either traced
+  # (under jit its values exist only at run time, where no Python error can be raised) or lives
+  # on the devices (reading it would copy it back and wait for it on every call, in the RL loop's
+  # hot path); the RL loop builds its rollouts from the sampler of the same model.
+  tokens = rollout.tokens
+  if isinstance(tokens, np.ndarray) and tokens.size:
+    bad = (tokens < 0) | (tokens >= v)
+    if bad.any():
+      b, i = (int(x[0]) for x in np.nonzero(bad))
+      raise ValueError(
+        f"rollout.tokens holds ids outside [0, V={v}): {int(tokens[b, i])} at row {b}, position "
+        f"{i} ({int(bad.sum())} such): the rollout was sampled with another vocabulary than "
+        "this model's; score it with the model (and tokenizer) that sampled it"
+      )
 
 
 def _log_softmax(logits: jax.Array, temperature: float, mask_token_id: int) -> jax.Array:
@@ -284,11 +343,14 @@ def token_features(
   apply, _ = _features(model)
   kind = scorer(method)
   if kind == "two_stream":
-    return _set_feats(apply, params, r, mask_token_id)
-  if kind == "causal":
-    return _ar_feats(apply, params, r)
-  out = _block_steps(apply, params, r, mask_token_id, _block_size(method, block_size), max_steps)
-  return _block_scatter(out, *r.tokens.shape)
+    feats = _set_feats(apply, params, r, mask_token_id)
+  elif kind == "causal":
+    feats = _ar_feats(apply, params, r)
+  else:
+    out = _block_steps(apply, params, r, mask_token_id, _block_size(method, block_size), max_steps)
+    feats = _block_scatter(out, *r.tokens.shape)
+  _check_vocab(_vocab_size(model, params, feats), rollout, mask_token_id)
+  return feats
 
 
 def _to_chunks(x: jax.Array, chunk: int) -> jax.Array:
@@ -324,8 +386,11 @@ def head_scores(
   generated position (`objective.kl_per_token`). The head runs over `chunk` positions at a time
   (None / 0 / >= L: one chunk) in a `lax.scan` of `jax.checkpoint`ed steps, so at most one
   chunk's [B, chunk, V] logits (policy and reference) are live, forward or backward; the numbers
-  are those of the full computation. Differentiable in params (and ref_params).
+  are those of the full computation. Differentiable in params (and ref_params). ValueError for
+  temperature < 1e-4, chunk < 0, mask_token_id or (NumPy) rollout tokens outside [0, V).
   """
+  _check_args(temperature, chunk)
+  _check_vocab(_vocab_size(model, params, feats), rollout, mask_token_id)
   tokens = jnp.asarray(rollout.tokens, jnp.int32)
   gen = jnp.asarray(rollout.generated, bool)
   length = tokens.shape[1]
@@ -370,8 +435,10 @@ def token_logits(
   method: a registry name with a scorer, `supported()` (static); model: a backbone module, a
   `Forward` or a logits function (static); params: the backbone's params (differentiable);
   rollout: `Rollout` (arrays or NumPy); block_size: G, block_replay only; max_steps: the replayed
-  steps of block_replay (default L; pass the sampler's N to scan fewer).
+  steps of block_replay (default L; pass the sampler's N to scan fewer). ValueError for
+  temperature < 1e-4, mask_token_id or (NumPy) rollout tokens outside [0, V).
   """
+  _check_args(temperature)
   feats = token_features(
     method,
     model,
@@ -401,6 +468,7 @@ def token_logprobs(
   temperature-scaled distribution the sampler drew from; the trajectory's log-likelihood is the
   row sum. The head runs `chunk` positions at a time (`head_scores`; None: all at once).
   Arguments as `token_logits`."""
+  _check_args(temperature, chunk)  # before the forward
   feats = token_features(
     method,
     model,
