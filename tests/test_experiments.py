@@ -9,7 +9,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from setdiff_jax.experiments import record, stats
+from setdiff_jax.experiments import provenance, record, stats
 
 DEVICE = {"backend": "cpu", "cpu": "test", "cpu_count": 1}
 
@@ -214,7 +214,7 @@ def test_a_record_never_holds_this_machines_paths(repo, tmp_path):
     "python -m benchmarks.x --output_dir=OUTPUT_DIR --tuned_dirs=TUNED_DIRS,data/a.txt "
     "--data.paths=data/a.txt --seeds=0,1 --name=NAME --official_dir=OFFICIAL"
   )
-  assert record.public_command(raw, str(repo)) == public
+  assert provenance.public_command(raw, str(repo)) == public
   report = {"command": raw, "markdown": f"## T\n\nCommand: `{raw}`\n"}
   data = json.loads(
     open(record.publish_report(report, "t_p", str(repo / "results"), ["code.py"])).read()

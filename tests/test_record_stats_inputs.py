@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from setdiff_jax.experiments import record, stats
+from setdiff_jax.experiments import provenance, record, stats
 
 REPORT = {"command": "python -m benchmarks.x", "markdown": "## T\n"}
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(record.__file__))))
@@ -128,7 +128,7 @@ def test_no_results_folder_hides_an_uncommitted_edit(repo):
   (repo / "code.py").write_text("x = 3\n")
   for everything in (".", "", "./", "../repo"):
     with pytest.raises(record.RecordError, match="not a path below the checkout's root"):
-      record.clean_commit(str(repo), exclude=(everything,))
+      provenance.clean_commit(str(repo), exclude=(everything,))
 
 
 PUBLISH = (

@@ -223,7 +223,7 @@ def test_set_gives_a_switch_its_value_and_unset_names_a_flag_of_the_command():
 
 def test_a_relative_input_git_does_not_track_is_asked_for(repo, tmp_path, monkeypatch, capsys):
   """Finding 16: `--data=runs/data.txt` (a git-ignored file of the checkout, made relative by
-  `record.public_command`) was not asked for; the run started in the worktree, which lacks it,
+  `provenance.public_command`) was not asked for; the run started in the worktree, which lacks it,
   and failed there."""
   (repo / "runs").mkdir()
   (repo / "runs" / "data.txt").write_text("ignored data")
@@ -248,7 +248,7 @@ def test_a_relative_input_git_does_not_track_is_asked_for(repo, tmp_path, monkey
 
 def test_only_the_placeholder_forms_records_write_are_asked_for():
   """Finding 18: any value in capitals (`--dtype=BF16`) was taken for a path placeholder.
-  Placeholders are the flag's name in capitals (`record.public_command`), or capitals for a
+  Placeholders are the flag's name in capitals (`provenance.public_command`), or capitals for a
   flag named as a path (older records' `--sft_workdirs=SFT0,SFT1`)."""
   command = "python -m benchmarks.x --dtype=BF16 --task=GSM8K --methods=AR,MDLM --out=OUT"
   argv = rerun.plan_command(command, "x_r2", "/s/o", {})

@@ -87,13 +87,18 @@ def _commit(repo, path, text, msg):
   ).stdout.strip()
 
 
-def test_staleness_follows_the_measured_paths(tmp_path):
-  repo = tmp_path / "repo"
-  repo.mkdir()
+def _new_repo(repo):
+  """A git repository at `repo` on branch main with one commit (code.py); returns its hash."""
+  repo.mkdir(exist_ok=True)
   _git(repo, "init", "-q", "-b", "main")
   _git(repo, "config", "user.email", "t@t")
   _git(repo, "config", "user.name", "t")
-  c0 = _commit(repo, "code.py", "x = 1\n", "code")
+  return _commit(repo, "code.py", "x = 1\n", "code")
+
+
+def test_staleness_follows_the_measured_paths(tmp_path):
+  repo = tmp_path / "repo"
+  c0 = _new_repo(repo)
   rec = {"commit": c0[:7], "measured_paths": ["code.py"], "markdown": "## T\n\nbody\n"}
   assert publish.status(rec, str(repo))["label"] == "current"
   _commit(repo, "other.py", "y = 1\n", "unrelated")
@@ -304,11 +309,7 @@ def test_a_rerun_is_compared_with_the_latest_earlier_run_of_its_command():
 
 def test_a_record_whose_measured_paths_name_nothing_is_unjudged_never_current(tmp_path):
   repo = tmp_path / "repo"
-  repo.mkdir()
-  _git(repo, "init", "-q", "-b", "main")
-  _git(repo, "config", "user.email", "t@t")
-  _git(repo, "config", "user.name", "t")
-  c0 = _commit(repo, "code.py", "x = 1\n", "code")
+  c0 = _new_repo(repo)
   for paths in ([], ["cod.py"]):
     rec = {"commit": c0, "measured_paths": paths, "markdown": "## T\n"}
     _commit(repo, "code.py", f"x = {len(paths) + 2}\n", "the measured code changes")
@@ -325,10 +326,7 @@ def test_publish_refuses_what_is_no_record_with_one_line_naming_the_file(tmp_pat
 
   results, docs = tmp_path / "results", tmp_path / "docs"
   results.mkdir()
-  _git(tmp_path, "init", "-q", "-b", "main")
-  _git(tmp_path, "config", "user.email", "t@t")
-  _git(tmp_path, "config", "user.name", "t")
-  _commit(tmp_path, "code.py", "x = 1\n", "code")
+  _new_repo(tmp_path)
   good = {"name": "ok", "command": "python -m benchmarks.t", "markdown": "## T\n", "v": 1}
   (results / "ok.json").write_text(json.dumps(good))
   argv = ["--results_dir", str(results), "--docs_dir", str(docs)]

@@ -20,7 +20,7 @@ from configs import reasoning_common, rl_arithmetic
 from setdiff_jax import errors, train
 from setdiff_jax.data import pairs
 from setdiff_jax.rl import config as rl_config
-from setdiff_jax.rl import grpo
+from setdiff_jax.rl import grpo, prompts
 from setdiff_jax.workdir import checkpoints as checkpointing
 from setdiff_jax.workdir import load as workdir_lib
 from setdiff_jax.workdir.metrics import MetricWriter
@@ -129,7 +129,7 @@ def test_answers_without_a_final_answer_are_named_before_anything(tmp_path):
   data = pipeline.default_data_config()
   data.source, data.paths, data.preprocess = "pairs_jsonl", str(f), "pad"
   with pytest.raises(ValueError, match=f"^{f}:2: the reference answer .* RL reads '#### ANSWER'"):
-    grpo.prompt_pool(types.SimpleNamespace(data=data), None)
+    prompts.prompt_pool(types.SimpleNamespace(data=data), None)
 
 
 def test_set_sampler_settings_on_an_ar_run_are_refused(tmp_path_factory):
@@ -332,7 +332,7 @@ def test_resume_is_exact(sft, tmp_path, monkeypatch):
 def test_prompts_come_from_the_train_split(tok):
   c = reasoning_common.get_config("setdlm")
   c.data.task_train_examples, c.data.task_eval_examples = 400, 50
-  pool, encoded = grpo.prompt_pool(c, tok)
+  pool, encoded = prompts.prompt_pool(c, tok)
   test = {p.prompt for p in pairs.load_pairs(c.data, "eval")}
   assert len(pool) == 400 and not {p.prompt for p in pool} & test
   assert encoded[0] == [tok.bos_id] + tok.encode(pool[0].prompt)  # the SFT context exactly

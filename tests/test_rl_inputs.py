@@ -23,7 +23,7 @@ from setdiff_jax import errors
 from setdiff_jax.config import run as run_config
 from setdiff_jax.data import pairs
 from setdiff_jax.rl import config as rl_config
-from setdiff_jax.rl import grpo, objective, rewards, scoring
+from setdiff_jax.rl import grpo, objective, prompts, rewards, scoring, sft_start
 from setdiff_jax.workdir import checkpoints as checkpointing
 from setdiff_jax.workdir.tokenizer import build_tokenizer
 from test_rl_grpo import _config_only_run, tiny_rl
@@ -75,14 +75,14 @@ def test_prompt_pool_reads_the_pairs_as_the_sft_run_did(tmp_path):
   every = pairs.load_pairs(c.data, "train")
   for rule in ("skip", "truncate_prompt"):
     c.data.overflow = rule
-    pool, prompts = grpo.prompt_pool(c, tok)
+    pool, encoded = prompts.prompt_pool(c, tok)
     rows, _ = pairs.encode_pairs(tok, every, c.seq_len, overflow=rule)
-    assert prompts == [p for p, _ in rows]
-    assert len(pool) == len(prompts) == (200 if rule == "skip" else 201)
-    for pair, p in zip(pool, prompts):  # the reference answers stay with their prompts
+    assert encoded == [p for p, _ in rows]
+    assert len(pool) == len(encoded) == (200 if rule == "skip" else 201)
+    for pair, p in zip(pool, encoded):  # the reference answers stay with their prompts
       want = [tok.bos_id] + tok.encode(pair.prompt)
       assert p == want or (rule == "truncate_prompt" and p == want[:1] + want[-(len(p) - 1) :])
-    assert max(len(p) for p in prompts) <= c.seq_len - 2  # room for an answer and its EOS
+    assert max(len(p) for p in encoded) <= c.seq_len - 2  # room for an answer and its EOS
 
 
 def test_rl_starts_on_skip_and_truncate_prompt_runs(tmp_path):
@@ -275,11 +275,11 @@ def test_resume_without_the_kl_reference_names_rl_init_step_and_the_ways_out(
   assert sorted(os.listdir(workdir)) == ["checkpoints", "config.json"]  # no lock taken
   # the same error when the step goes between that check and the load (the SFT run saving on)
   with pytest.raises(errors.CheckpointError, match=r"^rl.init_step=60: this RL run started from"):
-    grpo._load_sft(run.rl, {"w": jnp.zeros(2)}, 60, resume=True)
+    sft_start.load_sft(run.rl, {"w": jnp.zeros(2)}, 60, resume=True)
   run.rl.kl_beta = 0.0
-  grpo._check_init_step(run.rl, workdir, 60)  # nothing to reload: not refused
+  sft_start.check_init_step(run.rl, workdir, 60)  # nothing to reload: not refused
   run.rl.kl_beta = 0.1
-  grpo._check_init_step(run.rl, workdir, 61)  # a changed init_step: the resume check names it
+  sft_start.check_init_step(run.rl, workdir, 61)  # a changed init_step: the resume check names it
 
 
 # ----------------------------------------------------------------------------- 7: advantages

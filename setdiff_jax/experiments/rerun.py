@@ -9,7 +9,7 @@ the files that run are the commit the new record names, whatever else lies in th
 with a fresh output folder under --scratch (never an older run's folder: a benchmark would reuse
 its checkpoints), `--record=` the next free name of the series (`NAME_rN`), and each path the
 record holds that this machine lacks given with `--set flag=PATH`:
-- a placeholder, as `record.public_command` writes one: the flag's name in capitals
+- a placeholder, as `provenance.public_command` writes one: the flag's name in capitals
   (`--tuned_dirs=TUNED_DIRS`, `--official_dir=OFFICIAL_DIR`), or any capitals for a flag named as
   a path (`--sft_workdirs=SFT0,SFT1`: older records); `--dtype=BF16` is a value, not a path;
 - an absolute path that does not exist here;
@@ -45,7 +45,7 @@ import sys
 import tempfile
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from setdiff_jax.experiments import git, record, reproduce
+from setdiff_jax.experiments import git, provenance, record, reproduce
 
 RESULTS_DIR = os.path.join("benchmarks", "results")
 DOCS_DIR = os.path.join("docs", "results")
@@ -82,7 +82,7 @@ def next_name(name: str, taken: Sequence[str]) -> str:
 
 def is_placeholder(flag: str, item: str) -> bool:
   """Whether `item` (one of a flag's comma-separated values) stands for a path of the machine
-  that ran the record: the flag's name in capitals, as `record.public_command` writes it
+  that ran the record: the flag's name in capitals, as `provenance.public_command` writes it
   (`--tuned_dirs=TUNED_DIRS`), or capitals for a flag named as a path (`--sft_workdirs=SFT0`);
   a sub path is kept (`DIR/agg`)."""
   head = item.split("/", 1)[0]
@@ -339,7 +339,7 @@ def rerun(
     return None
   # The worktree runs HEAD: an uncommitted edit would not run. New records (and the tables
   # generated from them) may wait uncommitted: several reruns are committed together.
-  commit = record.clean_commit(repo, exclude=(RESULTS_DIR, DOCS_DIR))
+  commit = provenance.clean_commit(repo, exclude=(RESULTS_DIR, DOCS_DIR))
   note = f"rerun of {name} (pid {os.getpid()}) under {scratch}\n"
   while True:  # another rerun may have claimed the name since `taken` was read
     try:

@@ -45,7 +45,6 @@ the ways out.
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from typing import Any, Dict, Optional
 
@@ -57,11 +56,11 @@ import ml_collections
 import numpy as np
 import optax
 
-from setdiff_jax import decoding, errors, paths, sharding, train_step, trainer
-from setdiff_jax.data import pairs, tokenizers
+from setdiff_jax import decoding, paths, sharding, train_step, trainer
+from setdiff_jax.data import tokenizers
 from setdiff_jax.evaluation import accuracy
 from setdiff_jax.rl import config as rl_config
-from setdiff_jax.rl import objective, rewards, scoring
+from setdiff_jax.rl import objective, prompts, rewards, scoring, sft_start
 from setdiff_jax.sampling import compiles, placement
 from setdiff_jax.workdir import checkpoints as checkpointing
 from setdiff_jax.workdir import data_files
@@ -90,43 +89,6 @@ def _rng(state: RLState) -> jax.Array:
   """The rollout key, uncommitted (a restored one sits on one device; the sampler runs on the
   parameters' mesh)."""
   return jax.random.wrap_key_data(jnp.asarray(np.asarray(state.rng)))
-
-
-def prompt_pool(run, tokenizer):
-  """(pairs, encoded prompts) of the task's train split, as the SFT run read them (`_pool`)."""
-  pool, prompts, _ = _pool(run, tokenizer)
-  return pool, prompts
-
-
-def _pool(run, tokenizer):
-  """(pairs, encoded prompts [BOS] + prompt, answer lengths with EOS) of the task's train split,
-  under the SFT run's `data.overflow` rule (`pairs.encode_pairs`, as its training rows): `skip`
-  leaves out the pairs that did not fit seq_len, `truncate_prompt` keeps a long prompt's last
-  tokens. The pairs stay aligned with their prompts (the references of the rewards)."""
-  pool = pairs.load_pairs(run.data, "train")
-  # every step's accuracy metric (and the exact_match reward) reads them: fail before anything
-  accuracy.check_references(pool, "hash", "RL reads '#### ANSWER' final answers: end each with one")
-  style = run.data.get("prompt_style", "plain")
-  kept, _ = pairs.encode_pairs(
-    tokenizer,
-    pool,
-    int(run.seq_len),
-    overflow=run.data.get("overflow", "error"),
-    prompt_style=style,
-  )
-  if len(kept) < len(pool):  # `skip` dropped some, keeping the order: find which ones stayed
-    full = accuracy.encode_prompts(tokenizer, pool, style)
-    eos = [int(tokenizer.eos_id)]
-    answers = tokenizer.encode_batch([p.answer for p in pool])
-    stayed, j = [], 0
-    for i, (p, a) in enumerate(zip(full, answers)):
-      if j < len(kept) and kept[j] == (p, list(a) + eos):
-        stayed.append(i)
-        j += 1
-    if j != len(kept):  # encode_pairs changed its rule: never pair a prompt with another answer
-      raise RuntimeError(f"{j} of the {len(kept)} kept train pairs found in the pool")
-    pool = [pool[i] for i in stayed]
-  return pool, [p for p, _ in kept], [len(a) for _, a in kept]
 
 
 def _optimization(cfg: RunConfig) -> Optimization:
@@ -208,10 +170,10 @@ def train_rl(
     )
   sft = rl_config.load_sft_config(config.rl.init_from)
   run = rl_config.run_config_for(config, sft)
-  recorded = _recorded_init_step(workdir)
+  recorded = sft_start.recorded_init_step(workdir)
   if not int(run.rl.init_step):  # a resume reloads the SFT step its first start recorded
     run.rl.init_step = recorded
-  _check_init_step(run.rl, workdir, recorded)  # before the workdir (and its lock) exists
+  sft_start.check_init_step(run.rl, workdir, recorded)  # before the workdir (and its lock) exists
   sizes = sharding.mesh_shape(run.mesh, jax.device_count())
   rows = int(run.rl.prompts_per_step) * int(run.rl.group_size)
   if rows % (sizes[0] * sizes[1]):
@@ -228,65 +190,6 @@ def train_rl(
   )
 
 
-def _recorded_init_step(workdir: str) -> int:
-  """rl.init_step in WORKDIR's config.json when it has checkpoints (0: none recorded)."""
-  path = paths.join(workdir, checkpointing.CONFIG_FILE)
-  if not workdir_lock.saved_steps(workdir) or not paths.isfile(path):
-    return 0
-  try:
-    return int(json.loads(paths.read_text(path)).get("rl", {}).get("init_step", 0) or 0)
-  except ValueError:
-    return 0  # a damaged config.json: check_resume names it
-
-
-def _init_step_missing(r, sft_steps, resume: bool) -> Exception:
-  """The error for rl.init_step not among the SFT run's steps `sft_steps`: a bad value on a new
-  run; on a resume, the KL reference the SFT run has rotated out since, with the ways out."""
-  step = int(r.init_step)
-  if not resume:
-    return ValueError(
-      f"invalid config: rl.init_step={step}: the SFT run rl.init_from={r.init_from!r} has no "
-      f"checkpoint at step {step} (its steps: {sft_steps}); set --config.rl.init_step to one of "
-      "them (0 = its newest)"
-    )
-  return errors.CheckpointError(
-    f"rl.init_step={step}: this RL run started from step {step} of the SFT run "
-    f"rl.init_from={r.init_from!r} and reloads it as its KL reference (rl.kl_beta={r.kl_beta}) "
-    f"on every resume, but the SFT run no longer holds that step (its steps now: {sft_steps}; "
-    "its keep_checkpoints rotated it out); copy that step's folder back into "
-    f"{checkpointing.checkpoint_dir(r.init_from)}/ (from a backup), or start a new RL run (a new "
-    "--workdir) from a step it holds; an SFT run that trains on beside RL runs needs a "
-    "keep_checkpoints large enough to keep their steps"
-  )
-
-
-def _check_init_step(r, workdir: str, recorded: int):
-  """Refuses an rl.init_step (explicit, or the one a resume recorded) the SFT run does not hold,
-  when the run needs it: a new run starts from it; a resume with rl.kl_beta > 0 reloads it as the
-  KL reference (else the RL checkpoint is all a resume reads). Reads directory listings only."""
-  step = int(r.init_step)
-  if not step:
-    return
-  resume = bool(workdir_lock.saved_steps(workdir))
-  if resume and (float(r.kl_beta) <= 0 or (recorded and recorded != step)):
-    return  # nothing reloaded; or a changed rl.init_step, which the resume check names
-  sft_steps = workdir_lock.saved_steps(r.init_from)
-  if step not in sft_steps:
-    raise _init_step_missing(r, sft_steps, resume)
-
-
-def _load_sft(r, like, step: Optional[int], resume: bool):
-  """(params, step) of the SFT run at `step` (None: its newest intact one); a step that is gone
-  (rotated out after `_check_init_step` looked) is named as rl.init_step, not as a --step flag."""
-  try:
-    return workdir_lib.load_params_and_step(r.init_from, like, step=step)
-  except errors.CheckpointError as e:
-    sft_steps = workdir_lock.saved_steps(r.init_from)
-    if step is None or isinstance(e, errors.DamagedCheckpointError) or step in sft_steps:
-      raise
-    raise _init_step_missing(r, sft_steps, resume) from e
-
-
 def _setup(run: RunConfig):
   """(tokenizer, model_cfg, obj_cfg, mesh, prompt pool, encoded prompts, sampler_cfg) from the
   SFT run and the RL settings, every setting checked; writes nothing."""
@@ -300,7 +203,7 @@ def _setup(run: RunConfig):
       f"{', '.join(scoring.supported())}"
     )
   mesh = sharding.make_mesh(run.mesh.sizes())
-  pool, encoded, answer_lens = _pool(run, tokenizer)
+  pool, encoded, answer_lens = prompts.encoded_pool(run, tokenizer)
   if not encoded:
     raise ValueError(
       f"invalid config: no train pair of rl.init_from={sft_dir!r} fits seq_len={run.seq_len} "
@@ -337,36 +240,8 @@ def _setup(run: RunConfig):
       f"invalid config: rl.continuous_slots={r.continuous_slots}: continuous batching covers the "
       f"set sampler and AR, not {obj_cfg.name!r}; set --config.rl.continuous_slots=0"
     )
-  _warn_short_n(run, n, longest, answer_lens)  # last: a refused setting is the only line
+  prompts.warn_short_n(run, n, longest, answer_lens)  # last: a refused setting is the only line
   return tokenizer, model_cfg, obj_cfg, mesh, pool, encoded, sampler_cfg
-
-
-def _warn_short_n(run: RunConfig, n: int, longest: int, answer_lens):
-  """One warning line when N new tokens cannot hold the reference answer (+ EOS) of some train
-  prompts: their rollouts are cut at N tokens, so a reward that needs an answer as long as the
-  reference's (the '#### n' line at its end) never comes. A warning, not a refusal: a completion
-  may answer in fewer tokens than the reference's worked solution."""
-  short = sum(a > n for a in answer_lens)
-  if not short:
-    return
-  most = int(run.seq_len) - longest
-  if int(run.rl.max_new_tokens) and n < most:
-    fix = f"raise --config.rl.max_new_tokens (at most {most} = seq_len - the longest prompt)"
-  else:
-    fix = (
-      f"N = seq_len {run.seq_len} - the longest train prompt ({longest} tokens) is the most that "
-      "fits every row (one N for all rows); an SFT run with a larger seq_len, or without its "
-      "longest prompts, leaves more"
-    )
-  logging.warning(
-    "rl.max_new_tokens: N=%d new tokens cannot hold the reference answer (+EOS) of %d of the %d "
-    "train prompts (longest answer %d tokens): their rollouts are cut before that length; %s",
-    n,
-    short,
-    len(answer_lens),
-    max(answer_lens),
-    fix,
-  )
 
 
 def _fresh_state(run: RunConfig, model_cfg, mesh):
@@ -383,34 +258,6 @@ def _fresh_state(run: RunConfig, model_cfg, mesh):
     rng=jax.device_put(key, replicated),
   )
   return state, shardings
-
-
-def _restore_from_sft(r, state, manager):
-  """(state, KL reference params or None, SFT step): the RL checkpoint, else the SFT run's
-  parameters at rl.init_step (0: its newest intact step, the one returned for config.json)."""
-  sft_step = {"step": int(r.init_step) or None}  # a resume: the step its first start recorded
-
-  def from_sft(state):
-    params, sft_step["step"] = _load_sft(r, state.params, sft_step["step"], resume=False)
-    sft_step["fresh"] = True
-    logging.info(
-      "initialised parameters from the SFT run %s, step %d", r.init_from, sft_step["step"]
-    )
-    return state.replace(params=params, ema_params=params)
-
-  state = trainer.restore(manager, state, initialise=from_sft)
-  state = state.replace(ema_params=state.params)
-  try:
-    if sft_step["step"] is None:  # restored from an RL run of a version that did not record it
-      sft_step["step"] = workdir_lib.load_params_and_step(r.init_from, state.params)[1]
-    ref_params = None
-    if float(r.kl_beta) > 0:  # the frozen SFT reference (a copy: params are donated)
-      resume = not sft_step.get("fresh")
-      ref_params = _load_sft(r, state.params, sft_step["step"], resume=resume)[0]
-  except BaseException:
-    checkpointing.close(manager)
-    raise
-  return state, ref_params, sft_step["step"]
 
 
 def _train_rl(
@@ -433,7 +280,7 @@ def _train_rl(
   manager = checkpointing.make_manager(
     workdir, keep=run.checkpoints.keep_checkpoints, with_data=False
   )
-  state, ref_params, config.rl.init_step = _restore_from_sft(r, state, manager)
+  state, ref_params, config.rl.init_step = sft_start.restore_from_sft(r, state, manager)
   if is_main:
     if not tokenizers.saved_in(workdir) or not workdir_lock.saved_steps(workdir):
       tokenizers.save_in(tokenizer, workdir)  # no checkpoint yet: an earlier attempt's is stale
@@ -615,4 +462,4 @@ def _rl_step(
   return step
 
 
-__all__ = ["RLState", "train_rl", "make_functions", "prompt_pool", "TIMING_METRICS"]
+__all__ = ["RLState", "train_rl", "make_functions", "TIMING_METRICS"]
