@@ -45,6 +45,15 @@ def test_normalize_and_exact_match():
     "-7",
     "a b",
   ]
+  # canonical digits, never a float: values above 2**53 stay apart, zeros and signs fold
+  assert [norm("9007199254740993"), norm("-0.00"), norm("+007.50"), norm("-00.50")] == [
+    "9007199254740993",
+    "0",
+    "7.5",
+    "-0.5",
+  ]
+  assert not accuracy.exact_match("#### 9007199254740993", "#### 9007199254740992")
+  assert accuracy.exact_match("#### 12345678901234567890.10", "#### 12,345,678,901,234,567,890.1")
   assert accuracy.exact_match("9+5=14\n#### 14", "9+5=14\n#### 14")
   assert accuracy.exact_match("wrong steps\n#### 14", "#### 14")  # only the final answer counts
   assert not accuracy.exact_match("#### 15", "#### 14")

@@ -5,6 +5,7 @@ import json
 import os
 import re
 import shutil
+import tempfile
 
 import numpy as np
 import pytest
@@ -429,7 +430,7 @@ def test_tfds_prepared_array_record(tok, tmp_path):
 LM1B_LAYOUT = os.path.join(os.path.dirname(__file__), "data", "lm1b_layout")
 
 
-def test_lm1b_from_text_files_is_the_tfds_build(tmp_path):
+def test_lm1b_from_text_files_is_the_tfds_build(tmp_path, monkeypatch):
   """launch/prepare_lm1b.py's builder on a small tree in the released archive's layout (3 train,
   2 held-out shards; lines with outer spaces): the records, in order, that TFDS's own lm1b
   builder (tfds 4.9.10 with TensorFlow 2.21, its download pointed at this tree) wrote from the
@@ -438,8 +439,13 @@ def test_lm1b_from_text_files_is_the_tfds_build(tmp_path):
   from setdiff_jax.data import lm1b_files
 
   data_dir = str(tmp_path / "tfds")
+  temp = tmp_path / "temp"
+  temp.mkdir()
+  monkeypatch.setattr(tempfile, "tempdir", str(temp))
   out = lm1b_files.build(LM1B_LAYOUT, data_dir)
   assert out == os.path.join(data_dir, "lm1b", "1.1.0")
+  assert os.listdir(temp) == []  # no bucket lookup: no empty tmp*tfds folder left behind
+  monkeypatch.undo()
   with open(os.path.join(LM1B_LAYOUT, "tfds_order.json"), encoding="utf-8") as f:
     expected = json.load(f)
   for split in ("train", "test"):

@@ -112,7 +112,9 @@ def test_encode_pairs_and_overflow_rules(tok, caplog):
     pairs.encode_pairs(tok, [short, long], seq_len)
   with caplog.at_level(logging.WARNING):
     kept, stats = pairs.encode_pairs(tok, [short, long], seq_len, overflow="skip")
-  assert stats == {"kept": 1, "skipped": 1, "truncated": 0} and len(kept) == 1
+  assert stats == {"kept": 1, "skipped": 1, "truncated": 0, "kept_indices": [0]} and len(kept) == 1
+  kept, stats = pairs.encode_pairs(tok, [long, short, long, short], seq_len, overflow="skip")
+  assert stats["kept_indices"] == [1, 3] and kept == pairs.encode_pairs(tok, [short, short], 32)[0]
   assert "1 skipped" in caplog.text
   kept, stats = pairs.encode_pairs(tok, [short, long], seq_len, overflow="truncate_prompt")
   assert stats["truncated"] == 1

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 from typing import Mapping, Optional, Tuple
 
 import ml_collections
@@ -180,6 +181,7 @@ def as_config_dict(config) -> ml_collections.ConfigDict:
 FREE_SECTIONS = ("interop",)
 
 
+@functools.lru_cache(maxsize=1)
 def known_field_names() -> Tuple[str, ...]:
   """Every dotted field name a run config may have: the defaults', the optional `rl` section's
   and the free-form sections (whose contents are not checked)."""

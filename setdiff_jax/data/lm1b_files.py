@@ -45,6 +45,14 @@ def split_files(text_dir: str) -> dict[str, list[str]]:
   return files
 
 
+class _LocalInfo(tfds.core.DatasetInfo):
+  """Split sizes come from the local files, never from gs://tfds-data: TFDS's bucket lookup would
+  try the network and leave an empty `tmp*tfds` folder in the temp dir on every build."""
+
+  def initialize_from_bucket(self) -> None:
+    pass
+
+
 class Lm1bFromFiles(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   """TFDS's `lm1b` 1.1.0, generated from local files (reads back as `tfds.data_source('lm1b')`)."""
 
@@ -56,7 +64,7 @@ class Lm1bFromFiles(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     super().__init__(**kwargs)
 
   def _info(self):
-    return tfds.core.DatasetInfo(
+    return _LocalInfo(
       builder=self,
       features=tfds.features.FeaturesDict({"text": tfds.features.Text()}),
       supervised_keys=("text", "text"),

@@ -218,14 +218,15 @@ def encode_pairs(
 ) -> Tuple[List[Tuple[List[int], List[int]]], dict]:
   """Token ids (prompt with BOS, answer with EOS) that fit `seq_len` under the overflow rule.
 
-  Returns the kept (prompt_ids, answer_ids) and counts {'kept', 'skipped', 'truncated'}.
+  Returns the kept (prompt_ids, answer_ids) and stats: counts {'kept', 'skipped', 'truncated'}
+  and 'kept_indices', the kept pairs' positions in `pairs` (what `skip` left, in order).
   """
   if overflow not in OVERFLOW_RULES:
     raise ValueError(f"data.overflow={overflow!r}; expected one of {OVERFLOW_RULES}")
   prompts = tokenizer.encode_batch([format_prompt(p.prompt, prompt_style) for p in pairs])
   answers = tokenizer.encode_batch([p.answer for p in pairs])
-  kept, stats = [], {"kept": 0, "skipped": 0, "truncated": 0}
-  for pair, p, a in zip(pairs, prompts, answers):
+  kept, stats = [], {"kept": 0, "skipped": 0, "truncated": 0, "kept_indices": []}
+  for index, (pair, p, a) in enumerate(zip(pairs, prompts, answers)):
     p, a = [int(tokenizer.bos_id)] + list(p), list(a) + [int(tokenizer.eos_id)]
     if not a[:-1]:
       raise ValueError(f"{pair.where}: the answer encodes to no tokens")
@@ -249,6 +250,7 @@ def encode_pairs(
       p = p[:1] + p[len(p) - room :]
       stats["truncated"] += 1
     kept.append((p, a))
+    stats["kept_indices"].append(index)
   stats["kept"] = len(kept)
   if stats["skipped"] or stats["truncated"]:
     logging.warning(

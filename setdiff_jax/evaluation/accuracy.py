@@ -33,7 +33,6 @@ calls (for paired comparisons).
 from __future__ import annotations
 
 import collections
-import math
 import re
 import time
 from typing import Any, Dict, List, Optional, Sequence
@@ -50,7 +49,7 @@ from setdiff_jax.sampling.config import DecodeSetting
 
 EXTRACTORS = ("hash", "boxed", "auto")
 _HASH = re.compile(r"####\s*([^\n]*)")
-_NUMBER = re.compile(r"^[-+]?\d+(\.\d+)?$")
+_NUMBER = re.compile(r"^([-+]?)(\d+)(?:\.(\d+))?$")
 
 
 def extract_hash(text: str) -> Optional[str]:
@@ -84,13 +83,22 @@ def extract_answer(text: str, extractor: str = "auto") -> Optional[str]:
 
 
 def normalize_answer(ans: Optional[str]) -> Optional[str]:
-  """'1,234.' -> '1234'; '$5' -> '5'; '3.50' -> '3.5'; other text: stripped, spaces squeezed."""
+  """'1,234.' -> '1234'; '$5' -> '5'; '3.50' -> '3.5'; '-0' -> '0'; other text: stripped, spaces squeezed.
+
+  Numbers are canonicalised on their digits, never through a float: two answers are equal exactly
+  when their values are (9007199254740993 is not 9007199254740992). Commas go, as in lm-eval's GSM8K
+  exact match.
+  """
   if ans is None:
     return None
   s = ans.strip().replace(",", "").replace("$", "").rstrip(".").strip()
-  if _NUMBER.match(s):
-    x = float(s)
-    return str(int(x)) if x == int(x) and math.isfinite(x) else repr(x)
+  number = _NUMBER.match(s)
+  if number:
+    sign, whole, fraction = number.group(1), number.group(2), number.group(3) or ""
+    digits = (whole.lstrip("0") or "0") + (
+      "." + fraction.rstrip("0") if fraction.rstrip("0") else ""
+    )
+    return digits if digits == "0" or sign != "-" else "-" + digits
   return " ".join(s.split())
 
 

@@ -30,25 +30,14 @@ def encoded_pool(run, tokenizer):
   # every step's accuracy metric (and the exact_match reward) reads them: fail before anything
   accuracy.check_references(pool, "hash", "RL reads '#### ANSWER' final answers: end each with one")
   style = run.data.get("prompt_style", "plain")
-  kept, _ = pairs.encode_pairs(
+  kept, stats = pairs.encode_pairs(
     tokenizer,
     pool,
     int(run.seq_len),
     overflow=run.data.get("overflow", "error"),
     prompt_style=style,
   )
-  if len(kept) < len(pool):  # `skip` dropped some, keeping the order: find which ones stayed
-    full = accuracy.encode_prompts(tokenizer, pool, style)
-    eos = [int(tokenizer.eos_id)]
-    answers = tokenizer.encode_batch([p.answer for p in pool])
-    stayed, j = [], 0
-    for i, (p, a) in enumerate(zip(full, answers)):
-      if j < len(kept) and kept[j] == (p, list(a) + eos):
-        stayed.append(i)
-        j += 1
-    if j != len(kept):  # encode_pairs changed its rule: never pair a prompt with another answer
-      raise RuntimeError(f"{j} of the {len(kept)} kept train pairs found in the pool")
-    pool = [pool[i] for i in stayed]
+  pool = [pool[i] for i in stats["kept_indices"]]  # `skip` left some out: the rest, in order
   return pool, [p for p, _ in kept], [len(a) for _, a in kept]
 
 
