@@ -40,13 +40,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 import traceback
 
+if __name__ == "__main__" and not __package__:  # a file run cannot import benchmarks/
+  sys.exit("error: run it from the repository root as `python -m benchmarks.aot_compile [flags]`")
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
+
+from benchmarks import inputs  # noqa: E402
 
 GIB = 2**30
 # name -> (get_topology_desc name, its keyword arguments, HBM per chip in GiB)
@@ -90,6 +95,7 @@ def parse_args(argv=None):
     bad = [x for x in value.split(",") if x not in known]
     if bad:
       raise SystemExit(f"error: {flag}={value!r}: unknown {bad}; choose from {tuple(known)}")
+  inputs.check_output_file(args.out, "--out")  # before compiling: the rows are written last
   return args
 
 
@@ -291,4 +297,4 @@ def _libtpu_version() -> str:
 
 
 if __name__ == "__main__":
-  main()
+  inputs.run(main)

@@ -15,14 +15,25 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
 
+if __name__ == "__main__" and not __package__:  # a file run cannot import benchmarks/
+  sys.exit("error: run it from the repository root as `python -m benchmarks.attention [flags]`")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
+from benchmarks import inputs  # noqa: E402
 from setdiff_jax.models import attention  # noqa: E402
 from setdiff_jax.diffusion import masks
+
+
+# --masks: the two-stream static masks of training (SetDLM, BD3LM with S = --block_size)
+MASKS = {
+  "set": lambda length, block_size: masks.set_causal_mask(length),
+  "block": lambda length, block_size: masks.block_causal_mask(length, block_size),
+}
 
 
 def parse_args(argv=None):
@@ -35,22 +46,36 @@ def parse_args(argv=None):
   p.add_argument("--head_dim", type=int, default=64)
   p.add_argument("--block_size", type=int, default=4)
   p.add_argument("--repeats", type=int, default=5)
-  return p.parse_args(argv)
+  args = p.parse_args(argv)
+  # an unknown mask name was measured as the block mask under that name; 0 repeats a traceback
+  for flag, names, known in (
+    ("--masks", args.masks, tuple(MASKS)),
+    ("--impls", args.impls, attention.IMPLEMENTATIONS),
+  ):
+    bad = [x for x in names.split(",") if x not in known]
+    if bad:
+      raise ValueError(f"{flag}={names}: unknown {bad}; choose from {', '.join(known)}")
+  text = args.lengths
+  try:
+    args.lengths = [int(x) for x in text.split(",")]
+  except ValueError:
+    args.lengths = [0]
+  if min(args.lengths) < 1:
+    raise ValueError(f"--lengths={text}: give comma-separated integers >= 1, e.g. 128,1024")
+  inputs.check_at_least(args, 0, "batch_size")  # 0: the default per L
+  inputs.check_at_least(args, 1, "num_heads", "head_dim", "block_size", "repeats")
+  return args
 
 
 def main(argv=None):
   args = parse_args(argv)
   impls = args.impls.split(",")
   rows = []
-  for length in [int(x) for x in args.lengths.split(",")]:
+  for length in args.lengths:
     b = args.batch_size or (16 if length <= 128 else 2)
     s = 2 * length
     for kind in args.masks.split(","):
-      static = (
-        masks.set_causal_mask(length)
-        if kind == "set"
-        else masks.block_causal_mask(length, args.block_size)
-      )
+      static = MASKS[kind](length, args.block_size)
       ks = jax.random.split(jax.random.key(0), 4)
       q, k, v, w = [jax.random.normal(x, (b, s, args.num_heads, args.head_dim)) for x in ks]
       dense = jnp.asarray(static)[None] & masks.two_stream_padding(jnp.ones((b, length), bool))
@@ -105,4 +130,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-  main()
+  inputs.run(main)

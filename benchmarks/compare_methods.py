@@ -19,7 +19,10 @@ then evaluated with `setdiff_jax.evaluation`:
     0.7: ROUGE-1/2/L, tokens/s, tokens/step.
 Writes to --output_dir: results.json (everything), results.md (tables, command, hardware, timings),
 speed_quality.png (tokens/s vs generative PPL, and infill tokens/s vs ROUGE-L), runs/<method>/ (the
-training workdirs; re-running resumes / skips finished training) and tokenizer/.
+training workdirs; re-running resumes / skips finished training) and tokenizer/. A run's
+train_fingerprint.json holds the training config it was trained with: a re-run with other settings
+(seed, learning rate, batch, sizes, steps, ...) is refused with one `error:` line naming them, and
+so is a folder trained before the fingerprint existed; give such a run a new --output_dir.
 """
 
 from __future__ import annotations
@@ -42,10 +45,12 @@ if __name__ == "__main__" and not __package__:  # a file run cannot import confi
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from benchmarks import arms  # noqa: E402
+from benchmarks import arms, inputs  # noqa: E402
 from configs import compare  # noqa: E402
-from setdiff_jax import train  # noqa: E402
+from setdiff_jax import cli_storage, train  # noqa: E402
+from setdiff_jax.config import run as run_config  # noqa: E402
 from setdiff_jax.workdir import load as workdir_lib  # noqa: E402
+from setdiff_jax.workdir import lock  # noqa: E402
 from setdiff_jax.data import sources, tokenizers  # noqa: E402
 from setdiff_jax.evaluation import generation, run  # noqa: E402
 from setdiff_jax.evaluation.results import hardware  # noqa: E402
@@ -132,7 +137,13 @@ def parse_args(argv=None):
     "--record_resume", action="store_true", help="--record: replace a re-report of the same commit"
   )
   p.add_argument("--results_dir", default=None, help="where --record writes (benchmarks/results)")
-  return p.parse_args(argv)
+  args = p.parse_args(argv)
+  # 0 rows gave val NLL 0 / PPL 1, 0 orders a "K=0" column over 1 draw, 0 samples a nan PPL
+  counts = ("steps", "batch_size", "num_orders", "max_rows", "num_infill", "num_samples")
+  inputs.check_at_least(args, 1, *counts, "repeats")
+  if not 0.0 < args.top_p <= 1.0:
+    raise ValueError(f"--top_p={args.top_p} must be in (0, 1] (1 = plain sampling)")
+  return args
 
 
 def parse_lrs(text) -> Dict[str, float]:
@@ -247,9 +258,56 @@ def shared_tokenizer(out_dir: str, config) -> str:
   return tok_dir
 
 
+FINGERPRINT = "train_fingerprint.json"  # beside a run's checkpoints: the settings it trains
+
+
+def fingerprint(config) -> Dict[str, Any]:
+  """What determines a trained model: every field of its training config (method, model sizes,
+  seed, learning rate, batch, steps, data, ...), flattened, but the paths
+  (`cli_storage.PATH_FIELDS`); the same for every run of the same command."""
+  flat = {}
+
+  def walk(tree, prefix):
+    for k, v in tree.items():
+      if isinstance(v, dict):
+        walk(v, f"{prefix}{k}.")
+      elif f"{prefix}{k}" not in cli_storage.PATH_FIELDS:
+        flat[f"{prefix}{k}"] = v
+
+  walk(json.loads(config.to_json_best_effort(sort_keys=True)), "")
+  return dict(sorted(flat.items()))
+
+
+def check_reuse(workdir: str, config) -> None:
+  """A folder that holds a model (finished or interrupted) is reused only for the settings it
+  was trained with (its FINGERPRINT); one trained with other settings, or before the settings
+  were recorded, is refused: evaluating it would label the old model with the new settings."""
+  finished = os.path.isfile(os.path.join(workdir, "train_info.json"))
+  if not finished and not (os.path.isdir(workdir) and lock.saved_steps(workdir)):
+    return  # nothing trained there yet
+  path = os.path.join(workdir, FINGERPRINT)
+  fix = "give a new --output_dir to train these settings"
+  if not os.path.isfile(path):
+    raise ValueError(
+      f"{workdir} holds a model trained before its settings were recorded (no {FINGERPRINT}), "
+      f"so they may differ from these: {fix}"
+    )
+  with open(path) as f:
+    old = json.load(f)
+  new = fingerprint(config)
+  if old != new:
+    changed = inputs.differences(old, new)
+    raise ValueError(
+      f"{workdir} holds a model trained with other settings ({changed}): {fix}, or rerun with "
+      "the earlier settings to reuse it"
+    )
+
+
 def train_method(method: str, config, out_dir: str, tok_dir: str, log) -> Dict[str, Any]:
-  """Trains (or finds finished) one run; returns {workdir, train_seconds, final train metrics}."""
+  """Trains (or finds finished, trained with these settings) one run; returns {workdir,
+  train_seconds, final train metrics}."""
   workdir = os.path.join(out_dir, "runs", method)
+  check_reuse(workdir, config)
   os.makedirs(workdir, exist_ok=True)
   dst = os.path.join(workdir, tokenizers.TOKENIZER_SUBDIR)
   if not os.path.isdir(dst):
@@ -261,6 +319,8 @@ def train_method(method: str, config, out_dir: str, tok_dir: str, log) -> Dict[s
     if info.get("steps") == config.num_train_steps:
       log(f"[{method}] already trained ({info['train_seconds']:.0f}s), skipping")
       return info
+  with open(os.path.join(workdir, FINGERPRINT), "w") as f:  # before training: a resume checks it
+    json.dump(fingerprint(config), f, indent=1)
   t0 = time.perf_counter()
   metrics = train.train_and_evaluate(config, workdir)
   info = {
@@ -589,8 +649,8 @@ def main(argv=None, log=print) -> Dict[str, Any]:
   args = parse_args(argv)
   check_record(args)
   p = plan(args)
+  inputs.check_output_dir(args.output_dir)
   out_dir = os.path.abspath(args.output_dir)
-  os.makedirs(out_dir, exist_ok=True)
   methods = [m.strip() for m in args.methods.split(",") if m.strip()]
   for m in methods:
     compare.parse_method(m)
@@ -601,6 +661,10 @@ def main(argv=None, log=print) -> Dict[str, Any]:
   t_start = time.perf_counter()
   with jax_settings(settings):
     configs = {m: method_config(m, args, p) for m in methods}
+    for m in methods:  # before anything is trained: a bad config, or a run of other settings
+      run_config.from_config_dict(configs[m])
+      check_reuse(os.path.join(out_dir, "runs", m), configs[m])
+    os.makedirs(out_dir, exist_ok=True)
     tok_dir = shared_tokenizer(out_dir, configs[methods[0]])
     t0 = time.perf_counter()
     infos = {m: train_method(m, configs[m], out_dir, tok_dir, log) for m in methods}
@@ -653,4 +717,4 @@ def main(argv=None, log=print) -> Dict[str, Any]:
 
 
 if __name__ == "__main__":
-  main()
+  inputs.run(main)

@@ -29,6 +29,7 @@ if __name__ == "__main__" and not __package__:  # a file run cannot import confi
 
 import jax  # noqa: E402
 
+from benchmarks import inputs  # noqa: E402
 from benchmarks import training  # noqa: E402  (benchmarks/training.py: config, state, step and timing helpers)
 from setdiff_jax.models import layer_stack  # noqa: E402
 
@@ -203,4 +204,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-  main()
+  inputs.run(main)

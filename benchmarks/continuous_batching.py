@@ -42,7 +42,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from benchmarks import arms, compare_methods  # noqa: E402
+from benchmarks import arms, compare_methods, inputs  # noqa: E402
 from setdiff_jax.evaluation.results import hardware  # noqa: E402
 from setdiff_jax.models.dit import DiT, DiTConfig
 from setdiff_jax.models import param_shapes
@@ -93,10 +93,22 @@ def parse_args(argv=None):
   if p.parse_known_args(argv)[0].quick:  # its sizes are defaults: an explicit flag wins
     p.set_defaults(rows=48, slots=8, max_answer=48, repeats=1)
   args = p.parse_args(argv)
-  for name in ("rows", "slots", "window", "max_answer", "repeats", "refill"):
+  for name in ("rows", "slots", "window", "max_answer", "repeats", "refill", "num_layers"):
     value = getattr(args, name)
     if value is not None and value < 1:
       p.error(f"--{name}={value} must be >= 1")
+  if args.vocab_size <= MASK + 1:  # was `low >= high` from numpy after the model was built
+    p.error(f"--vocab_size={args.vocab_size} must exceed {MASK + 1} (prompts draw [{MASK + 1}, V))")
+  for kind in args.samplers.split(","):  # static_generate runs 'set', else the causal loop
+    try:
+      loop_kind = arms.sampler_decoder(kind).continuous_kind
+    except ValueError:
+      loop_kind = None
+    if loop_kind != ("set" if kind == "set" else "causal"):
+      p.error(
+        f"--samplers={args.samplers}: {kind!r} is neither the set sampler 'set' nor a method "
+        "decoded by the causal loop (e.g. --samplers=set,ar)"
+      )
   if args.record and not args.out:
     p.error("--record needs --out (the report it publishes is written there first)")
   return args
@@ -309,6 +321,7 @@ def markdown(table, args) -> str:
 def main(argv=None):
   args = parse_args(argv)
   compare_methods.check_record(args)
+  inputs.check_output_dir(args.out, "--out")  # before the measurement: the report is written last
   table, _, budgets = run(args)
   text = markdown(table, args)
   print(text)
@@ -342,4 +355,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-  sys.exit(0 if main() else 1)
+  sys.exit(0 if inputs.run(main) else 1)

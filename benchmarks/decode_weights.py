@@ -38,6 +38,7 @@ if __name__ == "__main__" and not __package__:  # a file run cannot import confi
 import numpy as np  # noqa: E402
 
 from benchmarks import compare_methods as cm  # noqa: E402
+from benchmarks import inputs  # noqa: E402
 from benchmarks import speed_accuracy as sa  # noqa: E402
 from benchmarks import tuned_baselines as tb  # noqa: E402
 from setdiff_jax import decoding  # noqa: E402
@@ -254,6 +255,7 @@ def report_markdown(record: Dict[str, Any]) -> str:
 def main(argv=None, log=print) -> Dict[str, Any]:
   args = parse_args(argv)
   cm.check_record(args)
+  inputs.check_output_dir(args.output_dir)
   dirs = [os.path.abspath(d) for d in args.tuned_dirs.split(",") if d.strip()]
   tuned = [load_tuned(d) for d in dirs]
   wanted = [m.strip() for m in args.methods.split(",")] if args.methods else None
@@ -308,4 +310,4 @@ def main(argv=None, log=print) -> Dict[str, Any]:
 
 
 if __name__ == "__main__":
-  main()
+  inputs.run(main)

@@ -24,6 +24,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
+
+if __name__ == "__main__" and not __package__:  # a file run cannot import benchmarks/
+  sys.exit("error: run it from the repository root as `python -m benchmarks.mesh_decoding [flags]`")
 
 if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (
@@ -33,7 +37,7 @@ if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from benchmarks import arms  # noqa: E402
+from benchmarks import arms, inputs  # noqa: E402
 from setdiff_jax import sharding  # noqa: E402
 from setdiff_jax.evaluation.accuracy import decode_all  # noqa: E402
 from setdiff_jax.models import param_shapes  # noqa: E402
@@ -160,4 +164,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-  main()
+  inputs.run(main)

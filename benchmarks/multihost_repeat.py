@@ -21,6 +21,13 @@ import sys
 import tempfile
 import time
 
+if __name__ == "__main__" and not __package__:  # a file run cannot import benchmarks/
+  sys.exit(
+    "error: run it from the repository root as `python -m benchmarks.multihost_repeat [flags]`"
+  )
+
+from benchmarks import inputs  # noqa: E402
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (
@@ -124,4 +131,4 @@ def main():
 
 
 if __name__ == "__main__":
-  main()
+  inputs.run(main)

@@ -688,6 +688,10 @@ def main(argv=None):
     from benchmarks import compare_methods
 
     compare_methods.check_record(args)  # refused before anything is measured
+  if args.out:
+    from benchmarks import inputs
+
+    inputs.check_output_dir(args.out, "--out")  # before measuring: the report is written last
   load_before = os.getloadavg()
   import numpy as np
   from benchmarks import training as train_bench
@@ -890,4 +894,9 @@ def run_check(args, official, tmp, info):
 
 
 if __name__ == "__main__":
-  main()
+  if __package__:  # the driver (`python -m benchmarks.official`)
+    from benchmarks import inputs
+
+    inputs.run(main)
+  else:  # the --worker, a file run under the official code's venv (no setdiff_jax there)
+    main()

@@ -57,6 +57,7 @@ if __name__ == "__main__" and not __package__:  # a file run cannot import confi
 import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 
+from benchmarks import inputs  # noqa: E402
 from benchmarks import speed_accuracy as sa  # noqa: E402
 from benchmarks.compare_methods import (
   check_record,
@@ -837,6 +838,7 @@ def main(argv=None, log=print) -> Dict[str, Any]:
   args = parse_args(argv)
   check_record(args)
   p = plan(args)
+  inputs.check_output_dir(args.output_dir)
   out_dir = os.path.abspath(args.output_dir)
   os.makedirs(out_dir, exist_ok=True)
   names = {out_dir: "OUT"}
@@ -920,4 +922,4 @@ def main(argv=None, log=print) -> Dict[str, Any]:
 
 
 if __name__ == "__main__":
-  main()
+  inputs.run(main)

@@ -38,7 +38,9 @@ from typing import Callable, List
 if __name__ == "__main__" and not __package__:  # a file run cannot import configs/, benchmarks/
   sys.exit("error: run it from the repository root as `python -m benchmarks.sampling [flags]`")
 
-from absl import app, flags  # noqa: E402
+from absl import flags  # noqa: E402
+
+from setdiff_jax import cli  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "Trained run to load (default: a random-init model).")
@@ -288,4 +290,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

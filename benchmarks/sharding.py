@@ -57,6 +57,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from benchmarks import inputs  # noqa: E402
 from setdiff_jax import models, objectives, sharding, train_step  # noqa: E402
 from setdiff_jax.config import edge  # noqa: E402
 from setdiff_jax.config import run as run_config  # noqa: E402
@@ -405,4 +406,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-  main()
+  inputs.run(main)

@@ -23,7 +23,9 @@ a table of mean +- std over the seeds.
 
 Writes to --output_dir: speed_accuracy.json (everything), speed_accuracy.md (table, command,
 machine load), speed_accuracy.png (accuracy vs tokens/s at batch 1, and vs tokens/step; one curve
-per method), runs/<method>/ (training workdirs; a re-run skips finished training) and tokenizer/.
+per method), runs/<method>/ (training workdirs; a re-run with the same training settings skips
+finished training, one with other settings is refused: compare_methods' train_fingerprint.json)
+and tokenizer/.
 --record=NAME publishes the report as the record benchmarks/results/NAME.json (+ .png; only
 from a clean commit on main's history, never over another record); then
 `python -m setdiff_jax.experiments.publish` regenerates its table in docs/results/NAME.md.
@@ -56,7 +58,8 @@ vs kept tokens per call on test, the threshold curve and each policy's choice, p
 after every seed; per (task, seed, method) the evaluation is cached in
 <output_dir>/<task>/seed<k>/policy_records_<method>.json, so a re-run (e.g. --seeds=0,1,2 after
 three one-seed runs in parallel on the same --output_dir) skips finished training and
-evaluation and reports them together.
+evaluation and reports them together. --report_only writes nothing when no cache matches its
+flags (one `error:` line naming the caches it expected), nor over a folder that does not exist.
 """
 
 from __future__ import annotations
@@ -78,7 +81,7 @@ if __name__ == "__main__" and not __package__:  # a file run cannot import confi
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from benchmarks import arms  # noqa: E402
+from benchmarks import arms, inputs  # noqa: E402
 from benchmarks.compare_methods import (
   check_record,
   jax_settings,
@@ -1194,11 +1197,40 @@ def _plan_key(p, task: str, method: str) -> Dict[str, Any]:
   )
 
 
+def _unmatched(cache: str, raw: Dict[str, Any], key: Dict[str, Any], out_dir: str) -> str:
+  """Why --report_only finds nothing in `cache`: missing, empty, or made with other flags (its
+  plan key)."""
+  name = os.path.relpath(cache, out_dir)
+  if not raw:
+    return f"{name} missing"
+  if raw.get("key") == key:
+    return f"{name} holds no finished policy"
+  diff = inputs.differences(key, raw.get("key") or {}, shown=4)
+  return f"{name} made with other flags (these -> its: {diff})"
+
+
+def _nothing_to_report(out_dir: str, unmatched: List[str]) -> ValueError:
+  unmatched = sorted(unmatched, key=lambda x: x.endswith(" missing"))  # the telling ones first
+  more = f"; and {len(unmatched) - 3} more" if len(unmatched) > 3 else ""
+  return ValueError(
+    f"--report_only: no evaluation cache in {out_dir} matches these flags ("
+    + "; ".join(unmatched[:3])
+    + f"{more}): give the flags of the run that made them (e.g. --quick, --policies, --tasks, "
+    "--seeds); nothing was written"
+  )
+
+
 def policy_main(args, argv, log) -> Dict[str, Any]:
   p = policy_plan(args)
   p["quick"] = bool(args.quick)
+  inputs.check_output_dir(args.output_dir)
   out_dir = os.path.abspath(args.output_dir)
+  if args.report_only and not os.path.isdir(out_dir):
+    raise ValueError(
+      f"--report_only: {out_dir} does not exist: give the --output_dir of a --policies run"
+    )
   os.makedirs(out_dir, exist_ok=True)
+  unmatched = []  # --report_only: the caches these flags expect that hold nothing for them
   methods = [m.strip() for m in args.methods.split(",") if m.strip()]
   if args.methods == ",".join(METHODS):  # not given: AR as the reference, BD3LM, SetDLM
     methods = list(QUICK_POLICY_METHODS if args.quick else POLICY_METHODS)
@@ -1226,13 +1258,15 @@ def policy_main(args, argv, log) -> Dict[str, Any]:
         for m in methods:
           cache = os.path.join(sub, f"policy_records_{m}.json")  # a re-run skips finished evals
           key = _plan_key(pt, task, m)
-          saved = {}
+          raw = {}
           if os.path.isfile(cache):
             with open(cache) as f:
-              saved = json.load(f)
-            saved = saved if saved.get("key") == key else {}
+              raw = json.load(f)
+          saved = raw if raw.get("key") == key else {}
           prior = saved.get("records", [])
           label = f"{task} {m} seed {seed}"
+          if args.report_only and not prior:
+            unmatched.append(_unmatched(cache, raw, key, out_dir))
           if args.report_only or saved.get("complete"):
             if prior:
               log(f"[{label}] evaluated before: {cache}")
@@ -1272,9 +1306,26 @@ def policy_main(args, argv, log) -> Dict[str, Any]:
           records += recs
           done.append(label)
         # a report after every seed: an interrupted run leaves what finished, labelled
-        record = write_policy_report(
-          out_dir, args, p, command, methods, load_start, t_start, train_seconds, records, done, log
-        )
+        if not args.report_only:
+          record = write_policy_report(
+            out_dir,
+            args,
+            p,
+            command,
+            methods,
+            load_start,
+            t_start,
+            train_seconds,
+            records,
+            done,
+            log,
+          )
+  if args.report_only:  # written once, and never empty over a finished report
+    if not records:
+      raise _nothing_to_report(out_dir, unmatched)
+    record = write_policy_report(
+      out_dir, args, p, command, methods, load_start, t_start, train_seconds, records, done, log
+    )
   name = f"{NAME}_policies"
   publish(out_dir, name, args, MEASURED)
   log(record["markdown"])
@@ -1375,11 +1426,12 @@ def main(argv=None, log=print) -> Dict[str, Any]:
   if args.policies is not None:
     return policy_main(args, argv, log)
   p = plan(args)
+  inputs.check_output_dir(args.output_dir)
   out_dir = os.path.abspath(args.output_dir)
-  os.makedirs(out_dir, exist_ok=True)
   methods = [m.strip() for m in args.methods.split(",") if m.strip()]
   for m in methods:
     parse_spec(m)
+  os.makedirs(out_dir, exist_ok=True)
   seeds = [int(x) for x in args.seeds.split(",") if x.strip()] if args.seeds else [args.seed]
   load_start, commit = uptime(), commit_label()
   t_start = time.perf_counter()
@@ -1432,4 +1484,4 @@ def main(argv=None, log=print) -> Dict[str, Any]:
 
 
 if __name__ == "__main__":
-  main()
+  inputs.run(main)

@@ -48,6 +48,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from benchmarks import inputs  # noqa: E402
 from benchmarks import training  # noqa: E402  (the training benchmark's config, step and timing)
 
 CATEGORIES = ("dense matmul", "batched matmul", "rotary", "RNG", "layout copies", "other")
@@ -244,4 +245,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-  main()
+  inputs.run(main)

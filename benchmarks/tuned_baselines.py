@@ -22,7 +22,8 @@ another method at the same decoding setting, the paired hierarchical interval an
 bootstrap p-value, Holm-adjusted over all comparisons in the table.
 
 Every training run is cached under --output_dir (a rerun skips finished training and finished
-evaluations: <output_dir>/<task>/lr<lr>/seed<s>/runs/<method>, eval_*.json beside it).
+evaluations: <output_dir>/<task>/lr<lr>/seed<s>/runs/<method>, eval_*.json beside it; a training
+folder of other settings, or from before compare_methods' train_fingerprint.json, is refused).
 --record=NAME publishes the report as benchmarks/results/NAME.json (see speed_accuracy's
 docstring). `--quick` checks the pipeline on tiny models in a minute or two.
 """
@@ -44,6 +45,7 @@ if __name__ == "__main__" and not __package__:  # a file run cannot import confi
 import numpy as np  # noqa: E402
 
 from benchmarks import compare_methods as cm  # noqa: E402
+from benchmarks import inputs  # noqa: E402
 from benchmarks import speed_accuracy as sa  # noqa: E402
 from configs import reasoning_chain  # noqa: E402
 from setdiff_jax import decoders  # noqa: E402
@@ -457,6 +459,7 @@ def main(argv=None, log=print) -> Dict[str, Any]:
   args = parse_args(argv)
   cm.check_record(args)
   p = plan(args)
+  inputs.check_output_dir(args.output_dir)
   out_dir = os.path.abspath(args.output_dir)
   os.makedirs(out_dir, exist_ok=True)
   command = "python -m benchmarks.tuned_baselines " + " ".join(
@@ -495,4 +498,4 @@ def main(argv=None, log=print) -> Dict[str, Any]:
 
 
 if __name__ == "__main__":
-  main()
+  inputs.run(main)

@@ -134,3 +134,18 @@ def test_compare_seeds_reads_a_real_report(quick_run):
     for c in ("val NLL (1 order)", "tok/step b=2 tau 0.9", "gen PPL tau off", "R-L cloze-1"):
       assert cols[c]["std"] == 0.0 and cols[c]["mean"] == cols[c]["lo"], (m, c)
   assert {r["method"] for r in out["pairs"]} == {"ar", "mdlm", "bd3lm4"}
+
+
+def test_a_rerun_with_other_settings_is_refused_not_relabelled(quick_run):
+  """Probe 9b, finding 8: a rerun into the same --output_dir with another seed / learning rate
+  evaluated the old models under the new labels and replaced results.json. Each run keeps its
+  training config beside its checkpoints; other settings are refused before anything runs."""
+  out, _ = quick_run
+  bench = _load_benchmark()
+  for m in METHODS:
+    assert (out / "runs" / m / bench.FINGERPRINT).is_file()
+  before = (out / "results.json").read_text()
+  argv = ["--quick", f"--output_dir={out}", f"--methods={','.join(METHODS)}", "--seed=1"]
+  with pytest.raises(ValueError, match=r"runs/ar holds a model trained with other settings"):
+    bench.main(argv + [f"--cloze_path={CLOZE_FIXTURE}"], log=lambda *a: None)
+  assert (out / "results.json").read_text() == before

@@ -96,6 +96,40 @@ def test_bucketed_equals_unbucketed(tiny, name):
   assert exact.stopped[0]
 
 
+def test_fht_order_needs_the_model_context_and_is_unchanged_by_buckets(tiny):
+  """The 'fht' reveal schedule spans max_length (SPEC §4.3), never the padded canvas: without
+  max_length, or with S_max = 2W past it, it is refused; with it, buckets leave the tokens alone."""
+  model, params = tiny
+  with pytest.raises(ValueError, match="cache_order='fht'.*set max_length"):
+    set_generate(model, params, [[5]], SamplerConfig(**IDS, window=4, cache_order="fht"))
+  with pytest.raises(ValueError, match=r"2 \* window <= max_length .* use window <= 8"):
+    SamplerConfig(**IDS, window=9, max_new_tokens=8, cache_order="fht", max_length=16)
+  cfg = SamplerConfig(
+    **IDS, window=4, max_new_tokens=8, cache_order="fht", max_length=40, stop_at_eos=False
+  )
+  prompts = [[5], [1, 7, 9]]
+  for seed in (1, 10):  # seeds whose keys moved with the canvas width before the fix
+    exact = set_generate(model, params, prompts, cfg.replace(seed=seed))
+    padded = set_generate(model, params, prompts, cfg.replace(seed=seed, length_buckets="pow2"))
+    assert padded.generated == exact.generated, seed
+    alone = set_generate(model, params, prompts[:1], cfg.replace(seed=seed, length_buckets="pow2"))
+    assert alone.generated[0] == exact.generated[0], seed
+
+
+@pytest.mark.parametrize("block_size", [None, 3])
+def test_unpadded_mdlm_row_is_independent_of_its_batch(tiny, block_size):
+  """Without padding to max_length a row attends its own prompt + N only: next to a longer
+  prompt (whose width adds M slots after it) it decodes what it decodes alone."""
+  model, params = tiny
+  cfg = SamplerConfig(**IDS, max_new_tokens=6, block_size=block_size, stop_at_eos=False)
+  short, long = [1, 5], mixed_prompts([9])[0]
+  for c in (cfg, cfg.replace(max_length=32, mdlm_pad_to_max_length=False)):
+    alone = mdlm_generate(model, params, [short], c)
+    beside = mdlm_generate(model, params, [short, long], c)
+    assert beside.generated[0] == alone.generated[0]
+    assert beside.generated[1] == mdlm_generate(model, params, [long], c).generated[0]
+
+
 def _programs_over(sampler, model, params, prompts, cfgs):
   before = compiles.compiled_programs()
   outs = [sampler(model, params, prompts, c) for c in cfgs]

@@ -89,7 +89,11 @@ def score(method, out, cfg, model, params, rows=False):
 # ------------------------------------------------------------------------------ scorer == sampler
 CASES = {
   "setdlm_pmax": ("setdlm", set_generate, dict(policy="pmax", policy_arg=0.3)),
-  "setdlm_topk_fht": ("setdlm", set_generate, dict(policy="topk", policy_arg=2, cache_order="fht")),
+  "setdlm_topk_fht": (  # fht's reveal schedule spans the model's context: max_length is needed
+    "setdlm",
+    set_generate,
+    dict(policy="topk", policy_arg=2, cache_order="fht", max_length=16),
+  ),
   "ar": ("ar", ar_generate, {}),
   "bd3lm_topk": ("bd3lm", bd3lm_generate, dict(policy="topk", policy_arg=2, block_size=4)),
   "bd3lm_aligned": (

@@ -12,7 +12,8 @@ BD3LM   the prompt is encoded first (1 call) with the grid rule; blocks of S pos
         their K/V. Calls = 1 + steps (N + 1 for T = S). Leftover masks of a finished block are not
         cached (they are dropped at the end anyway).
 MDLM    no cache: every step feeds the whole canvas (prompt + N masks, right-padded with M to
-        `max_length` when `mdlm_pad_to_max_length`) with full bidirectional attention and reads the
+        `max_length` when `mdlm_pad_to_max_length`) with full bidirectional attention (without
+        that padding, over the row's own prompt + N: never its batch's wider slots) and reads the
         logits of the current sub-block of G = `block_size` (default N) positions. Calls = steps
         (N for T = G). (The reference's `use_cache=true` quirk of re-encoding the prompt is not
         reproduced, nor is its last sub-block running past N into the M padding when the span
@@ -333,17 +334,35 @@ def block_cache_calls(plen, target, commit_step, g: int, align: bool) -> np.ndar
   return np.where(known, seg, -1).astype(np.int32)
 
 
-@functools.partial(jax.jit, static_argnames=("apply", "cfg", "g", "stop_eos"))
+@functools.partial(jax.jit, static_argnames=("apply", "cfg", "g", "stop_eos", "padded"))
 def _mdlm_core(
-  apply, params, plen, canvas, target, counts, n, key, *, cfg: SamplerConfig, g: int, stop_eos: bool
+  apply,
+  params,
+  plen,
+  canvas,
+  target,
+  counts,
+  n,
+  key,
+  *,
+  cfg: SamplerConfig,
+  g: int,
+  stop_eos: bool,
+  padded: bool,
 ):
   """n: int32 [] new tokens (an argument: with `mdlm_pad_to_max_length` and a `block_size`
-  neither the canvas nor G depends on N, so generation lengths share one loop)."""
+  neither the canvas nor G depends on N, so generation lengths share one loop). `padded`: every
+  row's canvas is padded with M to max_length, padding attended as the reference does; otherwise
+  a row attends its own prompt + N only (never the slots a longer prompt in its batch adds)."""
   fwd = bind(apply, params)
   b, lm = canvas.shape
   nblk_steps = counts.shape[1]
   positions = jnp.broadcast_to(jnp.arange(lm, dtype=jnp.int32), (b, lm))
-  full = jnp.ones((b, lm, lm), bool)  # bidirectional; the M padding is attended, as the reference
+  if padded:  # bidirectional over the whole canvas, the M padding included
+    full = jnp.ones((b, lm, lm), bool)
+  else:  # bidirectional over [0, P_b + N): a row's tokens never depend on its batch
+    own = positions < (plen + n)[:, None]
+    full = jnp.broadcast_to(own[:, None, :], (b, lm, lm))
   state = _block_init(canvas, None, jnp.zeros((b,), jnp.int32), key, cfg)
   start = _block_start(plen, g, cfg.align_to_blocks)
 
@@ -382,6 +401,7 @@ def mdlm_generate(model, params, prompts, cfg: SamplerConfig, rng=None) -> Sampl
       cfg=loop_cfg(cfg),
       g=g,
       stop_eos=cfg.stops_at_eos,
+      padded=total is not None,
     ),
     ids=canvas,
   )

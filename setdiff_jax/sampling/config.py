@@ -293,6 +293,13 @@ class SamplerConfig:
       raise ValueError(f"cache_order={self.cache_order!r}; use one of {CACHE_ORDERS}")
     if self.max_length is not None and int(self.max_length) < 2:
       raise ValueError(f"max_length={self.max_length} must be >= 2")
+    if self.cache_order == "fht" and self.max_length is not None:  # (None: set_inputs refuses)
+      if 2 * int(self.window) > int(self.max_length):
+        raise ValueError(
+          f"cache_order='fht' needs 2 * window <= max_length (its schedule's S_max = 2W = "
+          f"{2 * int(self.window)} > {self.max_length}): use window <= {int(self.max_length) // 2} "
+          "or cache_order='l2r'"
+        )
     if isinstance(self.length_buckets, list):  # hashable: the config is a static jit argument
       object.__setattr__(self, "length_buckets", tuple(int(b) for b in self.length_buckets))
     check_buckets(self.length_buckets)

@@ -139,7 +139,12 @@ def build_inputs(
     [n if cfg.num_steps is None else min(n, cfg.num_steps) for n in n_target], np.int32
   )  # min(T, N) steps per row
   if cfg.cache_order == "fht":
-    cache_key = _fht_keys(target, cfg, cfg.max_length or lc, seed)
+    if cfg.max_length is None:  # the padded width would set the schedule: buckets moved tokens
+      raise ValueError(
+        "cache_order='fht' draws its reveal times from a schedule over the model's context: set "
+        "max_length (the model's seq_len), or use cache_order='l2r'"
+      )
+    cache_key = _fht_keys(target, cfg, int(cfg.max_length), seed)
   else:
     cache_key = np.tile(np.arange(lc), (b, 1))
   return SetInputs(
