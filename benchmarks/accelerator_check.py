@@ -1,40 +1,45 @@
 """The prepared accelerator check: one command on one GPU or TPU host, bounded in time, one table.
 
-  python -m benchmarks.accelerator_check --output_dir=OUT        # accelerator host, <= 8 min
+  python -m benchmarks.accelerator_check --output_dir=OUT        # accelerator host, <= 7 min
   python -m benchmarks.accelerator_check --tiny --output_dir=OUT  # every section, CPU
   python -m benchmarks.accelerator_check --output_dir=OUT --official=/tmp/setdlms \
       --official_python=/tmp/setdlms_venv/bin/python              # + the official code
 
-Always finishes, always reports. Each section runs in its own child process with a time limit
-(--timeouts, and never past --budget_s of the whole run); a section that overruns is killed and
-recorded as cut, with the rows it finished (each row is written the moment it is measured). A
-section that fails records its error; the others run on. Sections, in priority order (a short lease
-measures what matters first):
+Always finishes, always reports. Each section runs in its own child process (its own process
+group), one at a time, with a time limit (--timeouts, and never past --budget_s of the whole run);
+a section that overruns is killed and recorded as cut, with the rows it finished. A section that
+fails records its error; the others run on. Before anything runs the plan is printed: the sections
+in priority order with their limits; those whose limits fit in the budget after the earlier ones'
+always start, the later ones only with the time earlier sections leave (at least MIN_START_S).
+Sections, in priority order (a short lease measures what matters first):
 
   device        device kind and count, backend, jax version, the published bf16 peak (PEAKS), the
                 measured device copy bandwidth (the decoding memory floor) and a bf16 matmul.
   train         the lm1b_sw SetDLM step (12 x 768 DiT, L = 128, V = 30,522, bf16 compute, dropout
                 0.1, batch --train_batch): ms/step, clean tok/s, MFU = model FLOPs / step time /
-                the published peak, then a `jax.profiler` trace of that step summarised per op
+                the published peak; then SetDLM and AR at batch 128 (the official rows, with
+                their MFU too); then a `jax.profiler` trace of the first step summarised per op
                 class (matmuls, attention, layer norms, head + loss, optimizer, copies + casts,
-                RNG + order sampling, elementwise + other), then SetDLM and AR at batch 128 (the
-                official rows).
-                Model FLOPs (stated, not XLA's count, which credits the masked-out attention):
-                  6 * P_matmul * B * 2L  +  12 * layers * d * B * (2L)^2 * f
-                (every matmul parameter fwd + bwd over 2L slots; attention scores and values,
-                f = the fraction of (query, key) pairs the set-causal mask allows). The
-                parameter init (`jax.jit` of the model's own init with out-shardings) is timed
-                and printed.
+                RNG + order sampling, elementwise + other). Model FLOPs (benchmarks/step_flops.py,
+                not XLA's count, which credits the masked-out attention pairs): what the method's
+                loss makes the backbone compute, e.g. SetDLM
+                  6 B (P_token * 2L  +  D V * L)  +  12 layers D B * pairs
+                (every per-slot matmul parameter forward + backward over the 2L two-stream slots,
+                the output head over the noisy L only, attention over the (query, key) pairs the
+                set-causal mask allows); AR: L - 1 slots, head on all, causal pairs. The parameter
+                init (`jax.jit` of the model's own init with out-shardings) is timed and printed.
   decode_dit    KV-cached decoding at the LM1B shapes, batch 1, from BOS, 127 new tokens, greedy,
                 tau off: SetDLM S = 4 (W = 4) and AR, fp32 (the official rows), then with bf16
                 decoding weights (`decoding.decode_weights`): kept tokens per call, ms per call,
-                tok/s, compiled programs, and the memory floor (parameter bytes read per call /
+                tok/s, compiled programs, and the memory floor (parameter MiB read per call /
                 the device section's copy bandwidth).
   official      (--official=PATH) the official PyTorch code in its own process and python
                 (`benchmarks/official.py`'s worker): SetDLM and AR training steps (bf16 autocast,
-                AdamW, clip 1.0, batch 128) and KV-cached decoding (SetDLM S = 4 and AR, batch 1,
-                fp32, 127 tokens, tau off) at the same shapes; the table's ratio column is ours /
-                official.
+                AdamW, clip 1.0, batch 128; official_ms_per_step) and KV-cached decoding (SetDLM
+                S = 4 and AR, batch 1, fp32, 127 tokens, tau off; official_ms_per_token) at the
+                same shapes; the table's ratio column is ours / official. This child initialises
+                no JAX backend (the backend comes from the device section), so the torch worker
+                has the accelerator's memory to itself.
   decode_qwen3  set vs AR decoding of the same random-init Qwen3 (0.6B shapes: 28 x 1024, 16 / 8
                 heads, head_dim 128, MLP 3072, V = 151,936, bf16 compute) from a 32-token prompt,
                 N = 128 new tokens, no EOS stop, batch 1 and 64: AR, and SetDLM W = 8 with
@@ -59,10 +64,14 @@ measures what matters first):
 Parameters of the decode and stack models are drawn leaf by leaf (one tiny program per distinct
 shape; one program over hundreds of draws compiled for minutes on XLA:GPU); the time is printed.
 
-Output (--output_dir, few files: a device run brings back at most 8): results.jsonl (one line per
-row and one per section, written as they finish), results.json, table.md (also printed),
-check.log (the children's output), train_trace.json.gz (the profiled steps). --tiny shrinks every
-shape (CPU); --sections picks sections (the order stays the priority order).
+Output (--output_dir, a new folder or one without results: a second run into it is refused; few
+files: a device run brings back at most 8): results.jsonl (the plan, then one line per row, appended
+by the section's child the moment it is measured, and one per section), results.json and table.md
+(rewritten after every section; table.md is also printed), check.log (the children's output),
+train_trace.json.gz (the profiled steps). SIGTERM or SIGINT to the driver (a `timeout`, a lease
+ending) kills the running section's process group, records it as cut and writes the table of what
+there is. --tiny shrinks every shape (CPU); --sections picks sections (the order stays the
+priority order).
 """
 
 from __future__ import annotations
@@ -76,18 +85,17 @@ import json
 import os
 import re
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import traceback
 
 if __name__ == "__main__" and not __package__:  # a file run cannot import configs/, benchmarks/
   sys.exit("error: run it from the repository root as `python -m benchmarks.accelerator_check`")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from benchmarks import section_runner  # noqa: E402
+
+ROOT = section_runner.ROOT
 
 SECTIONS = (
   "device",
@@ -101,38 +109,59 @@ SECTIONS = (
   "stack",
 )
 TEST_SECTIONS = ("sleep",)  # test-only: overruns its limit (the time bound's test)
-# Per-section limits, seconds: (accelerator, --tiny on a shared CPU).
+# Per-section limits, seconds: (accelerator, --tiny on a shared CPU). On an accelerator the first
+# six add up to the default budget, 420 s (a 15-minute lease: 1-2 min start, the run script's
+# setup, the check, the files back), so each of them starts; levers, levers_xla and stack run only
+# on what the earlier sections leave. Each limit includes its child's start (imports, the JAX
+# client: about 10 s); the estimates behind them, on an H100 / H200: device 15 s; train 3 rows x
+# (compile 20-30 s + steps) + init + profile ~110 s; decode_dit 4 rows x ~12 s; official (torch
+# worker start ~15 s, 2 train + 2 decode works) ~55 s; decode_qwen3 4 rows x ~15 s; attention
+# 40 small programs, bf16 (cuDNN's) first.
 TIMEOUTS = {
-  "device": (45, 90),
-  "train": (170, 300),
-  "decode_dit": (70, 240),
-  "official": (100, 300),
-  "decode_qwen3": (90, 240),
-  "attention": (50, 240),
+  "device": (30, 90),
+  "train": (140, 300),
+  "decode_dit": (60, 240),
+  "official": (80, 300),
+  "decode_qwen3": (70, 240),
+  "attention": (40, 240),
   "levers": (150, 300),
   "levers_xla": (60, 120),
   "stack": (40, 120),
   "sleep": (5, 5),
 }
+BUDGET_S = (420.0, 1500.0)  # the default --budget_s: (accelerator, --tiny)
+MIN_START_S = 20.0  # a section past the plan starts only with this much left (or its whole limit)
 # XLA:GPU flags measured by `levers_xla` (its child's environment only; GPU only).
 GPU_FLAGS = (
   "--xla_gpu_enable_latency_hiding_scheduler=true --xla_gpu_enable_triton_gemm=false "
   "--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUDNN,CUSTOM_CALL,WHILE,CONDITIONAL"
 )
-SECTION_ENV = {"levers_xla": {"XLA_FLAGS": GPU_FLAGS}}
-# Published dense bf16 peaks per chip, TFLOP/s (vendor data sheets, half the sparsity figure;
-# the first name contained in device_kind wins, so the H100 variants precede the SXM "H100").
+# Each section child's own environment. `official`: its JAX never preallocates (it initialises
+# no backend at all unless the device section left no backend name; then it holds the CUDA
+# context only), so the torch worker it starts has the accelerator's memory.
+SECTION_ENV = {
+  "levers_xla": {"XLA_FLAGS": GPU_FLAGS},
+  "official": {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"},
+}
+# Published dense bf16 peaks per chip, TFLOP/s (vendor data sheets, half the sparsity figure).
+# A name matches device_kind as whole words ("L4" is not "L40"), and the longest match wins (so
+# "H100 PCIe" beats "H100", "TPU v5 lite" beats "TPU v5"). jax's TPU device_kind: v5e "TPU v5
+# lite", v5p "TPU v5", v6e "TPU v6 lite".
 PEAKS = (
   ("H200", 989.0),
+  ("GH200", 989.0),
   ("H100 PCIe", 756.0),
   ("H100 NVL", 835.0),
   ("H100", 989.0),
   ("A100", 312.0),
   ("L40S", 362.0),
+  ("L40", 181.0),
   ("L4", 121.0),
   ("A10G", 125.0),
-  ("TPU v6", 918.0),
+  ("TPU v6 lite", 918.0),
+  ("TPU v6e", 918.0),
   ("TPU v5p", 459.0),
+  ("TPU v5", 459.0),
   ("TPU v5 lite", 197.0),
   ("TPU v5e", 197.0),
   ("TPU v4", 275.0),
@@ -145,22 +174,28 @@ OFFICIAL_BATCH = 128
 
 
 def peak_tflops(kind: str):
-  for name, tf in PEAKS:
-    if name.lower() in kind.lower():
-      return tf
-  return None
+  """The published bf16 peak of the PEAKS name that matches `kind` as whole words, the longest
+  such name (None if none)."""
+  found = [
+    (len(name), tf)
+    for name, tf in PEAKS
+    if re.search(rf"(?<!\w){re.escape(name)}(?!\w)", kind, re.IGNORECASE)
+  ]
+  return max(found)[1] if found else None
 
 
 def parse_args(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--tiny", action="store_true", help="tiny shapes (CPU smoke run)")
   p.add_argument("--sections", default=",".join(SECTIONS))
-  p.add_argument("--output_dir", default="accelerator_check_out")
+  p.add_argument(
+    "--output_dir", default="accelerator_check_out", help="a new folder, or one without results"
+  )
   p.add_argument(
     "--budget_s",
     type=float,
     default=None,
-    help="the whole run's limit (default 450 s; --tiny 1500 s); no section runs past it",
+    help="the whole run's limit (default 420 s; --tiny 1500 s); no section runs past it",
   )
   p.add_argument(
     "--timeouts", default="", help="per-section limits, e.g. train=200,attention=30 (seconds)"
@@ -178,16 +213,31 @@ def parse_args(argv=None):
   p.add_argument("--deadline", type=float, default=0.0, help=argparse.SUPPRESS)
   args = p.parse_args(argv)
   if args.budget_s is None:
-    args.budget_s = 1500.0 if args.tiny else 450.0
-  args.limits = {k: v[1 if args.tiny else 0] for k, v in TIMEOUTS.items()}
-  for item in filter(None, (s.strip() for s in args.timeouts.split(","))):
-    name, _, sec = item.partition("=")
-    if name not in args.limits or not sec:
-      raise SystemExit(
-        f"error: --timeouts={args.timeouts!r}: use NAME=SECONDS with NAME in {SECTIONS}"
-      )
-    args.limits[name] = float(sec)
+    args.budget_s = BUDGET_S[1 if args.tiny else 0]
+  args.limits = section_limits(args.timeouts, args.tiny)
+  # Absolute, so that the children (cwd = the repository root) write and read the same folders.
+  args.output_dir = os.path.abspath(args.output_dir)
+  args.official = os.path.abspath(args.official) if args.official else ""
+  if os.sep in args.official_python:  # a path, not a name on PATH
+    args.official_python = os.path.abspath(args.official_python)
   return args
+
+
+def section_limits(timeouts: str, tiny: bool) -> dict:
+  """{section: seconds}: TIMEOUTS with --timeouts (NAME=SECONDS,...) applied."""
+  limits = {k: v[1 if tiny else 0] for k, v in TIMEOUTS.items()}
+  for item in filter(None, (s.strip() for s in timeouts.split(","))):
+    name, _, sec = item.partition("=")
+    try:
+      seconds = float(sec)
+    except ValueError:
+      seconds = None
+    if name not in limits or seconds is None or not seconds > 0:
+      raise SystemExit(
+        f"error: --timeouts={timeouts!r}: use NAME=SECONDS (SECONDS > 0) with NAME in {SECTIONS}"
+      )
+    limits[name] = seconds
+  return limits
 
 
 def _median_ms(fn, *args, repeats: int = 3) -> float:
@@ -299,35 +349,18 @@ def _train_args(args, objective: str, batch: int, flags=()):
   return bargs, tb.load_config(bargs)
 
 
-def model_flops(params, config) -> float:
-  """The module doc's model FLOPs of one SetDLM step."""
-  import jax
-  import numpy as np
-
-  from setdiff_jax.diffusion import masks
-
-  p_matmul = sum(
-    int(np.prod(x.shape))
-    for path, x in jax.tree_util.tree_flatten_with_path(params)[0]
-    if x.ndim >= 2 and "embedding" not in jax.tree_util.keystr(path)
-  )
-  b, length, d = config.batch_size, config.seq_len, config.model.hidden_size
-  slots = 2 * length
-  frac = float(np.mean(masks.set_causal_mask(length)))
-  return 6 * p_matmul * b * slots + 12 * config.model.num_layers * d * b * slots**2 * frac
-
-
 def train_row(args, objective: str, batch: int, flags=()):
-  """(row, prep, bargs) of one timed training work (benchmarks/training.py's benchmark; `flags`
-  as in `_train_args`)."""
+  """(row, prep, bargs) of one timed training work (benchmarks/training.py's benchmark, without
+  its XLA FLOP count: the row's MFU is of the model FLOPs, `step_flops`; `flags` as in
+  `_train_args`)."""
   import jax
 
+  from benchmarks import step_flops
   from benchmarks import training as tb
-  from setdiff_jax import objectives
 
   bargs, config = _train_args(args, objective, batch, flags)
   t0 = time.perf_counter()
-  prep = tb.benchmark(config, objective, bargs)
+  prep = tb.benchmark(config, objective, bargs, compute_flops=False)
   setup_s = time.perf_counter() - t0
   tb.time_steps(prep, bargs)
   step_s = prep["times"][-1] / bargs.steps
@@ -343,54 +376,60 @@ def train_row(args, objective: str, batch: int, flags=()):
     "setup_s": setup_s,
     "loss": prep["loss"],
   }
-  if isinstance(objectives.get(objective), objectives.SetDLM):  # model_flops: a SetDLM step
-    peak = peak_tflops(jax.devices()[0].device_kind)
-    flops = model_flops(prep["state"].params, config)
-    row["model_tflop_per_step"] = flops / 1e12
-    row["tflops"] = flops / step_s / 1e12
-    row["mfu"] = flops / step_s / (peak * 1e12 * jax.device_count()) if peak else None
+  flops = step_flops.model_flops(
+    prep["state"].params, prep["model_config"], prep["objective_config"], batch, config.seq_len
+  )
+  peak = peak_tflops(jax.devices()[0].device_kind)
+  row["model_tflop_per_step"] = flops / 1e12
+  row["tflops"] = flops / step_s / 1e12
+  row["mfu"] = flops / step_s / (peak * 1e12 * jax.device_count()) if peak else None
   return row, prep, bargs
 
 
 def section_train(args, emit, left):
+  batches = [("setdlm", 16 if args.tiny else args.train_batch)]
+  batches += [(o, 8 if args.tiny else OFFICIAL_BATCH) for o in ("setdlm", "ar")]
+  summary, profiled = {}, None
+  for i, (objective, batch) in enumerate(batches):
+    if left() < 10:
+      emit("train", {"objective": objective, "batch": batch, "skipped": "section time spent"})
+      continue
+    if i == 0:
+      summary["init_s"] = init_seconds(args, objective, batch)
+    row, prep, bargs = train_row(args, objective, batch)
+    emit("train", row)
+    if i == 0:  # profiled after the official rows (a diagnosis, after the measurements)
+      profiled = (prep, bargs)
+    del prep
+  if profiled and left() > 20:
+    try:
+      for prow in profile_rows(*profiled, args):
+        emit("profile", prow)
+    except Exception as e:  # the profile is a diagnosis: its failure never loses the rows
+      emit("profile", {"op_class": "error", "error": f"{type(e).__name__}: {e}"[:300]})
+  return summary
+
+
+def init_seconds(args, objective: str, batch: int) -> float:
+  """Seconds of the parameter init alone (jit of the model's own init with out-shardings)."""
   import jax
 
   from benchmarks import training as tb
   from setdiff_jax import sharding, train_step
   from setdiff_jax.config import run as run_config
 
-  batches = [("setdlm", 16 if args.tiny else args.train_batch, True)]
-  batches += [(o, 8 if args.tiny else OFFICIAL_BATCH, False) for o in ("setdlm", "ar")]
-  summary = {}
-  for i, (objective, batch, profile) in enumerate(batches):
-    if left() < 10:
-      emit("train", {"objective": objective, "batch": batch, "skipped": "section time spent"})
-      continue
-    bargs, config = _train_args(args, objective, batch)
-    if i == 0:  # the init alone: jit of the model's own init with out-shardings
-      cfg = config.copy_and_resolve_references()
-      cfg.objective, cfg.model.adaln = objective, tb.ADALN[objective]
-      cfg = run_config.from_config_dict(cfg)
-      model_cfg, _ = run_config.model_and_objective(cfg, tb.fake_tokenizer(cfg.model.vocab_size))
-      t0 = time.perf_counter()
-      mesh = sharding.make_mesh(cfg.mesh.sizes())
-      state, _ = train_step.create_sharded_state(cfg, model_cfg, mesh)
-      jax.block_until_ready(state)
-      summary["init_s"] = time.perf_counter() - t0
-      print(
-        f"train: parameter init (jit of the model's init) {summary['init_s']:.1f} s", flush=True
-      )
-      del state
-    row, prep, bargs = train_row(args, objective, batch)
-    emit("train", row)
-    if profile and left() > 20:
-      try:
-        for prow in profile_rows(prep, bargs, args):
-          emit("profile", prow)
-      except Exception as e:  # the profile is a diagnosis: its failure never loses the rows
-        emit("profile", {"op_class": "error", "error": f"{type(e).__name__}: {e}"[:300]})
-    del prep
-  return summary
+  _, config = _train_args(args, objective, batch)
+  cfg = config.copy_and_resolve_references()
+  cfg.objective, cfg.model.adaln = objective, tb.ADALN[objective]
+  cfg = run_config.from_config_dict(cfg)
+  model_cfg, _ = run_config.model_and_objective(cfg, tb.fake_tokenizer(cfg.model.vocab_size))
+  t0 = time.perf_counter()
+  mesh = sharding.make_mesh(cfg.mesh.sizes())
+  state, _ = train_step.create_sharded_state(cfg, model_cfg, mesh)
+  jax.block_until_ready(state)
+  seconds = time.perf_counter() - t0
+  print(f"train: parameter init (jit of the model's init) {seconds:.1f} s", flush=True)
+  return seconds
 
 
 # -- the profile: trace events -> HLO instructions -> op classes
@@ -570,6 +609,18 @@ def _device_summary(args):
   return {}
 
 
+def backend(args) -> str:
+  """The device section's JAX backend ("gpu", "tpu", "cpu"). Only if that section left none does
+  this process initialise a backend to ask (under the official section's SECTION_ENV: no
+  preallocation)."""
+  known = _device_summary(args).get("backend")
+  if known:
+    return known
+  import jax
+
+  return jax.default_backend()
+
+
 def decode_row(sampler, model, params, prompts, scfg, repeats: int, rng_seed: int = 0) -> dict:
   """Times one decoding work: a compiling call, then the median of `repeats` calls."""
   import jax
@@ -649,7 +700,7 @@ def section_decode_dit(args, emit, left):
         "weights": weights,
         **row,
       }
-      row["weight_mb_per_call"] = nbytes / 2**20
+      row["weight_mib_per_call"] = nbytes / 2**20
       if bw:
         row["floor_ms"] = nbytes / (bw * 1e9) * 1e3
         row["x_floor"] = row["ms_per_call"] / row["floor_ms"]
@@ -869,9 +920,7 @@ def section_official(args, emit, left):
     return {"skipped": "no --official=PATH (the official work tree)"}
   shape = TINY if args.tiny else LM1B
   batch = 8 if args.tiny else OFFICIAL_BATCH
-  import jax
-
-  device = "cuda" if jax.default_backend() == "gpu" else "cpu"
+  device = "cuda" if backend(args) == "gpu" else "cpu"
   argv = [
     f"--official_dir={args.official}",
     f"--official_python={args.official_python}",
@@ -910,7 +959,7 @@ def section_official(args, emit, left):
         {
           "work": f"train {method} b{batch} bf16",
           "official_tokens_per_s": clean * oargs.steps / res["seconds"],
-          "official_ms": 1e3 * res["seconds"] / oargs.steps,
+          "official_ms_per_step": 1e3 * res["seconds"] / oargs.steps,
           "official_loss": res["loss"],
         },
       )
@@ -926,7 +975,7 @@ def section_official(args, emit, left):
         {
           "work": f"decode {tag} b1 fp32",
           "official_tokens_per_s": rate,
-          "official_ms": 1e3 / rate,
+          "official_ms_per_token": 1e3 / rate,
         },
       )
   finally:
@@ -1009,8 +1058,9 @@ def section_levers_xla(args, emit, left):
 
 
 def section_sleep(args, emit, left):
-  """Test-only: one row, then sleeps past any limit (the time bound must cut it)."""
-  emit("sleep", {"slept": 0})
+  """Test-only: one row (with this child's pid), then sleeps past any limit (the time bound, or a
+  signal to the driver, must cut it)."""
+  emit("sleep", {"slept": 0, "pid": os.getpid()})
   time.sleep(3600)
   return {}
 
@@ -1029,69 +1079,53 @@ RUNNERS = {
 }
 
 
-# ----------------------------------------------------------------------------- child / driver
-def child_main(args):
-  """Runs one section; rows go to WORK/NAME.rows.jsonl as they come, the summary to NAME.json."""
-  name = args.child
-  rows_path = os.path.join(args.work, f"{name}.rows.jsonl")
-
-  def emit(table, row):
-    with open(rows_path, "a") as f:
-      f.write(json.dumps({"table": table, **row}, default=float) + "\n")
-      f.flush()
-      os.fsync(f.fileno())
-    print(f"{name}: {json.dumps(row, default=float)[:300]}", flush=True)
-
-  def left():
-    return args.deadline - time.time()
-
-  try:
-    summary = RUNNERS[name](args, emit, left)
-  except Exception as e:  # recorded; the driver reports it and runs the next section
-    summary = {
-      "error": f"{type(e).__name__}: {e}"[:500],
-      "traceback": traceback.format_exc()[-3000:],
-    }
-  with open(os.path.join(args.work, f"{name}.json"), "w") as f:
-    json.dump(summary, f, default=float)
+# ----------------------------------------------------------------------------- driver
+# The check's own files in --output_dir: a folder holding any of them is refused.
+RESULT_FILES = ("results.jsonl", "results.json", "table.md", "check.log", "train_trace.json.gz")
 
 
-def run_section(name: str, args, argv, limit: float, log) -> dict:
-  """The section in a child process killed at `limit` seconds; its rows and status."""
-  deadline = time.time() + limit
-  cmd = [sys.executable, "-m", "benchmarks.accelerator_check", *argv]
-  cmd += [f"--child={name}", f"--work={args.work}", f"--deadline={deadline}"]
-  t0 = time.perf_counter()
-  log.write(f"\n===== {name} (limit {limit:.0f} s)\n")
-  log.flush()
-  env = dict(os.environ, **SECTION_ENV.get(name, {}))
-  proc = subprocess.Popen(
-    cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env, cwd=ROOT
-  )
-  status = "ok"
-  try:
-    rc = proc.wait(timeout=limit)
-    if rc != 0:
-      status = f"error: the child exited with {rc} (check.log)"
-  except subprocess.TimeoutExpired:
-    os.killpg(proc.pid, signal.SIGKILL)  # the child and anything it started
-    proc.wait()
-    status = f"cut at its {limit:.0f} s limit"
-  seconds = time.perf_counter() - t0
-  rows_path = os.path.join(args.work, f"{name}.rows.jsonl")
-  rows = [json.loads(x) for x in open(rows_path)] if os.path.exists(rows_path) else []
-  summary_path = os.path.join(args.work, f"{name}.json")
-  summary = json.load(open(summary_path)) if os.path.exists(summary_path) else {}
-  if "error" in summary:
-    status = "error: " + summary["error"]
-  elif "skipped" in summary:
-    status = "skipped: " + summary["skipped"]
-  return {"section": name, "status": status, "seconds": seconds, "summary": summary, "rows": rows}
+def section_order(sections: str) -> list:
+  """The sections asked for, in priority order, `device` always first (the others read it)."""
+  wanted = [s.strip() for s in sections.split(",") if s.strip()]
+  bad = [s for s in wanted if s not in SECTIONS + TEST_SECTIONS]
+  if bad:
+    raise SystemExit(f"error: --sections={sections!r}: unknown {bad}; choose from {SECTIONS}")
+  return [s for s in SECTIONS + TEST_SECTIONS if s in wanted or s == "device"]
 
 
-def driver_argv(argv) -> list:
-  """The user's arguments, for the children (the internal ones dropped)."""
-  return [a for a in argv if not a.startswith(("--child", "--work", "--deadline"))]
+def child_argv(args) -> list:
+  """The arguments every section child gets (paths already absolute)."""
+  argv = [
+    f"--output_dir={args.output_dir}",
+    f"--repeats={args.repeats}",
+    f"--train_batch={args.train_batch}",
+    f"--official={args.official}",
+    f"--official_python={args.official_python}",
+  ]
+  return argv + (["--tiny"] if args.tiny else [])
+
+
+def next_section(runner, name: str, args, elapsed: float) -> dict:
+  """Runs section `name` within what is left of the budget, or records why it did not start."""
+  left = args.budget_s - elapsed
+  if runner.stop.signum:
+    status = f"not started: {runner.stop.reason()}"
+  elif left < min(args.limits[name], MIN_START_S):
+    status = f"not started: --budget_s={args.budget_s:g} spent ({max(left, 0):.0f} s left)"
+  else:
+    return runner.run(name, min(args.limits[name], left))
+  return {"section": name, "status": status, "seconds": 0.0, "summary": {}, "rows": []}
+
+
+def write_report(results: dict, output_dir: str) -> str:
+  """results.json and table.md of what there is (after every section); returns the table."""
+  with_ratios(results)
+  table = markdown(results)
+  with open(os.path.join(output_dir, "results.json"), "w") as f:
+    json.dump(results, f, indent=1, default=float)
+  with open(os.path.join(output_dir, "table.md"), "w") as f:
+    f.write(table + "\n")
+  return table
 
 
 def with_ratios(results: dict) -> None:
@@ -1169,71 +1203,62 @@ def markdown(results: dict) -> str:
   return "\n".join(lines)
 
 
+def run_sections(args, order) -> tuple:
+  """Runs the sections of `order` one at a time (module doc); returns (results, the signal that
+  stopped the driver or None)."""
+  args.work = tempfile.mkdtemp(prefix="acc_check_")
+  start, results = time.perf_counter(), {}
+  log = open(os.path.join(args.output_dir, "check.log"), "w")
+  try:
+    with section_runner.Stop() as stop:
+      argv = child_argv(args)
+      runner = section_runner.Runner(
+        "benchmarks.accelerator_check", argv, args.output_dir, args.work, log, stop, SECTION_ENV
+      )
+      for name in order:
+        res = results[name] = next_section(runner, name, args, time.perf_counter() - start)
+        record_section(results, res, args)
+        print(
+          f"[{time.perf_counter() - start:6.1f} s] {name}: {res['status']} "
+          f"({len(res['rows'])} rows, {res['seconds']:.0f} s)",
+          flush=True,
+        )
+  finally:
+    log.close()
+    shutil.rmtree(args.work, ignore_errors=True)
+  return results, stop.signum
+
+
+def record_section(results: dict, res: dict, args) -> None:
+  """A finished (or unstarted) section `res` of `results`: its status line in results.jsonl, the
+  report rewritten, and the device section's summary kept for the later sections (device.json)."""
+  if res["section"] == "device" and res["summary"]:
+    with open(os.path.join(args.work, "device.json"), "w") as f:
+      json.dump(res["summary"], f)
+  status = {"status": res["status"], "seconds": res["seconds"], **res["summary"]}
+  jsonl = os.path.join(args.output_dir, section_runner.RESULTS_JSONL)
+  section_runner.append_line(jsonl, {"section": res["section"], **status})
+  write_report(results, args.output_dir)
+
+
 def main(argv=None) -> dict:
   argv = sys.argv[1:] if argv is None else list(argv)
   args = parse_args(argv)
   if args.child:
-    child_main(args)
+    section_runner.child_main(args, RUNNERS)
     return {}
-  wanted = [s.strip() for s in args.sections.split(",") if s.strip()]
-  bad = [s for s in wanted if s not in SECTIONS + TEST_SECTIONS]
-  if bad:
-    raise SystemExit(f"error: --sections={args.sections!r}: unknown {bad}; choose from {SECTIONS}")
-  order = [s for s in SECTIONS + TEST_SECTIONS if s in wanted or s == "device"]
-  os.makedirs(args.output_dir, exist_ok=True)
-  args.work = tempfile.mkdtemp(prefix="acc_check_")
-  child_argv = driver_argv(argv)
-  if not any(a.startswith("--output_dir") for a in child_argv):
-    child_argv.append(f"--output_dir={args.output_dir}")
+  order = section_order(args.sections)
+  section_runner.prepare_output_dir(args.output_dir, RESULT_FILES)
+  steps = section_runner.plan(order, args.limits, args.budget_s)
+  print(section_runner.plan_text(steps, args.budget_s, MIN_START_S), flush=True)
+  jsonl = os.path.join(args.output_dir, section_runner.RESULTS_JSONL)
+  section_runner.append_line(jsonl, {"plan": steps, "budget_s": args.budget_s})
   start = time.perf_counter()
-  results = {}
-  jsonl = open(os.path.join(args.output_dir, "results.jsonl"), "w")
-  log = open(os.path.join(args.output_dir, "check.log"), "w")
-  try:
-    for name in order:
-      left = args.budget_s - (time.perf_counter() - start)
-      limit = min(args.limits[name], left)
-      if left < 5:
-        res = {
-          "section": name,
-          "status": f"not started: --budget_s={args.budget_s:g} spent",
-          "seconds": 0.0,
-          "summary": {},
-          "rows": [],
-        }
-      else:
-        res = run_section(name, args, child_argv, limit, log)
-      if name == "device" and res["summary"]:
-        with open(os.path.join(args.work, "device.json"), "w") as f:
-          json.dump(res["summary"], f)
-      results[name] = res
-      for r in res["rows"]:
-        jsonl.write(json.dumps({"section": name, **r}, default=float) + "\n")
-      jsonl.write(
-        json.dumps(
-          {"section": name, "status": res["status"], "seconds": res["seconds"], **res["summary"]},
-          default=float,
-        )
-        + "\n"
-      )
-      jsonl.flush()
-      print(
-        f"[{time.perf_counter() - start:6.1f} s] {name}: {res['status']} "
-        f"({len(res['rows'])} rows, {res['seconds']:.0f} s)",
-        flush=True,
-      )
-  finally:
-    jsonl.close()
-    log.close()
-    shutil.rmtree(args.work, ignore_errors=True)
-  with_ratios(results)
-  table = markdown(results)
-  with open(os.path.join(args.output_dir, "results.json"), "w") as f:
-    json.dump(results, f, indent=1, default=float)
-  with open(os.path.join(args.output_dir, "table.md"), "w") as f:
-    f.write(table + "\n")
-  print("\n" + table)
+  results, signum = run_sections(args, order)
+  print("\n" + write_report(results, args.output_dir))
   print(f"\ntotal {time.perf_counter() - start:.0f} s (--budget_s {args.budget_s:g})")
+  if signum:
+    raise SystemExit(128 + signum)
   return results
 
 

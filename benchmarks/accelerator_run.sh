@@ -8,15 +8,29 @@
 #    device image lacks for us) and .whl/off (the official code's pins: transformers 4.52.4,
 #    tokenizers 0.21.4, huggingface_hub 0.36.2, hydra-core 1.3.2, omegaconf 2.3.0, antlr4 4.9.3),
 #    Python 3.12 x86-64 wheels, and COMMIT (the copy on the device is not a git repository).
-# 2. On the device (the `run` tool; carry .setdlms .whl COMMIT; timeout_s 560):
-#      bash benchmarks/accelerator_run.sh run
+# 2. On the device, ONE call of the `run` tool (carry .setdlms .whl COMMIT; timeout_s 540):
+#      BUDGET=420 OUT=$OUT bash benchmarks/accelerator_run.sh run
 #    installs each wheel set into its own folder (ours on PYTHONPATH for the check, the official
 #    pins only for the official worker's python), then runs python -m benchmarks.accelerator_check
-#    --official=.setdlms into $OUT (budget 450 s, killed at 520 s): table.md, results.jsonl,
-#    results.json, check.log, train_trace.json.gz, machine.txt.
-# A second, shorter pass for the training levers (their own reference row inside the section):
-#      SECTIONS=levers,levers_xla BUDGET=240 bash benchmarks/accelerator_run.sh run
-# Env: OUT (default /tmp/acc_out), BUDGET (450), TINY=1 (tiny shapes: a CPU run of this script),
+#    --official=.setdlms into $OUT: table.md, results.jsonl, results.json, check.log,
+#    train_trace.json.gz, machine.txt (6 files; the tool brings back at most 8). The check prints
+#    its plan first (the sections in priority order with their limits) and writes each row to
+#    results.jsonl as it is measured, the table after every section.
+#    The arithmetic of one 15-minute lease (900 s of device time, the machine's start included):
+#      start 60-120 s + setup here ~20 s + the check BUDGET = 420 s + files back ~10-30 s
+#      = 510-590 s; the check is sent SIGTERM at BUDGET + 40 s (it then kills the running
+#      section, writes its table and exits; SIGKILL 15 s later), so the command ends by
+#      setup + BUDGET + 55 s = 495 s < timeout_s 540. The 5-6 min left hold no second run of
+#      this size (and no machine starts with under 4 min left): plan one call.
+#    The check's section limits (accelerator_check.TIMEOUTS) add up to 420 s for device 30, train
+#    140, decode_dit 60, official 80, decode_qwen3 70, attention 40: each of these starts; levers
+#    (150), levers_xla (60) and stack (40) run only on the time the earlier sections leave.
+# A later pass for the training levers (their own reference row inside the section), in its own
+# call (its files would take the main pass past 8), writes into its own subfolder of $OUT,
+# $OUT/sections_levers_levers_xla:
+#      SECTIONS=levers,levers_xla BUDGET=240 OUT=$OUT bash benchmarks/accelerator_run.sh run
+# OUT (or the pass's subfolder) must be new or empty: a run never replaces another's files.
+# Env: OUT (default /tmp/acc_out), BUDGET (420), TINY=1 (tiny shapes: a CPU run of this script),
 #      SECTIONS (accelerator_check --sections; default all, in priority order),
 #      PY (python3), PY_OFF (the official python; default: PY with the official wheels),
 #      OFFICIAL (where the official tree is copied to / read from; default /tmp/setdlms_official).
@@ -45,6 +59,13 @@ if [ "$mode" = prepare ]; then
   exit 0
 fi
 
+OUT=${OUT:-/tmp/acc_out}
+DEST=$OUT${SECTIONS:+/sections_${SECTIONS//,/_}}  # a pass of chosen sections: its own subfolder
+if [ -n "$(ls -A "$DEST" 2>/dev/null)" ]; then
+  echo "error: $DEST is not empty (an earlier run's files?); a run never replaces them: point" \
+    "OUT at a new folder" >&2
+  exit 2
+fi
 # The official tree is copied outside the repository (official.py insists). The copy replaces
 # OFFICIAL, so OFFICIAL must be new or a copy this script made (its marker file): never a folder
 # of someone's, such as the .setdlms it copies from.
@@ -58,12 +79,12 @@ if [ -d .setdlms ]; then
   rm -rf "$OFFICIAL" && cp -r .setdlms "$OFFICIAL" && touch "$OFFICIAL/.copied_by_accelerator_run"
 fi
 export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/acc_out}; mkdir -p "$OUT"
-BUDGET=${BUDGET:-450}
+mkdir -p "$DEST"
+BUDGET=${BUDGET:-420}
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
   echo "project commit $(git rev-parse --short HEAD 2>/dev/null || cat COMMIT 2>/dev/null)"
-} >"$OUT/machine.txt"
+} >"$DEST/machine.txt"
 if [ -d .whl/ours ]; then
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site_ours \
     .whl/ours/*.whl 2>&1 | tail -2
@@ -76,10 +97,10 @@ if [ -z "${PY_OFF:-}" ]; then  # the official side: its pins first, nothing of o
   printf '#!/bin/bash\nPYTHONPATH=/tmp/site_off exec %s "$@"\n' "$(command -v "$PY")" >"$PY_OFF"
   chmod +x "$PY_OFF"
 fi
-$PY -c "import jax; print('ours: jax', jax.__version__, jax.devices())" 2>&1 | tail -1 |
-  tee -a "$OUT/machine.txt"
-ARGS=(--output_dir="$OUT" --budget_s="$BUDGET" --official="$OFFICIAL" --official_python="$PY_OFF")
+# No JAX client here (it would hold accelerator memory): the device section reports the devices.
+ARGS=(--output_dir="$DEST" --budget_s="$BUDGET" --official="$OFFICIAL" --official_python="$PY_OFF")
 [ "${TINY:-0}" = 1 ] && ARGS+=(--tiny --repeats=1)
 [ -n "${SECTIONS:-}" ] && ARGS+=(--sections="$SECTIONS")
-timeout $((BUDGET + 70)) $PY -m benchmarks.accelerator_check "${ARGS[@]}"
+echo "accelerator_check into $DEST: budget $BUDGET s, SIGTERM at $((BUDGET + 40)) s"
+timeout -s TERM -k 15 $((BUDGET + 40)) $PY -m benchmarks.accelerator_check "${ARGS[@]}"
 echo "rc=$? (accelerator_check)"

@@ -174,7 +174,9 @@ def random_batches(config, n: int, seed: int):
   return out
 
 
-def benchmark(config, objective: str, args) -> dict:
+def benchmark(config, objective: str, args, compute_flops: bool = True) -> dict:
+  """Builds, compiles and warms up one objective's step. `compute_flops`: also lower the
+  unchunked twin of the step for XLA's FLOP count (`model_flops`; prep['flops'], None without)."""
   config = config.copy_and_resolve_references()
   config.objective = objective
   config.model.adaln = ADALN[objective]
@@ -202,7 +204,9 @@ def benchmark(config, objective: str, args) -> dict:
   t0, c0 = time.perf_counter(), time.process_time()
   compiled = step.lower(state, batches[0], rng).compile()
   compile_s, compile_cpu_s = time.perf_counter() - t0, time.process_time() - c0
-  flops = model_flops(cfg, model_cfg, obj_cfg, mesh, shardings, state, batches[0], rng)
+  flops = None
+  if compute_flops:
+    flops = model_flops(cfg, model_cfg, obj_cfg, mesh, shardings, state, batches[0], rng)
 
   for i in range(args.warmup):
     state, metrics = compiled(state, batches[i % len(batches)], rng)
@@ -215,6 +219,8 @@ def benchmark(config, objective: str, args) -> dict:
     "compile_s": compile_s,
     "compile_cpu_s": compile_cpu_s,
     "flops": flops,
+    "model_config": model_cfg,
+    "objective_config": obj_cfg,
     "compiled": compiled,
     "state": state,
     "batches": batches,
