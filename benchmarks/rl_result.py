@@ -60,6 +60,9 @@ import numpy as np  # noqa: E402
 from benchmarks import inputs  # noqa: E402
 from benchmarks import speed_accuracy as sa  # noqa: E402
 from benchmarks.compare_methods import (
+  FINGERPRINT,
+  check_reuse,
+  fingerprint,
   check_record,
   jax_settings,
   publish,
@@ -430,6 +433,7 @@ def train_rl_arm(workdir: str, c, log) -> Dict[str, Any]:
   """Runs (or resumes, or finds finished) one RL run; wall-clock of this call."""
   from setdiff_jax.rl import grpo
 
+  check_reuse(workdir, c)  # a run of other settings (seed, lr, kl, ...) is never reported as this
   info_path = os.path.join(workdir, "train_info.json")
   if os.path.isfile(info_path):
     with open(info_path) as f:
@@ -437,6 +441,10 @@ def train_rl_arm(workdir: str, c, log) -> Dict[str, Any]:
     if info.get("steps") == int(c.num_train_steps):
       return info
   resumed = _has_checkpoint(workdir)
+  os.makedirs(workdir, exist_ok=True)
+  sa.dump_json(
+    os.path.join(workdir, FINGERPRINT), fingerprint(c)
+  )  # before training: resumes check it
   t0 = time.perf_counter()
   grpo.train_rl(c, workdir)
   info = {

@@ -110,6 +110,29 @@ def test_an_interrupted_run_resumes_only_with_its_settings(tmp_path, fake_traini
   assert len(trained) == 1
 
 
+def test_an_rl_arm_is_reused_only_for_its_settings(tmp_path, monkeypatch):
+  """rl_result's RL runs skipped training on a matching step count alone, as train_method did."""
+  from benchmarks import rl_result
+  from setdiff_jax.rl import grpo
+
+  trained = []
+
+  def fake(config, workdir):
+    trained.append(workdir)
+    os.makedirs(os.path.join(workdir, "checkpoints", str(config.num_train_steps)))
+
+  monkeypatch.setattr(grpo, "train_rl", fake)
+  workdir = str(tmp_path / "rl")
+  first = rl_result.train_rl_arm(workdir, _config(), log=lambda *a: None)
+  assert rl_result.train_rl_arm(workdir, _config(), log=lambda *a: None) == first
+  with pytest.raises(ValueError, match="seed 0 -> 1"):
+    rl_result.train_rl_arm(workdir, _config("--seed=1"), log=lambda *a: None)
+  assert len(trained) == 1
+  os.remove(os.path.join(workdir, cm.FINGERPRINT))  # a folder from before fingerprints
+  with pytest.raises(ValueError, match="trained before its settings were recorded"):
+    rl_result.train_rl_arm(workdir, _config(), log=lambda *a: None)
+
+
 @pytest.mark.parametrize("what", ["train_info.json", "checkpoints/3"])
 def test_a_folder_from_before_fingerprints_is_refused(tmp_path, fake_training, what):
   _, tok = fake_training
