@@ -278,6 +278,16 @@ def fingerprint(config) -> Dict[str, Any]:
   return dict(sorted(flat.items()))
 
 
+def write_fingerprint(workdir: str, config) -> None:
+  """Records `config`'s fingerprint in `workdir` before training (a resume checks it); atomic: a
+  killed write leaves no half file that would refuse every rerun."""
+  path = os.path.join(workdir, FINGERPRINT)
+  tmp = f"{path}.{os.getpid()}.tmp"
+  with open(tmp, "w") as f:
+    json.dump(fingerprint(config), f, indent=1)
+  os.replace(tmp, path)
+
+
 def check_reuse(workdir: str, config) -> None:
   """A folder that holds a model (finished or interrupted) is reused only for the settings it
   was trained with (its FINGERPRINT); one trained with other settings, or before the settings
@@ -319,8 +329,7 @@ def train_method(method: str, config, out_dir: str, tok_dir: str, log) -> Dict[s
     if info.get("steps") == config.num_train_steps:
       log(f"[{method}] already trained ({info['train_seconds']:.0f}s), skipping")
       return info
-  with open(os.path.join(workdir, FINGERPRINT), "w") as f:  # before training: a resume checks it
-    json.dump(fingerprint(config), f, indent=1)
+  write_fingerprint(workdir, config)
   t0 = time.perf_counter()
   metrics = train.train_and_evaluate(config, workdir)
   info = {

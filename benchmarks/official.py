@@ -16,9 +16,8 @@ The official code is never part of this repository: fetch kuleshov-group/setdlms
 outside the repo and point --official_dir at it (benchmarks/README.md, "Side by side with the
 official code"). It needs transformers 4.x (its requirements pin 4.52.4; 5.x breaks its model
 outputs and KV cache), so it runs in a worker subprocess started with --official_python (a venv
-over the system torch: `python -m venv --system-site-packages /tmp/setdlms_venv &&
-/tmp/setdlms_venv/bin/pip install hydra-core transformers==4.52.4 torch==2.13.0`), which imports
-its own `src` package from --official_dir. Nothing of it is stubbed. The driver (this process,
+of its own, `VENV_HINT`; one over this environment fails: transformers 4.52 imports the `kernels`
+package transformers 5 brought), which imports its own `src` package from --official_dir. Nothing of it is stubbed. The driver (this process,
 JAX) asks the worker to time each official work and times ours right after it.
 
 Config (both sides): DiT 4 layers x 256, 4 heads, MLP 4D, L = 128, V = --vocab_size, batch 16,
@@ -91,6 +90,11 @@ MEASURED = (
   "benchmarks/official.py",
   "benchmarks/training.py",
   "benchmarks/sampling.py",
+)
+# The official code's own venv (benchmarks/README.md, "Side by side with the official code").
+VENV_HINT = (
+  "python -m venv /tmp/setdlms_venv && /tmp/setdlms_venv/bin/pip install torch==2.13.0 numpy "
+  "einops hydra-core transformers==4.52.4 tokenizers==0.21.4 huggingface_hub==0.36.2"
 )
 DECODE_WORKS = ("set4", "set8", "bd3lm", "ar", "set4_b8")
 PAD_ID, BOS_ID, EOS_ID, MASK_ID = 0, 101, 102, 103  # bert-base-uncased (training.py's ids)
@@ -667,9 +671,7 @@ def check_official_env(info: dict, python: str):
     raise SystemExit(
       f"--official_python={python} has transformers {info['transformers']}; the official code "
       "needs 4.x (its requirements.txt pins 4.52.4; 5.x renames `past_key_values` in model "
-      "outputs and changes DynamicCache). Make a venv that reuses the system torch: "
-      "`python -m venv --system-site-packages /tmp/setdlms_venv && /tmp/setdlms_venv/bin/pip "
-      "install hydra-core transformers==4.52.4 torch==2.13.0`, then pass "
+      f"outputs and changes DynamicCache). Make a venv of its own: `{VENV_HINT}`, then pass "
       "--official_python=/tmp/setdlms_venv/bin/python"
     )
 

@@ -60,14 +60,13 @@ import numpy as np  # noqa: E402
 from benchmarks import inputs  # noqa: E402
 from benchmarks import speed_accuracy as sa  # noqa: E402
 from benchmarks.compare_methods import (
-  FINGERPRINT,
-  check_reuse,
-  fingerprint,
   check_record,
+  check_reuse,
   jax_settings,
   publish,
   shared_tokenizer,
   train_method,
+  write_fingerprint,
 )  # noqa: E402
 from setdiff_jax.data import pairs as pairs_lib  # noqa: E402
 from setdiff_jax.data import tokenizers  # noqa: E402
@@ -170,7 +169,19 @@ def parse_args(argv=None):
     help="wait up to this long for each SFT "
     "workdir's last checkpoint and for lr_choice.json (another process writing them)",
   )
-  return p.parse_args(argv)
+  args = p.parse_args(argv)
+  check_counts(args)
+  return args
+
+
+def check_counts(args) -> None:
+  """Counts below their minimum and negative costs are refused before anything runs."""
+  inputs.check_at_least(args, 1, "sft_steps", "rl_steps", "prompts_per_step", "inner_updates")
+  inputs.check_at_least(args, 1, "num_val", "num_test", "decode_batch", "bootstrap")
+  inputs.check_at_least(args, 2, "group_size")  # GRPO's advantages compare rows of a group
+  inputs.check_at_least(args, 0, "lr_seed", "step_cost", "wait_minutes")
+  if not args.cost_adv_eps > 0:
+    raise ValueError(f"--cost_adv_eps={args.cost_adv_eps} must be > 0")
 
 
 def _floats(text: str) -> List[float]:
@@ -442,9 +453,7 @@ def train_rl_arm(workdir: str, c, log) -> Dict[str, Any]:
       return info
   resumed = _has_checkpoint(workdir)
   os.makedirs(workdir, exist_ok=True)
-  sa.dump_json(
-    os.path.join(workdir, FINGERPRINT), fingerprint(c)
-  )  # before training: resumes check it
+  write_fingerprint(workdir, c)
   t0 = time.perf_counter()
   grpo.train_rl(c, workdir)
   info = {

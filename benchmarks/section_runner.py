@@ -26,6 +26,8 @@ import sys
 import time
 import traceback
 
+from benchmarks import inputs
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS_JSONL = "results.jsonl"
 
@@ -63,9 +65,12 @@ def plan_text(steps: list, budget: float, min_start: float) -> str:
 
 def prepare_output_dir(path: str, owned: tuple) -> None:
   """Creates `path`, or accepts it when it holds none of the files `owned` (the check's own);
-  SystemExit with one `error:` line for a file or a folder that holds results."""
-  if os.path.exists(path) and not os.path.isdir(path):
-    raise SystemExit(f"error: --output_dir={path} is a file: give a new folder")
+  SystemExit with one `error:` line for a path that is no writable folder or one that holds
+  results."""
+  try:
+    inputs.check_output_dir(path)
+  except ValueError as e:
+    raise SystemExit(f"error: {e}") from None
   held = [f for f in owned if os.path.exists(os.path.join(path, f))]
   if held:
     raise SystemExit(

@@ -226,7 +226,21 @@ def parse_args(argv=None):
     default=CHAIN["task_max_operand"],
     help="policy mode, chain task: operands in 1..this (data.task_max_operand)",
   )
-  return p.parse_args(argv)
+  args = p.parse_args(argv)
+  check_counts(args)
+  return args
+
+
+def check_counts(args) -> None:
+  """Counts and sizes below their minimum are refused before anything runs (0 test problems
+  reported an accuracy over none, 0 bootstrap resamples a nan interval)."""
+  inputs.check_at_least(
+    args, 1, "steps", "batch_size", "hidden_size", "num_layers", "num_test", "decode_batch"
+  )
+  inputs.check_at_least(args, 1, "num_val", "bootstrap")  # (chain sizes: policy_plan)
+  inputs.check_at_least(args, 0, "speed_examples", "seed")
+  if args.lr is not None and not args.lr > 0:
+    raise ValueError(f"--lr={args.lr} must be > 0")
 
 
 def plan(args) -> Dict[str, Any]:
@@ -1333,9 +1347,52 @@ def policy_main(args, argv, log) -> Dict[str, Any]:
   return record
 
 
+def planned_rows(p, methods) -> set:
+  """(task, method, seed, policy) of every row a policy run with plan `p` reports (AR, which
+  uses no threshold, only under the default policy)."""
+  rows = set()
+  for task in p["tasks"]:
+    for seed in p["seeds"]:
+      for m in methods:
+        uses = decoders.get(compare.parse_method(m)[0]).uses_threshold
+        for policy in p["policies"] if uses else [policies_lib.DEFAULT]:
+          rows.add((task, m, int(seed), policy))
+  return rows
+
+
+def keep_uncovered_report(out_dir: str, p, methods, log) -> None:
+  """A policy report in `out_dir` with rows these flags will not report (other methods, seeds,
+  tasks or policies) is moved aside, not replaced: `<name>.replaced_<UTC time>.json` (.md,
+  .png), named in the log. The evaluation caches stay where they are."""
+  name = f"{NAME}_policies"
+  path = os.path.join(out_dir, f"{name}.json")
+  if not os.path.isfile(path):
+    return
+  try:
+    with open(path) as f:
+      old = json.load(f).get("records") or []
+    held = {(r["task"], r["method"], int(r["seed"]), r["policy"]) for r in old}
+  except (ValueError, KeyError, TypeError, AttributeError):
+    held = {("unreadable",)}  # a damaged report is kept too
+  extra = held - planned_rows(p, methods)
+  if not extra:
+    return
+  stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+  for ext in (".json", ".md", ".png"):
+    src = os.path.join(out_dir, name + ext)
+    if os.path.exists(src):
+      os.replace(src, os.path.join(out_dir, f"{name}.replaced_{stamp}{ext}"))
+  shown = ", ".join(" ".join(map(str, r)) for r in sorted(extra, key=str)[:3])
+  log(
+    f"kept the earlier report as {name}.replaced_{stamp}.json: it holds {len(extra)} row(s) "
+    f"these flags do not report ({shown}{', ...' if len(extra) > 3 else ''})"
+  )
+
+
 def write_policy_report(
   out_dir, args, p, command, methods, load_start, t_start, train_seconds, records, done, log
 ) -> Dict[str, Any]:
+  keep_uncovered_report(out_dir, p, methods, log)
   rows = summarize(records, args.bootstrap)
   curve = threshold_curve(records)
   name = f"{NAME}_policies"

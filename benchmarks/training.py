@@ -36,6 +36,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from benchmarks import inputs  # noqa: E402
 from configs import default  # noqa: E402
 from setdiff_jax import objectives, sharding, train_step  # noqa: E402
 from setdiff_jax.config import edge  # noqa: E402
@@ -151,7 +152,10 @@ def load_config(args):
   if not config.model.vocab_size:  # the config takes it from its tokenizer
     config.model.vocab_size = int(config.tokenizer.get("vocab_size") or 30522)
   if config.model.vocab_size <= FIRST_WORD_ID:
-    raise SystemExit(f"vocab_size={config.model.vocab_size} must exceed {FIRST_WORD_ID}")
+    raise ValueError(
+      f"--vocab_size={config.model.vocab_size} must exceed {FIRST_WORD_ID} (the benchmark's "
+      "tokens are drawn above the special ids)"
+    )
   config.warmup_steps = 0  # a nonzero learning rate from the first step
   return config
 
@@ -322,7 +326,7 @@ def main(argv=None):
   names = [s.strip() for s in args.objectives.split(",") if s.strip()]
   for name in names:
     if name not in objectives.NAMES:
-      raise SystemExit(f"--objectives: {name!r} is not one of {objectives.NAMES}")
+      raise ValueError(f"--objectives: {name!r} is not one of {objectives.NAMES}")
   preps = [benchmark(config, name, args) for name in names]
   peak = args.peak_gflops * 1e9 or matmul_peak_gflops() * 1e9
   for r in range(args.rounds):
@@ -346,4 +350,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-  main()
+  inputs.run(main)

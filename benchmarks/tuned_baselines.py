@@ -95,7 +95,10 @@ def parse_args(argv=None):
   p.add_argument("--record", default=None, help="publish as benchmarks/results/RECORD.json")
   p.add_argument("--record_resume", action="store_true", help="--record: replace a re-report")
   p.add_argument("--results_dir", default=None, help="where --record writes (benchmarks/results)")
-  return p.parse_args(argv)
+  args = p.parse_args(argv)
+  inputs.check_at_least(args, 1, "steps", "num_val", "num_test", "decode_batch", "bootstrap")
+  inputs.check_at_least(args, 0, "widen", "lr_seed")
+  return args
 
 
 def _floats(text: str) -> List[float]:

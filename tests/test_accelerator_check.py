@@ -256,6 +256,8 @@ def test_bad_arguments_are_one_error_line(tmp_path):
   (tmp_path / "file").write_text("")
   with pytest.raises(SystemExit, match="error: --output_dir=.*file is a file"):
     accelerator_check.main(["--tiny", f"--output_dir={tmp_path / 'file'}"])
+  with pytest.raises(SystemExit, match="error: --output_dir=.*sub lies inside the file"):
+    accelerator_check.main(["--tiny", f"--output_dir={tmp_path / 'file' / 'sub'}"])
   assert not (tmp_path / "x").exists()
 
 

@@ -110,6 +110,31 @@ def test_an_interrupted_run_resumes_only_with_its_settings(tmp_path, fake_traini
   assert len(trained) == 1
 
 
+def test_a_fingerprint_write_killed_midway_leaves_the_old_one(tmp_path, fake_training, monkeypatch):
+  """A kill while the fingerprint is written (before a resume) left half a JSON file: every
+  rerun then failed reading it. The write is atomic: the earlier fingerprint stays whole."""
+  trained, tok = fake_training
+  out = str(tmp_path / "out")
+  workdir = os.path.join(out, "runs", "ar")
+  os.makedirs(os.path.join(workdir, "checkpoints", "1"))  # an interrupted run
+  cm.write_fingerprint(workdir, _config())
+  real_dump = json.dump
+
+  def killed(obj, f, **kw):
+    f.write(json.dumps(obj)[:20])  # part of it reaches the file, then the kill
+    raise KeyboardInterrupt
+
+  with monkeypatch.context() as m:
+    m.setattr(cm.json, "dump", killed)
+    with pytest.raises(KeyboardInterrupt):
+      cm.train_method("ar", _config(), out, tok, log=lambda *a: None)
+  assert json.dump is real_dump
+  with open(os.path.join(workdir, cm.FINGERPRINT)) as f:
+    assert json.load(f) == cm.fingerprint(_config())
+  cm.train_method("ar", _config(), out, tok, log=lambda *a: None)  # resumes
+  assert len(trained) == 1
+
+
 def test_an_rl_arm_is_reused_only_for_its_settings(tmp_path, monkeypatch):
   """rl_result's RL runs skipped training on a matching step count alone, as train_method did."""
   from benchmarks import rl_result
@@ -195,6 +220,37 @@ def test_compare_methods_refuses_counts_below_one(flag):
     cm.parse_args(["--quick", flag])
 
 
+def _other_benchmarks():
+  from benchmarks import rl_result, tuned_baselines
+
+  return {"speed_accuracy": sa, "tuned_baselines": tuned_baselines, "rl_result": rl_result}
+
+
+@pytest.mark.parametrize(
+  "module, flag, said",
+  [
+    ("speed_accuracy", "--num_test=0", "--num_test=0 must be >= 1"),
+    ("speed_accuracy", "--bootstrap=0", "--bootstrap=0 must be >= 1"),
+    ("speed_accuracy", "--decode_batch=-2", "--decode_batch=-2 must be >= 1"),
+    ("speed_accuracy", "--speed_examples=-1", "--speed_examples=-1 must be >= 0"),
+    ("speed_accuracy", "--lr=0", "--lr=0.0 must be > 0"),
+    ("tuned_baselines", "--num_val=0", "--num_val=0 must be >= 1"),
+    ("tuned_baselines", "--widen=-1", "--widen=-1 must be >= 0"),
+    ("rl_result", "--group_size=1", "--group_size=1 must be >= 2"),
+    ("rl_result", "--rl_steps=0", "--rl_steps=0 must be >= 1"),
+    ("rl_result", "--step_cost=-0.1", "--step_cost=-0.1 must be >= 0"),
+    ("rl_result", "--cost_adv_eps=0", "--cost_adv_eps=0.0 must be > 0"),
+  ],
+)
+def test_the_other_benchmarks_refuse_counts_below_their_minimum(module, flag, said):
+  """Probe 9b left these unchecked: 0 test problems gave an accuracy over none, 0 resamples a
+  nan interval, G = 1 a run of all-zero advantages."""
+  argv = [flag] + (["--task=arithmetic"] if module == "tuned_baselines" else [])
+  with pytest.raises(ValueError, match="^" + said.replace("+", r"\+") + "$"):
+    _other_benchmarks()[module].parse_args(argv)
+  _other_benchmarks()[module].parse_args(argv[1:])  # the defaults pass
+
+
 def test_compare_methods_refuses_a_top_p_outside_0_1():
   for bad in ("0", "1.5"):
     with pytest.raises(ValueError, match="--top_p"):
@@ -213,8 +269,10 @@ def test_report_only_over_a_missing_folder_writes_nothing(tmp_path):
   assert not missing.exists()
 
 
-def test_report_only_that_matches_nothing_keeps_the_finished_report(tmp_path, monkeypatch):
-  """--quick forgotten: no cache matches these flags; the finished report stays as it was."""
+@pytest.fixture
+def fake_policy_runs(monkeypatch):
+  """speed_accuracy's policy mode with training and evaluation faked (every planned row one
+  record)."""
   slim = {"accuracy": 0.5, "kept_tokens_per_call": 1.0, "tokens_per_second": 1.0}
   slim.update(copy_fraction=0.0, policy_arg=None)
   pe = {"correct": [1, 0], "kept": [2, 2], "calls": [1, 2]}
@@ -234,6 +292,10 @@ def test_report_only_that_matches_nothing_keeps_the_finished_report(tmp_path, mo
     sa, "train_method", lambda m, c, sub, tok, log: {"workdir": sub, "train_seconds": 1.0}
   )
   monkeypatch.setattr(sa, "plot_policies", lambda rows, curve, path: None)
+
+
+def test_report_only_that_matches_nothing_keeps_the_finished_report(tmp_path, fake_policy_runs):
+  """--quick forgotten: no cache matches these flags; the finished report stays as it was."""
   argv = POLICY_ARGV + [f"--output_dir={tmp_path}", "--bootstrap=10"]
   sa.main(argv + ["--quick"], log=lambda *a: None)
   report = tmp_path / "speed_accuracy_policies.md"
@@ -247,6 +309,29 @@ def test_report_only_that_matches_nothing_keeps_the_finished_report(tmp_path, mo
   assert report.read_text() == before
   again = sa.main(argv + ["--quick", "--report_only"], log=lambda *a: None)
   assert again["finished"] == ["chain setdlm4 seed 0"]
+
+
+def test_a_report_with_rows_this_run_lacks_is_kept_aside(tmp_path, fake_policy_runs):
+  """A rerun over fewer methods (or seeds, tasks, policies) replaced the report holding more;
+  now the earlier report is moved aside whole and the log names it. A rerun of the same or
+  more rows replaces it as before."""
+  two = ["--policies=threshold", "--methods=ar,setdlm4", "--tasks=chain", "--seeds=0"]
+  argv = [f"--output_dir={tmp_path}", "--bootstrap=10", "--quick"]
+  said = []
+  first = sa.main(two + argv, log=said.append)
+  assert first["finished"] == ["chain ar seed 0", "chain setdlm4 seed 0"]
+  sa.main(two + argv, log=said.append)  # the same rows: replaced, nothing kept aside
+  assert not list(tmp_path.glob("*.replaced_*")) and not any("kept the" in x for x in said)
+  sa.main(POLICY_ARGV + argv, log=said.append)  # setdlm4 only
+  kept = list(tmp_path.glob("speed_accuracy_policies.replaced_*.json"))
+  assert len(kept) == 1 and list(tmp_path.glob("speed_accuracy_policies.replaced_*.md"))
+  assert json.loads(kept[0].read_text())["finished"] == first["finished"]
+  assert [x for x in said if x.startswith("kept the earlier report")] == [
+    f"kept the earlier report as {kept[0].name}: it holds 1 row(s) these flags do not report "
+    "(chain ar 0 threshold)"
+  ]
+  now = json.loads((tmp_path / "speed_accuracy_policies.json").read_text())
+  assert now["finished"] == ["chain setdlm4 seed 0"]
 
 
 # ----------------------------------------------------------------------------- finding 11
@@ -276,7 +361,7 @@ def test_attention_builds_each_named_mask():
 
 
 # ----------------------------------------------------------------------------- finding 12
-EXEMPT = {"accelerator_check.py", "training.py", "compare_seeds.py"}  # the last has its own
+EXEMPT = {"accelerator_check.py", "compare_seeds.py"}  # the last has its own
 
 
 def _main_block_calls(path: pathlib.Path):
@@ -405,6 +490,8 @@ def test_bad_input_is_one_error_line_from_the_command_line(tmp_path):
       ["benchmarks.decode_weights", f"--tuned_dirs={tmp_path / 'none'}"],
       "error: " + str(tmp_path / "none" / "tuned_baselines.json") + " not found",
     ),
+    (["benchmarks.training", "--objectives=ar,foo"], "error: --objectives: 'foo' is not one of"),
+    (["benchmarks.training", "--vocab_size=50"], "error: --vocab_size=50 must exceed 104"),
     (
       ["benchmarks.continuous_batching", "--rows=2", "--slots=2", "--max_answer=4"]
       + ["--repeats=1", "--samplers=ar", f"--out={a_file}"],

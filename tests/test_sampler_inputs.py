@@ -136,3 +136,11 @@ def test_non_integer_settings_ids_and_keys_get_one_clear_error(model_and_params)
   b = set_generate(model, params, [[2, 3]], scfg(), rng=jax.random.key_data(key)).generated
   assert a == b
   assert np.asarray(set_generate(model, params, np.array([[2, 3]], np.int32), scfg()).canvas).size
+
+
+def test_eos_equal_to_the_mask_id_is_refused(model_and_params):
+  """M's logit is suppressed before every draw, so an EOS id equal to M was never generated: a
+  row asked to stop at EOS ran to its budget, silently (probe round 9, noted)."""
+  with pytest.raises(ValueError, match=f"eos_token_id={MASK} equals mask_token_id"):
+    scfg(eos_token_id=MASK)
+  assert scfg(eos_token_id=None).stops_at_eos is False  # never stopping is still expressible

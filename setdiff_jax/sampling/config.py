@@ -306,6 +306,11 @@ class SamplerConfig:
     for name in ("mask_token_id", "pad_token_id"):
       if int(getattr(self, name)) < 0:
         raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
+    if self.eos_token_id is not None and int(self.eos_token_id) == int(self.mask_token_id):
+      raise ValueError(  # M's logit is suppressed: EOS would never be generated, no row would stop
+        f"eos_token_id={self.eos_token_id} equals mask_token_id: take both from the tokenizer "
+        "(EOS and M are different tokens), or eos_token_id=None to never stop early"
+      )
 
   @property
   def stops_at_eos(self) -> bool:
