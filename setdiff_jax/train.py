@@ -27,6 +27,7 @@ from setdiff_jax.config.run import RunConfig
 from setdiff_jax.config.sections import Evaluation, Loss
 from setdiff_jax.train_step import create_sharded_state, jit_train_step, make_optimizer
 from setdiff_jax.workdir.divergence import DivergenceGuard, logged_losses
+from setdiff_jax.workdir import metrics as metrics_lib
 from setdiff_jax.workdir.metrics import MetricWriter
 from setdiff_jax.workdir import checkpoints as checkpointing
 from setdiff_jax.workdir import data_files
@@ -54,6 +55,19 @@ def _pauses_ahead(cfg: RunConfig, step_done: int, num_steps: int, pauses) -> flo
   return total
 
 
+def schedule_warning(opt) -> str:
+  """The learning-rate schedule a run will not follow ('' when it will): warmup longer than the
+  run is legal (a run extended later) but rarely meant, and said nowhere else."""
+  if opt.warmup_steps <= opt.num_train_steps:
+    return ""
+  return (
+    f"warmup_steps={opt.warmup_steps} > num_train_steps={opt.num_train_steps}: the learning "
+    f"rate never reaches learning_rate={opt.learning_rate:g} (it ends at "
+    f"{100.0 * opt.num_train_steps / opt.warmup_steps:.0f}% of it) and its decay never starts; "
+    "set --config.warmup_steps below num_train_steps for the configured schedule"
+  )
+
+
 class _Progress:
   """The training log: mean loss, steps/s, tokens/s and ETA over the steps since the last line,
   the time of compilation, evaluations and saves left out (`pause`)."""
@@ -76,8 +90,17 @@ class _Progress:
     self.losses.append(host["loss"])
     self.tokens += host["clean_tokens"]
     self.steps += 1
-    if step_done % self.cfg.evaluation.log_every_steps and step_done != self.num_steps:
-      return
+    self.host = host
+    if step_done % self.cfg.evaluation.log_every_steps == 0 or step_done == self.num_steps:
+      self._write(step_done)
+
+  def flush(self, step_done: int):
+    """A stop after `step_done`: the steps since the last row get their (shorter) row."""
+    if self.steps:
+      self._write(step_done)
+
+  def _write(self, step_done: int):
+    host = self.host
     elapsed = max(time.time() - self.t0, 1e-9)
     steps_per_s = self.steps / elapsed
     values = {
@@ -233,6 +256,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict
   optimizer = make_optimizer(opt)
   mesh = sharding.make_mesh(cfg.mesh.sizes())
   logging.info("mesh %s; model %s; objective %s", dict(mesh.shape), model_cfg, obj_cfg)
+  if schedule_warning(opt):
+    logging.warning(schedule_warning(opt))
 
   train_iter = iter(
     pipeline.make_dataset(
@@ -278,7 +303,13 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict
     return train_step(state, batch, step_rng)
 
   evaluate = _evaluator(cfg, model, obj_cfg, tokenizer, eval_rows, writer, last, batch_sharding)
-  hooks = trainer.Hooks(step=step, log=progress.log, evaluate=evaluate, on_pause=progress.pause)
+  hooks = trainer.Hooks(
+    step=step,
+    log=progress.log,
+    flush_log=progress.flush,
+    evaluate=evaluate,
+    on_pause=progress.pause,
+  )
   schedule = trainer.Schedule(
     start=start_step,
     stop=opt.num_train_steps,
@@ -286,6 +317,10 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict
     save_every=cfg.checkpoints.checkpoint_every_steps,
     eval_every=cfg.evaluation.eval_every_steps,
   )
+  if start_step and schedule.eval_at(start_step):  # a stop at an eval step, its eval unwritten
+    logged = metrics_lib.logged_at(workdir, start_step, "eval/nll")
+    missing = sharding.agree("eval_first", "1" if not logged else "0")[0] == "1"  # process 0's
+    schedule = dataclasses.replace(schedule, eval_first=missing)
   guard = DivergenceGuard(cfg.divergence, logged_losses(workdir, start_step) if start_step else ())
   state, _ = trainer.run(
     state, hooks, schedule, manager=manager, writer=writer, guard=guard, data_iterator=train_iter

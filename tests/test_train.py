@@ -308,6 +308,49 @@ def test_sigterm_saves_and_exits_then_resumes(tmp_path, tokenizer_dir, uninterru
   assert_same_run(workdir, uninterrupted)
 
 
+def _sigterm_during_batch(n, monkeypatch):
+  """SIGTERM while the batch of step `n` (1-based) is fetched: the signal lands in that step."""
+  calls = {"n": 0}
+  real = sharding.global_batch
+
+  def global_batch(local, mesh):
+    calls["n"] += 1
+    if calls["n"] == n:
+      os.kill(os.getpid(), signal.SIGTERM)
+    return real(local, mesh)
+
+  monkeypatch.setattr(sharding, "global_batch", global_batch)
+  return lambda: monkeypatch.setattr(sharding, "global_batch", real)
+
+
+def test_a_sigterm_at_an_eval_step_loses_no_eval_and_no_loss(tmp_path, tokenizer_dir, monkeypatch):
+  """Probe round 10: SIGTERM in an eval step saved and stopped without its evaluation, and the
+  resume started after it (at the final step: "nothing to do", no eval at all); the losses of
+  the steps since the last log row were in no row. Now: the checkpoint, then the step's
+  evaluation, a row for the pending steps; a resume whose entry evaluation is missing (a kill
+  during it) evaluates first. Every step's loss in exactly one row, every eval step once."""
+  if threading.current_thread() is not threading.main_thread():
+    pytest.skip("signal handlers can only be installed from the main thread")
+  config = tiny_config("setdlm", num_train_steps=4, eval_every_steps=3, log_every_steps=2)
+  workdir = new_workdir(tmp_path, "run", tokenizer_dir)
+  restore = _sigterm_during_batch(3, monkeypatch)
+  with pytest.raises(errors.StoppedBySignal, match="SIGTERM at step 3/4"):
+    train.train_and_evaluate(config, workdir)
+  restore()
+  rows = read_metrics(workdir)
+  assert [r["step"] for r in rows if "train/loss" in r] == [2, 3]  # 3: the steps since row 2
+  assert [r["step"] for r in rows if "eval/nll" in r] == [3]
+  # A kill during that evaluation would have left no row: the resume evaluates step 3 first.
+  with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in rows if "eval/nll" not in r)
+  assert train.train_and_evaluate(config, workdir)["step"] == 4
+  rows = read_metrics(workdir)
+  assert [r["step"] for r in rows if "train/loss" in r] == [2, 3, 4]
+  assert [r["step"] for r in rows if "eval/nll" in r] == [3, 4]
+  assert train.train_and_evaluate(config, workdir)["step"] == 4  # done: nothing evaluated again
+  assert [r["step"] for r in read_metrics(workdir) if "eval/nll" in r] == [3, 4]
+
+
 def test_init_from_starts_from_those_parameters(tmp_path, uninterrupted):
   # Same tokenizer as the source (fine-tuning keeps the vocabulary); the warm-up's lr at step 0
   # is 0, so the one step keeps the parameters and the checkpoint shows what the run started from.
@@ -350,9 +393,13 @@ def test_nan_loss_stops_without_checkpointing_the_bad_state(tmp_path, tokenizer_
     grad_clip_norm=0.0,
   )
   workdir = new_workdir(tmp_path, "run", tokenizer_dir)
-  with pytest.raises(FloatingPointError, match="non-finite training metrics at step 2"):
+  with pytest.raises(FloatingPointError, match="non-finite training metrics at step 2") as e:
     train.train_and_evaluate(config, workdir)
-  assert checkpoint_steps(workdir) == [1]  # the state of step 2 (NaN loss) was never saved
+  # The state of step 2 was never saved; step 1's (its loss is step 2's: non-finite, exploded
+  # parameters) is set aside, not offered to a resume as intact (probe round 10).
+  assert checkpoint_steps(workdir) == []
+  assert os.path.isdir(os.path.join(checkpointing.checkpoint_dir(workdir), "1.diverged"))
+  assert "no healthy checkpoint was saved; step(s) [1], saved before their loss" in str(e.value)
   assert [r["step"] for r in read_metrics(workdir)] == [1]
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+import jax
+
 from setdiff_jax import objectives
 from setdiff_jax.config import fields
 from setdiff_jax.config import run as run_lib
@@ -46,6 +48,11 @@ def from_config_dict(config, num_devices: Optional[int] = None) -> run_lib.RunCo
   objectives.get(run.objective).validate(config, check)
   if num_devices is not None:
     run.check_mesh(num_devices)
+    check(  # jax.nn.dot_product_attention's cuDNN kernel: "cuDNN is not detected" at init
+      run.model.attention != "cudnn" or jax.default_backend() == "gpu",
+      f"model.attention='cudnn' needs an NVIDIA GPU with cuDNN (this machine's backend is "
+      f"{jax.default_backend()}): set --config.model.attention=xla (or dense)",
+    )
   return run
 
 

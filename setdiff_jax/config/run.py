@@ -114,8 +114,21 @@ def _check_model_against_run(run: RunConfig):
     for f in dataclasses.fields(Model):
       value, allowed = getattr(model, f.name), f.metadata.get("allowed")
       if allowed is not None and not allowed.ok(value):
+        if value == 0 and model.backbone != "dit":  # a config that expects its sizes from HF
+          _fail(
+            f"{Model.key(f)}=0 takes the init_from_hf checkpoint's value, but init_from_hf is "
+            "not set: set --config.init_from_hf=<local Hugging Face checkpoint folder>, or "
+            f"--config.{Model.key(f)} to {allowed.describe()}"
+          )
         raise fields.out_of_range(Model.key(f), value, allowed)
   if model.backbone == "dit":
+    heads = model.num_heads
+    if heads >= 1 and model.hidden_size % heads == 0 and (model.hidden_size // heads) % 2:
+      _fail(  # (the DiT's own check says less: no values, no fix)
+        f"model.num_heads={heads} gives head dim hidden_size / num_heads = {model.hidden_size} "
+        f"/ {heads} = {model.hidden_size // heads}, which must be even for rotary embeddings: "
+        "choose num_heads so that it is"
+      )
     try:
       models.backbone_config(dataclasses.asdict(model), vocab_size=1)
     except ValueError as e:

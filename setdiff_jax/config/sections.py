@@ -182,7 +182,23 @@ class Mesh(Section):
 
   def __post_init__(self):
     super().__post_init__()
-    object.__setattr__(self, "rules", tuple(tuple(r) for r in self.rules))
+    axes = ("data", "fsdp", "tensor")  # this section's axes (sharding.MESH_AXES)
+    example = "e.g. --config.sharding_rules=\"(('embed', 'fsdp'), ('mlp', 'tensor'))\""
+    rules = []
+    for rule in self.rules:
+      if isinstance(rule, str) or not hasattr(rule, "__len__") or len(rule) != 2:
+        raise ValueError(
+          f"invalid config: sharding_rules entry {rule!r} is not a pair (logical axis, mesh "
+          f"axis or None): {example}"
+        )
+      name, axis = rule
+      if not isinstance(name, str) or (axis is not None and axis not in axes):
+        raise ValueError(
+          f"invalid config: sharding_rules entry {tuple(rule)!r}: give a logical axis name and "
+          f"one of {axes} or None: {example}"
+        )
+      rules.append((name, axis))
+    object.__setattr__(self, "rules", tuple(rules))
 
   def sizes(self) -> dict:
     """{axis: size} as `sharding.make_mesh` / `mesh_shape` take it (-1 = the rest)."""

@@ -141,6 +141,10 @@ def sequence_nlls(
   if ids.shape != (n,):
     raise ValueError(f"row_ids has shape {ids.shape}; expected ({n},)")
   fn = fn or _cached_row_nll_fn(model.config, obj_cfg)
+  # Never more filler than one shard's worth of rows: a batch_size above the split (e.g. a
+  # whole-split eval with a huge eval_batch_size) padded it up to that size on the device.
+  shards = 1 if sharding is None else batch_size // sharding.shard_shape((batch_size, length))[0]
+  batch_size = min(batch_size, -(-n // shards) * shards)
   nll = np.zeros((num_draws, n), np.float64)
   count = np.zeros((n,), np.float64)
   for start in range(0, n, batch_size):

@@ -31,6 +31,8 @@ class Schedule:
   start: steps done at entry (the restored state's step); the call runs steps start+1 .. stop.
   stop: the last step of this call (saved); total: the run's last step (num_train_steps), whose
   save is never deferred by the divergence guard. eval_every 0: no evaluation.
+  eval_first: evaluate the entry state (step `start`) before the first step: a resume whose
+  entry step is due an evaluation that the history lacks (a signal stopped the run there).
   """
 
   start: int
@@ -38,6 +40,7 @@ class Schedule:
   total: int
   save_every: int
   eval_every: int = 0
+  eval_first: bool = False
 
   def save_at(self, done: int) -> bool:
     return done % self.save_every == 0 or done == self.stop
@@ -53,6 +56,8 @@ class Hooks:
   step(state, i) -> (state, metrics): step i (0-based) of the run; metrics a flat dict of
     scalars, `monitor` among them (the value the divergence guard watches).
   log(done, host_metrics): the checked host metrics of step `done` (write / print them).
+  flush_log(done): a signal stops the run after step `done`: write what `log` still holds (e.g. a
+    windowed mean over the steps since its last row), so no step's metrics are lost.
   evaluate(done, state): at `Schedule.eval_at` steps, after the metrics were checked.
   to_save(state): the pytree a checkpoint holds (RL: EMA = the raw parameters).
   on_pause(kind, seconds): time that was not training ("compile", "eval", "save"): throughput.
@@ -62,6 +67,7 @@ class Hooks:
 
   step: Callable[[Any, int], Tuple[Any, Mapping[str, Any]]]
   log: Callable[[int, Dict[str, float]], None]
+  flush_log: Callable[[int], None] = lambda done: None
   evaluate: Optional[Callable[[int, Any], None]] = None
   to_save: Callable[[Any], Any] = lambda state: state
   on_pause: Callable[[str, float], None] = lambda kind, seconds: None
@@ -72,20 +78,18 @@ class Hooks:
 
 
 def check_finite(name: str, step: int, metrics: Dict[str, float]):
-  """FloatingPointError naming the non-finite metrics of `step` (the loop's NaN guard)."""
+  """FloatingPointError naming the non-finite metrics of `step` (the loop's NaN guard; the loop
+  adds what was kept)."""
   bad = {k: v for k, v in metrics.items() if not np.isfinite(v)}
   if bad:
-    raise FloatingPointError(
-      f"non-finite {name} metrics at step {step}: {bad}. Training stopped; the last saved "
-      f"checkpoint is intact. Try a lower learning_rate, grad_clip_norm > 0, or model.dtype="
-      f"float32."
-    )
+    raise FloatingPointError(f"non-finite {name} metrics at step {step}: {bad}")
 
 
 class _Saves:
   """The checkpoints of a run as the loop sees them: the steps saved, and the newest whose loss
   was seen healthy (the loss of step s + 1 is that of the state saved as step s), which rotation
-  never deletes and a divergence keeps."""
+  never deletes and a stop error (divergence, a non-finite metric) keeps; the steps saved after
+  it are set aside then (their own loss was not seen healthy: e.g. exploded parameters)."""
 
   def __init__(self, manager, schedule: Schedule, guard: DivergenceGuard, data_iterator):
     self.manager, self.schedule, self.guard = manager, schedule, guard
@@ -106,13 +110,19 @@ class _Saves:
     self.newest = done
     logging.info("saved checkpoint %s/%d", self.manager.directory, done)
 
-  def diverged(self, stop: stopping.StopAgreement) -> str:
-    """Says what is kept; the saved steps after the newest healthy one are set aside once the
-    stop is agreed (`stop.on_error`, on every process)."""
-    suspect = [s for s in self.steps if self.healthy is None or s > self.healthy]
-    stop.on_error = lambda: fallback.set_aside(  # the error line says so
-      self.manager, [(s, "diverged") for s in suspect], suffix=".diverged", log=False, sync=True
+  def _suspect(self) -> list:
+    return [s for s in self.steps if self.healthy is None or s > self.healthy]
+
+  def set_aside_suspects(self):
+    """An agreed stop error (`stop.on_error`, on every process): the saved steps after the
+    newest healthy one move to checkpoints/<step>.diverged (the error line says so)."""
+    fallback.set_aside(
+      self.manager, [(s, "diverged") for s in self._suspect()], ".diverged", log=False, sync=True
     )
+
+  def kept(self) -> str:
+    """What a stop error keeps (`set_aside_suspects` does the moving)."""
+    suspect = self._suspect()
     kept = (
       f"checkpoint step {self.healthy} (the newest whose loss was seen healthy) is intact"
       if self.healthy
@@ -159,11 +169,22 @@ def run(
     with Preemption() as preemption:
       stop = stopping.StopAgreement(preemption)  # the loop acts on what `agree` returns
 
+      stop.on_error = saves.set_aside_suspects
+
       def flush(done: int, metrics):
         host = {k: float(v) for k, v in jax.device_get(metrics).items()}
-        check_finite(hooks.name, done, host)
-        saves.checked(done, guard.check(done, host[hooks.monitor], lambda: saves.diverged(stop)))
+        try:
+          check_finite(hooks.name, done, host)
+        except FloatingPointError as e:
+          raise FloatingPointError(
+            f"{e}. Training stopped; {saves.kept()}. Try a lower learning_rate, "
+            "grad_clip_norm > 0, or model.dtype=float32"
+          ) from None
+        saves.checked(done, guard.check(done, host[hooks.monitor], saves.kept))
         hooks.log(done, host)
+
+      if schedule.eval_first and hooks.evaluate is not None:
+        _timed(hooks, "eval", hooks.evaluate, schedule.start, state)
 
       pending = None  # (step, metrics) of the previous step, pulled one step behind
       for step in range(schedule.start, schedule.stop):
@@ -185,14 +206,17 @@ def run(
         if pending is not None and (need_save or need_eval or signalled):
           stop.check(flush, *pending)  # never save or evaluate a state whose loss was not checked
           pending = None
-          stop.agree()
+          signalled = stop.agree() or signalled  # a signal during that wait stops here too
         if signalled:  # save first: the grace period after SIGTERM is short
           saves.save(done, hooks.to_save(state))
+          hooks.flush_log(done)
           stopped = errors.StoppedBySignal(
             f"{signalled} at {hooks.unit} {done}/{schedule.total}; {saves.after_signal(done)}. "
             "Run the same command again to resume",
             preemption.signum,
           )
+          if need_eval and hooks.evaluate is not None:  # after the save: a kill here loses
+            _timed(hooks, "eval", hooks.evaluate, done, state)  # only this (`eval_first` redoes it)
           break
         if need_eval and hooks.evaluate is not None:
           _timed(hooks, "eval", hooks.evaluate, done, state)

@@ -37,6 +37,7 @@ CHECKPOINT_DIR = "checkpoints"
 # mesh, dtype, attention, remat, dropout, EMA decay, ...) may change on resume.
 STRUCTURAL = (
   "objective",
+  "seed",  # the data order the iterator state indexes into (another seed repeats / skips rows)
   "seq_len",
   "batch_size",
   "model.vocab_size",

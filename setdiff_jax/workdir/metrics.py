@@ -54,6 +54,18 @@ def _set_aside_rows_after(workdir: str, start_step: int):
   paths.write_text(path, keep)  # second: a crash between the two writes loses no row
 
 
+def logged_at(workdir: str, step: int, key: str) -> bool:
+  """Whether metrics.jsonl holds a row of `step` with `key` (e.g. the evaluation of a step a
+  signal stopped the run at: `trainer.Schedule.eval_first`)."""
+  path = paths.join(workdir, METRICS_FILE)
+  if not paths.isfile(path):
+    return False
+  for line in paths.read_text(path).splitlines(keepends=True):
+    if _step_of(line) == step and key in json.loads(line):
+      return True
+  return False
+
+
 class MetricWriter:
   """TensorBoard events (tensorboardX) + WORKDIR/metrics.jsonl; no-op off process 0.
 
