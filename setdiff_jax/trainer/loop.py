@@ -206,7 +206,8 @@ def run(
         if pending is not None and (need_save or need_eval or signalled):
           stop.check(flush, *pending)  # never save or evaluate a state whose loss was not checked
           pending = None
-          signalled = stop.agree() or signalled  # a signal during that wait stops here too
+          again = stop.agree()  # always: it raises an error the flush found, on every process
+          signalled = signalled or again  # the first agreement names the receiving process
         if signalled:  # save first: the grace period after SIGTERM is short
           saves.save(done, hooks.to_save(state))
           hooks.flush_log(done)
