@@ -228,6 +228,15 @@ def _evaluator(cfg: RunConfig, model, obj_cfg, tokenizer, eval_rows, writer, las
   return run_eval
 
 
+def _logged_eval(workdir: str, step: int) -> Dict[str, float]:
+  """The `eval/*` values metrics.jsonl holds for `step` (none if it was never evaluated)."""
+  values = {}
+  for row in metrics_lib.rows(workdir):
+    if row["step"] == step:
+      values.update({k: v for k, v in row.items() if k.startswith("eval/")})
+  return values
+
+
 def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[str, float]:
   """The run of `config` (its local paths made absolute; it is written as config.json)."""
   is_main = jax.process_index() == 0
@@ -256,8 +265,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict
   optimizer = make_optimizer(opt)
   mesh = sharding.make_mesh(cfg.mesh.sizes())
   logging.info("mesh %s; model %s; objective %s", dict(mesh.shape), model_cfg, obj_cfg)
-  if schedule_warning(opt):
-    logging.warning(schedule_warning(opt))
+  if warning := schedule_warning(opt):
+    logging.warning(warning)
 
   train_iter = iter(
     pipeline.make_dataset(
@@ -285,7 +294,10 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict
   state = trainer.restore(manager, state, train_iter, _initialise(cfg, model_cfg, state_shardings))
   if new_tokenizer and not tokenizers.saved_in(workdir):  # the data are validated (datasets
     tokenizers.save_in(tokenizer, workdir)  # and eval rows built); 1 process
-  if is_main:  # only now: a failed restore must leave the config of the checkpoints in place
+  finished = int(state.step) >= opt.num_train_steps  # nothing to train (the loop says so)
+  # Only now: a failed restore must leave the config of the checkpoints in place, and so must a
+  # resume with nothing to train (e.g. a smaller num_train_steps than the saved step's).
+  if is_main and not finished:
     checkpointing.save_config(config, workdir)
     data_files.save(workdir, data_prints)
 
@@ -295,6 +307,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict
   writer = MetricWriter(workdir, is_main, start_step=start_step)
   step_rng = jax.random.fold_in(jax.random.key(cfg.seed), 1)
   last: Dict[str, float] = {}
+  if finished:  # the final evaluation ran in the invocation that trained: its row says it
+    last.update(_logged_eval(workdir, start_step))
   progress = _Progress(cfg, writer, last)
 
   def step(state, i: int):

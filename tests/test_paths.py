@@ -13,6 +13,7 @@ from etils.epath import testing as epath_testing
 from setdiff_jax import paths
 from setdiff_jax.data import sources, tokenizers
 from setdiff_jax.workdir import checkpoints as checkpointing
+from setdiff_jax.workdir import divergence
 from setdiff_jax.workdir import lock as workdir_lock
 from setdiff_jax.workdir import metrics
 
@@ -94,6 +95,9 @@ def test_config_metrics_and_resume_checks_on_gs(bucket):
     {"step": 3, "train/loss": 1.0 / 3, "resumed_from_step": 2}
   ]
   assert not os.path.exists(bucket / "runs/r1/tensorboard")  # local workdirs only
+  # A resume reads the history back from the bucket (it read none before: a local open).
+  assert divergence.logged_losses(GS, 2) == [1.0, 0.5]
+  assert metrics.logged_at(GS, 3, "train/loss") and not metrics.logged_at(GS, 3, "eval/nll")
 
 
 def test_tokenizer_trained_once_then_read_from_gs(bucket):

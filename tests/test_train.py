@@ -347,8 +347,18 @@ def test_a_sigterm_at_an_eval_step_loses_no_eval_and_no_loss(tmp_path, tokenizer
   rows = read_metrics(workdir)
   assert [r["step"] for r in rows if "train/loss" in r] == [2, 3, 4]
   assert [r["step"] for r in rows if "eval/nll" in r] == [3, 4]
-  assert train.train_and_evaluate(config, workdir)["step"] == 4  # done: nothing evaluated again
-  assert [r["step"] for r in read_metrics(workdir) if "eval/nll" in r] == [3, 4]
+  final = [r for r in read_metrics(workdir) if r["step"] == 4 and "eval/nll" in r][0]
+  again = train.train_and_evaluate(config, workdir)  # done: nothing evaluated again ...
+  assert again["step"] == 4 and [r["step"] for r in read_metrics(workdir) if "eval/nll" in r] == [
+    3,
+    4,
+  ]
+  assert again["eval/ppl"] == final["eval/ppl"]  # ... and "done:" says the final step's PPL
+  # A rerun with fewer steps has nothing to train: config.json stays the checkpoints' own.
+  saved = open(os.path.join(workdir, "config.json"), "rb").read()
+  config.num_train_steps = 2
+  assert train.train_and_evaluate(config, workdir)["step"] == 4
+  assert open(os.path.join(workdir, "config.json"), "rb").read() == saved
 
 
 def test_init_from_starts_from_those_parameters(tmp_path, uninterrupted):

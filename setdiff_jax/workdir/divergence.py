@@ -9,8 +9,6 @@ step's loss and `should_defer(step, final)` before every save.
 from __future__ import annotations
 
 import collections
-import json
-import os
 from typing import Callable
 
 from absl import logging
@@ -18,6 +16,7 @@ import numpy as np
 
 from setdiff_jax import errors
 from setdiff_jax.config.sections import Divergence
+from setdiff_jax.workdir import metrics
 
 
 class DivergenceGuard:
@@ -97,21 +96,13 @@ class DivergenceGuard:
 
 
 def logged_losses(workdir: str, up_to_step: int, key: str = "train/loss") -> list:
-  """The `key` values (the loss the guard watches) of WORKDIR/metrics.jsonl at steps <=
-  up_to_step (the resumed history)."""
-  out = []
-  try:
-    with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
-      for line in f:
-        try:
-          row = json.loads(line)
-        except ValueError:
-          continue  # a line cut by a crash
-        if key in row and row.get("step", up_to_step + 1) <= up_to_step and np.isfinite(row[key]):
-          out.append(float(row[key]))
-  except OSError:
-    return []
-  return out
+  """The finite `key` values (the loss the guard watches) of WORKDIR/metrics.jsonl at steps <=
+  up_to_step (the resumed history), local or object-store workdir alike."""
+  return [
+    float(row[key])
+    for row in metrics.rows(workdir)
+    if key in row and row["step"] <= up_to_step and np.isfinite(row[key])
+  ]
 
 
 __all__ = ["DivergenceGuard", "logged_losses"]

@@ -1,10 +1,10 @@
 """The run's metrics on disk: `MetricWriter` writes WORKDIR/metrics.jsonl and TensorBoard events.
 
-metrics.jsonl is what `divergence.logged_losses` reads back on a resume. A run that resumes from
-step s after a crash had logged steps past s that its checkpoints no longer hold: those rows move
-to WORKDIR/metrics.discarded.jsonl (kept, each marked with the step the run went back to; so do
-lines a crash cut), so metrics.jsonl holds one history, and TensorBoard hides the events past s
-(`purge_step`).
+metrics.jsonl is what `rows` reads back on a resume (the divergence guard's history, whether the
+entry step was evaluated). A run that resumes from step s after a crash had logged steps past s
+that its checkpoints no longer hold: those rows move to WORKDIR/metrics.discarded.jsonl (kept,
+each marked with the step the run went back to; so do lines a crash cut), so metrics.jsonl holds
+one history, and TensorBoard hides the events past s (`purge_step`).
 """
 
 from __future__ import annotations
@@ -54,16 +54,20 @@ def _set_aside_rows_after(workdir: str, start_step: int):
   paths.write_text(path, keep)  # second: a crash between the two writes loses no row
 
 
+def rows(workdir: str) -> list:
+  """The rows of WORKDIR/metrics.jsonl as dicts, in file order (through `paths`, so object-store
+  workdirs too); lines a crash cut are left out, and a run without the file has none."""
+  path = paths.join(workdir, METRICS_FILE)
+  if not paths.isfile(path):
+    return []
+  lines = paths.read_text(path).splitlines(keepends=True)
+  return [json.loads(ln) for ln in lines if _step_of(ln) is not None]
+
+
 def logged_at(workdir: str, step: int, key: str) -> bool:
   """Whether metrics.jsonl holds a row of `step` with `key` (e.g. the evaluation of a step a
   signal stopped the run at: `trainer.Schedule.eval_first`)."""
-  path = paths.join(workdir, METRICS_FILE)
-  if not paths.isfile(path):
-    return False
-  for line in paths.read_text(path).splitlines(keepends=True):
-    if _step_of(line) == step and key in json.loads(line):
-      return True
-  return False
+  return any(row["step"] == step and key in row for row in rows(workdir))
 
 
 class MetricWriter:
