@@ -22,7 +22,7 @@ r"""Evaluates a trained run.
   accuracy    conditional decoding of every test prompt (the run's prompt/answer eval split, or
               --accuracy_data=FILE.jsonl) with the run's sampler, greedy, EOS stop per row, per
               setting (--window, --thresholds; --preset=gsm8k_shell|gsm8k_repro for SPEC §6.4):
-              exact match of the final answer (--extractor hash|boxed|auto), generated tokens,
+              exact match of the final answer (--extractor hash|boxed|auto|gsm8k), generated tokens,
               tokens/step, forward calls, tokens/s at batch 1 and at --accuracy_batch_size.
               BD3LM / block-wise MDLM blocks sit on the block grid (--align_to_blocks, default
               on, as the official harness); --noalign_to_blocks starts them at each prompt's end.
@@ -114,7 +114,12 @@ flags.DEFINE_bool(
   "sampler and AR, the same greedy tokens; --nocontinuous decodes static batches.",
 )
 flags.DEFINE_integer("speed_examples", 16, "Prompts timed one per call (batch 1).")
-flags.DEFINE_enum("extractor", "auto", ["hash", "boxed", "auto"], "Final-answer extractor.")
+flags.DEFINE_enum(
+  "extractor",
+  "auto",
+  ["hash", "boxed", "auto", "gsm8k"],
+  "Final-answer extractor (--preset: gsm8k).",
+)
 flags.DEFINE_enum("preset", None, ["gsm8k_shell", "gsm8k_repro"], "GSM8K decode setting.")
 flags.DEFINE_string(
   "mesh",
@@ -159,6 +164,11 @@ def main(argv):
   cli.check_flag_ranges(RANGED)
   if FLAGS.preset and FLAGS["thresholds"].present:  # the preset sets tau
     raise ValueError(f"--preset={FLAGS.preset} sets tau, so --thresholds would be unused; give one")
+  if FLAGS.preset and FLAGS["extractor"].present:  # the preset scores as the reference does
+    raise ValueError(
+      f"--preset={FLAGS.preset} scores as the reference does (--extractor=gsm8k), so "
+      "--extractor would be unused; give one"
+    )
   sharding.initialize_distributed()
   check_flags_used()
   # None: the default taus (run.EvalOptions.taus); an explicit tau is refused for AR

@@ -62,6 +62,16 @@ def test_normalize_and_exact_match():
   assert accuracy.exact_match("It is \\boxed{1,000}.", "#### 1000")
   with pytest.raises(ValueError, match="reference answer has no final answer"):
     accuracy.exact_match("#### 3", "three")
+  # Probe round 11: an empty final answer is none (it matched an empty reference's), the answer
+  # is on the '####' line (not the next one), and '.5' is the number 0.5.
+  for extractor in ("hash", "boxed", "auto", "gsm8k"):
+    for empty in ("2+2=4\n#### ", "so \\boxed{}", "#### \n"):
+      with pytest.raises(ValueError, match="reference answer has no final answer"):
+        accuracy.exact_match(empty, empty, extractor)
+  assert accuracy.extract_hash("####\nThe answer is 18") is None
+  assert accuracy.extract_boxed("\\boxed{ }") is None
+  assert norm(".5") == norm("0.5") == "0.5" and norm("-.50") == "-0.5" and norm(".") is None
+  assert accuracy.exact_match("#### .5", "#### 0.50")
 
 
 def test_gsm8k_protocol():
@@ -76,17 +86,32 @@ def test_gsm8k_protocol():
   out = (
     "In May she sold 24, so 48 + 24 = 72.\nThe answer is $\\boxed{72}$.<|im_end|>junk \\boxed{5}"
   )
-  assert gsm8k.boxed_to_hash("so \\boxed{72}.").endswith("\n#### 72")
-  assert gsm8k.boxed_to_hash("no box") == "no box"
-  assert not gsm8k.gsm8k_exact_match(out, ref)  # without the stop the last box (5) is read
-  assert gsm8k.gsm8k_exact_match(out, ref, stop_strings=(gsm8k.IM_END,))
-  assert gsm8k.gsm8k_exact_match("\\boxed{72.00}", ref)  # numbers are normalised ...
-  assert not gsm8k.boxed_equals_reference("\\boxed{72.00}", ref)  # ... the script's check is not
+  # The reference's rewrite: the text before the first box, '#### ' + its content to the first
+  # '}', '$\\' dropped; what follows the box is gone.
+  assert accuracy.boxed_to_hash("so $\\boxed{72}$. Then \\boxed{5}") == "so #### 72"
+  assert accuracy.boxed_to_hash("no box") == "no box"
+  assert gsm8k.gsm8k_exact_match(out, ref)  # the first box; <|im_end|> cuts the junk in any case
+  assert gsm8k.gsm8k_exact_match("x \\boxed{72} \\boxed{5}", ref, stop_strings=())
+  assert not gsm8k.gsm8k_exact_match("x \\boxed{5} \\boxed{72}", ref, stop_strings=())
+  # lm-eval's strict-match reads the first '#### <number>' of the rewritten text: a '####' the
+  # model wrote before its box wins (probe round 11 read the box: the reference does not), and
+  # an unboxed '#### 72' is read. Strings compare after ',', '$', a final '.': 72.00 is not 72.
+  assert not gsm8k.gsm8k_exact_match("#### 48 clips\nSo \\boxed{72}", ref)
+  assert gsm8k.gsm8k_exact_match("#### 72", ref)
+  assert gsm8k.gsm8k_exact_match("\\boxed{72.}", ref) and gsm8k.gsm8k_exact_match("#### 7,2", ref)
+  assert not gsm8k.gsm8k_exact_match("\\boxed{72.00}", ref)
+  assert not gsm8k.gsm8k_exact_match(
+    "\\boxed{$72}", ref
+  )  # strict-match needs a digit after '#### '
   assert gsm8k.boxed_equals_reference("\\boxed{72}", ref)
-  assert not gsm8k.gsm8k_exact_match("#### 72", ref)  # GSM8K outputs must box the answer
+  assert not gsm8k.boxed_equals_reference("\\boxed{72.00}", ref)  # the script's strings
+  assert not gsm8k.boxed_equals_reference("\\boxed{5} then \\boxed{72}", ref)  # the first box
+  assert gsm8k.boxed_equals_reference("\\boxed{72}<|im_end|>", ref)
   shell, repro = gsm8k.preset("gsm8k_shell"), gsm8k.preset("gsm8k_repro")
-  assert shell["threshold"] == 0.9 and shell["stop_strings"] == ()
-  assert repro["threshold"] is None and repro["stop_strings"] == ("<|im_end|>",)
+  assert shell["threshold"] == 0.9 and repro["threshold"] is None
+  for name in ("gsm8k_shell", "gsm8k_repro"):  # lm-eval's `until` holds <|im_end|> for both
+    got = gsm8k.resolve_preset(name, 1024)
+    assert got["extractor"] == "gsm8k" and "<|im_end|>" in got["stop_strings"], got
   assert shell["cache_order"] == repro["cache_order"] == "fht"
   with pytest.raises(ValueError, match="unknown GSM8K preset"):
     gsm8k.preset("gsm8k_best")
@@ -97,6 +122,9 @@ V, PAD, BOS, EOS, MASK = 40, 0, 1, 2, 3
 
 class _Tok:
   bos_id, eos_id, pad_id, mask_id = BOS, EOS, PAD, MASK
+
+  def token_id(self, text):
+    return None  # no stop string is one token of this vocabulary
 
 
 # The threshold and BD3LM cases (~20 s) run in the slow tier (`.ci/run` runs it) to keep the default
@@ -248,3 +276,26 @@ def test_copy_stats_hand_worked():
   out = accuracy.copy_stats(prompt, [7, 10, 5, 12, 1, 2], [0, 0, 1, 2, 3, 4])
   assert out == {"kept": 6, "copies": 2, "parallel": 2, "parallel_copies": 1}
   assert accuracy.copy_stats(prompt, [], [])["kept"] == 0
+
+
+def test_a_special_token_stop_string_cuts_the_decoded_text():
+  """Probe round 11: Qwen3's <|im_end|> is a special token, which the decoded text leaves out, so
+  the preset's stop never cut (the text after it was scored). It now cuts the ids first."""
+  import tokenizers as hf_tokenizers
+  from tokenizers import decoders, models, pre_tokenizers
+
+  from setdiff_jax.data import tokenizers
+
+  bpe = models.BPE.from_file(
+    tokenizers.packaged_vocab("gpt2/vocab.json"), tokenizers.packaged_vocab("gpt2/merges.txt")
+  )
+  hf = hf_tokenizers.Tokenizer(bpe)
+  hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  hf.decoder = decoders.ByteLevel()
+  hf.add_special_tokens(["<|endoftext|>", "<|im_end|>", "<|fim_middle|>"])
+  end, mask = hf.token_to_id("<|endoftext|>"), hf.token_to_id("<|fim_middle|>")
+  tok = tokenizers.Tokenizer(hf, kind="gpt2", bos_id=end, eos_id=end, pad_id=end, mask_id=mask)
+  ids = tok.encode("So \\boxed{72}.") + [tok.token_id("<|im_end|>")] + tok.encode(" \\boxed{5}")
+  assert tok.decode_batch([ids]) == ["So \\boxed{72}. \\boxed{5}"]  # the token is not in the text
+  texts = accuracy._answer_texts(tok, [ids, tok.encode("a Question: b")], gsm8k.STOP_STRINGS)
+  assert texts == ["So \\boxed{72}.", "a "]

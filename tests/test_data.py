@@ -477,7 +477,9 @@ def test_lm1b_from_text_files_is_the_tfds_build(tmp_path, monkeypatch):
   )[1]
   with open(shard, "ab") as f:
     f.write(b"caf\xe9 latin-1 line\n")
-  with pytest.raises(ValueError, match=rf"^{re.escape(shard)}: not UTF-8 text \(byte \d+"):
+  with pytest.raises(
+    ValueError, match=rf"^{re.escape(shard)}: not UTF-8 text \(line \d+, byte \d+"
+  ):
     lm1b_files.build(str(bad), str(tmp_path / "fresh"))
   assert not os.path.exists(tmp_path / "fresh")
 

@@ -290,6 +290,19 @@ def test_cloze_examples_on_fixture_rows():
   assert three[0].suffix == "The second loaf rose high and tasted good."
 
 
+def test_cloze_csv_with_a_bom_or_a_short_row(tmp_path):
+  """Probe round 11: a copy saved with a BOM was "missing columns ['InputStoryid']", and a row
+  with too few columns raised AttributeError. Now the BOM is read, the short row named."""
+  lines = CLOZE_FIXTURE.read_text(encoding="utf-8").splitlines(keepends=True)
+  bom = tmp_path / "bom.csv"
+  bom.write_text("".join(lines), encoding="utf-8-sig")
+  assert infill.read_cloze(str(bom)) == infill.read_cloze(str(CLOZE_FIXTURE))
+  short = tmp_path / "short.csv"
+  short.write_text("".join(lines[:3]) + "abc,Only one sentence.\n", encoding="utf-8")
+  with pytest.raises(ValueError, match=r"short.csv: line 4 has too few columns \(no Input"):
+    infill.read_cloze(str(short))
+
+
 def test_cloze_examples_on_real_rows(shared_data):
   """The real file (not redistributable, so not in the repository): its layout and first rows."""
   path = str(shared_data / "rocstories-cloze-val-2016.csv")

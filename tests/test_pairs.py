@@ -168,8 +168,34 @@ def test_jsonl_pairs_not_utf8_names_the_file(tmp_path):
   bare message."""
   f = tmp_path / "latin1.jsonl"
   f.write_bytes('{"prompt": "caf\u00e9", "answer": "#### 1"}\n'.encode("latin-1"))
-  with pytest.raises(ValueError, match=rf"^{f}: not UTF-8 text \(byte 15: .*iconv -f latin1"):
+  with pytest.raises(
+    ValueError, match=rf"^{f}: not UTF-8 text \(line 1, byte 15: .*iconv -f latin1"
+  ):
     pairs.jsonl_pairs(str(f))
+
+
+@pytest.mark.parametrize("suffix", ["", ".gz", ".xz"])
+def test_a_bad_byte_deep_in_a_file_is_named_by_its_line_and_file_byte(tmp_path, suffix):
+  """Probe round 11: the byte was counted from the start of the reader's 8 KB chunk (7123 for a
+  byte at 130003) and no line was named. A multi-byte character across the scan's chunks is
+  whole; a file that ends inside a character is named at that character."""
+  import gzip
+  import lzma
+
+  from setdiff_jax.data import sources, text_files
+
+  body = ("caf\u00e9 ok\n\n" * 10000).encode("utf-8")
+  data = body + b"caf\xe9 latin-1\n"
+  path = tmp_path / f"big.txt{suffix}"
+  path.write_bytes({"": bytes, ".gz": gzip.compress, ".xz": lzma.compress}[suffix](data))
+  assert text_files.first_bad_utf8(str(path), chunk_bytes=7) == (len(body) + 3, 20001)
+  for unit in ("paragraph", "line"):
+    with pytest.raises(ValueError, match=rf"\(line 20001, byte {len(body) + 3}: invalid"):
+      sources.text_file_texts(str(path), unit)
+  cut = tmp_path / "cut.txt"
+  cut.write_bytes(body + "\u00e9".encode("utf-8")[:1])
+  assert text_files.first_bad_utf8(str(cut), chunk_bytes=5) == (len(body), 20001)
+  assert text_files.first_bad_utf8(str(tmp_path / "none.txt")) is None
 
 
 def test_pipeline_batches_of_pairs(tok, tmp_path):
@@ -250,3 +276,15 @@ def test_gsm8k_through_tfds_builder(tok, tmp_path):
     FileNotFoundError, match=r"gsm8k split 'test' is not prepared.*tfds build gsm8k"
   ):
     pairs.gsm8k_pairs("test", str(tmp_path / "empty"))
+
+
+def test_accuracy_data_not_utf8_past_the_sniff_is_one_line(tmp_path):
+  """Probe round 11: a bad byte past the first MiB (which the flag's check reads) escaped the
+  field check as a bare UnicodeDecodeError, with no file and a wrong position."""
+  from setdiff_jax.evaluation import checks
+
+  f = tmp_path / "acc.jsonl"
+  good = '{"prompt": "a", "answer": "#### 1"}\n'.encode()
+  f.write_bytes(good * 2 + b'{"prompt": "caf\xe9", "answer": "#### 2"}\n')
+  with pytest.raises(ValueError, match=rf"^--accuracy_data={f}: not UTF-8 text \(line 3, byte "):
+    checks.check_pair_fields(str(f), "prompt", "answer")

@@ -235,6 +235,10 @@ def test_evaluate_refuses_data_flags_it_would_ignore(run_dir, tmp_path):
       [w, "--eval=accuracy", "--preset=gsm8k_shell", "--thresholds=0.5"],
       ["--preset=gsm8k_shell sets tau, so --thresholds would be unused"],
     ),
+    (
+      [w, "--eval=accuracy", "--preset=gsm8k_repro", "--extractor=boxed"],
+      ["--preset=gsm8k_repro scores as the reference does (--extractor=gsm8k)"],
+    ),
   ]
   check_cases("evaluate.py", cases)
   assert not os.path.exists(out)

@@ -14,6 +14,7 @@ import shutil
 import pytest
 
 from setdiff_jax import errors, train
+from setdiff_jax.data import data_flags, pipeline
 from setdiff_jax.workdir import checkpoints as checkpointing
 from setdiff_jax.config import edge
 from setdiff_jax.config import run as run_config
@@ -394,6 +395,31 @@ def test_a_data_setting_the_source_never_reads_is_refused(tmp_path):
   assert workdir_lock.structural_changes(
     {"data": pairs}, {"data": dict(pairs, prompt_field="q")}
   ) == [("data.prompt_field", "question", "q")]
+
+
+@pytest.mark.parametrize(
+  "data, field, value",
+  [
+    ({"source": "arithmetic", "preprocess": "pad"}, "overlong", "wrap"),  # pairs: data.overflow
+    ({"source": "embedded", "preprocess": "wrap"}, "overlong", "skip"),
+    ({"source": "embedded", "preprocess": "pad"}, "wrap_style", "doc"),
+  ],
+)
+def test_a_data_setting_the_preprocessing_never_reads_is_refused(data, field, value):
+  """Probe round 11: data.overlong (read by `pad` on document sources) and data.wrap_style (read
+  by `wrap`) were accepted where the rows never read them, recorded, and (structural) refused
+  their own removal on a resume. Now refused up front; a recorded one does not block a resume."""
+  config = pipeline.default_data_config()
+  config.update(data)
+  data_flags.check_fields(config, pipeline.default_data_config())  # their defaults pass
+  config[field] = value
+  with pytest.raises(ValueError, match=f"^data.{field}={value!r} is not read by this run") as e:
+    data_flags.check_fields(config, pipeline.default_data_config())
+  assert f"data.preprocess={data['preprocess']}" in str(e.value) and "drop it" in str(e.value)
+  old = dict(config.to_dict())
+  assert workdir_lock.structural_changes({"data": old}, {"data": dict(old, **{field: "x"})}) == []
+  reads = dict(old, preprocess="wrap" if field == "wrap_style" else "pad", source="text")
+  assert workdir_lock.structural_changes({"data": reads}, {"data": dict(reads, **{field: "x"})})
 
 
 def test_a_data_file_edited_between_runs_is_named_on_resume(tmp_path, caplog):

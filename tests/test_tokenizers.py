@@ -90,6 +90,16 @@ def test_trained_saved_and_reloaded(tmp_path):
   assert calls == [1]
   assert tok2.encode(text) == tok.encode(text)
   assert tok2.special_ids() == tok.special_ids()
+  # An edited special_tokens.json (probe round 11): an id outside the vocabulary, or a mask id
+  # that is also BOS / EOS / PAD, is named when loaded, not at the first embedding lookup.
+  path = tmp_path / "tokenizer" / "special_tokens.json"
+  for edit, words in (
+    ({"mask_id": 400}, "mask_id=400 is no id"),
+    ({"mask_id": 3}, "mask_id=3 is also BOS"),
+  ):
+    path.write_text(json.dumps(dict(meta, **edit)))
+    with pytest.raises(ValueError, match=f"special_tokens.json is damaged \\({words}"):
+      T.Tokenizer.load(tmp_path / "tokenizer")
 
 
 def test_workdir_kind_mismatch(tmp_path):
@@ -174,6 +184,13 @@ def test_vocab_path_stays_overridable(tmp_path):
   assert T.get_tokenizer(c.tokenizer).encode("hello world") == [7592, 2088]
   c.tokenizer.vocab_path = "/nonexistent/vocab.txt"
   with pytest.raises(FileNotFoundError, match="/nonexistent/vocab.txt.*tokenizer.vocab_path"):
+    T.get_tokenizer(c.tokenizer)
+  # Probe round 11: a vocab.txt without [UNK] loaded (the specials appended as new ids) and the
+  # first unknown word raised a bare Exception; it is refused when loaded, naming what is missing.
+  words = [w for w in open(BERT_VOCAB, encoding="utf-8").read().splitlines() if w != "[UNK]"]
+  (tmp_path / "no-unk.txt").write_text("\n".join(words) + "\n", encoding="utf-8")
+  c.tokenizer.vocab_path = str(tmp_path / "no-unk.txt")
+  with pytest.raises(ValueError, match=r"no-unk.txt lacks the BERT special tokens \['\[UNK\]'\]"):
     T.get_tokenizer(c.tokenizer)
 
 

@@ -11,7 +11,7 @@ is one error naming the flag and the file.
 from __future__ import annotations
 
 import os
-from typing import Dict, Tuple
+from typing import Any, Callable, Dict, Tuple
 
 from setdiff_jax.data import text_files
 from setdiff_jax.data.pairs import PAIR_SOURCES, TASK_SOURCES
@@ -40,6 +40,15 @@ SETTING_READERS: Dict[str, Tuple[str, ...]] = {
   "task_eval_examples": TASK_SOURCES,
   "task_seed": TASK_SOURCES,
 }
+# setting field -> (whether a data config reads it, the configs that do): fields read under one
+# `data.preprocess` only, refused like SETTING_READERS' where the run would ignore them.
+PREPROCESS_READERS: Dict[str, Tuple[Callable[[Any], bool], str]] = {
+  "overlong": (
+    lambda d: d.get("preprocess") == "pad" and d.get("source") not in PAIR_SOURCES,
+    "data.preprocess=pad on a document source (prompt/answer sources follow data.overflow)",
+  ),
+  "wrap_style": (lambda d: d.get("preprocess") == "wrap", "data.preprocess=wrap"),
+}
 _SNIFF_BYTES = 1 << 20  # how much of a file the UTF-8 check reads
 
 
@@ -62,7 +71,8 @@ def _not_read(source: str, field: str, name: str) -> str:
 
 def check_fields(data_cfg, defaults=None):
   """Refuses a data-path field set on a source that does not read it, and a setting field
-  (`SETTING_READERS`) moved off its default (`defaults`, the data config's defaults) on one."""
+  (`SETTING_READERS`, `PREPROCESS_READERS`) moved off its default (`defaults`, the data config's
+  defaults) where it is not read."""
   source = data_cfg.get("source")
   for field, readers in READERS.items():
     if source not in readers and _given(data_cfg.get(field)):
@@ -75,6 +85,15 @@ def check_fields(data_cfg, defaults=None):
         f"data.{field}={data_cfg.get(field)!r} is not read by data.source={source}; it applies "
         f"to data.source {', '.join(readers)} only: drop it (the default is "
         f"{defaults.get(field)!r})"
+      )
+  for field, (reads, rule) in PREPROCESS_READERS.items():
+    if defaults is None or field not in data_cfg or reads(data_cfg):
+      continue
+    if data_cfg.get(field) != defaults.get(field):
+      raise ValueError(
+        f"data.{field}={data_cfg.get(field)!r} is not read by this run (data.source={source}, "
+        f"data.preprocess={data_cfg.get('preprocess')}); it applies to {rule} only: drop it "
+        f"(the default is {defaults.get(field)!r})"
       )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bz2
+import codecs
 import gzip
 import lzma
 import os
@@ -10,10 +11,40 @@ import zlib
 
 
 def not_utf8(path: str, e: UnicodeDecodeError) -> str:
-  """The one-line message for a data file that is not UTF-8."""
-  return (
-    f"{path}: not UTF-8 text (byte {e.start}: {e.reason}); convert it, e.g. "
-    f"iconv -f latin1 -t utf-8"
+  """The one-line message for a data file that is not UTF-8: the line and byte of the file (`e`
+  counts from the start of the chunk a text reader decoded, so the file is scanned again)."""
+  where = first_bad_utf8(path)
+  at = f"line {where[1]}, byte {where[0]}" if where else f"byte {e.start} of a read"
+  return f"{path}: not UTF-8 text ({at}: {e.reason}); convert it, e.g. iconv -f latin1 -t utf-8"
+
+
+def first_bad_utf8(path: str, chunk_bytes: int = 1 << 20):
+  """(byte offset, line number) of the first byte of `path` (decompressed) that is not UTF-8,
+  None if there is none or the file cannot be read; memory bounded by `chunk_bytes`."""
+  decoder = codecs.getincrementaldecoder("utf-8")()
+  offset, line = 0, 1  # bytes and line breaks of the chunks decoded so far
+  try:
+    with _opener(path)(path, "rb") as f:
+      while chunk := f.read(chunk_bytes):
+        pending = len(decoder.getstate()[0])  # an unfinished character from the last chunk
+        try:
+          decoder.decode(chunk)
+        except UnicodeDecodeError as e:
+          at = max(0, e.start - pending)  # an error in the pending bytes: no line break there
+          return offset + e.start - pending, line + chunk[:at].count(b"\n")
+        offset, line = offset + len(chunk), line + chunk.count(b"\n")
+      decoder.decode(b"", final=True)
+  except UnicodeDecodeError:  # the file ends inside a character
+    return offset - len(decoder.getstate()[0]), line
+  except (OSError, *_DAMAGE):
+    return None
+  return None
+
+
+def _opener(path: str):
+  """The open function of a data file by its extension (.gz / .xz / .bz2, any case)."""
+  return {".gz": gzip.open, ".xz": lzma.open, ".bz2": bz2.open}.get(
+    os.path.splitext(path)[1].lower(), open
   )
 
 
@@ -69,12 +100,9 @@ def open_text(path: str, field: str):
     )
   if not os.path.isfile(path):
     raise FileNotFoundError(f"data file not found: {path!r} (set the config field data.{field})")
-  opener = {".gz": gzip.open, ".xz": lzma.open, ".bz2": bz2.open}.get(
-    os.path.splitext(path)[1].lower(), open
-  )
   # utf-8-sig: a leading byte-order mark (Windows editors write one) is not text of the first
   # document (nor a JSON error on line 1); otherwise the same as utf-8
-  return _TextFile(path, opener(path, "rt", encoding="utf-8-sig"))
+  return _TextFile(path, _opener(path)(path, "rt", encoding="utf-8-sig"))
 
 
-__all__ = ["parse_paths", "open_text"]
+__all__ = ["parse_paths", "open_text", "not_utf8", "first_bad_utf8"]

@@ -192,6 +192,10 @@ class Tokenizer:
       _drop_partial_bytes(t) for t in self.hf.decode_batch(rows, skip_special_tokens=skip_special)
     ]
 
+  def token_id(self, text: str) -> int | None:
+    """The id of the token whose text is exactly `text` (e.g. '<|im_end|>'), None if none is."""
+    return self.hf.token_to_id(text)
+
   def id_to_token(self, i: int) -> str | None:
     return self.hf.id_to_token(int(i))
 
@@ -241,6 +245,18 @@ class Tokenizer:
         f"{directory / _TOKENIZER_FILE} is damaged ({e}); copy the tokenizer/ "
         "folder of the run again"
       ) from e
+    size = tok.get_vocab_size(with_added_tokens=True)
+    for key in needed[1:]:
+      if not isinstance(meta[key], int) or not 0 <= meta[key] < size:
+        raise ValueError(
+          f"{directory / _SPECIALS_FILE} is damaged ({key}={meta[key]!r} is no id of its "
+          f"{size}-token tokenizer.json); copy the tokenizer/ folder of the run again"
+        )
+    if meta["mask_id"] in (meta["bos_id"], meta["eos_id"], meta["pad_id"]):
+      raise ValueError(
+        f"{directory / _SPECIALS_FILE} is damaged (mask_id={meta['mask_id']} is also BOS, EOS "
+        "or PAD); copy the tokenizer/ folder of the run again"
+      )
     return cls(
       tok,
       kind=meta["kind"],
@@ -301,6 +317,12 @@ def wordpiece_tokenizer(vocab_path: str, lowercase: bool = True) -> Tokenizer:
   tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
   tok.decoder = decoders.WordPiece(prefix="##")
   specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+  missing = [t for t in specials if tok.token_to_id(t) is None]
+  if missing:  # added at the end they would shift no id, but an unknown word would then fail
+    raise ValueError(
+      f"tokenizer.vocab_path={vocab_path} lacks the BERT special tokens {missing}: a WordPiece "
+      f"vocab.txt needs all of {specials} (bert-base-uncased's has them); add them to the file"
+    )
   # Already in the vocab: this keeps their ids, matches them whole in text and
   # lets decode(skip_special=True) drop them.
   tok.add_special_tokens(specials)

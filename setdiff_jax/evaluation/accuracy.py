@@ -15,6 +15,12 @@ answer with the same extractor and compared after number normalisation (exact ma
   hash   the last '#### n' line (GSM8K, and the answer line of the procedural task)
   boxed  the last \boxed{n} (balanced braces)
   auto   '#### n' if present, else \boxed{n}
+  gsm8k  the reference's GSM8K scoring (SPEC §6.4, `launch/evaluate.py --preset`): the first
+         \boxed{...} rewritten as '#### n' (`boxed_to_hash`), then lm-eval's strict-match (the
+         first '#### <number>') compared as lm-eval's exact_match does (',', '$', a final '.'
+         dropped, case ignored; strings, so 72.00 is not 72)
+An empty final answer ('#### ' or \boxed{}) is no answer: never correct, and a reference with one
+is refused (`check_references`).
 Per setting (window W, threshold tau or a commit policy) it reports accuracy, mean generated
 tokens per example (after the EOS cut, EOS included), tokens/step (committed tokens / decoding
 steps, counting every committed token as the reference's parallelism factor),
@@ -47,15 +53,18 @@ from setdiff_jax.evaluation.generation import decoding_settings
 from setdiff_jax.sampling import compiles
 from setdiff_jax.sampling.config import DecodeSetting
 
-EXTRACTORS = ("hash", "boxed", "auto")
-_HASH = re.compile(r"####\s*([^\n]*)")
-_NUMBER = re.compile(r"^([-+]?)(\d+)(?:\.(\d+))?$")
+EXTRACTORS = ("hash", "boxed", "auto", "gsm8k")
+_HASH = re.compile(r"####[ \t]*([^\n]*)")  # the answer is on the '####' line, never the next
+_NUMBER = re.compile(r"^([-+]?)(\d*)(?:\.(\d+))?$")  # '12', '-3.5', '.5' (whole digits optional)
+_STRICT_MATCH = re.compile(r"#### (-?[0-9.,]+)")  # lm-eval gsm8k's 'strict-match' filter
+_HARNESS_IGNORED = re.compile(r",|\$|\.$")  # lm-eval gsm8k exact_match's regexes_to_ignore
 
 
 def extract_hash(text: str) -> Optional[str]:
-  """The text after the last '####' up to the end of its line (None if there is none)."""
+  """The text after the last '####' up to the end of its line (None if there is none, or it is
+  empty)."""
   found = _HASH.findall(text)
-  return found[-1].strip() if found else None
+  return (found[-1].strip() or None) if found else None
 
 
 def extract_boxed(text: str) -> Optional[str]:
@@ -67,8 +76,32 @@ def extract_boxed(text: str) -> Optional[str]:
   for j in range(i, len(text)):
     depth += {"{": 1, "}": -1}.get(text[j], 0)
     if depth == 0:
-      return text[i:j].strip()
+      return text[i:j].strip() or None
   return None
+
+
+def boxed_to_hash(text: str) -> str:
+  r"""The reference's rewrite of a GSM8K output (harness_eval.py): the text before the first
+  'boxed{', then '#### ' and that box's content up to its first '}', with '$' dropped (what
+  follows the box is gone); the text unchanged without a box."""
+  if "boxed{" not in text:
+    return text
+  before, rest = text.split("boxed{", 1)
+  content = rest.split("boxed{", 1)[0].split("}", 1)[0]
+  return (before + "#### " + content).replace("$\\", "")
+
+
+def extract_gsm8k(text: str) -> Optional[str]:
+  """lm-eval's strict-match on the rewritten text (`boxed_to_hash`): the first '#### <number>'."""
+  found = _STRICT_MATCH.search(boxed_to_hash(text))
+  return found.group(1) if found else None
+
+
+def _harness_form(answer: Optional[str]) -> Optional[str]:
+  """An answer as lm-eval's gsm8k exact_match compares it (None for an empty one)."""
+  if answer is None:
+    return None
+  return _HARNESS_IGNORED.sub("", answer).lower() or None
 
 
 def extract_answer(text: str, extractor: str = "auto") -> Optional[str]:
@@ -78,6 +111,8 @@ def extract_answer(text: str, extractor: str = "auto") -> Optional[str]:
     return extract_hash(text)
   if extractor == "boxed":
     return extract_boxed(text)
+  if extractor == "gsm8k":
+    return extract_gsm8k(text)
   found = extract_hash(text)
   return found if found is not None else extract_boxed(text)
 
@@ -93,19 +128,21 @@ def normalize_answer(ans: Optional[str]) -> Optional[str]:
     return None
   s = ans.strip().replace(",", "").replace("$", "").rstrip(".").strip()
   number = _NUMBER.match(s)
-  if number:
+  if number and (number.group(2) or number.group(3)):
     sign, whole, fraction = number.group(1), number.group(2), number.group(3) or ""
     digits = (whole.lstrip("0") or "0") + (
       "." + fraction.rstrip("0") if fraction.rstrip("0") else ""
     )
     return digits if digits == "0" or sign != "-" else "-" + digits
-  return " ".join(s.split())
+  return " ".join(s.split()) or None
 
 
 def exact_match(prediction: str, reference: str, extractor: str = "auto") -> bool:
-  """Whether the extracted, normalised answers are equal (an unreadable prediction is wrong)."""
-  pred = normalize_answer(extract_answer(prediction, extractor))
-  gold = normalize_answer(extract_answer(reference, extractor))
+  """Whether the extracted, normalised answers are equal (an unreadable prediction is wrong;
+  extractor 'gsm8k' compares as lm-eval does, the module doc)."""
+  form = _harness_form if extractor == "gsm8k" else normalize_answer
+  pred = form(extract_answer(prediction, extractor))
+  gold = form(extract_answer(reference, extractor))
   if gold is None:
     raise ValueError(
       f"the reference answer has no final answer for extractor={extractor!r}: {reference[-80:]!r}"
@@ -287,8 +324,9 @@ def check_references(
 ):
   """ValueError, before any decoding, naming the first pair whose reference has no final answer
   the extractor can read (it could never be scored), and `fix`."""
+  form = _harness_form if extractor == "gsm8k" else normalize_answer
   for i, p in enumerate(pairs):
-    if normalize_answer(extract_answer(p.answer, extractor)) is None:
+    if form(extract_answer(p.answer, extractor)) is None:
       raise ValueError(
         f"{p.where or f'test pair #{i}'}: the reference answer has no final answer for "
         f"extractor={extractor!r}: {p.answer[-80:]!r}; {fix}"
@@ -296,8 +334,14 @@ def check_references(
 
 
 def _answer_texts(tokenizer, generated, stop_strings: Sequence[str]) -> List[str]:
-  """The decoded texts, each cut at the first of `stop_strings`."""
-  texts = tokenizer.decode_batch(list(generated))
+  """The decoded texts, each cut at the first of `stop_strings`. A stop string that is one token
+  (Qwen3's <|im_end|>: a special token, which the decoded text leaves out) cuts the ids first."""
+  stop_ids = {i for i in map(tokenizer.token_id, stop_strings) if i is not None}
+  rows = []
+  for ids in generated:
+    ids = [int(t) for t in ids]
+    rows.append(ids[: next((k for k, t in enumerate(ids) if t in stop_ids), len(ids))])
+  texts = tokenizer.decode_batch(rows)
   for stop in stop_strings:
     texts = [t.split(stop, 1)[0] for t in texts]
   return texts
@@ -437,6 +481,8 @@ __all__ = [
   "EXTRACTORS",
   "extract_hash",
   "extract_boxed",
+  "boxed_to_hash",
+  "extract_gsm8k",
   "extract_answer",
   "normalize_answer",
   "exact_match",

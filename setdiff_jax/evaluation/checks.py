@@ -19,21 +19,28 @@ def check_pair_fields(path: str, prompt_field: str, answer_field: str):
   (the run's data.prompt_field / answer_field, fixed at training: evaluate.py cannot change them,
   so the fix is in the file). Lines that are not JSON objects are left to `pairs.jsonl_pairs`."""
   for file in text_files.parse_paths(path):
-    with text_files.open_text(file, "accuracy_data") as f:
-      for lineno, line in enumerate(f, 1):
-        try:
-          record = json.loads(line) if line.strip() else None
-        except ValueError:
-          return
-        if not isinstance(record, dict):
-          continue
-        missing = [k for k in (prompt_field, answer_field) if k not in record]
-        if missing:
-          raise ValueError(
-            f"{file}:{lineno}: record has no field {missing[0]!r} (fields: {sorted(record)}); "
-            f"--accuracy_data records hold this run's fields {prompt_field!r} and "
-            f"{answer_field!r} (its data.prompt_field / data.answer_field): rename them in the file"
-          )
+    try:
+      _check_file_pair_fields(file, prompt_field, answer_field)
+    except UnicodeDecodeError as e:  # past the first MiB the flag's check read
+      raise ValueError(f"--accuracy_data={text_files.not_utf8(file, e)}") from e
+
+
+def _check_file_pair_fields(file: str, prompt_field: str, answer_field: str):
+  with text_files.open_text(file, "accuracy_data") as f:
+    for lineno, line in enumerate(f, 1):
+      try:
+        record = json.loads(line) if line.strip() else None
+      except ValueError:
+        return
+      if not isinstance(record, dict):
+        continue
+      missing = [k for k in (prompt_field, answer_field) if k not in record]
+      if missing:
+        raise ValueError(
+          f"{file}:{lineno}: record has no field {missing[0]!r} (fields: {sorted(record)}); "
+          f"--accuracy_data records hold this run's fields {prompt_field!r} and "
+          f"{answer_field!r} (its data.prompt_field / data.answer_field): rename them in the file"
+        )
 
 
 def check_options(opts, seq_len: int):

@@ -1,19 +1,22 @@
 r"""The GSM8K protocol of the reference (SPEC §6.4), for users with a real model.
 
   prompt  = gsm8k_prompt(question, chat=True)      # instruction + question [+ chat template]
-  text    = cut_at_stops(decoded, preset)          # the preset's stop strings
-  hashed  = boxed_to_hash(text)                    # '... \boxed{18}' -> '... #### 18'
-  correct = gsm8k_exact_match(text, reference)     # '#### n' of both, numbers normalised
+  text    = cut_at_stops(decoded, STOP_STRINGS)    # lm-eval's `until`, plus the script's own
+  hashed  = boxed_to_hash(text)                    # 'a \boxed{18} b' -> 'a #### 18'
+  correct = gsm8k_exact_match(decoded, reference)  # lm-eval's strict-match exact_match
 
-The reference rewrites the model's \boxed{...} as '#### answer' so the harness's exact-match
-filters read it; `gsm8k_exact_match` does the same and compares with the reference's '#### n'
-(commas, '$' and a trailing '.' dropped). `boxed_equals_reference` is the script's own stricter
-log line: string equality of the boxed content with the text after '#### '.
+The reference (scripts/eval/harness_eval.py) cuts the decoded text at the task's `until` strings
+(lm-eval's gsm8k task: 'Question:', '</s>', '<|im_end|>'), '<|eot_id|>' and EOS; rewrites the
+first \boxed{...} as '#### answer' (the text after the box is dropped); the harness then scores
+its strict-match: the first '#### <number>', compared as strings after dropping ',', '$' and a
+final '.' (extractor 'gsm8k' of `evaluation.accuracy`). `boxed_equals_reference` is the
+script's own log line: string equality of the first box's content with the text after '### '.
 
 Two decode settings exist and which one produced the paper's table is unconfirmed (SPEC §4.6):
   gsm8k_shell  run_lm_eval_harness.sh defaults: tau = 0.9, N = L (1024), W = S, greedy, fht cache
-               order, no '<|im_end|>' stop (the Pareto points use this, with tau swept).
-  gsm8k_repro  the repro suite: tau off, N = L - P, W = S, greedy, fht, stop at '<|im_end|>'.
+               order (the Pareto points use this, with tau swept).
+  gsm8k_repro  the repro suite: tau off, N = L - P, W = S, greedy, fht; its stop_on_im_end adds
+               '<|im_end|>', which the task's `until` holds already: both cut the same text.
 Our samplers stop at EOS only; a stop string cuts the decoded text before extraction (the same
 answer; the decode itself runs on, so it is not a speed setting). N is capped by the context:
 our samplers never crop the cache (SPEC §4.3 overflow), so N = L - longest prompt when L is set.
@@ -24,25 +27,15 @@ from __future__ import annotations
 from typing import Any, Dict, Optional, Sequence
 
 from setdiff_jax.data.pairs import format_prompt
-from setdiff_jax.evaluation.accuracy import extract_boxed, extract_hash, exact_match
+from setdiff_jax.evaluation.accuracy import exact_match, extract_hash
 
 IM_END = "<|im_end|>"
+# lm-eval's gsm8k `until` (task version 3.0) + the reference script's '<|eot_id|>'
+STOP_STRINGS = ("Question:", "</s>", IM_END, "<|eot_id|>")
 
 PRESETS: Dict[str, Dict[str, Any]] = {
-  "gsm8k_shell": {
-    "threshold": 0.9,
-    "max_new_tokens": None,
-    "cache_order": "fht",
-    "stop_strings": (),
-    "greedy": True,
-  },
-  "gsm8k_repro": {
-    "threshold": None,
-    "max_new_tokens": None,
-    "cache_order": "fht",
-    "stop_strings": (IM_END,),
-    "greedy": True,
-  },
+  "gsm8k_shell": {"threshold": 0.9, "max_new_tokens": None, "cache_order": "fht", "greedy": True},
+  "gsm8k_repro": {"threshold": None, "max_new_tokens": None, "cache_order": "fht", "greedy": True},
 }
 
 
@@ -63,25 +56,24 @@ def cut_at_stops(text: str, stop_strings: Sequence[str] = ()) -> str:
   return text
 
 
-def boxed_to_hash(text: str) -> str:
-  r"""'... \boxed{18} ...' -> '... #### 18' (the reference's rewrite); unchanged without a box."""
-  boxed = extract_boxed(text)
-  return text if boxed is None else f"{text}\n#### {boxed}"
+def gsm8k_exact_match(
+  output: str, reference: str, stop_strings: Sequence[str] = STOP_STRINGS
+) -> bool:
+  """The harness's strict-match exact match of the model's output (cut at `stop_strings`, the
+  first box rewritten as '#### n') with the reference's '#### n'."""
+  return exact_match(cut_at_stops(output, stop_strings), reference, "gsm8k")
 
 
-def gsm8k_exact_match(output: str, reference: str, stop_strings: Sequence[str] = ()) -> bool:
-  """Exact match of the model's boxed answer (as '#### n') with the reference's '#### n'."""
-  out = cut_at_stops(output, stop_strings)
-  boxed = extract_boxed(out)
-  if boxed is None:
+def boxed_equals_reference(
+  output: str, reference: str, stop_strings: Sequence[str] = STOP_STRINGS
+) -> bool:
+  """The reference script's own check: the first box's content (up to its first '}') of the
+  output cut at `stop_strings` equals the text after '#### ', as strings."""
+  output = cut_at_stops(output, stop_strings)
+  if "boxed{" not in output:
     return False
-  return exact_match(f"#### {boxed}", reference, "hash")
-
-
-def boxed_equals_reference(output: str, reference: str) -> bool:
-  """The reference script's own check: boxed content == the text after '#### ' (as strings)."""
-  boxed, gold = extract_boxed(output), extract_hash(reference)
-  return boxed is not None and gold is not None and boxed.strip() == gold.strip()
+  boxed, gold = output.split("boxed{", 2)[1].split("}", 1)[0], extract_hash(reference)
+  return gold is not None and boxed == gold
 
 
 def resolve_preset(name: Optional[str], seq_len: int) -> Dict[str, Any]:
@@ -94,17 +86,18 @@ def resolve_preset(name: Optional[str], seq_len: int) -> Dict[str, Any]:
     "threshold": p["threshold"],
     "max_new_tokens": p["max_new_tokens"],
     "cache_order": p["cache_order"],
-    "stop_strings": tuple(p["stop_strings"]),
+    "stop_strings": STOP_STRINGS,
+    "extractor": "gsm8k",
   }
 
 
 __all__ = [
   "PRESETS",
   "IM_END",
+  "STOP_STRINGS",
   "preset",
   "gsm8k_prompt",
   "cut_at_stops",
-  "boxed_to_hash",
   "gsm8k_exact_match",
   "boxed_equals_reference",
   "resolve_preset",

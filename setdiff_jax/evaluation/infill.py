@@ -113,13 +113,19 @@ def read_cloze(path: str) -> List[Dict[str, str]]:
 
 
 def _read_cloze_rows(path: str) -> List[Dict[str, str]]:
-  with open(path, newline="", encoding="utf-8") as f:
+  with open(path, newline="", encoding="utf-8-sig") as f:  # -sig: a spreadsheet's BOM
     reader = csv.DictReader(f)
     missing = [c for c in CLOZE_COLUMNS if c not in (reader.fieldnames or [])]
     if missing:
       raise ValueError(f"{path}: not a Story Cloze CSV, missing columns {missing}")
     rows = []
     for r in reader:
+      empty = [c for c in CLOZE_COLUMNS if r.get(c) is None]  # a row with too few fields
+      if empty:
+        raise ValueError(
+          f"{path}: line {reader.line_num} has too few columns (no {empty[0]}); fix or remove "
+          "that line"
+        )
       answer = r["AnswerRightEnding"].strip()
       if answer not in ("1", "2"):
         raise ValueError(f"{path}: story {r['InputStoryid']} has AnswerRightEnding={answer!r}")

@@ -89,8 +89,9 @@ class EvalOptions:
   accuracy_batch_size: int = 32  # rows per decoding call (continuous batching: slots)
   continuous: bool = True  # accuracy: continuous batching where exact (False: static batches)
   speed_examples: int = 16  # prompts timed one per call (batch 1)
-  extractor: str = "auto"  # hash ('#### n') | boxed | auto
-  preset: Optional[str] = None  # gsm8k_shell | gsm8k_repro (SPEC §6.4; overrides tau)
+  extractor: str = "auto"  # hash ('#### n') | boxed | auto | gsm8k (evaluation/accuracy.py)
+  # gsm8k_shell | gsm8k_repro (SPEC §6.4; sets tau, N, the stop strings and extractor gsm8k)
+  preset: Optional[str] = None
   # BD3LM / block-wise MDLM blocks on the grid (the official harness's align_inputs_to_blocks);
   # False: from each P. None: the default (on); an explicit value is refused for other samplers.
   align_to_blocks: Optional[bool] = None

@@ -188,11 +188,17 @@ def structural_changes(old, new, unread=None) -> List[Tuple[str, Any, Any]]:
   has (a config of an older version of the code) are not compared, nor the fields `unread(old)`
   names (flattened keys of settings the old run's method never read: `trainer.locked` passes
   the objectives' table, which this plumbing does not import)."""
-  from setdiff_jax.data.data_flags import SETTING_READERS  # here: the data layer loads jax
+  from setdiff_jax.data import data_flags  # here: the data layer loads jax
 
   a, b = flatten(_as_json(old)), flatten(_as_json(new))
+  old_data = _as_json(old).get("data") or {}
   unread = set(unread(_as_json(old)) if unread else ()) | {  # a setting never read: no part of it
-    f"data.{f}" for f, readers in SETTING_READERS.items() if a.get("data.source") not in readers
+    f"data.{f}"
+    for f, readers in data_flags.SETTING_READERS.items()
+    if a.get("data.source") not in readers
+  }
+  unread |= {
+    f"data.{f}" for f, (reads, _) in data_flags.PREPROCESS_READERS.items() if not reads(old_data)
   }
   out = []
   for name in sorted((set(a) & set(b)) - unread):
