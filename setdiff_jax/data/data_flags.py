@@ -11,7 +11,7 @@ is one error naming the flag and the file.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 from setdiff_jax.data import text_files
 from setdiff_jax.data.pairs import PAIR_SOURCES, TASK_SOURCES
@@ -77,24 +77,29 @@ def check_fields(data_cfg, defaults=None):
   for field, readers in READERS.items():
     if source not in readers and _given(data_cfg.get(field)):
       raise ValueError(_not_read(source, field, f"data.{field}"))
-  for field, readers in SETTING_READERS.items():
-    if defaults is None or source in readers or field not in data_cfg:
-      continue
-    if data_cfg.get(field) != defaults.get(field):
-      raise ValueError(
-        f"data.{field}={data_cfg.get(field)!r} is not read by data.source={source}; it applies "
-        f"to data.source {', '.join(readers)} only: drop it (the default is "
-        f"{defaults.get(field)!r})"
+  if defaults is None:
+    return
+  for field, rule in unread_settings(data_cfg):
+    if field in data_cfg and data_cfg.get(field) != defaults.get(field):
+      where = f"data.source={source}" + (
+        f" with data.preprocess={data_cfg.get('preprocess')}" if field in PREPROCESS_READERS else ""
       )
-  for field, (reads, rule) in PREPROCESS_READERS.items():
-    if defaults is None or field not in data_cfg or reads(data_cfg):
-      continue
-    if data_cfg.get(field) != defaults.get(field):
       raise ValueError(
-        f"data.{field}={data_cfg.get(field)!r} is not read by this run (data.source={source}, "
-        f"data.preprocess={data_cfg.get('preprocess')}); it applies to {rule} only: drop it "
-        f"(the default is {defaults.get(field)!r})"
+        f"data.{field}={data_cfg.get(field)!r} is not read by {where}; it applies to {rule} only: "
+        f"drop it (the default is {defaults.get(field)!r})"
       )
+
+
+def unread_settings(data_cfg) -> List[Tuple[str, str]]:
+  """(field, the configs that read it) of each setting field (`SETTING_READERS`,
+  `PREPROCESS_READERS`) that the rows of `data_cfg` (a dict or ConfigDict) never read."""
+  source = data_cfg.get("source")
+  out = [
+    (field, f"data.source {', '.join(readers)}")
+    for field, readers in SETTING_READERS.items()
+    if source not in readers
+  ]
+  return out + [(f, rule) for f, (reads, rule) in PREPROCESS_READERS.items() if not reads(data_cfg)]
 
 
 def check_text_file(path: str, flag: str):
@@ -135,4 +140,12 @@ def apply_overrides(data_cfg, overrides: Dict[str, Tuple[str, str]]):
     data_cfg[field] = value
 
 
-__all__ = ["READERS", "check_fields", "check_text_file", "apply_overrides"]
+__all__ = [
+  "READERS",
+  "SETTING_READERS",
+  "PREPROCESS_READERS",
+  "check_fields",
+  "unread_settings",
+  "check_text_file",
+  "apply_overrides",
+]

@@ -219,52 +219,36 @@ class Tokenizer:
 
   @classmethod
   def load(cls, directory) -> "Tokenizer":
-    """Loads a tokenizer written by `save`."""
+    """Loads a tokenizer written by `save`; a damaged or edited file is one ValueError."""
     directory = pathlib.Path(directory)
     for name in (_TOKENIZER_FILE, _SPECIALS_FILE):
       if not (directory / name).is_file():
         raise FileNotFoundError(f"tokenizer file not found: {directory / name}")
+
+    def damaged(name: str, why) -> ValueError:
+      return ValueError(f"{directory / name} is damaged ({why}); copy the tokenizer/ folder again")
+
     try:
       meta = json.loads((directory / _SPECIALS_FILE).read_text(encoding="utf-8"))
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
-      raise ValueError(
-        f"{directory / _SPECIALS_FILE} is damaged ({e}); copy the tokenizer/ "
-        "folder of the run again"
-      ) from e
-    needed = ("kind", "bos_id", "eos_id", "pad_id", "mask_id")
-    missing = [k for k in needed if k not in meta] if isinstance(meta, dict) else list(needed)
+      raise damaged(_SPECIALS_FILE, e) from e
+    ids = ("bos_id", "eos_id", "pad_id", "mask_id")
+    missing = [k for k in ("kind", *ids) if not isinstance(meta, dict) or k not in meta]
     if missing:
-      raise ValueError(
-        f"{directory / _SPECIALS_FILE} is damaged (no {', '.join(missing)}); copy the "
-        "tokenizer/ folder of the run again"
-      )
+      raise damaged(_SPECIALS_FILE, f"no {', '.join(missing)}")
     try:
       tok = hf.Tokenizer.from_file(str(directory / _TOKENIZER_FILE))
     except Exception as e:  # the Rust loader raises a plain Exception
-      raise ValueError(
-        f"{directory / _TOKENIZER_FILE} is damaged ({e}); copy the tokenizer/ "
-        "folder of the run again"
-      ) from e
+      raise damaged(_TOKENIZER_FILE, e) from e
     size = tok.get_vocab_size(with_added_tokens=True)
-    for key in needed[1:]:
-      if not isinstance(meta[key], int) or not 0 <= meta[key] < size:
-        raise ValueError(
-          f"{directory / _SPECIALS_FILE} is damaged ({key}={meta[key]!r} is no id of its "
-          f"{size}-token tokenizer.json); copy the tokenizer/ folder of the run again"
-        )
+    for k in ids:  # an edited file: named here, not at the first embedding lookup
+      if not isinstance(meta[k], int) or not 0 <= meta[k] < size:
+        raise damaged(_SPECIALS_FILE, f"{k}={meta[k]!r} is no id of its {size}-token vocabulary")
     if meta["mask_id"] in (meta["bos_id"], meta["eos_id"], meta["pad_id"]):
-      raise ValueError(
-        f"{directory / _SPECIALS_FILE} is damaged (mask_id={meta['mask_id']} is also BOS, EOS "
-        "or PAD); copy the tokenizer/ folder of the run again"
-      )
+      raise damaged(_SPECIALS_FILE, f"mask_id={meta['mask_id']} is also BOS, EOS or PAD")
+    control_text = meta.get("control_tokens_in_text", False)
     return cls(
-      tok,
-      kind=meta["kind"],
-      bos_id=meta["bos_id"],
-      eos_id=meta["eos_id"],
-      pad_id=meta["pad_id"],
-      mask_id=meta["mask_id"],
-      control_tokens_in_text=meta.get("control_tokens_in_text", False),
+      tok, kind=meta["kind"], control_tokens_in_text=control_text, **{k: meta[k] for k in ids}
     )
 
   def __repr__(self):
@@ -317,15 +301,12 @@ def wordpiece_tokenizer(vocab_path: str, lowercase: bool = True) -> Tokenizer:
   tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
   tok.decoder = decoders.WordPiece(prefix="##")
   specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-  missing = [t for t in specials if tok.token_to_id(t) is None]
-  if missing:  # added at the end they would shift no id, but an unknown word would then fail
+  if missing := [t for t in specials if tok.token_to_id(t) is None]:  # no [UNK]: encode fails
     raise ValueError(
       f"tokenizer.vocab_path={vocab_path} lacks the BERT special tokens {missing}: a WordPiece "
       f"vocab.txt needs all of {specials} (bert-base-uncased's has them); add them to the file"
     )
-  # Already in the vocab: this keeps their ids, matches them whole in text and
-  # lets decode(skip_special=True) drop them.
-  tok.add_special_tokens(specials)
+  tok.add_special_tokens(specials)  # in the vocab: same ids, matched whole, skipped by decode
   # SPEC §5 caveat: the reference "wrapped" LM1B data (MDLM/BD3LM pipeline)
   # starts each row with encode(bos)[0] = [CLS] = 101, so BOS = 101 here to match
   # that data and the keep_clean_bos position 0; EOS = [SEP] = 102 (the reference

@@ -192,14 +192,8 @@ def structural_changes(old, new, unread=None) -> List[Tuple[str, Any, Any]]:
 
   a, b = flatten(_as_json(old)), flatten(_as_json(new))
   old_data = _as_json(old).get("data") or {}
-  unread = set(unread(_as_json(old)) if unread else ()) | {  # a setting never read: no part of it
-    f"data.{f}"
-    for f, readers in data_flags.SETTING_READERS.items()
-    if a.get("data.source") not in readers
-  }
-  unread |= {
-    f"data.{f}" for f, (reads, _) in data_flags.PREPROCESS_READERS.items() if not reads(old_data)
-  }
+  unread = set(unread(_as_json(old)) if unread else ())  # a setting never read: no part of it
+  unread |= {f"data.{field}" for field, _ in data_flags.unread_settings(old_data)}
   out = []
   for name in sorted((set(a) & set(b)) - unread):
     va, vb = _normalized(name, a[name]), _normalized(name, b[name])
