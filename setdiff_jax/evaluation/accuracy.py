@@ -82,7 +82,7 @@ def extract_boxed(text: str) -> Optional[str]:
 
 def boxed_to_hash(text: str) -> str:
   r"""The reference's rewrite of a GSM8K output (harness_eval.py): the text before the first
-  'boxed{', then '#### ' and that box's content up to its first '}', with '$' dropped (what
+  'boxed{', then '#### ' and that box's content up to its first '}', with '$\' dropped (what
   follows the box is gone); the text unchanged without a box."""
   if "boxed{" not in text:
     return text

@@ -2,7 +2,7 @@ r"""The GSM8K protocol of the reference (SPEC §6.4), for users with a real mode
 
   prompt  = gsm8k_prompt(question, chat=True)      # instruction + question [+ chat template]
   text    = cut_at_stops(decoded, STOP_STRINGS)    # lm-eval's `until`, plus the script's own
-  hashed  = boxed_to_hash(text)                    # 'a \boxed{18} b' -> 'a #### 18'
+  hashed  = accuracy.boxed_to_hash(text)           # 'a \boxed{18} b' -> 'a #### 18'
   correct = gsm8k_exact_match(decoded, reference)  # lm-eval's strict-match exact_match
 
 The reference (scripts/eval/harness_eval.py) cuts the decoded text at the task's `until` strings
