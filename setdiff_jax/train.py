@@ -237,6 +237,18 @@ def _logged_eval(workdir: str, step: int) -> Dict[str, float]:
   return values
 
 
+def _check_saved_vocab_size(cfg: RunConfig, tokenizer, workdir: str):
+  """ValueError when a trained tokenizer found in the workdir (a first attempt's, or copied in)
+  has another size than tokenizer.vocab_size; a resume checks tokenizer.* itself."""
+  want = int(cfg.tokenizer.get("vocab_size", 0) or 0)
+  if cfg.tokenizer.kind == "trained" and want and tokenizer.vocab_size != want:
+    raise ValueError(
+      f"{workdir}/tokenizer/ holds a {tokenizer.vocab_size}-token tokenizer (an earlier attempt's, "
+      f"or copied in) but tokenizer.vocab_size={want}: delete that folder to train one with "
+      f"these settings, or set --config.tokenizer.vocab_size={tokenizer.vocab_size}"
+    )
+
+
 def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[str, float]:
   """The run of `config` (its local paths made absolute; it is written as config.json)."""
   is_main = jax.process_index() == 0
@@ -251,15 +263,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict
   if cfg.checkpoints.init_from and not resuming:  # its parameters must mean the same ids
     check_same_ids(tokenizer, cfg.checkpoints.init_from, "--config.init_from")
   warn_shared_eval_files(cfg.data)
-  want = int(cfg.tokenizer.get("vocab_size", 0) or 0)
-  if (
-    not new_tokenizer and cfg.tokenizer.kind == "trained" and want and tokenizer.vocab_size != want
-  ):
-    raise ValueError(  # a first attempt's (or a copied) tokenizer; a resume checks tokenizer.*
-      f"{workdir}/tokenizer/ holds a {tokenizer.vocab_size}-token tokenizer (an earlier attempt's, "
-      f"or copied in) but tokenizer.vocab_size={want}: delete that folder to train one with "
-      f"these settings, or set --config.tokenizer.vocab_size={tokenizer.vocab_size}"
-    )
+  if not new_tokenizer:
+    _check_saved_vocab_size(cfg, tokenizer, workdir)
   model_cfg, obj_cfg = run_config.model_and_objective(cfg, tokenizer)
   model = models.build(model_cfg)
   optimizer = make_optimizer(opt)
