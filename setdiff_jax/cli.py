@@ -226,10 +226,13 @@ def check_flag_ranges(flag_fields: Dict[str, str], also: Optional[Dict[str, tupl
   for flag, field in flag_fields.items():
     value = FLAGS[flag].value
     for v in value if isinstance(value, list) else [value]:
+      if isinstance(v, str):  # a list flag's item
+        try:
+          v = int(v)
+        except ValueError:
+          raise UsageError(f"--{flag}={','.join(value)}: {v!r} is not an integer") from None
       if v is not None:
-        ranges.check(
-          field, int(v) if isinstance(v, str) else v, f"--{flag}", (also or {}).get(flag, ())
-        )
+        ranges.check(field, v, f"--{flag}", (also or {}).get(flag, ()))
 
 
 # ----------------------------------------------------------------------------- parsing

@@ -175,6 +175,11 @@ class _DecodeJob:
 def _decode_job(method, model, params, tokenizer, cfg, seq_len, prompt, infill, max_new_tokens):
   """The infill (`--infill` template, every gap filled) or prompted (`--prompt`) job."""
   if infill is not None:
+    if max_new_tokens is not None:  # honoured or refused, never dropped
+      raise ValueError(
+        "--infill's [GAP:n] spans set how many tokens are generated, so --max_new_tokens "
+        "would be unused; give one"
+      )
     if not method.infills_canvas:
       raise ValueError(
         f"this run's objective {method.name!r} cannot infill: {method.infill_unsupported}"

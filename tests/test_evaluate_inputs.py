@@ -96,6 +96,7 @@ def launched(runs):
     "empty_thresholds": [f"--workdir={w}", "--eval=speed", "--thresholds="],
     "empty_eval": [f"--workdir={w}", "--eval="],
     "empty_batch_sizes": [f"--workdir={w}", "--eval=speed", "--batch_sizes="],
+    "word_batch_sizes": [f"--workdir={w}", "--eval=speed", "--batch_sizes=1,abc"],
     "empty_infill_settings": [f"--workdir={w}", "--eval=infill", "--infill_settings="],
     "empty_infill_thresholds": [f"--workdir={w}", "--eval=infill", "--infill_thresholds="],
     # 9
@@ -213,6 +214,8 @@ def test_decoding_flags_the_sampler_cannot_use_are_refused(launched):
 def test_empty_list_flags_are_refused(launched):
   for flag in ("thresholds", "eval", "batch_sizes", "infill_settings", "infill_thresholds"):
     _error(launched, f"empty_{flag}", f"--{flag} is empty")
+  # probe round 11: "invalid literal for int() with base 10: 'abc'" named no flag
+  _error(launched, "word_batch_sizes", "--batch_sizes=1,abc: 'abc' is not an integer")
 
 
 # ----------------------------------------------------------------------------- 7: tables

@@ -211,8 +211,9 @@ def test_is_greedy_and_errors(run):
     (dict(batch_size="0"), "batch_size='0': an integer >= 1"),
     (dict(window="abc"), "window='abc': an integer >= 1"),
     (dict(max_new_tokens="x"), "max_new_tokens='x': an integer >= 1"),
-    (dict(threshold="abc"), "threshold / tau='abc': a number in \\[0, 1\\], or off"),
-    (dict(threshold="1.5"), "threshold / tau='1.5'"),
+    (dict(threshold="abc"), "threshold / tau='abc': a number in \\(0, 1\\], or off"),
+    (dict(threshold="1.5"), "threshold / tau=1.5 is out of range"),
+    (dict(threshold="0"), "threshold / tau=0.0 is out of range"),  # accepted, failed later
   ):
     with pytest.raises(ValueError, match=f"^model_args {what}"):
       lem.SetDiffLM.from_state(lm.state, **args)
@@ -276,6 +277,20 @@ def test_ar_scores_are_exact_log_probabilities(tok):
   assert len(tok.encode(long_text)) > 32
   [long_value] = lm.loglikelihood_rolling([Req(long_text)])
   assert np.isfinite(long_value) and long_value < rolled
+
+
+def test_settings_the_runs_sampler_never_reads_are_refused(tok):
+  """Probe round 11: W, tau and a commit policy on an AR run were dropped without a word (and
+  lm_eval's header recorded tau as if used); sample.py and evaluate.py refuse them."""
+  state, _ = _ar_state(tok)
+  for args, name in (
+    (dict(window=3), "model_args window"),
+    (dict(threshold=0.9), "model_args threshold"),
+    (dict(policy="topk", policy_arg="2"), "model_args policy and model_args policy_arg"),
+  ):
+    with pytest.raises(ValueError, match=f"^{name} would be ignored: this ar run's sampler"):
+      lem.SetDiffLM.from_state(state, **args)
+  lem.SetDiffLM.from_state(state, batch_size=2)  # its own settings pass
 
 
 def test_registered_and_cli_launcher(monkeypatch, capsys):

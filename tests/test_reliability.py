@@ -262,6 +262,7 @@ def test_bad_sample_evaluate_export_inputs(run_dir, tmp_path):
     ([w, "--step=999"], ["--step=999", "[1, 2]"]),
     ([w, "extra"], ["unexpected argument"]),
     ([w, "--infill=no gap here"], ["[GAP:n]"]),
+    ([w, "--infill=a [GAP:3] b", "--max_new_tokens=40"], ["--max_new_tokens would be unused"]),
     ([w, "--policy=nope"], ["--policy='nope'", "valid: threshold, entropy_bound, factor"]),
     ([w, "--policy=entropy_bound", "--policy_arg=-1"], ["--policy_arg=-1", "gamma must be >= 0"]),
     ([w, "--policy=margin", "--threshold=0.9"], ["--threshold", "--policy_arg"]),

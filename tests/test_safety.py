@@ -584,6 +584,14 @@ def test_eval_output_that_is_not_a_results_file_or_lies_in_a_run_folder_is_refus
   top = os.path.join(workdir, "eval_raw.json")  # a file of its own at the run's top level: allowed
   run.evaluate_workdir(workdir, ["likelihood"], opts, use_ema=False, log=None, output=top)
   assert json.load(open(top))["likelihood"]["num_sequences"] == 8
+  # Probe round 11: results at another run's top level (its eval_results.json: that run's own
+  # evaluation later replaced them, without a word) are refused.
+  other = copy_of(base, tmp_path, "other")
+  for name in ("eval_results.json", "eval_raw.json"):
+    target = os.path.join(other, name)
+    with pytest.raises(ValueError, match=f"is in the run directory {other}, not in this run's"):
+      run.evaluate_workdir(workdir, ["likelihood"], opts, log=None, output=target)
+    assert not os.path.exists(target)
 
 
 def test_eval_output_holding_another_runs_results_is_refused(base, tmp_path):

@@ -91,7 +91,8 @@ except ModuleNotFoundError as _e:  # the lmeval extra is not installed: one erro
   raise
 import jax  # noqa: E402
 
-from setdiff_jax import decoding, objectives, sharding  # noqa: E402
+from setdiff_jax import decoders, decoding, objectives, sharding  # noqa: E402
+from setdiff_jax.config import fields as ranges  # noqa: E402
 from setdiff_jax.evaluation.lm_eval_requests import (
   NAME,
   gen_settings,
@@ -112,9 +113,8 @@ def _threshold(value) -> Optional[float]:
   try:
     tau = float(value)
   except ValueError:
-    tau = float("nan")
-  if not 0.0 <= tau <= 1.0:
-    raise ValueError(f"model_args threshold / tau={value!r}: a number in [0, 1], or off")
+    raise ValueError(f"model_args threshold / tau={value!r}: a number in (0, 1], or off") from None
+  ranges.check("threshold", tau, "model_args threshold / tau")  # the launchers' range
   return tau
 
 
@@ -270,6 +270,17 @@ class SetDiffLM(LM):
       "align_to_blocks": parse_bool("align_to_blocks", align_to_blocks),
     }
     policies.check_arg(str(policy), self.sampler_overrides["policy_arg"], "model_args policy_arg")
+    given = {  # settings this run's sampler has no use for are refused, as by the launchers
+      "threshold": self.sampler_overrides["threshold"] is not None,
+      "policy": str(policy) != policies.DEFAULT,
+      "policy_arg": self.sampler_overrides["policy_arg"] is not None,
+    }
+    decoding.check_method_flags(
+      decoders.get(self.obj_cfg.name),
+      window=window,
+      policy_flags=[name for name, on in given.items() if on],
+      prefix="model_args ",
+    )
     self.sampler = decoding.sampler_for(self.obj_cfg.name)
     self.continuous = parse_bool("continuous", continuous)
     self._truncated = 0

@@ -187,8 +187,9 @@ def check_output_path(path: str, workdir: str):
   """ValueError for a results file inside one of a run directory's folders (checkpoints/,
   tokenizer/, ...: checkpoint retention would delete it, or a load would read it as the run's
   own file), or at a run's top level under a name the run owns (RUN_OWNED: config.json,
-  metrics.jsonl, ...; refused even before the trainer has written it). Another file at a run
-  directory's top level is allowed (read_record checks its content)."""
+  metrics.jsonl, ...; refused even before the trainer has written it), or at the top level of
+  another run than `workdir` (its own evaluation would replace them). Another file at this run's
+  top level is allowed (read_record checks its content)."""
   name = os.path.basename(path.rstrip("/"))
   if paths.is_remote(path):
     if name in RUN_OWNED and path.rstrip("/").rsplit("/", 1)[0] == workdir.rstrip("/"):
@@ -198,6 +199,12 @@ def check_output_path(path: str, workdir: str):
   real = os.path.realpath(path)
   if run is not None and os.path.dirname(real) == run and os.path.basename(real) in RUN_OWNED:
     _refuse_owned(path, os.path.basename(real), run)
+  if run is not None and os.path.dirname(real) == run != os.path.realpath(workdir):
+    raise ValueError(  # that run's own evaluation would later replace these results
+      f"--output={path} is in the run directory {run}, not in this run's ({workdir}): write it "
+      f"in this run's directory ({os.path.join(workdir, RESULTS_FILE)} is the default) or "
+      "outside any run"
+    )
   if run is not None and os.path.dirname(real) != run:
     raise ValueError(
       f"--output={path} is inside {os.path.relpath(os.path.dirname(real), run)}/ of the run "

@@ -24,9 +24,11 @@ Per-row RNG: row r draws from key_r = fold_in(key, r): the slots' state holds pe
 [S, 2], which the samplers' own step code splits row by row (`processors.split_key`) and draws
 from with a batch of one per row (`processors.choose`). So row r's tokens, commit steps and
 log-probabilities are those of decoding prompt r alone (batch 1) with rng = key_r, independent of
-its slot and of its neighbours (tests/test_continuous.py). Greedy decoding ignores the key: the
-rows then equal the static batches' rows too (static batches share one key per batch, so sampled
-rows differ from them).
+its slot and of its neighbours (tests/test_continuous.py), up to float rounding: the model runs at
+the slots' batch and canvas shapes, whose reductions may round the logits otherwise in the last
+bits (log-probs ~1e-6 apart), which can flip a near-tie (seen under a sampled entropy_bound policy
+on a trained model). Greedy decoding ignores the key: the rows then equal the static batches' rows
+too, up to the same rounding (static batches share one key per batch, so sampled rows differ).
 
 Shapes are fixed per call: S slots, K refill rows, the canvas width (longest bucketed prompt +
 the largest budget), rows padded to a power of two (`n_rows` is an argument): one compiled
