@@ -270,17 +270,11 @@ class SetDiffLM(LM):
       "align_to_blocks": parse_bool("align_to_blocks", align_to_blocks),
     }
     policies.check_arg(str(policy), self.sampler_overrides["policy_arg"], "model_args policy_arg")
-    given = {  # settings this run's sampler has no use for are refused, as by the launchers
-      "threshold": self.sampler_overrides["threshold"] is not None,
-      "policy": str(policy) != policies.DEFAULT,
-      "policy_arg": self.sampler_overrides["policy_arg"] is not None,
-    }
-    decoding.check_method_flags(
-      decoders.get(self.obj_cfg.name),
-      window=window,
-      policy_flags=[name for name, on in given.items() if on],
-      prefix="model_args ",
-    )
+    o = self.sampler_overrides  # settings the run's sampler never reads: refused, as launchers do
+    given = ["policy"] if o["policy"] != policies.DEFAULT else []
+    given += [k for k in ("threshold", "policy_arg") if o[k] is not None]
+    method = decoders.get(self.obj_cfg.name)
+    decoding.check_method_flags(method, window=window, policy_flags=given, prefix="model_args ")
     self.sampler = decoding.sampler_for(self.obj_cfg.name)
     self.continuous = parse_bool("continuous", continuous)
     self._truncated = 0
