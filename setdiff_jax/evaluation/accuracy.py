@@ -137,12 +137,17 @@ def normalize_answer(ans: Optional[str]) -> Optional[str]:
   return " ".join(s.split()) or None
 
 
+def final_answer(text: str, extractor: str = "auto") -> Optional[str]:
+  """The extracted answer in the form `exact_match` compares (None: no answer): normalised, or as
+  lm-eval's gsm8k compares it for extractor 'gsm8k'."""
+  form = _harness_form if extractor == "gsm8k" else normalize_answer
+  return form(extract_answer(text, extractor))
+
+
 def exact_match(prediction: str, reference: str, extractor: str = "auto") -> bool:
   """Whether the extracted, normalised answers are equal (an unreadable prediction is wrong;
   extractor 'gsm8k' compares as lm-eval does, the module doc)."""
-  form = _harness_form if extractor == "gsm8k" else normalize_answer
-  pred = form(extract_answer(prediction, extractor))
-  gold = form(extract_answer(reference, extractor))
+  pred, gold = final_answer(prediction, extractor), final_answer(reference, extractor)
   if gold is None:
     raise ValueError(
       f"the reference answer has no final answer for extractor={extractor!r}: {reference[-80:]!r}"
@@ -324,9 +329,8 @@ def check_references(
 ):
   """ValueError, before any decoding, naming the first pair whose reference has no final answer
   the extractor can read (it could never be scored), and `fix`."""
-  form = _harness_form if extractor == "gsm8k" else normalize_answer
   for i, p in enumerate(pairs):
-    if form(extract_answer(p.answer, extractor)) is None:
+    if final_answer(p.answer, extractor) is None:
       raise ValueError(
         f"{p.where or f'test pair #{i}'}: the reference answer has no final answer for "
         f"extractor={extractor!r}: {p.answer[-80:]!r}; {fix}"
@@ -485,6 +489,7 @@ __all__ = [
   "extract_gsm8k",
   "extract_answer",
   "normalize_answer",
+  "final_answer",
   "exact_match",
   "check_references",
   "encode_prompts",
