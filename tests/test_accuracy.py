@@ -297,5 +297,5 @@ def test_a_special_token_stop_string_cuts_the_decoded_text():
   tok = tokenizers.Tokenizer(hf, kind="gpt2", bos_id=end, eos_id=end, pad_id=end, mask_id=mask)
   ids = tok.encode("So \\boxed{72}.") + [tok.token_id("<|im_end|>")] + tok.encode(" \\boxed{5}")
   assert tok.decode_batch([ids]) == ["So \\boxed{72}. \\boxed{5}"]  # the token is not in the text
-  texts = accuracy._answer_texts(tok, [ids, tok.encode("a Question: b")], gsm8k.STOP_STRINGS)
+  texts = accuracy.answer_texts(tok, [ids, tok.encode("a Question: b")], gsm8k.STOP_STRINGS)
   assert texts == ["So \\boxed{72}.", "a "]

@@ -8,6 +8,7 @@ equals the method's own eval loss on the same (context, continuation) row, and o
 model the scores are the exact log-probabilities of a dense causal forward.
 """
 
+import dataclasses
 import json
 import os
 import runpy
@@ -291,6 +292,43 @@ def test_settings_the_runs_sampler_never_reads_are_refused(tok):
     with pytest.raises(ValueError, match=f"^{name} would be ignored: this ar run's sampler"):
       lem.SetDiffLM.from_state(state, **args)
   lem.SetDiffLM.from_state(state, batch_size=2)  # its own settings pass
+
+
+def test_request_edges_of_probe_round_12(tmp_path, caplog):
+  """A special-token `until` (Qwen3's <|im_end|>, which the decoded text leaves out) cuts the
+  answer (it used to keep the next turns); max_gen_toks < 1 or not an integer names itself and
+  the request; a continuation longer than L says no truncation helps; from_state takes W and tau;
+  the chat template on a run not trained on it is said once."""
+  from setdiff_jax.data import tokenizers
+
+  gpt2 = tokenizers.packaged_vocab("gpt2/vocab.json"), tokenizers.packaged_vocab("gpt2/merges.txt")
+  g = tokenizers.gpt2_tokenizer(*gpt2)
+  g.hf.add_special_tokens(["<|im_start|>", "<|im_end|>"])  # as a Qwen3 tokenizer.json
+  g.hf.save(str(tmp_path / "tokenizer.json"))
+  tok = tokenizers.qwen3_tokenizer(str(tmp_path))
+  state, _ = _ar_state(tok)
+  lm = lem.SetDiffLM.from_state(state, batch_size=1, overflow="truncate_prompt")
+  im_end = tok.token_id("<|im_end|>")
+  gen = tok.encode("The answer is 4.") + [im_end] + tok.encode("<|im_start|>user\nAnd 7?")
+  lm._decode = lambda prompts, cfg: [list(gen) for _ in prompts]  # what the model wrote
+  [out] = lm.generate_until([Req("2+2?", {"until": ["<|im_end|>"], "max_gen_toks": 20})])
+  assert out == "The answer is 4."
+  for bad in (0, -1, 8.7, "abc"):
+    with pytest.raises(ValueError, match=rf"^request 0: generation kwarg max_gen_toks={bad!r}: an"):
+      lm.generate_until([Req("2+2?", {"until": [], "max_gen_toks": bad})])
+  with pytest.raises(ValueError, match=r"need 41 positions with BOS.*no context fits \(overflow="):
+    lm.loglikelihood([Req("It", " a" * 40)])
+  with pytest.raises(ValueError, match=r"from_state: unknown model_args \['widow'\]"):
+    lem.SetDiffLM.from_state(state, widow=4)
+  setdlm = dataclasses.replace(state.objective_config, name="setdlm")
+  set_state = dataclasses.replace(state, objective_config=setdlm)
+  aliased = lem.SetDiffLM.from_state(set_state, W=3, tau=0.5)
+  assert (aliased.sampler_overrides["window"], aliased.sampler_overrides["threshold"]) == (3, 0.5)
+  with pytest.raises(ValueError, match="window=2 and W=3 disagree"):
+    lem.SetDiffLM.from_state(set_state, window=2, W=3)
+  assert lm.apply_chat_template([{"role": "user", "content": "Hi"}]).startswith("<|im_start|>")
+  lm.apply_chat_template([{"role": "user", "content": "Hi"}])
+  assert caplog.text.count("trained with data.prompt_style=plain, not gsm8k_chat") == 1
 
 
 def test_registered_and_cli_launcher(monkeypatch, capsys):

@@ -302,3 +302,12 @@ def test_rewards_by_name_step_cost_and_unknown_name():
   with pytest.raises(ValueError) as e:
     rewards.get("exact")
   assert "rl.reward='exact'" in str(e.value) and "exact_match, format" in str(e.value)
+  # Non-ASCII digits are no number for either reward (probe round 12: format paid 1 for an
+  # answer exact_match can never accept); ASCII ones are.
+  odd = ["#### \uff15", "#### \u0665", "#### \uff15.\uff10", "#### 5"]
+  np.testing.assert_array_equal(
+    rewards.compute("format", odd, ["#### 5"] * 4, [0] * 4), [0, 0, 0, 1]
+  )
+  np.testing.assert_array_equal(
+    rewards.compute("exact_match", odd, ["#### 5"] * 4, [0] * 4), [0, 0, 0, 1]
+  )

@@ -628,10 +628,14 @@ def test_two_evaluations_writing_one_file_keep_both_results(base, tmp_path):
   ]
 
 
-def test_results_lock_excludes_a_second_writer_and_never_hangs(tmp_path, monkeypatch, caplog):
+def test_results_lock_excludes_a_second_writer_and_never_hangs(base, tmp_path, monkeypatch):
+  """Held past its bound, the lock is not taken over: a merge without it let the stalled holder's
+  later write drop this evaluation's result (probe round 12). The new results are kept in a file
+  the one line names; the results file is untouched."""
   import fcntl
 
   from setdiff_jax.evaluation import results as results_lib
+  from setdiff_jax.evaluation import run
 
   path = str(tmp_path / "r.json")
   monkeypatch.setattr(results_lib, "LOCK_WAIT_S", 0.2)
@@ -640,9 +644,24 @@ def test_results_lock_excludes_a_second_writer_and_never_hangs(tmp_path, monkeyp
     with pytest.raises(BlockingIOError):  # another open of the lock file cannot take it
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     os.close(fd)
-    with results_lib.locked(path):  # held elsewhere past the bound: goes on, with a warning
-      pass
-  assert "merging without the lock" in caplog.text
+    with pytest.raises(results_lib.LockBusy, match=r"held .*\.r\.json\.lock for 0 s"):
+      with results_lib.locked(path):  # held elsewhere past the bound: refused, never a hang
+        pass
+    with open(path, "w") as f:
+      f.write("{}")
+    before = open(path).read()
+    with pytest.raises(results_lib.LockBusy, match="could not write the evaluation results") as e:
+      run.evaluate_workdir(
+        base,
+        ["likelihood"],
+        run.EvalOptions(num_orders=1, max_rows=8, batch_size=8),
+        log=None,
+        output=path,
+      )
+  assert open(path).read() == before and "\n" not in str(e.value)
+  kept = str(e.value).split("kept in ")[1].split(". ")[0]
+  assert json.load(open(kept))["likelihood"]["num_sequences"] == 8
+  os.remove(kept)
 
 
 def test_eval_results_survive_a_failed_write(base, tmp_path):

@@ -55,7 +55,7 @@ from setdiff_jax.sampling.config import DecodeSetting
 
 EXTRACTORS = ("hash", "boxed", "auto", "gsm8k")
 _HASH = re.compile(r"####[ \t]*([^\n]*)")  # the answer is on the '####' line, never the next
-_NUMBER = re.compile(r"^([-+]?)(\d*)(?:\.(\d+))?$")  # '12', '-3.5', '.5' (whole digits optional)
+_NUMBER = re.compile(r"^([-+]?)([0-9]*)(?:\.([0-9]+))?$")  # '12', '-3.5', '.5'; ASCII digits
 _STRICT_MATCH = re.compile(r"#### (-?[0-9.,]+)")  # lm-eval gsm8k's 'strict-match' filter
 _HARNESS_IGNORED = re.compile(r",|\$|\.$")  # lm-eval gsm8k exact_match's regexes_to_ignore
 
@@ -337,7 +337,7 @@ def check_references(
       )
 
 
-def _answer_texts(tokenizer, generated, stop_strings: Sequence[str]) -> List[str]:
+def answer_texts(tokenizer, generated, stop_strings: Sequence[str]) -> List[str]:
   """The decoded texts, each cut at the first of `stop_strings`. A stop string that is one token
   (Qwen3's <|im_end|>: a special token, which the decoded text leaves out) cuts the ids first."""
   stop_ids = {i for i in map(tokenizer.token_id, stop_strings) if i is not None}
@@ -450,7 +450,7 @@ def accuracy_eval(
     res = decode_all(
       sampler, model, params, prompts, cfg, batch_size=batch_size, seed=seed, continuous=cont
     )
-    texts = _answer_texts(tokenizer, res["generated"], stop_strings)
+    texts = answer_texts(tokenizer, res["generated"], stop_strings)
     correct = [exact_match(t, p.answer, extractor) for t, p in zip(texts, pairs)]
     k = min(speed_examples, len(prompts))
     one = (
@@ -490,6 +490,7 @@ __all__ = [
   "extract_answer",
   "normalize_answer",
   "final_answer",
+  "answer_texts",
   "exact_match",
   "check_references",
   "encode_prompts",

@@ -68,6 +68,7 @@ generation kwargs) is `lm_eval_requests.py`.
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -92,44 +93,22 @@ except ModuleNotFoundError as _e:  # the lmeval extra is not installed: one erro
 import jax  # noqa: E402
 
 from setdiff_jax import decoders, decoding, objectives, sharding  # noqa: E402
-from setdiff_jax.config import fields as ranges  # noqa: E402
-from setdiff_jax.evaluation.lm_eval_requests import (
+from setdiff_jax.evaluation import accuracy  # noqa: E402
+from setdiff_jax.evaluation.lm_eval_requests import (  # noqa: E402
   NAME,
   gen_settings,
+  int_arg,
+  merge_aliases,
   parse_bool,
   request_key,
   request_where,
   score_pairs,
+  threshold_arg,
 )
 from setdiff_jax.sampling import policies
 from setdiff_jax.workdir import load as workdir_lib
 
 OVERFLOW_RULES = ("error", "truncate_prompt")
-
-
-def _threshold(value) -> Optional[float]:
-  if value is None or str(value).lower() in ("off", "none", ""):
-    return None
-  try:
-    tau = float(value)
-  except ValueError:
-    raise ValueError(f"model_args threshold / tau={value!r}: a number in (0, 1], or off") from None
-  ranges.check("threshold", tau, "model_args threshold / tau")  # the launchers' range
-  return tau
-
-
-def _int_arg(name: str, value, low: int) -> Optional[int]:
-  """A model_args integer (None stays None), one error line when it is not one or below `low`:
-  the launchers' ranges (batch_size >= 1, seed >= 0, num_orders >= 1, step >= 1, ...)."""
-  if value is None:
-    return None
-  try:
-    number = int(str(value))
-  except ValueError:
-    number = None
-  if number is None or number < low:
-    raise ValueError(f"model_args {name}={value!r}: an integer >= {low}")
-  return number
 
 
 @register_model(NAME)
@@ -177,12 +156,7 @@ class SetDiffLM(LM):
       raise FileNotFoundError(f"model_args workdir={workdir!r}: no such directory")
     if overflow not in OVERFLOW_RULES:
       raise ValueError(f"model_args overflow={overflow!r}; expected one of {OVERFLOW_RULES}")
-    if (
-      window is not None and W is not None and _int_arg("window", window, 1) != _int_arg("W", W, 1)
-    ):
-      raise ValueError(f"model_args window={window} and W={W} disagree; give one")
-    if threshold is not None and tau is not None and _threshold(threshold) != _threshold(tau):
-      raise ValueError(f"model_args threshold={threshold} and tau={tau} disagree; give one")
+    aliased = merge_aliases(window, W, threshold, tau)
     del max_batch_size, device  # lm_eval passes them to every model; JAX picks its devices
     config = workdir_lib.load_config(workdir)
     use_ema = (config.get("eval_params", "ema") == "ema") if ema is None else parse_bool("ema", ema)
@@ -191,14 +165,13 @@ class SetDiffLM(LM):
       None if mesh is None else str(mesh).replace(";", ","), "model_args mesh"
     )
     state = workdir_lib.load_inference_state(
-      workdir, step=_int_arg("step", step, 1), use_ema=use_ema, mesh_config=mesh_config
+      workdir, step=int_arg("step", step, 1), use_ema=use_ema, mesh_config=mesh_config
     )
     self._setup(
       state,
       os.path.abspath(workdir),
       use_ema,
-      window=window if window is not None else W,
-      threshold=threshold if threshold is not None else tau,
+      **aliased,
       policy=policy,
       policy_arg=policy_arg,
       max_new_tokens=max_new_tokens,
@@ -217,10 +190,15 @@ class SetDiffLM(LM):
     cls, state: workdir_lib.InferenceState, name: str = "<in memory>", use_ema: bool = True, **knobs
   ) -> "SetDiffLM":
     """The adapter over an already loaded run (`workdir.load_inference_state`, or parameters
-    built in memory); `knobs` are the sampler / scoring model_args."""
+    built in memory); `knobs` are the sampler / scoring model_args (W and tau too)."""
+    known = [p for p in inspect.signature(cls._setup).parameters if p not in ("self", "state")]
+    unknown = sorted(set(knobs) - set(known[2:]) - {"W", "tau"})
+    if unknown:
+      raise ValueError(f"from_state: unknown model_args {unknown}; known: {known[2:]}, W, tau")
+    aliased = merge_aliases(*(knobs.pop(k, None) for k in ("window", "W", "threshold", "tau")))
     self = cls.__new__(cls)
     LM.__init__(self)
-    self._setup(state, name, use_ema, **knobs)
+    self._setup(state, name, use_ema, **knobs, **aliased)
     return self
 
   def _setup(
@@ -253,16 +231,16 @@ class SetDiffLM(LM):
     self.score_model = workdir_lib.inference_model(state.model_config, None)  # the run's dtype
     self.decode_model = workdir_lib.inference_model(state.model_config, "float32")
     auto = batch_size is None or str(batch_size).startswith("auto")
-    self.batch_size = 8 if auto else _int_arg("batch_size", batch_size, 1)
-    self.max_new_tokens = _int_arg("max_new_tokens", max_new_tokens, 1)
-    self.seed, self.num_orders = _int_arg("seed", seed, 0), _int_arg("num_orders", num_orders, 1)
-    window = _int_arg("window", window, 1)
+    self.batch_size = 8 if auto else int_arg("batch_size", batch_size, 1)
+    self.max_new_tokens = int_arg("max_new_tokens", max_new_tokens, 1)
+    self.seed, self.num_orders = int_arg("seed", seed, 0), int_arg("num_orders", num_orders, 1)
+    window = int_arg("window", window, 1)
     self.greedy_check, self.overflow = parse_bool("greedy_check", greedy_check), overflow
     decoding.check_sampling_flags(self.seq_len, window=window, max_new_tokens=self.max_new_tokens)
     policies.get(str(policy), "model_args policy")
     self.sampler_overrides = {
       "window": window,
-      "threshold": _threshold(threshold),
+      "threshold": threshold_arg(threshold),
       "cache_order": cache_order,
       "seed": self.seed,
       "policy": str(policy),
@@ -277,7 +255,7 @@ class SetDiffLM(LM):
     decoding.check_method_flags(method, window=window, policy_flags=given, prefix="model_args ")
     self.sampler = decoding.sampler_for(self.obj_cfg.name)
     self.continuous = parse_bool("continuous", continuous)
-    self._truncated = 0
+    self._truncated, self._chat_warned = 0, False
 
   @classmethod
   def create_from_arg_string(cls, arg_string, additional_config=None):
@@ -299,6 +277,15 @@ class SetDiffLM(LM):
 
   def apply_chat_template(self, chat_history, add_generation_prompt: bool = True) -> str:
     """The Qwen chat format of the GSM8K recipe (`data.pairs.CHAT_TEMPLATE`), any turns."""
+    style = self.state.config.get("data", {}).get("prompt_style", "plain")
+    if style != "gsm8k_chat" and not self._chat_warned:
+      self._chat_warned = True
+      logging.warning(
+        "--apply_chat_template: the run was trained with data.prompt_style=%s, not gsm8k_chat; "
+        "its prompts now carry the Qwen chat markup it never saw in training (leave the flag "
+        "out to prompt it as trained)",
+        style,
+      )
     text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in chat_history)
     return text + ("<|im_start|>assistant\n" if add_generation_prompt else "")
 
@@ -320,10 +307,16 @@ class SetDiffLM(LM):
     limit = self.seq_len - room
     if len(ids) <= limit:
       return ids
-    if self.overflow == "error" or limit < 1:
+    if limit < 1:  # no truncation helps
+      raise ValueError(
+        f"{where}: {room} continuation / new tokens need {room + 1} positions with BOS, but the "
+        f"model's context is L = seq_len = {self.seq_len}; no context fits (overflow="
+        "truncate_prompt only shortens the context): use a shorter continuation"
+      )
+    if self.overflow == "error":
       raise ValueError(
         f"{where}: the context is {len(ids)} tokens (BOS included) and needs {room} more, but "
-        f"the model's context is L = seq_len = {self.seq_len} (at most {max(limit, 0)} context "
+        f"the model's context is L = seq_len = {self.seq_len} (at most {limit} context "
         "tokens fit); use a shorter context or fewer new tokens, or model_args "
         "overflow=truncate_prompt (keeps BOS and the context's last tokens)"
       )
@@ -398,13 +391,9 @@ class SetDiffLM(LM):
     for (n, greedy, extra), items in groups.items():
       cfg = self._sampler_config(n, greedy, **dict(extra))
       ids = self._decode([p for _, p in items], cfg)
-      for (i, _), g in zip(items, ids):
-        text = self.tokenizer.decode(g)
-        for stop in untils[i]:
-          if stop:
-            text = text.split(stop, 1)[0]
-        texts[i] = text
-        self.cache_hook.add_partial("generate_until", requests[i].args, text)
+      for (i, _), g in zip(items, ids):  # a one-token stop (<|im_end|>) cuts the ids first
+        texts[i] = accuracy.answer_texts(self.tokenizer, [g], [u for u in untils[i] if u])[0]
+        self.cache_hook.add_partial("generate_until", requests[i].args, texts[i])
     return texts
 
   # ------------------------------------------------------------------ likelihoods

@@ -1,17 +1,19 @@
 """The lm_eval adapter's requests, without lm_eval: the bound of (context, continuation) token
 pairs (`score_pairs`), their draw keys, the generation kwargs a request may set, model_args
-booleans. `lm_eval_model.SetDiffLM` (which needs the `lmeval` extra) turns lm_eval's requests
+values (booleans, integers, the threshold, the aliases W and tau). `lm_eval_model.SetDiffLM` (which needs the `lmeval` extra) turns lm_eval's requests
 into these calls.
 """
 
 from __future__ import annotations
 
+import math
 import zlib
-from typing import Any, Dict, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
 from setdiff_jax import objectives
+from setdiff_jax.config import fields as ranges
 from setdiff_jax.evaluation import likelihood
 
 NAME = "setdiff_jax"  # the model name lm_eval knows the adapter by (--model setdiff_jax)
@@ -29,6 +31,44 @@ def parse_bool(name: str, value) -> bool:
   raise ValueError(f"model_args {name}={value!r}: expected true or false")
 
 
+def threshold_arg(value) -> Optional[float]:
+  if value is None or str(value).lower() in ("off", "none", ""):
+    return None
+  try:
+    tau = float(value)
+  except ValueError:
+    raise ValueError(f"model_args threshold / tau={value!r}: a number in (0, 1], or off") from None
+  ranges.check("threshold", tau, "model_args threshold / tau")  # the launchers' range
+  return tau
+
+
+def int_arg(name: str, value, low: int) -> Optional[int]:
+  """A model_args integer (None stays None), one error line when it is not one or below `low`:
+  the launchers' ranges (batch_size >= 1, seed >= 0, num_orders >= 1, step >= 1, ...)."""
+  if value is None:
+    return None
+  try:
+    number = int(str(value))
+  except ValueError:
+    number = None
+  if number is None or number < low:
+    raise ValueError(f"model_args {name}={value!r}: an integer >= {low}")
+  return number
+
+
+def merge_aliases(window=None, W=None, threshold=None, tau=None) -> Dict[str, Any]:
+  """{window, threshold} from model_args that may name them by their aliases W and tau; one error
+  when a name and its alias disagree."""
+  if window is not None and W is not None and int_arg("window", window, 1) != int_arg("W", W, 1):
+    raise ValueError(f"model_args window={window} and W={W} disagree; give one")
+  if threshold is not None and tau is not None and threshold_arg(threshold) != threshold_arg(tau):
+    raise ValueError(f"model_args threshold={threshold} and tau={tau} disagree; give one")
+  return {
+    "window": W if window is None else window,
+    "threshold": tau if threshold is None else threshold,
+  }
+
+
 def request_key(*texts: str) -> int:
   """The draw index of a scoring request: a hash of its strings (order- and batch-free)."""
   return zlib.crc32("\x00".join(texts).encode("utf-8"))
@@ -40,13 +80,26 @@ def request_where(req, i: int) -> str:
   return f"request {i} (task {task}, doc {doc})" if task is not None else f"request {i}"
 
 
+def _max_gen_toks(value, where: str) -> int:
+  try:
+    number = float(value)
+  except (TypeError, ValueError):
+    number = math.nan
+  if isinstance(value, bool) or not math.isfinite(number) or number != int(number) or number < 1:
+    raise ValueError(
+      f"{where}: generation kwarg max_gen_toks={value!r}: an integer >= 1 (the task's "
+      "generation_kwargs, or --gen_kwargs)"
+    )
+  return int(number)
+
+
 def gen_settings(kwargs: Dict[str, Any], where: str):
   """(until strings, max_gen_toks, greedy, sampler kwargs) of a generate_until request; any
   generation kwarg we do not read is refused, never ignored."""
   kwargs = dict(kwargs or {})
   until = kwargs.pop("until", None) or []
   until = [until] if isinstance(until, str) else list(until)
-  max_gen = int(kwargs.pop("max_gen_toks", 256))
+  max_gen = _max_gen_toks(kwargs.pop("max_gen_toks", 256), where)
   do_sample = parse_bool("do_sample", kwargs.pop("do_sample", False))
   temperature = float(kwargs.pop("temperature", 1.0 if do_sample else 0.0))
   top_p = float(kwargs.pop("top_p", 1.0))

@@ -10,6 +10,7 @@ hashes, the machine by `hardware`, both also stored in each entry);
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -20,7 +21,6 @@ import time
 from typing import Any, Dict, Iterator, Optional
 
 import jax
-from absl import logging
 
 from setdiff_jax import errors, paths
 from setdiff_jax.data.tokenizers import TOKENIZER_SUBDIR
@@ -235,31 +235,58 @@ def _flock_within(fd: int, seconds: float) -> bool:
       time.sleep(0.05)
 
 
+class LockBusy(OSError):
+  """Another evaluation held a results file's lock past `LOCK_WAIT_S`."""
+
+
 @contextlib.contextmanager
 def locked(path: str) -> Iterator[None]:
   """Holds an exclusive flock on a hidden file beside `path` (local and NFS paths), so two
-  evaluations writing one results file merge instead of one replacing the other. Object-store
-  paths have no locks (the re-read at write time narrows the window there, it cannot close it);
-  where the lock file cannot be made, the write goes on and `write_results` reports its failure."""
-  fd = None
+  evaluations writing one results file merge instead of one replacing the other. Raises
+  `LockBusy` when the lock does not come free within LOCK_WAIT_S: a merge without it would let the
+  holder's later write drop this result. Object-store paths have no locks (the re-read at write
+  time narrows the window there, it cannot close it); where the lock file cannot be made, the
+  write goes on and `write_results` reports its failure."""
+  fd = lock_file = None
   if not paths.is_remote(path):
     directory, name = os.path.split(os.path.abspath(path))
+    lock_file = os.path.join(directory, f".{name}.lock")
     try:
       os.makedirs(directory, exist_ok=True)
-      fd = os.open(os.path.join(directory, f".{name}.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+      fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError:
       fd = None
   try:
     if fd is not None and not _flock_within(fd, LOCK_WAIT_S):
-      logging.warning(
-        "%s: another evaluation held its lock for %.0f s; merging without the lock",
-        path,
-        LOCK_WAIT_S,
+      raise LockBusy(
+        errno.EBUSY,
+        f"another evaluation has held {lock_file} for {LOCK_WAIT_S:.0f} s (a stopped process, "
+        "or a hung file system)",
       )
     yield
   finally:
     if fd is not None:
       os.close(fd)  # releases the lock
+
+
+def _kept_copy(text: str) -> str:
+  """Where a copy of results that could not be written went, in words."""
+  try:
+    fd, kept = tempfile.mkstemp(prefix="setdiff_eval_results_", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+      f.write(text)
+    return f"kept in {kept}. Copy them from there, or"
+  except (OSError, FileNotFoundError) as e:  # the temporary directory fails too
+    return f"no copy could be kept ({errors.write_limit(e) or e}); save them from above, or"
+
+
+def unwritten(record: Dict[str, Any], path: str, why: str, fix: str) -> str:
+  """The message for results not written to `path`: they are kept in a temporary file."""
+  where = _kept_copy(json.dumps(record, indent=2, default=str))
+  return (
+    f"could not write the evaluation results to {path} ({why}); the earlier results there "
+    f"are intact; the new ones are printed above and {where} {fix}"
+  )
 
 
 def write_results(record: Dict[str, Any], path: str):
@@ -273,18 +300,7 @@ def write_results(record: Dict[str, Any], path: str):
     paths.write_text(path, text)
   except OSError as e:
     why = errors.write_limit(e) or (e.strerror or str(e))
-    try:
-      fd, kept = tempfile.mkstemp(prefix="setdiff_eval_results_", suffix=".json")
-      with os.fdopen(fd, "w") as f:
-        f.write(text)
-      where = f"kept in {kept}. Copy them from there, or"
-    except (OSError, FileNotFoundError) as e2:  # the temporary directory fails too
-      where = f"no copy could be kept ({errors.write_limit(e2) or e2}); save them from above, or"
-    msg = (
-      f"could not write the evaluation results to {path} ({why}); the earlier results there "
-      f"are intact; the new ones are printed above and {where} pass "
-      f"--output=A_WRITABLE_FILE.json next time"
-    )
+    msg = unwritten(record, path, why, "pass --output=A_WRITABLE_FILE.json next time")
     raise (errors.DiskFullError(msg) if errors.write_limit(e) else OSError(e.errno, msg)) from e
 
 
@@ -301,5 +317,7 @@ __all__ = [
   "read_record",
   "check_output_path",
   "locked",
+  "LockBusy",
+  "unwritten",
   "write_results",
 ]

@@ -35,9 +35,11 @@ from setdiff_jax.evaluation.results import (
   machine,
   file_identity,
   history_key,
+  LockBusy,
   locked,
   read_record,
   split_identity,
+  unwritten,
   write_results,
 )
 from setdiff_jax.evaluation.checks import (
@@ -368,6 +370,22 @@ def _judge_label(evals: Sequence[str], opts: EvalOptions) -> str:
   return f"  judge: {paths.resolve(opts.judge_workdir)} ({params}, its run's eval_params)"
 
 
+def _merged(record, top, entries, options, data_of, results) -> Dict[str, Any]:
+  """The results file's `record` with this evaluation's history `entries` added; its top level
+  mirrors this evaluation (`top`: workdir, step, use_ema, ...), merged with earlier evals of the
+  same step and parameters (`evaluate_workdir`)."""
+  history = record.pop("history", {})
+  history.update(entries)
+  if record.get("step") != top["step"] or record.get("use_ema", True) != top["use_ema"]:
+    record = {}  # the top level mirrors one (step, parameters) only
+  record.update(top)
+  record.setdefault("options", {}).update(options)
+  record.setdefault("data", {}).update(data_of)
+  record.update(results)
+  record["history"] = history
+  return record
+
+
 def evaluate_workdir(
   workdir: str,
   evals: Sequence[str],
@@ -437,27 +455,29 @@ def evaluate_workdir(
       "result": results[name],
     }
   writer = jax.process_index() == 0  # every process computed the same results; one writes them
-  with locked(path) if writer else contextlib.nullcontext():
-    record = read_record(path)  # again: another evaluation may have written it meanwhile
-    history = record.pop("history", {})
-    history.update(entries)
-    if record.get("step") != state.step or record.get("use_ema", True) != use_ema:
-      record = {}  # the top level mirrors one (step, parameters) only
-    record.update(
-      workdir=paths.resolve(workdir),
-      step=state.step,
-      objective=state.objective_config.name,
-      use_ema=use_ema,
-      hardware=hardware(),
-      mesh=where["mesh"],
-      time=now,
-    )
-    record.setdefault("options", {}).update({e: opts.to_json() for e in evals})
-    record.setdefault("data", {}).update(data_of)
-    record.update(results)
-    record["history"] = history
-    if writer:
-      write_results(record, path)
+  top = dict(
+    workdir=paths.resolve(workdir),
+    step=state.step,
+    objective=state.objective_config.name,
+    use_ema=use_ema,
+    hardware=hardware(),
+    mesh=where["mesh"],
+    time=now,
+  )
+  options = {e: opts.to_json() for e in evals}
+
+  def merge(record):
+    return _merged(record, top, entries, options, data_of, results)
+
+  try:
+    with locked(path) if writer else contextlib.nullcontext():
+      record = merge(read_record(path))  # again: another evaluation may have written it meanwhile
+      if writer:
+        write_results(record, path)
+  except LockBusy as e:  # merging without the lock could lose one of the two results
+    raise LockBusy(
+      e.errno, unwritten(merge({}), path, e.strerror, "run the evaluation again when it is free")
+    ) from e
   record["path"] = path
   return record
 

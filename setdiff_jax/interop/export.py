@@ -13,6 +13,8 @@ Writes into `out_dir`:
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -28,8 +30,8 @@ from setdiff_jax.workdir import fallback
 from setdiff_jax.workdir import load as workdir_lib
 from setdiff_jax.interop import pretrained
 from setdiff_jax.interop import formats, hf_config, name_map, qwen3_hf, qwen3_map
-from setdiff_jax.interop import weight_files
-from setdiff_jax.interop.export_dir import check_export_dir, prepare_out_dir
+from setdiff_jax.interop import staging, weight_files
+from setdiff_jax.interop.export_dir import check_export_dir
 
 log = logging.getLogger(__name__)
 
@@ -79,16 +81,6 @@ def _write_tokenizer(tokenizer, out_dir: str, special: Mapping[str, int], length
   }
   weight_files.write_json(tok_cfg, os.path.join(out_dir, "tokenizer_config.json"))
   weight_files.write_json(tokens, os.path.join(out_dir, "special_tokens_map.json"))
-
-
-def _make_readable(out_dir: str):
-  """Some writers create 0600 files (temp-file renames); give them the usual umask mode."""
-  umask = os.umask(0)
-  os.umask(umask)
-  for name in os.listdir(out_dir):
-    path = os.path.join(out_dir, name)
-    if os.path.isfile(path):
-      os.chmod(path, 0o666 & ~umask)
 
 
 def _check_dims(model_cfg, dims: name_map.Dims, special: Mapping[str, int]) -> float:
@@ -152,18 +144,32 @@ def _check_heads(model_cfg, dims: name_map.Dims, rope_base: float) -> int:
   return fields["num_heads"]
 
 
-def _write_export(out_dir: str, config, state, hf_cfg, special, tokenizer, fmt: str):
-  """Writes the weight file, config.json, generation_config.json and the tokenizer files into
-  `out_dir` (made ready by `prepare_out_dir`: an earlier export's weights are gone)."""
-  weight_files.write_state_dict(state, out_dir, fmt)
-  weight_files.write_json(hf_cfg, os.path.join(out_dir, weight_files.CONFIG_FILE))
+def _export_id(state: Mapping[str, np.ndarray]) -> str:
+  """A digest of the tensors: weights from another export (other values) get another id, the same
+  weights again the same one (a re-export is byte-identical)."""
+  digest = hashlib.sha256()
+  for name in sorted(state):
+    array = np.ascontiguousarray(state[name])
+    digest.update(f"{name}:{array.dtype}:{array.shape}".encode("utf-8"))
+    digest.update(array.tobytes())
+  return digest.hexdigest()[:32]
+
+
+def _write_export(stage: str, config, state, hf_cfg, special, tokenizer, fmt: str):
+  """Writes the weight file, config.json, generation_config.json and the tokenizer files into the
+  staging folder `stage` (`staging.staged`). config.json and a model.safetensors carry one
+  export id, which `import_checkpoint` compares: the weights of one export never import under
+  another's config.json."""
+  export_id = _export_id(state)
+  hf_cfg["setdiff_jax"]["export_id"] = export_id
+  weight_files.write_state_dict(state, stage, fmt, export_id=export_id)
   weight_files.write_json(
     hf_config.generation_config(config, special),
-    os.path.join(out_dir, weight_files.GENERATION_CONFIG_FILE),
+    os.path.join(stage, weight_files.GENERATION_CONFIG_FILE),
   )
   if tokenizer is not None:
-    _write_tokenizer(tokenizer, out_dir, special, int(_get(config, "seq_len")))
-  _make_readable(out_dir)
+    _write_tokenizer(tokenizer, stage, special, int(_get(config, "seq_len")))
+  weight_files.write_json(hf_cfg, os.path.join(stage, weight_files.CONFIG_FILE))
 
 
 def export_checkpoint(
@@ -246,8 +252,8 @@ def export_checkpoint(
   )
   state = {k: v.astype(np.float32) if v.dtype != np.float32 else v for k, v in state.items()}
 
-  prepare_out_dir(out_dir, overwrite)
-  _write_export(out_dir, config, state, cfg, special, tokenizer, fmt)
+  with staging.staged(out_dir, overwrite) as stage:
+    _write_export(stage, config, state, cfg, special, tokenizer, fmt)
   log.info("exported %d tensors to %s (%s)", len(state), out_dir, fmt)
   return out_dir
 
@@ -258,8 +264,6 @@ def export_qwen3_hf(config, params, out_dir: str, *, tokenizer=None, overwrite: 
   params = _to_numpy_tree(params)
   m = qwen3_hf.resolved_model(config, params)
   state = qwen3_map.from_flax(params, qwen3_hf.dims_of(m), "hf")
-  prepare_out_dir(out_dir, overwrite)
-  weight_files.write_state_dict(state, out_dir, "safetensors")
   special = hf_config.normalize_special_ids(tokenizer, {}) if tokenizer is not None else {}
   cfg = {
     "model_type": "qwen3",
@@ -269,9 +273,11 @@ def export_qwen3_hf(config, params, out_dir: str, *, tokenizer=None, overwrite: 
     "max_position_embeddings": 40960,
     **{hf_config.HF_SPECIAL[k]: v for k, v in special.items() if k != "mask_id"},
   }
-  weight_files.write_json(cfg, os.path.join(out_dir, weight_files.CONFIG_FILE))
-  if tokenizer is not None:
-    tokenizer.save(out_dir)
+  with staging.staged(out_dir, overwrite) as stage:
+    weight_files.write_state_dict(state, stage, "safetensors")
+    if tokenizer is not None:
+      tokenizer.save(stage)
+    weight_files.write_json(cfg, os.path.join(stage, weight_files.CONFIG_FILE))
   return out_dir
 
 
@@ -321,13 +327,13 @@ def export_qwen3_official(
   cfg["setdiff_jax"].pop("mlp_ratio", None)
   cfg["setdiff_jax"]["qwen3_template"] = qwen3_hf.TEMPLATE_DIR
   state = qwen3_map.from_flax(params, qwen3_hf.dims_of(m), "official")
-  prepare_out_dir(out_dir, overwrite)
-  os.makedirs(template, exist_ok=True)
-  weight_files.write_json(
-    qwen3_hf.template_config(m), os.path.join(template, weight_files.CONFIG_FILE)
-  )
-  _make_readable(template)
-  _write_export(out_dir, config, state, cfg, special, tokenizer, "safetensors")
+  with staging.staged(out_dir, overwrite) as stage:
+    os.makedirs(os.path.join(stage, qwen3_hf.TEMPLATE_DIR))
+    weight_files.write_json(
+      qwen3_hf.template_config(m),
+      os.path.join(stage, qwen3_hf.TEMPLATE_DIR, weight_files.CONFIG_FILE),
+    )
+    _write_export(stage, config, state, cfg, special, tokenizer, "safetensors")
   return out_dir
 
 
@@ -374,8 +380,13 @@ def export_workdir(
   params = _to_numpy_tree(state.params)
   report = None
   if jax.process_index() == 0:
-    # An object-store --out: written to a local folder, uploaded when complete (paths.staged_dir).
-    with paths.staged_dir(out) as local:
+    # An object-store --out: written to a local folder, uploaded when complete (an interrupted
+    # upload over an earlier export: the import refuses weights and config.json of two exports).
+    if paths.is_remote(out):
+      stage = paths.staged_dir(out)
+    else:  # export_checkpoint stages and publishes it (`staging`)
+      stage = contextlib.nullcontext(out)
+    with stage as local:
       try:
         export_checkpoint(
           state.config,
@@ -385,15 +396,16 @@ def export_workdir(
           fmt=fmt,
           step=state.step,
           ema=use_ema,
+          overwrite=overwrite,
         )
       except Exception as e:  # noqa: BLE001 - ENOSPC / EFBIG in whatever writer type
         what = errors.write_limit(e)
         if what is None:
           raise
         raise errors.DiskFullError(
-          f"{what} while exporting to {out} ({fallback.short(e)}); the export there is "
-          f"incomplete (delete it), the run {workdir} is intact: {errors.limit_fix(what)} and "
-          "export again (--overwrite)"
+          f"{what} while exporting to {out} ({fallback.short(e)}); nothing was published there "
+          f"(an earlier export there is intact) and the run {workdir} is intact: "
+          f"{errors.limit_fix(what)} and export again"
         ) from e
       if verify is not None:
         report = verify(state.config, params, local)

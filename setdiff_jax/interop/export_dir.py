@@ -1,12 +1,13 @@
-"""Where an export may be written, and what is removed there first (SPEC §9.2).
+"""Where an export may be written (SPEC §9.2).
 
   check_export_dir(out, workdir, overwrite)   launch/export.py's --out, before anything is restored
-  prepare_out_dir(out_dir, overwrite)         every exporter, after validating, before writing
+  check_out_dir(out_dir, overwrite)           every exporter, after validating, before staging
+  stale_weight_files(out_dir)                 the weights an import could read there, any layout
 
 A training run's directory is never an export target (the export's config.json would replace the
-run's); a non-empty directory needs `overwrite`, and then every weight file an import could read
-(single files, both `*.index.json` and the shards they list) is removed before the new one is
-written, so the folder never holds two sets of weights.
+run's); a non-empty directory needs `overwrite`. How an export then replaces the files there
+(every weight file an import could read: single files, both `*.index.json` and the shards they
+list, so the folder never holds two sets of weights) is `staging`'s.
 """
 
 from __future__ import annotations
@@ -85,21 +86,17 @@ def stale_weight_files(out_dir: str) -> List[str]:
   return out
 
 
-def prepare_out_dir(out_dir: str, overwrite: bool):
-  """Makes `out_dir` ready for an export: refuses a run directory (`check_not_run_dir`), a file,
-  or a non-empty folder without `overwrite` (FileExistsError); creates it; removes the weight
-  files of an earlier export. Call it after validating the inputs: nothing is written before."""
+def check_out_dir(out_dir: str, overwrite: bool):
+  """Refuses an export target: a run directory (`check_not_run_dir`), a file, or a non-empty
+  folder without `overwrite` (FileExistsError). Call it after validating the inputs."""
   check_not_run_dir(out_dir)
   if os.path.exists(out_dir) and not os.path.isdir(out_dir):
     raise ValueError(f"{out_dir} is a file, not a directory: choose a directory to export to")
   if os.path.isdir(out_dir) and os.listdir(out_dir) and not overwrite:
     raise FileExistsError(
-      f"{out_dir} is not empty; choose a new directory or pass overwrite=True to replace "
-      "the files there"
+      f"{out_dir} is not empty; choose a new directory or pass overwrite=True (--overwrite) "
+      "to replace the files there"
     )
-  os.makedirs(out_dir, exist_ok=True)
-  for path in stale_weight_files(out_dir):
-    os.remove(path)
 
 
 def check_export_dir(out: str, workdir: str, *, overwrite: bool = False):
@@ -110,7 +107,7 @@ def check_export_dir(out: str, workdir: str, *, overwrite: bool = False):
   existing or not (symlinks and relative paths resolved): checkpoint retention would delete an
   export under checkpoints/, and one at checkpoints/<step> would read as a damaged checkpoint.
   A non-empty directory needs `overwrite`. (`export_checkpoint` repeats the run-directory check
-  for every caller: `prepare_out_dir`.)
+  for every caller: `check_out_dir`.)
   """
   if paths.is_remote(out) or paths.is_remote(workdir):  # an object store: no realpath, no files
     return _check_remote_export_dir(out, workdir, overwrite)
@@ -171,7 +168,7 @@ def _check_remote_export_dir(out: str, workdir: str, overwrite: bool):
 __all__ = [
   "check_export_dir",
   "check_not_run_dir",
-  "prepare_out_dir",
+  "check_out_dir",
   "stale_weight_files",
   "WEIGHT_FILES",
   "INDEX_FILES",

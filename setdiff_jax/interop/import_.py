@@ -129,6 +129,34 @@ def _check_structure(config, params):
     )
 
 
+def _without_config(path: str) -> str:
+  """What a folder without config.json is, in words."""
+  try:
+    weight_files.weight_files(path)
+  except (FileNotFoundError, OSError, ValueError, KeyError):
+    return "not a checkpoint directory"
+  return (
+    "the folder holds weights but no config.json: an export into it was interrupted (or is "
+    "still running), or it was copied in part; export it again (--overwrite) or copy it again"
+  )
+
+
+def _check_export_id(path: str, raw: dict):
+  """Refuses weights and a config.json of two different exports of ours (an interrupted or
+  concurrent export into one folder): each writes one new id into both (`export._write_export`)."""
+  want = (raw.get("setdiff_jax") or {}).get("export_id")
+  try:
+    got = weight_files.export_id_of(path) if want else None
+  except FileNotFoundError:
+    return  # no weights: the importer names what is missing
+  if got is not None and got != want:
+    raise ValueError(
+      f"{path}: its model.safetensors and config.json come from two different exports (export "
+      f"ids {got[:8]} and {want[:8]}): an export into this folder was interrupted or two ran at "
+      "once; export it again (--overwrite)"
+    )
+
+
 def import_checkpoint(
   path: str, *, check_structure: bool = True
 ) -> Tuple[ml_collections.ConfigDict, Dict[str, Any]]:
@@ -136,8 +164,9 @@ def import_checkpoint(
   path = os.fspath(path)
   cfg_path = os.path.join(path, weight_files.CONFIG_FILE)
   if not os.path.isfile(cfg_path):
-    raise FileNotFoundError(f"{cfg_path} not found: not a checkpoint directory")
+    raise FileNotFoundError(f"{cfg_path} not found: {_without_config(path)}")
   raw = weight_files.read_json(cfg_path)
+  _check_export_id(path, raw)
   if raw.get("model_type") == "qwen3":  # a plain Hugging Face Qwen3 directory
     config, params = _qwen3_hf_import(path)
   elif "backbone_config" not in raw and raw.get("model_type") not in hf_config.HF_MODEL_TYPES:

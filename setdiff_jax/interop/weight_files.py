@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import Dict, Mapping, Tuple
+from typing import Dict, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -21,6 +21,9 @@ BIN_FILE = "pytorch_model.bin"
 CONFIG_FILE = "config.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
 FORMATS = ("safetensors", "bin")
+EXPORT_ID_KEY = (
+  "setdiff_jax_export_id"  # the safetensors header field; config.json's setdiff_jax.export_id
+)
 
 log = logging.getLogger(__name__)
 
@@ -132,10 +135,27 @@ def read_state_dict(path: str) -> Dict[str, np.ndarray]:
   return state
 
 
+def _sort_header_metadata(file: str):
+  """safetensors writes the header's metadata from a hash map, in an order that varies between
+  calls: rewritten in place, sorted (the same length), the same export is the same bytes."""
+  with open(file, "r+b") as f:
+    size = int.from_bytes(f.read(8), "little")
+    header = json.loads(f.read(size))
+    header["__metadata__"] = dict(sorted(header.get("__metadata__", {}).items()))
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    if len(text) <= size:
+      f.seek(8)
+      f.write(text.ljust(size))  # safetensors pads its header with spaces too
+
+
 def write_state_dict(
-  state: Mapping[str, np.ndarray], out_dir: str, fmt: str = "safetensors"
+  state: Mapping[str, np.ndarray],
+  out_dir: str,
+  fmt: str = "safetensors",
+  export_id: Optional[str] = None,
 ) -> str:
-  """Writes `state` (numpy arrays) as `model.safetensors` (numpy) or `pytorch_model.bin` (torch)."""
+  """Writes `state` (numpy arrays) as `model.safetensors` (numpy) or `pytorch_model.bin` (torch);
+  `export_id` goes into the safetensors header (`export_id_of`)."""
   if fmt not in FORMATS:
     raise ValueError(f"format={fmt!r}; use one of {FORMATS}")
   os.makedirs(out_dir, exist_ok=True)
@@ -144,7 +164,11 @@ def write_state_dict(
     from safetensors.numpy import save_file
 
     file = os.path.join(out_dir, SAFETENSORS_FILE)
-    save_file(arrays, file, metadata={"format": "pt"})  # "pt": transformers loads it as torch
+    metadata = {"format": "pt"}  # "pt": transformers loads it as torch
+    if export_id is not None:
+      metadata[EXPORT_ID_KEY] = export_id
+    save_file(arrays, file, metadata=metadata)
+    _sort_header_metadata(file)
   else:
     torch = errors.require_extra(
       "torch", "torch", "--format=bin (--format=safetensors needs only numpy)"
@@ -152,6 +176,21 @@ def write_state_dict(
     file = os.path.join(out_dir, BIN_FILE)
     torch.save({k: torch.from_numpy(v.copy()) for k, v in arrays.items()}, file)
   return file
+
+
+def export_id_of(path: str) -> Optional[str]:
+  """The export id in the header of directory `path`'s single model.safetensors (None for other
+  layouts, or a file another tool wrote: HF's save_pretrained keeps only "format")."""
+  from safetensors import SafetensorError, safe_open
+
+  fmt, files = weight_files(path)
+  if fmt != "safetensors" or len(files) != 1:
+    return None
+  try:
+    with safe_open(files[0], "np") as f:
+      return (f.metadata() or {}).get(EXPORT_ID_KEY)
+  except SafetensorError as e:
+    raise damaged_safetensors(files[0], e) from e
 
 
 def read_json(path: str) -> dict:
@@ -173,6 +212,7 @@ __all__ = [
   "label",
   "read_state_dict",
   "write_state_dict",
+  "export_id_of",
   "weight_files",
   "read_json",
   "write_json",

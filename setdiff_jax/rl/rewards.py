@@ -29,7 +29,7 @@ import numpy as np
 from setdiff_jax.evaluation import accuracy
 
 FIELD = "rl.reward"
-_NUMBER = re.compile(r"^[-+]?\d+(\.\d+)?$")
+_NUMBER = re.compile(r"^[-+]?[0-9]+(\.[0-9]+)?$")  # ASCII digits, as accuracy's numbers
 
 
 def exact_match(completion: str, reference: str) -> float:
