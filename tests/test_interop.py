@@ -5,6 +5,7 @@ Reproduce the measured errors: `python -m pytest tests/test_interop.py -k parity
 """
 
 import json
+import argparse
 import os
 import subprocess
 import sys
@@ -394,6 +395,19 @@ def test_bin_format_roundtrip(setdlm, tmp_path):
   assert not os.path.exists(os.path.join(out, "model.safetensors"))
   _, params2 = import_checkpoint(out)
   leaves_equal(params, params2)
+  # A damaged .bin is one line naming the file (it was a bare "[Errno 22] Invalid argument",
+  # EOFError, or torch's advice to unpickle it in full); a pickle of other objects says so.
+  torch = pytest.importorskip("torch")
+  file = os.path.join(out, "pytorch_model.bin")
+  data = open(file, "rb").read()
+  for damaged, why in ((data[: len(data) // 2], ""), (b"", "EOFError"), (b"x" * 64, "Unsupported")):
+    open(file, "wb").write(damaged)
+    with pytest.raises(ValueError, match=f"{file} is truncated or damaged \\({why}") as e:
+      import_checkpoint(out)
+    assert "weights_only" not in str(e.value)
+  torch.save({"w": torch.ones(2), "opt": argparse.Namespace(lr=1.0)}, file)
+  with pytest.raises(ValueError, match="pickles Python objects besides tensors .*argparse"):
+    import_checkpoint(out)
 
 
 def test_import_official_style_directory(tmp_path):

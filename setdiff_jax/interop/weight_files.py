@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
+import re
 from typing import Dict, Mapping, Optional, Tuple
 
 import numpy as np
@@ -76,13 +78,34 @@ def _read_safetensors(file: str) -> Dict[str, np.ndarray]:
     return {k: _torch_to_numpy(v) for k, v in load_torch(file).items()}
 
 
+def _unreadable_bin(file: str, e: BaseException) -> ValueError:
+  """One line for a pytorch_model.bin torch cannot load weights-only (never the advice to unpickle
+  it in full, which would run code from the file)."""
+  text = str(e)
+  unpickler = re.search(r"WeightsUnpickler error:\s*([^\n]+)", text)
+  if unpickler and "Unsupported global" in unpickler.group(1):
+    return ValueError(
+      f"{file} pickles Python objects besides tensors ({unpickler.group(1).split(' was ')[0]}), "
+      "which a weights-only load refuses (nothing in it is run): save the state dict alone, "
+      "torch.save(model.state_dict(), path), or export it as safetensors"
+    )
+  why = unpickler.group(1) if unpickler else (text.splitlines() or [type(e).__name__])[0]
+  return ValueError(
+    f"weights file {file} is truncated or damaged ({why or type(e).__name__}); copy it again (or "
+    "export it again)"
+  )
+
+
 def _read_bin(file: str) -> Dict[str, np.ndarray]:
   torch = errors.require_extra(
     "torch",
     "torch",
     f"reading {file} (a pytorch_model.bin; --format=safetensors exports need no torch)",
   )
-  state = torch.load(file, map_location="cpu", weights_only=True)
+  try:
+    state = torch.load(file, map_location="cpu", weights_only=True)
+  except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError) as e:
+    raise _unreadable_bin(file, e) from e
   if (
     isinstance(state, dict)
     and "state_dict" in state
