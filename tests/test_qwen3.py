@@ -456,6 +456,41 @@ def test_keep_first_layers_and_sharded_loading(tmp_path):
   assert q.sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor")
 
 
+def test_bf16_checkpoint_imports_and_loads_sharded(tmp_path):
+  """Released Qwen3 checkpoints are bf16 safetensors, which safetensors (0.8) reads into numpy as
+  ml_dtypes.bfloat16 (probe round 13: refused as 'not floating point' by the import and by
+  init_from_hf). Both paths read the bf16 values exactly, and the logits match transformers' on
+  those weights in fp32."""
+  from setdiff_jax import sharding
+  from setdiff_jax.interop import import_checkpoint, jax_logits, pretrained
+
+  import copy
+
+  path, model = make_hf_dir(tmp_path / "bf16", seed=5)
+  copy.deepcopy(model).to(torch.bfloat16).save_pretrained(path)
+  with torch.no_grad():  # the bf16-rounded weights, in fp32 (the rotary buffer kept in fp32)
+    for w in model.parameters():
+      w.copy_(w.to(torch.bfloat16).float())
+  config, params = import_checkpoint(path)
+  q = model.model.layers[1].self_attn.q_proj.weight.detach().numpy().T
+  np.testing.assert_array_equal(params["layers_1"]["q_proj"]["kernel"], q)
+  tokens = np.random.default_rng(2).integers(0, V, (2, 7))
+  positions = np.broadcast_to(np.arange(7), (2, 7))
+  allowed = np.broadcast_to(np.tril(np.ones((7, 7), bool)), (2, 7, 7))
+  err = rel_err(
+    jax_logits(config, params, tokens, positions, allowed),
+    torch_logits(model, tokens, positions, allowed),
+  )
+  assert err < TOL, err
+  cfg = models.backbone_config(config.model)  # train.py's init_from_hf path
+  mesh = sharding.make_mesh({"data": 1, "fsdp": -1, "tensor": 1})
+  shardings = sharding.state_shardings(models.param_shapes(cfg), mesh)
+  loaded = name_map.flatten(pretrained.load_params_sharded(path, cfg, shardings))
+  for p, a in name_map.flatten(params).items():
+    assert loaded[p].dtype == np.float32
+    np.testing.assert_array_equal(np.asarray(loaded[p]), a, err_msg=str(p))
+
+
 # ----------------------------------------------------------------------------- sampler cache
 def test_set_sampler_cache_holds_kv_heads(hf):
   from setdiff_jax.sampling import cache as cache_lib

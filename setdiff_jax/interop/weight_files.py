@@ -14,6 +14,7 @@ import pickle
 import re
 from typing import Dict, Mapping, Optional, Tuple
 
+import ml_dtypes
 import numpy as np
 
 from setdiff_jax import errors
@@ -69,7 +70,7 @@ def _read_safetensors(file: str) -> Dict[str, np.ndarray]:
     return dict(load_file(file))
   except SafetensorError as e:
     raise damaged_safetensors(file, e) from e
-  except (TypeError, ValueError) as e:  # e.g. bfloat16, which numpy cannot hold
+  except (TypeError, ValueError) as e:  # a dtype this safetensors cannot give numpy
     try:
       from safetensors.torch import load_file as load_torch
     except ModuleNotFoundError as ie:
@@ -116,10 +117,12 @@ def _read_bin(file: str) -> Dict[str, np.ndarray]:
 
 
 def check_tensor(file: str, key: str, array) -> np.ndarray:
-  """`array` if it is floating point with finite values; else a ValueError naming the file and
-  the tensor (integer weights, or NaN / Inf: a damaged or diverged checkpoint)."""
+  """`array` if it is float32 / float16 / bfloat16 with finite values; else a ValueError naming
+  the file and the tensor (integer or float8 weights, or NaN / Inf: a damaged or diverged
+  checkpoint). safetensors (0.8) reads bfloat16 into numpy as ml_dtypes.bfloat16, which numpy
+  does not count as floating point."""
   array = np.asarray(array)
-  if not np.issubdtype(array.dtype, np.floating):
+  if not (np.issubdtype(array.dtype, np.floating) or array.dtype == ml_dtypes.bfloat16):
     raise ValueError(
       f"{file}: tensor {key!r} is {array.dtype}, not floating point; weights must be "
       "float32 / float16 / bfloat16: export the checkpoint with float weights"
@@ -145,8 +148,9 @@ def label(path: str) -> str:
 def read_state_dict(path: str) -> Dict[str, np.ndarray]:
   """All tensors of the checkpoint directory `path` (or a single weight file) as numpy arrays.
 
-  fp16/bf16 tensors are returned as float32 (numpy has no bfloat16). The importers check the
-  parameters (not the known buffers, e.g. a bool attention mask) with `check_tensor`.
+  Half-precision tensors keep their type from safetensors (bf16 as ml_dtypes.bfloat16) and come
+  back as float32 from a .bin (through torch). The importers check the parameters (not the known
+  buffers, e.g. a bool attention mask) with `check_tensor`.
   """
   if os.path.isfile(path):
     fmt, files = ("safetensors" if path.endswith(".safetensors") else "bin"), [path]
