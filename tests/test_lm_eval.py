@@ -331,6 +331,26 @@ def test_request_edges_of_probe_round_12(tmp_path, caplog):
   assert caplog.text.count("trained with data.prompt_style=plain, not gsm8k_chat") == 1
 
 
+def test_truncate_prompt_keeps_room_for_max_gen_toks(tok):
+  """Probe round 13: overflow=truncate_prompt cut a long context to L - 1 tokens, so
+  generate_until wrote one token whatever max_gen_toks said; the context now keeps its last
+  L - max_gen_toks tokens (lm_eval's HF model does the same). overflow=error still needs one."""
+  state, _ = _ar_state(tok)  # L = 32
+  seen = []
+  context = " ".join(["word"] * 80)
+  for overflow, n, want_prompt in (("truncate_prompt", 12, 20), ("truncate_prompt", 40, 1)):
+    lm = lem.SetDiffLM.from_state(state, batch_size=1, overflow=overflow)
+    lm._decode = lambda prompts, cfg: (seen.append((prompts, cfg)), [[5] for _ in prompts])[1]
+    lm.generate_until([Req(context, {"until": [], "max_gen_toks": n})])
+    prompts, cfg = seen[-1]
+    assert (len(prompts[0]), cfg.max_new_tokens) == (want_prompt, min(n, 31))
+    ids = tok.encode(context)
+    assert prompts[0] == [tok.bos_id] + ids[len(ids) - (want_prompt - 1) :]
+  lm = lem.SetDiffLM.from_state(state, batch_size=1)
+  with pytest.raises(ValueError, match=r"needs 1 more, but the model's context is L = seq_len"):
+    lm.generate_until([Req(context, {"until": [], "max_gen_toks": 12})])
+
+
 def test_registered_and_cli_launcher(monkeypatch, capsys):
   """`--model setdiff_jax` resolves to the adapter; the launchers hand argv to lm_eval's CLI."""
   assert lm_eval.api.registry.get_model(lem.NAME) is lem.SetDiffLM

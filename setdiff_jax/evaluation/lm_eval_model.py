@@ -31,7 +31,8 @@ model_args (all optional except workdir):
   num_orders       K draws per loglikelihood request (default 1: the one-order / one-draw bound)
   greedy_check     true (default): is_greedy is computed by decoding; false: always False
   overflow         error (default) or truncate_prompt: a context that leaves no room in the
-                   model's context L (keep BOS + the context's last tokens; counted in a warning)
+                   model's context L (keep BOS + the context's last tokens; counted in a warning;
+                   generate_until keeps room for max_gen_toks new tokens, as lm_eval's HF model)
   continuous       true (default) / false: generate_until decodes with continuous batching
                    (batch_size slots refilled as rows end, `sampling.continuous`) for the set
                    sampler and AR (greedy: the same text as static batches; sampled: row r
@@ -374,7 +375,9 @@ class SetDiffLM(LM):
       where = request_where(req, i)
       until, max_gen, greedy, extra = gen_settings(kwargs, where)
       want = min(max_gen, self.max_new_tokens or max_gen)
-      prompt = self._prompt(context, where, room=1)
+      # truncate_prompt leaves room for all max_gen_toks (as lm_eval's HF model); error needs one
+      room = min(want, self.seq_len - 1) if self.overflow == "truncate_prompt" else 1
+      prompt = self._prompt(context, where, room=room)
       n = min(want, self.seq_len - len(prompt))
       short += n < want
       untils[i] = until
