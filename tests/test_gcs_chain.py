@@ -83,6 +83,51 @@ def test_emulator_gives_tensorstore_object_generations(gcs_server, monkeypatch):
   assert "db/manifest.ocdbt" in server._storage.objects["bucket"]
 
 
+def test_an_export_over_another_on_gs_replaces_all_its_files(gcs, monkeypatch):
+  """Probe round 13: `export.py --out=gs://... --overwrite` in the other format left the earlier
+  export's model.safetensors beside the new pytorch_model.bin, which the import then refused on
+  every re-export. The upload now removes config.json, then every export-owned file of the earlier
+  export, and uploads config.json last; the user's own files stay; a folder another export
+  filled meanwhile is refused without overwrite."""
+  from etils import epath
+
+  from setdiff_jax import paths
+  from setdiff_jax.interop import staging
+
+  env, _ = gcs
+  for k in ("STORAGE_EMULATOR_HOST", "GOOGLE_AUTH_TOKEN_FOR_TESTING"):
+    monkeypatch.setenv(k, env[k])
+  out = "gs://bucket/exp"
+
+  def publish(files, overwrite):
+    with staging.published_remote(out, overwrite) as local:
+      for name, data in files.items():
+        with open(os.path.join(local, name), "wb") as f:
+          f.write(data)
+
+  index = json.dumps({"weight_map": {"a": "model-00001-of-00002.safetensors"}}).encode()
+  first = {
+    "config.json": b"{}",
+    "model.safetensors.index.json": index,
+    "model-00001-of-00002.safetensors": b"w",
+    "model-00002-of-00002.safetensors": b"w",
+    "tokenizer.json": b"t",
+  }
+  publish(first, overwrite=False)
+  paths.write_text(out + "/notes.txt", "mine")
+  uploads = []
+  write_bytes = epath.Path.write_bytes
+  monkeypatch.setattr(
+    epath.Path, "write_bytes", lambda self, b: (uploads.append(self.name), write_bytes(self, b))
+  )
+  publish({"config.json": b'{"x": 2}', "pytorch_model.bin": b"w2"}, overwrite=True)
+  assert sorted(paths.listdir(out)) == ["config.json", "notes.txt", "pytorch_model.bin"]
+  assert uploads == ["pytorch_model.bin", "config.json"]  # config.json last
+  assert paths.read_text(out + "/config.json") == '{"x": 2}'
+  with pytest.raises(FileExistsError, match="written by another export while this one ran"):
+    publish({"config.json": b"{}"}, overwrite=False)
+
+
 def launch(env, cwd, args, timeout=600):
   r = subprocess.run(
     [sys.executable] + args, capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout

@@ -380,10 +380,9 @@ def export_workdir(
   params = _to_numpy_tree(state.params)
   report = None
   if jax.process_index() == 0:
-    # An object-store --out: written to a local folder, uploaded when complete (an interrupted
-    # upload over an earlier export: the import refuses weights and config.json of two exports).
+    # An object-store --out: written to a local folder, published when complete (`staging`).
     if paths.is_remote(out):
-      stage = paths.staged_dir(out)
+      stage = staging.published_remote(out, overwrite)
     else:  # export_checkpoint stages and publishes it (`staging`)
       stage = contextlib.nullcontext(out)
     with stage as local:

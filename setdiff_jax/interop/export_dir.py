@@ -59,29 +59,32 @@ def check_not_run_dir(out_dir: str):
 def _index_shards(index: str) -> List[str]:
   """The shard names an `*.index.json` lists ([] when it is damaged: the name pattern covers it)."""
   try:
-    with open(index, encoding="utf-8") as f:
-      weight_map = json.load(f).get("weight_map") or {}
+    weight_map = json.loads(paths.read_text(index)).get("weight_map") or {}
     return [s for s in weight_map.values() if isinstance(s, str)]
   except (OSError, ValueError, AttributeError):
     return []
 
 
 def stale_weight_files(out_dir: str) -> List[str]:
-  """Paths of every weight file in `out_dir` an importer could read (`weight_files.weight_files`,
-  `pretrained.weight_shards`): the single files, the indexes, their shards, HF-named shards."""
-  if not os.path.isdir(out_dir):
+  """Paths of every weight file in `out_dir` (local or an object store) an importer could read
+  (`weight_files.weight_files`, `pretrained.weight_shards`): the single files, the indexes, their
+  shards, HF-named shards."""
+  if not paths.isdir(out_dir):
     return []
   names = set(WEIGHT_FILES + INDEX_FILES)
   for index in INDEX_FILES:
-    names.update(_index_shards(os.path.join(out_dir, index)))
-  names.update(n for n in os.listdir(out_dir) if _SHARD_NAME.match(n))
-  root = os.path.realpath(out_dir)
+    names.update(_index_shards(paths.join(out_dir, index)))
+  names.update(n for n in paths.listdir(out_dir) if _SHARD_NAME.match(n))
+  remote, root = paths.is_remote(out_dir), os.path.realpath(out_dir)
   out = []
   for name in sorted(names):
-    path = os.path.join(out_dir, name)
+    path = paths.join(out_dir, name)
     # an index naming "../x" must not delete outside the folder
-    inside = os.path.commonpath([root, os.path.realpath(path)]) == root
-    if inside and os.path.isfile(path):
+    if remote:
+      inside = "/" not in name and name not in ("", ".", "..")
+    else:
+      inside = os.path.commonpath([root, os.path.realpath(path)]) == root
+    if inside and paths.isfile(path):
       out.append(path)
   return out
 

@@ -14,6 +14,11 @@ The exporter writes into a hidden staging folder; only a finished export is publ
   importer reads as a checkpoint; the user's own other files stay.
 An error or Ctrl-C before publishing removes the staging folder: out_dir is as it was. A staging
 folder that a killed process left is removed by the next export to the same place.
+
+An object-store out_dir (`published_remote`) has no rename: the export is written to a local
+folder, then published in the same order (config.json removed, every export-owned file of an
+earlier export removed, the new files uploaded, config.json last); an upload cut short leaves no
+config.json, or (cut while removing) files the export id tells apart (`weight_files.export_id_of`).
 """
 
 from __future__ import annotations
@@ -26,6 +31,9 @@ import socket
 import tempfile
 from typing import Iterator, List
 
+from etils import epath
+
+from setdiff_jax import paths
 from setdiff_jax.interop import export_dir, qwen3_hf, weight_files
 
 # Every name an export of ours writes besides its weights (which `export_dir.stale_weight_files`
@@ -157,4 +165,39 @@ def staged(out_dir: str, overwrite: bool) -> Iterator[str]:
     shutil.rmtree(stage, ignore_errors=True)
 
 
-__all__ = ["staged", "EXPORT_NAMES"]
+def _publish_remote(local: str, out: str, overwrite: bool):
+  """Uploads the finished export in the local folder `local` to the object-store folder `out`."""
+  if paths.isdir(out) and paths.listdir(out):
+    if not overwrite:
+      raise FileExistsError(
+        f"{out} was written by another export while this one ran; this export was not "
+        "published (nothing there changed): choose a new directory or pass --overwrite"
+      )
+    config = paths.join(out, weight_files.CONFIG_FILE)
+    if paths.isfile(config):
+      paths.remove(config)  # first: no longer a checkpoint
+    for path in export_dir.stale_weight_files(out):
+      paths.remove(path)
+    for name in EXPORT_NAMES:  # files only: a Qwen3 export (its template folder) stays local
+      if paths.isfile(paths.join(out, name)):
+        paths.remove(paths.join(out, name))
+  paths.makedirs(out)
+  names = sorted(os.listdir(local), key=lambda n: (n == weight_files.CONFIG_FILE, n))
+  for name in names:  # config.json last
+    with open(os.path.join(local, name), "rb") as f:
+      epath.Path(paths.join(out, name)).write_bytes(f.read())  # one object: atomic
+
+
+@contextlib.contextmanager
+def published_remote(out: str, overwrite: bool) -> Iterator[str]:
+  """`staged` for an object-store `out`: yields a local folder to write the export into, uploaded
+  to `out` when the block ends without error (module doc); `out` is checked by the caller."""
+  local = tempfile.mkdtemp(prefix="setdiff_jax_export_")
+  try:
+    yield local
+    _publish_remote(local, out, overwrite)
+  finally:
+    shutil.rmtree(local, ignore_errors=True)
+
+
+__all__ = ["staged", "published_remote", "EXPORT_NAMES"]
