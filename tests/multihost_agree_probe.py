@@ -109,6 +109,20 @@ for workdir, what in ((copy, "another start token there"), (elsewhere, "nothing 
     assert what in str(e) and "not a copy per host" in str(e), str(e)
 print("ok workdir", me, flush=True)
 
+# Processes started with different configs (probe round 13: process 0's config.json recorded,
+# process 1 trained at its own learning rate): every process stops at the start, naming fields.
+session.check_same_config(run_config.default_config())  # the same config: nothing to say
+c1 = run_config.default_config()
+if me == 1:
+  c1.learning_rate, c1.num_train_steps = 0.3, 8
+try:
+  session.check_same_config(c1)
+  raise AssertionError("no error")
+except ValueError as e:
+  assert "started with different configs" in str(e), str(e)
+  assert "process 1: learning_rate, num_train_steps)" in str(e), str(e)
+print("ok config", me, flush=True)
+
 # Bounded: a round process 1 never joins ends in TimeoutError on process 0.
 if me == 0:
   try:

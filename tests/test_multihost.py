@@ -181,7 +181,8 @@ def test_two_processes_agree_on_what_one_saw(tmp_path):
   coordination service only: no device collective, nothing compiled): a signal, a non-finite
   loss or a damaged checkpoint seen by one process is decided alike by both; the tokenizer is
   built once (process 0) and a process that does not see it stops both; so does a process that
-  does not see process 0's start token in the workdir (a copy per host); a round one process
+  does not see process 0's start token in the workdir (a copy per host), and so do processes
+  started with different configs (the fields named); a round one process
   skips ends in a TimeoutError (bounded)."""
   probe = os.path.join(REPO, "tests", "multihost_agree_probe.py")
   r, elapsed = cluster(
@@ -190,7 +191,16 @@ def test_two_processes_agree_on_what_one_saw(tmp_path):
     env=dict(os.environ, PROBE_DIR=str(tmp_path)),
   )
   assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-  for what in ("agree", "signal", "error", "checkpoint", "tokenizer", "workdir", "bounded"):
+  for what in (
+    "agree",
+    "signal",
+    "error",
+    "checkpoint",
+    "tokenizer",
+    "workdir",
+    "config",
+    "bounded",
+  ):
     for i in range(2):
       assert f"[p{i}] ok {what} {i}" in r.stdout, r.stdout[-3000:]
   print(f"agreement probe: {elapsed:.1f}s")
