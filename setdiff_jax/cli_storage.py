@@ -147,6 +147,11 @@ def check_path_flags(show_logs: bool = False):
     for item in items:
       item = str(item).strip()
       m = _SCHEME.match(item)
+      if m and m.group(1) != m.group(1).lower() and m.group(1).lower() in REMOTE_SCHEMES:
+        raise ValueError(  # the object-store libraries know the scheme in lower case only
+          f"{label}={item}: write the scheme in lower case, "
+          f"{m.group(1).lower()}://{item[len(m.group(0)) :]}"
+        )
       if m and m.group(1).lower() == "file":
         item = _local_file_url(item)
       elif m and m.group(1).lower() not in REMOTE_SCHEMES:

@@ -568,6 +568,7 @@ def test_unclear_cases_are_one_line(run_dir, tmp_path):
         ["--temperature would be unused"],
       ),
       ([f"--workdir=s3://bucket{run_dir}"], ["--workdir=s3://bucket", "s3:// scheme is not"]),
+      (["--workdir=GS://bucket/run"], ["GS://bucket/run", "lower case, gs://bucket/run"]),
       (["--workdir=file://host/x"], ["file://host/x", "host 'host'"]),
     ],
   )
