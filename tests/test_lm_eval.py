@@ -351,6 +351,77 @@ def test_truncate_prompt_keeps_room_for_max_gen_toks(tok):
     lm.generate_until([Req(context, {"until": [], "max_gen_toks": 12})])
 
 
+def _dense_logp(cfg, params, tok, row, masked, stream=None):
+  """log p(row[i] | row with `masked` positions set to the mask id) at every position [L], from
+  one dense forward (NumPy softmax, the mask id excluded): bidirectional over the real tokens
+  (MDLM), or the BD3LM two-stream [x, x_t] under the block-causal mask (stream = block size)."""
+  x = np.asarray(row, np.int32)
+  xt = x.copy()
+  xt[list(masked)] = tok.mask_id
+  real = x != tok.pad_id
+  if stream is None:
+    tokens, pos, allowed = xt[None], np.arange(len(x))[None], (real[:, None] & real[None])[None]
+  else:
+    tokens = np.concatenate([x, xt])[None]
+    pos = np.concatenate([np.arange(len(x))] * 2)[None]
+    two = np.concatenate([real, real])
+    allowed = (masks.block_causal_mask(len(x), stream) & two[:, None] & two[None])[None]
+  z = np.asarray(DiT(cfg).apply({"params": params}, tokens, pos, allowed), np.float64)[0]
+  z = z[-len(x) :]
+  z[:, tok.mask_id] = -np.inf
+  z = z - z.max(-1, keepdims=True)
+  logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
+  return logp[np.arange(len(x)), x]
+
+
+def _diffusion_state(tok, name):
+  state, cfg = _ar_state(tok)
+  oc = dataclasses.replace(state.objective_config, name=name, block_size=4)
+  return dataclasses.replace(state, objective_config=oc), cfg
+
+
+def test_diffusion_loglikelihood_never_scores_nothing(tok):
+  """Probe round 13: MDLM / BD3LM scored a one-token continuation 0.0 (p = 1) in about half of
+  its draws (a Bernoulli(t) mask that hit nothing), so multiple-choice answers tied at 0.0. The
+  adapter draws the discrete form of the same NELBO (k ~ U{1..n} of a block's n tokens masked,
+  weight n/k): one token is scored exactly, whatever the draw; three tokens in one block average
+  to the NELBO enumerated over every mask subset with dense forwards."""
+  import math
+  from itertools import combinations
+
+  ctx = [tok.bos_id] + tok.encode("12 + 30 =")
+  for name, stream in (("mdlm", None), ("bd3lm", 4)):
+    state, cfg = _diffusion_state(tok, name)
+    params = state.params
+    one = tok.encode(" 42")[:1]
+    row = ctx + one + [tok.pad_id] * (L - len(ctx) - 1)
+    want = _dense_logp(cfg, params, tok, row, [len(ctx)], stream)[len(ctx)]
+    for seed in (0, 1, 2):
+      lm = lem.SetDiffLM.from_state(state, batch_size=2, greedy_check=False, seed=seed)
+      got = lm.score([(ctx, one)], [7])[0]
+      np.testing.assert_allclose(got, want, rtol=2e-5, err_msg=name)
+  # three tokens in one block (MDLM: the row is one block): the exact expectation and variance
+  # of the estimator X = (n/k) sum_M -log p over its draws, by enumeration
+  state, cfg = _diffusion_state(tok, "mdlm")
+  cont = tok.encode(" 42 7")[:3]
+  assert len(cont) == 3
+  row = ctx + cont + [tok.pad_id] * (L - len(ctx) - 3)
+  where = list(range(len(ctx), len(ctx) + 3))
+  n, values, probs = 3, [], []
+  for k in range(1, n + 1):
+    for subset in combinations(where, k):
+      logp = _dense_logp(cfg, state.params, tok, row, subset)
+      values.append(-(n / k) * sum(-logp[i] for i in subset))
+      probs.append(1.0 / (n * math.comb(n, k)))
+  values, probs = np.array(values), np.array(probs)
+  mean = float(probs @ values)
+  std = float(np.sqrt(probs @ (values - mean) ** 2))
+  draws = 400
+  lm = lem.SetDiffLM.from_state(state, batch_size=8, greedy_check=False, num_orders=draws)
+  got = lm.score([(ctx, cont)], [3])[0]
+  assert abs(got - mean) < 4 * std / math.sqrt(draws), (got, mean, std)
+
+
 def test_registered_and_cli_launcher(monkeypatch, capsys):
   """`--model setdiff_jax` resolves to the adapter; the launchers hand argv to lm_eval's CLI."""
   assert lm_eval.api.registry.get_model(lem.NAME) is lem.SetDiffLM

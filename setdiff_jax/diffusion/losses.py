@@ -45,6 +45,7 @@ class ObjectiveConfig:
   antithetic: bool = False  # antithetic t (MDLM/BD3LM training)
   sampling_eps: float = 1e-3  # t = (1 - eps) u + eps
   ar_first_answer_token: bool = True  # AR with a prompt: train the first answer token (see ar_loss)
+  eval_mask_counts: bool = False  # MDLM/BD3LM eval: k ~ U{1..n} masked per block (_mask_counts)
 
   @classmethod
   def from_config(cls, cfg) -> "ObjectiveConfig":
@@ -178,6 +179,39 @@ def _mask_at_times(cfg: ObjectiveConfig, x, target, t, rng):
   return xt
 
 
+def _mask_counts(cfg: ObjectiveConfig, x, target, rng, block: int):
+  """Eval with `cfg.eval_mask_counts`: (x_t, t [B, L]) where each block of `block` tokens with n
+  targets has exactly k ~ U{1..n} of them masked (a uniform k-subset) and t = k / n. Under a
+  time-independent backbone this is the discrete form of the same NELBO (∫ dt/t P(|M| = k | t) =
+  1/k, so the 1/t weights n/k give E = Σ_k 1/k E_|M|=k[Σ_M -log p]; SPEC §1.6), with no draw that
+  masks nothing: a one-token continuation is scored exactly. Without the t >= eps truncation."""
+  b, length = x.shape
+  if cfg.keep_clean_bos:
+    target = target.at[:, 0].set(False)
+  tgt = target.reshape(b, length // block, block)
+  n = jnp.sum(tgt, -1, keepdims=True).astype(jnp.float32)  # [B, nb, 1]
+  count_rng, subset_rng = jax.random.split(rng)
+  u = jax.random.uniform(count_rng, n.shape)
+  k = jnp.clip(jnp.floor(u * n) + 1.0, 1.0, jnp.maximum(n, 1.0))  # uniform on 1..n
+  noise = jnp.where(tgt, jax.random.uniform(subset_rng, tgt.shape), 2.0)  # targets rank first
+  rank = jnp.argsort(jnp.argsort(noise, -1), -1)
+  masked = (rank < k) & tgt
+  xt = jnp.where(masked.reshape(b, length), cfg.mask_token_id, x)
+  t = jnp.broadcast_to(k / jnp.maximum(n, 1.0), tgt.shape).reshape(b, length)
+  return xt, t
+
+
+def _noised(cfg: ObjectiveConfig, x, target, t_rng, mask_rng, block: int, *, train: bool):
+  """(x_t, t [B, L]): the 1/t NELBO's draw (t per block of `block`, each target masked with
+  probability t), or `_mask_counts`' in eval with cfg.eval_mask_counts."""
+  if cfg.eval_mask_counts and not train:
+    return _mask_counts(cfg, x, target, mask_rng, block)
+  b, length = x.shape
+  antithetic = train and cfg.antithetic
+  t = orders.sample_mask_times(t_rng, b, length, block, antithetic=antithetic, eps=cfg.sampling_eps)
+  return _mask_at_times(cfg, x, target, t, mask_rng), t
+
+
 def _masked_nll(cfg: ObjectiveConfig, forward, model, params, x, xt):
   """Per-token NLL at masked positions; copy-over gives log p(x_t) = 0 elsewhere (SPEC §1.6).
 
@@ -200,12 +234,9 @@ def _diffusion_reduce(cfg: ObjectiveConfig, nll, is_masked, target, t, *, train:
 def mdlm_loss(cfg: ObjectiveConfig, model: Backbone, params, batch, rng, *, train: bool):
   """MDLM: one t per sequence, bidirectional attention over x_t (SPEC §1.6)."""
   x, real, target = _batch_masks(batch)
-  bsz, length = x.shape
+  length = x.shape[1]
   t_rng, mask_rng, _, dropout_rng = jax.random.split(rng, 4)  # the BD3LM split, for equal draws
-  t = orders.sample_mask_times(
-    t_rng, bsz, length, length, antithetic=train and cfg.antithetic, eps=cfg.sampling_eps
-  )
-  xt = _mask_at_times(cfg, x, target, t, mask_rng)
+  xt, t = _noised(cfg, x, target, t_rng, mask_rng, length, train=train)
   positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), x.shape)
   forward = functools.partial(
     _apply, model, params, xt, positions, masks.padding_mask(real), train=train, rng=dropout_rng
@@ -242,12 +273,9 @@ def bd3lm_loss(cfg: ObjectiveConfig, model: Backbone, params, batch, rng, *, tra
   Training re-masks blocks that came out with no mask, so every block carries loss.
   """
   x, real, target = _batch_masks(batch)
-  bsz, length = x.shape
+  length = x.shape[1]
   t_rng, mask_rng, remask_rng, dropout_rng = jax.random.split(rng, 4)
-  t = orders.sample_mask_times(
-    t_rng, bsz, length, cfg.block_size, antithetic=train and cfg.antithetic, eps=cfg.sampling_eps
-  )
-  xt = _mask_at_times(cfg, x, target, t, mask_rng)
+  xt, t = _noised(cfg, x, target, t_rng, mask_rng, cfg.block_size, train=train)
   if train:
     xt = remask_empty_blocks(remask_rng, xt, target, x, cfg)
     xt = jnp.where(real & ~target, x, xt)  # context tokens are never masked (SPEC §1.6)

@@ -1,11 +1,12 @@
 """The lm_eval adapter's requests, without lm_eval: the bound of (context, continuation) token
 pairs (`score_pairs`), their draw keys, the generation kwargs a request may set, model_args
-values (booleans, integers, the threshold, the aliases W and tau). `lm_eval_model.SetDiffLM` (which needs the `lmeval` extra) turns lm_eval's requests
-into these calls.
+values (booleans, integers, the threshold, the aliases W and tau). `lm_eval_model.SetDiffLM`
+(which needs the `lmeval` extra) turns lm_eval's requests into these calls.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import zlib
 from typing import Any, Dict, Optional, Sequence, Tuple
@@ -134,7 +135,11 @@ def score_pairs(
   or, for later rolling windows, with the text before the window); `keys` are the rows' draw
   indices (`likelihood.row_keys`). K = num_orders draws are combined by the method's
   `aggregate_draws` (SetDLM: log-mean-exp over orders; MDLM / BD3LM: mean NELBO; AR: exact).
+  MDLM / BD3LM draw the NELBO in its discrete form (`losses._mask_counts`: k ~ U{1..n} of a
+  block's n continuation tokens masked): the Bernoulli form scores nothing when its draw masks
+  no token, which for a one-token continuation is half of the draws (a tie at log p = 0).
   """
+  obj_cfg = dataclasses.replace(obj_cfg, eval_mask_counts=True)
   objective = objectives.get(obj_cfg.name)
   n = len(pairs)
   tokens = np.full((n, seq_len), int(obj_cfg.pad_token_id), np.int32)
