@@ -529,6 +529,13 @@ def test_errors(hf, tmp_path):
 
   with pytest.raises(ValueError, match="num_layers=3 but .* has only 2 layers"):
     qwen3_hf.read_hf(path, num_layers=3)
+  # weights of a layer the config does not declare (probe round 13: skipped without a word);
+  # keeping the first layers of a deeper checkpoint (num_layers=1) still skips the rest
+  shallow = shutil.copytree(path, tmp_path / "shallow")
+  (shallow / "config.json").write_text(json.dumps({**raw, "num_hidden_layers": 1}))
+  with pytest.raises(CheckpointMismatchError, match="model.layers.1.mlp.up_proj.weight"):
+    import_checkpoint(str(shallow))
+  assert qwen3_hf.read_hf(path, num_layers=1)[0]["num_layers"] == 1
 
   nomask = shutil.copytree(path, tmp_path / "nomask")
   write_tokenizer(str(nomask), with_mask=False)

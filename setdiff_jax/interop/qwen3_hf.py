@@ -71,13 +71,19 @@ def _read_rows(shards, rows, stripped_to_key, layout_keys):
   return flat
 
 
-def _read_params(path: str, m: Dict[str, Any], context: str):
-  """Params (numpy) of the first m['num_layers'] layers of the safetensors weights in `path`."""
+def _read_params(path: str, m: Dict[str, Any], context: str, available: int):
+  """Params (numpy) of the first m['num_layers'] layers of the safetensors weights in `path`,
+  whose config declares `available` layers (a weight of a layer beyond them is refused)."""
   shards = pretrained.weight_shards(path)
   shapes = pretrained.shard_shapes(shards)
   stripped = qwen3_map.strip(shapes, qwen3_map.detect_layout(shapes))
   dims = dims_of(m)
-  rows = qwen3_map.check_keys({k: shapes[v][0] for k, v in stripped.items()}, dims, context=context)
+  rows = qwen3_map.check_keys(
+    {k: shapes[v][0] for k, v in stripped.items()},
+    dims,
+    context=context,
+    available_layers=available,
+  )
   flat = _read_rows(shards, rows, stripped, shapes)
   if dims.tie_embeddings and qwen3_map.TIED_HEAD_KEY in stripped:
     head = _read_rows(
@@ -92,7 +98,7 @@ def read_hf(path: str, num_layers: Optional[int] = None, *, with_tokenizer: bool
   raw = pretrained.read_hf_config(path)
   m = pretrained.model_fields(raw, os.path.join(path, weight_files.CONFIG_FILE))
   pretrained.resolve_layers(m, int(raw["num_hidden_layers"]), num_layers, path)
-  params = _read_params(path, m, path)
+  params = _read_params(path, m, path, int(raw["num_hidden_layers"]))
   special, tok_dir = {}, None
   if with_tokenizer and os.path.isfile(os.path.join(path, "tokenizer.json")):
     special = tokenizers.qwen3_tokenizer(path).special_ids()
@@ -142,13 +148,13 @@ def read_official(path: str, raw: Mapping):
     full = weight_files.read_state_dict(path)
     state = {k: full[v] for k, v in qwen3_map.strip(full, "official").items()}
     m = official_model_fields(raw, {k: np.shape(v) for k, v in state.items()}, path, notes)
-    params = qwen3_map.to_flax(state, dims_of(m), context=path)
+    params = qwen3_map.to_flax(state, dims_of(m), context=path, available_layers=m["num_layers"])
     params = unflatten({p: np.asarray(a, np.float32) for p, a in flatten(params).items()})
   else:
     shapes = pretrained.shard_shapes(pretrained.weight_shards(path))
     stripped = {k: shapes[v][0] for k, v in qwen3_map.strip(shapes, "official").items()}
     m = official_model_fields(raw, stripped, path, notes)
-    params = _read_params(path, m, path)  # any key outside the map is an error
+    params = _read_params(path, m, path, m["num_layers"])  # any key outside the map is an error
   return m, params, notes
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Dict, List, Mapping, Tuple
+from typing import Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -183,13 +183,15 @@ def check_keys(
   dims: Dims,
   *,
   context: str = "",
-  allow_extra_layers: bool = True,
+  available_layers: Optional[int] = None,
   allow_tied_head: bool = True,
 ) -> List[Row]:
   """The rows to read; raises CheckpointMismatchError listing every missing/unexpected/bad key.
 
-  Layers at or above `dims.num_layers` are allowed (and skipped) when `allow_extra_layers`
-  (keeping the first num_layers); a tied model may carry `lm_head.weight` (checked equal later).
+  Layers in [dims.num_layers, available_layers) (the checkpoint's own count, from its config) are
+  skipped: the first num_layers are kept; a layer at or above `available_layers` is unexpected
+  (None: any layer above num_layers is skipped); a tied model may carry `lm_head.weight` (checked
+  equal later).
   """
   rows = expand(dims)
   expected = {r.hf_key for r in rows}
@@ -199,7 +201,7 @@ def check_keys(
     if k in expected or k in IGNORED:
       continue
     m = re.match(r"model\.layers\.(\d+)\.", k)
-    if m and allow_extra_layers and int(m.group(1)) >= dims.num_layers:
+    if m and dims.num_layers <= int(m.group(1)) < (available_layers or float("inf")):
       continue
     if k == TIED_HEAD_KEY and dims.tie_embeddings and allow_tied_head:
       continue
@@ -214,9 +216,21 @@ def check_keys(
   return rows
 
 
-def to_flax(state: Mapping[str, np.ndarray], dims: Dims, *, context: str = "") -> Dict:
-  """(prefix-stripped) HF state dict -> our nested params (numpy). Extra layers are dropped."""
-  rows = check_keys({k: np.shape(v) for k, v in state.items()}, dims, context=context)
+def to_flax(
+  state: Mapping[str, np.ndarray],
+  dims: Dims,
+  *,
+  context: str = "",
+  available_layers: Optional[int] = None,
+) -> Dict:
+  """(prefix-stripped) HF state dict -> our nested params (numpy); layers in [dims.num_layers,
+  available_layers) are dropped (`check_keys`)."""
+  rows = check_keys(
+    {k: np.shape(v) for k, v in state.items()},
+    dims,
+    context=context,
+    available_layers=available_layers,
+  )
   flat = {}
   for r in rows:
     a = np.asarray(state[r.hf_key])
