@@ -118,6 +118,38 @@ def _remove(path: str):
     os.remove(path)
 
 
+def _taken(target: str) -> FileExistsError:
+  return FileExistsError(
+    f"{target} was written by another export while this one ran; this export was not "
+    "published (nothing there changed): choose a new directory or pass overwrite=True "
+    "(--overwrite) to replace the files there"
+  )
+
+
+def _clear_earlier_export(target: str):
+  """Removes an earlier export from `target` (local or an object store): config.json first (no
+  longer a checkpoint), then its weights of any layout and every other file an export writes; the
+  user's own files stay."""
+  remote = paths.is_remote(target)
+
+  def remove(path):
+    if not remote:
+      _remove(path)
+    elif paths.isfile(path):  # files only: a Qwen3 export (its template folder) stays local
+      paths.remove(path)
+
+  remove(paths.join(target, weight_files.CONFIG_FILE))
+  for path in export_dir.stale_weight_files(target):
+    remove(path)
+  for name in EXPORT_NAMES:
+    remove(paths.join(target, name))
+
+
+def _publish_order(folder: str) -> List[str]:
+  """The names of the finished export in local `folder`, config.json last."""
+  return sorted(os.listdir(folder), key=lambda n: (n == weight_files.CONFIG_FILE, n))
+
+
 def _publish(stage: str, target: str, overwrite: bool):
   """Moves the finished export in `stage` to `target` (module doc)."""
   _make_readable(stage)
@@ -129,19 +161,10 @@ def _publish(stage: str, target: str, overwrite: bool):
       if e.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.EBUSY, errno.EXDEV):
         raise
   if _entries(target) and not overwrite:
-    raise FileExistsError(
-      f"{target} was written by another export while this one ran; this export was not "
-      "published (nothing there changed): choose a new directory or pass overwrite=True "
-      "(--overwrite) to replace the files there"
-    )
+    raise _taken(target)
   os.makedirs(target, exist_ok=True)
-  _remove(os.path.join(target, weight_files.CONFIG_FILE))  # first: no longer a checkpoint
-  for path in export_dir.stale_weight_files(target):
-    os.remove(path)
-  for name in EXPORT_NAMES:
-    _remove(os.path.join(target, name))
-  names = sorted(os.listdir(stage), key=lambda n: (n == weight_files.CONFIG_FILE, n))  # config last
-  for name in names:
+  _clear_earlier_export(target)
+  for name in _publish_order(stage):
     os.replace(os.path.join(stage, name), os.path.join(target, name))
 
 
@@ -169,21 +192,10 @@ def _publish_remote(local: str, out: str, overwrite: bool):
   """Uploads the finished export in the local folder `local` to the object-store folder `out`."""
   if paths.isdir(out) and paths.listdir(out):
     if not overwrite:
-      raise FileExistsError(
-        f"{out} was written by another export while this one ran; this export was not "
-        "published (nothing there changed): choose a new directory or pass --overwrite"
-      )
-    config = paths.join(out, weight_files.CONFIG_FILE)
-    if paths.isfile(config):
-      paths.remove(config)  # first: no longer a checkpoint
-    for path in export_dir.stale_weight_files(out):
-      paths.remove(path)
-    for name in EXPORT_NAMES:  # files only: a Qwen3 export (its template folder) stays local
-      if paths.isfile(paths.join(out, name)):
-        paths.remove(paths.join(out, name))
+      raise _taken(out)
+    _clear_earlier_export(out)
   paths.makedirs(out)
-  names = sorted(os.listdir(local), key=lambda n: (n == weight_files.CONFIG_FILE, n))
-  for name in names:  # config.json last
+  for name in _publish_order(local):
     with open(os.path.join(local, name), "rb") as f:
       epath.Path(paths.join(out, name)).write_bytes(f.read())  # one object: atomic
 
