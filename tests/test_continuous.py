@@ -191,6 +191,11 @@ def test_bad_inputs():
     continuous.continuous_generate("bd3lm", toy, None, prompts, cfg_of())
   with pytest.raises(ValueError, match="budgets"):
     continuous.continuous_generate("set", toy, None, prompts, cfg_of(), budgets=[1, 2])
+  for kind in ("set", "causal"):  # a row's own budget past the context is named as such
+    with pytest.raises(ValueError, match=r"with its budget budgets\[2\]=40 that is"):
+      continuous.continuous_generate(kind, toy, None, prompts, cfg_of(), budgets=[3, 3, 40])
+    with pytest.raises(ValueError, match=r"with max_new_tokens=40 that is"):
+      continuous.continuous_generate(kind, toy, None, prompts, cfg_of(max_new_tokens=40))
   with pytest.raises(ValueError, match="refill"):
     continuous.continuous_generate("causal", toy, None, prompts, cfg_of(), slots=2, refill=3)
 

@@ -19,6 +19,29 @@ pytest.importorskip("ipykernel")
 NOTEBOOK = pathlib.Path(__file__).resolve().parents[1] / "notebooks" / "colab_tpu.ipynb"
 
 
+def _execute():
+  """The notebook executed top to bottom in a fresh kernel (the environment set by the caller)."""
+  nb = nbformat.read(NOTEBOOK, as_version=4)
+  client = nbclient.NotebookClient(
+    nb, kernel_name="python3", timeout=600, resources={"metadata": {"path": str(NOTEBOOK.parent)}}
+  )
+  try:
+    client.execute()
+  except nbclient.exceptions.CellExecutionError as e:
+    pytest.fail(f"notebook cell failed:\n{e}")
+  return nb
+
+
+def _printed(nb) -> str:
+  return "\n".join(
+    out.get("text", "")
+    for cell in nb.cells
+    if cell.cell_type == "code"
+    for out in cell.outputs
+    if out.get("output_type") == "stream"
+  )
+
+
 def test_notebook_is_committed_without_outputs():
   nb = nbformat.read(NOTEBOOK, as_version=4)
   nbformat.validate(nb)
@@ -42,22 +65,8 @@ def test_notebook_runs_on_cpu(tmp_path, monkeypatch):
   monkeypatch.setenv("SETDIFF_NOTEBOOK_WORKDIR", str(workdir))
   monkeypatch.delenv("SETDIFF_REPO_URL", raising=False)
 
-  nb = nbformat.read(NOTEBOOK, as_version=4)
-  client = nbclient.NotebookClient(
-    nb, kernel_name="python3", timeout=600, resources={"metadata": {"path": str(NOTEBOOK.parent)}}
-  )
-  try:
-    client.execute()
-  except nbclient.exceptions.CellExecutionError as e:
-    pytest.fail(f"notebook cell failed:\n{e}")
-
-  text = "\n".join(
-    out.get("text", "")
-    for cell in nb.cells
-    if cell.cell_type == "code"
-    for out in cell.outputs
-    if out.get("output_type") == "stream"
-  )
+  nb = _execute()
+  text = _printed(nb)
   assert "backend: cpu; 1 device(s)" in text
   assert "setdiff_jax is already installed" in text  # the install cell did not pip install
   assert "finished step 5" in text
@@ -72,3 +81,13 @@ def test_notebook_runs_on_cpu(tmp_path, monkeypatch):
   export = workdir.parent / f"{workdir.name}_export"  # outside the run directory
   for name in ("model.safetensors", "config.json", "generation_config.json", "tokenizer.json"):
     assert (export / name).is_file(), name
+
+  # Run again on the same workdir (a user re-running every cell): the training cell finds the
+  # run complete, and the export cell replaces the notebook's own export (it stopped with
+  # "is not empty" before).
+  (export / "model.safetensors").unlink()
+  text = _printed(_execute())
+  assert "finished step 5" in text and "model.safetensors" in text
+  again = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+  assert again == rows  # no step trained again
+  assert (export / "model.safetensors").is_file()

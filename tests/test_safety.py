@@ -497,13 +497,13 @@ def test_a_loss_setting_the_method_never_reads_is_refused(tmp_path):
   is refused; a field an older config.json recorded for a method that never read it is no part
   of the resume check (configs/reasoning_common.py gave every method S_max = 8)."""
   new = str(tmp_path / "new")
-  for objective, field, value, readers in (
-    ("setdlm", "antithetic", True, "mdlm, bd3lm"),
-    ("setdlm", "sampling_eps", 0.5, "mdlm, bd3lm"),
-    ("setdlm", "block_size", 8, "bd3lm"),
-    ("ar", "eos_last", True, "setdlm"),
-    ("ar", "desired_set_size", 8, "setdlm"),
-    ("mdlm", "ar_first_answer_token", False, "ar"),
+  for objective, field, value, readers, default in (
+    ("setdlm", "antithetic", True, "mdlm, bd3lm", False),
+    ("setdlm", "sampling_eps", 0.5, "mdlm, bd3lm", 0.001),
+    ("setdlm", "block_size", 8, "bd3lm", 4),
+    ("ar", "eos_last", True, "setdlm", False),
+    ("ar", "desired_set_size", 8, "setdlm", 4),
+    ("mdlm", "ar_first_answer_token", False, "ar", True),
   ):
     extra = {"objective": objective, f"loss.{field}": value}
     if objective == "mdlm":
@@ -511,7 +511,8 @@ def test_a_loss_setting_the_method_never_reads_is_refused(tmp_path):
     with pytest.raises(
       ValueError,
       match=rf"^loss.{field}={value!r} is not read by objective={objective}; it applies to "
-      rf"objective {readers} only: drop it$",
+      rf"objective {readers} only: drop it, or where the --config file sets it, set "
+      rf"--config.loss.{field}={default!r} \(its default\)$",
     ):
       train.train_and_evaluate(tiny_config(**extra), new)
   assert not os.path.exists(new)

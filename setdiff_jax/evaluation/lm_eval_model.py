@@ -53,9 +53,11 @@ Requests:
                          `likelihood.sequence_nlls`. Per method (its registry `estimator`):
                          SetDLM the one-order bound (the exact log-likelihood under one sampled
                          staggered order; a lower bound on log p), with num_orders = K the K-order
-                         log-mean-exp; MDLM / BD3LM the 1/t NELBO with one (t, mask) draw (K: the
-                         mean of K draws); AR the exact log-likelihood. A request's draw key is a
-                         hash of its two strings, so its value does not depend on the other
+                         log-mean-exp; MDLM / BD3LM the NELBO in its discrete form (per block, k
+                         ~ U{1..n} of its n continuation tokens masked, weight n/k: never nothing
+                         masked; SPEC §1.6) with one draw (K: the mean of K draws); AR the exact
+                         log-likelihood. A request's draw key is a hash of its two strings, so its
+                         value does not depend on the other
                          requests or the batch. is_greedy: whether the run's greedy sampler, given
                          the context and N = len(continuation) tokens, writes exactly the
                          continuation's tokens (for AR: the argmax at every position).

@@ -349,11 +349,11 @@ def export_workdir(
 ):
   """Exports a training workdir's checkpoint (parameters only, `workdir.load_inference_state`).
 
-    On several hosts every process must call this (restoring and gathering are collective); only
-    process 0 writes. Returns (out, report or None): `verify(config, params, local_dir)`, if given,
+  On several hosts every process must call this (restoring and gathering are collective); only
+  process 0 writes. Returns (out, report or None): `verify(config, params, local_dir)`, if given,
   checks the written export on process 0 (`setdiff_jax.testing.verify.export_report`: it needs
-  torch, and transformers for Qwen3). `out` must be a
-    new or empty directory (`overwrite`: any directory but a training workdir).
+  torch, and transformers for Qwen3). `out` must be a new or empty directory (`overwrite`: any
+  directory but a training workdir, whose earlier export is replaced).
   """
   check_export_dir(out, workdir, overwrite=overwrite)
   # The optional extras, before anything is restored or written: one error line naming the extra.

@@ -140,8 +140,8 @@ def check_export_dir(out: str, workdir: str, *, overwrite: bool = False):
     raise ValueError(f"--out={out} is inside {node}, which is a file: choose a directory for --out")
   if os.path.isdir(target) and os.listdir(target) and not overwrite:
     raise ValueError(
-      f"--out={out} is not empty; choose a new directory or pass --overwrite to "
-      "replace the files there"
+      f"--out={out} is not empty; choose a new directory or pass overwrite=True "
+      "(--overwrite) to replace the files there"
     )
   if os.path.exists(target) and not os.path.isdir(target):
     raise ValueError(f"--out={out} is a file, not a directory")
@@ -161,8 +161,8 @@ def _check_remote_export_dir(out: str, workdir: str, overwrite: bool):
     )
   if paths.isdir(target) and paths.listdir(target) and not overwrite:
     raise ValueError(
-      f"--out={out} is not empty; choose a new directory or pass --overwrite to "
-      "replace the files there"
+      f"--out={out} is not empty; choose a new directory or pass overwrite=True "
+      "(--overwrite) to replace the files there"
     )
   if paths.isfile(target):
     raise ValueError(f"--out={out} is a file, not a directory")

@@ -76,7 +76,11 @@ class DiTConfig:
         f"hidden_size={self.hidden_size} is not divisible by num_heads={self.num_heads}"
       )
     if (self.hidden_size // self.num_heads) % 2:
-      raise ValueError("head dim must be even for rotary embeddings")
+      raise ValueError(
+        f"num_heads={self.num_heads} gives head dim hidden_size / num_heads = "
+        f"{self.hidden_size} / {self.num_heads} = {self.hidden_size // self.num_heads}, which "
+        "must be even for rotary embeddings: choose num_heads so that it is"
+      )
     layer_stack.check_common_fields(self)
 
   @property

@@ -53,7 +53,8 @@ def check_loss_fields(config, defaults) -> None:
       readers = ", ".join(o.name for o in REGISTRY.values() if field in o.loss_fields)
       raise ValueError(
         f"loss.{field}={value!r} is not read by objective={name}; it applies to objective "
-        f"{readers} only: drop it"
+        f"{readers} only: drop it, or where the --config file sets it, set "
+        f"--config.loss.{field}={defaults[field]!r} (its default)"
       )
 
 

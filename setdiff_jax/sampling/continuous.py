@@ -294,7 +294,7 @@ def set_rows(prompts, cfg: SamplerConfig, budgets=None, width: Optional[int] = N
   largest N_r."""
   rows = _as_rows(prompts, "prompts")
   n = _budgets(rows, cfg, budgets)
-  check_prompts(rows, cfg, n)  # each row against its own budget
+  check_prompts(rows, cfg, n, per_row=budgets is not None)  # each row against its own budget
   canvases = [np.concatenate([p, np.full(b, cfg.mask_token_id)]) for p, b in zip(rows, n)]
   targets = [np.arange(len(p) + b) >= len(p) for p, b in zip(rows, n)]
   if width is None:
@@ -307,7 +307,7 @@ def ar_rows(prompts, cfg: SamplerConfig, budgets=None, width: Optional[int] = No
   Lc = the bucketed longest prompt + the largest budget, or `width` if wider."""
   rows = _as_rows(prompts, "prompts")
   n = _budgets(rows, cfg, budgets)
-  check_prompts(rows, cfg, n)  # each row against its own budget, not the largest
+  check_prompts(rows, cfg, n, per_row=budgets is not None)  # each row: its own budget
   prompt, plen, canvas, target = prompt_arrays(
     rows, cfg.replace(max_new_tokens=int(n.max()), max_length=None), int(n.max()), width
   )

@@ -159,9 +159,10 @@ def build_inputs(
   )
 
 
-def check_prompts(rows, cfg: SamplerConfig, n):
+def check_prompts(rows, cfg: SamplerConfig, n, per_row: bool = False):
   """Clear errors for an empty prompt, bad ids, a mask token, or prompt + N beyond the context.
-  n: the new tokens of every row (an int), or of each row ([R] per-row budgets)."""
+  n: the new tokens of every row (an int), or of each row ([R]); `per_row`: n are the caller's
+  per-row budgets (the messages name budgets[i], not max_new_tokens)."""
   budgets = np.broadcast_to(np.asarray(n), (len(rows),))
   for i, (p, n_i) in enumerate(zip(rows, budgets)):
     if len(p) == 0:
@@ -171,7 +172,8 @@ def check_prompts(rows, cfg: SamplerConfig, n):
       raise ValueError(f"prompt {i} contains the mask token id {cfg.mask_token_id}")
     if cfg.max_length is not None and len(p) + n_i > cfg.max_length:
       raise ValueError(
-        f"prompt {i} has {len(p)} tokens; with max_new_tokens={int(n_i)} that is "
+        f"prompt {i} has {len(p)} tokens; with "
+        f"{f'its budget budgets[{i}]' if per_row else 'max_new_tokens'}={int(n_i)} that is "
         f"{len(p) + int(n_i)} > the model's context length max_length={cfg.max_length}"
       )
 
