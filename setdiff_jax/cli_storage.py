@@ -66,6 +66,9 @@ PATH_FIELDS = (
   "tokenizer.merges_path",
   "rl.init_from",
 )
+# Of those, the ones that hold a run's checkpoints (and --out on an object store, whose publish
+# deletes by pattern): `paths.check_plain_name`.
+RUN_PATHS = ("--workdir", "--judge_workdir", "--config.init_from", "--config.rl.init_from")
 REMOTE_SCHEMES = ("gs",)  # object stores the path layer (etils.epath + gcsfs) and orbax reach
 STORAGE_TIMEOUT_ENV = "SETDIFF_STORAGE_TIMEOUT_S"
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
@@ -129,8 +132,9 @@ def _local_file_url(url: str) -> str:
 
 
 def check_path_flags(show_logs: bool = False):
-  """Before a launcher runs: an empty path flag is refused; `file://` paths become local paths; a URL scheme the path layer
-  does not support is refused; every object-store path is probed once (bounded by
+  """Before a launcher runs: an empty path flag is refused; `file://` paths become local paths; a
+  URL scheme the path layer does not support is refused, and so is a run or export path holding
+  a pattern character (`RUN_PATHS`); every object-store path is probed once (bounded by
   $SETDIFF_STORAGE_TIMEOUT_S, default 60 s; the library's retries quiet), so an unreachable
   store or missing credentials is one line naming the path and the flag."""
   for name in PATH_FLAGS:  # "--workdir=$RUN" with RUN unset would mean the current directory
@@ -159,7 +163,9 @@ def check_path_flags(show_logs: bool = False):
           f"{label}={item}: the {m.group(1)}:// scheme is not supported; use a local path, "
           f"file:///abs/path or {', '.join(s + '://bucket/path' for s in REMOTE_SCHEMES)}"
         )
-      elif m:
+      if label in RUN_PATHS or (label == "--out" and paths.is_remote(item)):
+        paths.check_plain_name(item, label)
+      if paths.is_remote(item):
         bucket = item.split("/")[2] if item.count("/") >= 2 else item
         if bucket not in probed:
           probed.add(bucket)

@@ -24,6 +24,31 @@ def is_remote(path) -> bool:
   return "://" in str(path)
 
 
+# Characters the checkpoint stack reads as patterns, not names: orbax merges a save's per-process
+# files with a glob over the checkpoint's own path, and tensorstore parses object-store paths as
+# URLs. '[...]' (a glob class) or '\\' makes every save unreadable; on an object store '*' / '?'
+# also match other folders (a save deleted a sibling run's checkpoint) and '?' / '#' end the
+# name (the tensors land in a folder cut at them). Refused in run and export paths.
+PATTERN_CHARS = "[]\\"
+REMOTE_PATTERN_CHARS = PATTERN_CHARS + "*?#"
+
+
+def check_plain_name(path, label: str):
+  """ValueError naming `label` if `path` holds a character the checkpoint stack would read as a
+  pattern (`PATTERN_CHARS`, on object stores `REMOTE_PATTERN_CHARS`)."""
+  path = str(path)
+  remote = is_remote(path)
+  found = sorted({c for c in path if c in (REMOTE_PATTERN_CHARS if remote else PATTERN_CHARS)})
+  if found:
+    where = "an object-store path" if remote else "a local path"
+    refused = " ".join(REMOTE_PATTERN_CHARS if remote else PATTERN_CHARS)
+    raise ValueError(
+      f"{label}={path} holds {' '.join(found)}, which the checkpoint library reads as a pattern "
+      f"(a save there would fail, write elsewhere or reach another run's files): in {where} "
+      f"use none of {refused} (choose another name)"
+    )
+
+
 def resolve(path) -> str:
   """A workdir as stored and logged: absolute when local, unchanged when remote."""
   path = str(path)

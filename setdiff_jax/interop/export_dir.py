@@ -112,6 +112,8 @@ def check_export_dir(out: str, workdir: str, *, overwrite: bool = False):
   A non-empty directory needs `overwrite`. (`export_checkpoint` repeats the run-directory check
   for every caller: `check_out_dir`.)
   """
+  if paths.is_remote(out):  # the object store's glob deletes (an export over another) and URLs
+    paths.check_plain_name(out, "--out")
   if paths.is_remote(out) or paths.is_remote(workdir):  # an object store: no realpath, no files
     return _check_remote_export_dir(out, workdir, overwrite)
   target, source = os.path.realpath(out), os.path.realpath(workdir)

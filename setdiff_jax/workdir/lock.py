@@ -78,6 +78,7 @@ STRUCTURAL = (
 )
 # Zero / non-zero adds or removes an optimizer-chain element (a different state structure).
 ON_OFF = ("grad_clip_norm", "weight_decay")
+RUN_PATH_FIELDS = ("init_from", "rl.init_from")  # config fields naming a run's checkpoints
 PATH_FIELDS = (
   "data.paths",
   "data.eval_paths",
@@ -90,6 +91,14 @@ PATH_FIELDS = (
 
 
 # ----------------------------------------------------------------------------- lock
+def _field(config, name: str):
+  """config[a][b] for name 'a.b'; None where a level lacks it."""
+  node = config
+  for part in name.split("."):
+    node = node.get(part) if hasattr(node, "get") else None
+  return node
+
+
 def _remote(path: str) -> bool:
   return paths.is_remote(path)
 
@@ -214,10 +223,12 @@ def saved_steps(workdir: str) -> List[int]:
 
 
 def check_workdir_path(workdir: str, flag: str = "--workdir"):
-  """ValueError if `workdir` is empty (it would mean the current directory) or it (or a folder
-  above it) is an existing regular file."""
+  """ValueError if `workdir` is empty (it would mean the current directory), holds a character the
+  checkpoint library reads as a pattern (`paths.check_plain_name`), or it (or a folder above it)
+  is an existing regular file."""
   if not str(workdir or "").strip():
     raise ValueError(f"{flag} is empty (an unset shell variable?): pass the run directory")
+  paths.check_plain_name(workdir, flag)
   if paths.is_remote(workdir):
     return
   node = os.path.abspath(workdir)
@@ -250,6 +261,10 @@ def check_new_workdir(config, workdir: str):
   """ValueError for a workdir that is a file, or for num_train_steps < 1 on a workdir without
   checkpoints (nothing would be trained or saved); called before anything is written."""
   check_workdir_path(workdir)
+  for name in RUN_PATH_FIELDS:  # a checkpoint read through a pattern could be another run's
+    value = _field(config, name)
+    if isinstance(value, str) and value:
+      paths.check_plain_name(value, f"--config.{name}")
   if not saved_steps(workdir) and int(config.get("num_train_steps", 1)) < 1:
     raise ValueError(
       f"invalid config: num_train_steps={config.num_train_steps} on the new "
@@ -292,11 +307,13 @@ def check_resume(config, workdir: str, unread=None):
   if not changes:
     return
   diff = "; ".join(f"{k}: {json.dumps(o)} -> {json.dumps(n)}" for k, o, n in changes)
+  rl = config.get("rl")  # an RL run starts from --config.rl.init_from (an SFT or RL workdir)
+  init_flag = "rl.init_from" if rl is not None and rl.get("init_from") else "init_from"
   raise errors.ConfigMismatchError(
     f"refusing to resume {workdir} (checkpoint steps {steps}): the config differs from its "
     f"{CONFIG_FILE} in fields the checkpoints depend on: {diff}. Nothing was written. To "
     f"resume, drop these overrides; for a new run use another --workdir; to start a new run "
-    f"from this one's parameters (same model shape) add --config.init_from={workdir}"
+    f"from this one's parameters (same model shape) add --config.{init_flag}={workdir}"
   )
 
 
