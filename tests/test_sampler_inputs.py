@@ -113,7 +113,9 @@ def test_continuous_budgets_are_checked_per_row_and_never_cut(model_and_params, 
     kind, model, params, prompts, scfg(greedy=True, stop_at_eos=False), budgets=[2, 20], slots=2
   )
   assert [len(g) for g in out.result.generated] == [2, 20]
-  with pytest.raises(ValueError, match="prompt 0 has 28 tokens; with max_new_tokens=5 that is 33"):
+  with pytest.raises(
+    ValueError, match=r"prompt 0 has 28 tokens; with its budget budgets\[0\]=5 that is 33"
+  ):
     continuous_generate(kind, model, params, prompts, scfg(), budgets=[5, 2], slots=2)
   with pytest.raises(ValueError, match="whole numbers"):
     continuous_generate(kind, model, params, [[2], [3]], scfg(), budgets=[2.9, 3.9], slots=2)
