@@ -188,7 +188,7 @@ def main(argv):
     max_rows=FLAGS.max_rows,
     cloze_path=FLAGS.cloze_path,
     infill_settings=tuple(FLAGS.infill_settings),
-    num_infill=None if FLAGS.num_infill < 0 else FLAGS.num_infill,
+    num_infill=None if FLAGS.num_infill == -1 else FLAGS.num_infill,  # -5: refused, not 'all'
     infill_batch_size=FLAGS.infill_batch_size,
     infill_thresholds=tuple(
       generation.parse_thresholds(FLAGS.infill_thresholds, "--infill_thresholds")

@@ -270,6 +270,8 @@ def test_evaluate_refuses_flags_no_requested_eval_reads(run_dir, tmp_path):
     ([w, "--eval=accuracy", "--num_examples=-7"], ["--num_examples=-7 must be >= 1"]),
     ([w, "--eval=accuracy", "--num_examples=0"], ["--num_examples=0 must be >= 1"]),
     ([w, "--eval=accuracy", "--speed_examples=-1"], ["--speed_examples=-1 must be >= 0"]),
+    # probe round 15: -5 evaluated every example (any value below 0 meant -1, "all that fit")
+    ([w, "--eval=infill", "--num_infill=-5"], ["--num_infill=-5 must be >= 1 or -1 (all that"]),
   ]
   check_cases("evaluate.py", cases)
   assert not os.path.exists(out)

@@ -20,7 +20,7 @@ from configs import reasoning_common, rl_arithmetic
 from setdiff_jax import errors, train
 from setdiff_jax.data import pairs
 from setdiff_jax.rl import config as rl_config
-from setdiff_jax.rl import grpo, prompts
+from setdiff_jax.rl import grpo, prompts, sft_start
 from setdiff_jax.workdir import checkpoints as checkpointing
 from setdiff_jax.workdir import load as workdir_lib
 from setdiff_jax.workdir.metrics import MetricWriter
@@ -311,6 +311,10 @@ def test_resume_is_exact(sft, tmp_path, monkeypatch):
   assert stop.value.exit_code == 143
   b = grpo.train_rl(tiny_rl(moving, inner_updates=2, kl_beta=0.1), split)  # a new call: restored
   assert a["step"] == b["step"] == 4
+  reference = json.load(open(os.path.join(split, sft_start.REFERENCE_FILE)))  # the first start's
+  assert reference["step"] == 60 and reference["checksums_sha256"] == sft_start.step_digest(
+    moving, 60
+  )
 
   def metrics(w):
     rows = [json.loads(l) for l in open(os.path.join(w, "metrics.jsonl"))]

@@ -282,6 +282,62 @@ def test_resume_without_the_kl_reference_names_rl_init_step_and_the_ways_out(
   sft_start.check_init_step(run.rl, workdir, 61)  # a changed init_step: the resume check names it
 
 
+def test_a_resume_refuses_an_sft_step_changed_since_the_first_start(
+  config_only_sft, tmp_path_factory
+):
+  """Probe round 15: the SFT folder deleted, trained again at the same path (another learning
+  rate, which the resume check does not see), and the RL resume reloaded the new step 60 as its
+  KL reference without a word. The first start records the step's checksums.json digest
+  (sft_reference.json); a resume that finds other bytes there is refused before the lock."""
+  moved, workdir, run = _rotated(tmp_path_factory, config_only_sft)
+  step60 = os.path.join(moved, "checkpoints", "60")
+  os.makedirs(step60)
+  with open(os.path.join(step60, "checksums.json"), "w") as f:
+    json.dump({"state/d/a": [10, 1234]}, f)
+  sft_start.record_reference(workdir, moved, 60)
+  record = json.load(open(os.path.join(workdir, sft_start.REFERENCE_FILE)))
+  assert record["step"] == 60 and len(record["checksums_sha256"]) == 64
+  sft_start.check_init_step(run.rl, workdir, 60)  # the same bytes: resumes
+  with open(os.path.join(step60, "checksums.json"), "w") as f:  # a retrained step 60
+    json.dump({"state/d/a": [10, 9876]}, f)
+  with pytest.raises(errors.CheckpointError) as e:
+    grpo.train_rl(tiny_rl(moved, kl_beta=0.1), workdir)
+  msg = str(e.value)
+  assert msg.startswith(f"rl.init_from={moved!r} step 60 is not the checkpoint this RL run")
+  assert "Restore that SFT run from a backup" in msg and "\n" not in msg
+  assert ".lock" not in os.listdir(workdir)
+  run.rl.kl_beta = 0.0
+  sft_start.check_init_step(run.rl, workdir, 60)  # no reference reloaded: nothing to compare
+  run.rl.kl_beta = 0.1
+  os.remove(os.path.join(step60, "checksums.json"))  # an object-store step: no checksums
+  with pytest.raises(errors.CheckpointError, match="is not the checkpoint"):
+    sft_start.check_init_step(run.rl, workdir, 60)  # recorded bytes, now none: not the same
+  sft_start.record_reference(workdir, moved, 60)  # recorded without checksums: not checked
+  assert (
+    json.load(open(os.path.join(workdir, sft_start.REFERENCE_FILE)))["checksums_sha256"] is None
+  )
+  sft_start.check_init_step(run.rl, workdir, 60)
+
+
+def test_a_resume_reads_the_sft_config_not_its_checkpoints(config_only_sft, tmp_path):
+  """Probe round 15: with kl_beta = 0 a resume reads no SFT parameters, yet an SFT run whose
+  checkpoints were deleted stopped it with "train one first" (which leads to another model). A
+  resume now needs the SFT run's config.json (and tokenizer/) only; a folder gone says restore."""
+  import shutil
+
+  sft = str(tmp_path / "sft")
+  shutil.copytree(config_only_sft, sft)
+  shutil.rmtree(os.path.join(sft, "checkpoints"))
+  with pytest.raises(FileNotFoundError, match="has no SFT checkpoint"):
+    rl_config.load_sft_config(sft)  # a new run starts from its parameters
+  assert rl_config.load_sft_config(sft, resume=True).objective == "setdlm"
+  shutil.rmtree(sft)
+  with pytest.raises(FileNotFoundError) as e:
+    rl_config.load_sft_config(sft, resume=True)
+  assert str(e.value).startswith(f"rl.init_from={sft!r} is gone (no config.json there)")
+  assert "Restore that folder from a backup" in str(e.value) and "train one" not in str(e.value)
+
+
 # ----------------------------------------------------------------------------- 7: advantages
 def test_group_advantages_bad_input():
   r = np.array([1.0, 0.0, 0.0, 1.0], np.float32)

@@ -74,7 +74,11 @@ def test_mdlm_infill_checks_its_canvases_like_the_set_sampler(model_and_params):
   failed on an empty list with `max() arg is an empty sequence`."""
   model, params = model_and_params
   cases = [
-    ([[2] * 20 + [MASK] * 4], "24 tokens > the model's context length max_length=16"),
+    (  # probe round 15: the message now says what counts and by how much to shorten
+      [[2] * 20 + [MASK] * 4],
+      r"24 tokens \(text, gap positions and special tokens\) > the model's context length "
+      r"max_length=16: shorten its text or gaps by 8 tokens",
+    ),
     ([[2, -3, MASK]], "negative token id"),
     ([], "no canvases given"),
   ]

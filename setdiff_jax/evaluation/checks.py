@@ -55,7 +55,8 @@ def check_options(opts, seq_len: int):
       raise ValueError(f"--{name}={getattr(opts, name)} must be >= 1")
   for name in ("max_rows", "num_infill", "num_examples"):
     if getattr(opts, name) is not None and getattr(opts, name) < 1:
-      raise ValueError(f"--{name}={getattr(opts, name)} must be >= 1")
+      all_of = " or -1 (all that fit)" if name == "num_infill" else ""
+      raise ValueError(f"--{name}={getattr(opts, name)} must be >= 1{all_of}")
   if opts.speed_examples < 0:
     raise ValueError(f"--speed_examples={opts.speed_examples} must be >= 0 (0: no batch-1 timing)")
   if any(int(b) < 1 for b in opts.batch_sizes):

@@ -124,9 +124,20 @@ def validate(config: ml_collections.ConfigDict):
     )
 
 
-def load_sft_config(init_from: str) -> ml_collections.ConfigDict:
-  """The SFT workdir's config.json, after checking it has a checkpoint (one error line else)."""
+def load_sft_config(init_from: str, resume: bool = False) -> ml_collections.ConfigDict:
+  """The SFT workdir's config.json, after checking it has a checkpoint (one error line else). A
+  resume needs its config.json (and tokenizer/) only: its parameters are the RL checkpoint's,
+  and a KL reference step is checked by `sft_start.check_init_step`."""
   workdir = paths.resolve(init_from)
+  if resume and not paths.isfile(paths.join(workdir, checkpointing.CONFIG_FILE)):
+    raise FileNotFoundError(
+      f"rl.init_from={init_from!r} is gone (no config.json there): this RL run resumes from its "
+      "own checkpoints but reads the SFT run's config.json and tokenizer/ (and, with "
+      "rl.kl_beta > 0, its checkpoint of rl.init_step). Restore that folder from a backup; an "
+      "SFT run trained again is another model (a resume refuses it)"
+    )
+  if resume:
+    return checkpointing.load_config(workdir)
   steps = [
     s
     for s in (

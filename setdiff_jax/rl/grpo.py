@@ -168,7 +168,9 @@ def train_rl(
       f"--workdir={workdir} is the run's own --config.rl.init_from: the RL run would write into "
       "the SFT run it starts from; pass a new --workdir (init_from is the SFT workdir)"
     )
-  sft = rl_config.load_sft_config(config.rl.init_from)
+  sft = rl_config.load_sft_config(
+    config.rl.init_from, resume=bool(workdir_lock.saved_steps(workdir))
+  )
   run = rl_config.run_config_for(config, sft)
   recorded = sft_start.recorded_init_step(workdir)
   if not int(run.rl.init_step):  # a resume reloads the SFT step its first start recorded
@@ -286,6 +288,8 @@ def _train_rl(
       tokenizers.save_in(tokenizer, workdir)  # no checkpoint yet: an earlier attempt's is stale
     checkpointing.save_config(config, workdir)
     data_files.save(workdir, data_prints)
+    if not workdir_lock.saved_steps(workdir):  # the first start: which SFT checkpoint it was
+      sft_start.record_reference(workdir, r.init_from, config.rl.init_step)
 
   step = _rl_step(
     run,

@@ -1,10 +1,16 @@
 """The SFT run an RL run starts from: which of its steps (rl.init_step, recorded on the first
 start), checked before anything is written, and loaded as the starting parameters and, with
 rl.kl_beta > 0, as the frozen KL reference on every resume.
+
+Which checkpoint that step was is recorded too: WORKDIR/sft_reference.json holds the SHA-256 of
+the step's checksums.json (the size and CRC-32 of each of its files) at the first start, so a
+resume refuses an SFT step trained again or changed since (its KL reference would be another
+model). An SFT step without checksums.json (an object store, an older run) records none.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Optional
 
@@ -12,8 +18,45 @@ from absl import logging
 
 from setdiff_jax import errors, paths, trainer
 from setdiff_jax.workdir import checkpoints as checkpointing
+from setdiff_jax.workdir import fallback
 from setdiff_jax.workdir import load as workdir_lib
 from setdiff_jax.workdir import lock as workdir_lock
+
+
+REFERENCE_FILE = "sft_reference.json"  # in the RL workdir: {init_from, step, checksums_sha256}
+
+
+def step_digest(init_from: str, step: int) -> Optional[str]:
+  """SHA-256 of the SFT run's checkpoints/<step>/checksums.json; None where it has none."""
+  path = paths.join(checkpointing.checkpoint_dir(init_from), str(step), fallback.CHECKSUM_FILE)
+  return hashlib.sha256(paths.read_bytes(path)).hexdigest() if paths.isfile(path) else None
+
+
+def record_reference(workdir: str, init_from: str, step: int):
+  """Writes WORKDIR/sft_reference.json at the run's first start (process 0)."""
+  record = {"init_from": init_from, "step": int(step)}
+  record["checksums_sha256"] = step_digest(init_from, step)
+  paths.write_text(paths.join(workdir, REFERENCE_FILE), json.dumps(record, indent=1) + "\n")
+
+
+def _check_same_reference(r, workdir: str, step: int):
+  """Refuses a resume whose SFT step differs from the one its first start recorded."""
+  path = paths.join(workdir, REFERENCE_FILE)
+  if not paths.isfile(path):
+    return  # a run of a version that recorded none
+  try:
+    recorded = json.loads(paths.read_text(path)).get("checksums_sha256")
+  except ValueError as e:
+    raise errors.CheckpointError(f"{path} is damaged ({e}); restore it from a backup") from e
+  now = step_digest(r.init_from, step)
+  if recorded and now != recorded:
+    raise errors.CheckpointError(
+      f"rl.init_from={r.init_from!r} step {step} is not the checkpoint this RL run started from "
+      f"(its checksums.json differs from the one recorded at the first start, {path}): the SFT "
+      "run was trained again or changed since, and the KL reference (rl.kl_beta="
+      f"{r.kl_beta}) would be another model. Restore that SFT run from a backup, or start a new "
+      "RL run (a new --workdir)"
+    )
 
 
 def recorded_init_step(workdir: str) -> int:
@@ -51,7 +94,8 @@ def _init_step_missing(r, sft_steps, resume: bool) -> Exception:
 def check_init_step(r, workdir: str, recorded: int):
   """Refuses an rl.init_step (explicit, or the one a resume recorded) the SFT run does not hold,
   when the run needs it: a new run starts from it; a resume with rl.kl_beta > 0 reloads it as the
-  KL reference (else the RL checkpoint is all a resume reads). Reads directory listings only."""
+  KL reference (else the RL checkpoint is all a resume reads), and then must be the checkpoint
+  the first start recorded (`sft_reference.json`). Reads listings and one small file only."""
   step = int(r.init_step)
   if not step:
     return
@@ -61,6 +105,8 @@ def check_init_step(r, workdir: str, recorded: int):
   sft_steps = workdir_lock.saved_steps(r.init_from)
   if step not in sft_steps:
     raise _init_step_missing(r, sft_steps, resume)
+  if resume:
+    _check_same_reference(r, workdir, step)
 
 
 def load_sft(r, like, step: Optional[int], resume: bool):
@@ -103,4 +149,12 @@ def restore_from_sft(r, state, manager):
   return state, ref_params, sft_step["step"]
 
 
-__all__ = ["recorded_init_step", "check_init_step", "load_sft", "restore_from_sft"]
+__all__ = [
+  "REFERENCE_FILE",
+  "step_digest",
+  "record_reference",
+  "recorded_init_step",
+  "check_init_step",
+  "load_sft",
+  "restore_from_sft",
+]

@@ -211,7 +211,9 @@ def infill_rows(canvases, cfg: SamplerConfig, need_gap: bool = True) -> list:
       )
     if cfg.max_length is not None and len(c) > cfg.max_length:
       raise ValueError(
-        f"canvas {i} has {len(c)} tokens > the model's context length max_length={cfg.max_length}"
+        f"canvas {i} has {len(c)} tokens (text, gap positions and special tokens) > the model's "
+        f"context length max_length={cfg.max_length}: shorten its text or gaps by "
+        f"{len(c) - cfg.max_length} tokens"
       )
   return rows
 
