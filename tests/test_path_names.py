@@ -13,6 +13,7 @@ the flag that exists for it (`--config.rl.init_from`, not `--config.init_from`).
 import json
 import os
 
+import ml_collections
 import pytest
 
 from setdiff_jax import errors, paths, train
@@ -107,8 +108,6 @@ def test_rl_resume_refusal_names_the_rl_flag(tmp_path):
   (workdir / "checkpoints" / "1").mkdir(parents=True)
   recorded = {"objective": "setdlm", "rl": {"init_from": "/runs/sft"}}
   (workdir / "config.json").write_text(json.dumps(recorded))
-  import ml_collections
-
   config = ml_collections.ConfigDict({"objective": "setdlm", "rl": {"init_from": "/runs/sft2"}})
   with pytest.raises(errors.ConfigMismatchError) as e:
     workdir_lock.check_resume(config, str(workdir))

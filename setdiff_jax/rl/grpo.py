@@ -284,11 +284,12 @@ def _train_rl(
   )
   state, ref_params, config.rl.init_step = sft_start.restore_from_sft(r, state, manager)
   if is_main:
-    if not tokenizers.saved_in(workdir) or not workdir_lock.saved_steps(workdir):
+    first_start = not workdir_lock.saved_steps(workdir)  # no RL checkpoint yet
+    if first_start or not tokenizers.saved_in(workdir):
       tokenizers.save_in(tokenizer, workdir)  # no checkpoint yet: an earlier attempt's is stale
     checkpointing.save_config(config, workdir)
     data_files.save(workdir, data_prints)
-    if not workdir_lock.saved_steps(workdir):  # the first start: which SFT checkpoint it was
+    if first_start:  # which SFT checkpoint the run starts from
       sft_start.record_reference(workdir, r.init_from, config.rl.init_step)
 
   step = _rl_step(
