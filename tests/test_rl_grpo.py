@@ -311,10 +311,11 @@ def test_resume_is_exact(sft, tmp_path, monkeypatch):
   assert stop.value.exit_code == 143
   b = grpo.train_rl(tiny_rl(moving, inner_updates=2, kl_beta=0.1), split)  # a new call: restored
   assert a["step"] == b["step"] == 4
+  pa = workdir_lib.load_inference_state(straight, use_ema=False).params
   reference = json.load(open(os.path.join(split, sft_start.REFERENCE_FILE)))  # the first start's
-  assert reference["step"] == 60 and reference["checksums_sha256"] == sft_start.step_digest(
-    moving, 60
-  )
+  step60 = workdir_lib.load_params_and_step(moving, like=pa, step=60)[0]
+  assert reference["step"] == 60
+  assert reference["params_fingerprint"] == sft_start.params_fingerprint(step60)
 
   def metrics(w):
     rows = [json.loads(l) for l in open(os.path.join(w, "metrics.jsonl"))]
@@ -322,7 +323,6 @@ def test_resume_is_exact(sft, tmp_path, monkeypatch):
 
   assert metrics(straight) == metrics(split) and len(metrics(split)) == 4
   assert any(abs(r["rl/ratio_mean"] - 1.0) > 1e-6 for r in metrics(split))  # 2nd update moved
-  pa = workdir_lib.load_inference_state(straight, use_ema=False).params
   pb = workdir_lib.load_inference_state(split, use_ema=False).params
   for x, y in zip(jax.tree_util.tree_leaves(pa), jax.tree_util.tree_leaves(pb)):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
@@ -330,6 +330,19 @@ def test_resume_is_exact(sft, tmp_path, monkeypatch):
   assert any(
     np.any(np.asarray(x) != np.asarray(y))
     for x, y in zip(jax.tree_util.tree_leaves(pa), jax.tree_util.tree_leaves(sft_params))
+  )
+  # step 60 of the SFT run replaced by other parameters (its step 61's files): a further resume
+  # would reload another model as its KL reference, and is refused before it trains
+  steps = os.path.join(moving, "checkpoints")
+  shutil.rmtree(os.path.join(steps, "60"))
+  shutil.copytree(os.path.join(steps, "61"), os.path.join(steps, "60"))
+  longer = tiny_rl(moving, inner_updates=2, kl_beta=0.1)
+  longer.num_train_steps = 6
+  saved = sorted(os.listdir(os.path.join(split, "checkpoints")))
+  with pytest.raises(errors.CheckpointError, match="step 60 is not the checkpoint this RL run"):
+    grpo.train_rl(longer, split)
+  assert (
+    len(metrics(split)) == 4 and sorted(os.listdir(os.path.join(split, "checkpoints"))) == saved
   )
 
 

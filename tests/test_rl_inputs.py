@@ -282,41 +282,91 @@ def test_resume_without_the_kl_reference_names_rl_init_step_and_the_ways_out(
   sft_start.check_init_step(run.rl, workdir, 61)  # a changed init_step: the resume check names it
 
 
-def test_a_resume_refuses_an_sft_step_changed_since_the_first_start(
-  config_only_sft, tmp_path_factory
-):
-  """Probe round 15: the SFT folder deleted, trained again at the same path (another learning
-  rate, which the resume check does not see), and the RL resume reloaded the new step 60 as its
-  KL reference without a word. The first start records the step's checksums.json digest
-  (sft_reference.json); a resume that finds other bytes there is refused before the lock."""
-  moved, workdir, run = _rotated(tmp_path_factory, config_only_sft)
-  step60 = os.path.join(moved, "checkpoints", "60")
-  os.makedirs(step60)
-  with open(os.path.join(step60, "checksums.json"), "w") as f:
-    json.dump({"state/d/a": [10, 1234]}, f)
-  sft_start.record_reference(workdir, moved, 60)
-  record = json.load(open(os.path.join(workdir, sft_start.REFERENCE_FILE)))
-  assert record["step"] == 60 and len(record["checksums_sha256"]) == 64
-  sft_start.check_init_step(run.rl, workdir, 60)  # the same bytes: resumes
-  with open(os.path.join(step60, "checksums.json"), "w") as f:  # a retrained step 60
-    json.dump({"state/d/a": [10, 9876]}, f)
-  with pytest.raises(errors.CheckpointError) as e:
-    grpo.train_rl(tiny_rl(moved, kl_beta=0.1), workdir)
-  msg = str(e.value)
-  assert msg.startswith(f"rl.init_from={moved!r} step 60 is not the checkpoint this RL run")
-  assert "Restore that SFT run from a backup" in msg and "\n" not in msg
-  assert ".lock" not in os.listdir(workdir)
-  run.rl.kl_beta = 0.0
-  sft_start.check_init_step(run.rl, workdir, 60)  # no reference reloaded: nothing to compare
-  run.rl.kl_beta = 0.1
-  os.remove(os.path.join(step60, "checksums.json"))  # an object-store step: no checksums
-  with pytest.raises(errors.CheckpointError, match="is not the checkpoint"):
-    sft_start.check_init_step(run.rl, workdir, 60)  # recorded bytes, now none: not the same
-  sft_start.record_reference(workdir, moved, 60)  # recorded without checksums: not checked
-  assert (
-    json.load(open(os.path.join(workdir, sft_start.REFERENCE_FILE)))["checksums_sha256"] is None
+def _numpy_leaf_sums(x: np.ndarray) -> np.ndarray:
+  """sft_start._leaf_sums recomputed in numpy (uint32 arithmetic wraps as in XLA), serially."""
+  words = x.view(f"uint{8 * x.dtype.itemsize}").astype(np.uint32).reshape(-1)
+
+  def mix(v):
+    v = v * np.uint32(0x85EBCA6B)
+    v = v ^ (v >> np.uint32(13))
+    v = v * np.uint32(0xC2B2AE35)
+    return v ^ (v >> np.uint32(16))
+
+  index = np.arange(words.size, dtype=np.uint32)
+  a = mix(words ^ mix(index + np.uint32(0x9E3779B9)))
+  b = mix(a + index * np.uint32(0x27D4EB2F))
+  total = lambda v: np.uint32(int(v.astype(np.uint64).sum()) % (1 << 32))
+  return np.array([total(a), total(b)], np.uint32)
+
+
+def test_params_fingerprint_is_exact_and_the_same_on_any_mesh():
+  """The KL reference's fingerprint: the leaf sums equal a serial numpy recomputation; the same
+  parameters sharded over 8 devices give the same fingerprint; one ulp, two elements swapped, a
+  dtype or a leaf name changed each give another."""
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+  rng = np.random.default_rng(0)
+  tree = {
+    "dense": {"kernel": rng.standard_normal((16, 24)).astype(np.float32)},
+    "norm": rng.standard_normal(8).astype(jnp.bfloat16),
+    "count": np.arange(5, dtype=np.int32),
+  }
+  sums = jax.device_get(sft_start._tree_sums(jax.tree_util.tree_map(jnp.asarray, tree)))
+  for leaf, got in zip(jax.tree_util.tree_leaves(tree), jax.tree_util.tree_leaves(sums)):
+    np.testing.assert_array_equal(got, _numpy_leaf_sums(np.asarray(leaf)))
+  reference = sft_start.params_fingerprint(tree)
+  mesh = Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("data", "fsdp"))
+  sharded = dict(
+    tree,
+    dense={
+      "kernel": jax.device_put(
+        tree["dense"]["kernel"], NamedSharding(mesh, PartitionSpec("data", "fsdp"))
+      )
+    },
   )
-  sft_start.check_init_step(run.rl, workdir, 60)
+  assert sft_start.params_fingerprint(sharded) == reference
+  kernel = tree["dense"]["kernel"]
+  one_ulp = kernel.copy()
+  one_ulp[3, 4] = np.nextafter(one_ulp[3, 4], np.float32(np.inf))
+  swapped = kernel.copy()
+  swapped[[0, 1]] = swapped[[1, 0]]
+  others = [
+    dict(tree, dense={"kernel": one_ulp}),
+    dict(tree, dense={"kernel": swapped}),
+    dict(tree, dense={"kernel": kernel.astype(jnp.bfloat16)}),
+    {"dense": {"bias": kernel}, "norm": tree["norm"], "count": tree["count"]},
+  ]
+  prints = {sft_start.params_fingerprint(t) for t in others}
+  assert len(prints) == len(others) and reference not in prints
+
+
+def test_a_resume_refuses_a_kl_reference_changed_since_the_first_start(tmp_path):
+  """Probe round 15: an SFT run trained again at the same path became the KL reference of an RL
+  resume without a word; the first fix compared the step's checksums.json, which object-store
+  steps do not have (a retrained gs:// SFT run still slipped through). The first start records
+  the loaded parameters' fingerprint (sft_reference.json); the reloaded reference must match it,
+  wherever the SFT run lives. A record without one (an older run) is not compared."""
+  workdir = str(tmp_path)
+  run = tiny_rl("gs://bucket/sft", kl_beta=0.1)
+  first = {"w": jnp.arange(6, dtype=jnp.float32)}
+  retrained = {"w": jnp.arange(6, dtype=jnp.float32) * 1.001}
+  sft_start.record_reference(workdir, "gs://bucket/sft", 60, sft_start.params_fingerprint(first))
+  record = json.load(open(os.path.join(workdir, sft_start.REFERENCE_FILE)))
+  assert record["step"] == 60 and len(record["params_fingerprint"]) == 64
+  sft_start.check_same_reference(run.rl, workdir, 60, first)  # the same parameters: resumes
+  with pytest.raises(errors.CheckpointError) as e:
+    sft_start.check_same_reference(run.rl, workdir, 60, retrained)
+  msg = str(e.value)
+  assert msg.startswith("rl.init_from='gs://bucket/sft' step 60 is not the checkpoint this RL run")
+  assert "its parameters differ" in msg and "Restore that SFT run from a backup" in msg
+  assert "\n" not in msg
+  with open(os.path.join(workdir, sft_start.REFERENCE_FILE), "w") as f:
+    json.dump({"init_from": "gs://bucket/sft", "step": 60, "checksums_sha256": "ab"}, f)
+  sft_start.check_same_reference(run.rl, workdir, 60, retrained)  # recorded none: not compared
+  with open(os.path.join(workdir, sft_start.REFERENCE_FILE), "w") as f:
+    f.write('{"step": 6')
+  with pytest.raises(errors.CheckpointError, match="sft_reference.json is damaged"):
+    sft_start.check_same_reference(run.rl, workdir, 60, first)
 
 
 def test_a_resume_reads_the_sft_config_not_its_checkpoints(config_only_sft, tmp_path):

@@ -282,15 +282,17 @@ def _train_rl(
   manager = checkpointing.make_manager(
     workdir, keep=run.checkpoints.keep_checkpoints, with_data=False
   )
-  state, ref_params, config.rl.init_step = sft_start.restore_from_sft(r, state, manager)
+  state, ref_params, config.rl.init_step, fingerprint = sft_start.restore_from_sft(
+    r, state, manager, workdir
+  )
   if is_main:
     first_start = not workdir_lock.saved_steps(workdir)  # no RL checkpoint yet
     if first_start or not tokenizers.saved_in(workdir):
       tokenizers.save_in(tokenizer, workdir)  # no checkpoint yet: an earlier attempt's is stale
     checkpointing.save_config(config, workdir)
     data_files.save(workdir, data_prints)
-    if first_start:  # which SFT checkpoint the run starts from
-      sft_start.record_reference(workdir, r.init_from, config.rl.init_step)
+    if first_start:  # which SFT parameters the run starts from
+      sft_start.record_reference(workdir, r.init_from, config.rl.init_step, fingerprint)
 
   step = _rl_step(
     run,

@@ -2,10 +2,11 @@
 start), checked before anything is written, and loaded as the starting parameters and, with
 rl.kl_beta > 0, as the frozen KL reference on every resume.
 
-Which checkpoint that step was is recorded too: WORKDIR/sft_reference.json holds the SHA-256 of
-the step's checksums.json (the size and CRC-32 of each of its files) at the first start, so a
-resume refuses an SFT step trained again or changed since (its KL reference would be another
-model). An SFT step without checksums.json (an object store, an older run) records none.
+Which parameters that step held is recorded too: WORKDIR/sft_reference.json keeps a fingerprint
+of the parameters loaded at the first start (`params_fingerprint`: exact integer sums over their
+bits, the same on any storage, mesh or process count), and a resume that reloads the reference
+refuses other parameters at that step (an SFT run trained again at the same path: its KL
+reference would be another model). A record without a fingerprint (an older run) is not compared.
 """
 
 from __future__ import annotations
@@ -15,47 +16,84 @@ import json
 from typing import Optional
 
 from absl import logging
+import jax
+import jax.numpy as jnp
 
 from setdiff_jax import errors, paths, trainer
+from setdiff_jax.sampling import placement
 from setdiff_jax.workdir import checkpoints as checkpointing
-from setdiff_jax.workdir import fallback
 from setdiff_jax.workdir import load as workdir_lib
 from setdiff_jax.workdir import lock as workdir_lock
 
 
-REFERENCE_FILE = "sft_reference.json"  # in the RL workdir: {init_from, step, checksums_sha256}
+REFERENCE_FILE = "sft_reference.json"  # in the RL workdir: {init_from, step, params_fingerprint}
 
 
-def step_digest(init_from: str, step: int) -> Optional[str]:
-  """SHA-256 of the SFT run's checkpoints/<step>/checksums.json; None where it has none."""
-  path = paths.join(checkpointing.checkpoint_dir(init_from), str(step), fallback.CHECKSUM_FILE)
-  return hashlib.sha256(paths.read_bytes(path)).hexdigest() if paths.isfile(path) else None
+def _mix(v):
+  """A bijective scramble of uint32 words (a murmur3-style finaliser): neighbouring values and
+  positions land far apart, so the wrapped sums below see any change of bits or order."""
+  v = v * jnp.uint32(0x85EBCA6B)
+  v = v ^ (v >> 13)
+  v = v * jnp.uint32(0xC2B2AE35)
+  return v ^ (v >> 16)
 
 
-def record_reference(workdir: str, init_from: str, step: int):
+def _leaf_sums(x) -> jax.Array:
+  """[2] uint32: two wrapped sums over the leaf's bits, each element mixed with its flat index.
+  Integer sums are exact in any order, so sharding or the device count does not change them."""
+  if x.dtype.itemsize not in (1, 2, 4):
+    x = jax.lax.bitcast_convert_type(x, jnp.uint32)  # 8-byte elements: a trailing axis of 2 words
+  words = jax.lax.bitcast_convert_type(x, jnp.dtype(f"uint{8 * x.dtype.itemsize}"))
+  words = words.astype(jnp.uint32)
+  index = jnp.zeros(words.shape, jnp.uint32)
+  stride = 1
+  for axis in reversed(range(words.ndim)):
+    index = index + jax.lax.broadcasted_iota(jnp.uint32, words.shape, axis) * jnp.uint32(stride)
+    stride = stride * words.shape[axis] % (1 << 32)
+  a = _mix(words ^ _mix(index + jnp.uint32(0x9E3779B9)))
+  b = _mix(a + index * jnp.uint32(0x27D4EB2F))
+  return jnp.stack([jnp.sum(a, dtype=jnp.uint32), jnp.sum(b, dtype=jnp.uint32)])
+
+
+@jax.jit
+def _tree_sums(params):
+  return jax.tree_util.tree_map(_leaf_sums, params)
+
+
+def params_fingerprint(params) -> str:
+  """SHA-256 (hex) of a parameter tree's leaf names, dtypes, shapes and `_leaf_sums`: equal for
+  the same parameters wherever they live, different for a retrained model (64 bits a leaf)."""
+  sums = placement.to_host(_tree_sums(params))
+  digest = hashlib.sha256()
+  flat = jax.tree_util.tree_flatten_with_path(params)[0]
+  for (path, leaf), (_, leaf_sums) in zip(flat, jax.tree_util.tree_flatten_with_path(sums)[0]):
+    digest.update(f"{jax.tree_util.keystr(path)}|{leaf.dtype}|{tuple(leaf.shape)}|".encode())
+    digest.update(leaf_sums.astype("<u4").tobytes())
+  return digest.hexdigest()
+
+
+def record_reference(workdir: str, init_from: str, step: int, fingerprint: str):
   """Writes WORKDIR/sft_reference.json at the run's first start (process 0)."""
-  record = {"init_from": init_from, "step": int(step)}
-  record["checksums_sha256"] = step_digest(init_from, step)
+  record = {"init_from": init_from, "step": int(step), "params_fingerprint": fingerprint}
   paths.write_text(paths.join(workdir, REFERENCE_FILE), json.dumps(record, indent=1) + "\n")
 
 
-def _check_same_reference(r, workdir: str, step: int):
-  """Refuses a resume whose SFT step differs from the one its first start recorded."""
+def check_same_reference(r, workdir: str, step: int, ref_params):
+  """Refuses a resume whose reloaded KL reference `ref_params` (SFT step `step`) differs from the
+  parameters its first start loaded there (WORKDIR/sft_reference.json)."""
   path = paths.join(workdir, REFERENCE_FILE)
   if not paths.isfile(path):
     return  # a run of a version that recorded none
   try:
-    recorded = json.loads(paths.read_text(path)).get("checksums_sha256")
+    recorded = json.loads(paths.read_text(path)).get("params_fingerprint")
   except ValueError as e:
     raise errors.CheckpointError(f"{path} is damaged ({e}); restore it from a backup") from e
-  now = step_digest(r.init_from, step)
-  if recorded and now != recorded:
+  if recorded and params_fingerprint(ref_params) != recorded:
     raise errors.CheckpointError(
       f"rl.init_from={r.init_from!r} step {step} is not the checkpoint this RL run started from "
-      f"(its checksums.json differs from the one recorded at the first start, {path}): the SFT "
-      "run was trained again or changed since, and the KL reference (rl.kl_beta="
-      f"{r.kl_beta}) would be another model. Restore that SFT run from a backup, or start a new "
-      "RL run (a new --workdir)"
+      f"(its parameters differ from those recorded at the first start, {path}): the SFT run was "
+      f"trained again or changed since, and the KL reference (rl.kl_beta={r.kl_beta}) would be "
+      "another model. Restore that SFT run from a backup, or start a new RL run (a new --workdir)"
     )
 
 
@@ -94,8 +132,8 @@ def _init_step_missing(r, sft_steps, resume: bool) -> Exception:
 def check_init_step(r, workdir: str, recorded: int):
   """Refuses an rl.init_step (explicit, or the one a resume recorded) the SFT run does not hold,
   when the run needs it: a new run starts from it; a resume with rl.kl_beta > 0 reloads it as the
-  KL reference (else the RL checkpoint is all a resume reads), and then must be the checkpoint
-  the first start recorded (`sft_reference.json`). Reads listings and one small file only."""
+  KL reference (else the RL checkpoint is all a resume reads; `restore_from_sft` compares the one
+  it reloads with the first start's record). Reads listings and one small file only."""
   step = int(r.init_step)
   if not step:
     return
@@ -105,8 +143,6 @@ def check_init_step(r, workdir: str, recorded: int):
   sft_steps = workdir_lock.saved_steps(r.init_from)
   if step not in sft_steps:
     raise _init_step_missing(r, sft_steps, resume)
-  if resume:
-    _check_same_reference(r, workdir, step)
 
 
 def load_sft(r, like, step: Optional[int], resume: bool):
@@ -121,14 +157,17 @@ def load_sft(r, like, step: Optional[int], resume: bool):
     raise _init_step_missing(r, sft_steps, resume) from e
 
 
-def restore_from_sft(r, state, manager):
-  """(state, KL reference params or None, SFT step): the RL checkpoint, else the SFT run's
-  parameters at rl.init_step (0: its newest intact step, the one returned for config.json)."""
+def restore_from_sft(r, state, manager, workdir: str):
+  """(state, KL reference params or None, SFT step, fingerprint): the RL checkpoint, else the SFT
+  run's parameters at rl.init_step (0: its newest intact step, the one returned for
+  config.json), with their `params_fingerprint` for `record_reference` (None on a resume, whose
+  reloaded KL reference is checked against that record instead)."""
   sft_step = {"step": int(r.init_step) or None}  # a resume: the step its first start recorded
 
   def from_sft(state):
     params, sft_step["step"] = load_sft(r, state.params, sft_step["step"], resume=False)
     sft_step["fresh"] = True
+    sft_step["fingerprint"] = params_fingerprint(params)
     logging.info(
       "initialised parameters from the SFT run %s, step %d", r.init_from, sft_step["step"]
     )
@@ -143,16 +182,19 @@ def restore_from_sft(r, state, manager):
     if float(r.kl_beta) > 0:  # the frozen SFT reference (a copy: params are donated)
       resume = not sft_step.get("fresh")
       ref_params = load_sft(r, state.params, sft_step["step"], resume=resume)[0]
+      if resume:
+        check_same_reference(r, workdir, sft_step["step"], ref_params)
   except BaseException:
     checkpointing.close(manager)
     raise
-  return state, ref_params, sft_step["step"]
+  return state, ref_params, sft_step["step"], sft_step.get("fingerprint")
 
 
 __all__ = [
   "REFERENCE_FILE",
-  "step_digest",
+  "params_fingerprint",
   "record_reference",
+  "check_same_reference",
   "recorded_init_step",
   "check_init_step",
   "load_sft",
