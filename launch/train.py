@@ -14,6 +14,11 @@ import sys
 # The repository root: the --config files import `configs.*` (not part of the package).
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+if __name__ == "__main__":  # before jax loads: a signal from here on ends in one `stopped:` line
+  from setdiff_jax.workdir import preemption
+
+  preemption.catch_startup_signals()
+
 from absl import flags, logging  # noqa: E402
 import jax  # noqa: E402
 from ml_collections import config_flags  # noqa: E402

@@ -43,6 +43,7 @@ from absl import app, flags
 from absl import logging
 
 from setdiff_jax import cli_storage, errors
+from setdiff_jax.workdir import preemption
 from setdiff_jax.config import fields as ranges
 
 VERBOSE_ENV = "SETDIFF_VERBOSE"
@@ -416,6 +417,7 @@ def call(main: Callable[[List[str]], Optional[int]], argv: Sequence[str], stream
 
 def run(main: Callable[[List[str]], Optional[int]]):
   """`absl.app.run(main)` with the behaviour of the module doc."""
+  preemption.catch_startup_signals()  # (train.py and rl.py call it before importing jax)
 
   def parser(argv):
     try:
@@ -425,18 +427,25 @@ def run(main: Callable[[List[str]], Optional[int]]):
 
   def guarded(args):
     try:
+      if preemption.startup_signal() is not None:  # one a library swallowed while importing
+        raise preemption.StartupSignal(preemption.startup_signal())
       check_no_positional(args)
       quiet_library_logs()
       cli_storage.check_path_flags(verbose())
       return main(args)
-    except KeyboardInterrupt:  # Ctrl-C outside the training loop (which saves, then stops)
+    except KeyboardInterrupt as e:  # a signal outside the training loop (which saves, then stops)
+      signum = getattr(e, "signum", signal.SIGINT)
+      ctrl_c = signum == signal.SIGINT
+      what, name = (
+        ("interrupted by Ctrl-C", "Ctrl-C") if ctrl_c else ("terminated by SIGTERM", "SIGTERM")
+      )
       sys.stdout.flush()
       sys.stderr.write(
-        "stopped: interrupted by Ctrl-C; files written before are intact (training saves a "
-        "checkpoint on Ctrl-C once its loop has started)\n"
+        f"stopped: {what}; files written before are intact (training saves a checkpoint on "
+        f"{name} once its loop has started)\n"
       )
       sys.stderr.flush()
-      os._exit(128 + signal.SIGINT)  # no interpreter shutdown under running compiler threads
+      os._exit(128 + signum)  # no interpreter shutdown under running compiler threads
     except Exception as e:  # noqa: BLE001
       if not isinstance(e, EXPECTED) and not lost_process(e) and not cli_storage.storage_error(e):
         raise  # a bug: keep its traceback

@@ -237,11 +237,24 @@ def _logged_eval(workdir: str, step: int) -> Dict[str, float]:
   return values
 
 
-def _check_saved_vocab_size(cfg: RunConfig, tokenizer, workdir: str):
-  """ValueError when a trained tokenizer found in the workdir (a first attempt's, or copied in)
-  has another size than tokenizer.vocab_size; a resume checks tokenizer.* itself."""
+def _check_trained_vocab_size(cfg: RunConfig, tokenizer, workdir: str, new: bool):
+  """Where the run trains its tokenizer: a new one smaller than tokenizer.vocab_size (a corpus
+  too small for that many tokens; the model gets the tokenizer's size) is said in a warning; one
+  found in the workdir before any checkpoint (a first attempt's, or copied in) of another size
+  is refused. A resume's tokenizer/ is the one its checkpoints were trained with, whatever its
+  size (the resume check compares tokenizer.*)."""
   want = int(cfg.tokenizer.get("vocab_size", 0) or 0)
-  if cfg.tokenizer.kind == "trained" and want and tokenizer.vocab_size != want:
+  if cfg.tokenizer.kind != "trained" or not want or tokenizer.vocab_size == want:
+    return
+  if new:
+    logging.warning(
+      "the tokenizer trained on the data has %d tokens, fewer than tokenizer.vocab_size=%d "
+      "(the corpus holds no more): the model's vocabulary is %d",
+      tokenizer.vocab_size,
+      want,
+      tokenizer.vocab_size,
+    )
+  else:
     raise ValueError(
       f"{workdir}/tokenizer/ holds a {tokenizer.vocab_size}-token tokenizer (an earlier attempt's, "
       f"or copied in) but tokenizer.vocab_size={want}: delete that folder to train one with "
@@ -263,8 +276,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict
   if cfg.checkpoints.init_from and not resuming:  # its parameters must mean the same ids
     check_same_ids(tokenizer, cfg.checkpoints.init_from, "--config.init_from")
   warn_shared_eval_files(cfg.data)
-  if not new_tokenizer:
-    _check_saved_vocab_size(cfg, tokenizer, workdir)
+  if not resuming:
+    _check_trained_vocab_size(cfg, tokenizer, workdir, new=new_tokenizer)
   model_cfg, obj_cfg = run_config.model_and_objective(cfg, tokenizer)
   model = models.build(model_cfg)
   optimizer = make_optimizer(opt)

@@ -937,3 +937,57 @@ def test_ctrl_c_outside_the_training_loop_is_one_stopped_line(tmp_path):
   lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
   assert lines[-1].startswith("stopped: interrupted by Ctrl-C"), lines
   assert not os.path.exists(tmp_path / "w" / "checkpoints")
+
+
+def _launch_train_patched(tmp_path, body: str, args):
+  """Runs launch/train.py as __main__ with train.train_and_evaluate replaced by `body`'s
+  `patched(config, workdir, real)`; returns the CompletedProcess."""
+  script = tmp_path / "patched.py"
+  script.write_text(
+    "import os, runpy, signal, sys, time\n"
+    "from setdiff_jax import train\n"
+    f"{body}\n"
+    "real = train.train_and_evaluate\n"
+    "train.train_and_evaluate = lambda config, workdir: patched(config, workdir, real)\n"
+    f"sys.argv = ['train.py'] + {list(args)!r}\n"
+    f"runpy.run_path('{REPO}/launch/train.py', run_name='__main__')\n"
+  )
+  return subprocess.run(
+    [sys.executable, str(script)], capture_output=True, text=True, cwd=REPO, env=env(), timeout=600
+  )
+
+
+def test_sigterm_before_the_training_loop_is_one_stopped_line(tmp_path):
+  """Probe round 16: SIGTERM before the loop's handler (while a launcher compiles) ended the
+  process with status 143 and no line at all (Ctrl-C printed one)."""
+  body = (
+    "def patched(config, workdir, real):\n"
+    "  os.kill(os.getpid(), signal.SIGTERM)\n"
+    "  time.sleep(60)\n"
+  )
+  r = _launch_train_patched(tmp_path, body, tiny_args(tmp_path / "w"))
+  lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+  assert r.returncode == 143, r.stderr[-2000:]
+  assert lines[-1].startswith("stopped: terminated by SIGTERM; files written before are intact")
+  assert "Traceback" not in r.stderr
+
+
+def test_a_signal_a_library_swallowed_still_stops_the_run(tmp_path):
+  """Probe round 16: Ctrl-C while jax loads raised KeyboardInterrupt inside jax's garbage-collection
+  callback, which Python drops ('Exception ignored'): the run trained to its end and exited 0.
+  The launcher remembers the signal; the loop saves at its first step and stops."""
+  body = (
+    "def patched(config, workdir, real):\n"
+    "  try:\n"
+    "    os.kill(os.getpid(), signal.SIGINT)\n"
+    "    time.sleep(60)\n"
+    "  except KeyboardInterrupt:\n"
+    "    pass  # what a library's callback does with it\n"
+    "  return real(config, workdir)\n"
+  )
+  workdir = tmp_path / "w"
+  r = _launch_train_patched(tmp_path, body, tiny_args(workdir, num_train_steps=4))
+  lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+  assert r.returncode == 130, r.stderr[-2000:]
+  assert lines[-1].startswith("stopped: SIGINT at step 1/4; checkpoint "), lines[-1]
+  assert sorted(os.listdir(workdir / "checkpoints")) == ["1"]

@@ -8,6 +8,7 @@ status, that the last stderr line is the `error:` line and how many stderr lines
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 
@@ -345,6 +346,23 @@ def test_a_first_run_refuses_a_left_tokenizer_of_another_size(base, tmp_path):
   ):
     train.train_and_evaluate(tiny_config(**{"tokenizer.vocab_size": 512}), new)
   assert not os.path.exists(os.path.join(new, "config.json"))
+
+
+def test_a_corpus_too_small_for_the_vocab_size_trains_and_resumes(tmp_path, caplog):
+  """Probe round 16: a corpus holding fewer tokens than tokenizer.vocab_size gave the model the
+  tokenizer's size without a word, then refused every resume as 'an earlier attempt's
+  tokenizer', and refused both ways out its message gave. Now the first run says it in a
+  warning and the same command resumes."""
+  text = tmp_path / "small.txt"
+  text.write_text("the cat sat on the mat\nthe dog sat on the log\n" * 40)
+  fields = {"data.source": "text", "data.paths": str(text), "data.eval_paths": str(text)}
+  workdir = str(tmp_path / "w")
+  with caplog.at_level(logging.WARNING):
+    assert train.train_and_evaluate(tiny_config(**fields), workdir)["step"] == 2
+  size = json.load(open(os.path.join(workdir, "tokenizer", "special_tokens.json")))["vocab_size"]
+  assert size < 384
+  assert f"has {size} tokens, fewer than tokenizer.vocab_size=384" in caplog.text
+  assert train.train_and_evaluate(tiny_config(num_train_steps=3, **fields), workdir)["step"] == 3
 
 
 def test_init_from_a_run_with_other_token_ids_is_refused(base, tmp_path):

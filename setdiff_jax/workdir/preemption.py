@@ -3,6 +3,13 @@
 The train loop polls `requested` after every step (through `stopping.StopAgreement`, so a signal
 to one process stops them all), saves a checkpoint, then raises `errors.StoppedBySignal` (exit
 status 128 + signal).
+
+Before that loop, `catch_startup_signals` (the launchers' first call, before jax is imported)
+turns SIGTERM and SIGINT into `StartupSignal`, which `cli.run` reports as one `stopped:` line
+(without it SIGTERM ended the process without a word). The signal is also remembered: one that a
+library swallowed (a KeyboardInterrupt raised inside jax's garbage-collection callback is
+dropped) stops the launcher where `cli.run` starts its main, or the training loop at its first
+step (`Preemption` picks it up), instead of the run going on to the end.
 """
 
 from __future__ import annotations
@@ -12,6 +19,35 @@ import signal
 from typing import Optional
 
 from absl import logging
+
+
+class StartupSignal(KeyboardInterrupt):
+  """SIGTERM or SIGINT before a training loop's own handler (`catch_startup_signals`)."""
+
+  def __init__(self, signum: int):
+    super().__init__(signal.Signals(signum).name)
+    self.signum = signum
+
+
+_startup_signum: Optional[int] = None  # the signal a launcher got before its loop's handler
+
+
+def catch_startup_signals():
+  """Installs the startup handler for SIGTERM and SIGINT (main thread only)."""
+  for sig in Preemption.SIGNALS:
+    signal.signal(sig, _on_startup_signal)
+
+
+def _on_startup_signal(signum, frame):
+  global _startup_signum
+  del frame
+  _startup_signum = signum
+  raise StartupSignal(signum)
+
+
+def startup_signal() -> Optional[int]:
+  """The signal number `catch_startup_signals` recorded (None: none arrived)."""
+  return _startup_signum
 
 
 class Preemption:
@@ -31,6 +67,8 @@ class Preemption:
         self._previous[sig] = signal.signal(sig, self._handle)
       except ValueError:  # not the main thread
         pass
+    if _startup_signum is not None:  # arrived before, and a library swallowed its exception
+      self.requested, self.signum = True, _startup_signum
     return self
 
   @property
