@@ -369,6 +369,68 @@ def test_a_resume_refuses_a_kl_reference_changed_since_the_first_start(tmp_path)
     sft_start.check_same_reference(run.rl, workdir, 60, first)
 
 
+def test_a_resume_refuses_an_sft_tokenizer_changed_since_the_first_start(config_only_sft, tmp_path):
+  """Probe round 16: the ids of '1' and '2' swapped in the SFT run's tokenizer.json between the
+  first start and a resume; the resume built the rollouts' tokenizer from the SFT run without a
+  check (accuracy 0.64 -> 0.19), while the RL workdir's own copy kept the old ids. Refused now,
+  before the lock, with kl_beta = 0 too (nothing else of the SFT run is reloaded then)."""
+  import shutil
+
+  sft = str(tmp_path / "sft")
+  shutil.copytree(config_only_sft, sft)
+  c = tiny_rl(sft, kl_beta=0.0)
+  run = rl_config.run_config_for(c, rl_config.load_sft_config(sft))
+  run.rl.init_step = 1
+  workdir = tmp_path / "rl"
+  (workdir / "checkpoints" / "1").mkdir(parents=True)
+  checkpointing.save_config(run, str(workdir))
+  shutil.copytree(os.path.join(sft, "tokenizer"), workdir / "tokenizer")  # the first start's copy
+  tokenizer = build_tokenizer(run, sft, allow_training=False, save=False)
+  sft_start.check_same_tokenizer(run.rl, tokenizer, str(workdir))  # the same ids: resumes
+  path = os.path.join(sft, "tokenizer", "tokenizer.json")
+  spec = json.load(open(path))
+  vocab = spec["model"]["vocab"]
+  vocab["1"], vocab["2"] = vocab["2"], vocab["1"]
+  json.dump(spec, open(path, "w"))
+  with pytest.raises(errors.CheckpointError) as e:
+    grpo.train_rl(c, str(workdir))
+  msg = str(e.value)
+  assert msg.startswith(f"rl.init_from={sft!r}: its tokenizer/ is not the one this RL run started")
+  assert "2 of this run's" in msg and "start a new RL run" in msg and "\n" not in msg
+  assert sorted(os.listdir(workdir)) == ["checkpoints", "config.json", "tokenizer"]  # no lock
+
+
+def test_a_resume_names_an_sft_config_changed_since_the_first_start(config_only_sft, tmp_path):
+  """Probe round 16: the SFT run's config.json edited (data.task_max_operand 9 -> 5) after the
+  first start; the resume was refused, but told the user to 'drop these overrides' they never
+  gave. The refusal names the SFT run's config.json; this run's own fields are not its concern."""
+  import shutil
+
+  sft = str(tmp_path / "sft")
+  shutil.copytree(config_only_sft, sft)
+  c = tiny_rl(sft)
+  run = rl_config.run_config_for(c, rl_config.load_sft_config(sft))
+  run.rl.init_step = 1
+  workdir = tmp_path / "rl"
+  (workdir / "checkpoints" / "1").mkdir(parents=True)
+  checkpointing.save_config(run, str(workdir))
+  longer = tiny_rl(sft)
+  longer.num_train_steps += 4  # this run's own field: the resume check's concern
+  sft_start.check_same_sft_config(
+    rl_config.run_config_for(longer, rl_config.load_sft_config(sft)), str(workdir)
+  )
+  path = os.path.join(sft, "config.json")
+  saved = json.load(open(path))
+  saved["data"]["task_max_operand"] = 5
+  json.dump(saved, open(path, "w"))
+  with pytest.raises(errors.ConfigMismatchError) as e:
+    grpo.train_rl(c, str(workdir))
+  msg = str(e.value)
+  assert msg.startswith(f"rl.init_from={sft!r}: its config.json differs from the one this RL run")
+  assert "data.task_max_operand: 9 -> 5" in msg and "overrides" not in msg and "\n" not in msg
+  assert sorted(os.listdir(workdir)) == ["checkpoints", "config.json"]  # no lock taken
+
+
 def test_a_resume_reads_the_sft_config_not_its_checkpoints(config_only_sft, tmp_path):
   """Probe round 15: with kl_beta = 0 a resume reads no SFT parameters, yet an SFT run whose
   checkpoints were deleted stopped it with "train one first" (which leads to another model). A

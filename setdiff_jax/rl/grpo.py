@@ -172,6 +172,7 @@ def train_rl(
     config.rl.init_from, resume=bool(workdir_lock.saved_steps(workdir))
   )
   run = rl_config.run_config_for(config, sft)
+  sft_start.check_same_sft_config(run, workdir)  # a resume: before the resume check's wording
   recorded = sft_start.recorded_init_step(workdir)
   if not int(run.rl.init_step):  # a resume reloads the SFT step its first start recorded
     run.rl.init_step = recorded
@@ -187,6 +188,7 @@ def train_rl(
   setup = _setup(
     run_config.from_config_dict(run)
   )  # reads the SFT run only: a refused setting leaves no RL workdir behind
+  sft_start.check_same_tokenizer(run.rl, setup[0], workdir)  # a resume: the ids it trained with
   return trainer.locked(
     run, workdir, lambda run, workdir: _train_rl(run, workdir, setup, max_steps)
   )

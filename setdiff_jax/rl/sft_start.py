@@ -20,10 +20,14 @@ import jax
 import jax.numpy as jnp
 
 from setdiff_jax import errors, paths, trainer
+from setdiff_jax.trainer import session
+from setdiff_jax.data import tokenizers
+from setdiff_jax.rl import config as rl_config
 from setdiff_jax.sampling import placement
 from setdiff_jax.workdir import checkpoints as checkpointing
 from setdiff_jax.workdir import load as workdir_lib
 from setdiff_jax.workdir import lock as workdir_lock
+from setdiff_jax.workdir import tokenizer as workdir_tokenizer
 
 
 REFERENCE_FILE = "sft_reference.json"  # in the RL workdir: {init_from, step, params_fingerprint}
@@ -94,6 +98,48 @@ def check_same_reference(r, workdir: str, step: int, ref_params):
       f"(its parameters differ from those recorded at the first start, {path}): the SFT run was "
       f"trained again or changed since, and the KL reference (rl.kl_beta={r.kl_beta}) would be "
       "another model. Restore that SFT run from a backup, or start a new RL run (a new --workdir)"
+    )
+
+
+def check_same_sft_config(run, workdir: str):
+  """Refuses a resume whose SFT run's config.json changed since the first start in a field the
+  checkpoints depend on (the RL run's `run` takes all but its own fields and rl.* from there):
+  named as the SFT run's change, not as overrides of this command line (it has none there)."""
+  path = paths.join(workdir, checkpointing.CONFIG_FILE)
+  if not workdir_lock.saved_steps(workdir) or not paths.isfile(path):
+    return  # a first start; a missing config.json: the resume check names it
+  try:
+    old = json.loads(paths.read_text(path))
+  except ValueError:
+    return  # a damaged config.json: the resume check names it
+  changes = [
+    (k, o, n)
+    for k, o, n in workdir_lock.structural_changes(old, run, session.unread_loss_settings)
+    if k.split(".")[0] not in rl_config.OWN_FIELDS + ("rl", "init_from")
+  ]
+  if changes:
+    diff = "; ".join(f"{k}: {json.dumps(o)} -> {json.dumps(n)}" for k, o, n in changes)
+    raise errors.ConfigMismatchError(
+      f"rl.init_from={run.rl.init_from!r}: its config.json differs from the one this RL run "
+      f"started with (recorded in {path}) in fields the checkpoints depend on: {diff}. The SFT "
+      "run was changed since; restore its config.json from a backup, or start a new RL run (a "
+      "new --workdir)"
+    )
+
+
+def check_same_tokenizer(r, tokenizer, workdir: str):
+  """Refuses a resume whose SFT run's tokenizer (`tokenizer`, built from rl.init_from) gives ids
+  other than the RL workdir's copy, saved at the first start: the rollouts would encode the
+  prompts and read the answers with ids the RL checkpoints were not trained with."""
+  if not workdir_lock.saved_steps(workdir) or not tokenizers.saved_in(workdir):
+    return  # a first start (its copy is written from this tokenizer)
+  difference = workdir_tokenizer.id_difference(tokenizer, workdir)
+  if difference is not None:
+    raise errors.CheckpointError(
+      f"rl.init_from={r.init_from!r}: its tokenizer/ is not the one this RL run started with "
+      f"(the copy in {paths.join(workdir, tokenizers.TOKENIZER_SUBDIR)}: {difference}): the SFT "
+      "run was changed since. Restore its tokenizer/ from a backup (or copy this run's there), "
+      "or start a new RL run (a new --workdir)"
     )
 
 
@@ -195,6 +241,8 @@ __all__ = [
   "params_fingerprint",
   "record_reference",
   "check_same_reference",
+  "check_same_sft_config",
+  "check_same_tokenizer",
   "recorded_init_step",
   "check_init_step",
   "load_sft",

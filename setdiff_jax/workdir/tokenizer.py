@@ -60,9 +60,29 @@ def build_tokenizer(
   return tok
 
 
+def id_difference(tokenizer, source: str) -> Optional[str]:
+  """None when the run `source` saved a tokenizer giving every token the id `tokenizer` gives it
+  (special ids included); else what differs ("N of this run's M tokens have another id there,
+  special ids ... there vs ... here"). ValueError when `source` saved none."""
+  tok_dir = paths.join(source, tokenizers.TOKENIZER_SUBDIR)
+  if not tokenizers.saved_in(source):
+    raise ValueError(f"{source} has no saved tokenizer ({tok_dir})")
+  with paths.local_copy(tok_dir) as local:
+    theirs = tokenizers.Tokenizer.load(local)
+  ours_v = tokenizer.hf.get_vocab(with_added_tokens=True)
+  theirs_v = theirs.hf.get_vocab(with_added_tokens=True)
+  if ours_v == theirs_v and tokenizer.special_ids() == theirs.special_ids():
+    return None
+  moved = sum(theirs_v.get(t) != i for t, i in ours_v.items())
+  return (
+    f"{moved} of this run's {len(ours_v)} tokens have another id there, special ids "
+    f"{theirs.special_ids()} there vs {tokenizer.special_ids()} here"
+  )
+
+
 def check_same_ids(tokenizer, source: str, flag: str):
   """ValueError unless the run `source` saved a tokenizer giving every token the id `tokenizer`
-  gives it (special ids included): parameters trained with other ids (another corpus, other
+  gives it (`id_difference`): parameters trained with other ids (another corpus, other
   tokenizer settings) would read every input as other tokens, silently."""
   tok_dir = paths.join(source, tokenizers.TOKENIZER_SUBDIR)
   if not tokenizers.saved_in(source):
@@ -70,20 +90,15 @@ def check_same_ids(tokenizer, source: str, flag: str):
       f"{flag}={source} has no saved tokenizer ({tok_dir}): the ids its parameters were trained "
       "with cannot be checked; copy that run's tokenizer/ folder there"
     )
-  with paths.local_copy(tok_dir) as local:
-    theirs = tokenizers.Tokenizer.load(local)
-  ours_v = tokenizer.hf.get_vocab(with_added_tokens=True)
-  theirs_v = theirs.hf.get_vocab(with_added_tokens=True)
-  if ours_v == theirs_v and tokenizer.special_ids() == theirs.special_ids():
+  difference = id_difference(tokenizer, source)
+  if difference is None:
     return
-  moved = sum(theirs_v.get(t) != i for t, i in ours_v.items())
   raise ValueError(
-    f"{flag}={source} was trained with another tokenizer ({moved} of this run's "
-    f"{len(ours_v)} tokens have another id there, special ids {theirs.special_ids()} there vs "
-    f"{tokenizer.special_ids()} here): its parameters would read them as other tokens. Start "
-    f"the new run with its tokenizer (copy {tok_dir} into the new workdir as tokenizer/ "
-    "before the first run), or give the tokenizer settings and data it was trained with"
+    f"{flag}={source} was trained with another tokenizer ({difference}): its parameters would "
+    f"read them as other tokens. Start the new run with its tokenizer (copy {tok_dir} into the "
+    "new workdir as tokenizer/ before the first run), or give the tokenizer settings and data it "
+    "was trained with"
   )
 
 
-__all__ = ["build_tokenizer", "check_same_ids"]
+__all__ = ["build_tokenizer", "id_difference", "check_same_ids"]
