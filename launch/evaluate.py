@@ -296,6 +296,7 @@ def check_flags_used():
         f"--{flag} is read by --eval={' or '.join(readers)} only, not by --eval="
         f"{','.join(FLAGS.eval)}: drop it, or add that eval"
       )
+  check_seed_read()
   if FLAGS.accuracy_data is not None:  # accuracy reads that file, not the run's eval split
     for flag in ("eval_paths", "tfds_data_dir"):
       others = set(EVAL_FLAGS[flag]) - {"accuracy"}
@@ -308,6 +309,24 @@ def check_flags_used():
     data_flags.check_text_file(FLAGS.accuracy_data, "--accuracy_data")
   if FLAGS["cloze_path"].present:
     data_flags.check_text_file(FLAGS.cloze_path, "--cloze_path")
+
+
+def check_seed_read():
+  """--sampling_seed with accuracy as its only reader: that eval decodes greedily, so the seed
+  draws nothing but the cache order of a preset with cache_order=fht; elsewhere it would be
+  ignored, yet recorded in the history key as a setting of its own."""
+  from setdiff_jax.evaluation import gsm8k
+
+  readers = set(EVAL_FLAGS["sampling_seed"]) & set(FLAGS.eval)
+  if not FLAGS["sampling_seed"].present or readers != {"accuracy"}:
+    return
+  fht = sorted(n for n, p in gsm8k.PRESETS.items() if p.get("cache_order") == "fht")
+  if FLAGS.preset is None or FLAGS.preset not in fht:
+    raise ValueError(
+      f"--sampling_seed={FLAGS.sampling_seed} changes nothing in --eval=accuracy: it decodes "
+      f"greedily with the cache in position order (only --preset={' or '.join(fht)} draws a "
+      "cache order from the seed); drop it, or add --eval=speed or samples"
+    )
 
 
 def data_overrides():

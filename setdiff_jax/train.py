@@ -138,6 +138,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[
   edge.from_config_dict(config, jax.device_count())  # every check, before the workdir is touched
   data_flags.check_fields(config.data, pipeline.default_data_config())  # no setting left unread
   objectives.check_loss_fields(config, dataclasses.asdict(Loss()))  # nor a loss setting
+  run_config.check_tokenizer_fields(config)  # nor a tokenizer setting
   return trainer.locked(config, workdir, _train_and_evaluate)
 
 

@@ -272,6 +272,12 @@ def test_evaluate_refuses_flags_no_requested_eval_reads(run_dir, tmp_path):
     ([w, "--eval=accuracy", "--speed_examples=-1"], ["--speed_examples=-1 must be >= 0"]),
     # probe round 15: -5 evaluated every example (any value below 0 meant -1, "all that fit")
     ([w, "--eval=infill", "--num_infill=-5"], ["--num_infill=-5 must be >= 1 or -1 (all that"]),
+    # probe round 16: greedy accuracy decoding drew nothing from it, yet each seed was a new
+    # history entry with the same numbers
+    (
+      [w, "--eval=accuracy", "--sampling_seed=7"],
+      ["--sampling_seed=7 changes nothing in --eval=accuracy", "--preset=gsm8k_repro or"],
+    ),
   ]
   check_cases("evaluate.py", cases)
   assert not os.path.exists(out)

@@ -536,7 +536,7 @@ def test_a_loss_setting_the_method_never_reads_is_refused(tmp_path):
   assert not os.path.exists(new)
   from setdiff_jax.trainer import session
 
-  unread = session.unread_loss_settings  # what trainer.locked passes to the resume check
+  unread = session.unread_settings  # what trainer.locked passes to the resume check
   old = {"objective": "ar", "loss": {"max_set_size": 8, "keep_clean_bos": False}}
   assert workdir_lock.structural_changes(old, dict(old, loss={"max_set_size": 0}), unread) == []
   assert workdir_lock.structural_changes(
@@ -546,6 +546,38 @@ def test_a_loss_setting_the_method_never_reads_is_refused(tmp_path):
   assert workdir_lock.structural_changes(sw, dict(sw, loss={"max_set_size": 0}), unread) == [
     ("loss.max_set_size", 8, 0)
   ]
+
+
+def test_a_vocab_size_a_fixed_vocabulary_never_reads_is_refused(tmp_path):
+  """Probe round 16: tokenizer.vocab_size=300 on a wordpiece run (the BERT vocabulary fixes 30522)
+  was accepted and recorded in config.json, and (tokenizer.* is structural) dropping it later
+  refused the resume. Now it is refused; an older config.json's value is no part of the resume
+  check when its tokenizer was not trained."""
+  from setdiff_jax.data import tokenizers
+  from setdiff_jax.trainer import session
+
+  new = str(tmp_path / "new")
+  extra = {
+    "tokenizer.kind": "wordpiece",
+    "tokenizer.vocab_path": tokenizers.packaged_vocab("bert-base-uncased/vocab.txt"),
+    "tokenizer.vocab_size": 300,
+  }
+  with pytest.raises(
+    ValueError,
+    match=r"^tokenizer.vocab_size=300 is not read by tokenizer.kind=wordpiece \(its vocabulary "
+    r"file gives the size\); .* set --config.tokenizer.vocab_size=4096 \(its default\)$",
+  ):
+    train.train_and_evaluate(tiny_config(**extra), new)
+  assert not os.path.exists(new)
+  old = {"objective": "setdlm", "tokenizer": {"kind": "wordpiece", "vocab_size": 300}}
+  now = {"objective": "setdlm", "tokenizer": {"kind": "wordpiece", "vocab_size": 4096}}
+  assert workdir_lock.structural_changes(old, now, session.unread_settings) == []
+  trained = {"objective": "setdlm", "tokenizer": {"kind": "trained", "vocab_size": 300}}
+  assert workdir_lock.structural_changes(
+    trained,
+    dict(trained, tokenizer={"kind": "trained", "vocab_size": 512}),
+    session.unread_settings,
+  ) == [("tokenizer.vocab_size", 300, 512)]
 
 
 # ----------------------------------------------------------------------------- eval history

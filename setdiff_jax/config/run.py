@@ -169,6 +169,20 @@ def from_config_dict(config, *, check_data: bool = True) -> RunConfig:
   return run
 
 
+def check_tokenizer_fields(config) -> None:
+  """ValueError for tokenizer.vocab_size set away from its default on a tokenizer the run does
+  not train (its vocabulary file fixes the size): it would be ignored, yet recorded."""
+  tok = config.get("tokenizer") or {}
+  default = default_config().tokenizer.vocab_size
+  kind, size = tok.get("kind", "trained"), tok.get("vocab_size", default)
+  if kind != "trained" and size != default:
+    raise ValueError(
+      f"tokenizer.vocab_size={size!r} is not read by tokenizer.kind={kind} (its vocabulary file "
+      "gives the size); it applies to tokenizer.kind=trained only: drop it, or where the --config "
+      f"file sets it, set --config.tokenizer.vocab_size={default} (its default)"
+    )
+
+
 def as_config_dict(config) -> ml_collections.ConfigDict:
   """`config` as a ConfigDict: a ConfigDict as is, a mapping (a config.json's dict) converted;
   anything else is a TypeError naming what to pass."""
@@ -301,6 +315,7 @@ __all__ = [
   "RunConfig",
   "from_config_dict",
   "as_config_dict",
+  "check_tokenizer_fields",
   "check_known_fields",
   "known_field_names",
   "check_field_ranges",

@@ -114,7 +114,7 @@ def check_same_sft_config(run, workdir: str):
     return  # a damaged config.json: the resume check names it
   changes = [
     (k, o, n)
-    for k, o, n in workdir_lock.structural_changes(old, run, session.unread_loss_settings)
+    for k, o, n in workdir_lock.structural_changes(old, run, session.unread_settings)
     if k.split(".")[0] not in rl_config.OWN_FIELDS + ("rl", "init_from")
   ]
   if changes:

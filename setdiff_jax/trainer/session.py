@@ -35,14 +35,18 @@ def locked(config, workdir: str, body: Callable[[Any, str], T]) -> T:
   with workdir_lock.WorkdirLock(workdir, jax.process_index()):
     check_shared_workdir(workdir)
     config = workdir_lock.absolute_paths(config)
-    workdir_lock.check_resume(config, workdir, unread=unread_loss_settings)
+    workdir_lock.check_resume(config, workdir, unread=unread_settings)
     return body(config, workdir)
 
 
-def unread_loss_settings(old_config) -> set:
-  """The flattened `loss.*` keys the method of `old_config` (a config.json) never read: no part of
-  its checkpoints' structure (an older config recorded them for every method)."""
-  return {f"loss.{f}" for f in objectives.unread_loss_fields(old_config.get("objective"))}
+def unread_settings(old_config) -> set:
+  """The flattened keys of the settings the run of `old_config` (a config.json) never read: no
+  part of its checkpoints' structure (an older config recorded them all): the `loss.*` fields of
+  other methods, `tokenizer.vocab_size` of a tokenizer it did not train."""
+  unread = {f"loss.{f}" for f in objectives.unread_loss_fields(old_config.get("objective"))}
+  if (old_config.get("tokenizer") or {}).get("kind", "trained") != "trained":
+    unread.add("tokenizer.vocab_size")
+  return unread
 
 
 def _digest(text: str, n: int) -> str:
@@ -139,4 +143,4 @@ def restore(manager, state, data_iterator=None, initialise: Callable[[Any], Any]
     raise
 
 
-__all__ = ["locked", "restore", "check_same_config", "check_shared_workdir", "unread_loss_settings"]
+__all__ = ["locked", "restore", "check_same_config", "check_shared_workdir", "unread_settings"]
