@@ -155,6 +155,36 @@ def test_weights_of_another_export_are_refused_at_import(tmp_path):
   assert tree_equal(import_checkpoint(d1)[1], b)
 
 
+def test_a_bin_of_another_export_is_refused_at_import(tmp_path):
+  """A pytorch_model.bin has no header for the export id: the import recomputes it from the
+  tensors it reads (probe 16a: another step's .bin, even another method's, imported silently)."""
+  pytest.importorskip("torch")
+  c, (a, b) = exports()
+  ar = run_config(objective="ar")
+  d1, d2, d3 = (str(tmp_path / n) for n in ("a", "b", "ar"))
+  export_checkpoint(c, a, d1, special_ids=SPECIAL, fmt="bin")
+  export_checkpoint(c, b, d2, special_ids=SPECIAL, fmt="bin")
+  export_checkpoint(ar, a, d3, special_ids=SPECIAL, fmt="bin")
+  for d, params in ((d1, a), (d2, b), (d3, a)):  # genuine .bin exports import
+    assert tree_equal(import_checkpoint(d)[1], params)
+  weights = weight_files.BIN_FILE
+  for src, dst in ((d2, d1), (d2, d3)):  # another step's weights; a SetDLM .bin under an AR export
+    shutil.copy(os.path.join(src, weights), os.path.join(dst, weights))
+    ids = [export_id(x) for x in (src, dst)]  # the weights', config.json's
+    with pytest.raises(ValueError) as e:
+      import_checkpoint(dst)
+    message = str(e.value)
+    assert "\n" not in message and message.startswith(f"{dst}: its pytorch_model.bin and config")
+    assert f"two different exports (export ids {ids[0]} and {ids[1]})" in message
+    assert message.endswith("export it again (--overwrite)")
+
+
+def export_id(folder):
+  """The export id (8 digits, as the message names it) in `folder`'s config.json."""
+  cfg = weight_files.read_json(os.path.join(folder, weight_files.CONFIG_FILE))
+  return cfg["setdiff_jax"]["export_id"][:8]
+
+
 def test_overwrite_replaces_every_file_of_the_old_export_and_keeps_the_users(tmp_path):
   """The finding: an export without a tokenizer over one with a tokenizer kept the old tokenizer
   files, which the import then handed out as this export's; the user's 0600 file became 0644."""

@@ -14,7 +14,6 @@ Writes into `out_dir`:
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -144,23 +143,13 @@ def _check_heads(model_cfg, dims: name_map.Dims, rope_base: float) -> int:
   return fields["num_heads"]
 
 
-def _export_id(state: Mapping[str, np.ndarray]) -> str:
-  """A digest of the tensors: weights from another export (other values) get another id, the same
-  weights again the same one (a re-export is byte-identical)."""
-  digest = hashlib.sha256()
-  for name in sorted(state):
-    array = np.ascontiguousarray(state[name])
-    digest.update(f"{name}:{array.dtype}:{array.shape}".encode("utf-8"))
-    digest.update(array.tobytes())
-  return digest.hexdigest()[:32]
-
-
 def _write_export(stage: str, config, state, hf_cfg, special, tokenizer, fmt: str):
   """Writes the weight file, config.json, generation_config.json and the tokenizer files into the
   staging folder `stage` (`staging.staged`). config.json and a model.safetensors carry one
-  export id, which `import_checkpoint` compares: the weights of one export never import under
-  another's config.json."""
-  export_id = _export_id(state)
+  export id, which `import_checkpoint` compares (for a pytorch_model.bin, which has no header, with
+  the id of the tensors read back): the weights of one export never import under another's
+  config.json."""
+  export_id = weight_files.export_id(state)
   hf_cfg["setdiff_jax"]["export_id"] = export_id
   weight_files.write_state_dict(state, stage, fmt, export_id=export_id)
   weight_files.write_json(

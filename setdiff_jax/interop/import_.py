@@ -141,19 +141,29 @@ def _without_config(path: str) -> str:
   )
 
 
-def _check_export_id(path: str, raw: dict):
+def _check_export_id(path: str, raw: dict, tensors=None):
   """Refuses weights and a config.json of two different exports of ours (an interrupted or
-  concurrent export into one folder): each writes one new id into both (`export._write_export`)."""
+  concurrent export into one folder, or a weight file copied in from another export): each writes
+  one new id into both (`export._write_export`). A model.safetensors carries it in its header,
+  read before any tensor (`tensors` None); a pytorch_model.bin has none, so the DiT importer
+  passes the `tensors` it read and their id is recomputed (`weight_files.export_id`). A
+  safetensors without the id was written by another tool (HF save_pretrained): not compared."""
   want = (raw.get("setdiff_jax") or {}).get("export_id")
+  if not want:
+    return
   try:
-    got = weight_files.export_id_of(path) if want else None
+    fmt = weight_files.weight_files(path)[0]
   except FileNotFoundError:
     return  # no weights: the importer names what is missing
+  if (fmt == "bin") != (tensors is not None):
+    return  # the header before reading, a .bin once read
+  got = weight_files.export_id(tensors) if fmt == "bin" else weight_files.export_id_of(path)
   if got is not None and got != want:
+    name = weight_files.BIN_FILE if fmt == "bin" else weight_files.SAFETENSORS_FILE
     raise ValueError(
-      f"{path}: its model.safetensors and config.json come from two different exports (export "
-      f"ids {got[:8]} and {want[:8]}): an export into this folder was interrupted or two ran at "
-      "once; export it again (--overwrite)"
+      f"{path}: its {name} and config.json come from two different exports (export ids "
+      f"{got[:8]} and {want[:8]}): an export into this folder was interrupted, two ran at once, "
+      "or the weights were copied from another export; export it again (--overwrite)"
     )
 
 
@@ -249,6 +259,7 @@ def _dit_import(path: str, raw):
     _warn(n)
 
   tensors = weight_files.read_state_dict(path)
+  _check_export_id(path, raw, tensors)
   state, buffers = name_map.split_known_buffers(name_map.strip_prefix(tensors))
   where, known = weight_files.label(path), {id(b) for b in buffers.values()}
   for k, v in tensors.items():  # parameters (by their names in the file): float and finite

@@ -18,7 +18,8 @@ folder that a killed process left is removed by the next export to the same plac
 An object-store out_dir (`published_remote`) has no rename: the export is written to a local
 folder, then published in the same order (config.json removed, every export-owned file of an
 earlier export removed, the new files uploaded, config.json last); an upload cut short leaves no
-config.json, or (cut while removing) files the export id tells apart (`weight_files.export_id_of`).
+config.json, or (cut while removing) files the export id tells apart (`import_._check_export_id`:
+the id in a model.safetensors' header, or recomputed from a pytorch_model.bin's tensors).
 """
 
 from __future__ import annotations

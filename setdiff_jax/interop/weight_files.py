@@ -7,6 +7,7 @@ sharded with a `*.index.json` whose `weight_map` names the shard of each key.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -205,6 +206,18 @@ def write_state_dict(
   return file
 
 
+def export_id(state: Mapping[str, np.ndarray]) -> str:
+  """A digest of the tensors (names, dtypes, shapes, bytes): weights from another export (other
+  values) get another id, the same weights again the same one (a re-export is byte-identical).
+  A pytorch_model.bin of ours reads back (`read_state_dict`) with the id it was written with."""
+  digest = hashlib.sha256()
+  for name in sorted(state):
+    array = np.ascontiguousarray(state[name])
+    digest.update(f"{name}:{array.dtype}:{array.shape}".encode("utf-8"))
+    digest.update(array.tobytes())
+  return digest.hexdigest()[:32]
+
+
 def export_id_of(path: str) -> Optional[str]:
   """The export id in the header of directory `path`'s single model.safetensors (None for other
   layouts, or a file another tool wrote: HF's save_pretrained keeps only "format")."""
@@ -239,6 +252,7 @@ __all__ = [
   "label",
   "read_state_dict",
   "write_state_dict",
+  "export_id",
   "export_id_of",
   "weight_files",
   "read_json",
