@@ -294,6 +294,38 @@ def test_settings_the_runs_sampler_never_reads_are_refused(tok):
   lem.SetDiffLM.from_state(state, batch_size=2)  # its own settings pass
 
 
+def test_conflicting_policy_model_args_are_refused_by_the_constructor(tok, tmp_path, monkeypatch):
+  """Probe 16a: tau with another policy, or a tau and a policy_arg that disagree, passed the
+  constructor and were refused only at the first generate_until, naming the launchers' flags
+  (--threshold, --policy_arg), which lm_eval's users do not have."""
+  state, _ = _ar_state(tok)
+  setdlm = dataclasses.replace(state.objective_config, name="setdlm")
+  state = dataclasses.replace(state, objective_config=setdlm)
+  monkeypatch.setattr(workdir_lib, "load_config", lambda workdir: state.config)
+  monkeypatch.setattr(workdir_lib, "load_inference_state", lambda workdir, **kw: state)
+  make = lambda args: lem.SetDiffLM.create_from_arg_string(f"workdir={tmp_path},{args}")  # noqa: E731
+  disagree = "model_args threshold / tau=0.9 and policy_arg=0.5 both set tau of policy=threshold"
+  for args, what in (
+    (
+      "policy=entropy_bound,tau=0.9",
+      "model_args threshold / tau=0.9 is the parameter of policy=threshold; for "
+      "policy=entropy_bound pass policy_arg",
+    ),
+    ("policy=threshold,policy_arg=0.5,tau=0.9", disagree + " and disagree; give one"),
+    ("policy_arg=0.5,threshold=0.9", disagree + " and disagree; give one"),
+  ):
+    with pytest.raises(ValueError) as e:
+      make(args)
+    assert str(e.value) == what
+  for args, policy in (
+    ("policy=entropy_bound,policy_arg=0.2", CommitPolicy("entropy_bound", 0.2)),
+    ("tau=0.9", CommitPolicy("threshold", 0.9)),
+    ("policy=threshold,policy_arg=0.9,tau=0.9", CommitPolicy("threshold", 0.9)),
+    ("policy=topk,tau=off", CommitPolicy("topk", None)),
+  ):
+    assert make(args)._sampler_config(8).policy == policy
+
+
 def test_request_edges_of_probe_round_12(tmp_path, caplog):
   """A special-token `until` (Qwen3's <|im_end|>, which the decoded text leaves out) cuts the
   answer (it used to keep the next turns); max_gen_toks < 1 or not an integer names itself and

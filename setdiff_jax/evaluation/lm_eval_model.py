@@ -109,9 +109,16 @@ from setdiff_jax.evaluation.lm_eval_requests import (  # noqa: E402
   threshold_arg,
 )
 from setdiff_jax.sampling import policies
+from setdiff_jax.sampling.config import commit_policy
 from setdiff_jax.workdir import load as workdir_lib
 
 OVERFLOW_RULES = ("error", "truncate_prompt")
+# The commit policy's settings by their model_args names (`commit_policy`'s messages).
+MODEL_ARGS = {
+  "policy": "policy",
+  "policy_arg": "policy_arg",
+  "threshold": "model_args threshold / tau",
+}
 
 
 @register_model(NAME)
@@ -251,6 +258,12 @@ class SetDiffLM(LM):
       "align_to_blocks": parse_bool("align_to_blocks", align_to_blocks),
     }
     policies.check_arg(str(policy), self.sampler_overrides["policy_arg"], "model_args policy_arg")
+    commit_policy(  # tau with another policy, or a disagreeing policy_arg: refused here, not later
+      str(policy),
+      self.sampler_overrides["policy_arg"],
+      self.sampler_overrides["threshold"],
+      MODEL_ARGS,
+    )
     o = self.sampler_overrides  # settings the run's sampler never reads: refused, as launchers do
     given = ["policy"] if o["policy"] != policies.DEFAULT else []
     given += [k for k in ("threshold", "policy_arg") if o[k] is not None]

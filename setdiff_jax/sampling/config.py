@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import List, Optional
+from typing import List, Mapping, Optional
 
 import numpy as np
 
@@ -95,27 +95,35 @@ class CommitPolicy:
     return policies.label(self.name, self.arg)
 
 
+# How the launchers' users name the commit policy's settings (`commit_policy`'s messages).
+POLICY_FLAGS = {"policy": "--policy", "policy_arg": "--policy_arg", "threshold": "--threshold"}
+
+
 def commit_policy(
-  policy: Optional[str] = None, policy_arg=None, threshold: Optional[float] = None
+  policy: Optional[str] = None,
+  policy_arg=None,
+  threshold: Optional[float] = None,
+  names: Mapping[str, str] = POLICY_FLAGS,
 ) -> CommitPolicy:
   """The `CommitPolicy` of the user's flags: --policy (None: 'threshold'), --policy_arg and
   --threshold, the reference's name for tau of the threshold rule (its --policy_arg). A ValueError
-  names the flags when they conflict."""
+  names the settings as `names` spells them (default the flags) when they conflict."""
   name = policy or policies.DEFAULT
   policies.get(name)
   if threshold is None:
     return CommitPolicy(name, policy_arg)
+  p, t = names["policy"], names["threshold"]
   if name != policies.DEFAULT:
     raise ValueError(
-      f"threshold={threshold} (--threshold) is the parameter of --policy=threshold; for "
-      f"--policy={name} pass --policy_arg"
+      f"{t}={threshold} is the parameter of {p}=threshold; for {p}={name} pass "
+      f"{names['policy_arg']}"
     )
   if policy_arg is not None and float(policy_arg) != float(threshold):
     raise ValueError(
-      f"threshold={threshold} and policy_arg={policy_arg} both set tau of --policy=threshold "
+      f"{t}={threshold} and {names['policy_arg']}={policy_arg} both set tau of {p}=threshold "
       "and disagree; give one"
     )
-  policies.check_arg(name, threshold, "--threshold")
+  policies.check_arg(name, threshold, t)
   return CommitPolicy(name, threshold)
 
 
