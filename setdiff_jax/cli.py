@@ -417,7 +417,7 @@ def call(main: Callable[[List[str]], Optional[int]], argv: Sequence[str], stream
 
 def run(main: Callable[[List[str]], Optional[int]]):
   """`absl.app.run(main)` with the behaviour of the module doc."""
-  preemption.catch_startup_signals()  # (train.py and rl.py call it before importing jax)
+  preemption.catch_startup_signals(unwind=True)  # train.py and rl.py: also while importing
 
   def parser(argv):
     try:
@@ -435,15 +435,8 @@ def run(main: Callable[[List[str]], Optional[int]]):
       return main(args)
     except KeyboardInterrupt as e:  # a signal outside the training loop (which saves, then stops)
       signum = getattr(e, "signum", signal.SIGINT)
-      ctrl_c = signum == signal.SIGINT
-      what, name = (
-        ("interrupted by Ctrl-C", "Ctrl-C") if ctrl_c else ("terminated by SIGTERM", "SIGTERM")
-      )
       sys.stdout.flush()
-      sys.stderr.write(
-        f"stopped: {what}; files written before are intact (training saves a checkpoint on "
-        f"{name} once its loop has started)\n"
-      )
+      sys.stderr.write(preemption.stopped_line(signum) + "\n")
       sys.stderr.flush()
       os._exit(128 + signum)  # no interpreter shutdown under running compiler threads
     except Exception as e:  # noqa: BLE001

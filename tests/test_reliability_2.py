@@ -14,6 +14,7 @@ import io
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -31,6 +32,7 @@ from setdiff_jax.sampling import policies
 from setdiff_jax.sampling.config import CommitPolicy, SamplerConfig, commit_policy
 from setdiff_jax.workdir import checkpoints as checkpointing
 from setdiff_jax.workdir import load as workdir_lib
+from setdiff_jax.workdir import preemption
 
 from test_reliability import REPO, assert_one_error_line, env, tiny_args, tiny_config
 
@@ -976,6 +978,26 @@ def test_sigterm_before_the_training_loop_is_one_stopped_line(tmp_path):
   assert r.returncode == 143, r.stderr[-2000:]
   assert lines[-1].startswith("stopped: terminated by SIGTERM; files written before are intact")
   assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("sig, code", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_a_signal_while_a_launcher_imports_is_one_stopped_line(sig, code):
+  """Probe round 16: Ctrl-C while launch/train.py imported its modules ended in a traceback (or
+  an abort, status 134); SIGTERM there ended it without a word. Before the launcher's main runs
+  nothing is written: it exits at once with the line."""
+  script = (
+    "import os, signal, time\n"
+    "from setdiff_jax.workdir import preemption\n"
+    "preemption.catch_startup_signals()\n"
+    f"os.kill(os.getpid(), signal.{sig})\n"
+    "time.sleep(60)\n"
+    "print('not stopped')\n"
+  )
+  r = subprocess.run(
+    [sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, env=env(), timeout=120
+  )
+  assert r.returncode == code and "not stopped" not in r.stdout, r.stderr[-2000:]
+  assert r.stderr.splitlines() == [preemption.stopped_line(getattr(signal, sig))]
 
 
 def test_a_signal_a_library_swallowed_still_stops_the_run(tmp_path):
