@@ -299,7 +299,7 @@ def test_out_of_range_fields_give_one_error_line(tmp_path):
   first = str(tmp_path / "first")  # a first run whose data is empty: no tokenizer left behind
   cases.append(tiny_args(first, **{"data.source": "text", "data.paths": str(empty)}))
   results = harness("train.py", cases)
-  assert_one_error_line(results.pop(), ["no data", "text train"], "empty data file")
+  assert_one_error_line(results.pop(), [f"{empty} (data.paths) is empty"], "empty data file")
   assert not os.path.exists(os.path.join(first, "tokenizer")), os.listdir(first)
   for (field, value, allowed), result in zip(BAD, results):
     assert_one_error_line(

@@ -4,8 +4,8 @@ Every data-path field (`data.paths`, `data.eval_paths`, `data.tfds_data_dir`) is
 sources only; set on another source it would be silently ignored, so it is refused instead
 (training: `check_fields`, from `pipeline.validate_data_config`; evaluation: `apply_overrides`,
 for `launch/evaluate.py --eval_paths / --tfds_data_dir`). A file named by a flag is checked
-before anything is computed (`check_text_file`): missing, a directory, empty or not UTF-8 text
-is one error naming the flag and the file.
+before anything is computed (`check_text_file`): missing, a directory, or refused by the data
+readers' own check (not UTF-8, NUL bytes, empty) is one error naming the flag and the file.
 """
 
 from __future__ import annotations
@@ -49,7 +49,6 @@ PREPROCESS_READERS: Dict[str, Tuple[Callable[[Any], bool], str]] = {
   ),
   "wrap_style": (lambda d: d.get("preprocess") == "wrap", "data.preprocess=wrap"),
 }
-_SNIFF_BYTES = 1 << 20  # how much of a file the UTF-8 check reads
 
 
 def _given(value) -> bool:
@@ -103,25 +102,16 @@ def unread_settings(data_cfg) -> List[Tuple[str, str]]:
 
 
 def check_text_file(path: str, flag: str):
-  """Raises ValueError (naming `flag` and the file) unless `path` is a non-empty UTF-8 text file
-  (.gz / .xz / .bz2 decompressed); remote paths are left to their reader."""
+  """Raises ValueError (naming `flag` and the file) unless `path` is a text file the data readers
+  accept (`text_files.read_text`: UTF-8, no NUL bytes, not empty; .gz / .xz / .bz2 decompressed),
+  read whole; remote paths are left to their reader."""
   if "://" in path:
     return
   if os.path.isdir(path):
     raise ValueError(f"{flag}={path} is a directory; it takes files (comma-separated): list them")
   if not os.path.isfile(path):
     raise ValueError(f"{flag}={path}: no such file; pass an existing file")
-  with text_files.open_text(path, flag.lstrip("-")) as f:
-    try:
-      head = f.read(_SNIFF_BYTES)
-    except UnicodeDecodeError as e:
-      raise ValueError(
-        f"{flag}={path} is not UTF-8 text (byte {e.start}: {e.reason}); pass a text file"
-      ) from e
-  if not head.strip():
-    raise ValueError(f"{flag}={path} is empty; pass a file with data")
-  if "\x00" in head:
-    raise ValueError(f"{flag}={path} is binary (it holds NUL bytes), not text; pass a text file")
+  text_files.read_text(path, flag.lstrip("-"), flag)  # the data readers' own check
 
 
 def apply_overrides(data_cfg, overrides: Dict[str, Tuple[str, str]]):

@@ -92,35 +92,30 @@ def jsonl_pairs(
   """Pairs of JSON-lines files; errors name the file, the line and the missing field."""
   out = []
   for path in text_files.parse_paths(paths):
-    try:
-      out += _jsonl_file_pairs(path, prompt_field, answer_field, field)
-    except UnicodeDecodeError as e:
-      raise ValueError(text_files.not_utf8(path, e)) from e
+    out += _jsonl_file_pairs(path, prompt_field, answer_field, field)
   return out
 
 
 def _jsonl_file_pairs(path: str, prompt_field: str, answer_field: str, field: str) -> List[Pair]:
   out = []
-  with text_files.open_text(path, field) as f:
-    for lineno, line in enumerate(f, 1):
-      if not line.strip():
-        continue
-      where = f"{path}:{lineno}"
-      try:
-        record = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise ValueError(f"{where}: not valid JSON ({e})") from e
-      if not isinstance(record, dict):
-        raise ValueError(f"{where}: a record must be a JSON object")
-      for name, cfg_field in ((prompt_field, "prompt_field"), (answer_field, "answer_field")):
-        if name not in record:
-          raise ValueError(
-            f"{where}: record has no field {name!r} (fields: "
-            f"{sorted(record)}; set data.{cfg_field})"
-          )
-      out.append(
-        _check_pair(record[prompt_field], record[answer_field], where, prompt_field, answer_field)
-      )
+  for lineno, line in enumerate(text_files.read_text(path, field).split("\n"), 1):
+    if not line.strip():
+      continue
+    where = f"{path}:{lineno}"
+    try:
+      record = json.loads(line)
+    except json.JSONDecodeError as e:
+      raise ValueError(f"{where}: not valid JSON ({e})") from e
+    if not isinstance(record, dict):
+      raise ValueError(f"{where}: a record must be a JSON object")
+    for name, cfg_field in ((prompt_field, "prompt_field"), (answer_field, "answer_field")):
+      if name not in record:
+        raise ValueError(
+          f"{where}: record has no field {name!r} (fields: {sorted(record)}; set data.{cfg_field})"
+        )
+    out.append(
+      _check_pair(record[prompt_field], record[answer_field], where, prompt_field, answer_field)
+    )
   return out
 
 

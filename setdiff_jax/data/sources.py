@@ -21,8 +21,7 @@ import re
 from typing import Iterator, Sequence
 
 from setdiff_jax.data import pairs
-from setdiff_jax.data.text_files import open_text as _open_text
-from setdiff_jax.data.text_files import not_utf8, parse_paths
+from setdiff_jax.data.text_files import parse_paths, read_text
 
 EMBEDDED_FILE = "austen-novels.txt.xz"
 EMBEDDED_SPLITS = ("train", "validation")
@@ -177,14 +176,11 @@ def text_file_texts(paths, unit: str = "paragraph", field: str = "paths") -> lis
     raise ValueError(f"data.text_unit={unit!r}; expected 'paragraph' or 'line'")
   docs = []
   for path in parse_paths(paths):
-    with _open_text(path, field) as f:
-      try:
-        if unit == "line":
-          docs.extend(line.strip() for line in f if line.strip())
-        else:
-          docs.extend(_paragraphs(f.read()))
-      except UnicodeDecodeError as e:
-        raise ValueError(not_utf8(path, e)) from e
+    text = read_text(path, field)
+    if unit == "line":  # read_text's newlines are "\n" (universal newlines)
+      docs.extend(s for line in text.split("\n") if (s := line.strip()))
+    else:
+      docs.extend(_paragraphs(text))
   return docs
 
 
@@ -192,29 +188,24 @@ def jsonl_texts(paths, text_field: str = "text", field: str = "paths") -> list[s
   """Documents of JSON-lines files: the string `text_field` of each record."""
   docs = []
   for path in parse_paths(paths):
-    with _open_text(path, field) as f:
+    for lineno, line in enumerate(read_text(path, field).split("\n"), 1):
+      if not line.strip():
+        continue
       try:
-        lines = list(f)
-      except UnicodeDecodeError as e:
-        raise ValueError(not_utf8(path, e)) from e
-      for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-          continue
-        try:
-          record = json.loads(line)
-        except json.JSONDecodeError as e:
-          raise ValueError(f"{path}:{lineno}: not valid JSON ({e})") from e
-        if not isinstance(record, dict) or text_field not in record:
-          raise ValueError(
-            f"{path}:{lineno}: record has no field {text_field!r} (set data.jsonl_field)"
-          )
-        text = record[text_field]
-        if not isinstance(text, str):
-          raise ValueError(
-            f"{path}:{lineno}: field {text_field!r} is {type(text).__name__}, not a string"
-          )
-        if text.strip():
-          docs.append(text)
+        record = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise ValueError(f"{path}:{lineno}: not valid JSON ({e})") from e
+      if not isinstance(record, dict) or text_field not in record:
+        raise ValueError(
+          f"{path}:{lineno}: record has no field {text_field!r} (set data.jsonl_field)"
+        )
+      text = record[text_field]
+      if not isinstance(text, str):
+        raise ValueError(
+          f"{path}:{lineno}: field {text_field!r} is {type(text).__name__}, not a string"
+        )
+      if text.strip():
+        docs.append(text)
   return docs
 
 
@@ -257,10 +248,15 @@ def load_texts(
 def tokenizer_training_texts(data_cfg, max_docs: int | None = None) -> Iterator[str]:
   """Training-split documents (all of them, not a shard) to train a tokenizer.
 
-  `max_docs` caps the count with evenly spaced documents (use it for big TFDS
-  sources such as lm1b, 30M sentences).
+  `max_docs` caps the count with evenly spaced documents over the whole split (use it for big
+  TFDS sources such as lm1b, 30M sentences); a split of at most `max_docs` documents is used
+  whole.
   """
   docs = load_texts(data_cfg, "train")
-  step = 1 if not max_docs else max(1, len(docs) // max_docs)
-  for i in range(0, len(docs), step)[:max_docs]:
-    yield docs[i]
+  n = len(docs)
+  count = n if not max_docs or n <= max_docs else max_docs
+  # i * n // count: spread over all n documents (a fixed stride n // count, cut at `count`, left
+  # the last files of a split between count and 2 * count documents out); every index when
+  # count == n, so small sources keep their tokenizer.
+  for i in range(count):
+    yield docs[i * n // count]

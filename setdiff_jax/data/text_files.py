@@ -105,4 +105,27 @@ def open_text(path: str, field: str):
   return _TextFile(path, _opener(path)(path, "rt", encoding="utf-8-sig"))
 
 
-__all__ = ["parse_paths", "open_text", "not_utf8", "first_bad_utf8"]
+def read_text(path: str, field: str, flag: str | None = None) -> str:
+  """The whole text of a data file (as `open_text` reads it), refusing what cannot be text data,
+  the one check of every data file (training's data fields, evaluate's file flags): not UTF-8,
+  NUL bytes (a binary file), nothing but whitespace (a file given by name yet holding no document
+  is a wrong name or a failed download or export, never worth a silent skip). Errors name the
+  file and `flag` (e.g. '--eval_paths') if given, else the config field data.`field`.
+  """
+  where = f"{flag}={path}" if flag else f"data file {path} (data.{field})"
+  with open_text(path, field) as f:
+    try:
+      text = f.read()
+    except UnicodeDecodeError as e:
+      raise ValueError((f"{flag}=" if flag else "") + not_utf8(path, e)) from e
+  if "\x00" in text:
+    raise ValueError(f"{where} is binary (it holds NUL bytes), not text; pass a text file")
+  if not text.strip():
+    fix = "pass a file with data" if flag else f"drop it from data.{field} (or put text in it)"
+    raise ValueError(f"{where} is empty (nothing but whitespace); {fix}")
+  # A byte-order mark past byte 0 (files joined with `cat`) is no text either; utf-8-sig drops
+  # only the first. Tested first: no copy of a file without one.
+  return text.replace("\ufeff", "") if "\ufeff" in text else text
+
+
+__all__ = ["parse_paths", "open_text", "read_text", "not_utf8", "first_bad_utf8"]
