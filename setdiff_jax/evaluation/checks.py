@@ -21,7 +21,7 @@ def check_pair_fields(path: str, prompt_field: str, answer_field: str):
   for file in text_files.parse_paths(path):
     try:
       _check_file_pair_fields(file, prompt_field, answer_field)
-    except UnicodeDecodeError as e:  # past the first MiB the flag's check read
+    except UnicodeDecodeError as e:  # a caller that skipped the flag's file check
       raise ValueError(f"--accuracy_data={text_files.not_utf8(file, e)}") from e
 
 
