@@ -15,9 +15,9 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 if __name__ == "__main__":  # before jax loads: a signal from here on ends in one `stopped:` line
-  from setdiff_jax.workdir import preemption
+  from setdiff_jax import cli_signals
 
-  preemption.catch_startup_signals()
+  cli_signals.catch_startup_signals()
 
 from absl import flags, logging  # noqa: E402
 import jax  # noqa: E402

@@ -42,8 +42,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 from absl import app, flags
 from absl import logging
 
-from setdiff_jax import cli_storage, errors
-from setdiff_jax.workdir import preemption
+from setdiff_jax import cli_signals, cli_storage, errors
 from setdiff_jax.config import fields as ranges
 
 VERBOSE_ENV = "SETDIFF_VERBOSE"
@@ -417,7 +416,7 @@ def call(main: Callable[[List[str]], Optional[int]], argv: Sequence[str], stream
 
 def run(main: Callable[[List[str]], Optional[int]]):
   """`absl.app.run(main)` with the behaviour of the module doc."""
-  preemption.catch_startup_signals(unwind=True)  # train.py and rl.py: also while importing
+  cli_signals.catch_startup_signals(unwind=True)  # train.py and rl.py: also while importing
 
   def parser(argv):
     try:
@@ -427,8 +426,8 @@ def run(main: Callable[[List[str]], Optional[int]]):
 
   def guarded(args):
     try:
-      if preemption.startup_signal() is not None:  # one a library swallowed while importing
-        raise preemption.StartupSignal(preemption.startup_signal())
+      if cli_signals.startup_signal() is not None:  # one a library swallowed while importing
+        raise cli_signals.StartupSignal(cli_signals.startup_signal())
       check_no_positional(args)
       quiet_library_logs()
       cli_storage.check_path_flags(verbose())
@@ -436,7 +435,7 @@ def run(main: Callable[[List[str]], Optional[int]]):
     except KeyboardInterrupt as e:  # a signal outside the training loop (which saves, then stops)
       signum = getattr(e, "signum", signal.SIGINT)
       sys.stdout.flush()
-      sys.stderr.write(preemption.stopped_line(signum) + "\n")
+      sys.stderr.write(cli_signals.stopped_line(signum) + "\n")
       sys.stderr.flush()
       os._exit(128 + signum)  # no interpreter shutdown under running compiler threads
     except Exception as e:  # noqa: BLE001

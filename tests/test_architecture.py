@@ -329,7 +329,7 @@ LAYERS = [
       "setdiff_jax.config.fields",
     ),
   ),
-  ("cli", ("setdiff_jax.cli", "setdiff_jax.cli_storage")),
+  ("cli", ("setdiff_jax.cli", "setdiff_jax.cli_storage", "setdiff_jax.cli_signals")),
   ("data", ("setdiff_jax.data",)),
   ("models", ("setdiff_jax.models",)),
   ("diffusion", ("setdiff_jax.diffusion",)),

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from setdiff_jax.data import data_flags
+from setdiff_jax.data import bpe, data_flags
 from setdiff_jax.data import pipeline as P
 from setdiff_jax.data import sources as S
 from setdiff_jax.data import tokenizers as T
@@ -42,10 +42,10 @@ def test_tokenizer_sample_is_spread_over_the_whole_split(tmp_path):
 def test_words_longer_than_the_limit_are_cut_for_the_trainer_only():
   """One 1 MB whitespace-free line trained for minutes (quadratic in the word's length) with no
   log line: such words are cut into MAX_TRAINING_WORD-character pieces; other text is as is."""
-  limit = T.MAX_TRAINING_WORD
+  limit = bpe.MAX_TRAINING_WORD
   long = "q" * (2 * limit + 90)
   text = f"ab {long} cd"  # pre-tokens: 'ab' (0, 2), ' qqq...' (2, 2 + len + 1), ' cd'
-  pieces, cut = T._cut_long_words(["plain text", text, " " * (limit + 1), " " * limit])
+  pieces, cut = bpe.cut_long_words(["plain text", text, " " * (limit + 1), " " * limit])
   first = 2 + limit  # the word ' qqq...' starts at 2 (its space included)
   assert pieces == [
     "plain text",
@@ -58,17 +58,17 @@ def test_words_longer_than_the_limit_are_cut_for_the_trainer_only():
   ]
   assert cut == 2 and "".join(pieces[1:4]) == text
   docs = S.embedded_corpus("train")
-  assert T._cut_long_words(docs) == (docs, 0)  # the embedded corpus: its tokenizer is unchanged
+  assert bpe.cut_long_words(docs) == (docs, 0)  # the embedded corpus: its tokenizer is unchanged
 
 
 def test_tokenizer_training_is_logged_with_what_it_reads(monkeypatch):
   lines = []
-  monkeypatch.setattr(T.logging, "info", lambda fmt, *args: lines.append(fmt % args))
+  monkeypatch.setattr(bpe.logging, "info", lambda fmt, *args: lines.append(fmt % args))
   word = "".join(chr(ord("a") + (i * 7) % 26) for i in range(1000))
   tok = T.train_tokenizer(["some words here", word], 300)
   assert lines == [
     "training a 300-token byte-level BPE tokenizer: 2 documents, 1015 characters; words longer "
-    f"than {T.MAX_TRAINING_WORD} characters (unspaced text), cut into {T.MAX_TRAINING_WORD}"
+    f"than {bpe.MAX_TRAINING_WORD} characters (unspaced text), cut into {bpe.MAX_TRAINING_WORD}"
     "-character pieces for it: 1"
   ]
   assert tok.decode(tok.encode(word)) == word  # still byte-level: every text round-trips

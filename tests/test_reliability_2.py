@@ -22,7 +22,7 @@ import time
 import numpy as np
 import pytest
 
-from setdiff_jax import cli, decoders, decoding, errors, train
+from setdiff_jax import cli, cli_signals, decoders, decoding, errors, train
 from setdiff_jax.config import fields as ranges
 from setdiff_jax.data import data_flags, pipeline, sources
 from setdiff_jax.evaluation import generation
@@ -32,7 +32,6 @@ from setdiff_jax.sampling import policies
 from setdiff_jax.sampling.config import CommitPolicy, SamplerConfig, commit_policy
 from setdiff_jax.workdir import checkpoints as checkpointing
 from setdiff_jax.workdir import load as workdir_lib
-from setdiff_jax.workdir import preemption
 
 from test_reliability import REPO, assert_one_error_line, env, tiny_args, tiny_config
 
@@ -987,8 +986,8 @@ def test_a_signal_while_a_launcher_imports_is_one_stopped_line(sig, code):
   nothing is written: it exits at once with the line."""
   script = (
     "import os, signal, time\n"
-    "from setdiff_jax.workdir import preemption\n"
-    "preemption.catch_startup_signals()\n"
+    "from setdiff_jax import cli_signals\n"
+    "cli_signals.catch_startup_signals()\n"
     f"os.kill(os.getpid(), signal.{sig})\n"
     "time.sleep(60)\n"
     "print('not stopped')\n"
@@ -997,7 +996,7 @@ def test_a_signal_while_a_launcher_imports_is_one_stopped_line(sig, code):
     [sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, env=env(), timeout=120
   )
   assert r.returncode == code and "not stopped" not in r.stdout, r.stderr[-2000:]
-  assert r.stderr.splitlines() == [preemption.stopped_line(getattr(signal, sig))]
+  assert r.stderr.splitlines() == [cli_signals.stopped_line(getattr(signal, sig))]
 
 
 def test_a_signal_a_library_swallowed_still_stops_the_run(tmp_path):

@@ -37,10 +37,10 @@ from typing import Callable, Iterable, Sequence
 import ml_collections
 import numpy as np
 import tokenizers as hf
-from absl import logging
-from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import decoders, models, normalizers, pre_tokenizers
 
 from setdiff_jax import paths
+from setdiff_jax.data import bpe
 
 KINDS = ("wordpiece", "gpt2", "qwen3", "trained")
 TOKENIZER_SUBDIR = "tokenizer"
@@ -360,76 +360,11 @@ def qwen3_tokenizer(path: str) -> Tokenizer:
   return Tokenizer(tok, kind="qwen3", bos_id=eos, eos_id=eos, pad_id=eos, mask_id=ids[QWEN3_MASK])
 
 
-# The longest word (pre-token: a run of letters, digits, punctuation or whitespace) the BPE
-# trainer is given whole. Its merges edit a word in place at a cost of the word's length per
-# occurrence, so one long word (a whitespace-free line: base64, minified code, unspaced CJK text)
-# trains in time quadratic in its length (1M characters: minutes, with no sign of progress); cut
-# into pieces of this length it is linear, and it still teaches the pairs inside the pieces. The
-# cut changes nothing for text whose words are all shorter (the embedded corpus's longest: 40).
-MAX_TRAINING_WORD = 256
-# Where a word may be longer than MAX_TRAINING_WORD: only these texts are pre-tokenized here.
-_LONG_RUN = re.compile(rf"\S{{{MAX_TRAINING_WORD}}}|\s{{{MAX_TRAINING_WORD + 1}}}")
-
-
-def _cut_long_words(texts: Iterable[str], limit: int = MAX_TRAINING_WORD) -> tuple[list[str], int]:
-  """`texts` with every pre-token longer than `limit` characters cut into `limit`-character
-  pieces, each cut ending a text (so the trainer never joins the pieces); (texts, words cut)."""
-  pre = pre_tokenizers.ByteLevel(add_prefix_space=False)  # train_tokenizer's pre-tokenizer
-  out, cut_words = [], 0
-  for text in texts:
-    if not _LONG_RUN.search(text):
-      out.append(text)
-      continue
-    start = 0
-    for _, (begin, end) in pre.pre_tokenize_str(text):  # character offsets
-      cut_words += end - begin > limit
-      for cut in range(begin + limit, end, limit):
-        out.append(text[start:cut])
-        start = cut
-    out.append(text[start:])
-  return out, cut_words
-
-
 def train_tokenizer(texts: Iterable[str], vocab_size: int, lowercase: bool = False) -> Tokenizer:
-  """Trains a byte-level BPE on `texts`.
-
-  Byte-level so that decode(encode(x)) == x for any text (no [UNK] in practice),
-  which keeps samples and infilling outputs readable. Specials get ids 0..4:
-  [PAD]=0 [UNK]=1 [BOS]=2 [EOS]=3 [MASK]=4. Deterministic for the same texts. Words longer
-  than MAX_TRAINING_WORD characters are trained on in pieces (linear time); one INFO line says
-  what it trains on.
-  """
-  min_size = len(TRAINED_SPECIALS) + 256 + 1
-  if vocab_size < min_size:
-    raise ValueError(
-      f"tokenizer.vocab_size={vocab_size} is too small for a "
-      f"byte-level BPE (need at least {min_size})"
-    )
-  tok = hf.Tokenizer(models.BPE())
-  if lowercase:
-    tok.normalizer = normalizers.Lowercase()
-  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-  tok.decoder = decoders.ByteLevel()
-  trainer = trainers.BpeTrainer(
-    vocab_size=vocab_size,
-    min_frequency=2,
-    show_progress=False,
-    special_tokens=list(TRAINED_SPECIALS),
-    initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-  )
-  texts = list(texts)
-  pieces, cut_words = _cut_long_words(texts)
-  logging.info(
-    "training a %d-token byte-level BPE tokenizer: %d documents, %d characters%s",
-    vocab_size,
-    len(texts),
-    sum(map(len, texts)),
-    f"; words longer than {MAX_TRAINING_WORD} characters (unspaced text), cut into "
-    f"{MAX_TRAINING_WORD}-character pieces for it: {cut_words}"
-    if cut_words
-    else "",
-  )
-  tok.train_from_iterator(pieces, trainer=trainer)
+  """Trains a byte-level BPE on `texts` (`bpe.train_bpe`: decode(encode(x)) == x for any text,
+  deterministic for the same texts). Specials get ids 0..4: [PAD]=0 [UNK]=1 [BOS]=2 [EOS]=3
+  [MASK]=4."""
+  tok = bpe.train_bpe(texts, vocab_size, lowercase, TRAINED_SPECIALS)
   ids = {t: _special_id(tok, t) for t in TRAINED_SPECIALS}
   return Tokenizer(
     tok,

@@ -114,11 +114,7 @@ from setdiff_jax.workdir import load as workdir_lib
 
 OVERFLOW_RULES = ("error", "truncate_prompt")
 # The commit policy's settings by their model_args names (`commit_policy`'s messages).
-MODEL_ARGS = {
-  "policy": "policy",
-  "policy_arg": "policy_arg",
-  "threshold": "model_args threshold / tau",
-}
+MODEL_ARGS = dict(policy="policy", policy_arg="policy_arg", threshold="model_args threshold / tau")
 
 
 @register_model(NAME)
@@ -257,14 +253,11 @@ class SetDiffLM(LM):
       "policy_arg": policies.parse_arg(policy_arg, "model_args policy_arg"),
       "align_to_blocks": parse_bool("align_to_blocks", align_to_blocks),
     }
-    policies.check_arg(str(policy), self.sampler_overrides["policy_arg"], "model_args policy_arg")
-    commit_policy(  # tau with another policy, or a disagreeing policy_arg: refused here, not later
-      str(policy),
-      self.sampler_overrides["policy_arg"],
-      self.sampler_overrides["threshold"],
-      MODEL_ARGS,
-    )
-    o = self.sampler_overrides  # settings the run's sampler never reads: refused, as launchers do
+    o = self.sampler_overrides
+    policies.check_arg(str(policy), o["policy_arg"], "model_args policy_arg")
+    # tau with another policy, or a disagreeing policy_arg: refused here, not at generate_until
+    commit_policy(str(policy), o["policy_arg"], o["threshold"], MODEL_ARGS)
+    # settings the run's sampler never reads: refused, as launchers do
     given = ["policy"] if o["policy"] != policies.DEFAULT else []
     given += [k for k in ("threshold", "policy_arg") if o[k] is not None]
     method = decoders.get(self.obj_cfg.name)
