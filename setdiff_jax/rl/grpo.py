@@ -168,11 +168,11 @@ def train_rl(
       f"--workdir={workdir} is the run's own --config.rl.init_from: the RL run would write into "
       "the SFT run it starts from; pass a new --workdir (init_from is the SFT workdir)"
     )
-  sft = rl_config.load_sft_config(
-    config.rl.init_from, resume=bool(workdir_lock.saved_steps(workdir))
-  )
+  resume = bool(workdir_lock.saved_steps(workdir))
+  sft = rl_config.load_sft_config(config.rl.init_from, resume=resume)
   run = rl_config.run_config_for(config, sft)
-  sft_start.check_same_sft_config(run, workdir)  # a resume: before the resume check's wording
+  if resume:  # named as the SFT run's change, before the resume check's wording
+    sft_start.check_same_sft_config(run, workdir)
   recorded = sft_start.recorded_init_step(workdir)
   if not int(run.rl.init_step):  # a resume reloads the SFT step its first start recorded
     run.rl.init_step = recorded
@@ -188,7 +188,8 @@ def train_rl(
   setup = _setup(
     run_config.from_config_dict(run)
   )  # reads the SFT run only: a refused setting leaves no RL workdir behind
-  sft_start.check_same_tokenizer(run.rl, setup[0], workdir)  # a resume: the ids it trained with
+  if resume:  # the ids its checkpoints were trained with
+    sft_start.check_same_tokenizer(run.rl, setup[0], workdir)
   return trainer.locked(
     run, workdir, lambda run, workdir: _train_rl(run, workdir, setup, max_steps)
   )

@@ -102,12 +102,13 @@ def check_same_reference(r, workdir: str, step: int, ref_params):
 
 
 def check_same_sft_config(run, workdir: str):
-  """Refuses a resume whose SFT run's config.json changed since the first start in a field the
-  checkpoints depend on (the RL run's `run` takes all but its own fields and rl.* from there):
-  named as the SFT run's change, not as overrides of this command line (it has none there)."""
+  """Refuses a resume (WORKDIR holds RL checkpoints) whose SFT run's config.json changed since
+  the first start in a field the checkpoints depend on (the RL run's `run` takes all but its own
+  fields and rl.* from there): named as the SFT run's change, not as overrides of this command
+  line (it has none there)."""
   path = paths.join(workdir, checkpointing.CONFIG_FILE)
-  if not workdir_lock.saved_steps(workdir) or not paths.isfile(path):
-    return  # a first start; a missing config.json: the resume check names it
+  if not paths.isfile(path):
+    return  # the resume check names a missing config.json
   try:
     old = json.loads(paths.read_text(path))
   except ValueError:
@@ -128,11 +129,12 @@ def check_same_sft_config(run, workdir: str):
 
 
 def check_same_tokenizer(r, tokenizer, workdir: str):
-  """Refuses a resume whose SFT run's tokenizer (`tokenizer`, built from rl.init_from) gives ids
-  other than the RL workdir's copy, saved at the first start: the rollouts would encode the
-  prompts and read the answers with ids the RL checkpoints were not trained with."""
-  if not workdir_lock.saved_steps(workdir) or not tokenizers.saved_in(workdir):
-    return  # a first start (its copy is written from this tokenizer)
+  """Refuses a resume (WORKDIR holds RL checkpoints) whose SFT run's tokenizer (`tokenizer`,
+  built from rl.init_from) gives ids other than the RL workdir's copy, saved at the first start:
+  the rollouts would encode the prompts and read the answers with ids the RL checkpoints were
+  not trained with."""
+  if not tokenizers.saved_in(workdir):
+    return  # none saved (a run of an older version): the resume saves this one
   difference = workdir_tokenizer.id_difference(tokenizer, workdir)
   if difference is not None:
     raise errors.CheckpointError(
