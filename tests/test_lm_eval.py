@@ -202,7 +202,10 @@ def test_is_greedy_and_errors(run):
   # commit policies (sampling/policies.py) by model_args
   with pytest.raises(ValueError, match="model_args policy='nope'.*valid: threshold"):
     lem.SetDiffLM.from_state(lm.state, policy="nope")
-  with pytest.raises(ValueError, match="model_args policy_arg=-1.0 .*gamma must be >= 0"):
+  # named as model_args spell them: the launchers' --policy is not an lm_eval setting
+  with pytest.raises(
+    ValueError, match="model_args policy_arg=-1.0 for policy=entropy_bound: gamma must be >= 0"
+  ):
     lem.SetDiffLM.from_state(lm.state, policy="entropy_bound", policy_arg="-1")
   # the launchers' ranges (a probe found num_orders=0 run as K = 1, seed=-5 accepted, bare
   # int() / float() errors)

@@ -69,7 +69,10 @@ def test_bad_input_one_error_line_each(tmp_path):
     ([some, "--config.rl.policy=threshold"], ["rl.policy='threshold'", "not exact", "pmax"]),
     ([some, "--config.rl.top_p=0.9"], ["rl.top_p=0.9", "temperature only"]),
     ([some, "--config.rl.repetition_penalty=1.2"], ["rl.repetition_penalty=1.2"]),
-    ([some, "--config.rl.policy_arg=-1"], ["--config.rl.policy_arg=-1.0", "must be > 0"]),
+    (
+      [some, "--config.rl.policy_arg=-1"],
+      ["--config.rl.policy_arg=-1.0 for --config.rl.policy=pmax", "must be > 0"],
+    ),
     ([some], [f"rl.init_from={str(empty)!r} has no SFT checkpoint", "launch/train.py"]),
     ([], ["rl.init_from is empty"]),
   ]

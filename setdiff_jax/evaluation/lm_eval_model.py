@@ -254,7 +254,7 @@ class SetDiffLM(LM):
       "align_to_blocks": parse_bool("align_to_blocks", align_to_blocks),
     }
     o = self.sampler_overrides
-    policies.check_arg(str(policy), o["policy_arg"], "model_args policy_arg")
+    policies.check_arg(str(policy), o["policy_arg"], "model_args policy_arg", "policy")
     # tau with another policy, or a disagreeing policy_arg: refused here, not at generate_until
     commit_policy(str(policy), o["policy_arg"], o["threshold"], MODEL_ARGS)
     # settings the run's sampler never reads: refused, as launchers do

@@ -106,7 +106,7 @@ def validate(config: ml_collections.ConfigDict):
       f"which positions commit depends on samples that are then discarded and the trajectory "
       f"likelihood is not exact; use a policy that reads the distributions only: {exact}"
     )
-  policies.check_arg(r.policy, r.policy_arg, "--config.rl.policy_arg")
+  policies.check_arg(r.policy, r.policy_arg, "--config.rl.policy_arg", "--config.rl.policy")
   if float(r.top_p) != 1.0:
     _fail(
       f"rl.top_p={r.top_p}: RL samples with temperature only (the scorer's likelihood is "

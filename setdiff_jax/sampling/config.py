@@ -123,7 +123,7 @@ def commit_policy(
       f"{t}={threshold} and {names['policy_arg']}={policy_arg} both set tau of {p}=threshold "
       "and disagree; give one"
     )
-  policies.check_arg(name, threshold, t)
+  policies.check_arg(name, threshold, t, p)
   return CommitPolicy(name, threshold)
 
 

@@ -259,24 +259,26 @@ def get(name: str, flag: str = "--policy") -> Policy:
   return POLICIES[name]
 
 
-def check_arg(name: str, arg, flag: str = FLAG) -> Optional[float]:
-  """The validated parameter of policy `name` (None -> its default); ValueError naming `flag`."""
+def check_arg(name: str, arg, flag: str = FLAG, policy_flag: str = "--policy") -> Optional[float]:
+  """The validated parameter of policy `name` (None -> its default); a ValueError names the
+  parameter as `flag` and the policy as `policy_flag` (how the caller's user spells them)."""
   p = get(name).param
+  of = f"for {policy_flag}={name}"
   if arg is None:
     return p.default
   try:
     x = float(arg)
   except (TypeError, ValueError):
-    raise ValueError(f"{flag}={arg!r} for --policy={name}: {p.name} must be a number") from None
+    raise ValueError(f"{flag}={arg!r} {of}: {p.name} must be a number") from None
   if p.kind == "int":
     if not math.isfinite(x) or x != int(x):
-      raise ValueError(f"{flag}={arg} for --policy={name}: {p.name} must be an integer")
+      raise ValueError(f"{flag}={arg} {of}: {p.name} must be an integer")
     x = int(x)
   bad_low = p.low is not None and (x <= p.low if p.low_open else x < p.low)
   if bad_low or (p.high is not None and x > p.high) or not math.isfinite(float(x)):
     rel = ">" if p.low_open else ">="
     high = "" if p.high is None else f" and <= {p.high:g}"
-    raise ValueError(f"{flag}={arg} for --policy={name}: {p.name} must be {rel} {p.low:g}{high}")
+    raise ValueError(f"{flag}={arg} {of}: {p.name} must be {rel} {p.low:g}{high}")
   return x
 
 
