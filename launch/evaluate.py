@@ -312,21 +312,25 @@ def check_flags_used():
 
 
 def check_seed_read():
-  """--sampling_seed with accuracy as its only reader: that eval decodes greedily, so the seed
-  draws nothing but the cache order of a preset with cache_order=fht; elsewhere it would be
-  ignored, yet recorded in the history key as a setting of its own."""
+  """--sampling_seed read by greedy evals only: accuracy and infill decode greedily with the cache
+  in position order, so the seed draws nothing but the cache order of an accuracy preset with
+  cache_order=fht; elsewhere it would be ignored, yet recorded in the history key as a setting of
+  its own."""
   from setdiff_jax.evaluation import gsm8k
 
   readers = set(EVAL_FLAGS["sampling_seed"]) & set(FLAGS.eval)
-  if not FLAGS["sampling_seed"].present or readers != {"accuracy"}:
+  if not FLAGS["sampling_seed"].present or not readers or readers - {"accuracy", "infill"}:
     return
   fht = sorted(n for n, p in gsm8k.PRESETS.items() if p.get("cache_order") == "fht")
-  if FLAGS.preset is None or FLAGS.preset not in fht:
-    raise ValueError(
-      f"--sampling_seed={FLAGS.sampling_seed} changes nothing in --eval=accuracy: it decodes "
-      f"greedily with the cache in position order (only --preset={' or '.join(fht)} draws a "
-      "cache order from the seed); drop it, or add --eval=speed or samples"
-    )
+  if "accuracy" in readers and FLAGS.preset in fht:
+    return
+  evals = " and ".join(f"--eval={e}" for e in sorted(readers))
+  raise ValueError(
+    f"--sampling_seed={FLAGS.sampling_seed} changes nothing in {evals}: greedy decoding with the "
+    f"cache in position order draws nothing from it (only --eval=accuracy with --preset="
+    f"{' or '.join(fht)} draws a cache order from the seed); drop it, or add --eval=speed or "
+    "samples"
+  )
 
 
 def data_overrides():

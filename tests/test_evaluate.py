@@ -401,6 +401,10 @@ def test_decode_infill(method):
   assert [len(m) for m in out["middles"]] == [t.middle_len for t in items]
   assert all(MASK not in m for m in out["middles"])
   assert out["tokens"] == sum(t.middle_len for t in items)
+  # greedy with the cache in position order: the seed draws nothing (why evaluate.py refuses
+  # --sampling_seed with --eval=infill alone); seed is not a static field, so no new compile
+  reseeded = infill.decode_infill(method, model, params, items, cfg.replace(seed=7), batch_size=2)
+  assert reseeded["middles"] == out["middles"]
   # pinned shapes: every batch runs one program (none if an earlier test compiled it)
   assert out["compiled_programs"] <= 1 and out["wall_seconds_with_compile"] >= out["seconds"]
   if method in ("setdlm", "mdlm"):  # one token per step, +1 context-encoding call (set sampler)

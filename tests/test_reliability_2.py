@@ -279,6 +279,15 @@ def test_evaluate_refuses_flags_no_requested_eval_reads(run_dir, tmp_path):
       [w, "--eval=accuracy", "--sampling_seed=7"],
       ["--sampling_seed=7 changes nothing in --eval=accuracy", "--preset=gsm8k_repro or"],
     ),
+    # infill decodes greedily too (test_evaluate.test_decode_infill: the seed changes nothing)
+    (
+      [w, "--eval=infill,accuracy", "--sampling_seed=7"],
+      ["--sampling_seed=7 changes nothing in --eval=accuracy and --eval=infill"],
+    ),
+    (
+      [w, "--eval=infill", "--sampling_seed=7"],
+      ["changes nothing in --eval=infill: greedy decoding"],
+    ),
   ]
   check_cases("evaluate.py", cases)
   assert not os.path.exists(out)
