@@ -255,11 +255,7 @@ def export_qwen3_hf(config, params, out_dir: str, *, tokenizer=None, overwrite: 
   state = qwen3_map.from_flax(params, qwen3_hf.dims_of(m), "hf")
   special = hf_config.normalize_special_ids(tokenizer, {}) if tokenizer is not None else {}
   cfg = {
-    "model_type": "qwen3",
-    "architectures": ["Qwen3ForCausalLM"],
-    **pretrained.to_hf_fields(m),
-    "torch_dtype": "float32",
-    "max_position_embeddings": 40960,
+    **qwen3_hf.template_config(m),
     **{hf_config.HF_SPECIAL[k]: v for k, v in special.items() if k != "mask_id"},
   }
   with staging.staged(out_dir, overwrite) as stage:

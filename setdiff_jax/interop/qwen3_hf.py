@@ -46,6 +46,8 @@ def template_config(m: Mapping) -> dict:
     **pretrained.to_hf_fields(m),
     "sliding_window": None,
     "torch_dtype": "float32",
+    # the released Qwen3's value: with plain RoPE (the only kind we load) the logits do not
+    # depend on it; the context the run trained on is its config.json's seq_len
     "max_position_embeddings": 40960,
   }
 
