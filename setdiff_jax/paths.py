@@ -28,7 +28,8 @@ def is_remote(path) -> bool:
 # files with a glob over the checkpoint's own path, and tensorstore parses object-store paths as
 # URLs. '[...]' (a glob class) or '\\' makes every save unreadable; on an object store '*' / '?'
 # also match other folders (a save deleted a sibling run's checkpoint) and '?' / '#' end the
-# name (the tensors land in a folder cut at them). Refused in run and export paths.
+# name (the tensors land in a folder cut at them). Refused in workdirs, the config's path fields
+# (`workdir.lock.RUN_PATH_FIELDS`), export folders and the launchers' storage flags.
 PATTERN_CHARS = "[]\\"
 REMOTE_PATTERN_CHARS = PATTERN_CHARS + "*?#"
 

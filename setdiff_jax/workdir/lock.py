@@ -26,6 +26,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from absl import logging
 
 from setdiff_jax import errors, paths
+from setdiff_jax.config import fields
 
 LOCK_DIR = ".lock"
 CONFIG_FILE = "config.json"  # = checkpointing.CONFIG_FILE (not imported: no jax here)
@@ -91,14 +92,6 @@ PATH_FIELDS = (
 
 
 # ----------------------------------------------------------------------------- lock
-def _field(config, name: str):
-  """config[a][b] for name 'a.b'; None where a level lacks it."""
-  node = config
-  for part in name.split("."):
-    node = node.get(part) if hasattr(node, "get") else None
-  return node
-
-
 def _remote(path: str) -> bool:
   return paths.is_remote(path)
 
@@ -262,7 +255,7 @@ def check_new_workdir(config, workdir: str):
   checkpoints (nothing would be trained or saved); called before anything is written."""
   check_workdir_path(workdir)
   for name in RUN_PATH_FIELDS:  # a checkpoint read through a pattern could be another run's
-    value = _field(config, name)
+    value = fields.lookup(config, name)  # MISSING where a level lacks it
     if isinstance(value, str) and value:
       paths.check_plain_name(value, f"--config.{name}")
   if not saved_steps(workdir) and int(config.get("num_train_steps", 1)) < 1:
