@@ -418,11 +418,20 @@ def run(main: Callable[[List[str]], Optional[int]]):
   """`absl.app.run(main)` with the behaviour of the module doc."""
   cli_signals.catch_startup_signals(unwind=True)  # train.py and rl.py: also while importing
 
+  def stop(e: KeyboardInterrupt):  # a signal outside the training loop (which saves, then stops)
+    signum = getattr(e, "signum", signal.SIGINT)
+    sys.stdout.flush()
+    sys.stderr.write(cli_signals.stopped_line(signum) + "\n")
+    sys.stderr.flush()
+    os._exit(128 + signum)  # no interpreter shutdown under running compiler threads
+
   def parser(argv):
     try:
-      return parse_flags(argv)
+      return parse_flags(argv)  # runs the --config file's get_config(): any code at all
     except UsageError as e:
       sys.exit(report(e))
+    except KeyboardInterrupt as e:  # else a traceback through absl
+      stop(e)
 
   def guarded(args):
     try:
@@ -432,12 +441,8 @@ def run(main: Callable[[List[str]], Optional[int]]):
       quiet_library_logs()
       cli_storage.check_path_flags(verbose())
       return main(args)
-    except KeyboardInterrupt as e:  # a signal outside the training loop (which saves, then stops)
-      signum = getattr(e, "signum", signal.SIGINT)
-      sys.stdout.flush()
-      sys.stderr.write(cli_signals.stopped_line(signum) + "\n")
-      sys.stderr.flush()
-      os._exit(128 + signum)  # no interpreter shutdown under running compiler threads
+    except KeyboardInterrupt as e:
+      stop(e)
     except Exception as e:  # noqa: BLE001
       if not isinstance(e, EXPECTED) and not lost_process(e) and not cli_storage.storage_error(e):
         raise  # a bug: keep its traceback

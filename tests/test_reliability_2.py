@@ -1027,3 +1027,29 @@ def test_a_signal_a_library_swallowed_still_stops_the_run(tmp_path):
   assert r.returncode == 130, r.stderr[-2000:]
   assert lines[-1].startswith("stopped: SIGINT at step 1/4; checkpoint "), lines[-1]
   assert sorted(os.listdir(workdir / "checkpoints")) == ["1"]
+
+
+def test_a_signal_while_the_flags_are_parsed_is_one_stopped_line(tmp_path):
+  """A signal while absl parsed the flags (which runs the --config file's get_config) unwound as
+  a StartupSignal traceback through absl, status 1."""
+  config = tmp_path / "slow_config.py"
+  config.write_text(
+    "import os, signal, time\n"
+    "from configs import tiny_sw\n"
+    "def get_config():\n"
+    "  os.kill(os.getpid(), signal.SIGTERM)\n"
+    "  time.sleep(60)\n"
+    "  return tiny_sw.get_config()\n"
+  )
+  r = subprocess.run(
+    [sys.executable, "launch/train.py", f"--config={config}", f"--workdir={tmp_path / 'w'}"],
+    capture_output=True,
+    text=True,
+    cwd=REPO,
+    env=env(),
+    timeout=300,
+  )
+  assert r.returncode == 143, r.stderr[-2000:]
+  assert "Traceback" not in r.stderr
+  assert r.stderr.splitlines()[-1] == cli_signals.stopped_line(signal.SIGTERM)
+  assert not os.path.exists(tmp_path / "w")
