@@ -10,6 +10,7 @@ import stat
 import subprocess
 import sys
 
+import jax
 import pytest
 from safetensors.numpy import load_file, save_file
 
@@ -176,7 +177,21 @@ def test_a_bin_of_another_export_is_refused_at_import(tmp_path):
     message = str(e.value)
     assert "\n" not in message and message.startswith(f"{dst}: its pytorch_model.bin and config")
     assert f"two different exports (export ids {ids[0]} and {ids[1]})" in message
-    assert message.endswith("export it again (--overwrite)")
+    assert "export it again (--overwrite). Weights you changed on purpose" in message
+  # Edited on purpose (a .bin is recomputed, so any edit differs): the way out the message names
+  torch = pytest.importorskip("torch")
+  bin_path = os.path.join(d1, weights)
+  edited = torch.load(bin_path)
+  edited = {k: v if k.endswith("inv_freq") else v + 1.0 for k, v in edited.items()}  # not RoPE's
+  torch.save(edited, bin_path)
+  with pytest.raises(ValueError, match='delete config.json\'s "setdiff_jax": {"export_id"} entry'):
+    import_checkpoint(d1)
+  cfg_path = os.path.join(d1, weight_files.CONFIG_FILE)
+  cfg = weight_files.read_json(cfg_path)
+  del cfg["setdiff_jax"]["export_id"]
+  weight_files.write_json(cfg, cfg_path)
+  imported = import_checkpoint(d1)[1]
+  assert tree_equal(imported, jax.tree_util.tree_map(lambda x: x + 1.0, b))
 
 
 def export_id(folder):

@@ -147,7 +147,8 @@ def _check_export_id(path: str, raw: dict, tensors=None):
   one new id into both (`export._write_export`). A model.safetensors carries it in its header,
   read before any tensor (`tensors` None); a pytorch_model.bin has none, so the DiT importer
   passes the `tensors` it read and their id is recomputed (`weight_files.export_id`). A
-  safetensors without the id was written by another tool (HF save_pretrained): not compared."""
+  safetensors without the id was written by another tool (HF save_pretrained): not compared,
+  nor are weights under a config.json without one (the user's way to import edited weights)."""
   want = (raw.get("setdiff_jax") or {}).get("export_id")
   if not want:
     return
@@ -163,7 +164,9 @@ def _check_export_id(path: str, raw: dict, tensors=None):
     raise ValueError(
       f"{path}: its {name} and config.json come from two different exports (export ids "
       f"{got[:8]} and {want[:8]}): an export into this folder was interrupted, two ran at once, "
-      "or the weights were copied from another export; export it again (--overwrite)"
+      "or the weights were copied from another export; export it again (--overwrite). Weights "
+      "you changed on purpose (fine-tuned in PyTorch): delete config.json's "
+      '"setdiff_jax": {"export_id"} entry, then the import takes them'
     )
 
 
