@@ -222,3 +222,27 @@ def test_overwrite_replaces_every_file_of_the_old_export_and_keeps_the_users(tmp
   assert stat.S_IMODE(os.stat(d / "model.safetensors").st_mode) == 0o666 & ~umask
   config, params = import_checkpoint(str(d))
   assert config.interop.tokenizer_dir is None and tree_equal(params, new)
+
+
+def test_a_safetensors_changed_in_place_is_refused_at_import(tmp_path):
+  """One flipped bit in the tensor bytes of a model.safetensors (a damaged disk or copy) imported
+  as the export's weights: its header's export id still agreed with config.json. The import
+  recomputes the id from the tensors it read."""
+  c, (a,) = exports(seeds=(1,))
+  d = str(tmp_path / "e")
+  export_checkpoint(c, a, d, special_ids=SPECIAL)
+  file = os.path.join(d, weight_files.SAFETENSORS_FILE)
+  with open(file, "r+b") as f:
+    header_size = int.from_bytes(f.read(8), "little")
+    f.seek(8 + header_size + 100)  # a low mantissa bit: the value stays finite
+    byte = f.read(1)[0]
+    f.seek(8 + header_size + 100)
+    f.write(bytes([byte ^ 1]))
+  want = export_id(d)
+  with pytest.raises(ValueError) as e:
+    import_checkpoint(d)
+  message = str(e.value)
+  assert "\n" not in message and message.startswith(f"{d}: the tensors of its model.safetensors")
+  assert "changed since the export (they digest to " in message
+  assert f"the export id its header and config.json name is {want})" in message
+  assert "export it again (--overwrite) or copy it again" in message

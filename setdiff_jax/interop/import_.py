@@ -144,11 +144,13 @@ def _without_config(path: str) -> str:
 def _check_export_id(path: str, raw: dict, tensors=None):
   """Refuses weights and a config.json of two different exports of ours (an interrupted or
   concurrent export into one folder, or a weight file copied in from another export): each writes
-  one new id into both (`export._write_export`). A model.safetensors carries it in its header,
-  read before any tensor (`tensors` None); a pytorch_model.bin has none, so the DiT importer
-  passes the `tensors` it read and their id is recomputed (`weight_files.export_id`). A
-  safetensors without the id was written by another tool (HF save_pretrained): not compared,
-  nor are weights under a config.json without one (the user's way to import edited weights)."""
+  one new id, a digest of the tensors, into both (`export._write_export`). A model.safetensors
+  carries it in its header, compared before any tensor is read (`tensors` None); the DiT importer
+  then passes the `tensors` it read and their id is recomputed (`weight_files.export_id`): for a
+  pytorch_model.bin, which has no header, that is the comparison; for a model.safetensors whose
+  header agrees, it finds bytes changed in place since the export. A safetensors without the id
+  was written by another tool (HF save_pretrained): not compared, nor are weights under a
+  config.json without one (the user's way to import edited weights)."""
   want = (raw.get("setdiff_jax") or {}).get("export_id")
   if not want:
     return
@@ -156,18 +158,32 @@ def _check_export_id(path: str, raw: dict, tensors=None):
     fmt = weight_files.weight_files(path)[0]
   except FileNotFoundError:
     return  # no weights: the importer names what is missing
-  if (fmt == "bin") != (tensors is not None):
-    return  # the header before reading, a .bin once read
-  got = weight_files.export_id(tensors) if fmt == "bin" else weight_files.export_id_of(path)
-  if got is not None and got != want:
-    name = weight_files.BIN_FILE if fmt == "bin" else weight_files.SAFETENSORS_FILE
-    raise ValueError(
-      f"{path}: its {name} and config.json come from two different exports (export ids "
-      f"{got[:8]} and {want[:8]}): an export into this folder was interrupted, two ran at once, "
-      "or the weights were copied from another export; export it again (--overwrite). Weights "
-      "you changed on purpose (fine-tuned in PyTorch): delete config.json's "
-      '"setdiff_jax": {"export_id"} entry, then the import takes them'
+  name = weight_files.BIN_FILE if fmt == "bin" else weight_files.SAFETENSORS_FILE
+  header = None if fmt == "bin" else weight_files.export_id_of(path)
+  if tensors is None:
+    got = header  # None for a .bin: compared once read
+  elif fmt == "bin" or header is not None:
+    got = weight_files.export_id(tensors)
+  else:
+    return
+  if got is None or got == want:
+    return
+  if fmt == "bin" or tensors is None:
+    cause = (
+      f"its {name} and config.json come from two different exports (export ids {got[:8]} and "
+      f"{want[:8]}): an export into this folder was interrupted, two ran at once, or the weights "
+      "were copied from another export; export it again (--overwrite)"
     )
+  else:
+    cause = (
+      f"the tensors of its {name} changed since the export (they digest to {got[:8]}, the "
+      f"export id its header and config.json name is {want[:8]}): the file was damaged (a disk "
+      "or an interrupted copy) or edited in place; export it again (--overwrite) or copy it again"
+    )
+  raise ValueError(
+    f"{path}: {cause}. Weights you changed on purpose (fine-tuned in PyTorch): delete "
+    'config.json\'s "setdiff_jax": {"export_id"} entry, then the import takes them'
+  )
 
 
 def import_checkpoint(
