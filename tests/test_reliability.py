@@ -659,3 +659,48 @@ def test_eta_counts_the_evals_and_saves_ahead():
   assert train._pauses_ahead(config, 12, 31, pauses) == 3 * 2.0 + 5 * 1.0  # + the final step
   assert train._pauses_ahead(config, 20, 30, pauses) == 2 * 2.0 + 3 * 1.0  # 20's still to come
   assert train._pauses_ahead(config, 30, 30, pauses) == 2.0 + 1.0
+
+
+def test_a_step_deleted_while_it_is_read_is_read_again_or_named(run_dir, tmp_path, monkeypatch):
+  """Probe 17b: load_inference_state on a run still training (keep_checkpoints=1) sometimes failed
+  with a bare `FileNotFoundError: .../checkpoints/37`: retention deleted the newest step while
+  orbax listed or read it. Simulated: while a step is read the run saves the next one and deletes
+  it (a rename), and the read fails as orbax's does."""
+  import errno
+
+  from setdiff_jax.workdir import load
+
+  real = load._restore_params_once
+  calls, rotate_next = [], [True]
+
+  def rotated_away(directory, abstract, step, use_ema, always=False):
+    calls.append(step)
+    steps = sorted(int(s) for s in os.listdir(directory))
+    read = os.path.join(str(directory), str(steps[-1] if step is None else step))
+    if always or rotate_next.pop():
+      rotate_next.append(False)
+      os.rename(read, os.path.join(str(directory), str(steps[-1] + 1)))
+      raise FileNotFoundError(errno.ENOENT, "No such file or directory", read)
+    return real(directory, abstract, step, use_ema)
+
+  monkeypatch.setattr(load, "_restore_params_once", rotated_away)
+  workdir = copy_run(run_dir, tmp_path, "rotating")
+  assert workdir_lib.load_inference_state(workdir).step == 3  # 2 went, 3 came: the newest again
+  assert calls == [None, None]
+  step_1 = os.path.join(workdir, "checkpoints", "1")
+  rotate_next[:] = [True]
+  with pytest.raises(errors.CheckpointError) as e:  # an explicit step is not swapped for another
+    workdir_lib.load_inference_state(workdir, step=1)
+  assert str(e.value).startswith(f"checkpoint {step_1} was deleted while it was read: the run")
+  assert str(e.value).endswith("pass a --step it still keeps, or leave --step out for its newest")
+  # a run rotating faster than it can be read: bounded, then named
+  calls.clear()
+  monkeypatch.setattr(load, "_restore_params_once", lambda *a: rotated_away(*a, always=True))
+  with pytest.raises(errors.CheckpointError, match="happened 3 times in a row: read it once"):
+    workdir_lib.load_inference_state(copy_run(run_dir, tmp_path, "rotating_fast"))
+  assert len(calls) == load.RESTORE_ATTEMPTS
+  # a missing file elsewhere is not taken for retention
+  elsewhere = FileNotFoundError(errno.ENOENT, "No such file or directory", str(tmp_path / "x"))
+  monkeypatch.setattr(load, "_restore_params_once", lambda *a: (_ for _ in ()).throw(elsewhere))
+  with pytest.raises(FileNotFoundError):
+    workdir_lib.load_inference_state(copy_run(run_dir, tmp_path, "other"))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional
 
+from absl import logging
 import jax
 import ml_collections
 import orbax.checkpoint as ocp
@@ -41,12 +42,54 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
   return checkpointing.load_config(workdir)
 
 
+RESTORE_ATTEMPTS = 3  # reads of the newest step that a run's retention may delete meanwhile
+
+
 def restore_params(
   workdir: str, abstract_params, *, step: Optional[int] = None, use_ema: bool = True
 ):
   """(params, step): one parameter set of a checkpoint, restored into `abstract_params`'s
-  shardings (a tree of `jax.ShapeDtypeStruct` with `.sharding`), nothing else read."""
+  shardings (a tree of `jax.ShapeDtypeStruct` with `.sharding`), nothing else read.
+
+  A run still training deletes its older steps as it saves (keep_checkpoints): a step deleted
+  while it is read is read again from the newest one (`step` None, up to RESTORE_ATTEMPTS
+  times), else named in a CheckpointError (the raw FileNotFoundError named a bare folder)."""
   directory = checkpointing.checkpoint_dir(workdir)
+  for attempt in range(RESTORE_ATTEMPTS):
+    try:
+      return _restore_params_once(directory, abstract_params, step, use_ema)
+    except FileNotFoundError as e:
+      gone = _deleted_step(directory, e)
+      if gone is None:
+        raise
+      if step is None and attempt < RESTORE_ATTEMPTS - 1:
+        logging.info("checkpoint %s was deleted while it was read; reading the newest again", gone)
+        continue
+      advice = (
+        "pass a --step it still keeps, or leave --step out for its newest"
+        if step is not None
+        else f"that happened {RESTORE_ATTEMPTS} times in a row: read it once it saves less "
+        "often, or once it has stopped"
+      )
+      raise errors.CheckpointError(
+        f"checkpoint {gone} was deleted while it was read: the run writing {directory} is still "
+        f"training and keeps only its newest checkpoints (keep_checkpoints); {advice}"
+      ) from e
+  raise AssertionError("unreachable")
+
+
+def _deleted_step(directory, e: FileNotFoundError) -> Optional[str]:
+  """The step folder of `directory` that `e` found missing and that is gone now, else None."""
+  root = str(directory).rstrip("/") + "/"
+  missing = str(e.filename or "")
+  if not missing.startswith(root):
+    return None
+  name = missing[len(root) :].split("/", 1)[0]
+  folder = root + name
+  return folder if name.isdigit() and not paths.exists(folder) else None
+
+
+def _restore_params_once(directory, abstract_params, step: Optional[int], use_ema: bool):
   handler = ocp.PyTreeCheckpointHandler()
   options = ocp.CheckpointManagerOptions(create=False, enable_async_checkpointing=False)
   with checkpointing._quiet_orbax():
