@@ -163,6 +163,37 @@ def test_timing_results_of_two_machines_are_both_kept(runs, tmp_path, monkeypatc
   assert any(h["result"] == [{"old": 1}] for h in history.values())  # the legacy entry is kept
 
 
+def test_a_stop_in_a_later_eval_keeps_the_finished_ones(runs, tmp_path, monkeypatch):
+  """Probe 17a: Ctrl-C during --eval=likelihood,accuracy threw away the finished likelihood result
+  (the file was written once, after every eval), though the stopped line says files written
+  before are intact. Each eval is now saved, its table shown first, as soon as it ends."""
+  out = str(tmp_path / "r.json")
+  opts = eval_run.EvalOptions(batch_sizes=(1,), repeats=1, max_new_tokens=4, max_rows=8)
+
+  def interrupted(*args, **kwargs):
+    raise KeyboardInterrupt
+
+  monkeypatch.setattr(eval_run, "run_speed", interrupted)
+  shown = []
+  with pytest.raises(KeyboardInterrupt):
+    eval_run.evaluate_workdir(
+      runs["ar"], ["likelihood", "speed"], opts, log=None, output=out, show=shown.append
+    )
+  saved = json.load(open(out))
+  assert [h["eval"] for h in saved["history"].values()] == ["likelihood"]
+  assert saved["likelihood"]["nll"] > 0 and "speed" not in saved
+  assert len(shown) == 1 and shown[0].startswith("workdir: ") and "NLL" in shown[0]
+  monkeypatch.undo()  # the same command again: both, the likelihood entry refreshed, not doubled
+  record = eval_run.evaluate_workdir(
+    runs["ar"], ["likelihood", "speed"], opts, log=None, output=out, show=shown.append
+  )
+  history = json.load(open(out))["history"]
+  assert sorted(h["eval"] for h in history.values()) == ["likelihood", "speed"]
+  same = lambda r: {k: v for k, v in r["likelihood"].items() if k != "seconds"}  # noqa: E731
+  assert same(record) == same(saved) and record["speed"]
+  assert shown[1].startswith("workdir: ") and not shown[2].startswith("workdir: ")  # one header
+
+
 # ----------------------------------------------------------------------------- 3: parameters
 def test_default_parameters_are_the_ones_training_evaluated(runs, launched):
   result = launched["default_params"]

@@ -304,6 +304,39 @@ def write_results(record: Dict[str, Any], path: str):
     raise (errors.DiskFullError(msg) if errors.write_limit(e) else OSError(e.errno, msg)) from e
 
 
+def merged(record, top, entries, options, data_of, results) -> Dict[str, Any]:
+  """The results file's `record` with an evaluation's history `entries` added; its top level
+  mirrors that evaluation (`top`: workdir, step, use_ema, ...), merged with earlier evals of the
+  same step and parameters (`run.evaluate_workdir`)."""
+  history = record.pop("history", {})
+  history.update(entries)
+  if record.get("step") != top["step"] or record.get("use_ema", True) != top["use_ema"]:
+    record = {}  # the top level mirrors one (step, parameters) only
+  record.update(top)
+  record.setdefault("options", {}).update(options)
+  record.setdefault("data", {}).update(data_of)
+  record.update(results)
+  record["history"] = history
+  return record
+
+
+def save_evaluation(path: str, writer: bool, **parts) -> Dict[str, Any]:
+  """`merged(record at path, **parts)`, written by the `writer` process (every process computed
+  the same results) under the file's lock, re-read there: another evaluation may have written it
+  meanwhile. Returns the merged record."""
+  try:
+    with locked(path) if writer else contextlib.nullcontext():
+      record = merged(read_record(path), **parts)
+      if writer:
+        write_results(record, path)
+  except LockBusy as e:  # merging without the lock could lose one of the two results
+    raise LockBusy(
+      e.errno,
+      unwritten(merged({}, **parts), path, e.strerror, "run the evaluation again when it is free"),
+    ) from e
+  return record
+
+
 __all__ = [
   "EVALS",
   "TIMED_EVALS",
@@ -320,4 +353,6 @@ __all__ = [
   "LockBusy",
   "unwritten",
   "write_results",
+  "merged",
+  "save_evaluation",
 ]

@@ -12,7 +12,6 @@ them;
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
 from typing import Any, Dict, List, Optional, Sequence
@@ -35,12 +34,9 @@ from setdiff_jax.evaluation.results import (
   machine,
   file_identity,
   history_key,
-  LockBusy,
-  locked,
   read_record,
+  save_evaluation,
   split_identity,
-  unwritten,
-  write_results,
 )
 from setdiff_jax.evaluation.checks import (
   check_method_options,
@@ -316,9 +312,11 @@ def eval_data(state, name: str, opts: EvalOptions) -> Optional[Dict[str, Any]]:
 
 
 def evaluate_state(
-  state, evals: Sequence[str], opts: EvalOptions, *, judge=None, log=print
+  state, evals: Sequence[str], opts: EvalOptions, *, judge=None, log=print, on_result=None
 ) -> Dict[str, Any]:
-  """Runs `evals` on a loaded `workdir.InferenceState`; returns {eval: result}."""
+  """Runs `evals` on a loaded `workdir.InferenceState`; returns {eval: result}. `on_result(name,
+  result)`, if given, receives each eval's result as soon as it ends (`evaluate_workdir` saves it
+  there, so a stop or an error in a later eval loses none of the finished ones)."""
   if not evals:
     raise ValueError(f"--eval is empty: give some of {','.join(EVALS)}")
   bad = [e for e in evals if e not in EVALS]
@@ -345,6 +343,8 @@ def evaluate_state(
       out[name] = run_samples(state, opts, gen_model, judge)
     if log:
       log(f"[{state.objective_config.name}] {name} done in {time.perf_counter() - t0:.1f}s")
+    if on_result is not None:
+      on_result(name, out[name])
   return out
 
 
@@ -368,22 +368,6 @@ def _judge_label(evals: Sequence[str], opts: EvalOptions) -> str:
     return ""
   params = "EMA" if judge_uses_ema(opts.judge_workdir) else "raw"
   return f"  judge: {paths.resolve(opts.judge_workdir)} ({params}, its run's eval_params)"
-
-
-def _merged(record, top, entries, options, data_of, results) -> Dict[str, Any]:
-  """The results file's `record` with this evaluation's history `entries` added; its top level
-  mirrors this evaluation (`top`: workdir, step, use_ema, ...), merged with earlier evals of the
-  same step and parameters (`evaluate_workdir`)."""
-  history = record.pop("history", {})
-  history.update(entries)
-  if record.get("step") != top["step"] or record.get("use_ema", True) != top["use_ema"]:
-    record = {}  # the top level mirrors one (step, parameters) only
-  record.update(top)
-  record.setdefault("options", {}).update(options)
-  record.setdefault("data", {}).update(data_of)
-  record.update(results)
-  record["history"] = history
-  return record
 
 
 def evaluate_workdir(
@@ -412,9 +396,10 @@ def evaluate_workdir(
   is not a results file, or holds another run's results, or lies in one of a run directory's
   folders, is refused before anything runs (`read_record`, `check_owner`, `check_output_path`).
   Its top level mirrors
-  the latest evaluation (merged with earlier evals of the same step and parameters). `show`, if
-  given, receives the markdown tables before anything is written (a failed write keeps them:
-  `write_results`). `data_overrides`, {field: (flag, value)}, replaces fields of the run's `data`
+  the latest evaluation (merged with earlier evals of the same step and parameters). Each eval is
+  saved as soon as it ends (a stop or an error in a later one keeps it); `show`, if given,
+  receives its markdown table (the first with a header naming the run) before that write (a
+  failed write keeps it: `write_results`). `data_overrides`, {field: (flag, value)}, replaces fields of the run's `data`
   config (eval_paths, tfds_data_dir: the data moved since training); a field the run's source does
   not read, or an unusable file, is refused (`data_flags.apply_overrides`). `mesh`: the decoding mesh
   ({"data", "fsdp", "tensor"} sizes; default all devices on data), the parameters placed with
@@ -430,54 +415,51 @@ def evaluate_workdir(
     use_ema = str(workdir_lib.load_config(workdir).get("eval_params", "ema")) == "ema"
   state = workdir_lib.load_inference_state(workdir, step=step, use_ema=use_ema, mesh_config=mesh)
   data_flags.apply_overrides(state.config.data, data_overrides or {})
-  results = evaluate_state(state, evals, opts, log=log)
-  if show is not None:
-    show(
-      f"workdir: {paths.resolve(workdir)}  step: {state.step}  "
-      f"params: {params_label(state.config, use_ema, chosen)}{_judge_label(evals, opts)}\n\n"
-      + format_results(results)
-    )
-  now = time.strftime("%Y-%m-%d %H:%M:%S")
-  data_of = {e: eval_data(state, e, opts) for e in evals}
   where = machine(state.params)
-  entries = {}
-  for name in evals:
+  writer = jax.process_index() == 0  # every process computed the same results; one writes them
+  header = (
+    f"workdir: {paths.resolve(workdir)}  step: {state.step}  "
+    f"params: {params_label(state.config, use_ema, chosen)}{_judge_label(evals, opts)}\n\n"
+  )
+  saved: Dict[str, Any] = {}
+
+  def save(name: str, result):  # as soon as the eval ends: a later stop or error keeps it
+    if show is not None:  # the table before the write (a failed write keeps it)
+      show(("" if saved else header) + format_results({name: result}))
+    now = time.strftime("%Y-%m-%d %H:%M:%S")
+    data = eval_data(state, name, opts)
     timed = where if name in TIMED_EVALS else None
-    key = history_key(state.step, use_ema, name, opts.to_json(), data_of[name], timed)
-    entries[key] = {
+    entry = {
       "step": state.step,
       "use_ema": use_ema,
       "eval": name,
       "settings": opts.to_json(),
-      "data": data_of[name],
+      "data": data,
       **(timed or {}),  # hardware and mesh of a timed eval
       "time": now,
-      "result": results[name],
+      "result": result,
     }
-  writer = jax.process_index() == 0  # every process computed the same results; one writes them
-  top = dict(
-    workdir=paths.resolve(workdir),
-    step=state.step,
-    objective=state.objective_config.name,
-    use_ema=use_ema,
-    hardware=hardware(),
-    mesh=where["mesh"],
-    time=now,
-  )
-  options = {e: opts.to_json() for e in evals}
+    top = dict(
+      workdir=paths.resolve(workdir),
+      step=state.step,
+      objective=state.objective_config.name,
+      use_ema=use_ema,
+      hardware=hardware(),
+      mesh=where["mesh"],
+      time=now,
+    )
+    saved["record"] = save_evaluation(
+      path,
+      writer,
+      top=top,
+      entries={history_key(state.step, use_ema, name, opts.to_json(), data, timed): entry},
+      options={name: opts.to_json()},
+      data_of={name: data},
+      results={name: result},
+    )
 
-  def merge(record):
-    return _merged(record, top, entries, options, data_of, results)
-
-  try:
-    with locked(path) if writer else contextlib.nullcontext():
-      record = merge(read_record(path))  # again: another evaluation may have written it meanwhile
-      if writer:
-        write_results(record, path)
-  except LockBusy as e:  # merging without the lock could lose one of the two results
-    raise LockBusy(
-      e.errno, unwritten(merge({}), path, e.strerror, "run the evaluation again when it is free")
-    ) from e
+  evaluate_state(state, evals, opts, log=log, on_result=save)
+  record = saved["record"]
   record["path"] = path
   return record
 
