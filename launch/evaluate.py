@@ -160,7 +160,7 @@ def main(argv):
   from setdiff_jax.evaluation import generation, run
   from setdiff_jax.sampling import policies
 
-  check_not_empty()
+  check_lists()
   cli.check_flag_ranges(RANGED)
   if FLAGS.preset and FLAGS["thresholds"].present:  # the preset sets tau
     raise ValueError(f"--preset={FLAGS.preset} sets tau, so --thresholds would be unused; give one")
@@ -240,11 +240,47 @@ LIST_FLAGS = (
 )
 
 
-def check_not_empty():
-  """An empty list flag (--thresholds=) is refused: it would evaluate nothing, or the defaults."""
+def check_lists():
+  """An empty list flag (--thresholds=) is refused: it would evaluate nothing, or the defaults.
+  So is a value given twice (--thresholds=off,none): its setting would run twice, the second
+  time warm, and be stored twice."""
   for name in LIST_FLAGS:
-    if FLAGS[name].present and not FLAGS[name].value:
+    if not FLAGS[name].present:
+      continue
+    values = FLAGS[name].value
+    if not values:
       raise ValueError(f"--{name} is empty: give at least one value, or leave the flag out")
+    seen = {}
+    for v in values:
+      same = _list_value(name, v)
+      if same in seen:
+        twice = repr(v) if str(seen[same]) == str(v) else f"{seen[same]!r} and {v!r}"
+        raise ValueError(
+          f"--{name}={','.join(map(str, values))} gives {twice} (one setting) twice: give "
+          "each value once"
+        )
+      seen[same] = v
+
+
+def _list_value(name: str, value):
+  """What a list flag's value means, so that two spellings of one setting compare equal (a value
+  that does not parse is left to the flag's own check)."""
+  from setdiff_jax.evaluation import generation
+  from setdiff_jax.sampling import policies
+
+  text = str(value).strip()
+  try:
+    if name == "batch_sizes":
+      return int(text)
+    if name in ("thresholds", "infill_thresholds"):
+      return generation.parse_thresholds([text], f"--{name}")[0]
+    if name == "policy_args":
+      return policies.parse_arg(text, "--policy_args")
+    if name == "eval_paths":
+      return os.path.abspath(text) if "://" not in text else text
+  except ValueError:
+    return text
+  return text.lower() if name in ("eval", "infill_settings") else text
 
 
 # flag -> the evals that read it (setdiff_jax/evaluation/run.py): a flag given on the command line

@@ -99,6 +99,12 @@ def launched(runs):
     "word_batch_sizes": [f"--workdir={w}", "--eval=speed", "--batch_sizes=1,abc"],
     "empty_infill_settings": [f"--workdir={w}", "--eval=infill", "--infill_settings="],
     "empty_infill_thresholds": [f"--workdir={w}", "--eval=infill", "--infill_thresholds="],
+    # probe 17a: a setting given twice ran twice (the second warm: 130x the compile-inclusive
+    # tok/s) and was stored twice; --policy_args deduplicated without a word
+    "twice_thresholds": [f"--workdir={w}", "--eval=speed", "--thresholds=off,0.9,none"],
+    "twice_eval": [f"--workdir={w}", "--eval=likelihood,speed,Likelihood"],
+    "twice_batch_sizes": [f"--workdir={w}", "--eval=speed", "--batch_sizes=1,2,1"],
+    "twice_policy_args": [f"--workdir={w}", "--eval=speed", "--policy=topk", "--policy_args=2,2.0"],
     # 9
     "folder": [f"--workdir={w}", f"--output={root}/a_folder"],
     # 11: every fixture story is longer than seq_len = 64
@@ -247,6 +253,13 @@ def test_empty_list_flags_are_refused(launched):
     _error(launched, f"empty_{flag}", f"--{flag} is empty")
   # probe round 11: "invalid literal for int() with base 10: 'abc'" named no flag
   _error(launched, "word_batch_sizes", "--batch_sizes=1,abc: 'abc' is not an integer")
+  for flag, twice in (
+    ("thresholds", "'off' and 'none'"),
+    ("eval", "'likelihood' and 'Likelihood'"),
+    ("batch_sizes", "'1'"),
+    ("policy_args", "'2' and '2.0'"),
+  ):
+    _error(launched, f"twice_{flag}", f"--{flag}=", f" gives {twice} (one setting) twice: give")
 
 
 # ----------------------------------------------------------------------------- 7: tables

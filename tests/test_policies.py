@@ -178,6 +178,11 @@ def test_registry_and_bad_input():
     ("dilated", 0, "d must be >= 1"),
     ("stable", 0, "k must be >= 1"),
     ("margin", -1, "tau must be > 0"),
+    # probe 17a: inf was refused with "gamma must be >= 0", which it is
+    ("entropy_bound", float("inf"), "gamma must be a finite number"),
+    ("factor", float("inf"), "f must be a finite number"),
+    ("topk", float("inf"), "k must be a finite number"),
+    ("margin", float("nan"), "tau must be a finite number"),
   ):
     with pytest.raises(ValueError, match=f"--policy_arg=.* for --policy={name}: {what}"):
       CommitPolicy(name, arg)

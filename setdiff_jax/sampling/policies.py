@@ -270,12 +270,14 @@ def check_arg(name: str, arg, flag: str = FLAG, policy_flag: str = "--policy") -
     x = float(arg)
   except (TypeError, ValueError):
     raise ValueError(f"{flag}={arg!r} {of}: {p.name} must be a number") from None
+  if not math.isfinite(x):  # inf passes every lower bound: say what is wrong with it
+    raise ValueError(f"{flag}={arg} {of}: {p.name} must be a finite number")
   if p.kind == "int":
-    if not math.isfinite(x) or x != int(x):
+    if x != int(x):
       raise ValueError(f"{flag}={arg} {of}: {p.name} must be an integer")
     x = int(x)
   bad_low = p.low is not None and (x <= p.low if p.low_open else x < p.low)
-  if bad_low or (p.high is not None and x > p.high) or not math.isfinite(float(x)):
+  if bad_low or (p.high is not None and x > p.high):
     rel = ">" if p.low_open else ">="
     high = "" if p.high is None else f" and <= {p.high:g}"
     raise ValueError(f"{flag}={arg} {of}: {p.name} must be {rel} {p.low:g}{high}")
