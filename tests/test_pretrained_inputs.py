@@ -169,6 +169,38 @@ def test_sharded_load_names_a_non_finite_tensor(tmp_path, key, value, what):
     pretrained.load_params_sharded(path, cfg, shardings)
 
 
+def test_sharded_load_refuses_a_head_that_tie_word_embeddings_would_drop(tmp_path, monkeypatch):
+  """Probe 17b: a directory whose config.json says tie_word_embeddings=true while its lm_head.weight
+  differs from the embedding trained with the embedding as its head, the trained head dropped
+  without a word (the sharded load never read lm_head); import_checkpoint refused it. A head
+  equal to the embedding (a tied model saved with both) loads."""
+  from safetensors.numpy import load_file, save_file
+
+  from setdiff_jax import models, sharding
+
+  path = make_dir(tmp_path / "hf", config=hf_config(tie=False))
+  with open(os.path.join(path, "config.json"), "w") as f:
+    json.dump(hf_config(tie=True), f)
+  cfg = models.backbone_config(pretrained.resolve_run_config(run_config(path)).model.to_dict())
+  mesh = sharding.make_mesh({"data": 1, "fsdp": 4, "tensor": 2})
+  shardings = sharding.state_shardings(models.param_shapes(cfg), mesh)
+  with pytest.raises(ValueError, match=f"^{path}: tie_word_embeddings=true but lm_head.weight"):
+    pretrained.load_params_sharded(path, cfg, shardings)
+  file = os.path.join(path, "model.safetensors")
+  state = load_file(file)
+  state["lm_head.weight"] = state["model.embed_tokens.weight"].copy()
+  save_file(state, file, metadata={"format": "pt"})
+  loaded = pretrained.load_params_sharded(path, cfg, shardings)
+  assert "lm_head" not in loaded
+  np.testing.assert_array_equal(loaded["embed"]["embedding"], state["model.embed_tokens.weight"])
+  # compared in blocks of rows: a difference in the last, partial block is found too
+  state["lm_head.weight"][-1, -1] += 1.0
+  save_file(state, file, metadata={"format": "pt"})
+  monkeypatch.setattr(pretrained._check_tied_in_files, "__defaults__", (7,))  # 80 = 11 * 7 + 3
+  with pytest.raises(ValueError, match="lm_head.weight differs from model.embed_tokens.weight"):
+    pretrained.load_params_sharded(path, cfg, shardings)
+
+
 # ----------------------------------------------------------------------------- finding 12
 def test_resume_needs_no_base_directory(tmp_path):
   from setdiff_jax import errors

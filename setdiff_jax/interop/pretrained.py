@@ -225,6 +225,8 @@ def load_params_sharded(path: str, backbone_cfg, shardings, *, context: str = ""
   out = {}
   with contextlib.ExitStack() as stack:  # a stacked tensor's layers may sit in several shards
     handles = {f: stack.enter_context(safe_open(f, framework="np")) for f in shards}
+    if dims.tie_embeddings and qwen3_map.TIED_HEAD_KEY in stripped:  # never read, else dropped
+      _check_tied_in_files(handles, stripped, shapes, context or path)
 
     def reader(r):
       key = stripped[r.hf_key]
@@ -253,6 +255,23 @@ def load_params_sharded(path: str, backbone_cfg, shardings, *, context: str = ""
 
       out[p] = jax.make_array_from_callback(shape, flat_sh[p], read_stacked)
   return unflatten(out)
+
+
+def _check_tied_in_files(handles, stripped, shapes, context: str, rows: int = 4096):
+  """`qwen3_map.check_tied` on the files, `rows` vocabulary rows at a time (the host never holds
+  the whole embedding twice): a head that differs would be dropped for the embedding."""
+  head, embed = (stripped[k] for k in (qwen3_map.TIED_HEAD_KEY, qwen3_map.EMBED_KEY))
+  a, b = (handles[shapes[k][1]].get_slice(k) for k in (head, embed))
+  if tuple(shapes[head][0]) != tuple(shapes[embed][0]):
+    raise ValueError(
+      f"{context}: tie_word_embeddings=true but lm_head.weight {tuple(shapes[head][0])} and "
+      f"model.embed_tokens.weight {tuple(shapes[embed][0])} differ in shape; set "
+      "tie_word_embeddings=false in config.json"
+    )
+  n = int(shapes[embed][0][0])
+  for start in range(0, n, rows):  # safetensors slices are not clamped at the end
+    end = min(start + rows, n)
+    qwen3_map.check_tied(a[start:end], b[start:end], context)
 
 
 # ----------------------------------------------------------------------------- training init

@@ -30,6 +30,7 @@ from setdiff_jax.interop.name_map import CheckpointMismatchError, flatten, unfla
 
 PREFIXES = {"hf": "", "official": "backbone.model."}
 TIED_HEAD_KEY = "lm_head.weight"
+EMBED_KEY = "model.embed_tokens.weight"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -236,7 +237,7 @@ def to_flax(
     a = np.asarray(state[r.hf_key])
     flat[r.flax_path] = np.ascontiguousarray(a.T) if r.transpose else a
   if dims.tie_embeddings and TIED_HEAD_KEY in state:
-    check_tied(state[TIED_HEAD_KEY], state["model.embed_tokens.weight"], context)
+    check_tied(state[TIED_HEAD_KEY], state[EMBED_KEY], context)
   return unflatten(flat)
 
 
