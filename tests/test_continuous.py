@@ -84,11 +84,13 @@ SETTINGS = [
 ]
 
 
-def assert_rows_alone(kind, model, params, prompts, budgets, cfg, key, out, exact=True):
+def assert_rows_alone(kind, model, params, prompts, budgets, cfg, key, out, exact=True, ids=None):
+  """Row r of `out` = prompt r decoded alone with fold_in(key, ids[r]) (ids default: r)."""
   res = out.result
+  ids = range(len(prompts)) if ids is None else ids
   for r, p in enumerate(prompts):
     one = GENERATE[kind](
-      model, params, [p], cfg.replace(max_new_tokens=budgets[r]), jax.random.fold_in(key, r)
+      model, params, [p], cfg.replace(max_new_tokens=budgets[r]), jax.random.fold_in(key, ids[r])
     )
     assert res.generated[r] == one.generated[0], r
     assert res.sequences[r] == one.sequences[0], r
@@ -133,6 +135,31 @@ def test_rows_equal_rows_alone_toy(kind, setting):
   assert any(out.result.stopped) and not all(out.result.stopped)  # mixed EOS / budget ends
   assert_rows_alone(kind, toy, None, prompts, budgets, cfg, key, out)
   check_counters(kind, out, len(prompts))
+
+
+@pytest.mark.parametrize("kind", ["set", "causal"])
+def test_row_ids_key_each_row(kind):
+  """row_ids: row r draws from fold_in(key, row_ids[r]) whatever its position (ids across the
+  uint32 range, one repeated: equal ids, equal prompts give equal rows), not fold_in(key, r)."""
+  fields = dict(SETTINGS[2])
+  if kind == "causal":
+    fields.pop("policy")
+  prompts, budgets = mixed_rows(6, seed=2)
+  prompts[4], budgets[4] = prompts[1], budgets[1]
+  ids = [2**32 - 1, 77, 0, 2**31 + 5, 77, 3]
+  cfg, key = cfg_of(**fields), jax.random.PRNGKey(11)
+  out = continuous.continuous_generate(
+    kind, toy, None, prompts, cfg, key, slots=3, refill=1, budgets=budgets, row_ids=ids
+  )
+  assert_rows_alone(kind, toy, None, prompts, budgets, cfg, key, out, ids=ids)
+  assert out.result.generated[4] == out.result.generated[1]
+  plain = continuous.continuous_generate(
+    kind, toy, None, prompts, cfg, key, slots=3, refill=1, budgets=budgets
+  )
+  assert plain.result.generated != out.result.generated  # the ids, not the positions, key rows
+  for bad in ([1, 2], [-1] * 6, [2**32] * 6, [0.5] * 6):
+    with pytest.raises(ValueError, match="row_ids: expected 6 integers in"):
+      continuous.continuous_generate(kind, toy, None, prompts, cfg, key, row_ids=bad)
 
 
 def test_greedy_equals_static_batches():

@@ -20,7 +20,9 @@ iteration is:
   harvest rows that ended this step (EOS, budget, no mask left) are written to the output
           buffers at their input index and their slots become free.
 
-Per-row RNG: row r draws from key_r = fold_in(key, r): the slots' state holds per-row keys
+Per-row RNG: row r draws from key_r = fold_in(key, id_r), id_r = row_ids[r] (default r; a caller
+such as the lm_eval adapter passes ids of its own so that a row's draw does not depend on its
+position in the call): the slots' state holds per-row keys
 [S, 2], which the samplers' own step code splits row by row (`processors.split_key`) and draws
 from with a batch of one per row (`processors.choose`). So row r's tokens, commit steps and
 log-probabilities are those of decoding prompt r alone (batch 1) with rng = key_r, independent of
@@ -123,8 +125,11 @@ def _shard_cache(state):
   return jax.tree_util.tree_map(pin, state, is_leaf=lambda x: isinstance(x, KVCache))
 
 
-def _run_slots(rows_in, n_rows, key, *, slots: int, refill: int, start, step, extra_of, outputs):
-  """The loop (module doc). rows_in: every row's inputs [R, ...]; start(inputs [K], keys [K]) ->
+def _run_slots(
+  rows_in, n_rows, ids, key, *, slots: int, refill: int, start, step, extra_of, outputs
+):
+  """The loop (module doc). rows_in: every row's inputs [R, ...]; ids: uint32 [R], row r's key
+  is fold_in(key, ids[r]); start(inputs [K], keys [K]) ->
   fresh sampler state [K]; step(state, extra) -> state; extra_of(inputs) -> per-slot extra;
   outputs(state) -> dict of [S, ...] arrays written when a row ends."""
   n_pad = jax.tree_util.tree_leaves(rows_in)[0].shape[0]
@@ -165,7 +170,7 @@ def _run_slots(rows_in, n_rows, key, *, slots: int, refill: int, start, step, ex
     rows = jnp.minimum(c.next_row + j, n_pad - 1)
     inputs = _gather(rows_in, rows)
     fresh = jax.lax.cond(
-      n_load > 0, lambda: start(inputs, _row_keys(key, rows)), lambda: zeros(shape_k, k)
+      n_load > 0, lambda: start(inputs, _row_keys(key, ids[rows])), lambda: zeros(shape_k, k)
     )
     return c.replace(
       state=_scatter(c.state, fresh, dest),
@@ -207,7 +212,7 @@ def _run_slots(rows_in, n_rows, key, *, slots: int, refill: int, start, step, ex
   jax.jit, static_argnames=("apply", "cfg", "stop_eos", "history", "slots", "refill")
 )
 def _set_slots_core(
-  apply, params, rows_in: SetInputs, n_rows, key, *, cfg, stop_eos, history, slots, refill
+  apply, params, rows_in: SetInputs, n_rows, ids, key, *, cfg, stop_eos, history, slots, refill
 ):
   fwd = bind(apply, params)
 
@@ -224,6 +229,7 @@ def _set_slots_core(
   return _run_slots(
     rows_in,
     n_rows,
+    ids,
     key,
     slots=slots,
     refill=refill,
@@ -235,7 +241,7 @@ def _set_slots_core(
 
 
 @functools.partial(jax.jit, static_argnames=("apply", "cfg", "stop_eos", "slots", "refill"))
-def _ar_slots_core(apply, params, rows_in, n_rows, key, *, cfg, stop_eos, slots, refill):
+def _ar_slots_core(apply, params, rows_in, n_rows, ids, key, *, cfg, stop_eos, slots, refill):
   fwd = bind(apply, params)
 
   def start(inp, keys):
@@ -249,6 +255,7 @@ def _ar_slots_core(apply, params, rows_in, n_rows, key, *, cfg, stop_eos, slots,
   return _run_slots(
     rows_in,
     n_rows,
+    ids,
     key,
     slots=slots,
     refill=refill,
@@ -315,6 +322,20 @@ def ar_rows(prompts, cfg: SamplerConfig, budgets=None, width: Optional[int] = No
   return (prompt, plen, canvas, n), target
 
 
+def _row_ids(row_ids, n_rows: int) -> np.ndarray:
+  """The rows' key ids uint32 [R] (default 0..R-1): integers in [0, 2**32), never wrapped
+  (fold_in reads 32 bits, so 2**32 + r would silently draw row r's stream)."""
+  if row_ids is None:
+    return np.arange(n_rows, dtype=np.uint32)
+  ids = np.asarray(row_ids)
+  bad = ids.shape != (n_rows,) or (ids.size and ids.dtype.kind not in "iu")
+  if bad or np.any(ids < 0) or np.any(ids > np.iinfo(np.uint32).max):
+    raise ValueError(
+      f"row_ids: expected {n_rows} integers in [0, 2**32), one per row, got {row_ids!r}"
+    )
+  return ids.astype(np.uint32)
+
+
 def _pad_rows(tree, n_pad: int):
   def pad(x):
     x = np.asarray(x)
@@ -334,12 +355,16 @@ def continuous_generate(
   slots: int = 32,
   refill: Optional[int] = None,
   budgets: Optional[Sequence[int]] = None,
+  row_ids: Optional[Sequence[int]] = None,
 ) -> ContinuousOutput:
   """Decodes every prompt with `slots` continuously refilled slots (module doc).
 
   kind: 'set' (the SetDLM sampler) or 'causal' (AR). rng: the base key (default PRNGKey(cfg.seed));
-  row r draws from fold_in(rng, r). refill: rows per prompt-encoding call (default
+  row r draws from fold_in(rng, row_ids[r]). refill: rows per prompt-encoding call (default
   max(1, slots // 8)). budgets: per-row max new tokens (default cfg.max_new_tokens each).
+  row_ids: one integer in [0, 2**32) per row (default 0, 1, ..., R - 1): row r's tokens are
+  those of decoding it alone with rng = fold_in(rng, row_ids[r]), whatever its position; equal
+  ids give equal streams (greedy rows never read the key).
   """
   why = unsupported(kind, cfg)
   if why is not None:
@@ -352,6 +377,7 @@ def continuous_generate(
   rows = _as_rows(prompts, "prompts")
   n_rows = len(rows)
   n_pad = max(bucket_length(n_rows, "pow2"), slots)
+  ids = _pad_rows(_row_ids(row_ids, n_rows), n_pad)
   fwd = as_forward(model, params)
   key = loop.key_of(rng, cfg)
   if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):  # a typed key: its data, uint32 [2]
@@ -377,6 +403,7 @@ def continuous_generate(
       fwd.params,
       placement.place_rows(mesh, rows_in),
       np.int32(n_rows),
+      ids,
       key,
       slots=slots,
       refill=refill,
