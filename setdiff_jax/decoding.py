@@ -360,17 +360,22 @@ def check_method_flags(
 
 
 def check_sampling_flags(
-  seq_len: int, *, window: Optional[int] = None, max_new_tokens: Optional[int] = None
+  seq_len: int,
+  *,
+  window: Optional[int] = None,
+  max_new_tokens: Optional[int] = None,
+  prefix: str = "--",
 ):
-  """None means "the run's default"; an explicit value is checked, never replaced."""
+  """None means "the run's default"; an explicit value is checked, never replaced. `prefix`:
+  how the caller names its settings ('--' for the launchers' flags, 'model_args ' for lm_eval)."""
   if window is not None and not 1 <= window <= seq_len:
     raise ValueError(
-      f"--window={window} must be in [1, seq_len={seq_len}] (W <= L; leave it "
+      f"{prefix}window={window} must be in [1, seq_len={seq_len}] (W <= L; leave it "
       "unset for the run's set size S)"
     )
   if max_new_tokens is not None and not 1 <= max_new_tokens < seq_len:
     raise ValueError(
-      f"--max_new_tokens={max_new_tokens} must be in [1, seq_len - 1 = "
+      f"{prefix}max_new_tokens={max_new_tokens} must be in [1, seq_len - 1 = "
       f"{seq_len - 1}] (leave it unset to fill the context)"
     )
 

@@ -599,3 +599,25 @@ def test_mesh_model_arg_gives_the_single_device_results(run):
   got, want = lm.loglikelihood(scored), single.loglikelihood(scored)
   assert [g for _, g in got] == [g for _, g in want]
   np.testing.assert_allclose([v for v, _ in got], [v for v, _ in want], rtol=1e-5, atol=1e-5)
+
+
+def test_model_args_range_errors_name_model_args(tok, run):
+  """Probe 17a: window / max_new_tokens out of range and a mesh of the wrong size named the
+  launchers' flags (--window, --mesh), which lm_eval users do not have; the launchers' messages
+  stay theirs."""
+  state, _ = _ar_state(tok)
+  state = dataclasses.replace(
+    state, objective_config=dataclasses.replace(state.objective_config, name="setdlm")
+  )
+  for args, what in (
+    (dict(window=99), "model_args window=99 must be in [1, seq_len=32]"),
+    (dict(max_new_tokens=40), "model_args max_new_tokens=40 must be in [1, seq_len - 1 = 31]"),
+  ):
+    with pytest.raises(ValueError) as e:
+      lem.SetDiffLM.from_state(state, **args)
+    assert str(e.value).startswith(what), str(e.value)
+  with pytest.raises(ValueError, match=r"^--window=99 must be in \[1, seq_len=32\]"):
+    decoding.check_sampling_flags(32, window=99)
+  n = len(jax.devices())
+  with pytest.raises(ValueError, match=f"^model_args mesh {{'data': {n + 1}, .*needs {n + 1} dev"):
+    lem.SetDiffLM(workdir=run, mesh=f"data={n + 1}")

@@ -170,8 +170,9 @@ class SetDiffLM(LM):
     mesh_config = sharding.parse_mesh(
       None if mesh is None else str(mesh).replace(";", ","), "model_args mesh"
     )
+    step = int_arg("step", step, 1)
     state = workdir_lib.load_inference_state(
-      workdir, step=int_arg("step", step, 1), use_ema=use_ema, mesh_config=mesh_config
+      workdir, step=step, use_ema=use_ema, mesh_config=mesh_config, mesh_what="model_args mesh"
     )
     self._setup(
       state,
@@ -242,7 +243,9 @@ class SetDiffLM(LM):
     self.seed, self.num_orders = int_arg("seed", seed, 0), int_arg("num_orders", num_orders, 1)
     window = int_arg("window", window, 1)
     self.greedy_check, self.overflow = parse_bool("greedy_check", greedy_check), overflow
-    decoding.check_sampling_flags(self.seq_len, window=window, max_new_tokens=self.max_new_tokens)
+    decoding.check_sampling_flags(
+      self.seq_len, window=window, max_new_tokens=self.max_new_tokens, prefix="model_args "
+    )
     policies.get(str(policy), "model_args policy")
     self.sampler_overrides = {
       "window": window,

@@ -141,6 +141,7 @@ def load_inference_state(
   step: Optional[int] = None,
   use_ema: bool = True,
   mesh_config: Optional[dict] = None,
+  mesh_what: str = "--mesh",
 ) -> InferenceState:
   """Parameters (EMA by default), config and tokenizer of a training workdir's checkpoint.
 
@@ -149,14 +150,15 @@ def load_inference_state(
   each with its training sharding (`sharding.state_shardings` with the run's
   `config.sharding_rules`): FSDP over `fsdp`, tensor parallelism over `tensor`. The samplers then
   decode on that mesh (`sampling.placement`): the batch over (data, fsdp), the KV cache over
-  batch and heads.
+  batch and heads. `mesh_what`: how errors name the mesh setting (the launchers' --mesh, the
+  lm_eval adapter's 'model_args mesh').
   """
   check_training_run(workdir)
   config = load_config(workdir)
   run = run_config.from_config_dict(config)
   tokenizer = build_tokenizer(run, workdir, allow_training=False)
   model_config, objective_config = run_config.model_and_objective(run, tokenizer)
-  mesh = sharding.make_mesh(mesh_config or {"data": -1, "fsdp": 1, "tensor": 1}, what="--mesh")
+  mesh = sharding.make_mesh(mesh_config or {"data": -1, "fsdp": 1, "tensor": 1}, what=mesh_what)
   abstract = models.param_shapes(model_config)
   shardings = sharding.state_shardings(
     abstract, mesh, sharding.rules_from_config(run.mesh.with_rules())
