@@ -345,7 +345,9 @@ def test_request_edges_of_probe_round_12(tmp_path, caplog):
   lm = lem.SetDiffLM.from_state(state, batch_size=1, overflow="truncate_prompt")
   im_end = tok.token_id("<|im_end|>")
   gen = tok.encode("The answer is 4.") + [im_end] + tok.encode("<|im_start|>user\nAnd 7?")
-  lm._decode = lambda prompts, cfg: [list(gen) for _ in prompts]  # what the model wrote
+  lm._decode = lambda prompts, cfg, row_ids=None: [
+    list(gen) for _ in prompts
+  ]  # what the model wrote
   [out] = lm.generate_until([Req("2+2?", {"until": ["<|im_end|>"], "max_gen_toks": 20})])
   assert out == "The answer is 4."
   for bad in (0, -1, 8.7, "abc"):
@@ -375,7 +377,10 @@ def test_truncate_prompt_keeps_room_for_max_gen_toks(tok):
   context = " ".join(["word"] * 80)
   for overflow, n, want_prompt in (("truncate_prompt", 12, 20), ("truncate_prompt", 40, 1)):
     lm = lem.SetDiffLM.from_state(state, batch_size=1, overflow=overflow)
-    lm._decode = lambda prompts, cfg: (seen.append((prompts, cfg)), [[5] for _ in prompts])[1]
+    lm._decode = lambda prompts, cfg, row_ids=None: (
+      seen.append((prompts, cfg)),
+      [[5] for _ in prompts],
+    )[1]
     lm.generate_until([Req(context, {"until": [], "max_gen_toks": n})])
     prompts, cfg = seen[-1]
     assert (len(prompts[0]), cfg.max_new_tokens) == (want_prompt, min(n, 31))
@@ -599,6 +604,45 @@ def test_mesh_model_arg_gives_the_single_device_results(run):
   got, want = lm.loglikelihood(scored), single.loglikelihood(scored)
   assert [g for _, g in got] == [g for _, g in want]
   np.testing.assert_allclose([v for v, _ in got], [v for v, _ in want], rtol=1e-5, atol=1e-5)
+
+
+def _texts(lm, reqs):
+  return lm.generate_until([Req(c, dict(k)) for c, k in reqs])
+
+
+def test_sampled_generation_draws_per_request(tok):
+  """Probe 17a: sampled requests were keyed by their row inside their (N, greedy) group: two
+  groups reused one stream (different prompts came back with the same text) and a request's
+  text changed with its neighbours. Each now draws from a hash of its own strings, settings and
+  occurrence number: the same text alone or with others, in any order, for any batch_size."""
+  state, _ = _ar_state(tok)
+  kw = lambda n, **more: {"until": ["\n\n"], "max_gen_toks": n, "do_sample": True, **more}  # noqa: E731
+  reqs = [("a", kw(3)), ("It is a truth", kw(8)), ("Mr Darcy was", kw(20)), ("b", kw(3))]
+  flows = [lem.SetDiffLM.from_state(state, batch_size=b, seed=3) for b in (1, 3)]
+  alone = [_texts(flows[0], [r])[0] for r in reqs]
+  assert len(set(alone)) == 4
+  for lm in flows:
+    assert _texts(lm, reqs) == alone
+    assert _texts(lm, reqs[::-1]) == alone[::-1]
+  # Static batches (continuous=false): a batch draws from one key, a hash of its requests' ids;
+  # with batch_size 1, a request's text is its own.
+  static = lem.SetDiffLM.from_state(state, batch_size=1, seed=3, continuous="false")
+  texts = _texts(static, reqs)
+  assert texts == [_texts(static, [r])[0] for r in reqs] == _texts(static, reqs[::-1])[::-1]
+  # One prompt in two groups (3 and 5 new tokens): two streams, not a stream and its prefix,
+  # continuous or static (batch_size 3: one batch per group).
+  static3 = lem.SetDiffLM.from_state(state, batch_size=3, seed=3, continuous="false")
+  for lm in (flows[1], static3):
+    short, longer = _texts(lm, [("a", kw(3)), ("a", kw(5))])
+    assert not longer.startswith(short), (short, longer)
+  # The same request twice (lm_eval's repeats): two draws, the same two on every call; the first
+  # is the request's text alone. Another seed, other draws.
+  for lm in (flows[1], static):
+    twice = _texts(lm, [reqs[2], reqs[2]])
+    assert twice[0] != twice[1] and twice == _texts(lm, [reqs[2], reqs[2]])
+    assert twice[0] == alone[2] == _texts(lm, [reqs[2]])[0]
+  reseeded = lem.SetDiffLM.from_state(state, batch_size=3, seed=4)
+  assert _texts(reseeded, reqs) != alone
 
 
 def test_model_args_range_errors_name_model_args(tok, run):

@@ -35,8 +35,8 @@ model_args (all optional except workdir):
                    generate_until keeps room for max_gen_toks new tokens, as lm_eval's HF model)
   continuous       true (default) / false: generate_until decodes with continuous batching
                    (batch_size slots refilled as rows end, `sampling.continuous`) for the set
-                   sampler and AR (greedy: the same text as static batches; sampled: row r
-                   draws from fold_in(key, r)); false: static batches
+                   sampler and AR (greedy: the same text as static batches); false: static
+                   batches
   mesh             the decoding mesh, AXIS=SIZE joined by ';' (e.g. data=2;tensor=4), as the
                    launchers' --mesh (default: every device on data)
 
@@ -46,7 +46,15 @@ Requests:
                          of mixed prompt lengths), greedy unless the task sets do_sample. N =
                          min(max_gen_toks, max_new_tokens, L - prompt length) per request; a
                          shorter N than max_gen_toks is logged. The text is cut at the first EOS,
-                         then at the first of the request's `until` strings.
+                         then at the first of the request's `until` strings. Sampled: request i
+                         draws from fold_in(PRNGKey(seed), id_i), id_i a hash of its context,
+                         generation kwargs and occurrence number (`generation_ids`: lm_eval's
+                         repeats each draw their own): its text is that of decoding it alone,
+                         whatever the other requests and batch_size (up to float rounding,
+                         `sampling.continuous`). Static batches (continuous=false, cache_order=
+                         fht, MDLM, BD3LM) draw a batch from one key, a hash of its rows' ids:
+                         the same batches, the same texts, but a row's text depends on its batch
+                         (batch_size=1: its own, as continuous batching draws it).
   loglikelihood          log p(continuation | context) as the method's own likelihood bound on the
                          row [BOS] context continuation with context_mask = 1 on BOS + context
                          (the `data/pairs.py` layout, no EOS appended), from
@@ -99,7 +107,9 @@ from setdiff_jax import decoders, decoding, objectives, sharding  # noqa: E402
 from setdiff_jax.evaluation import accuracy  # noqa: E402
 from setdiff_jax.evaluation.lm_eval_requests import (  # noqa: E402
   NAME,
+  fit_prompt,
   gen_settings,
+  generation_ids,
   int_arg,
   merge_aliases,
   parse_bool,
@@ -316,31 +326,17 @@ class SetDiffLM(LM):
   def _prompt(self, context: str, where: str, room: int) -> List[int]:
     """[BOS] + encode(context), leaving `room` tokens of the context L (overflow rule)."""
     ids = [int(self.tokenizer.bos_id)] + list(self.tokenizer.encode(context) if context else [])
-    limit = self.seq_len - room
-    if len(ids) <= limit:
-      return ids
-    if limit < 1:  # no truncation helps
-      raise ValueError(
-        f"{where}: {room} continuation / new tokens need {room + 1} positions with BOS, but the "
-        f"model's context is L = seq_len = {self.seq_len}; no context fits (overflow="
-        "truncate_prompt only shortens the context): use a shorter continuation"
+    fitted = fit_prompt(ids, self.seq_len, room, self.overflow, where)
+    if len(fitted) < len(ids):
+      self._truncated += 1
+      logging.warning(
+        "%s: context truncated from %d to %d tokens (overflow=truncate_prompt; %d so far)",
+        where,
+        len(ids),
+        len(fitted),
+        self._truncated,
       )
-    if self.overflow == "error":
-      raise ValueError(
-        f"{where}: the context is {len(ids)} tokens (BOS included) and needs {room} more, but "
-        f"the model's context is L = seq_len = {self.seq_len} (at most {limit} context "
-        "tokens fit); use a shorter context or fewer new tokens, or model_args "
-        "overflow=truncate_prompt (keeps BOS and the context's last tokens)"
-      )
-    self._truncated += 1
-    logging.warning(
-      "%s: context truncated from %d to %d tokens (overflow=truncate_prompt; %d so far)",
-      where,
-      len(ids),
-      limit,
-      self._truncated,
-    )
-    return ids[:1] + ids[len(ids) - limit + 1 :]
+    return fitted
 
   def _sampler_config(self, n: int, greedy: bool = True, **kw):
     return decoding.sampler_config_for(
@@ -354,33 +350,34 @@ class SetDiffLM(LM):
       **kw,
     )
 
-  def _decode(self, prompts: Sequence[List[int]], cfg) -> List[List[int]]:
+  def _decode(self, prompts: Sequence[List[int]], cfg, row_ids=None) -> List[List[int]]:
     """Generated ids per prompt (cut at the first EOS): continuously batched (`batch_size`
-    slots) where exact, else in batches of one fixed shape."""
-    out, size, eos = [], self.batch_size, int(self.obj_cfg.eos_token_id)
-    key = jax.random.PRNGKey(self.seed)
+    slots) where exact, else in batches of one fixed shape. row_ids (sampled: one uint32 per
+    prompt, `generation_ids`): row r draws from fold_in(key, row_ids[r]), a static batch of more
+    rows from fold_in(key, a hash of their ids); None (greedy: rows read no key): by position."""
+    size, eos, key = self.batch_size, int(self.obj_cfg.eos_token_id), jax.random.PRNGKey(self.seed)
+    model = (self.decode_model, self.state.params)
     cont = decoding.continuous_for(self.obj_cfg.name, cfg) if self.continuous else None
     if cont is not None:
-      res = cont(self.decode_model, self.state.params, list(prompts), cfg, key, slots=size)
-      gens = [[int(t) for t in g] for g in res.result.generated]
-      return [g[: g.index(eos)] if eos in g else g for g in gens]
-    for j in range(0, len(prompts), size):
-      rows = list(prompts[j : j + size])
-      fill = rows + [rows[0]] * (size - len(rows))  # one shape per call: one compile
-      res = self.sampler(
-        self.decode_model, self.state.params, fill, cfg, jax.random.fold_in(key, j)
-      )
-      for g in res.generated[: len(rows)]:
-        g = [int(t) for t in g]
-        out.append(g[: g.index(eos)] if eos in g else g)
-    return out
+      gens = cont(*model, list(prompts), cfg, key, slots=size, row_ids=row_ids).result.generated
+    else:
+      gens = []
+      for j in range(0, len(prompts), size):
+        rows = list(prompts[j : j + size])
+        fill = rows + [rows[0]] * (size - len(rows))  # one shape per call: one compile
+        # sampled: one key per batch, its row's id or a hash of its rows' ids (never shared)
+        ids = [] if row_ids is None else list(row_ids[j : j + size])
+        sub = j if not ids else ids[0] if len(ids) == 1 else request_key(*map(str, ids))
+        gens += self.sampler(*model, fill, cfg, jax.random.fold_in(key, sub)).generated[: len(rows)]
+    gens = [[int(t) for t in g] for g in gens]
+    return [g[: g.index(eos)] if eos in g else g for g in gens]
 
   # ------------------------------------------------------------------ generate_until
   def generate_until(self, requests, disable_tqdm: bool = False) -> List[str]:
     del disable_tqdm
     groups: Dict[Tuple, List[Tuple[int, List[int]]]] = {}
     untils: Dict[int, List[str]] = {}
-    short = 0
+    short, specs = 0, []
     for i, req in enumerate(requests):
       context, kwargs = req.args
       where = request_where(req, i)
@@ -392,6 +389,7 @@ class SetDiffLM(LM):
       n = min(want, self.seq_len - len(prompt))
       short += n < want
       untils[i] = until
+      specs.append((context, (until, max_gen, sorted(extra.items()))))
       groups.setdefault((n, greedy, tuple(sorted(extra.items()))), []).append((i, prompt))
     if short:
       logging.warning(
@@ -402,9 +400,11 @@ class SetDiffLM(LM):
         self.seq_len,
       )
     texts: List[Optional[str]] = [None] * len(requests)
+    row_ids = generation_ids(specs)  # a sampled request's draw: its own strings only
     for (n, greedy, extra), items in groups.items():
       cfg = self._sampler_config(n, greedy, **dict(extra))
-      ids = self._decode([p for _, p in items], cfg)
+      sampled = None if greedy else [row_ids[i] for i, _ in items]  # greedy reads no key
+      ids = self._decode([p for _, p in items], cfg, sampled)
       for (i, _), g in zip(items, ids):  # a one-token stop (<|im_end|>) cuts the ids first
         texts[i] = accuracy.answer_texts(self.tokenizer, [g], [u for u in untils[i] if u])[0]
         self.cache_hook.add_partial("generate_until", requests[i].args, texts[i])

@@ -1,5 +1,6 @@
 """The lm_eval adapter's requests, without lm_eval: the bound of (context, continuation) token
-pairs (`score_pairs`), their draw keys, the generation kwargs a request may set, model_args
+pairs (`score_pairs`), their draw keys (`request_key`, `generation_ids`), prompts cut to the
+model's context (`fit_prompt`), the generation kwargs a request may set, model_args
 values (booleans, integers, the threshold, the aliases W and tau). `lm_eval_model.SetDiffLM`
 (which needs the `lmeval` extra) turns lm_eval's requests into these calls.
 """
@@ -9,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import zlib
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -73,6 +74,48 @@ def merge_aliases(window=None, W=None, threshold=None, tau=None) -> Dict[str, An
 def request_key(*texts: str) -> int:
   """The draw index of a scoring request: a hash of its strings (order- and batch-free)."""
   return zlib.crc32("\x00".join(texts).encode("utf-8"))
+
+
+def generation_ids(requests: Sequence[Tuple[str, Any]]) -> List[int]:
+  """The draw index (uint32) of each generate_until request, given as (context, settings) with
+  settings any repr-stable value of its generation settings (`gen_settings`'s).
+
+  A hash of the context, the settings and the request's occurrence number k (0 for the first
+  request with these strings and settings in the list, 1 for the next, ...): lm_eval sends a
+  request `repeats` times and each copy must draw its own sample, while no request's index
+  depends on the other requests, their order or the batching.
+  """
+  seen: Dict[Tuple[str, str], int] = {}
+  out = []
+  for context, settings in requests:
+    ident = (context, repr(settings))
+    k = seen.get(ident, 0)
+    seen[ident] = k + 1
+    out.append(request_key("generate_until", *ident, str(k)))
+  return out
+
+
+def fit_prompt(ids: List[int], seq_len: int, room: int, overflow: str, where: str) -> List[int]:
+  """The prompt ids [BOS] + context, leaving `room` tokens of the model's context L = seq_len:
+  as they are when they fit; else a ValueError (overflow='error', or no context fits), or
+  (overflow='truncate_prompt') BOS + the context's last seq_len - room - 1 tokens."""
+  limit = seq_len - room
+  if len(ids) <= limit:
+    return ids
+  if limit < 1:  # no truncation helps
+    raise ValueError(
+      f"{where}: {room} continuation / new tokens need {room + 1} positions with BOS, but the "
+      f"model's context is L = seq_len = {seq_len}; no context fits (overflow="
+      "truncate_prompt only shortens the context): use a shorter continuation"
+    )
+  if overflow == "error":
+    raise ValueError(
+      f"{where}: the context is {len(ids)} tokens (BOS included) and needs {room} more, but "
+      f"the model's context is L = seq_len = {seq_len} (at most {limit} context "
+      "tokens fit); use a shorter context or fewer new tokens, or model_args "
+      "overflow=truncate_prompt (keeps BOS and the context's last tokens)"
+    )
+  return ids[:1] + ids[len(ids) - limit + 1 :]
 
 
 def request_where(req, i: int) -> str:
