@@ -63,6 +63,16 @@ def join(base, *parts) -> str:
   return os.path.join(base, *map(str, parts))
 
 
+def parent(path) -> str:
+  """The folder holding `path` (local: of its real path), or `path` itself at the top (/, or an
+  object store's bucket gs://bucket)."""
+  path = str(path)
+  if not is_remote(path):
+    return os.path.dirname(os.path.realpath(path))
+  scheme, rest = path.rstrip("/").split("://", 1)
+  return f"{scheme}://{rest.rsplit('/', 1)[0]}" if "/" in rest else f"{scheme}://{rest}"
+
+
 def _p(path) -> epath.Path:
   return epath.Path(str(path))
 

@@ -128,6 +128,37 @@ def test_an_export_over_another_on_gs_replaces_all_its_files(gcs, monkeypatch):
     publish({"config.json": b"{}"}, overwrite=False)
 
 
+def test_an_output_on_gs_is_checked_against_run_folders(gcs, monkeypatch):
+  """Probe 17c: `evaluate.py --output=gs://...` was checked only for a name this run owns: it
+  wrote into another run's top level (whose own evaluation then merged the other run's results
+  under its name) and into checkpoints/ folders. The run folders are found on the object store
+  as on a local disk (`workdir.lock.run_directory_of` through the path layer)."""
+  from setdiff_jax import paths
+  from setdiff_jax.evaluation import results
+  from setdiff_jax.workdir import lock
+
+  env, _ = gcs
+  for k in ("STORAGE_EMULATOR_HOST", "GOOGLE_AUTH_TOKEN_FOR_TESTING"):
+    monkeypatch.setenv(k, env[k])
+  for run, folder in (("sft", "checkpoints/4"), ("rl", "tokenizer")):
+    paths.write_text(f"gs://bucket/{run}/config.json", "{}")
+    paths.write_text(f"gs://bucket/{run}/{folder}/x", "x")
+  assert lock.run_directory_of("gs://bucket/sft/checkpoints/4/y.json") == "gs://bucket/sft"
+  assert lock.run_directory_of("gs://bucket/other/y.json") is None
+  assert paths.parent("gs://bucket") == "gs://bucket"
+  rl = "gs://bucket/rl"
+  for out, refusal in (
+    ("gs://bucket/sft/eval_results.json", "is in the run directory gs://bucket/sft, not in this"),
+    ("gs://bucket/sft/checkpoints/x.json", "is inside checkpoints/ of the run directory gs://"),
+    ("gs://bucket/rl/tokenizer/x.json", "is inside tokenizer/ of the run directory gs://bucket/rl"),
+    ("gs://bucket/rl/config.json", "is not an evaluation results file: config.json belongs"),
+  ):
+    with pytest.raises(ValueError, match=refusal):
+      results.check_output_path(out, rl)
+  for out in ("gs://bucket/rl/mine.json", "gs://bucket/elsewhere/r.json", "gs://bucket/r.json"):
+    results.check_output_path(out, rl)  # this run's top level, or outside any run
+
+
 def launch(env, cwd, args, timeout=600):
   r = subprocess.run(
     [sys.executable] + args, capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout

@@ -190,26 +190,24 @@ def check_output_path(path: str, workdir: str):
   metrics.jsonl, ...; refused even before the trainer has written it), or at the top level of
   another run than `workdir` (its own evaluation would replace them). Another file at this run's
   top level is allowed (read_record checks its content)."""
-  name = os.path.basename(path.rstrip("/"))
-  if paths.is_remote(path):
-    if name in RUN_OWNED and path.rstrip("/").rsplit("/", 1)[0] == workdir.rstrip("/"):
-      _refuse_owned(path, name, workdir)
-    return
-  run = workdir_lock.run_directory_of(path)
-  real = os.path.realpath(path)
-  if run is not None and os.path.dirname(real) == run and os.path.basename(real) in RUN_OWNED:
-    _refuse_owned(path, os.path.basename(real), run)
-  if run is not None and os.path.dirname(real) == run != os.path.realpath(workdir):
+  remote = paths.is_remote(path)
+  real = path.rstrip("/") if remote else os.path.realpath(path)
+  this = workdir.rstrip("/") if remote else os.path.realpath(workdir)
+  folder, name = paths.parent(real), real.rsplit("/", 1)[-1]
+  run = workdir_lock.run_directory_of(real)
+  if name in RUN_OWNED and folder == (run or this):  # this run's, even before the trainer writes
+    _refuse_owned(path, name, run or workdir)
+  if run is not None and folder == run != this:
     raise ValueError(  # that run's own evaluation would later replace these results
       f"--output={path} is in the run directory {run}, not in this run's ({workdir}): write it "
-      f"in this run's directory ({os.path.join(workdir, RESULTS_FILE)} is the default) or "
+      f"in this run's directory ({paths.join(workdir, RESULTS_FILE)} is the default) or "
       "outside any run"
     )
-  if run is not None and os.path.dirname(real) != run:
+  if run is not None and folder != run:
     raise ValueError(
-      f"--output={path} is inside {os.path.relpath(os.path.dirname(real), run)}/ of the run "
-      f"directory {run}, where the run keeps its own files: write it at the run's top level "
-      f"({os.path.join(workdir, RESULTS_FILE)} is the default) or outside the run"
+      f"--output={path} is inside {folder[len(run) + 1 :]}/ of the run directory {run}, where "
+      f"the run keeps its own files: write it at the run's top level "
+      f"({paths.join(workdir, RESULTS_FILE)} is the default) or outside the run"
     )
 
 

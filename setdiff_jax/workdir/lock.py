@@ -236,18 +236,18 @@ def check_workdir_path(workdir: str, flag: str = "--workdir"):
 
 
 def run_directory_of(path: str) -> Optional[str]:
-  """The nearest directory above local `path` that is a training run (its config.json beside
-  checkpoints/ or tokenizer/), None if there is none: a file written there could be deleted by
-  retention or read as one of the run's own."""
-  node = os.path.dirname(os.path.realpath(path))
+  """The nearest directory above `path` (local or an object store's) that is a training run (its
+  config.json beside checkpoints/ or tokenizer/), None if there is none: a file written there
+  could be deleted by retention or read as one of the run's own."""
+  node = paths.parent(path)
   while True:
-    if os.path.isfile(os.path.join(node, CONFIG_FILE)) and any(
-      os.path.isdir(os.path.join(node, d)) for d in (CHECKPOINT_DIR, "tokenizer")
+    if paths.isfile(paths.join(node, CONFIG_FILE)) and any(
+      paths.isdir(paths.join(node, d)) for d in (CHECKPOINT_DIR, "tokenizer")
     ):
       return node
-    if os.path.dirname(node) == node:
+    if paths.parent(node) == node:
       return None
-    node = os.path.dirname(node)
+    node = paths.parent(node)
 
 
 def check_new_workdir(config, workdir: str):
