@@ -9,6 +9,7 @@ split. Re-running with the same workdir resumes exactly. The fields: setdiff_jax
 """
 
 import os
+import shlex
 import sys
 
 # The repository root: the --config files import `configs.*` (not part of the package).
@@ -45,7 +46,9 @@ def summary(result, workdir: str) -> str:
     )
   if "checkpoint" in result:
     parts.append(f"checkpoint {paths.join(workdir, 'checkpoints', str(int(result['checkpoint'])))}")
-  parts.append(f"evaluate with: python launch/evaluate.py --workdir={workdir} --eval=accuracy")
+  parts.append(
+    f"evaluate with: python launch/evaluate.py --workdir={shlex.quote(workdir)} --eval=accuracy"
+  )
   return "; ".join(parts)
 
 

@@ -9,6 +9,7 @@ cluster from the environment (and is skipped on a single host).
 """
 
 import os
+import shlex
 import sys
 
 # The repository root: the --config files import `configs.*` (not part of the package).
@@ -48,12 +49,12 @@ def summary(result, workdir: str, cfg: run_config.RunConfig) -> str:
   raw = " --nouse_ema" if cfg.evaluation.eval_params == "raw" and not ema_is_raw else ""
   if str(cfg.data.get("source", "")) in pairs.PAIR_SOURCES:  # a conditional (prompt) run
     parts.append(
-      f"evaluate with: python launch/evaluate.py --workdir={workdir} --eval=accuracy; "
-      f"sample a prompt with: python launch/sample.py --workdir={workdir}{raw} "
+      f"evaluate with: python launch/evaluate.py --workdir={shlex.quote(workdir)} --eval=accuracy; "
+      f"sample a prompt with: python launch/sample.py --workdir={shlex.quote(workdir)}{raw} "
       "--prompt='<a prompt like the training prompts>'"
     )
   else:
-    parts.append(f"sample with: python launch/sample.py --workdir={workdir}{raw}")
+    parts.append(f"sample with: python launch/sample.py --workdir={shlex.quote(workdir)}{raw}")
   return "; ".join(parts)
 
 

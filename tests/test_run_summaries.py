@@ -41,6 +41,9 @@ result = {"step": 5, "eval/ppl": 12.0, "eval/nll": 2.4849}
 for source, ev in (("embedded", "ema"), ("arithmetic", "ema"), ("text", "raw")):
   print(train["summary"](result, "/w", cfg(source, ev)))
 print(train["summary"](result, "/w", cfg("embedded", "raw", 0.0)))  # EMA = raw: no choice
+print(train["summary"](result, "gs://b/r l+1", cfg("arithmetic", "ema")))  # pasted into a shell
+rl = runpy.run_path("launch/rl.py", run_name="not_main")
+print(rl["summary"]({"step": 3}, "/tmp/a b"))
 """
 
 
@@ -55,7 +58,7 @@ def test_train_summary_suggests_the_fitting_next_command():
     env=dict(os.environ, PYTHONPATH=REPO),
   )
   assert proc.returncode == 0, proc.stderr[-3000:]
-  plain, conditional, raw, no_ema = proc.stdout.strip().splitlines()
+  plain, conditional, raw, no_ema, spaced, rl = proc.stdout.strip().splitlines()
   assert plain == (
     "done: step 5; eval PPL 12.00 (NLL 2.4849); checkpoint /w/checkpoints/5; "
     "sample with: python launch/sample.py --workdir=/w"
@@ -64,6 +67,12 @@ def test_train_summary_suggests_the_fitting_next_command():
   assert "--prompt=" in conditional and conditional.count("sample") == 2
   assert raw.endswith("sample with: python launch/sample.py --workdir=/w --nouse_ema")
   assert no_ema.endswith("sample with: python launch/sample.py --workdir=/w")  # no --nouse_ema
+  # probe 17c: a legal workdir with a space made the printed commands fail when pasted
+  assert "python launch/evaluate.py --workdir='gs://b/r l+1' --eval=accuracy;" in spaced
+  assert "python launch/sample.py --workdir='gs://b/r l+1' --prompt=" in spaced
+  assert rl.endswith(
+    "evaluate with: python launch/evaluate.py --workdir='/tmp/a b' --eval=accuracy"
+  )
 
 
 def test_export_label_and_verify_verdict():
