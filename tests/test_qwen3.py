@@ -288,6 +288,11 @@ def test_roundtrip_official_layout(hf, tmp_path):
   bin_state = {"backbone.model." + k: v for k, v in hf_state.items()}
   bin_state["static_attention_mask"] = torch.ones(4, 4, dtype=torch.bool)
   torch.save(bin_state, as_bin / "pytorch_model.bin")
+  with pytest.raises(ValueError, match="come from two different exports"):  # not our export's
+    import_checkpoint(str(as_bin))
+  raw_bin = weight_files.read_json(str(as_bin / "config.json"))
+  del raw_bin["setdiff_jax"]["export_id"]  # the official push carries no export id
+  weight_files.write_json(raw_bin, str(as_bin / "config.json"))
   _assert_same(params, import_checkpoint(str(as_bin))[1])
   assert config2.interop.step == 7
   tokens, positions, allowed = two_stream()
@@ -717,3 +722,37 @@ def test_init_from_hf_resolves_the_run_config(hf, tmp_path):
   c.model.backbone, c.init_from_hf = "qwen3", str(tmp_path / "missing")
   with pytest.raises(FileNotFoundError, match="not a directory"):
     pretrained.resolve_run_config(c)
+
+
+def test_a_qwen3_export_changed_in_place_is_refused_at_import(hf, tmp_path):
+  """One flipped bit in the tensor bytes of a Qwen3 export's model.safetensors imported as the
+  export's weights (its importer reads slices and never digested the file); the untouched export
+  still imports bit-equal."""
+  from setdiff_jax.interop import import_checkpoint, weight_files
+  from setdiff_jax.interop.export import export_checkpoint
+
+  _, _, config, params = hf
+  run = config.copy_and_resolve_references()
+  run.objective, run.seq_len = "setdlm", 16
+  out = export_checkpoint(
+    run,
+    params,
+    str(tmp_path / "e"),
+    special_ids={"bos_id": 0, "eos_id": 0, "pad_id": 0, "mask_id": 1},
+  )
+  back = import_checkpoint(out)[1]
+  assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(params)))
+  want = weight_files.read_json(os.path.join(out, "config.json"))["setdiff_jax"]["export_id"]
+  assert weight_files.file_export_id(out) == want
+  file = os.path.join(out, weight_files.SAFETENSORS_FILE)
+  with open(file, "r+b") as f:
+    header_size = int.from_bytes(f.read(8), "little")
+    f.seek(8 + header_size + 100)  # a low mantissa bit: the value stays finite
+    byte = f.read(1)[0]
+    f.seek(8 + header_size + 100)
+    f.write(bytes([byte ^ 1]))
+  with pytest.raises(ValueError) as e:
+    import_checkpoint(out)
+  message = str(e.value)
+  assert "\n" not in message and message.startswith(f"{out}: the tensors of its model.safetensors")
+  assert f"the export id its header and config.json name is {want[:8]})" in message

@@ -386,7 +386,8 @@ def evaluate_workdir(
   """Loads WORKDIR's checkpoint, runs `evals`, appends them to the JSON file, returns the record.
 
   use_ema: the EMA (True) or raw (False) parameters; None (the default, as `launch/evaluate.py`):
-  those the run's training evaluated (its `eval_params`). The printed tables start with a line naming them.
+  those the run's training evaluated (its `eval_params`). The printed tables start with a line
+  naming them.
 
   The file keeps every result in `history`, keyed by (step, EMA/raw, eval kind, settings, data;
   each entry names its data: `eval_data`; the evals that time decoding, TIMED_EVALS, also by the
@@ -399,11 +400,12 @@ def evaluate_workdir(
   the latest evaluation (merged with earlier evals of the same step and parameters). Each eval is
   saved as soon as it ends (a stop or an error in a later one keeps it); `show`, if given,
   receives its markdown table (the first with a header naming the run) before that write (a
-  failed write keeps it: `write_results`). `data_overrides`, {field: (flag, value)}, replaces fields of the run's `data`
-  config (eval_paths, tfds_data_dir: the data moved since training); a field the run's source does
-  not read, or an unusable file, is refused (`data_flags.apply_overrides`). `mesh`: the decoding mesh
-  ({"data", "fsdp", "tensor"} sizes; default all devices on data), the parameters placed with
-  their training sharding (`workdir.load_inference_state`).
+  failed write keeps it: `write_results`). `data_overrides`, {field: (flag, value)}, replaces
+  fields of the run's `data` config (eval_paths, tfds_data_dir: the data moved since training); a
+  field the run's source does not read, or an unusable file, is refused
+  (`data_flags.apply_overrides`). `mesh`: the decoding mesh ({"data", "fsdp", "tensor"} sizes;
+  default all devices on data), the parameters placed with their training sharding
+  (`workdir.load_inference_state`).
   """
   opts = opts or EvalOptions()
   path = output or paths.join(workdir, RESULTS_FILE)
@@ -417,8 +419,17 @@ def evaluate_workdir(
   data_flags.apply_overrides(state.config.data, data_overrides or {})
   where = machine(state.params)
   writer = jax.process_index() == 0  # every process computed the same results; one writes them
+  resolved = paths.resolve(workdir)
+  top_fields = dict(  # the file's top level: the latest evaluation's run and machine
+    workdir=resolved,
+    step=state.step,
+    objective=state.objective_config.name,
+    use_ema=use_ema,
+    hardware=hardware(),
+    mesh=where["mesh"],
+  )
   header = (
-    f"workdir: {paths.resolve(workdir)}  step: {state.step}  "
+    f"workdir: {resolved}  step: {state.step}  "
     f"params: {params_label(state.config, use_ema, chosen)}{_judge_label(evals, opts)}\n\n"
   )
   saved: Dict[str, Any] = {}
@@ -439,19 +450,10 @@ def evaluate_workdir(
       "time": now,
       "result": result,
     }
-    top = dict(
-      workdir=paths.resolve(workdir),
-      step=state.step,
-      objective=state.objective_config.name,
-      use_ema=use_ema,
-      hardware=hardware(),
-      mesh=where["mesh"],
-      time=now,
-    )
     saved["record"] = save_evaluation(
       path,
       writer,
-      top=top,
+      top={**top_fields, "time": now},
       entries={history_key(state.step, use_ema, name, opts.to_json(), data, timed): entry},
       options={name: opts.to_json()},
       data_of={name: data},

@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from typing import Any, Dict, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import ml_collections
 import ml_dtypes
@@ -141,12 +141,13 @@ def _without_config(path: str) -> str:
   )
 
 
-def _check_export_id(path: str, raw: dict, tensors=None):
+def _check_export_id(path: str, raw: dict, recompute: Optional[Callable[[], str]] = None):
   """Refuses weights and a config.json of two different exports of ours (an interrupted or
   concurrent export into one folder, or a weight file copied in from another export): each writes
   one new id, a digest of the tensors, into both (`export._write_export`). A model.safetensors
-  carries it in its header, compared before any tensor is read (`tensors` None); the DiT importer
-  then passes the `tensors` it read and their id is recomputed (`weight_files.export_id`): for a
+  carries it in its header, compared before any tensor is read (`recompute` None); once the
+  weights are read, the importers call it again with `recompute`, the id of the tensors (the DiT
+  importer's from what it read, the Qwen3 one's streamed from the file: `file_export_id`): for a
   pytorch_model.bin, which has no header, that is the comparison; for a model.safetensors whose
   header agrees, it finds bytes changed in place since the export. A safetensors without the id
   was written by another tool (HF save_pretrained): not compared, nor are weights under a
@@ -160,15 +161,15 @@ def _check_export_id(path: str, raw: dict, tensors=None):
     return  # no weights: the importer names what is missing
   name = weight_files.BIN_FILE if fmt == "bin" else weight_files.SAFETENSORS_FILE
   header = None if fmt == "bin" else weight_files.export_id_of(path)
-  if tensors is None:
+  if recompute is None:
     got = header  # None for a .bin: compared once read
   elif fmt == "bin" or header is not None:
-    got = weight_files.export_id(tensors)
+    got = recompute()
   else:
     return
   if got is None or got == want:
     return
-  if fmt == "bin" or tensors is None:
+  if fmt == "bin" or recompute is None:
     cause = (
       f"its {name} and config.json come from two different exports (export ids {got[:8]} and "
       f"{want[:8]}): an export into this folder was interrupted, two ran at once, or the weights "
@@ -240,6 +241,8 @@ def _qwen3_hf_import(path: str):
 
 def _qwen3_official_import(path: str, raw):
   fields, notes = hf_config.from_hf_config(raw, path_hint=path)
+  # Before the read: a damaged file is named as such, not by the first check it fails.
+  _check_export_id(path, raw, lambda: weight_files.file_export_id(path))
   m, params, more = qwen3_hf.read_official(path, raw)
   for n in notes + more:
     _warn(n)
@@ -278,7 +281,7 @@ def _dit_import(path: str, raw):
     _warn(n)
 
   tensors = weight_files.read_state_dict(path)
-  _check_export_id(path, raw, tensors)
+  _check_export_id(path, raw, lambda: weight_files.export_id(tensors))
   state, buffers = name_map.split_known_buffers(name_map.strip_prefix(tensors))
   where, known = weight_files.label(path), {id(b) for b in buffers.values()}
   for k, v in tensors.items():  # parameters (by their names in the file): float and finite

@@ -212,9 +212,32 @@ def export_id(state: Mapping[str, np.ndarray]) -> str:
   A pytorch_model.bin of ours reads back (`read_state_dict`) with the id it was written with."""
   digest = hashlib.sha256()
   for name in sorted(state):
-    array = np.ascontiguousarray(state[name])
-    digest.update(f"{name}:{array.dtype}:{array.shape}".encode("utf-8"))
-    digest.update(array.tobytes())
+    _digest_tensor(digest, name, state[name])
+  return digest.hexdigest()[:32]
+
+
+def _digest_tensor(digest, name: str, array):
+  array = np.ascontiguousarray(array)
+  digest.update(f"{name}:{array.dtype}:{array.shape}".encode("utf-8"))
+  digest.update(array.tobytes())
+
+
+def file_export_id(path: str) -> str:
+  """`export_id` of the tensors in directory `path`'s weights as they are on disk now. A single
+  model.safetensors is read one tensor at a time (the memory of its largest tensor, not of the
+  model: the Qwen3 importer reads slices and never holds the file whole)."""
+  from safetensors import SafetensorError, safe_open
+
+  fmt, files = weight_files(path)
+  if fmt == "bin" or len(files) != 1:
+    return export_id(read_state_dict(path))
+  digest = hashlib.sha256()
+  try:
+    with safe_open(files[0], "np") as f:
+      for name in sorted(f.keys()):
+        _digest_tensor(digest, name, f.get_tensor(name))
+  except SafetensorError as e:
+    raise damaged_safetensors(files[0], e) from e
   return digest.hexdigest()[:32]
 
 
@@ -254,6 +277,7 @@ __all__ = [
   "write_state_dict",
   "export_id",
   "export_id_of",
+  "file_export_id",
   "weight_files",
   "read_json",
   "write_json",

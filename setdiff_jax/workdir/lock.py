@@ -245,9 +245,10 @@ def run_directory_of(path: str) -> Optional[str]:
       paths.isdir(paths.join(node, d)) for d in (CHECKPOINT_DIR, "tokenizer")
     ):
       return node
-    if paths.parent(node) == node:
+    above = paths.parent(node)
+    if above == node:
       return None
-    node = paths.parent(node)
+    node = above
 
 
 def check_new_workdir(config, workdir: str):
