@@ -7,7 +7,9 @@ no torch.
 """
 
 import json
+import logging
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -103,6 +105,40 @@ def test_reexport_over_a_sharded_checkpoint_replaces_its_weights(tmp_path):
     "notes.txt",
   ]
   assert tree_equal(import_checkpoint(d)[1], new)
+
+
+def test_a_folder_with_two_saves_reads_the_single_file_as_transformers_does(tmp_path, caplog):
+  """Probe 18a: transformers' sharded save into a folder leaves an earlier model.safetensors (and
+  its single save an earlier index): transformers reads the single file, we read the shards, so
+  one folder gave two models without a word. Now the single file, in both cases, warned once; a
+  stale index whose shards are gone no longer refuses the folder."""
+  c = run_config()
+  old, new = perturbed_params(c, seed=0), perturbed_params(c, seed=1)
+  sharded = str(tmp_path / "sharded")
+  export_checkpoint(c, new, sharded, special_ids=SPECIAL)
+  shard(sharded)
+  d = str(tmp_path / "e")
+  export_checkpoint(c, old, d, special_ids=SPECIAL)
+  for f in os.listdir(sharded):
+    if f.startswith("model"):
+      shutil.copy(os.path.join(sharded, f), d)
+  raw = weight_files.read_json(os.path.join(d, "config.json"))
+  del raw["setdiff_jax"]["export_id"]  # weights of two exports: compared by the id otherwise
+  weight_files.write_json(raw, os.path.join(d, "config.json"))
+  with caplog.at_level(logging.WARNING):
+    assert tree_equal(import_checkpoint(d)[1], old)
+  warned = [r.getMessage() for r in caplog.records if "two saves into one folder" in r.getMessage()]
+  assert warned == [
+    f"{d} holds both model.safetensors and model.safetensors.index.json (two saves into one "
+    "folder): reading model.safetensors, as transformers does; delete the stale one"
+  ]
+  for f in os.listdir(d):  # the single save's cleanup: the shards go, the index stays
+    if f.startswith("model-"):
+      os.remove(os.path.join(d, f))
+  assert tree_equal(import_checkpoint(d)[1], old)
+  os.remove(os.path.join(d, weight_files.SAFETENSORS_FILE))  # the index alone: its shards named
+  with pytest.raises(FileNotFoundError, match="names shards that are not in .*delete the index"):
+    import_checkpoint(d)
 
 
 @pytest.mark.parametrize("layout", ["official", "hf"])

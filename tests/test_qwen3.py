@@ -440,7 +440,9 @@ def test_keep_first_layers_and_sharded_loading(tmp_path):
   from setdiff_jax.interop import qwen3_hf
 
   path, model = make_hf_dir(tmp_path / "deep", layers=3, seed=4)
-  # Re-save as two shards with an index, as large checkpoints are.
+  # Re-save as two shards with an index, as large checkpoints are (the single file removed:
+  # beside an index it would be read first, as transformers does).
+  os.remove(os.path.join(path, "model.safetensors"))
   model.save_pretrained(path, max_shard_size="20KB")
   assert os.path.isfile(os.path.join(path, "model.safetensors.index.json"))
   assert len(pretrained.weight_shards(path)) > 1

@@ -143,22 +143,15 @@ def backbone_cfg_of(m: Mapping) -> qwen3_lib.Qwen3Config:
 
 # ----------------------------------------------------------------------------- weight files
 def weight_shards(path: str) -> List[str]:
-  """The safetensors files of `path`: the index's shards (all must exist) or model.safetensors."""
-  index = os.path.join(path, INDEX_FILE)
-  if os.path.isfile(index):
-    weight_map = weight_files.read_json(index).get("weight_map") or {}
-    shards = sorted(set(weight_map.values()))
-    missing = [s for s in shards if not os.path.isfile(os.path.join(path, s))]
-    if missing:
-      raise FileNotFoundError(f"{index} names shards that are not in {path!r}: {missing}")
-    return [os.path.join(path, s) for s in shards]
-  single = os.path.join(path, weight_files.SAFETENSORS_FILE)
-  if os.path.isfile(single):
-    return [single]
-  raise FileNotFoundError(
-    f"no weights in {path!r}: expected {weight_files.SAFETENSORS_FILE} or "
-    f"{INDEX_FILE} with its shards"
-  )
+  """The safetensors files of `path` (`weight_files.weight_files`: model.safetensors, else the
+  index's shards, all of which must exist)."""
+  fmt, files = weight_files.weight_files(path)
+  if fmt != "safetensors":
+    raise FileNotFoundError(
+      f"no safetensors weights in {path!r}: expected {weight_files.SAFETENSORS_FILE} or "
+      f"{INDEX_FILE} with its shards (found {os.path.basename(files[0])})"
+    )
+  return files
 
 
 def shard_shapes(shards: List[str]) -> Dict[str, Tuple[Tuple[int, ...], str]]:

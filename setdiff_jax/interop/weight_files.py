@@ -32,16 +32,40 @@ EXPORT_ID_KEY = (
 log = logging.getLogger(__name__)
 
 
+_warned_both = set()  # the folders already warned about (the files are looked up several times)
+
+
 def weight_files(path: str) -> Tuple[str, list]:
-  """(format, [files]) of the weights in directory `path` (safetensors preferred)."""
+  """(format, [files]) of the weights in directory `path`, in transformers' order: safetensors
+  before .bin, and within a format the single file before the index (a folder holding both had
+  two saves: transformers' sharded save leaves an earlier single file, its single save an earlier
+  index; warned once). The shards an index names must all exist."""
   for fmt, single in (("safetensors", SAFETENSORS_FILE), ("bin", BIN_FILE)):
     index = os.path.join(path, single + ".index.json")
-    if os.path.isfile(index):
-      with open(index) as f:
-        shards = sorted(set(json.load(f)["weight_map"].values()))
-      return fmt, [os.path.join(path, s) for s in shards]
     if os.path.isfile(os.path.join(path, single)):
+      if os.path.isfile(index) and path not in _warned_both:
+        _warned_both.add(path)
+        log.warning(
+          "%s holds both %s and %s (two saves into one folder): reading %s, as transformers "
+          "does; delete the stale one",
+          path,
+          single,
+          os.path.basename(index),
+          single,
+        )
       return fmt, [os.path.join(path, single)]
+    if os.path.isfile(index):
+      weight_map = read_json(index).get("weight_map")
+      if not isinstance(weight_map, dict) or not weight_map:
+        raise ValueError(f"{index}: no weight_map naming the shard of each tensor")
+      shards = sorted(set(map(str, weight_map.values())))
+      missing = [s for s in shards if not os.path.isfile(os.path.join(path, s))]
+      if missing:
+        raise FileNotFoundError(
+          f"{index} names shards that are not in {path!r}: {missing}; copy them in (or delete "
+          "the index if it is left from an earlier save)"
+        )
+      return fmt, [os.path.join(path, s) for s in shards]
   raise FileNotFoundError(
     f"no weights in {path!r}: expected {SAFETENSORS_FILE} or {BIN_FILE} (or a sharded *.index.json)"
   )
