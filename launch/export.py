@@ -3,7 +3,7 @@ r"""Export a trained checkpoint to the official PyTorch / Hugging Face layout (S
   python launch/export.py --workdir=/tmp/setdiff_tiny --out=/tmp/setdiff_tiny_hf \
       [--noema] [--step=N] [--format=safetensors|bin] [--verify]
 
-Writes model.safetensors (or pytorch_model.bin, which needs torch) with `backbone.`-prefixed DiT
+Writes model.safetensors (or, for DiT runs, pytorch_model.bin, which needs torch) with `backbone.`-prefixed DiT
 keys in PyTorch orientation, config.json, generation_config.json and the tokenizer files. A
 model.backbone=qwen3 run is written in the official Qwen3-SetDLM layout (`backbone.model.*` keys,
 safetensors only; SPEC §3.10). EMA

@@ -297,3 +297,22 @@ def test_export_refuses_heads_the_importer_refuses(tmp_path, heads, match):
     export_checkpoint(c, p, str(out), special_ids=SPECIAL)
   assert "\n" not in str(e.value) and "set model.num_heads" in str(e.value)
   assert not out.exists()
+
+
+def test_a_qwen3_run_exported_as_bin_is_refused_before_the_restore(tmp_path):
+  """Probe 18a: --format=bin on a Qwen3 run was refused only after its checkpoint was restored
+  (minutes for a large one), naming no flag. The run's config.json decides: a workdir with no
+  checkpoint gets the format line, not the restore's error."""
+  pytest.importorskip("torch")
+  from setdiff_jax.interop import export_workdir
+
+  run = tmp_path / "run"
+  (run / "checkpoints").mkdir(parents=True)
+  (run / "config.json").write_text(json.dumps({"model": {"backbone": "qwen3"}}))
+  with pytest.raises(ValueError) as e:
+    export_workdir(str(run), str(tmp_path / "out"), fmt="bin")
+  assert str(e.value) == (
+    f"--format=bin: {run} is a Qwen3 run, exported in the official Qwen3-SetDLM layout as "
+    "model.safetensors only; drop --format"
+  )
+  assert not (tmp_path / "out").exists()

@@ -191,7 +191,9 @@ def export_checkpoint(
     raise ValueError(f"format={fmt!r}; use one of {weight_files.FORMATS}")
   if str(_get(_get(config, "model", {}), "backbone", "dit") or "dit") == "qwen3":
     if fmt != "safetensors":
-      raise ValueError("Qwen3 exports are written as model.safetensors only (format=safetensors)")
+      raise ValueError(
+        f"fmt={fmt!r}: Qwen3 exports are written as model.safetensors only (fmt='safetensors')"
+      )
     return export_qwen3_official(
       config,
       params,
@@ -351,17 +353,23 @@ def export_workdir(
     errors.require_extra("torch", "torch", "--verify (the PyTorch reference)")
   if fmt == "bin":
     errors.require_extra("torch", "torch", "--format=bin (pytorch_model.bin)")
-  state = workdir_lib.load_inference_state(workdir, step=step, use_ema=use_ema)
-  if state.params is None:
-    raise ValueError(f"checkpoint of {workdir} has no {'EMA ' if use_ema else ''}parameters")
-  if verify is not None and str(state.config.model.get("backbone", "dit")) == "qwen3":
+  # What the run's config.json decides, before the checkpoint is restored (minutes for a large one).
+  qwen3 = str(workdir_lib.load_config(workdir).get("model", {}).get("backbone", "dit")) == "qwen3"
+  if qwen3 and fmt != "safetensors":
+    raise ValueError(
+      f"--format={fmt}: {workdir} is a Qwen3 run, exported in the official Qwen3-SetDLM layout "
+      "as model.safetensors only; drop --format"
+    )
+  if qwen3 and verify is not None:
     errors.require_extra("transformers", "torch", "--verify of a Qwen3 export (the HF Qwen3)")
-  qwen3 = str(state.config.model.get("backbone", "dit")) == "qwen3"
   if qwen3 and paths.is_remote(out):  # its config.json points at its template folder by path
     raise ValueError(
       f"--out={out}: a Qwen3 export is written to a local directory (its "
       "config.json names its template folder by path); export locally, then copy"
     )
+  state = workdir_lib.load_inference_state(workdir, step=step, use_ema=use_ema)
+  if state.params is None:
+    raise ValueError(f"checkpoint of {workdir} has no {'EMA ' if use_ema else ''}parameters")
   params = _to_numpy_tree(state.params)
   report = None
   if jax.process_index() == 0:
