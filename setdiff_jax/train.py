@@ -133,6 +133,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict[
   Holds WORKDIR's lock throughout (one trainer per workdir) and refuses, before anything is
   written, a resume whose config changes a field the checkpoints depend on.
   """
+  if "model" not in config:  # an RL config (its model is the SFT run's) or a half-written one
+    raise ValueError(
+      "invalid config: it has no model section; "
+      + (
+        "it is an RL config: run it with launch/rl.py (--config.rl.init_from=SFT_WORKDIR)"
+        if "rl" in config
+        else "build it on configs/default.py's get_config() (see configs/tiny_sw.py)"
+      )
+    )
   if config.get("init_from_hf"):  # model fields 0 -> the HF checkpoint's (a resume: WORKDIR's)
     config = pretrained.resolve_run_config(config, workdir)
   edge.from_config_dict(config, jax.device_count())  # every check, before the workdir is touched

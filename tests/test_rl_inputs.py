@@ -503,3 +503,23 @@ def test_max_steps_below_one_is_refused_before_anything(tmp_path, max_steps):
   with pytest.raises(ValueError, match=f"max_steps={max_steps!r} must be an int >= 1"):
     grpo.train_rl(c, str(tmp_path / "rl"), max_steps=max_steps)
   assert not (tmp_path / "rl").exists()
+
+
+def test_a_config_given_to_the_other_launcher_is_one_line(tmp_path):
+  """Probe 18b: configs/rl_arithmetic.py given to launch/train.py (it sits beside the training
+  configs) and a training config given to launch/rl.py ended in AttributeError tracebacks; each
+  is one line naming the launcher it belongs to, before the workdir is touched."""
+  from configs import rl_arithmetic, tiny_sw
+  from setdiff_jax import train
+
+  with pytest.raises(
+    ValueError, match=r"no model section; it is an RL config: run it with launch/rl\.py"
+  ):
+    train.train_and_evaluate(rl_arithmetic.get_config(), str(tmp_path / "a"))
+  with pytest.raises(ValueError, match=r"no model section; build it on configs/default\.py"):
+    train.train_and_evaluate(rl_arithmetic.get_config().rl, str(tmp_path / "b"))
+  with pytest.raises(
+    ValueError, match=r"no rl section, so it is not an RL config .*launch/train\.py"
+  ):
+    grpo.train_rl(tiny_sw.get_config(), str(tmp_path / "c"))
+  assert not os.listdir(tmp_path)

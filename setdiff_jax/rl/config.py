@@ -94,6 +94,12 @@ def validate(config: ml_collections.ConfigDict):
   """The launcher config's own checks (ranges, reward, sampler mode), before any file is read."""
   from setdiff_jax.rl import rewards  # the reward registry (same package)
 
+  if "rl" not in config:  # e.g. configs/tiny_sw.py given to launch/rl.py
+    raise ValueError(
+      "invalid config: it has no rl section, so it is not an RL config (a training config goes "
+      "to launch/train.py); launch/rl.py takes one such as configs/rl_arithmetic.py with "
+      "--config.rl.init_from=SFT_WORKDIR"
+    )
   run_config.check_field_ranges(config)
   edge.check_choices(config)
   r = config.rl
