@@ -267,3 +267,32 @@ def test_special_token_text_is_text_qwen3(gpt2, tmp_path):
   # Chat markup is not a control token of the model: it keeps its one id (chat templates).
   start = tok.hf.token_to_id("<|im_start|>")
   assert tok.encode("<|im_start|>user\nhi <|endoftext|>")[0] == start
+
+
+def test_files_the_tokenizer_library_cannot_parse_are_one_line(tmp_path):
+  """Probe 18b: a vocab.json that is not GPT-2's, the vocab and merges swapped, a file that is not
+  JSON, a JSON that is not a tokenizer.json each ended in the tokenizers library's bare Exception
+  (a traceback); each is one ValueError naming the fields and the fix."""
+  vocab, merges = T.packaged_vocab("gpt2/vocab.json"), T.packaged_vocab("gpt2/merges.txt")
+  small = tmp_path / "small.json"
+  small.write_text(json.dumps({"a": 0, "b": 1}))
+  not_json = tmp_path / "notjson.json"
+  not_json.write_text("hello there")
+  pair = "are not a GPT-2 vocab.json / merges.txt pair"
+  for v, m in ((str(small), merges), (merges, vocab), (str(not_json), merges)):
+    with pytest.raises(ValueError) as e:
+      T.gpt2_tokenizer(v, m)
+    message = str(e.value)
+    assert "\n" not in message and message.startswith(
+      f"tokenizer.vocab_path={v} and tokenizer.merges_path={m} {pair} ("
+    ), message
+    assert "set them to the two files of one byte-level BPE" in message
+  for bad in (small, not_json):
+    with pytest.raises(
+      ValueError, match=f"{bad} is not a Hugging Face tokenizer.json .*vocab_path"
+    ):
+      T.qwen3_tokenizer(str(bad))
+  binary = tmp_path / "vocab.txt"
+  binary.write_bytes(b"\xff\xfe\x00bad")
+  with pytest.raises(ValueError, match="is not a WordPiece vocab.txt"):
+    T.wordpiece_tokenizer(str(binary))

@@ -280,6 +280,16 @@ def _require_file(path, field: str, what: str = "the file") -> str:
   return str(path)
 
 
+def _read(build, what: str, fix: str):
+  """`build()`, a tokenizers call that reads files; the library's bare `Exception` for a file it
+  cannot parse (wrong kind, swapped, not JSON) as one ValueError naming `what` and the `fix`."""
+  try:
+    return build()
+  except Exception as e:  # pylint: disable=broad-except  (tokenizers raises plain Exception)
+    why = (str(e).splitlines() or [type(e).__name__])[0]
+    raise ValueError(f"{what} ({why}); {fix}") from e
+
+
 def _lowercase(cfg, default: bool) -> bool:
   value = cfg.get("lowercase", None)
   return default if value is None else bool(value)
@@ -295,7 +305,11 @@ def _special_id(tok: hf.Tokenizer, token: str) -> int:
 def wordpiece_tokenizer(vocab_path: str, lowercase: bool = True) -> Tokenizer:
   """BERT WordPiece from `vocab_path` (e.g. bert-base-uncased-vocab.txt)."""
   vocab_path = _require_file(vocab_path, "tokenizer.vocab_path")
-  tok = hf.Tokenizer(models.WordPiece.from_file(vocab_path, unk_token="[UNK]"))
+  tok = _read(
+    lambda: hf.Tokenizer(models.WordPiece.from_file(vocab_path, unk_token="[UNK]")),
+    f"tokenizer.vocab_path={vocab_path} is not a WordPiece vocab.txt",
+    "set --config.tokenizer.vocab_path to one (one token per line, e.g. bert-base-uncased's)",
+  )
   tok.normalizer = normalizers.BertNormalizer(
     clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=lowercase
   )
@@ -328,7 +342,13 @@ def gpt2_tokenizer(vocab_path: str, merges_path: str) -> Tokenizer:
   """GPT-2 byte-level BPE plus the added mask `<|fim_middle|>` (id 50257)."""
   vocab_path = _require_file(vocab_path, "tokenizer.vocab_path")
   merges_path = _require_file(merges_path, "tokenizer.merges_path")
-  tok = hf.Tokenizer(models.BPE.from_file(vocab_path, merges_path))
+  tok = _read(
+    lambda: hf.Tokenizer(models.BPE.from_file(vocab_path, merges_path)),
+    f"tokenizer.vocab_path={vocab_path} and tokenizer.merges_path={merges_path} are not a GPT-2 "
+    "vocab.json / merges.txt pair",
+    f"set them to the two files of one byte-level BPE (the packaged GPT-2's: {PACKAGED_VOCAB_DIR}"
+    "/gpt2/vocab.json and merges.txt)",
+  )
   tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
   tok.decoder = decoders.ByteLevel()
   tok.add_special_tokens([GPT2_EOS, GPT2_MASK])
@@ -346,7 +366,11 @@ def qwen3_tokenizer(path: str) -> Tokenizer:
   file = _require_file(
     file, "tokenizer.vocab_path", "a Qwen3 tokenizer.json or the directory holding it"
   )
-  tok = hf.Tokenizer.from_file(file)
+  tok = _read(
+    lambda: hf.Tokenizer.from_file(file),
+    f"{file} is not a Hugging Face tokenizer.json",
+    "set --config.tokenizer.vocab_path to a Qwen3 tokenizer.json or the directory holding it",
+  )
   ids = {}
   for name in (QWEN3_EOS, QWEN3_MASK):
     i = tok.token_to_id(name)
