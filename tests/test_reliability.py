@@ -379,6 +379,50 @@ def test_rl_resume_from_another_sft_run_is_structural(tmp_path, monkeypatch):
   assert saved.rl.init_from == str(tmp_path / "sft")
 
 
+def test_an_rl_resume_from_another_sft_run_is_not_called_a_changed_one(tmp_path, monkeypatch):
+  """Probe 18b: resumed with another rl.init_from whose config differs, the refusal said the SFT
+  run "was changed since; restore its config.json from a backup" (advice that could overwrite
+  the other run's config); the SFT-config check leaves it to the resume check, which names
+  rl.init_from old -> new. The same SFT run, given relative, is still compared."""
+  from setdiff_jax.rl import sft_start
+
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / "rl").mkdir()
+  recorded = {"objective": "setdlm", "rl": {"init_from": str(tmp_path / "sft")}}
+  (tmp_path / "rl" / "config.json").write_text(json.dumps(recorded))
+  other = ml_collections.ConfigDict({"objective": "ar", "rl": {"init_from": "sft_ar"}})
+  sft_start.check_same_sft_config(other, str(tmp_path / "rl"))  # not this check's case
+  changed = ml_collections.ConfigDict({"objective": "ar", "rl": {"init_from": "sft"}})
+  with pytest.raises(
+    errors.ConfigMismatchError, match='objective: "setdlm" -> "ar". The SFT run was'
+  ):
+    sft_start.check_same_sft_config(changed, str(tmp_path / "rl"))
+
+
+def test_a_resume_names_the_settings_it_changes(tmp_path, caplog):
+  """Probe 18b: a resume with another rl.reward (or lr, kl_beta, ...) was accepted without a word
+  and config.json then recorded only the new value. One warning names every changed setting;
+  the same config again names none."""
+  import logging
+
+  (tmp_path / "checkpoints" / "3").mkdir(parents=True)
+  old = tiny_config(**{"data.paths": str(tmp_path / "a.txt")})
+  old.rl = ml_collections.ConfigDict({"reward": "exact_match", "kl_beta": 0.1})
+  (tmp_path / "config.json").write_text(old.to_json())
+  new = tiny_config(learning_rate=5e-4, **{"data.paths": str(tmp_path / "a.txt")})
+  new.rl = ml_collections.ConfigDict({"reward": "format", "kl_beta": 0.1})
+  with caplog.at_level(logging.WARNING):
+    workdir_lock.check_resume(new, str(tmp_path))
+    lines = [r.getMessage() for r in caplog.records if "changed settings" in r.getMessage()]
+    assert lines == [
+      f"resuming {tmp_path} from step 3 with changed settings: learning_rate: "
+      f'{old.learning_rate} -> 0.0005; rl.reward: "exact_match" -> "format"'
+    ]
+    caplog.clear()
+    workdir_lock.check_resume(old, str(tmp_path))
+    assert not [r for r in caplog.records if "changed settings" in r.getMessage()]
+
+
 def test_structural_fields_and_absolute_paths(tmp_path, monkeypatch):
   old = tiny_config()
   assert workdir_lock.structural_changes(old, tiny_config(**{"model.dropout": 0.3})) == []
@@ -386,6 +430,11 @@ def test_structural_fields_and_absolute_paths(tmp_path, monkeypatch):
   assert [c[0] for c in workdir_lock.structural_changes(old, tiny_config(grad_clip_norm=0.0))] == [
     "grad_clip_norm"
   ]  # removes an optimizer-chain element
+  # Probe 18b: another RoPE base was applied on resume without a word (and config.json rewritten,
+  # so the earlier steps were then decoded with it): not a shape, but what the parameters compute.
+  for name, value in (("model.rope_base", 500.0), ("model.rms_norm_eps", 1e-5)):
+    changed = workdir_lock.structural_changes(old, tiny_config(**{name: value}))
+    assert [c[0] for c in changed] == [name], name
   monkeypatch.chdir(tmp_path)
   c = workdir_lock.absolute_paths(
     tiny_config(**{"data.paths": "a.txt, sub/b.txt", "data.eval_paths": "gs://bucket/v.txt"})

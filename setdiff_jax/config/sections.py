@@ -33,7 +33,7 @@ class Model(Section):
   PREFIX = "model"
   # dit (setdiff_jax/models/dit.py) | qwen3 (setdiff_jax/models/qwen3.py)
   backbone: str = setting("dit", Choice(tuple(models.BACKBONES)))
-  vocab_size: int = setting(0, integer(0))        # 0 = the tokenizer's; else must equal it
+  vocab_size: int = setting(0, integer(0))        # 0 = the tokenizer's; else >= it (padding)
   hidden_size: int = setting(256, integer(1))     # D
   num_layers: int = setting(4, integer(0))        # 0 only with init_from_hf (all of its layers)
   num_heads: int = setting(4, integer(1))         # head dim = D / heads (even, for rotary)

@@ -113,6 +113,9 @@ def check_same_sft_config(run, workdir: str):
     old = json.loads(paths.read_text(path))
   except ValueError:
     return  # a damaged config.json: the resume check names it
+  started_from = (old.get("rl") or {}).get("init_from")
+  if started_from and paths.resolve(started_from) != paths.resolve(run.rl.init_from):
+    return  # another SFT run, not a changed one: the resume check names rl.init_from old -> new
   changes = [
     (k, o, n)
     for k, o, n in workdir_lock.structural_changes(old, run, session.unread_settings)

@@ -54,6 +54,8 @@ STRUCTURAL = (
   "model.num_kv_heads",
   "model.tie_embeddings",
   "model.scan_layers",
+  "model.rope_base",  # not a shape, but what the saved parameters compute (and were trained for)
+  "model.rms_norm_eps",
   "loss.*",
   "tokenizer.*",
   "data.source",
@@ -299,6 +301,7 @@ def check_resume(config, workdir: str, unread=None):
     ) from e
   changes = structural_changes(old, config, unread)
   if not changes:
+    _log_other_changes(old, config, workdir, steps)
     return
   diff = "; ".join(f"{k}: {json.dumps(o)} -> {json.dumps(n)}" for k, o, n in changes)
   rl = config.get("rl")  # an RL run starts from --config.rl.init_from (an SFT or RL workdir)
@@ -309,6 +312,21 @@ def check_resume(config, workdir: str, unread=None):
     f"resume, drop these overrides; for a new run use another --workdir; to start a new run "
     f"from this one's parameters (same model shape) add --config.{init_flag}={workdir}"
   )
+
+
+def _log_other_changes(old, new, workdir: str, steps):
+  """One warning naming the settings a resume changes (old -> new; config.json then records the
+  new ones only): the metrics after the resume step were made under them."""
+  a, b = flatten(_as_json(old)), flatten(_as_json(new))
+  changed = [
+    f"{k}: {json.dumps(a[k])} -> {json.dumps(b[k])}"
+    for k in sorted(set(a) & set(b))
+    if _normalized(k, a[k]) != _normalized(k, b[k])
+  ]
+  if changed:
+    logging.warning(
+      "resuming %s from step %d with changed settings: %s", workdir, max(steps), "; ".join(changed)
+    )
 
 
 def absolute_paths(config):
