@@ -8,7 +8,8 @@ OpenWebText is not in TFDS: give it as JSONL (a "text" field) or plain-text file
 512, AdamW 3e-4 with 2500 warm-up steps then constant, EMA 0.9999, bf16. The reference trained
 for up to 1M steps and released the 300k-step checkpoints. Documents are concatenated with EOS
 between them and cut into 1024-token rows; the first token of each row is treated as the clean
-BOS (keep_clean_bos), and since pad = EOS for GPT-2, EOS targets do not count in eval (SPEC §8.9).
+BOS (keep_clean_bos; `data.wrap_style=doc`), and since pad = EOS for GPT-2, EOS targets do not
+count in eval (SPEC §8.9).
 """
 
 from configs import lm1b_sw
@@ -28,6 +29,9 @@ def get_config():
   c.data.paths = ""  # required: training JSONL file(s), comma separated
   c.data.eval_paths = ""  # required: validation JSONL file(s)
   c.data.preprocess = "wrap"
+  # doc EOS doc EOS ... cut into rows of exactly L (rows start mid-document; the first token kept
+  # clean): the reference's `..._bs1024_wrapped_specialFalse.dat`, no BOS / EOS added per row.
+  c.data.wrap_style = "doc"
   c.loss.desired_set_size = 4
   c.model.remat = "full"  # L=1024 two-stream activations are large
   c.eval_batch_size = 16

@@ -154,6 +154,12 @@ def test_wrap_rows_exact():
     P.wrap_rows(ids, 5, 1, 2, "doc"), [[1, 10, 11, 12, 2], [1, 20, 2, 1, 30]]
   )
   assert P.wrap_rows(ids, 5, 1, 2).dtype == np.int32
+  # 'doc' with BOS = EOS (GPT-2's <|endoftext|>): one separator between documents, the stream
+  # 10 11 12 E 20 E 30 31 32 33 E of the reference's wrapped OpenWebText (probe 18b: the doubled
+  # E E was no convention of the reference's).
+  np.testing.assert_array_equal(
+    P.wrap_rows(ids, 5, 2, 2, "doc"), [[10, 11, 12, 2, 20], [2, 30, 31, 32, 33]]
+  )
 
 
 def test_pad_rows_exact():

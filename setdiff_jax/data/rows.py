@@ -88,8 +88,10 @@ _EOS_MARK = -1  # a wrapped document's EOS, placed by pad_rows (only on its last
 
 
 def token_stream(ids: list[list[int]], style: str, bos_id: int, eos_id: int) -> np.ndarray:
-  """Concatenated token stream of documents: 'row': doc EOS ...; 'doc': BOS doc EOS ..."""
-  head = [bos_id] if style == "doc" else []
+  """Concatenated token stream of documents: 'row': doc EOS ...; 'doc': BOS doc EOS ... With
+  BOS = EOS (GPT-2, Qwen3: <|endoftext|>) 'doc' is doc EOS doc EOS ..., one separator between
+  documents, as the MDLM / BD3LM wrapped OpenWebText (`..._specialFalse.dat`, SPEC §5) is."""
+  head = [bos_id] if style == "doc" and bos_id != eos_id else []
   parts = [np.asarray(head + list(doc) + [eos_id], np.int32) for doc in ids]
   return np.concatenate(parts) if parts else np.zeros((0,), np.int32)
 
