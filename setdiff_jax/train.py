@@ -169,6 +169,32 @@ def warn_shared_eval_files(data) -> list:
   return shared
 
 
+JSON_SUFFIXES = (".jsonl", ".json")
+
+
+def _without_compression(name: str) -> str:
+  for suffix in (".gz", ".xz", ".bz2"):  # decompressed when read (data.text_files)
+    if name.endswith(suffix):
+      return name[: -len(suffix)]
+  return name
+
+
+def warn_json_read_as_text(data) -> list:
+  """Warns (and returns them) when data.source=text names a .jsonl / .json file (also compressed):
+  every line would be trained on as text, braces and field names included."""
+  if data.get("source") != "text":
+    return []
+  named = text_files.parse_paths(data.get("paths")) + text_files.parse_paths(data.get("eval_paths"))
+  found = [p for p in named if _without_compression(p.lower()).endswith(JSON_SUFFIXES)]
+  if found:
+    logging.warning(
+      "data.source=text reads %s as plain text (each line, braces and field names included); "
+      "for JSON lines set --config.data.source=jsonl (and data.jsonl_field)",
+      ", ".join(found),
+    )
+  return found
+
+
 def _initialise(cfg: RunConfig, model_cfg, state_shardings):
   """The state of a run without checkpoints: its own init, or parameters from `init_from` /
   `init_from_hf` (EMA = a copy of them)."""
@@ -286,6 +312,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Dict
   if cfg.checkpoints.init_from and not resuming:  # its parameters must mean the same ids
     check_same_ids(tokenizer, cfg.checkpoints.init_from, "--config.init_from")
   warn_shared_eval_files(cfg.data)
+  warn_json_read_as_text(cfg.data)
   if not resuming:
     _check_trained_vocab_size(cfg, tokenizer, workdir, new=new_tokenizer)
   model_cfg, obj_cfg = run_config.model_and_objective(cfg, tokenizer)

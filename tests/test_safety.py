@@ -378,6 +378,19 @@ def test_init_from_a_run_with_other_token_ids_is_refused(base, tmp_path):
   assert train.train_and_evaluate(tiny_config(init_from=base), new)["step"] == 2
 
 
+def test_a_json_file_read_as_text_is_named(tmp_path, caplog):
+  """Probe 18b: data.source=text given a .jsonl trained on its raw lines, braces and field names
+  included, without a word."""
+  data = tiny_config().data
+  data.source, data.paths, data.eval_paths = "text", "a.txt,b.JSONL.gz", "v.json"
+  assert train.warn_json_read_as_text(data) == ["b.JSONL.gz", "v.json"]
+  assert "for JSON lines set --config.data.source=jsonl" in caplog.text
+  data.paths, data.eval_paths = "a.txt,b.jsonl.txt", "v.txt.gz"
+  assert train.warn_json_read_as_text(data) == []
+  data.source, data.paths = "jsonl", "b.jsonl"
+  assert train.warn_json_read_as_text(data) == []
+
+
 def test_an_eval_file_that_is_also_trained_on_is_named(tmp_path, caplog):
   """data.eval_paths = data.paths gave an eval PPL on training data without a word."""
   data = tiny_config().data
