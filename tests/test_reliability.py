@@ -423,6 +423,28 @@ def test_a_resume_names_the_settings_it_changes(tmp_path, caplog):
     assert not [r for r in caplog.records if "changed settings" in r.getMessage()]
 
 
+def test_a_run_of_the_other_launcher_is_named_as_such(tmp_path):
+  """Probe 18a: train.py on an RL run's workdir was refused as "saved by an older version ... or
+  the files were deleted", rl.py on another training run's workdir with "use the config it was
+  trained with"; each names the kind of run the workdir holds and the launcher it takes."""
+  (tmp_path / "checkpoints" / "3").mkdir(parents=True)
+  rl_run = tiny_config()
+  rl_run.rl = ml_collections.ConfigDict({"init_from": str(tmp_path / "sft")})
+  (tmp_path / "config.json").write_text(rl_run.to_json())
+  with pytest.raises(errors.ConfigMismatchError) as e:
+    workdir_lock.check_resume(tiny_config(), str(tmp_path))
+  assert str(e.value) == (
+    f"{tmp_path} (checkpoint steps [3]) is an RL run (its config.json has an rl section): resume "
+    "it with launch/rl.py, or train into another --workdir"
+  )
+  workdir_lock.check_resume(rl_run, str(tmp_path))  # its own kind: resumes
+  (tmp_path / "config.json").write_text(tiny_config().to_json())
+  with pytest.raises(
+    errors.ConfigMismatchError, match=r"is a training run \(launch/train.py\), not"
+  ):
+    workdir_lock.check_resume(rl_run, str(tmp_path))
+
+
 def test_structural_fields_and_absolute_paths(tmp_path, monkeypatch):
   old = tiny_config()
   assert workdir_lock.structural_changes(old, tiny_config(**{"model.dropout": 0.3})) == []

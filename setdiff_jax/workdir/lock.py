@@ -299,6 +299,7 @@ def check_resume(config, workdir: str, unread=None):
       f"{path} is damaged ({e}); it records the config of the checkpoints in {workdir}. "
       "Restore it, or train into another --workdir"
     ) from e
+  _check_same_kind(old, config, workdir, steps)
   changes = structural_changes(old, config, unread)
   if not changes:
     _log_other_changes(old, config, workdir, steps)
@@ -311,6 +312,23 @@ def check_resume(config, workdir: str, unread=None):
     f"{CONFIG_FILE} in fields the checkpoints depend on: {diff}. Nothing was written. To "
     f"resume, drop these overrides; for a new run use another --workdir; to start a new run "
     f"from this one's parameters (same model shape) add --config.{init_flag}={workdir}"
+  )
+
+
+def _check_same_kind(old, new, workdir: str, steps):
+  """An RL run's checkpoints resumed by launch/train.py, or a training run's by launch/rl.py: the
+  structures differ in ways the restore would blame on versions or deleted files; named here."""
+  was_rl, is_rl = isinstance(old.get("rl"), dict), new.get("rl") is not None
+  if was_rl == is_rl:
+    return
+  if was_rl:
+    raise errors.ConfigMismatchError(
+      f"{workdir} (checkpoint steps {steps}) is an RL run (its {CONFIG_FILE} has an rl section): "
+      "resume it with launch/rl.py, or train into another --workdir"
+    )
+  raise errors.ConfigMismatchError(
+    f"{workdir} (checkpoint steps {steps}) is a training run (launch/train.py), not an RL run: "
+    f"give the RL run a new --workdir (--config.rl.init_from={workdir} starts it from this one)"
   )
 
 
