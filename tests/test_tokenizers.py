@@ -288,9 +288,7 @@ def test_files_the_tokenizer_library_cannot_parse_are_one_line(tmp_path):
     ), message
     assert "set them to the two files of one byte-level BPE" in message
   for bad in (small, not_json):
-    with pytest.raises(
-      ValueError, match=f"{bad} is not a Hugging Face tokenizer.json .*vocab_path"
-    ):
+    with pytest.raises(ValueError, match=f"{bad} is not a HF tokenizer.json .*vocab_path"):
       T.qwen3_tokenizer(str(bad))
   binary = tmp_path / "vocab.txt"
   binary.write_bytes(b"\xff\xfe\x00bad")

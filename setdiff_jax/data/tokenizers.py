@@ -281,13 +281,11 @@ def _require_file(path, field: str, what: str = "the file") -> str:
 
 
 def _read(build, what: str, fix: str):
-  """`build()`, a tokenizers call that reads files; the library's bare `Exception` for a file it
-  cannot parse (wrong kind, swapped, not JSON) as one ValueError naming `what` and the `fix`."""
+  """`build()` (reads files); the tokenizers library's bare `Exception` as one ValueError."""
   try:
     return build()
   except Exception as e:  # pylint: disable=broad-except  (tokenizers raises plain Exception)
-    why = (str(e).splitlines() or [type(e).__name__])[0]
-    raise ValueError(f"{what} ({why}); {fix}") from e
+    raise ValueError(f"{what} ({(str(e).splitlines() or [type(e).__name__])[0]}); {fix}") from e
 
 
 def _lowercase(cfg, default: bool) -> bool:
@@ -366,11 +364,8 @@ def qwen3_tokenizer(path: str) -> Tokenizer:
   file = _require_file(
     file, "tokenizer.vocab_path", "a Qwen3 tokenizer.json or the directory holding it"
   )
-  tok = _read(
-    lambda: hf.Tokenizer.from_file(file),
-    f"{file} is not a Hugging Face tokenizer.json",
-    "set --config.tokenizer.vocab_path to a Qwen3 tokenizer.json or the directory holding it",
-  )
+  fix = "set --config.tokenizer.vocab_path to a Qwen3 tokenizer.json or the directory holding it"
+  tok = _read(lambda: hf.Tokenizer.from_file(file), f"{file} is not a HF tokenizer.json", fix)
   ids = {}
   for name in (QWEN3_EOS, QWEN3_MASK):
     i = tok.token_to_id(name)

@@ -324,6 +324,28 @@ def export_qwen3_official(
   return out_dir
 
 
+def _is_qwen3(config) -> bool:
+  return str(config.get("model", {}).get("backbone", "dit")) == "qwen3"
+
+
+def _check_backbone_options(config, workdir: str, out: str, fmt: str, verify):
+  """What a Qwen3 run's export cannot do: a .bin, a remote --out; --verify needs transformers."""
+  if not _is_qwen3(config):
+    return
+  if fmt != "safetensors":
+    raise ValueError(
+      f"--format={fmt}: {workdir} is a Qwen3 run, exported in the official Qwen3-SetDLM layout "
+      "as model.safetensors only; drop --format"
+    )
+  if verify is not None:
+    errors.require_extra("transformers", "torch", "--verify of a Qwen3 export (the HF Qwen3)")
+  if paths.is_remote(out):  # its config.json points at its template folder by path
+    raise ValueError(
+      f"--out={out}: a Qwen3 export is written to a local directory (its "
+      "config.json names its template folder by path); export locally, then copy"
+    )
+
+
 def export_workdir(
   workdir: str,
   out: str,
@@ -353,23 +375,14 @@ def export_workdir(
     errors.require_extra("torch", "torch", "--verify (the PyTorch reference)")
   if fmt == "bin":
     errors.require_extra("torch", "torch", "--format=bin (pytorch_model.bin)")
-  # What the run's config.json decides, before the checkpoint is restored (minutes for a large one).
-  qwen3 = str(workdir_lib.load_config(workdir).get("model", {}).get("backbone", "dit")) == "qwen3"
-  if qwen3 and fmt != "safetensors":
-    raise ValueError(
-      f"--format={fmt}: {workdir} is a Qwen3 run, exported in the official Qwen3-SetDLM layout "
-      "as model.safetensors only; drop --format"
-    )
-  if qwen3 and verify is not None:
-    errors.require_extra("transformers", "torch", "--verify of a Qwen3 export (the HF Qwen3)")
-  if qwen3 and paths.is_remote(out):  # its config.json points at its template folder by path
-    raise ValueError(
-      f"--out={out}: a Qwen3 export is written to a local directory (its "
-      "config.json names its template folder by path); export locally, then copy"
-    )
+  try:  # what the run's config.json decides, before the restore (minutes for a large run)
+    _check_backbone_options(workdir_lib.load_config(workdir), workdir, out, fmt, verify)
+  except FileNotFoundError:
+    pass  # the restore names what is missing
   state = workdir_lib.load_inference_state(workdir, step=step, use_ema=use_ema)
   if state.params is None:
     raise ValueError(f"checkpoint of {workdir} has no {'EMA ' if use_ema else ''}parameters")
+  _check_backbone_options(state.config, workdir, out, fmt, verify)
   params = _to_numpy_tree(state.params)
   report = None
   if jax.process_index() == 0:
