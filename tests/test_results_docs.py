@@ -328,7 +328,7 @@ def test_publish_refuses_what_is_no_record_with_one_line_naming_the_file(tmp_pat
   results.mkdir()
   _new_repo(tmp_path)
   good = {"name": "ok", "command": "python -m benchmarks.t", "markdown": "## T\n", "v": 1}
-  (results / "ok.json").write_text(json.dumps(good))
+  (results / "ok.json").write_text(json.dumps(record.sealed(good, "ok")))
   argv = ["--results_dir", str(results), "--docs_dir", str(docs)]
   cases = {
     "bad.json": '{"name": "bad", "v": 1',

@@ -42,7 +42,8 @@ BANNER = (
 
 def load_records(results_dir: str) -> Dict[str, Dict[str, Any]]:
   """{name: record} of every `<name>.json` in results_dir, sorted by name; ValueError for a file
-  that is no record (`record.read_record`) or whose name is none (its page would be lost)."""
+  that is no record (`record.read_record`), whose name is none (its page would be lost) or
+  whose seal refuses it (`record.check_seal`: changed since its benchmark wrote it)."""
   out = {}
   for fn in sorted(os.listdir(results_dir)):
     path = os.path.join(results_dir, fn)
@@ -55,6 +56,7 @@ def load_records(results_dir: str) -> Dict[str, Dict[str, Any]]:
         f"{INDEX[: -len('.md')]!r}, the index's page): rename the record"
       )
     out[name] = record.read_record(path)
+    record.check_seal(path, out[name])  # a table is only ever its benchmark's
   return out
 
 

@@ -12,6 +12,10 @@ the staleness check of `publish`) and every (arm, seed, problem) outcome with it
 interval or a new table can be computed again from the file alone. A second run under the same
 name refuses unless `resume=True`, and a resume refuses a different commit or config.
 
+Every write seals the record: its 'seal' is the sha256 of its canonical JSON, `provenance` and
+notes apart (`seal_of`), and `publish` refuses a record whose data or tables were changed after
+(`check_seal`): a table cannot drift from the outcomes it was rendered from.
+
 Which checkout and commit a record names, and which of its paths it measured, is
 `provenance`'s.
 """
@@ -19,6 +23,7 @@ Which checkout and commit a record names, and which of its paths it measured, is
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import os
 import re
@@ -55,6 +60,51 @@ def write_json(path: str, obj, compact: bool = False) -> None:
     json.dump(obj, f, default=_jsonable, **layout)
     f.write("\n")
   os.replace(tmp, path)
+
+
+# Left out of a record's seal: the seal itself and what people add by hand once a benchmark wrote
+# the record (its `provenance`: why a kept record stays; notes: `why_kept`, `*_note`), as the
+# history of benchmarks/results shows. Its data, tables, commit, command and dates are sealed.
+UNSEALED = frozenset({"seal", "provenance", "why_kept"})
+SEAL_PREFIX = "sha256:"
+
+
+def seal_of(data: Dict[str, Any], name: str) -> str:
+  """'sha256:<hex>' of the canonical JSON (sorted keys, no spaces, UTF-8) of record `data`
+  without its UNSEALED fields; `name` (the file's) stands in for a missing 'name' field, so a
+  record copied under another file name no longer matches its seal."""
+  part = {k: v for k, v in data.items() if k not in UNSEALED and not k.endswith("_note")}
+  part.setdefault("name", name)
+  text = json.dumps(part, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+  return SEAL_PREFIX + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def sealed(data: Dict[str, Any], name: str) -> Dict[str, Any]:
+  """`data` as JSON reads it back (numpy values, tuples made plain), its seal first: what a
+  benchmark writes, so that `check_seal` recomputes the same digest from the file."""
+  plain = json.loads(json.dumps(data, default=_jsonable))
+  plain.pop("seal", None)
+  return {"seal": seal_of(plain, name), **plain}
+
+
+def check_seal(path: str, data: Dict[str, Any]) -> None:
+  """Refuses (one RecordError naming the file and the fix) the record `data` read from `path`
+  whose 'name' is not its file's, that has no seal, or whose data or tables changed since its
+  benchmark wrote it (only the UNSEALED fields may be edited by hand)."""
+  name = os.path.basename(path)[: -len(".json")]
+  fix = f"restore it (git checkout -- {path}) or rerun its benchmark, which writes and seals it"
+  if data.get("name") is not None and data.get("name") != name:
+    raise RecordError(
+      f"the record {path} names itself {data.get('name')!r}: a record's name is its file's; "
+      f"rename the file back, or {fix}"
+    )
+  if not data.get("seal"):
+    raise RecordError(f"the record {path} has no seal, so no benchmark wrote it as it is: {fix}")
+  if data["seal"] != seal_of(data, name):
+    raise RecordError(
+      f"the record {path} changed since its benchmark wrote it (its seal does not match its "
+      f"data and tables; only its provenance and notes may be edited by hand): {fix}"
+    )
 
 
 def owns(name: str, filename: str) -> bool:
@@ -230,7 +280,7 @@ class RunRecord:
     self.data["markdown"] = text
 
   def save(self) -> None:
-    write_json(self.path, self.data)
+    write_json(self.path, sealed(self.data, self.data["name"]))
 
 
 def _unique_problems(name: str, arm: str, seed: int, problems: Sequence[Any]) -> None:
@@ -336,5 +386,5 @@ def publish_report(
     measured_paths=list(measured_paths),
     date=data.get("date") or dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
   )
-  write_json(path, data, compact)
+  write_json(path, sealed(data, name), compact)
   return path

@@ -4,7 +4,7 @@
 
 A record's *measured values* are its JSON leaves except
 - its identity: name, commit, command, date, device, measured paths, provenance, the rendered
-  markdown; at any depth the commit, date, command and folder (`workdir`, `dir`) of what it read;
+  markdown, its seal; at any depth the commit, date, command and folder (`workdir`, `dir`) of what it read;
   the benchmark's flags that name where it wrote or read (`--output_dir`, `--record`, ...; at the
   top level and under `args` only: a decoded `output` deeper down is data), and any string
   equal to the record's own name;
@@ -39,7 +39,7 @@ from setdiff_jax.experiments import record
 
 IDENTITY_KEYS = frozenset(
   {"name", "commit", "command", "date", "device", "hardware", "measured_paths", "provenance"}
-  | {"markdown", "commit_note", "records_note", "sft_note", "why_kept"}
+  | {"markdown", "commit_note", "records_note", "sft_note", "why_kept", "seal"}
 )
 # Keys that say which inputs ran or where they live (the commit that trained a checkpoint read
 # here, its folder), at any depth.
