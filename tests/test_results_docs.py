@@ -358,3 +358,52 @@ def test_publish_refuses_what_is_no_record_with_one_line_naming_the_file(tmp_pat
   (docs / "ok.md").rmdir()
   assert publish.main(["--results_dir", str(results), "--docs_dir", str(docs / "notes.md")]) == 1
   assert "is a file" in capsys.readouterr().err
+
+
+def test_a_record_git_tracks_is_restored_not_its_table_removed_and_links_resolve(tmp_path, capsys):
+  """Probe F2: a record deleted by hand (git still tracks it) is named with `git checkout --`,
+  and publish leaves its table; once retired with git rm, --check names each link of README.md
+  and benchmarks/README.md into docs/results or benchmarks/results that no longer resolves."""
+  from setdiff_jax.experiments import record
+
+  repo = tmp_path / "repo"
+  _new_repo(repo)
+  (repo / "benchmarks").mkdir()
+  _commit(repo, "README.md", "See [T](docs/results/t.md) and [all](docs/results/README.md).\n", "r")
+  _commit(
+    repo, "benchmarks/README.md", "[T's plot](results/t.png), [U](../docs/results/u.md)\n", "b"
+  )
+  results, docs = repo / "benchmarks" / "results", repo / "docs" / "results"
+  for name in ("t", "u"):
+    report = {"command": f"python -m benchmarks.{name}", "markdown": f"## {name}\n"}
+    record.publish_report(report, name, str(results), ["code.py"])
+  (results / "t.png").write_bytes(b"png")
+  argv = ["--results_dir", str(results), "--docs_dir", str(docs)]
+  assert publish.main(argv) == 0 and publish.main(argv + ["--check"]) == 0
+  _git(repo, "add", "-A")
+  _git(repo, "commit", "-qm", "records and tables")
+
+  (results / "t.json").unlink()
+  for more in (["--check"], []):
+    assert publish.main(argv + more) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "git checkout -- benchmarks/results/t.json" in err[0], err
+    assert "remove it" not in err[0]
+  assert (docs / "t.md").exists()
+
+  _git(repo, "rm", "-q", "benchmarks/results/t.json")
+  assert publish.main(argv) == 0  # retired: its table goes
+  assert publish.main(argv + ["--check"]) == 1
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err[-1] == (
+    "error: README.md links docs/results/t.md, which no record gives: fix or remove the link"
+  )
+  (repo / "README.md").write_text("[all](docs/results/README.md)\n")
+  (results / "t.png").unlink()
+  assert publish.main(argv + ["--check"]) == 1
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err[-1] == (
+    "error: benchmarks/README.md links results/t.png, which does not exist: fix or remove the link"
+  )
+  (repo / "benchmarks" / "README.md").write_text("[U](../docs/results/u.md)\n")
+  assert publish.main(argv + ["--check"]) == 0

@@ -70,3 +70,10 @@ def names_files(repo: str, commit: str, paths: Sequence[str]) -> bool:
   none, so no later change could ever be found in it)."""
   out = _git(repo, "rev-list", "-1", commit, "--", *paths, check=False)
   return out.returncode == 0 and bool(out.stdout.strip())
+
+
+def deleted(repo: str, folder: str) -> List[str]:
+  """The files git tracks under `folder` (a path relative to the repository root) that are gone
+  from the working tree (removed by hand, not with `git rm`), relative to the root."""
+  out = _git(repo, "ls-files", "-z", "--deleted", "--", f":(literal){folder}").stdout
+  return sorted(p for p in out.split("\0") if p)

@@ -16,6 +16,12 @@ from its own data (the record's `markdown`). The status comes from git, never fr
 - unjudged: on the history, but its measured paths are missing or name no file (a misspelt path
   would otherwise read current forever).
 
+Refused, in one `error:` line naming the file and the fix: a record changed since its benchmark
+wrote and sealed it (`record.check_seal`), and a record git tracks that is gone from the tree
+(restore it, or retire it with `git rm`: its table would go and the links to it break). `--check`
+also follows the links of README.md and benchmarks/README.md into docs/results and
+benchmarks/results: each must name a file.
+
 `docs/results/README.md` lists every table with its status. Run from the repository root (or
 pass --results_dir / --docs_dir). Only files that carry this command's banner are rewritten or
 removed: a file someone wrote in --docs_dir is never replaced (one error line) or deleted.
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -224,6 +231,13 @@ def render_index(entries: List[Dict[str, str]]) -> str:
 def generate(results_dir: str = RESULTS_DIR, docs_dir: str = DOCS_DIR, repo: Optional[str] = None):
   """{docs file name: its text} for every record, plus README.md (the index)."""
   repo = repo or git.top_level(results_dir)
+  folder = os.path.relpath(os.path.realpath(results_dir), os.path.realpath(repo))
+  for gone in git.deleted(repo, folder):  # its table and the links to it would go quietly
+    if os.path.dirname(gone) == folder.replace(os.sep, "/") and gone.endswith(".json"):
+      raise ValueError(
+        f"{gone} is gone but git still tracks it (its table would be removed, the links to it "
+        f"left broken): restore it (git checkout -- {gone}), or retire it with git rm {gone}"
+      )
   records = load_records(results_dir)
   images = [f for f in sorted(os.listdir(results_dir)) if f.endswith((".png", ".svg"))]
   statuses = {name: status(rec, repo) for name, rec in records.items()}
@@ -272,6 +286,36 @@ def differences(wanted: Dict[str, str], docs_dir: str) -> List[str]:
   return problems
 
 
+# The files whose links to tables and records `--check` follows (from the repository's root).
+LINKING = ("README.md", os.path.join("benchmarks", "README.md"))
+LINK = re.compile(r"\]\(([^)\s]+)")
+
+
+def broken_links(wanted: Dict[str, str], results_dir: str, docs_dir: str, repo: str) -> List[str]:
+  """'FILE links TARGET, which ...' for every markdown link of the LINKING files into
+  docs/results or benchmarks/results (or --docs_dir / --results_dir) that names no file: a table
+  of `wanted` in docs_dir, a file elsewhere."""
+  docs, roots = os.path.realpath(docs_dir), [os.path.join(repo, p) for p in (RESULTS_DIR, DOCS_DIR)]
+  roots = [os.path.realpath(p) for p in roots + [results_dir, docs_dir]]
+  problems = []
+  for rel in LINKING:
+    path = os.path.join(repo, rel)
+    if not os.path.isfile(path):
+      continue
+    with open(path, encoding="utf-8", errors="replace") as f:
+      links = LINK.findall(f.read())
+    for link in dict.fromkeys(links):
+      target = os.path.realpath(os.path.join(os.path.dirname(path), link.split("#")[0]))
+      if "://" in link or not any(os.path.commonpath([target, r]) == r for r in roots):
+        continue
+      if os.path.dirname(target) == docs and target.endswith(".md"):
+        if os.path.basename(target) not in wanted:
+          problems.append(f"{rel} links {link}, which no record gives: fix or remove the link")
+      elif not os.path.exists(target):
+        problems.append(f"{rel} links {link}, which does not exist: fix or remove the link")
+  return problems
+
+
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--results_dir", default=RESULTS_DIR, help="the records (*.json)")
@@ -284,6 +328,12 @@ def main(argv=None) -> int:
     print(f"error: {e}", file=sys.stderr)
     return 1
   if args.check:
+    repo = git.top_level(args.results_dir)
+    links = broken_links(wanted, args.results_dir, args.docs_dir, repo)
+    if links:
+      more = f" (and {len(links) - 1} more)" if len(links) > 1 else ""
+      print(f"error: {links[0]}{more}", file=sys.stderr)
+      return 1
     problems = differences(wanted, args.docs_dir)
     if problems:
       print(
