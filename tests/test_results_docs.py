@@ -326,8 +326,9 @@ def test_publish_refuses_what_is_no_record_with_one_line_naming_the_file(tmp_pat
 
   results, docs = tmp_path / "results", tmp_path / "docs"
   results.mkdir()
-  _new_repo(tmp_path)
+  c0 = _new_repo(tmp_path)
   good = {"name": "ok", "command": "python -m benchmarks.t", "markdown": "## T\n", "v": 1}
+  good["commit"] = c0
   (results / "ok.json").write_text(json.dumps(record.sealed(good, "ok")))
   argv = ["--results_dir", str(results), "--docs_dir", str(docs)]
   cases = {
@@ -407,3 +408,36 @@ def test_a_record_git_tracks_is_restored_not_its_table_removed_and_links_resolve
   )
   (repo / "benchmarks" / "README.md").write_text("[U](../docs/results/u.md)\n")
   assert publish.main(argv + ["--check"]) == 0
+
+
+def test_a_record_kept_without_a_reason_is_refused(tmp_path, capsys):
+  """Probe F3: a (sealed) record whose commit is in no commit of the repository, is missing, or
+  is off the history, and whose provenance does not say what it measured and why it stays,
+  would read *kept (see provenance)* with none: one error line; with the provenance it is kept."""
+  from setdiff_jax.experiments import record
+
+  repo = tmp_path / "repo"
+  c0 = _new_repo(repo)
+  _git(repo, "checkout", "-qb", "side")
+  side = _commit(repo, "side.py", "y = 1\n", "a branch")
+  _git(repo, "checkout", "-q", "main")
+  results, docs = repo / "results", repo / "docs"
+  results.mkdir()
+  argv = ["--results_dir", str(results), "--docs_dir", str(docs)]
+  base = {"name": "t", "markdown": "## T\n", "measured_paths": ["code.py"], "date": "d"}
+  cases = {
+    "no commit of this repository": dict(base, commit="0" * 40),
+    "names no commit": base,
+    "not on this checkout's history": dict(base, commit=side),
+  }
+  for said, rec in cases.items():
+    (results / "t.json").write_text(json.dumps(record.sealed(rec, "t")))
+    for more in (["--check"], []):
+      assert publish.main(argv + more) == 1, said
+      err = capsys.readouterr().err.strip().splitlines()
+      assert len(err) == 1 and "t.json" in err[0] and said in err[0], (said, err)
+      assert "provenance.why_kept" in err[0]
+    why = {"measured": "code.py at c0", "why_kept": "a branch's run", "base": c0}
+    (results / "t.json").write_text(json.dumps(dict(record.sealed(rec, "t"), provenance=why)))
+    assert publish.main(argv) == 0
+    assert "| provenance: why kept | a branch's run |" in (docs / "t.md").read_text()

@@ -11,8 +11,9 @@ from its own data (the record's `markdown`). The status comes from git, never fr
   `measured_paths` (git pathspecs);
 - stale: a later commit touched them (`git log COMMIT..HEAD -- PATHS` lists which);
 - kept: the commit is not on this history (a branch before its rebase, a dirty tree, or none);
-  the record's `provenance` says what it measured and why it stays, and staleness is judged
-  from its `provenance.base` commit when it names one;
+  the record's `provenance` says what it measured and why it stays (`measured`, `why_kept`:
+  without them the record is refused), and staleness is judged from its `provenance.base`
+  commit when it names one;
 - unjudged: on the history, but its measured paths are missing or name no file (a misspelt path
   would otherwise read current forever).
 
@@ -89,6 +90,28 @@ def commit_status(rec: Dict[str, Any], repo: str):
   if base is None and (rec.get("provenance") or {}).get("base"):
     base = git.resolve(repo, rec["provenance"]["base"])
   return written, on_history, base
+
+
+def unexplained(path: str, rec: Dict[str, Any], repo: str) -> None:
+  """Refuses (ValueError, one line) the record at `path` that would read *kept* with nothing
+  kept it: its commit is none, in no commit of `repo` or off HEAD's history, and its provenance
+  does not say what it measured and why it stays (`measured`, `why_kept`)."""
+  written, on_history, _ = commit_status(rec, repo)
+  prov = rec.get("provenance") or {}
+  if on_history or (prov.get("measured") and prov.get("why_kept")):
+    return
+  bare = written.split("+")[0]
+  if not bare:
+    where = "it names no commit"
+  elif git.resolve(repo, bare) is None:
+    where = f"its commit {written} is no commit of this repository"
+  else:
+    where = f"its commit {written} is not on this checkout's history"
+  raise ValueError(
+    f"the record {path}: {where}, and its provenance says neither what it measured "
+    "nor why it stays: rerun its benchmark from main, or add provenance.measured and "
+    "provenance.why_kept (a kept record)"
+  )
 
 
 def status(rec: Dict[str, Any], repo: str) -> Dict[str, str]:
@@ -240,6 +263,8 @@ def generate(results_dir: str = RESULTS_DIR, docs_dir: str = DOCS_DIR, repo: Opt
       )
   records = load_records(results_dir)
   images = [f for f in sorted(os.listdir(results_dir)) if f.endswith((".png", ".svg"))]
+  for name, rec in records.items():
+    unexplained(os.path.join(results_dir, f"{name}.json"), rec, repo)
   statuses = {name: status(rec, repo) for name, rec in records.items()}
   reruns, shown = rerun_rows(records, statuses)
   out, entries = {}, []
