@@ -272,3 +272,28 @@ def test_the_record_to_rerun_is_a_plain_name(repo, tmp_path, monkeypatch, capsys
   (repo / "benchmarks" / "fake.json").write_text((tmp_path / "a.json").read_text())
   status, line = _main(repo, monkeypatch, capsys, name, "--as", "zz", "--dry_run")
   assert status == 2 and f"record name {name!r}" in line, line
+
+
+def test_a_set_flag_the_benchmark_lacks_is_refused_before_anything_runs(
+  repo, tmp_path, monkeypatch, capsys
+):
+  """Probe F4: `--set sede=2` (misspelt) made a worktree and ran the benchmark, whose error said
+  only "see log.txt"; now refused at once, naming the benchmark's own flags (learnt from its
+  parser: --images is one though the command lacks it). A run that fails quotes its log's last
+  line."""
+  _old(repo, "--seed=1 --out=OUT")
+  status, line = _main(
+    repo, monkeypatch, capsys, "fake", "--set", "sede=2", f"--scratch={tmp_path}/s"
+  )
+  assert status == 2 and "--set sede=2" in line and "did you mean --seed?" in line, line
+  assert "--images" in line and "--crash" in line
+  assert not (tmp_path / "s").exists() and _results(repo) == ["fake.json"] and _worktrees(repo) == 1
+  assert (
+    rerun.rerun("fake", str(repo), {"images": "1"}, scratch=str(tmp_path / "d"), dry_run=True)
+    is None
+  )
+  status, line = _main(
+    repo, monkeypatch, capsys, "fake", "--set", "images=x", f"--scratch={tmp_path}/s"
+  )
+  log = tmp_path / "s" / "fake_r2" / "log.txt"
+  assert status == 2 and "argument --images: invalid int value: 'x'" in line and str(log) in line

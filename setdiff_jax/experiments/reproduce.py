@@ -20,6 +20,10 @@ accuracy benchmark on the same kind of machine is expected to give every per-pro
 again; one that does not shows the code changed what it measures. `publish` runs this for each
 record against the latest earlier record of its series (`name`, `name_r2`, `name_r3`, ...) that
 ran the same command.
+
+A record's command is read here too: `command_key` (what makes two runs one experiment) and
+`benchmark_flags` (the flags its benchmark parses, asked of its argparse parser without running
+it; `rerun` refuses a `--set` of any other before it makes a worktree).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import os
 import re
 import shlex
 import statistics
+import subprocess
 import sys
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
@@ -235,6 +240,60 @@ def program_words(word: str) -> List[str]:
   if word.endswith(".py") and "/" in word and not word.startswith("-"):
     return ["-m", word[: -len(".py")].replace("/", ".")]
   return [word]
+
+
+# Run in the checkout (argv: -m MODULE or path FILE): prints the long options of the first parser
+# the benchmark parses with (at import, or in its `parse_args()`), and stops it there, before it
+# runs anything. Seen is no Exception, so that no `except Exception` of the benchmark takes it.
+FLAGS_PROBE = """
+import argparse, importlib, json, runpy, sys
+class Seen(BaseException):
+  pass
+def grab(self, *args, **kwargs):
+  print(json.dumps([s for a in self._actions for s in a.option_strings]))
+  raise Seen
+argparse.ArgumentParser.parse_known_args = grab
+kind, target = sys.argv[1:3]
+sys.argv = [target]
+try:
+  if kind == "-m":
+    names = vars(importlib.import_module(target))
+  else:
+    names = runpy.run_path(target, run_name="rerun_flags")
+  if callable(names.get("parse_args")):
+    names["parse_args"]()
+except Seen:
+  pass
+"""
+
+
+def benchmark_flags(command: str, repo: str, timeout_s: float = 180) -> Optional[List[str]]:
+  """The long flags (without '--') the benchmark of `command` (`python -m benchmarks.x`,
+  `python benchmarks/x.py`) parses, learnt from its own argparse parser in `repo`
+  (FLAGS_PROBE); None when it could not be asked (no such program, no argparse, an error)."""
+  words = [x for w in shlex.split(command)[1:] if not w.startswith("--") for x in program_words(w)]
+  if len(words) == 2 and words[0] == "-m":
+    kind, target = "-m", words[1]
+  elif len(words) == 1 and words[0].endswith(".py"):
+    kind, target = "path", os.path.join(repo, words[0])
+  else:
+    return None
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]))
+  try:
+    out = subprocess.run(
+      [sys.executable, "-c", FLAGS_PROBE, kind, target],
+      cwd=repo,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=timeout_s,
+    ).stdout.strip()
+    options = json.loads(out.splitlines()[-1]) if out else None
+  except (OSError, subprocess.SubprocessError, ValueError):
+    return None
+  if not isinstance(options, list):
+    return None
+  return [o[2:] for o in options if isinstance(o, str) and o.startswith("--") and o != "--help"]
 
 
 def command_key(command: str) -> Tuple[str, ...]:

@@ -18,8 +18,9 @@ record holds that this machine lacks given with `--set flag=PATH`:
   folder this checkout holds.
 A command without an output flag (--out, --output, --output_dir) is refused until one is given
 (`--set output_dir=DIR`): the benchmark's default folder is an older run's, or inside the
-worktree. `--set` replaces a flag's value or adds the flag; a switch (`--report_only`) is left out
-with `--unset`, which must name a flag of the command. The rerun names and places its record
+worktree. `--set` replaces a flag's value or adds the flag, which must be the command's or one its
+benchmark parses (asked of its parser before anything runs, `reproduce.benchmark_flags`); a switch
+(`--report_only`) is left out with `--unset`, which must name a flag of the command. The rerun names and places its record
 itself: `record` and `results_dir` are not --set or --unset (`--as NEW` names it), and a
 `--results_dir` of the command is left out.
 
@@ -29,12 +30,14 @@ writes is kept in --scratch/NAME_rN/record, copied into this checkout's benchmar
 the run succeeded and compared value by value with the one it reruns (`reproduce`); then run
 `publish` and commit. The checkout must be clean (records and their tables apart) and on main:
 the record would otherwise name a commit that did not run. The worktree is removed at the end;
-the output folder and the run's log (--scratch/NAME_rN/log.txt) are kept.
+the output folder and the run's log (--scratch/NAME_rN/log.txt, whose last line a failed run's
+error quotes) are kept.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import re
 import shlex
@@ -115,6 +118,23 @@ def _unavailable(flag: str, value: str, repo: Optional[str]) -> List[str]:
   if repo and any(_untracked(repo, v) for v in items):
     return [f"--{flag}={value} (not tracked by git: the worktree lacks it)"]
   return []
+
+
+def _check_set_flags(command: str, settings: Dict[str, str], repo: str) -> None:
+  """Refuses, before anything runs, a --set of a flag that neither the record's command nor its
+  benchmark has (a misspelt flag would fail the run after its worktree was made)."""
+  given = {w[2:].partition("=")[0] for w in shlex.split(command) if w.startswith("--")}
+  new = [flag for flag in settings if flag not in given]
+  known = reproduce.benchmark_flags(command, repo) if new else None
+  unknown = [flag for flag in new if known is not None and flag not in known]
+  if unknown:
+    flag = unknown[0]
+    close = difflib.get_close_matches(flag, known, 1)
+    hint = f" (did you mean --{close[0]}?)" if close else ""
+    raise RerunError(
+      f"--set {flag}={settings[flag]}: neither the record's command nor its benchmark has "
+      f"--{flag}{hint}; check the spelling (its flags: {', '.join('--' + f for f in known)})"
+    )
 
 
 def _check_changes(
@@ -285,13 +305,27 @@ def _run(argv: List[str], repo: str, commit: str, work: str, new_name: str, time
   if proc.returncode != 0 and made:
     raise RerunError(
       f"the rerun exited with status {proc.returncode} after writing its record: kept in "
-      f"{kept} (not in {RESULTS_DIR}: copy it there if {log} shows it sound)"
+      f"{kept} (not in {RESULTS_DIR}: copy it there if {log} shows it sound; its last line: "
+      f"{_last_line(log)!r})"
     )
   if proc.returncode != 0 or not made:
     raise RerunError(
-      f"the rerun exited with status {proc.returncode} and wrote no record {new_name}: see {log}"
+      f"the rerun exited with status {proc.returncode} and wrote no record {new_name}: "
+      f"{_last_line(log)!r} (the last line of {log})"
     )
   return names
+
+
+def _last_line(log: str, limit: int = 300) -> str:
+  """The last non-blank line of the run's log (its error, usually), at most `limit` characters."""
+  try:
+    with open(log, "rb") as f:
+      f.seek(max(0, os.path.getsize(log) - 8192))
+      lines = f.read().decode("utf-8", "replace").splitlines()
+  except OSError:
+    return ""
+  last = next((line.strip() for line in reversed(lines) if line.strip()), "")
+  return last if len(last) <= limit else last[: limit - 3] + "..."
 
 
 def _copy_in(kept: str, names: Sequence[str], results: str) -> None:
@@ -334,6 +368,7 @@ def rerun(
     return plan_command(command, new_name, out, settings, unset, repo)
 
   argv = plan(new_name)
+  _check_set_flags(command, settings, repo)
   if dry_run:
     print("rerun: " + shlex.join(argv), flush=True)
     return None
