@@ -441,3 +441,33 @@ def test_a_record_kept_without_a_reason_is_refused(tmp_path, capsys):
     (results / "t.json").write_text(json.dumps(dict(record.sealed(rec, "t"), provenance=why)))
     assert publish.main(argv) == 0
     assert "| provenance: why kept | a branch's run |" in (docs / "t.md").read_text()
+
+
+def test_reproduce_names_a_misspelt_record_and_restores_only_a_tracked_one(
+  tmp_path, monkeypatch, capsys
+):
+  """Probe F5: a misspelt name was answered "restore it (git checkout -- ...)" for a file that
+  never existed; the restore advice is for a record git tracks that is gone."""
+  from setdiff_jax.experiments import reproduce
+
+  repo = tmp_path / "repo"
+  _new_repo(repo)
+  (repo / "benchmarks" / "results").mkdir(parents=True)
+  _commit(repo, "benchmarks/results/t.json", json.dumps({"name": "t", "v": 1}), "t")
+  _commit(repo, "benchmarks/results/t_r2.json", json.dumps({"name": "t_r2", "v": 1}), "t_r2")
+  monkeypatch.chdir(repo)
+  cases = {
+    ("tt", "t_r2"): "error: no record 'tt' in benchmarks/results: give a name `ls "
+    "benchmarks/results` lists",
+    (
+      "t",
+      "x/t_r3.json",
+    ): "error: no file x/t_r3.json: give a record's name or the path of its JSON",
+  }
+  for args, said in cases.items():
+    assert reproduce.main(list(args)) == 2
+    assert capsys.readouterr().err.strip() == said
+  assert reproduce.main(["t", "t_r2"]) == 0
+  (repo / "benchmarks" / "results" / "t.json").unlink()
+  assert reproduce.main(["t", "t_r2"]) == 2
+  assert "restore it (git checkout -- benchmarks/results/t.json)" in capsys.readouterr().err

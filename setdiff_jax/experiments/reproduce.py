@@ -40,7 +40,7 @@ import subprocess
 import sys
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from setdiff_jax.experiments import record
+from setdiff_jax.experiments import git, record
 
 IDENTITY_KEYS = frozenset(
   {"name", "commit", "command", "date", "device", "hardware", "measured_paths", "provenance"}
@@ -345,6 +345,17 @@ def record_path(arg: str) -> str:
 
 def _load(arg: str) -> Tuple[str, Dict[str, Any]]:
   path = record_path(arg)
+  if not os.path.lexists(path):  # the restore advice only for a file git tracks
+    tracked = git._git(os.getcwd(), "ls-files", "--error-unmatch", "--", path, check=False)
+    if tracked.returncode == 0:
+      raise ValueError(
+        f"the record {path} is gone but git tracks it: restore it (git checkout -- {path})"
+      )
+    if arg.endswith(".json"):
+      raise ValueError(f"no file {path}: give a record's name or the path of its JSON")
+    raise ValueError(
+      f"no record {arg!r} in benchmarks/results: give a name `ls benchmarks/results` lists"
+    )
   return os.path.basename(path)[: -len(".json")], record.read_record(path)
 
 
@@ -356,7 +367,7 @@ def main(argv=None) -> int:
   args = ap.parse_args(argv)
   try:
     (old_name, old), (_, new) = _load(args.old), _load(args.new)
-  except (OSError, ValueError) as e:
+  except (OSError, ValueError, git.GitError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   result = compare(old, new)
