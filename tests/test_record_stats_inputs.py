@@ -372,3 +372,23 @@ def test_non_finite_inputs_refuse():
     stats.holm([0.01, nan])
   with pytest.raises(ValueError, match=r"got \[-1e-15\]"):
     stats.holm([-1e-15])
+
+
+def test_bootstrap_intervals_refuse_one_seed_a_percent_level_and_empty_arms():
+  """Probe F6: `interval` / `paired_difference` took a single seed (a bootstrap over problems
+  only) where `seed_summary` refuses n = 1; level=95 gave numpy's "Percentiles must be in the
+  range [0, 100]"; 0 problems per seed gave a nan interval or numpy's error."""
+  a = np.ones((3, 20))
+  with pytest.raises(ValueError, match=r"needs >= 2 seeds .*got 1: one seed's bootstrap"):
+    stats.paired_difference(a[:1], a[:1], n_boot=50)
+  with pytest.raises(ValueError, match=r"needs >= 2 seeds"):
+    stats.interval([a[:1]], np.mean, n_boot=50)
+  with pytest.raises(ValueError, match="an interval over seeds needs >= 2 values"):
+    stats.seed_summary([0.5])  # the same rule
+  for level in (95, 0.0, 1.0, math.nan):
+    with pytest.raises(ValueError, match=r"level=.*need 0 < level < 1 \(e\.g\. 0\.95\)"):
+      stats.interval([a, a], stats.mean_difference, n_boot=50, level=level)
+  for shape in ((3, 0), (0, 20)):
+    with pytest.raises(ValueError, match="empty arrays"):
+      stats.paired_difference(np.ones(shape), np.ones(shape), n_boot=50)
+  assert stats.interval([a, a], stats.mean_difference, n_boot=50, level=0.9)["p"] == 1.0

@@ -51,6 +51,11 @@ def _check(arrays: Sequence[np.ndarray], problems: str):
     raise ValueError("give each arm as a [seeds, problems] array")
   if any(a.shape != arrays[0].shape for a in arrays):
     raise ValueError(f"paired arms need the same seeds x problems: got {[a.shape for a in arrays]}")
+  if arrays[0].size == 0:
+    raise ValueError(
+      f"the arms are empty arrays ({arrays[0].shape[0]} seeds x {arrays[0].shape[1]} problems): "
+      "give each arm at least one seed and one problem"
+    )
   return [_finite(f"arm {i}", a) for i, a in enumerate(arrays)]
 
 
@@ -120,8 +125,19 @@ def interval(
   null: float = 0.0,
   level: float = 0.95,
 ) -> Dict[str, float]:
-  """{'point', 'lo', 'hi', 'p'}: the statistic on the data, its percentile interval under the
-  hierarchical bootstrap, and the two-sided p-value of `null`."""
+  """{'point', 'lo', 'hi', 'p'}: the statistic on the data, its percentile interval at `level`
+  (0 < level < 1) under the hierarchical bootstrap, and the two-sided p-value of `null`. Needs
+  >= 2 seeds (rows), as `seed_summary` does: one seed's bootstrap resamples only its problems
+  and leaves out how another training run would differ."""
+  if not 0.0 < level < 1.0:
+    raise ValueError(f"bootstrap interval: level={level}, need 0 < level < 1 (e.g. 0.95)")
+  n_seeds = _check(arrays, problems)[0].shape[0]
+  if n_seeds < 2:
+    raise ValueError(
+      f"an interval over seeds needs >= 2 seeds (the arms' rows), got {n_seeds}: one seed's "
+      "bootstrap resamples only its problems, leaving the seed-to-seed variance out; run more "
+      "seeds"
+    )
   draws = hierarchical_bootstrap(arrays, stat, n_boot, seed, problems)
   lo, hi = np.percentile(draws, [50 * (1 - level), 50 * (1 + level)])
   point = stat(*[np.asarray(a, float) for a in arrays])
