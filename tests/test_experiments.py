@@ -337,6 +337,8 @@ def test_rerun_regenerates_a_record_at_head_and_compares_it(repo, tmp_path, caps
   assert rerun.rerun("fake", str(repo), scratch=str(scratch)) == "fake_r2"
   new = json.loads((repo / "benchmarks" / "results" / "fake_r2.json").read_text())
   assert new["outcomes"] == old["outcomes"] and new["commit"] == old["commit"]
+  # the record written in the worktree and copied in keeps its seal (publish takes it)
+  record.check_seal(str(repo / "benchmarks" / "results" / "fake_r2.json"), new)
   assert "every one of the 6 values (timings apart) equals `fake`'s" in capsys.readouterr().out
   assert (scratch / "fake_r2" / "out" / "cwd.txt").read_text() == str(scratch / "fake_r2" / "tree")
   assert (scratch / "fake_r2" / "out" / "shared.txt").read_text() == "beside"
