@@ -123,6 +123,11 @@ def plan(args) -> Dict[str, Any]:
     thresholds=[None if t in ("off", "none") else float(t) for t in args.thresholds.split(",")],
     bootstrap=int(args.bootstrap),
   )
+  if len(set(p["seeds"])) < 2:  # the intervals resample seeds (experiments.stats refuses one)
+    raise ValueError(
+      f"--seeds={args.seeds}: the summary's intervals resample seeds, so give at least two "
+      "different ones (e.g. --seeds=0,1)"
+    )
   if task == "arithmetic" and p["num_val"] + p["num_test"] > sa.ARITH_HELD_OUT:
     raise ValueError(
       f"--num_val {p['num_val']} + --num_test {p['num_test']} exceed the arithmetic task's "

@@ -53,6 +53,9 @@ def test_plan_checks_the_splits_and_the_lr_seed():
   with pytest.raises(ValueError, match="--lr_seed 3"):
     _plan(lr_seed=3, seeds="0,1")
   assert _plan(task="chain", methods="bd3lm4,setdlm4")["methods"] == ["bd3lm4", "setdlm4"]
+  for one in ("0", "1,1"):  # refused before training (the summary's intervals resample seeds)
+    with pytest.raises(ValueError, match=f"--seeds={one}: .* at least two different ones"):
+      _plan(seeds=one)
 
 
 def _rows(settings, values):
