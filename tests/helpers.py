@@ -3,6 +3,7 @@
 import functools
 import os
 import shutil
+import subprocess
 
 import jax
 import jax.numpy as jnp
@@ -83,3 +84,30 @@ def random_dit(cfg, seed: int):
 
   params = jax.tree_util.tree_map_with_path(leaf, param_shapes(cfg))
   return DiT(cfg), jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), params)
+
+
+def git(repo, *args):
+  subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
+
+
+def git_repo(path):
+  """A git repository at `path` on branch main with one commit (code.py)."""
+  path.mkdir()
+  git(path, "init", "-q", "-b", "main")
+  git(path, "config", "user.email", "t@t")
+  git(path, "config", "user.name", "t")
+  (path / "code.py").write_text("x = 1\n")
+  git(path, "add", "code.py")
+  git(path, "commit", "-q", "-m", "one")
+  return path
+
+
+def flip_tensor_bit(file: str, offset: int = 100):
+  """Flips the lowest bit of the byte `offset` bytes into a safetensors file's tensor data (a
+  damaged disk or copy: a low mantissa bit, so the value stays finite)."""
+  with open(file, "r+b") as f:
+    data_start = 8 + int.from_bytes(f.read(8), "little")
+    f.seek(data_start + offset)
+    byte = f.read(1)[0]
+    f.seek(data_start + offset)
+    f.write(bytes([byte ^ 1]))

@@ -9,26 +9,16 @@ import subprocess
 import numpy as np
 import pytest
 
+from helpers import git as _git, git_repo
 from setdiff_jax.experiments import provenance, record, stats
 
 DEVICE = {"backend": "cpu", "cpu": "test", "cpu_count": 1}
 
 
-def _git(repo, *args):
-  subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
-
-
 @pytest.fixture
 def repo(tmp_path):
   """A git repository on branch main with one commit, and an empty results folder."""
-  r = tmp_path / "repo"
-  r.mkdir()
-  _git(r, "init", "-q", "-b", "main")
-  _git(r, "config", "user.email", "t@t")
-  _git(r, "config", "user.name", "t")
-  (r / "code.py").write_text("x = 1\n")
-  _git(r, "add", "code.py")
-  _git(r, "commit", "-q", "-m", "one")
+  r = git_repo(tmp_path / "repo")
   (r / "results").mkdir()
   return r
 

@@ -14,6 +14,7 @@ import jax
 import pytest
 from safetensors.numpy import load_file, save_file
 
+from helpers import flip_tensor_bit
 from test_interop import SPECIAL, perturbed_params, run_config
 from test_interop_inputs import snapshot, tree_equal
 
@@ -232,12 +233,7 @@ def test_a_safetensors_changed_in_place_is_refused_at_import(tmp_path):
   d = str(tmp_path / "e")
   export_checkpoint(c, a, d, special_ids=SPECIAL)
   file = os.path.join(d, weight_files.SAFETENSORS_FILE)
-  with open(file, "r+b") as f:
-    header_size = int.from_bytes(f.read(8), "little")
-    f.seek(8 + header_size + 100)  # a low mantissa bit: the value stays finite
-    byte = f.read(1)[0]
-    f.seek(8 + header_size + 100)
-    f.write(bytes([byte ^ 1]))
+  flip_tensor_bit(file)
   want = export_id(d)
   with pytest.raises(ValueError) as e:
     import_checkpoint(d)

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from helpers import flip_tensor_bit
 from setdiff_jax import models
 from setdiff_jax.diffusion import masks
 from setdiff_jax.interop import name_map
@@ -394,18 +395,10 @@ def test_official_layout_without_our_block_reads_dims_from_weights(hf, tmp_path)
   importer reads the dims off the weights (and warns about theta / eps)."""
   from setdiff_jax.interop import import_checkpoint
   from setdiff_jax.interop import weight_files
-  from setdiff_jax.interop.export import export_checkpoint
   from setdiff_jax.interop.import_ import InteropWarning
 
-  _, _, config, params = hf
-  run = config.copy_and_resolve_references()
-  run.objective, run.seq_len = "setdlm", 16
-  out = export_checkpoint(
-    run,
-    params,
-    str(tmp_path / "rel"),
-    special_ids={"bos_id": 0, "eos_id": 0, "pad_id": 0, "mask_id": 1},
-  )
+  params = hf[3]
+  out = _export_setdlm(hf, str(tmp_path / "rel"))
   raw = weight_files.read_json(os.path.join(out, "config.json"))
   del raw["setdiff_jax"]
   raw["backbone_config"] = {
@@ -726,33 +719,31 @@ def test_init_from_hf_resolves_the_run_config(hf, tmp_path):
     pretrained.resolve_run_config(c)
 
 
-def test_a_qwen3_export_changed_in_place_is_refused_at_import(hf, tmp_path):
-  """One flipped bit in the tensor bytes of a Qwen3 export's model.safetensors imported as the
-  export's weights (its importer reads slices and never digested the file); the untouched export
-  still imports bit-equal."""
-  from setdiff_jax.interop import import_checkpoint, weight_files
+def _export_setdlm(hf, out: str) -> str:
+  """The `hf` fixture's model exported as a SetDLM (L = 16) in the official Qwen3 layout."""
   from setdiff_jax.interop.export import export_checkpoint
 
   _, _, config, params = hf
   run = config.copy_and_resolve_references()
   run.objective, run.seq_len = "setdlm", 16
-  out = export_checkpoint(
-    run,
-    params,
-    str(tmp_path / "e"),
-    special_ids={"bos_id": 0, "eos_id": 0, "pad_id": 0, "mask_id": 1},
-  )
+  special = {"bos_id": 0, "eos_id": 0, "pad_id": 0, "mask_id": 1}
+  return export_checkpoint(run, params, out, special_ids=special)
+
+
+def test_a_qwen3_export_changed_in_place_is_refused_at_import(hf, tmp_path):
+  """One flipped bit in the tensor bytes of a Qwen3 export's model.safetensors imported as the
+  export's weights (its importer reads slices and never digested the file); the untouched export
+  still imports bit-equal."""
+  from setdiff_jax.interop import import_checkpoint, weight_files
+
+  _, _, _, params = hf
+  out = _export_setdlm(hf, str(tmp_path / "e"))
   back = import_checkpoint(out)[1]
   assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(params)))
   want = weight_files.read_json(os.path.join(out, "config.json"))["setdiff_jax"]["export_id"]
   assert weight_files.file_export_id(out) == want
   file = os.path.join(out, weight_files.SAFETENSORS_FILE)
-  with open(file, "r+b") as f:
-    header_size = int.from_bytes(f.read(8), "little")
-    f.seek(8 + header_size + 100)  # a low mantissa bit: the value stays finite
-    byte = f.read(1)[0]
-    f.seek(8 + header_size + 100)
-    f.write(bytes([byte ^ 1]))
+  flip_tensor_bit(file)
   with pytest.raises(ValueError) as e:
     import_checkpoint(out)
   message = str(e.value)

@@ -6,31 +6,20 @@ afterwards (the published table would drift from its data), one without a seal, 
 import json
 import pathlib
 import shutil
-import subprocess
 
 import pytest
 
+from helpers import git_repo
 from setdiff_jax.experiments import publish, record
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 
 
-def _git(repo, *args):
-  subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
-
-
 @pytest.fixture
 def written(tmp_path):
   """(a checkout on main holding one record `t` its writer sealed, that record's path)."""
-  repo = tmp_path / "repo"
-  repo.mkdir()
-  _git(repo, "init", "-q", "-b", "main")
-  _git(repo, "config", "user.email", "t@t")
-  _git(repo, "config", "user.name", "t")
-  (repo / "code.py").write_text("x = 1\n")
-  _git(repo, "add", "code.py")
-  _git(repo, "commit", "-qm", "code")
+  repo = git_repo(tmp_path / "repo")
   report = {
     "command": "python -m benchmarks.t --seed=0",
     "outcomes": {"a": [1.0, 0.0, 1.0, 1.0]},
