@@ -138,6 +138,8 @@ def test_divergence_stops_a_resume_before_it_saves(base, tmp_path):
   result = harness("train.py", [args])[0]
   lines = [l for l in result["stderr"].splitlines() if l.strip()]
   assert result["rc"] == 1, result
+  assert "with changed settings: " in lines[0] and "learning_rate: " in lines[0], lines
+  lines = lines[1:]  # the resume's warning naming the new rate, then:
   assert len(lines) == 3, lines  # two warnings (1 of 3, 2 of 3), then the error line
   assert all("above the divergence threshold" in l for l in lines[:2]), lines
   assert_one_error_line(
