@@ -172,20 +172,13 @@ def warn_shared_eval_files(data) -> list:
 JSON_SUFFIXES = (".jsonl", ".json")
 
 
-def _without_compression(name: str) -> str:
-  for suffix in (".gz", ".xz", ".bz2"):  # decompressed when read (data.text_files)
-    if name.endswith(suffix):
-      return name[: -len(suffix)]
-  return name
-
-
 def warn_json_read_as_text(data) -> list:
   """Warns (and returns them) when data.source=text names a .jsonl / .json file (also compressed):
   every line would be trained on as text, braces and field names included."""
   if data.get("source") != "text":
     return []
   named = text_files.parse_paths(data.get("paths")) + text_files.parse_paths(data.get("eval_paths"))
-  found = [p for p in named if _without_compression(p.lower()).endswith(JSON_SUFFIXES)]
+  found = [p for p in named if text_files.content_name(p).lower().endswith(JSON_SUFFIXES)]
   if found:
     logging.warning(
       "data.source=text reads %s as plain text (each line, braces and field names included); "

@@ -41,11 +41,18 @@ def first_bad_utf8(path: str, chunk_bytes: int = 1 << 20):
   return None
 
 
+DECOMPRESSED = {".gz": gzip.open, ".xz": lzma.open, ".bz2": bz2.open}  # by extension, any case
+
+
 def _opener(path: str):
   """The open function of a data file by its extension (.gz / .xz / .bz2, any case)."""
-  return {".gz": gzip.open, ".xz": lzma.open, ".bz2": bz2.open}.get(
-    os.path.splitext(path)[1].lower(), open
-  )
+  return DECOMPRESSED.get(os.path.splitext(path)[1].lower(), open)
+
+
+def content_name(path: str) -> str:
+  """`path` without the compression extension it is read through (`a.jsonl.gz` -> `a.jsonl`)."""
+  stem, ext = os.path.splitext(path)
+  return stem if ext.lower() in DECOMPRESSED else path
 
 
 def parse_paths(paths) -> list[str]:
@@ -128,4 +135,12 @@ def read_text(path: str, field: str, flag: str | None = None) -> str:
   return text.replace("\ufeff", "") if "\ufeff" in text else text
 
 
-__all__ = ["parse_paths", "open_text", "read_text", "not_utf8", "first_bad_utf8"]
+__all__ = [
+  "parse_paths",
+  "open_text",
+  "read_text",
+  "not_utf8",
+  "first_bad_utf8",
+  "content_name",
+  "DECOMPRESSED",
+]
